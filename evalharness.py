@@ -1,0 +1,2534 @@
+#!/usr/bin/env python3
+"""evalharness: evaluate LLM endpoints from one file, with nothing to install.
+
+Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
+hosted APIs) on question-answer sets; results are appended crash-safe to a run directory that a re-run resumes.
+
+Two commands a newcomer types:
+    python3 evalharness.py demo        # the embedded demo set against an in-process mock model
+    python3 tests/run.py               # the test suite
+
+Sections, lowest layer first (``grep -n '^# ===' evalharness.py`` prints them with line numbers):
+    Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits and gates, HTTP model client,
+    Mock model server, Results store, Summary, Runner, Tasks, CLI
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import email.utils
+import hashlib
+import http.client
+import http.server
+import io
+import json
+import logging
+import math
+import os
+import queue
+import random
+import re
+import signal
+import socket
+import socketserver
+import string
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "main",
+    "HarnessError", "ConfigError", "DatasetError", "ModelAPIError", "GateTimeoutError", "RunLockedError",
+    "CircuitOpenError",
+    "QAItem", "load_dataset", "demo_dataset", "score_response", "SCORERS",
+    "FixedLimit", "AdaptiveGate", "Permit",
+    "ClientConfig", "ChatResult", "ModelClient", "exclude_from_proxy",
+    "MockConfig", "MockServer",
+    "RunStore", "summarize", "format_summary",
+    "RunConfig", "run_qa",
+]
+
+# =============================================================================
+# Compat
+# =============================================================================
+# Every difference between Python 3.8 and 3.13 that the module relies on lives here.
+
+try:  # POSIX advisory locks; the run lock falls back to a pid file where fcntl is missing.
+    import fcntl as _fcntl
+except ImportError:  # pragma: no cover - not Linux
+    _fcntl = None
+
+if sys.version_info >= (3, 9):
+    def _randbytes(rng: random.Random, n: int) -> bytes:
+        return rng.randbytes(n)
+else:  # pragma: no cover - 3.8
+    def _randbytes(rng: random.Random, n: int) -> bytes:
+        return bytes(rng.getrandbits(8) for _ in range(n))
+
+# =============================================================================
+# Constants
+# =============================================================================
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_BREAKER = 3
+EXIT_INTERRUPTED = 130
+
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_CONCURRENCY = 8
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+DEFAULT_MAX_RETRIES = 5
+BREAKER_THRESHOLD = 12           # consecutive failed samples that abort a run
+RETRY_BASE_S = 1.0               # first backoff; doubles per retry
+RETRY_CAP_S = 60.0               # longest single backoff
+RETRY_AFTER_CAP_S = 300.0        # longest Retry-After honoured
+REFUSED_RETRIES = 2              # a refused connection is retried quickly and briefly: a dead endpoint must cost seconds
+REFUSED_BACKOFF_S = 0.25
+PROGRESS_TTY_S = 0.2             # redraw interval on a terminal
+PROGRESS_PLAIN_S = 10.0          # plain-line interval when stderr is not a terminal (cron); EVALHARNESS_PROGRESS_S
+SECRET_FIELD_RE = re.compile(r"(key|token|secret|password|passwd|authorization|credential)", re.I)
+
+_log = logging.getLogger("evalharness")
+
+# =============================================================================
+# Errors
+# =============================================================================
+
+
+class HarnessError(Exception):
+    """Base of every error evalharness raises on purpose; ``exit_code`` is what main() returns for it."""
+
+    exit_code = EXIT_FAILURE
+
+
+class ConfigError(HarnessError):
+    """A bad option, environment variable or output directory: fix the command line."""
+
+    exit_code = EXIT_USAGE
+
+
+class DatasetError(ConfigError):
+    """A dataset file or row that cannot be used; the message names file:line and the field."""
+
+
+class RunLockedError(HarnessError):
+    """Another live process is writing the same run directory."""
+
+
+class CircuitOpenError(HarnessError):
+    """Too many consecutive samples failed; the run was aborted."""
+
+    exit_code = EXIT_BREAKER
+
+
+class GateTimeoutError(HarnessError):
+    """No concurrency permit became free within the timeout."""
+
+
+class ModelAPIError(HarnessError):
+    """A model request that failed. ``kind`` is one of:
+
+    - ``overload``: 429, 503, timeouts, refused or reset connections (retried; cuts the adaptive limit)
+    - ``transient``: other 5xx (retried; neutral for the limit)
+    - ``malformed``: a response that could not be parsed (retried, then fatal)
+    - ``fatal``: 400/401/403/404/422 and the like (not retried)
+    """
+
+    def __init__(self, message: str, *, kind: str, status: Optional[int] = None,
+                 retry_after_s: Optional[float] = None, attempts: int = 1):
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.attempts = attempts
+
+
+class _Cancelled(Exception):
+    """The run is stopping; the sample in hand is abandoned (it is not finished, so it is not recorded)."""
+
+
+# =============================================================================
+# Utilities
+# =============================================================================
+
+_secrets_lock = threading.Lock()  # guards _secrets
+_secrets: List[str] = []
+
+
+def _register_secret(value: Optional[str]) -> None:
+    """Remember a secret so that _redact() scrubs it (and recognisable fragments of it) from any text."""
+    if value and len(value) >= 4:
+        with _secrets_lock:
+            if value not in _secrets:
+                _secrets.append(value)
+
+
+def _redact(text: Any) -> str:
+    """Return ``text`` with every registered secret removed; servers echo keys back in error bodies."""
+    text = str(text)
+    with _secrets_lock:
+        secrets = list(_secrets)
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "[REDACTED]")
+        # Providers echo masked keys such as "sk-abc1****wxyz": scrub any token sharing an 8-char head or tail.
+        if len(secret) >= 12:
+            head, tail = re.escape(secret[:8]), re.escape(secret[-6:])
+            text = re.sub(r"\S*(?:%s|%s)\S*" % (head, tail), "[REDACTED]", text)
+    return text
+
+
+def _redact_config(obj: Any) -> Any:
+    """A copy of a JSON-like config with values under secret-looking keys replaced."""
+    if isinstance(obj, dict):
+        return {k: ("[REDACTED]" if SECRET_FIELD_RE.search(str(k)) and v not in (None, "") else _redact_config(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redact_config(v) for v in obj]
+    if isinstance(obj, str):
+        return _redact(obj)
+    return obj
+
+
+def _utc_iso(ts: Optional[float] = None) -> str:
+    ts = time.time() if ts is None else ts
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _atomic_write(path: str, data: str) -> None:
+    """Write a file so that readers and crashes see either the old or the new content, never a mix."""
+    tmp = "%s.tmp.%d.%d" % (path, os.getpid(), threading.get_ident())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    _atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _percentile(sorted_values: Sequence[float], p: float) -> Optional[float]:
+    """Linear-interpolated percentile (p in [0, 100]) of already sorted values; None for no values."""
+    if not sorted_values:
+        return None
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    k = (len(sorted_values) - 1) * p / 100.0
+    lo = int(math.floor(k))
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo))
+
+
+def _wilson_ci(successes: float, n: int, z: float = 1.959964) -> Tuple[float, float]:
+    """Wilson score interval for a proportion; well behaved at 0, 1 and small n (unlike mean ± 1.96·se)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _mean_ci(values: Sequence[float]) -> Dict[str, Any]:
+    """Mean with a 95% interval: Wilson for 0/1 scores, normal approximation (clipped to [0, 1]) otherwise."""
+    n = len(values)
+    if n == 0:
+        return {"mean": None, "ci95": None, "n": 0}
+    mean = sum(values) / n
+    if all(v in (0, 1) for v in values):
+        lo, hi = _wilson_ci(sum(values), n)
+    elif n == 1:
+        lo, hi = 0.0, 1.0
+    else:
+        var = sum((v - mean) ** 2 for v in values) / (n - 1)
+        half = 1.959964 * math.sqrt(var / n)
+        lo, hi = max(0.0, mean - half), min(1.0, mean + half)
+    return {"mean": round(mean, 6), "ci95": [round(lo, 6), round(hi, 6)], "n": n}
+
+
+def _fmt_duration(seconds: Optional[float]) -> str:
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return "%ds" % seconds
+    if seconds < 3600:
+        return "%dm%02ds" % divmod(seconds, 60)
+    return "%dh%02dm" % (seconds // 3600, (seconds % 3600) // 60)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "x"
+
+
+class _Progress:
+    """One progress line: redrawn in place on a terminal, printed as plain periodic lines otherwise (cron).
+
+    ``render`` is a callable returning the line's text; printing other lines goes through ``message`` so the
+    redrawn line is cleared first and never interleaves with them.
+    """
+
+    def __init__(self, render: Callable[[], str], *, stream: Any = None, interval_s: Optional[float] = None,
+                 enabled: bool = True):
+        self._render = render
+        self._stream = stream or sys.stderr
+        self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
+        env_s = os.environ.get("EVALHARNESS_PROGRESS_S")
+        self._interval_s = interval_s if interval_s is not None else (
+            float(env_s) if env_s else (PROGRESS_TTY_S if self._tty else PROGRESS_PLAIN_S))
+        self._enabled = enabled
+        self._lock = threading.Lock()  # guards writes to the stream and _drawn
+        self._drawn = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "_Progress":
+        if self._enabled:
+            self._thread = threading.Thread(target=self._loop, name="evalharness-progress-0", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.draw()
+
+    def draw(self) -> None:
+        if not self._enabled:
+            return
+        line = self._render()
+        with self._lock:
+            if self._tty:
+                width = 120
+                self._stream.write("\r\x1b[K" + line[:width])
+                self._drawn = True
+            else:
+                self._stream.write(line + "\n")
+            self._stream.flush()
+
+    def message(self, text: str) -> None:
+        """Print a full line above the progress line."""
+        with self._lock:
+            if self._drawn:
+                self._stream.write("\r\x1b[K")
+                self._drawn = False
+            self._stream.write(text + "\n")
+            self._stream.flush()
+
+    def close(self) -> None:
+        """Stop redrawing, print the final state once, leave the cursor on a fresh line. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._enabled:
+            self.draw()
+            with self._lock:
+                if self._drawn:
+                    self._stream.write("\n")
+                    self._drawn = False
+                self._stream.flush()
+
+# =============================================================================
+# Datasets
+# =============================================================================
+
+_ROW_FIELDS = ("id", "prompt", "messages", "answer", "choices", "scorer", "pattern", "category", "tolerance")
+
+
+@dataclasses.dataclass(frozen=True)
+class QAItem:
+    """One validated QA dataset row. ``messages`` is what is sent; ``source`` is ``file:line`` for messages."""
+
+    id: str
+    messages: Tuple[Dict[str, str], ...]
+    answer: str
+    scorer: str
+    category: str = "uncategorized"
+    choices: Tuple[str, ...] = ()
+    pattern: Optional[str] = None
+    tolerance: Optional[float] = None
+    source: str = ""
+
+
+def _render_choices(prompt: str, choices: Sequence[str]) -> str:
+    lines = ["%s. %s" % (string.ascii_uppercase[i], c) for i, c in enumerate(choices)]
+    return prompt + "\n\n" + "\n".join(lines) + "\n\nAnswer with the letter of the correct option."
+
+
+def _validate_row(row: Any, where: str, default_scorer: str) -> QAItem:
+    """Turn one raw row into a QAItem, or raise DatasetError naming ``where`` (file:line) and the field."""
+    def bad(field: str, problem: str) -> DatasetError:
+        return DatasetError("%s: field %r %s" % (where, field, problem))
+
+    if not isinstance(row, dict):
+        raise DatasetError("%s: expected a JSON object per row, got %s" % (where, type(row).__name__))
+    if "id" not in row:
+        raise bad("id", "is missing (every row needs a unique id)")
+    rid = row["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid).strip() == "":
+        raise bad("id", "must be a non-empty string or integer, got %r" % (rid,))
+    rid = str(rid)
+    if "answer" not in row:
+        raise bad("answer", "is missing")
+    answer = row["answer"]
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or str(answer).strip() == "":
+        raise bad("answer", "must be a non-empty string or number, got %r" % (answer,))
+    answer = str(answer)
+
+    choices: Tuple[str, ...] = ()
+    if row.get("choices") is not None:
+        raw = row["choices"]
+        if (not isinstance(raw, list) or not 2 <= len(raw) <= 26
+                or not all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in raw)):
+            raise bad("choices", "must be a list of 2 to 26 strings, got %r" % (raw,))
+        choices = tuple(str(c) for c in raw)
+
+    scorer = row.get("scorer")
+    if scorer is None:
+        scorer = "choice" if choices else default_scorer
+    if scorer not in SCORERS:
+        raise bad("scorer", "is %r; valid scorers: %s" % (scorer, ", ".join(sorted(SCORERS))))
+    if scorer == "choice":
+        if not choices:
+            raise bad("choices", "is required by scorer 'choice'")
+        letters = string.ascii_uppercase[:len(choices)]
+        if answer.strip().upper() in letters and len(answer.strip()) == 1:
+            answer = answer.strip().upper()
+        elif answer in choices:
+            answer = letters[choices.index(answer)]
+        else:
+            raise bad("answer", "must be one of the letters %s or the text of a choice, got %r"
+                      % (", ".join(letters), answer))
+
+    pattern = row.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise bad("pattern", "must be a string (a regex with one group)")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise bad("pattern", "is not a valid regular expression (%s): %r" % (exc, pattern)) from None
+        if compiled.groups < 1:
+            raise bad("pattern", "needs one capturing group that extracts the answer, got %r" % pattern)
+
+    tolerance = row.get("tolerance")
+    if tolerance is not None:
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
+            raise bad("tolerance", "must be a number >= 0, got %r" % (tolerance,))
+        tolerance = float(tolerance)
+    if scorer == "numeric" and _parse_number(answer) is None:
+        raise bad("answer", "must contain a number for scorer 'numeric', got %r" % answer)
+
+    category = row.get("category", "uncategorized")
+    if not isinstance(category, str) or not category.strip():
+        raise bad("category", "must be a non-empty string, got %r" % (category,))
+
+    has_prompt, has_messages = row.get("prompt") is not None, row.get("messages") is not None
+    if has_prompt == has_messages:
+        raise DatasetError("%s: give exactly one of the fields 'prompt' or 'messages'" % where)
+    if has_prompt:
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise bad("prompt", "must be a non-empty string")
+        messages = ({"role": "user", "content": _render_choices(prompt, choices) if choices else prompt},)
+    else:
+        raw_msgs = row["messages"]
+        if not isinstance(raw_msgs, list) or not raw_msgs:
+            raise bad("messages", "must be a non-empty list of {role, content} objects")
+        msgs = []
+        for i, m in enumerate(raw_msgs):
+            if (not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant")
+                    or not isinstance(m.get("content"), str)):
+                raise bad("messages", "item %d must be {\"role\": system|user|assistant, \"content\": str}, got %r"
+                          % (i, m))
+            msgs.append({"role": m["role"], "content": m["content"]})
+        if msgs[-1]["role"] != "user":
+            raise bad("messages", "must end with a user message")
+        if choices:
+            msgs[-1] = {"role": "user", "content": _render_choices(msgs[-1]["content"], choices)}
+        messages = tuple(msgs)
+    return QAItem(id=rid, messages=messages, answer=answer, scorer=scorer, category=category.strip(),
+                  choices=choices, pattern=pattern, tolerance=tolerance, source=where)
+
+
+def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
+    """Yield (``file:line``, parsed row) from a .jsonl file (streamed) or a .json list (line of each item)."""
+    name = os.path.basename(path)
+    if path.endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except UnicodeDecodeError as exc:
+            raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
+        decoder = json.JSONDecoder()
+        ws = re.compile(r"[ \t\r\n]*")
+        pos = ws.match(text, 0).end()
+        if text[pos:pos + 1] != "[":
+            raise DatasetError("%s:%d: a .json dataset must be a list of row objects"
+                               % (path, text.count("\n", 0, pos) + 1))
+        pos = ws.match(text, pos + 1).end()
+        if text[pos:pos + 1] == "]":
+            return
+        while True:
+            line = text.count("\n", 0, pos) + 1
+            try:
+                obj, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as exc:
+                raise DatasetError("%s:%d: invalid JSON: %s" % (path, exc.lineno, exc.msg)) from None
+            yield "%s:%d" % (name, line), obj
+            pos = ws.match(text, pos).end()
+            sep = text[pos:pos + 1]
+            if sep == "]":
+                return
+            if sep != ",":
+                raise DatasetError("%s:%d: invalid JSON: expected ',' or ']' between rows"
+                                   % (path, text.count("\n", 0, pos) + 1))
+            pos = ws.match(text, pos + 1).end()
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise DatasetError("%s:%d: not UTF-8 text" % (path, lineno)) from None
+            except ValueError as exc:
+                msg = getattr(exc, "msg", str(exc))
+                hint = " (the line looks cut off)" if not raw.endswith(b"\n") else ""
+                raise DatasetError("%s:%d: invalid JSON: %s%s; fix or remove the line"
+                                   % (path, lineno, msg, hint)) from None
+            yield "%s:%d" % (name, lineno), obj
+
+
+class Dataset:
+    """A validated dataset that is streamed, not held: ``validate()`` checks every row once up front and records
+    the ids; ``iter_items()`` reads the file again lazily. The embedded demo set is the one in-memory case."""
+
+    def __init__(self, path: Optional[str], *, default_scorer: str = "normalized",
+                 rows: Optional[List[Dict[str, Any]]] = None, name: Optional[str] = None):
+        self.path = path
+        self.name = name or (os.path.basename(path) if path else "demo")
+        self.default_scorer = default_scorer
+        self._rows = rows
+        self.ids: set = set()
+        self.count = 0
+        self.sha256 = ""
+
+    def _raw(self) -> Iterator[Tuple[str, Any]]:
+        if self._rows is not None:
+            for i, row in enumerate(self._rows, 1):
+                yield "%s:%d" % (self.name, i), row
+        else:
+            yield from _iter_raw_rows(self.path)
+
+    def validate(self, limit: Optional[int] = None) -> "Dataset":
+        if self.default_scorer not in SCORERS:
+            raise ConfigError("--scorer %r is not a scorer; valid scorers: %s"
+                              % (self.default_scorer, ", ".join(sorted(SCORERS))))
+        if self.path is not None:
+            if not os.path.isfile(self.path):
+                raise DatasetError("dataset %r does not exist or is not a file" % self.path)
+            if not self.path.endswith((".jsonl", ".json")):
+                raise DatasetError("dataset %r: expected a .jsonl or .json file" % self.path)
+            self.sha256 = _file_sha256(self.path)
+        else:
+            self.sha256 = hashlib.sha256(json.dumps(self._rows, sort_keys=True).encode()).hexdigest()
+        seen: Dict[str, str] = {}
+        for where, row in self._raw():
+            item = _validate_row(row, where, self.default_scorer)
+            if item.id in seen:
+                raise DatasetError("%s: field 'id' %r duplicates the id at %s; ids must be unique"
+                                   % (where, item.id, seen[item.id]))
+            seen[item.id] = where
+            if limit is not None and len(seen) >= limit:
+                break
+        if not seen:
+            raise DatasetError("dataset %r has no rows" % (self.path or self.name))
+        self.ids = set(seen)
+        self.count = len(seen)
+        return self
+
+    def iter_items(self) -> Iterator[QAItem]:
+        n = 0
+        for where, row in self._raw():
+            if n >= self.count:
+                return
+            n += 1
+            yield _validate_row(row, where, self.default_scorer)
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_dataset(path: str, *, default_scorer: str = "normalized", limit: Optional[int] = None) -> Dataset:
+    """Validate every row of a .jsonl/.json QA dataset; raises DatasetError naming file:line and the field."""
+    return Dataset(path, default_scorer=default_scorer).validate(limit)
+
+
+# (id, category, scorer, prompt, answer, extra) — compact on purpose; demo_dataset() expands it.
+_DEMO_ROWS = [
+    ("geo-01", "geography", "normalized", "What is the capital of France?", "Paris", {}),
+    ("geo-02", "geography", "normalized", "What is the capital of Japan?", "Tokyo", {}),
+    ("geo-03", "geography", "normalized", "Which ocean lies between Africa and Australia?", "Indian Ocean", {}),
+    ("geo-04", "geography", "exact", "Give the ISO 3166-1 alpha-2 code of Germany. Reply with the code only.",
+     "DE", {}),
+    ("geo-05", "geography", "choice", "Which river flows through Cairo?", "B",
+     {"choices": ["Amazon", "Nile", "Danube", "Mekong"]}),
+    ("geo-06", "geography", "choice", "Which of these is the largest country by area?", "C",
+     {"choices": ["Canada", "China", "Russia", "Brazil"]}),
+    ("geo-07", "geography", "numeric", "How many continents are there in the seven-continent model?", "7", {}),
+    ("geo-08", "geography", "regex", "Name the longest mountain range on land. End with 'ANSWER: <name>'.",
+     "Andes", {"pattern": r"ANSWER:\s*([A-Za-z ]+)"}),
+    ("geo-09", "geography", "normalized", "What is the capital of Canada?", "Ottawa", {}),
+    ("geo-10", "geography", "choice", "On which continent is Kenya?", "A",
+     {"choices": ["Africa", "Asia", "Europe", "Oceania"]}),
+    ("math-01", "arithmetic", "numeric", "What is 17 * 23?", "391", {}),
+    ("math-02", "arithmetic", "numeric", "What is 1,024 + 2,048?", "3072", {}),
+    ("math-03", "arithmetic", "numeric", "What is 10 divided by 4?", "2.5", {}),
+    ("math-04", "arithmetic", "numeric", "What is the square root of 144?", "12", {}),
+    ("math-05", "arithmetic", "numeric", "A rope of 12 m is cut into 5 equal parts. How long is each part in m?",
+     "2.4 m", {"tolerance": 0.01}),
+    ("math-06", "arithmetic", "exact", "What is 2 to the power of 10? Reply with digits only.", "1024", {}),
+    ("math-07", "arithmetic", "regex", "Compute 15% of 200. End with 'ANSWER: <number>'.", "30",
+     {"pattern": r"ANSWER:\s*([0-9.]+)"}),
+    ("math-08", "arithmetic", "choice", "Which number is prime?", "D", {"choices": ["21", "27", "33", "29"]}),
+    ("math-09", "arithmetic", "numeric", "What is 1000 - 1?", "999", {}),
+    ("math-10", "arithmetic", "numeric", "How many seconds are in one hour?", "3,600", {}),
+    ("math-11", "arithmetic", "choice", "What is 9 * 9?", "A", {"choices": ["81", "72", "99", "18"]}),
+    ("math-12", "arithmetic", "regex", "What is 7 + 8? End with 'ANSWER: <number>'.", "15",
+     {"pattern": r"ANSWER:\s*([0-9]+)"}),
+    ("sci-01", "science", "normalized", "What gas do plants absorb for photosynthesis?", "carbon dioxide", {}),
+    ("sci-02", "science", "exact", "What is the chemical symbol of gold? Reply with the symbol only.", "Au", {}),
+    ("sci-03", "science", "numeric", "At how many degrees Celsius does water boil at sea level?", "100", {}),
+    ("sci-04", "science", "choice", "Which planet is known as the Red Planet?", "C",
+     {"choices": ["Venus", "Jupiter", "Mars", "Saturn"]}),
+    ("sci-05", "science", "choice", "What is the powerhouse of the cell?", "B",
+     {"choices": ["Nucleus", "Mitochondrion", "Ribosome", "Golgi apparatus"]}),
+    ("sci-06", "science", "normalized", "What is the hardest natural mineral?", "diamond", {}),
+    ("sci-07", "science", "regex", "Which particle has a negative charge? End with 'ANSWER: <particle>'.",
+     "electron", {"pattern": r"ANSWER:\s*(\w+)"}),
+    ("sci-08", "science", "numeric", "How many bones does an adult human have?", "206", {}),
+    ("sci-09", "science", "exact", "What is the chemical formula of water? Reply with the formula only.",
+     "H2O", {}),
+    ("sci-10", "science", "choice", "Which of these is a noble gas?", "D",
+     {"choices": ["Nitrogen", "Oxygen", "Hydrogen", "Neon"]}),
+    ("sci-11", "science", "numeric", "What is the speed of light in km/s, roughly?", "300000",
+     {"tolerance": 1000}),
+    ("lang-01", "language", "normalized", "What is the plural of 'mouse'?", "mice", {}),
+    ("lang-02", "language", "normalized", "What is the opposite of 'ancient'?", "modern", {}),
+    ("lang-03", "language", "exact", "Reverse the string 'abc'. Reply with the result only.", "cba", {}),
+    ("lang-04", "language", "choice", "Which word is a verb?", "B", {"choices": ["quickly", "run", "blue", "table"]}),
+    ("lang-05", "language", "regex", "Who wrote 'Hamlet'? End with 'ANSWER: <surname>'.", "Shakespeare",
+     {"pattern": r"ANSWER:\s*(\w+)"}),
+    ("lang-06", "language", "numeric", "How many letters are in the English alphabet?", "26", {}),
+    ("lang-07", "language", "normalized", "Translate 'gracias' from Spanish to English.", "thank you", {}),
+    ("lang-08", "language", "choice", "Which is a synonym of 'happy'?", "A",
+     {"choices": ["joyful", "angry", "tired", "late"]}),
+    ("lang-09", "language", "exact", "Spell the number 3 as a lowercase English word.", "three", {}),
+]
+
+
+def demo_dataset() -> List[Dict[str, Any]]:
+    """The embedded demo set: 42 rows over all five scorers and four categories."""
+    rows = []
+    for rid, category, scorer, prompt, answer, extra in _DEMO_ROWS:
+        row = {"id": rid, "category": category, "scorer": scorer, "prompt": prompt, "answer": answer}
+        row.update(extra)
+        rows.append(row)
+    return rows
+
+
+# =============================================================================
+# Scoring
+# =============================================================================
+
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b", re.I)
+_PUNCT_TABLE = str.maketrans({c: " " for c in string.punctuation})
+_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+_DEFAULT_REGEX = r"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*(.+)"
+
+
+def _normalize(text: str) -> str:
+    """Lower case, punctuation and articles removed, whitespace collapsed (SQuAD-style)."""
+    text = text.lower().translate(_PUNCT_TABLE)
+    text = _ARTICLES_RE.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _parse_number(text: str) -> Optional[float]:
+    """The last number in ``text`` (thousands separators, currency and units ignored), or None."""
+    matches = _NUMBER_RE.findall(text.replace("\u2212", "-"))
+    if not matches:
+        return None
+    try:
+        return float(matches[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _score_exact(item: QAItem, response: str) -> Tuple[float, str]:
+    got = response.strip()
+    return (1.0 if got == item.answer.strip() else 0.0), got
+
+
+def _score_normalized(item: QAItem, response: str) -> Tuple[float, str]:
+    got = _normalize(response)
+    return (1.0 if got == _normalize(item.answer) else 0.0), got
+
+
+def _score_regex(item: QAItem, response: str) -> Tuple[float, str]:
+    matches = list(re.finditer(item.pattern or _DEFAULT_REGEX, response))
+    if not matches:
+        return 0.0, ""
+    got = (matches[-1].group(1) or "").strip()  # the last match: models restate, the final one counts
+    return (1.0 if _normalize(got) == _normalize(item.answer) else 0.0), got
+
+
+_CHOICE_PATTERNS = [
+    # strongest first: an explicit statement of the answer
+    r"(?i)(?:answer|option|choice)\s*(?:is|:|=)?\s*(?:option\s*)?[\(\[\*]*([A-Z])(?![A-Za-z])",
+    r"\(([A-Z])\)",                        # (B)
+    r"\*\*([A-Z])\*\*",                     # **B**
+    r"(?m)^\s*([A-Z])\s*[.):]",            # B. / B) at line start
+    r"(?m)^\s*([A-Z])\s*$",                # a lone letter on its own line
+    r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])",  # any standalone capital letter (last resort)
+]
+
+
+def _score_choice(item: QAItem, response: str) -> Tuple[float, str]:
+    letters = string.ascii_uppercase[:len(item.choices)]
+    got = ""
+    for pattern in _CHOICE_PATTERNS:
+        found = [m for m in re.findall(pattern, response) if m.upper() in letters]
+        # "A" as an article in the last-resort pattern is ambiguous: skip it unless it is the only candidate
+        if pattern == _CHOICE_PATTERNS[-1]:
+            found = [m for m in found if m != "A"] or found
+        if found:
+            got = found[-1].upper()
+            break
+    if not got:  # the model wrote an option's text instead of its letter: accept when exactly one option matches
+        norm = _normalize(response)
+        hits = [letters[i] for i, c in enumerate(item.choices)
+                if _normalize(c) and re.search(r"\b%s\b" % re.escape(_normalize(c)), norm)]
+        if len(hits) == 1:
+            got = hits[0]
+    return (1.0 if got == item.answer else 0.0), got
+
+
+def _score_numeric(item: QAItem, response: str) -> Tuple[float, str]:
+    want, got = _parse_number(item.answer), _parse_number(response)
+    if got is None or want is None:
+        return 0.0, ""
+    tol = item.tolerance if item.tolerance is not None else 1e-6 * max(1.0, abs(want))
+    return (1.0 if abs(got - want) <= tol else 0.0), repr(got)
+
+
+SCORERS: Dict[str, Callable[[QAItem, str], Tuple[float, str]]] = {
+    "exact": _score_exact,
+    "normalized": _score_normalized,
+    "regex": _score_regex,
+    "choice": _score_choice,
+    "numeric": _score_numeric,
+}
+
+
+def score_response(item: QAItem, response: str) -> Tuple[float, str]:
+    """Score a model response against an item with its scorer; returns (score in [0, 1], extracted answer)."""
+    return SCORERS[item.scorer](item, response)
+
+# =============================================================================
+# Limits and gates
+# =============================================================================
+# A gate is two things kept apart (as in Netflix concurrency-limits): a limit *algorithm* (a number updated from
+# samples; no threads, no clock of its own) and the *admission* mechanics (permits, blocking, drain pauses). A
+# fixed limit is just another algorithm, so `--concurrency N` and the adaptive gate are the same machinery.
+
+
+class FixedLimit:
+    """A limit that never moves: overloads neither cut it nor pause admission (retries already back off)."""
+
+    adaptive = False
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ConfigError("concurrency must be >= 1, got %r" % (limit,))
+        self.limit = int(limit)
+
+    def window_stamp(self) -> int:
+        return 0
+
+    def on_sample(self, now: float, stamp: int, speed: float, inflight_at_admit: int) -> int:
+        return self.limit
+
+    def on_overload(self, now: float) -> int:
+        return self.limit
+
+
+class Permit:
+    """Proof of admission; carries the admission time, window stamp and cut epoch used to judge its outcome."""
+
+    __slots__ = ("admitted_at", "stamp", "epoch", "inflight_at_admit", "released")
+
+    def __init__(self, admitted_at: float, stamp: int, epoch: int, inflight_at_admit: int):
+        self.admitted_at = admitted_at
+        self.stamp = stamp
+        self.epoch = epoch
+        self.inflight_at_admit = inflight_at_admit
+        self.released = False
+
+
+class AdaptiveGate:
+    """How many model requests may be in flight. Interface pinned in DESIGN.md.
+
+    ``try_acquire()`` never blocks; ``acquire()`` blocks (``GateTimeoutError`` on timeout); ``release(permit,
+    outcome, output_tokens)`` with outcome ``ok`` | ``overload`` | ``ignore``. ``clock`` is injectable so a
+    simulator can drive the gate in virtual time with no threads and no sleeps (use try_acquire there).
+    """
+
+    def __init__(self, initial_limit: int = 16, min_limit: int = 1, max_limit: int = 512, *,
+                 clock: Callable[[], float] = time.monotonic, backoff_ratio: float = 0.7, drain_s: float = 30.0,
+                 algorithm: Any = None):
+        if not 1 <= min_limit <= max_limit:
+            raise ConfigError("gate bounds must satisfy 1 <= min_limit <= max_limit, got %r..%r"
+                              % (min_limit, max_limit))
+        self.min_limit, self.max_limit = int(min_limit), int(max_limit)
+        self.backoff_ratio, self.drain_s = float(backoff_ratio), float(drain_s)
+        self._clock = clock
+        self._algorithm = algorithm if algorithm is not None else FixedLimit(
+            max(self.min_limit, min(self.max_limit, int(initial_limit))))
+        self._cond = threading.Condition()  # guards _in_flight, _limit, _epoch, _drain_until, the algorithm
+        self._limit = max(self.min_limit, min(self.max_limit, int(self._algorithm.limit)))
+        self._in_flight = 0
+        self._epoch = 0
+        self._drain_until = -math.inf
+        self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def adaptive(self) -> bool:
+        return bool(self._algorithm.adaptive)
+
+    def draining_until(self) -> Optional[float]:
+        """Clock time at which the current drain pause ends, or None when not draining."""
+        with self._cond:
+            return self._drain_until if self._clock() < self._drain_until else None
+
+    def _try_locked(self) -> Optional[Permit]:
+        now = self._clock()
+        if now < self._drain_until or self._in_flight >= self._limit:
+            return None
+        self._in_flight += 1
+        return Permit(now, self._algorithm.window_stamp(), self._epoch, self._in_flight)
+
+    def try_acquire(self) -> Optional[Permit]:
+        with self._cond:
+            return self._try_locked()
+
+    def acquire(self, timeout_s: Optional[float] = None, *, cancel: Optional[threading.Event] = None) -> Permit:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                permit = self._try_locked()
+                if permit is not None:
+                    return permit
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled()
+                wait_s = 0.5  # bounded waits: a drain end or a cancel needs no notify to be seen
+                drain_left = self._drain_until - self._clock()
+                if drain_left > 0:
+                    wait_s = min(wait_s, drain_left)
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise GateTimeoutError("no concurrency permit within %.1fs (limit %d, in flight %d)"
+                                               % (timeout_s, self._limit, self._in_flight))
+                    wait_s = min(wait_s, left)
+                self._cond.wait(max(wait_s, 0.001))
+
+    def release(self, permit: Permit, outcome: str = "ok", output_tokens: int = 0) -> None:
+        if outcome not in ("ok", "overload", "ignore"):
+            raise ValueError("outcome must be ok, overload or ignore, got %r" % (outcome,))
+        events = []
+        with self._cond:
+            if permit.released:
+                return  # idempotent: a double release must not leak capacity the other way
+            permit.released = True
+            self._in_flight -= 1
+            now = self._clock()
+            old = self._limit
+            if outcome == "ok":
+                elapsed = max(now - permit.admitted_at, 1e-6)
+                speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
+                new = self._algorithm.on_sample(now, permit.stamp, speed, permit.inflight_at_admit)
+                self._limit = max(self.min_limit, min(self.max_limit, int(new)))
+            elif outcome == "overload" and self._algorithm.adaptive and permit.epoch == self._epoch:
+                # once per epoch: failures of permits admitted before this cut do not cut again
+                self._epoch += 1
+                new = self._algorithm.on_overload(now)
+                self._limit = max(self.min_limit, min(self.max_limit, int(new)))
+                self._drain_until = now + self.drain_s
+                events.append({"type": "drain", "limit": self._limit, "drain_s": self.drain_s})
+            if self._limit != old:
+                events.append({"type": "limit", "limit": self._limit, "previous": old, "cause": outcome})
+            self._cond.notify_all()
+        if self.on_event is not None:
+            for ev in events:
+                self.on_event(ev)
+
+
+# =============================================================================
+# HTTP model client
+# =============================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    """How to reach one OpenAI-compatible endpoint. The API key is never part of it (see ModelClient)."""
+
+    base_url: str
+    model: str
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    temperature: float = 0.0
+    max_tokens: Optional[int] = None
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    extra_body: Optional[Dict[str, Any]] = None
+    stream: bool = True
+    max_retries: int = DEFAULT_MAX_RETRIES
+    use_proxy: bool = False
+
+
+@dataclasses.dataclass
+class ChatResult:
+    """One successful chat completion and how it went."""
+
+    text: str
+    reasoning: str = ""
+    finish_reason: Optional[str] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_estimated: bool = False
+    latency_s: float = 0.0          # the successful attempt: request sent → last byte
+    ttft_s: Optional[float] = None  # the successful attempt: request sent → first content token (streaming)
+    attempts: int = 1
+    wall_s: float = 0.0             # all attempts and backoff waits
+
+
+def _normalize_base_url(url: str) -> str:
+    """Validate a base URL and give it the /v1 suffix when it has no path; raise ConfigError otherwise."""
+    parsed = urllib.parse.urlsplit(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError("invalid --base-url %r: expected http(s)://HOST[:PORT]/v1" % (url,))
+    try:
+        parsed.port  # raises ValueError on a bad port
+    except ValueError:
+        raise ConfigError("invalid --base-url %r: the port is not a number in 1-65535" % (url,)) from None
+    path = parsed.path.rstrip("/")
+    if not path:
+        path = "/v1"
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+
+
+def exclude_from_proxy(urls: Iterable[str]) -> List[str]:
+    """Append the hosts of ``urls`` to NO_PROXY and no_proxy (keeping what was there); return the hosts added.
+
+    A dead personal http(s)_proxy must not make a healthy local endpoint look dead.
+    """
+    hosts = []
+    for url in urls:
+        host = urllib.parse.urlsplit(url).hostname
+        if host and host not in hosts:
+            hosts.append(host)
+    for var in ("NO_PROXY", "no_proxy"):
+        current = [h.strip() for h in os.environ.get(var, "").split(",") if h.strip()]
+        added = [h for h in hosts if h not in current]
+        if added:
+            os.environ[var] = ",".join(current + added)
+    return hosts
+
+
+def _retry_after_s(value: Optional[str]) -> Optional[float]:
+    """Parse a Retry-After header: delta seconds or an HTTP date; None when absent or unparseable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, min(float(value), RETRY_AFTER_CAP_S))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, min(when.timestamp() - time.time(), RETRY_AFTER_CAP_S))
+
+
+def _estimate_tokens(text: str) -> int:
+    """A rough token count (~4 characters per token) for servers that send no usage."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+def _classify_status(status: int) -> str:
+    if status in (429, 503):
+        return "overload"
+    if status >= 500:
+        return "transient"
+    return "fatal"
+
+
+def _error_detail(body: bytes) -> str:
+    try:
+        data = json.loads(body.decode("utf-8", "replace"))
+        err = data.get("error", data) if isinstance(data, dict) else data
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:300]
+        return str(err)[:300]
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:300]
+
+
+class ModelClient:
+    """OpenAI-compatible ``/v1/chat/completions`` over urllib, streaming (SSE) or not, with bounded retries.
+
+    Each attempt holds one permit of ``gate`` (when given) and releases it with the attempt's outcome, so backoff
+    waits never hold capacity. The key is read from the environment once, sent only in the Authorization header,
+    and scrubbed from every error text.
+    """
+
+    def __init__(self, config: ClientConfig, *, gate: Optional[AdaptiveGate] = None,
+                 cancel: Optional[threading.Event] = None, rng: Optional[random.Random] = None):
+        self.config = dataclasses.replace(config, base_url=_normalize_base_url(config.base_url))
+        self.url = self.config.base_url + "/chat/completions"
+        self._api_key = os.environ.get(config.api_key_env) or None
+        _register_secret(self._api_key)
+        self.gate = gate
+        self._cancel = cancel or threading.Event()
+        self._rng = rng or random.Random()
+        self._rng_lock = threading.Lock()  # guards _rng (jitter draws from worker threads)
+        handlers: List[Any] = [] if config.use_proxy else [urllib.request.ProxyHandler({})]
+        self._opener = urllib.request.build_opener(*handlers)
+
+    # -- one attempt -------------------------------------------------------------------------------------
+    def _request(self, messages: Sequence[Dict[str, Any]], timeout_s: float) -> ChatResult:
+        cfg = self.config
+        body: Dict[str, Any] = {"model": cfg.model, "messages": list(messages), "temperature": cfg.temperature,
+                                "stream": cfg.stream}
+        if cfg.max_tokens is not None:
+            body["max_tokens"] = cfg.max_tokens
+        if cfg.stream:
+            body["stream_options"] = {"include_usage": True}
+        if cfg.extra_body:
+            body.update(cfg.extra_body)
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if cfg.stream else
+                   "application/json", "User-Agent": "evalharness/" + __version__}
+        if self._api_key:
+            headers["Authorization"] = "Bearer " + self._api_key
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"), headers=headers,
+                                     method="POST")
+        t0 = time.monotonic()
+        try:
+            resp = self._opener.open(req, timeout=timeout_s)
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = _error_detail(exc.read())
+            except Exception:  # the body itself may fail to arrive
+                detail = ""
+            kind = _classify_status(exc.code)
+            raise ModelAPIError("HTTP %d from %s: %s" % (exc.code, self.url, detail or exc.reason), kind=kind,
+                                status=exc.code, retry_after_s=_retry_after_s(exc.headers.get("Retry-After")))
+        except urllib.error.URLError as exc:
+            raise self._network_error(exc.reason) from None
+        except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
+            raise self._network_error(exc) from None
+        try:
+            with resp:
+                if cfg.stream and "text/event-stream" in (resp.headers.get("Content-Type") or ""):
+                    return self._read_stream(resp, t0, timeout_s)
+                return self._read_json(resp, t0)
+        except ModelAPIError:
+            raise
+        except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
+            raise self._network_error(exc) from None
+
+    def _network_error(self, reason: Any) -> ModelAPIError:
+        if isinstance(reason, (socket.timeout, TimeoutError)) or "timed out" in str(reason):
+            what = "timed out after %.0fs" % self.config.request_timeout_s
+        elif isinstance(reason, ConnectionRefusedError):
+            what = "connection refused"
+        elif isinstance(reason, (ConnectionResetError, http.client.RemoteDisconnected,
+                                 http.client.IncompleteRead, BrokenPipeError)):
+            what = "connection reset or closed by the server (%s)" % type(reason).__name__
+        elif isinstance(reason, socket.gaierror):
+            return ModelAPIError("cannot resolve host of %s: %s" % (self.url, reason), kind="fatal")
+        else:
+            what = "network error: %s" % (reason,)
+        err = ModelAPIError("%s to %s" % (what, self.url), kind="overload")
+        err.refused = isinstance(reason, ConnectionRefusedError)  # type: ignore[attr-defined]
+        return err
+
+    def _read_json(self, resp: Any, t0: float) -> ChatResult:
+        raw = resp.read()
+        latency = time.monotonic() - t0
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            choice = data["choices"][0]
+            message = choice.get("message") or {}
+            text = message.get("content") or ""
+            reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ModelAPIError("malformed response from %s (%s: %s): %r" % (
+                self.url, type(exc).__name__, exc, raw[:200]), kind="malformed") from None
+        usage = data.get("usage") or {}
+        return self._result(text, reasoning, choice.get("finish_reason"), usage, latency, None)
+
+    def _read_stream(self, resp: Any, t0: float, timeout_s: float) -> ChatResult:
+        parts: List[str] = []
+        reasoning: List[str] = []
+        usage: Dict[str, Any] = {}
+        finish = None
+        ttft = None
+        deadline = t0 + timeout_s
+        done = False
+        while True:
+            if time.monotonic() > deadline:
+                raise ModelAPIError("stream from %s exceeded the request timeout of %.0fs"
+                                    % (self.url, timeout_s), kind="overload")
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line or line.startswith(b":") or not line.startswith(b"data:"):
+                continue  # blank separators, comments and other SSE fields (event:, id:) carry no content
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(payload.decode("utf-8"))
+            except ValueError:
+                raise ModelAPIError("malformed SSE event from %s: %r" % (self.url, payload[:120]),
+                                    kind="malformed") from None
+            if not isinstance(chunk, dict):
+                raise ModelAPIError("malformed SSE event from %s: %r" % (self.url, payload[:120]), kind="malformed")
+            if chunk.get("error"):
+                detail = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
+                raise ModelAPIError("error event in stream from %s: %s" % (self.url, detail), kind="transient")
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                piece = delta.get("content")
+                rpiece = delta.get("reasoning_content") or delta.get("reasoning")
+                if (piece or rpiece) and ttft is None:
+                    ttft = time.monotonic() - t0
+                if piece:
+                    parts.append(piece)
+                if rpiece:
+                    reasoning.append(rpiece)
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        if not done and finish is None:
+            raise ModelAPIError("stream from %s ended before [DONE] and before a finish_reason" % self.url,
+                                kind="overload")
+        return self._result("".join(parts), "".join(reasoning), finish, usage, time.monotonic() - t0, ttft,
+                            n_chunks=len(parts) + len(reasoning))
+
+    def _result(self, text: str, reasoning: str, finish: Optional[str], usage: Dict[str, Any], latency: float,
+                ttft: Optional[float], n_chunks: Optional[int] = None) -> ChatResult:
+        estimated = not (isinstance(usage, dict) and "completion_tokens" in usage)
+        if estimated:
+            completion = n_chunks if n_chunks else _estimate_tokens(text + reasoning)
+            prompt = 0
+        else:
+            completion = int(usage.get("completion_tokens") or 0)
+            prompt = int(usage.get("prompt_tokens") or 0)
+        return ChatResult(text=text, reasoning=reasoning, finish_reason=finish, prompt_tokens=prompt,
+                          completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft)
+
+    # -- retries -----------------------------------------------------------------------------------------
+    def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
+        with self._rng_lock:
+            jitter = 0.5 + 0.5 * self._rng.random()
+        if getattr(err, "refused", False):
+            base = REFUSED_BACKOFF_S * (2 ** (n_failed - 1))
+        else:
+            base = min(RETRY_CAP_S, RETRY_BASE_S * (2 ** (n_failed - 1)))
+        wait = base * jitter
+        if err.retry_after_s is not None:
+            wait = max(wait, err.retry_after_s)
+        return wait
+
+    def chat(self, messages: Sequence[Dict[str, Any]]) -> ChatResult:
+        """Send one chat completion with bounded retries; raise ModelAPIError (kind, status, attempts) at the end."""
+        cfg = self.config
+        t_start = time.monotonic()
+        attempts = 0
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled()
+            attempts += 1
+            permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
+            outcome, tokens = "ignore", 0
+            try:
+                result = self._request(messages, cfg.request_timeout_s)
+                outcome, tokens = "ok", result.completion_tokens
+                result.attempts = attempts
+                result.wall_s = time.monotonic() - t_start
+                return result
+            except ModelAPIError as exc:
+                err = exc
+                outcome = "overload" if exc.kind == "overload" else "ignore"
+            finally:
+                if permit is not None:
+                    self.gate.release(permit, outcome, tokens)
+            err.attempts = attempts
+            limit = REFUSED_RETRIES if getattr(err, "refused", False) else cfg.max_retries
+            if err.kind == "fatal" or attempts > limit:
+                if err.kind == "malformed":
+                    err.kind = "fatal"
+                err.args = ("%s (%s; %d attempt%s)" % (_redact(err.args[0]), err.kind, attempts,
+                                                       "" if attempts == 1 else "s"),)
+                raise err
+            wait = self._backoff_s(attempts, err)
+            _log.debug("retrying in %.2fs after: %s", wait, _redact(err))
+            if self._cancel.wait(wait):
+                raise _Cancelled()
+
+# =============================================================================
+# Mock model server
+# =============================================================================
+# An OpenAI-compatible server with a capacity model, injected faults and an oracle policy. It runs as
+# `serve-mock`, in-process for `demo`, and in tests and benchmarks. The oracle reads the dataset itself: the harness
+# never passes answers to it.
+
+_MOCK_FAULTS = ("429", "503", "500", "reset", "hang", "malformed", "truncate")
+_TOKEN_RE = re.compile(r"\S+\s*|\s+")
+
+
+@dataclasses.dataclass(frozen=True)
+class MockConfig:
+    """Behaviour of the mock model server. Times in seconds; speeds in tokens per second."""
+
+    model: str = "mock-model"
+    seed: int = 0
+    decode_tok_s: float = 0.0          # per-stream decode speed below the knee; 0 = instant
+    knee: int = 8                      # concurrent streams past which per-stream speed falls (aggregate saturates)
+    thrash: float = 0.0                # extra slowdown per stream past the knee (aggregate then falls: KV thrashing)
+    ttft_s: float = 0.0                # time to first token at low load (grows past the knee too)
+    max_concurrency: int = 0           # hard cap on concurrent requests; 0 = none
+    overload_status: int = 429         # answer past the cap: 429 (with Retry-After) or 503
+    retry_after_s: float = 1.0
+    faults: Tuple[Tuple[str, float], ...] = ()   # (kind, probability) pairs, kinds in _MOCK_FAULTS
+    hang_s: float = 3600.0
+    reasoning_tokens: int = 0          # filler sent as reasoning_content before the answer
+    skill: float = 0.8                 # oracle: probability that an answer is right (decided per prompt and seed)
+    send_usage: bool = True
+    api_key: Optional[str] = None      # when set, requests without "Bearer <api_key>" get 401
+
+
+def parse_faults(spec: str) -> Tuple[Tuple[str, float], ...]:
+    """Parse ``429=0.1,reset=0.05`` into fault pairs; ConfigError names the bad part."""
+    pairs = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        kind, _, prob = part.partition("=")
+        try:
+            p = float(prob)
+        except ValueError:
+            p = -1.0
+        if kind not in _MOCK_FAULTS or not 0 <= p <= 1:
+            raise ConfigError("--faults %r: %r must be KIND=PROBABILITY with KIND in %s and 0 <= P <= 1"
+                              % (spec, part, ", ".join(_MOCK_FAULTS)))
+        pairs.append((kind, p))
+    if sum(p for _, p in pairs) > 1:
+        raise ConfigError("--faults %r: probabilities add up to more than 1" % spec)
+    return tuple(pairs)
+
+
+def _unit_hash(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from the parts (stable across processes, unlike hash())."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0 ** 64
+
+
+def _oracle_reply(item: QAItem, correct: bool) -> str:
+    answer = item.answer
+    if item.scorer == "choice":
+        letters = string.ascii_uppercase[:len(item.choices)]
+        letter = answer if correct else letters[(letters.index(answer) + 1) % len(letters)]
+        return "The answer is (%s)." % letter
+    if item.scorer == "numeric":
+        value = _parse_number(answer) if correct else (_parse_number(answer) or 0) + 7 + 10 * (item.tolerance or 0)
+        return "The result is %s." % (answer if correct else ("%g" % value))
+    if item.scorer == "regex":
+        return "Let me work it out. ANSWER: %s" % (answer if correct else "unknown")
+    if item.scorer == "normalized":
+        return (answer.upper() + ".") if correct else "I do not know."
+    return answer if correct else answer + "?"
+
+
+class _MockState:
+    """Shared state of one mock server: load, counters, oracle."""
+
+    def __init__(self, config: MockConfig, oracle: Optional[Dict[str, QAItem]]):
+        self.config = config
+        self.oracle = oracle
+        self.lock = threading.Lock()  # guards active, counters, seen
+        self.active = 0
+        self.max_active = 0
+        self.counters: Dict[str, int] = collections.Counter()
+        self.seen: Dict[str, int] = collections.Counter()
+        self.closing = threading.Event()
+
+    def slowdown(self, active: int) -> float:
+        c = self.config
+        over = max(0, active - c.knee) / max(1, c.knee)
+        return max(1.0, active / max(1, c.knee)) * (1.0 + c.thrash * over)
+
+
+class _MockHandler(http.server.BaseHTTPRequestHandler):
+    server_version = "evalharness-mock/" + __version__
+    state: _MockState  # set on the per-server subclass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's parameter name
+        pass
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass  # a deliberately reset connection
+
+    def _json(self, status: int, obj: Any, headers: Optional[Dict[str, str]] = None) -> None:
+        body = json.dumps(obj).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, headers: Optional[Dict[str, str]] = None) -> None:
+        self._json(status, {"error": {"message": message, "type": "mock_error", "code": status}}, headers)
+
+    def do_GET(self) -> None:
+        st = self.state
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [{"id": st.config.model, "object": "model",
+                                                         "owned_by": "evalharness-mock"}]})
+        elif self.path == "/health":
+            self._json(200, {"status": "ok"})
+        elif self.path == "/stats":
+            with st.lock:
+                self._json(200, {"active": st.active, "max_active": st.max_active, "counters": dict(st.counters)})
+        else:
+            self._error(404, "no route %s" % self.path)
+
+    def _reset(self) -> None:
+        import struct
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
+    def do_POST(self) -> None:
+        st, cfg = self.state, self.state.config
+        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            self._error(404, "no route %s" % self.path)
+            return
+        if cfg.api_key is not None:
+            auth = self.headers.get("Authorization", "")
+            if auth != "Bearer " + cfg.api_key:
+                # like a real provider, echo what was sent: the client must scrub it
+                self._error(401, "Incorrect API key provided: %s" % auth.replace("Bearer ", ""))
+                return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            req = json.loads(self.rfile.read(length).decode("utf-8"))
+            messages = req["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages must be a non-empty list")
+            last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._error(400, "bad request: %s" % exc)
+            return
+        stream = bool(req.get("stream"))
+        include_usage = cfg.send_usage and (not stream or bool((req.get("stream_options") or {})
+                                                                 .get("include_usage")))
+        key = str(last_user)
+        with st.lock:
+            st.seen[key] += 1
+            nth = st.seen[key]
+            st.counters["requests"] += 1
+            over_cap = cfg.max_concurrency > 0 and st.active >= cfg.max_concurrency
+            if not over_cap:
+                st.active += 1
+                st.max_active = max(st.max_active, st.active)
+        if over_cap:
+            with st.lock:
+                st.counters["over_cap"] += 1
+            self._error(cfg.overload_status, "server at capacity", {"Retry-After": "%g" % cfg.retry_after_s})
+            return
+        try:
+            fault = None
+            u = _unit_hash(cfg.seed, "fault", key, nth)
+            acc = 0.0
+            for kind, prob in cfg.faults:
+                acc += prob
+                if u < acc:
+                    fault = kind
+                    break
+            if fault:
+                with st.lock:
+                    st.counters["fault_" + fault] += 1
+            self._serve(req, messages, key, stream, include_usage, fault)
+        finally:
+            with st.lock:
+                st.active -= 1
+
+    def _reply_text(self, key: str) -> str:
+        st = self.state
+        if st.oracle is None:
+            return "This is the mock model."
+        item = st.oracle.get(key)
+        if item is None:
+            return "I have no reference for this question."
+        correct = _unit_hash(st.config.seed, "oracle", key) < st.config.skill
+        return _oracle_reply(item, correct)
+
+    def _serve(self, req: Dict[str, Any], messages: List[Any], key: str, stream: bool, include_usage: bool,
+               fault: Optional[str]) -> None:
+        st, cfg = self.state, self.state.config
+        if fault in ("429", "503", "500"):
+            headers = {"Retry-After": "%g" % cfg.retry_after_s} if fault != "500" else {}
+            self._error(int(fault), "injected fault %s" % fault, headers)
+            return
+        if fault == "hang":
+            st.closing.wait(cfg.hang_s)
+            return
+        if fault == "reset" and not stream:
+            self._reset()
+            return
+        text = self._reply_text(key)
+        reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
+        pieces = ([("reasoning_content", t) for t in _TOKEN_RE.findall(reasoning + " ")] if reasoning else []) + \
+                 [("content", t) for t in _TOKEN_RE.findall(text)]
+        prompt_tokens = sum(len(_TOKEN_RE.findall(str(m.get("content", "")))) for m in messages)
+        max_tokens = req.get("max_tokens")
+        finish = "stop"
+        if isinstance(max_tokens, int) and 0 < max_tokens < len(pieces):
+            pieces, finish = pieces[:max_tokens], "length"
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
+                 "total_tokens": prompt_tokens + len(pieces)}
+        rid = "chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48)
+
+        def token_delay() -> float:
+            if cfg.decode_tok_s <= 0:
+                return 0.0
+            with st.lock:
+                active = st.active
+            return st.slowdown(active) / cfg.decode_tok_s
+
+        def wait(seconds: float) -> None:
+            if seconds > 0:
+                st.closing.wait(seconds)
+
+        with st.lock:
+            ttft = cfg.ttft_s * st.slowdown(st.active)
+        if not stream:
+            wait(ttft + sum(token_delay() for _ in pieces))
+            if fault == "malformed":
+                body = b'{"id": "broken", "choices": [{"message": '
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            message = {"role": "assistant", "content": "".join(t for k, t in pieces if k == "content")}
+            if reasoning:
+                message["reasoning_content"] = "".join(t for k, t in pieces if k == "reasoning_content")
+            out = {"id": rid, "object": "chat.completion", "created": 0, "model": cfg.model,
+                   "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            if include_usage:
+                out["usage"] = usage
+            self._json(200, out)
+            with st.lock:
+                st.counters["completed"] += 1
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+
+        def event(obj: Any) -> None:
+            self.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
+
+        base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": cfg.model}
+        event(dict(base, choices=[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]))
+        self.wfile.flush()
+        wait(ttft)
+        debt = 0.0
+        for i, (field, tok) in enumerate(pieces):
+            if fault == "reset" and i == 1:
+                self._reset()
+                return
+            if fault == "malformed" and i == 1:
+                self.wfile.write(b'data: {"choices": [{"delta": {"content": \n\n')
+                self.wfile.flush()
+                return
+            if fault == "truncate" and i == len(pieces) // 2:
+                self.wfile.flush()
+                return  # the connection closes with no finish_reason and no [DONE]
+            event(dict(base, choices=[{"index": 0, "delta": {field: tok}, "finish_reason": None}]))
+            debt += token_delay()
+            if debt >= 0.002:  # sleep in slices of >= 2 ms: per-token sleeps would be all overhead
+                self.wfile.flush()
+                wait(debt)
+                debt = 0.0
+        event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
+        if include_usage:
+            event(dict(base, choices=[], usage=usage))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        with st.lock:
+            st.counters["completed"] += 1
+
+
+class _MockHTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 512
+
+
+class MockServer:
+    """The mock model server bound to ``host:port`` (port 0 picks a free one), served by a background thread.
+
+    ``oracle`` is a Dataset whose rows the server answers from, right with probability ``config.skill``.
+    """
+
+    def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
+                 oracle: Optional[Dataset] = None):
+        table = None
+        if oracle is not None:
+            table = {}
+            for item in oracle.iter_items():
+                user = [m["content"] for m in item.messages if m["role"] == "user"]
+                table[user[-1]] = item
+        self.state = _MockState(config, table)
+        handler = type("_BoundMockHandler", (_MockHandler,), {"state": self.state})
+        try:
+            self._httpd = _MockHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise ConfigError("cannot listen on %s:%d: %s" % (host, port, exc.strerror or exc)) from None
+        self.host, self.port = self._httpd.server_address[:2]
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        return "http://%s:%d/v1" % (self.host, self.port)
+
+    def start(self) -> "MockServer":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="evalharness-mock-0", daemon=True)
+        self._thread.start()
+        return self
+
+    def stats(self) -> Dict[str, Any]:
+        with self.state.lock:
+            return {"active": self.state.active, "max_active": self.state.max_active,
+                    "counters": dict(self.state.counters)}
+
+    def close(self) -> None:
+        """Stop serving and wake hung handlers. Idempotent."""
+        if self._thread is None:
+            return
+        self.state.closing.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+        self._thread = None
+
+    def __enter__(self) -> "MockServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+# =============================================================================
+# Results store
+# =============================================================================
+
+
+class RunStore:
+    """The run directory (layout pinned in DESIGN.md): append-only, crash-safe, held by one process at a time.
+
+    Every finished sample is one line of ``samples.jsonl``, written whole, flushed and fsynced before the next
+    sample is counted done. A torn last line left by a crash is cut off when the run is reopened; a ``.lock``
+    (an flock, released by the kernel when its process dies) keeps a second process out.
+    """
+
+    SAMPLES, EVENTS, RUN, SUMMARY, LOCK = "samples.jsonl", "events.jsonl", "run.json", "summary.json", ".lock"
+
+    def __init__(self, out_dir: str):
+        self.dir = out_dir
+        self._lock = threading.Lock()  # guards appends to samples.jsonl and events.jsonl
+        self._lock_fh: Any = None
+        self._samples_fh: Any = None
+        self._events_fh: Any = None
+        self.finished: Dict[str, str] = {}  # id -> status of every sample already in samples.jsonl
+        self.notes: List[str] = []           # what open() repaired or took over, for the log
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def open(self) -> "RunStore":
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("cannot create --out directory %r: %s; choose a writable directory"
+                              % (self.dir, exc.strerror or exc)) from None
+        if not os.path.isdir(self.dir) or not os.access(self.dir, os.W_OK | os.X_OK):
+            raise ConfigError("--out %r is not a writable directory; choose a writable directory" % self.dir)
+        self._take_lock()
+        try:
+            self._repair_tail()
+            self._load_finished()
+            self._samples_fh = open(self.path(self.SAMPLES), "a", encoding="utf-8")
+            self._events_fh = open(self.path(self.EVENTS), "a", encoding="utf-8")
+        except BaseException:
+            self.close()
+            raise
+        for note in self.notes:
+            self.event("store_repair", note=note)
+        return self
+
+    def _take_lock(self) -> None:
+        path = self.path(self.LOCK)
+        try:
+            fh = open(path, "a+", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("cannot write the lock file %r: %s" % (path, exc.strerror or exc)) from None
+        fh.seek(0)
+        previous = fh.read().strip()
+        if _fcntl is not None:
+            try:
+                _fcntl.flock(fh.fileno(), _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+            except OSError:
+                fh.close()
+                holder = previous or "another process"
+                raise RunLockedError("run directory %r is in use by %s; wait for it to finish or use another --out"
+                                     % (self.dir, holder)) from None
+        if previous:
+            self.notes.append("took over the lock of a process that is gone (%s)" % previous)
+        fh.seek(0)
+        fh.truncate()
+        fh.write("pid %d on %s since %s" % (os.getpid(), socket.gethostname(), _utc_iso()))
+        fh.flush()
+        self._lock_fh = fh
+
+    def _repair_tail(self) -> None:
+        path = self.path(self.SAMPLES)
+        if not os.path.exists(path):
+            return
+        with open(path, "rb+") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            if size == 0:
+                return
+            # find the start of the last line: read backwards in blocks
+            pos, tail = size, b""
+            while pos > 0:
+                step = min(65536, pos)
+                pos -= step
+                fh.seek(pos)
+                tail = fh.read(step) + tail
+                if tail.rstrip(b"\n").count(b"\n") >= 1 or pos == 0:
+                    break
+            ends_clean = tail.endswith(b"\n")
+            last_nl = tail.rstrip(b"\n").rfind(b"\n") if ends_clean else tail.rfind(b"\n")
+            last_start = pos + last_nl + 1
+            fh.seek(last_start)
+            last = fh.read()
+            good = ends_clean
+            if good:
+                try:
+                    json.loads(last.decode("utf-8"))
+                except ValueError:
+                    good = False
+            if not good:
+                fh.truncate(last_start)
+                fh.flush()
+                os.fsync(fh.fileno())
+                self.notes.append("cut a torn last line of %s (%d bytes) left by an interrupted write"
+                                  % (self.SAMPLES, size - last_start))
+
+    def _load_finished(self) -> None:
+        for lineno, rec in self.iter_samples(with_lineno=True):
+            sid = rec.get("id")
+            if not isinstance(sid, str) or rec.get("status") not in ("ok", "failed"):
+                raise HarnessError("%s:%d: not a sample record (needs 'id' and 'status'); move the file away "
+                                   "or fix the line" % (self.path(self.SAMPLES), lineno))
+            self.finished[sid] = rec["status"]
+
+    def iter_samples(self, with_lineno: bool = False) -> Iterator[Any]:
+        """Stream the records of samples.jsonl (the last record wins if an id appears twice)."""
+        path = self.path(self.SAMPLES)
+        if not os.path.exists(path):
+            return
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    rec = json.loads(raw.decode("utf-8"))
+                except ValueError:
+                    raise HarnessError("%s:%d: corrupt line in the middle of the file; move the file away or "
+                                       "remove the line" % (path, lineno)) from None
+                yield (lineno, rec) if with_lineno else rec
+
+    def append(self, record: Dict[str, Any]) -> None:
+        """Append one finished sample durably (write, flush, fsync) before it counts as done."""
+        line = json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n"
+        with self._lock:
+            self._samples_fh.write(line)
+            self._samples_fh.flush()
+            os.fsync(self._samples_fh.fileno())
+            self.finished[record["id"]] = record["status"]
+
+    def event(self, type_: str, **fields: Any) -> None:
+        rec = {"t": round(time.time(), 3), "time": _utc_iso(), "type": type_}
+        rec.update(fields)
+        line = _redact(json.dumps(rec, ensure_ascii=False, sort_keys=True)) + "\n"
+        with self._lock:
+            if self._events_fh is not None:
+                self._events_fh.write(line)
+                self._events_fh.flush()
+
+    def drop_failed(self) -> int:
+        """Rewrite samples.jsonl without its failed records (atomically) so they run again; return how many."""
+        failed = [sid for sid, status in self.finished.items() if status == "failed"]
+        if not failed:
+            return 0
+        with self._lock:
+            self._samples_fh.close()
+            path = self.path(self.SAMPLES)
+            tmp = path + ".rewrite"
+            with open(tmp, "w", encoding="utf-8") as out:
+                for rec in self.iter_samples():
+                    if rec.get("status") != "failed":
+                        out.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+            self._samples_fh = open(path, "a", encoding="utf-8")
+            for sid in failed:
+                del self.finished[sid]
+        return len(failed)
+
+    def read_json(self, name: str) -> Optional[Dict[str, Any]]:
+        try:
+            with open(self.path(name), encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+
+    def write_json(self, name: str, obj: Any) -> None:
+        _write_json(self.path(name), obj)
+
+    def close(self) -> None:
+        """Close the files and release the lock. Idempotent."""
+        for attr in ("_samples_fh", "_events_fh"):
+            fh = getattr(self, attr)
+            if fh is not None:
+                fh.close()
+                setattr(self, attr, None)
+        if self._lock_fh is not None:
+            try:
+                self._lock_fh.seek(0)
+                self._lock_fh.truncate()
+                if _fcntl is not None:
+                    _fcntl.flock(self._lock_fh.fileno(), _fcntl.LOCK_UN)
+            finally:
+                self._lock_fh.close()
+                self._lock_fh = None
+
+    def __enter__(self) -> "RunStore":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# =============================================================================
+# Summary
+# =============================================================================
+
+
+def _active_seconds(intervals: List[Tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals: wall time the run was working, gaps between resumes excluded."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None) -> Dict[str, Any]:
+    """Metrics of a run computed from its sample records alone (so it works on a killed run).
+
+    Everything outside ``performance`` depends only on what was answered, not on timing: two runs that produced
+    the same answers have equal summaries apart from ``performance``.
+    """
+    latest: Dict[str, Tuple] = {}
+    for rec in records:
+        latest[rec["id"]] = (rec.get("status"), rec.get("score"), rec.get("category") or "uncategorized",
+                             rec.get("scorer") or "", rec.get("error_class"), rec.get("prompt_tokens") or 0,
+                             rec.get("completion_tokens") or 0, bool(rec.get("usage_estimated")),
+                             rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"))
+    scores: List[float] = []
+    by_cat: Dict[str, List[float]] = collections.defaultdict(list)
+    by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
+    failed_cat: Dict[str, int] = collections.Counter()
+    errors: Dict[str, int] = collections.Counter()
+    tok_p = tok_c = n_est = 0
+    lat: List[float] = []
+    ttft: List[float] = []
+    spans: List[Tuple[float, float]] = []
+    for sid in sorted(latest):
+        status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end = latest[sid]
+        tok_p += ptok
+        tok_c += ctok
+        n_est += est
+        if status == "ok" and score is not None:
+            scores.append(float(score))
+            by_cat[cat].append(float(score))
+            by_scorer[scorer].append(float(score))
+            if latency is not None:
+                lat.append(float(latency))
+            if t1 is not None:
+                ttft.append(float(t1))
+        else:
+            failed_cat[cat] += 1
+            errors[eclass or "unknown"] += 1
+        if t_start is not None and t_end is not None:
+            spans.append((float(t_start), float(t_end)))
+    n_ok, n_failed = len(scores), sum(errors.values())
+    finished = n_ok + n_failed
+    total = finished if total is None else total
+
+    def group(values: Dict[str, List[float]], failed: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+        out = {}
+        for key in sorted(set(values) | set(failed or {})):
+            entry = _mean_ci(values.get(key, []))
+            if failed is not None:
+                entry["failed"] = failed.get(key, 0)
+            out[key] = entry
+        return out
+
+    lat.sort()
+    ttft.sort()
+    active_s = _active_seconds(spans)
+    return {
+        "counts": {"total": total, "finished": finished, "ok": n_ok, "failed": n_failed,
+                   "pending": max(0, total - finished)},
+        "score": _mean_ci(scores),
+        "by_category": group(by_cat, failed_cat),
+        "by_scorer": group(by_scorer),
+        "errors": dict(sorted(errors.items())),
+        "tokens": {"prompt": tok_p, "completion": tok_c, "estimated_samples": n_est},
+        "performance": {
+            "latency_s": {"p50": _r(_percentile(lat, 50)), "p95": _r(_percentile(lat, 95)),
+                          "p99": _r(_percentile(lat, 99))},
+            "ttft_s": {"p50": _r(_percentile(ttft, 50)), "p95": _r(_percentile(ttft, 95))},
+            "active_s": _r(active_s),
+            "samples_per_s": _r(finished / active_s) if active_s > 0 else None,
+            "output_tokens_per_s": _r(tok_c / active_s) if active_s > 0 else None,
+        },
+    }
+
+
+def _r(value: Optional[float], digits: int = 4) -> Optional[float]:
+    return None if value is None else round(value, digits)
+
+
+def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "") -> str:
+    """The human summary table printed at the end of a run."""
+    def ci(entry: Dict[str, Any]) -> str:
+        if entry.get("mean") is None:
+            return "%6s  %-16s" % ("-", "")
+        lo, hi = entry["ci95"]
+        return "%6.3f  [%.3f, %.3f]" % (entry["mean"], lo, hi)
+
+    c, perf = summary["counts"], summary["performance"]
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append("samples: %d total, %d ok, %d failed, %d pending" % (c["total"], c["ok"], c["failed"], c["pending"]))
+    lines.append("score  %s  (n=%d, 95%% CI)" % (ci(summary["score"]), summary["score"]["n"]))
+    for key, label in (("by_category", "category"), ("by_scorer", "scorer")):
+        groups = summary.get(key) or {}
+        if not groups:
+            continue
+        width = max(len(label), max(len(k) for k in groups))
+        lines.append("")
+        lines.append("  %-*s  %5s  %6s  %-16s%s" % (width, label, "n", "mean", "95% CI",
+                                                   "  failed" if key == "by_category" else ""))
+        for name, entry in groups.items():
+            lines.append("  %-*s  %5d  %s%s" % (width, name, entry["n"], ci(entry),
+                                               ("  %6d" % entry["failed"]) if "failed" in entry else ""))
+    if summary.get("errors"):
+        lines.append("")
+        lines.append("failed by error class: " + ", ".join("%s %d" % kv for kv in summary["errors"].items()))
+    t = summary["tokens"]
+    lines.append("")
+    lines.append("tokens: prompt %s, completion %s%s" % (format(t["prompt"], ","), format(t["completion"], ","),
+                 " (%d samples estimated: server sent no usage)" % t["estimated_samples"]
+                 if t["estimated_samples"] else ""))
+
+    def sec(v: Optional[float]) -> str:
+        return "-" if v is None else "%.3fs" % v
+    lines.append("latency: p50 %s, p95 %s, p99 %s; time to first token p50 %s" % (
+        sec(perf["latency_s"]["p50"]), sec(perf["latency_s"]["p95"]), sec(perf["latency_s"]["p99"]),
+        sec(perf["ttft_s"]["p50"])))
+    if perf.get("samples_per_s") is not None:
+        lines.append("throughput: %.2f samples/s, %.1f output tokens/s over %s active" % (
+            perf["samples_per_s"], perf["output_tokens_per_s"], _fmt_duration(perf["active_s"])))
+    if run_dir:
+        lines.append("run directory: %s" % run_dir)
+    return "\n".join(lines)
+
+# =============================================================================
+# Runner
+# =============================================================================
+
+
+class _CircuitBreaker:
+    """Trips after ``threshold`` consecutive failed samples, so a dead endpoint costs seconds, not hours."""
+
+    def __init__(self, threshold: int = BREAKER_THRESHOLD):
+        self.threshold = threshold
+        self._lock = threading.Lock()  # guards _consecutive
+        self._consecutive = 0
+
+    def record(self, ok: bool) -> bool:
+        """Count one finished sample; True when this one trips the breaker."""
+        with self._lock:
+            self._consecutive = 0 if ok else self._consecutive + 1
+            return self._consecutive == self.threshold
+
+
+class _Runner:
+    """Dispatches items to worker threads, records results, draws progress, trips the breaker, handles Ctrl-C.
+
+    ``work(item)`` returns a finished record (``status`` ok or failed); it raises ``_Cancelled`` for an item
+    abandoned because the run is stopping (not recorded), and any other exception becomes a failed record.
+    """
+
+    def __init__(self, store: RunStore, work: Callable[[Any], Dict[str, Any]], *, workers: int, total: int,
+                 label: str, cancel: threading.Event, gate: Optional[AdaptiveGate] = None,
+                 progress_stream: Any = None, progress: bool = True,
+                 breaker_threshold: int = BREAKER_THRESHOLD):
+        self.store = store
+        self.work = work
+        self.n_workers = workers
+        self.total = total
+        self.label = label
+        self.cancel = cancel
+        self.gate = gate
+        self.breaker = _CircuitBreaker(breaker_threshold)
+        self._lock = threading.Lock()  # guards the counters below and the first-failure flag
+        self.done_before = len(store.finished)
+        self.failed_before = sum(1 for s in store.finished.values() if s == "failed")
+        self.done = self.done_before
+        self.failed = self.failed_before
+        self.in_flight = 0
+        self.first_failure_shown = False
+        self.status = "finished"
+        self.stop_reason = ""
+        self.t0 = time.monotonic()
+        self.progress = _Progress(self._render, stream=progress_stream, enabled=progress)
+
+    def _render(self) -> str:
+        with self._lock:
+            done, failed, in_flight = self.done, self.failed, self.in_flight
+        elapsed = time.monotonic() - self.t0
+        rate = (done - self.done_before) / elapsed if elapsed > 0 else 0.0
+        left = self.total - done
+        eta = left / rate if rate > 0 else None
+        parts = ["%s %d/%d done" % (self.label, done, self.total), "%d failed" % failed,
+                 "%.1f/s" % rate, "ETA %s" % (_fmt_duration(eta) if left else "0s")]
+        if self.gate is not None:
+            parts.append("limit %d" % self.gate.limit)
+        parts.append("in flight %d" % in_flight)
+        return " | ".join(parts)
+
+    def _worker(self, inbox: "queue.Queue[Any]") -> None:
+        while True:
+            item = inbox.get()
+            if item is None:
+                inbox.put(None)  # the stop sentinel is passed on to the next worker
+                return
+            if self.cancel.is_set():
+                continue
+            with self._lock:
+                self.in_flight += 1
+            try:
+                record = self._run_one(item)
+            except _Cancelled:
+                record = None
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+            if record is not None:
+                self._finish(record)
+
+    def _run_one(self, item: Any) -> Dict[str, Any]:
+        started = time.time()
+        try:
+            return self.work(item)
+        except _Cancelled:
+            raise
+        except HarnessError as exc:
+            error_class = getattr(exc, "kind", None) or type(exc).__name__
+            return _failed_record(item, started, _redact(exc), error_class)
+        except Exception as exc:  # a bug must cost one sample, not the run; the traceback goes to the log
+            _log.debug("sample %r crashed", getattr(item, "id", item), exc_info=True)
+            return _failed_record(item, started, _redact("%s: %s" % (type(exc).__name__, exc)), "internal")
+
+    def _finish(self, record: Dict[str, Any]) -> None:
+        self.store.append(record)
+        ok = record["status"] == "ok"
+        show_first = False
+        with self._lock:
+            self.done += 1
+            if not ok:
+                self.failed += 1
+                if not self.first_failure_shown:
+                    self.first_failure_shown = show_first = True
+        if show_first:
+            self.progress.message("evalharness: first failure (sample %r): %s" % (record["id"], record["error"]))
+        if self.breaker.record(ok) and not self.cancel.is_set():
+            self.status = "aborted"
+            self.stop_reason = ("circuit breaker: %d consecutive samples failed; last error (sample %r): %s"
+                                % (self.breaker.threshold, record["id"], record["error"]))
+            self.store.event("breaker_open", consecutive=self.breaker.threshold, last_error=record["error"])
+            self.cancel.set()
+
+    def run(self, items: Iterable[Any]) -> str:
+        """Run every item; return "finished", "aborted" (breaker) or "interrupted" (Ctrl-C / SIGTERM)."""
+        inbox: "queue.Queue[Any]" = queue.Queue(maxsize=self.n_workers * 2)  # bounded: items are streamed
+        threads = [threading.Thread(target=self._worker, args=(inbox,), name="evalharness-worker-%d" % i)
+                   for i in range(self.n_workers)]
+        for t in threads:
+            t.start()
+        self.progress.start()
+        try:
+            try:
+                for item in items:
+                    while not self.cancel.is_set():
+                        try:
+                            inbox.put(item, timeout=0.2)
+                            break
+                        except queue.Full:
+                            continue
+                    if self.cancel.is_set():
+                        break
+            finally:
+                while True:  # the sentinel must get in even when workers are slow to drain the queue
+                    try:
+                        inbox.put(None, timeout=0.2)
+                        break
+                    except queue.Full:
+                        if self.cancel.is_set():
+                            _drain(inbox)
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            self.status = "interrupted"
+            self.stop_reason = "interrupted"
+            self.cancel.set()
+            _drain(inbox)
+            inbox.put(None)
+            with self._lock:
+                n = self.in_flight
+            self.progress.message("evalharness: interrupted; recording the %d sample(s) in flight as they finish "
+                                  "(Ctrl-C again to quit now; finished samples are already saved)" % n)
+            self.store.event("interrupted", in_flight=n)
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        finally:
+            self.progress.close()
+        return self.status
+
+
+def _drain(q: "queue.Queue[Any]") -> None:
+    try:
+        while True:
+            q.get_nowait()
+    except queue.Empty:
+        pass
+
+
+def _failed_record(item: Any, started: float, error: str, error_class: str) -> Dict[str, Any]:
+    return {"id": item.id, "status": "failed", "score": None, "error": error, "error_class": error_class,
+            "category": getattr(item, "category", None), "scorer": getattr(item, "scorer", None),
+            "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+
+
+# =============================================================================
+# Tasks
+# =============================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything a `run` needs, as given on the command line (validated by run_qa)."""
+
+    dataset: Optional[str]
+    model: str
+    base_url: str
+    task: str = "qa"
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    api_key_env_explicit: bool = False
+    out: Optional[str] = None
+    concurrency: int = DEFAULT_CONCURRENCY
+    temperature: float = 0.0
+    max_tokens: Optional[int] = None
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    extra_body: Optional[Dict[str, Any]] = None
+    stream: bool = True
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_failed: bool = False
+    use_proxy: bool = False
+    scorer: str = "normalized"
+    limit: Optional[int] = None
+    system_prompt: Optional[str] = None
+    json_out: bool = False
+    progress: bool = True
+
+
+def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAItem], Dict[str, Any]]:
+    def work(item: QAItem) -> Dict[str, Any]:
+        started = time.time()
+        messages = list(item.messages)
+        if system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        try:
+            res = client.chat(messages)
+        except ModelAPIError as exc:
+            rec = _failed_record(item, started, _redact(exc), exc.kind)
+            rec["attempts"] = exc.attempts
+            return rec
+        score, extracted = score_response(item, res.text)
+        return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
+                "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": res.text,
+                "extracted": extracted, "reasoning_chars": len(res.reasoning), "finish_reason": res.finish_reason,
+                "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
+                "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
+                "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+    return work
+
+
+def _default_out(task: str, model: str) -> str:
+    return os.path.join("runs", "%s-%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), task, _slug(model)))
+
+
+def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = None,
+           progress_stream: Any = None, cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
+    """Run (or resume) a QA evaluation; return (exit code, run directory). Prints the summary on ``stdout``."""
+    stdout = stdout or sys.stdout
+    # 1. everything that can be checked without touching disk, so bad input leaves nothing behind
+    if cfg.task != "qa":
+        raise ConfigError("--task %r is not available in this version; use --task qa" % cfg.task)
+    client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
+                              temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                              request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body, stream=cfg.stream,
+                              max_retries=cfg.max_retries, use_proxy=cfg.use_proxy)
+    base_url = _normalize_base_url(cfg.base_url)
+    if cfg.concurrency < 1:
+        raise ConfigError("--concurrency must be >= 1, got %d" % cfg.concurrency)
+    if cfg.request_timeout_s <= 0:
+        raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
+    if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
+        raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
+    if dataset is None:
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required")
+        dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit)
+    out = cfg.out or _default_out(cfg.task, cfg.model)
+
+    # 2. the run directory
+    store = RunStore(out).open()
+    try:
+        return _run_qa_in_store(cfg, client_cfg, base_url, dataset, store, stdout, progress_stream, cancel)
+    finally:
+        store.close()
+
+
+def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, dataset: Dataset, store: RunStore,
+                     stdout: Any, progress_stream: Any, cancel: Optional[threading.Event]) -> Tuple[int, str]:
+    for note in store.notes:
+        _log.warning("%s: %s", store.dir, note)
+    previous = store.read_json(RunStore.RUN)
+    if previous:
+        for field, now in (("task", cfg.task), ("model", cfg.model)):
+            was = (previous.get("config") or {}).get(field)
+            if was is not None and was != now:
+                raise ConfigError("--out %r holds a run with %s=%r, but this command has %s=%r; use another --out "
+                                  "or the same %s" % (store.dir, field, was, field, now, field))
+    stray = [sid for sid in store.finished if sid not in dataset.ids]
+    if stray:
+        _log.warning("%d finished sample(s) in %s are not in the dataset (e.g. %r); they are kept but not counted",
+                     len(stray), store.dir, stray[0])
+    if cfg.retry_failed:
+        n = store.drop_failed()
+        if n:
+            _log.info("re-running %d failed sample(s)", n)
+    done_ids = {sid for sid in store.finished if sid in dataset.ids}
+    n_failed_kept = sum(1 for sid in done_ids if store.finished[sid] == "failed")
+    if done_ids:
+        _log.info("resuming %s: %d of %d samples already finished%s", store.dir, len(done_ids), dataset.count,
+                  " (%d failed kept; --retry-failed re-runs them)" % n_failed_kept if n_failed_kept else "")
+    if not cfg.use_proxy:
+        exclude_from_proxy([base_url])
+
+    cancel = cancel or threading.Event()
+    gate = AdaptiveGate(initial_limit=cfg.concurrency, min_limit=1, max_limit=max(cfg.concurrency, 1),
+                        algorithm=FixedLimit(cfg.concurrency))
+    gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+    client = ModelClient(client_cfg, gate=gate, cancel=cancel)
+    started = time.time()
+    run_info = {
+        "evalharness_version": __version__, "python": sys.version.split()[0], "task": cfg.task,
+        "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(),
+        "endpoint": {"base_url": base_url, "model": cfg.model},
+        "dataset": {"path": os.path.abspath(cfg.dataset) if cfg.dataset else None, "name": dataset.name,
+                    "sha256": dataset.sha256, "rows": dataset.count},
+        "config": _redact_config(dict(dataclasses.asdict(cfg), base_url=base_url)),
+        "history": (previous or {}).get("history", []),
+    }
+    run_info["config"].pop("api_key_env_explicit", None)
+    store.write_json(RunStore.RUN, run_info)
+    store.event("run_start", pending=dataset.count - len(done_ids), finished=len(done_ids), pid=os.getpid())
+
+    runner = _Runner(store, _qa_work(client, cfg.system_prompt), workers=cfg.concurrency, total=dataset.count,
+                     label=cfg.task, cancel=cancel, gate=gate, progress_stream=progress_stream,
+                     progress=cfg.progress)
+    runner.done_before = runner.done = len(done_ids)
+    runner.failed_before = runner.failed = n_failed_kept
+    pending = (item for item in dataset.iter_items() if item.id not in done_ids)
+    status = runner.run(pending)
+
+    summary = summarize((r for r in store.iter_samples() if r.get("id") in dataset.ids), total=dataset.count)
+    summary.update({"task": cfg.task, "model": cfg.model, "dataset": dataset.name, "status": status})
+    store.write_json(RunStore.SUMMARY, summary)
+    ended = time.time()
+    run_info.update({"status": status, "ended_at": _utc_iso(ended), "discovered_limit": gate.limit})
+    run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
+                                                  "status": status, "pid": os.getpid()}]
+    if runner.stop_reason:
+        run_info["stop_reason"] = _redact(runner.stop_reason)
+    store.write_json(RunStore.RUN, run_info)
+    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=dataset.count)
+
+    if cfg.json_out:
+        stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    else:
+        title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model, dataset.name, status)
+        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n")
+    stdout.flush()
+    if status == "aborted":
+        raise CircuitOpenError(_redact(runner.stop_reason) + " (run directory: %s)" % store.dir)
+    if status == "interrupted":
+        return EXIT_INTERRUPTED, store.dir
+    if summary["counts"]["failed"]:
+        _log.warning("%d sample(s) failed (see 'error' in %s); re-run with --retry-failed to retry them",
+                     summary["counts"]["failed"], store.path(RunStore.SAMPLES))
+        return EXIT_FAILURE, store.dir
+    return EXIT_OK, store.dir
+
+# =============================================================================
+# CLI
+# =============================================================================
+
+_EXIT_CODES_HELP = """exit codes:
+  0    ok: every sample finished and none failed
+  1    runtime failure (including: some samples failed; re-run with --retry-failed)
+  2    usage, configuration or dataset error (nothing was run)
+  3    aborted by the circuit breaker (%d consecutive failed samples)
+  130  interrupted (Ctrl-C or SIGTERM); finished samples are saved, re-run the same command to resume
+""" % BREAKER_THRESHOLD
+
+_MAIN_HELP = """examples:
+  evalharness demo
+  evalharness run --dataset qa.jsonl --model Qwen/Qwen3-8B --base-url http://127.0.0.1:8000/v1
+  evalharness run --dataset qa.jsonl --model gpt-4o-mini --base-url https://api.openai.com/v1 --use-proxy
+  evalharness serve-mock --port 8001 --oracle qa.jsonl --skill 0.8 --decode-tok-s 50 --knee 16
+
+""" + _EXIT_CODES_HELP
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line on stderr, exit 2 (argparse's own code for usage errors)
+        self.exit(EXIT_USAGE, "%s: error: %s (see --help)\n" % (self.prog, message))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
+    return value
+
+
+def _json_object(text: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("not valid JSON (%s): %r" % (exc, text)) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object like '{\"top_p\": 0.9}', got %r" % text)
+    return value
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("endpoint")
+    g.add_argument("--model", required=True, help="model name sent to the endpoint")
+    g.add_argument("--base-url", default=None,
+                   help="endpoint base URL, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL)")
+    g.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the API key (default OPENAI_API_KEY; none is fine for "
+                        "local servers); the key is never written anywhere")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--max-tokens", type=_positive_int, default=None)
+    g.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help="limit for one request, first byte to last (default %(default)s)")
+    g.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
+                   help="retries per request on overload/transient errors (default %(default)s)")
+    g.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
+                   help="JSON object merged into every request body, e.g. '{\"top_p\": 0.95}'")
+    g.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="use non-streaming requests (default: stream, which also measures time to first token)")
+    g.add_argument("--use-proxy", action="store_true",
+                   help="send requests through http(s)_proxy (default: endpoints bypass any proxy)")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="run directory; re-running with the same --out resumes (default runs/<time>-<task>-<model>)")
+    p.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY,
+                   help="requests in flight at once (default %(default)s)")
+    p.add_argument("--json", dest="json_out", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(
+        prog="evalharness", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Evaluate LLM endpoints (OpenAI-compatible) on QA sets; one file, standard library only.",
+        epilog=_MAIN_HELP)
+    parser.add_argument("--version", action="version", version="evalharness " + __version__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="run the embedded demo set against an in-process mock model",
+                          formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXIT_CODES_HELP,
+                          description="Start the mock model on 127.0.0.1 (a free port), run the embedded demo set "
+                                      "(%d questions, all scorers) with progress, print the summary table." %
+                                      len(_DEMO_ROWS))
+    _add_run_options(demo)
+    demo.add_argument("--skill", type=float, default=0.8, help="the mock's accuracy (default %(default)s)")
+    demo.add_argument("--seed", type=int, default=0)
+
+    run = sub.add_parser("run", help="evaluate a model on a dataset (resumable)",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="examples:\n  evalharness run --dataset qa.jsonl --model m --base-url "
+                                "http://127.0.0.1:8000/v1\n  evalharness run --dataset qa.jsonl --model m --out "
+                                "runs/nightly   # same command again resumes\n\n" + _EXIT_CODES_HELP)
+    run.add_argument("--task", default="qa", choices=["qa"], help="task kind (default %(default)s)")
+    run.add_argument("--dataset", required=True, metavar="PATH", help=".jsonl or .json (list) QA dataset")
+    run.add_argument("--scorer", default="normalized", choices=sorted(SCORERS),
+                     help="scorer for rows that name none (rows with choices default to 'choice')")
+    run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
+    run.add_argument("--system-prompt", default=None, help="system message for rows that have none")
+    run.add_argument("--retry-failed", action="store_true", help="when resuming, run failed samples again")
+    _add_client_options(run)
+    _add_run_options(run)
+
+    mock = sub.add_parser("serve-mock", help="serve the mock OpenAI-compatible model (for tests and load checks)",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="example:\n  evalharness serve-mock --port 8001 --oracle qa.jsonl --skill 0.8 "
+                                 "--decode-tok-s 40 --knee 16 --faults 429=0.05,reset=0.01\n")
+    mock.add_argument("--host", default="127.0.0.1")
+    mock.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    mock.add_argument("--model", default="mock-model")
+    mock.add_argument("--oracle", default=None, metavar="DATASET",
+                      help="answer from this dataset's references ('demo' = the embedded set)")
+    mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1]")
+    mock.add_argument("--seed", type=int, default=0)
+    mock.add_argument("--decode-tok-s", type=float, default=0.0, help="per-stream speed below the knee; 0 = instant")
+    mock.add_argument("--knee", type=_positive_int, default=8, help="streams past which per-stream speed falls")
+    mock.add_argument("--thrash", type=float, default=0.0, help="extra slowdown per stream past the knee")
+    mock.add_argument("--ttft-ms", type=float, default=0.0)
+    mock.add_argument("--reasoning-tokens", type=int, default=0, help="filler reasoning tokens before each answer")
+    mock.add_argument("--max-concurrency", type=int, default=0, help="hard cap; 0 = none")
+    mock.add_argument("--overload-status", type=int, choices=[429, 503], default=429)
+    mock.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS")
+    mock.add_argument("--faults", default="", help="e.g. 429=0.1,503=0.05,500=0.02,reset=0.02,hang=0.01,"
+                                                   "malformed=0.02,truncate=0.02")
+    mock.add_argument("--hang-s", type=float, default=3600.0)
+    mock.add_argument("--no-usage", dest="send_usage", action="store_false", help="never send usage")
+    mock.add_argument("--require-api-key-env", default=None, metavar="VAR",
+                      help="answer 401 unless requests carry the key in this environment variable")
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("evalharness: %(message)s"))
+    _log.handlers[:] = [handler]
+    _log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    _log.propagate = False
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    dataset = Dataset(None, rows=demo_dataset(), name="demo").validate()
+    mock_cfg = MockConfig(model="demo-mock", seed=args.seed, skill=args.skill, decode_tok_s=400.0, knee=8,
+                          ttft_s=0.02, reasoning_tokens=40)
+    with MockServer(mock_cfg, oracle=dataset) as mock:
+        _log.info("mock model listening on %s (skill %.2f)", mock.url, args.skill)
+        cfg = RunConfig(dataset=None, model="demo-mock", base_url=mock.url, out=args.out or _default_out("qa", "demo"),
+                        concurrency=args.concurrency, json_out=args.json_out, progress=args.progress,
+                        request_timeout_s=60.0)
+        code, _ = run_qa(cfg, dataset=dataset)
+    return code
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    if not base_url:
+        raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
+    if args.max_retries < 0:
+        raise ConfigError("--max-retries must be >= 0, got %d" % args.max_retries)
+    cfg = RunConfig(dataset=args.dataset, model=args.model, base_url=base_url, task=args.task,
+                    api_key_env=args.api_key_env or DEFAULT_API_KEY_ENV,
+                    api_key_env_explicit=args.api_key_env is not None, out=args.out, concurrency=args.concurrency,
+                    temperature=args.temperature, max_tokens=args.max_tokens,
+                    request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
+                    max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
+                    scorer=args.scorer, limit=args.limit, system_prompt=args.system_prompt, json_out=args.json_out,
+                    progress=args.progress)
+    code, _ = run_qa(cfg)
+    return code
+
+
+def _cmd_serve_mock(args: argparse.Namespace) -> int:
+    if not 0 <= args.skill <= 1:
+        raise ConfigError("--skill must be in [0, 1], got %r" % args.skill)
+    oracle = None
+    if args.oracle == "demo":
+        oracle = Dataset(None, rows=demo_dataset(), name="demo").validate()
+    elif args.oracle:
+        oracle = load_dataset(args.oracle)
+    api_key = None
+    if args.require_api_key_env:
+        api_key = os.environ.get(args.require_api_key_env)
+        if not api_key:
+            raise ConfigError("--require-api-key-env %s: that environment variable is not set"
+                              % args.require_api_key_env)
+    cfg = MockConfig(model=args.model, seed=args.seed, decode_tok_s=args.decode_tok_s, knee=args.knee,
+                     thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0, max_concurrency=args.max_concurrency,
+                     overload_status=args.overload_status, retry_after_s=args.retry_after,
+                     faults=parse_faults(args.faults), hang_s=args.hang_s, reasoning_tokens=args.reasoning_tokens,
+                     skill=args.skill, send_usage=args.send_usage, api_key=api_key)
+    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle).start()
+    sys.stdout.write("evalharness mock model listening on %s\n" % server.url)
+    sys.stdout.flush()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return EXIT_OK
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit code (see --help)."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock}
+    interrupts = [0]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        interrupts[0] += 1
+        if interrupts[0] > 1:  # second Ctrl-C: finished samples are on disk (fsynced); leave at once
+            sys.stderr.write("\nevalharness: interrupted again; exiting now\n")
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        raise KeyboardInterrupt()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    try:
+        return commands[args.command](args)
+    except HarnessError as exc:
+        _log.error("%s", _redact(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _log.error("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
