@@ -1526,6 +1526,11 @@ class _MockHTTPServer(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 512
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, socket.timeout)):
+            return  # a client that hung up (timeout, Ctrl-C) is normal traffic, not a server error
+        super().handle_error(request, client_address)
+
 
 class MockServer:
     """The mock model server bound to ``host:port`` (port 0 picks a free one), served by a background thread.

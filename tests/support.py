@@ -1,0 +1,78 @@
+"""Shared helpers for the evalharness tests: temp dirs, datasets, an in-process mock server, CLI subprocesses.
+
+Everything a helper starts is stopped in the test's cleanup, so a test leaves no thread, process or file behind.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import evalharness as eh  # noqa: E402
+
+MODULE = os.path.join(ROOT, "evalharness.py")
+
+
+def tempdir(test: unittest.TestCase) -> str:
+    path = tempfile.mkdtemp(prefix="evalharness-test-")
+    test.addCleanup(shutil.rmtree, path, True)
+    return path
+
+
+def write_jsonl(path: str, rows) -> str:
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+def qa_rows(n: int, prefix: str = "q"):
+    """n simple numeric rows with known answers, across three categories."""
+    cats = ("alpha", "beta", "gamma")
+    return [{"id": "%s%d" % (prefix, i), "prompt": "What is %d plus %d?" % (i, i + 1), "answer": str(2 * i + 1),
+             "scorer": "numeric", "category": cats[i % 3]} for i in range(n)]
+
+
+def start_mock(test: unittest.TestCase, oracle_rows=None, **config) -> "eh.MockServer":
+    """Start a MockServer on 127.0.0.1:0 (stopped in cleanup); oracle_rows answer from those rows."""
+    oracle = eh.Dataset(None, rows=oracle_rows, name="oracle").validate() if oracle_rows else None
+    server = eh.MockServer(eh.MockConfig(**config), oracle=oracle).start()
+    test.addCleanup(server.close)
+    return server
+
+
+def clean_env(**extra) -> dict:
+    """The current environment without proxies or keys that could leak into a test, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "openai_api_key",
+                                "openai_base_url")}
+    env["EVALHARNESS_PROGRESS_S"] = env.get("EVALHARNESS_PROGRESS_S", "1")
+    env.update(extra)
+    return env
+
+
+def run_cli(args, *, env=None, timeout=120, cwd=None, python=None) -> subprocess.CompletedProcess:
+    """Run ``python evalharness.py ARGS`` in a subprocess; returns the CompletedProcess (text mode)."""
+    return subprocess.run([python or sys.executable, MODULE] + list(args), env=env or clean_env(), cwd=cwd or ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
+
+
+def read_samples(run_dir: str):
+    with open(os.path.join(run_dir, "samples.jsonl"), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def tree_text(run_dir: str) -> str:
+    """Every file of a run directory concatenated (for secret scans)."""
+    out = []
+    for base, _dirs, files in os.walk(run_dir):
+        for name in files:
+            with open(os.path.join(base, name), "rb") as fh:
+                out.append(fh.read().decode("utf-8", "replace"))
+    return "\n".join(out)

@@ -1,0 +1,200 @@
+"""End to end: the `run` command in a subprocess against the mock model in this process, over real loopback HTTP."""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+from tests.support import MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, tree_text, \
+    write_jsonl
+
+
+def dead_port() -> int:
+    """A loopback port where nothing listens (bound then closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def deterministic(summary):
+    """The summary without wall-clock measurements (latency, throughput), which differ run to run."""
+    return {k: v for k, v in summary.items() if k not in ("performance", "status")}
+
+
+class RunCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempdir(self)
+        self.rows = qa_rows(60)
+        self.dataset = write_jsonl(os.path.join(self.dir, "qa.jsonl"), self.rows)
+
+    def args(self, url, out, *extra):
+        return ["run", "--dataset", self.dataset, "--model", "m", "--base-url", url, "--out", out,
+                "--request-timeout", "10"] + list(extra)
+
+    def popen(self, args, env=None):
+        proc = subprocess.Popen([sys.executable, MODULE] + args, env=env or clean_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, universal_newlines=True)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        return proc
+
+
+class TestResume(RunCase):
+    def test_kill_9_at_random_points_then_rerun_gives_each_id_once_and_the_same_summary(self):
+        mock = start_mock(self, oracle_rows=self.rows, seed=3, skill=0.7, decode_tok_s=400, reasoning_tokens=20,
+                          knee=4)
+        ref = os.path.join(self.dir, "ref")
+        done = run_cli(self.args(mock.url, ref, "--concurrency", "4"))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        with open(os.path.join(ref, "summary.json")) as fh:
+            want = deterministic(json.load(fh))
+        self.assertEqual(want["counts"]["ok"], 60)
+        rng = random.Random(7)
+        kill_points = [0.15, 0.5] + [rng.uniform(0.3, 1.5) for _ in range(2)]
+        for n, delay in enumerate(kill_points):
+            out = os.path.join(self.dir, "killed-%d" % n)
+            proc = self.popen(self.args(mock.url, out, "--concurrency", "4"))
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            before = len(read_samples(out)) if os.path.exists(os.path.join(out, "samples.jsonl")) else 0
+            again = run_cli(self.args(mock.url, out, "--concurrency", "4"))
+            self.assertEqual(again.returncode, 0, again.stderr)
+            ids = [r["id"] for r in read_samples(out)]
+            self.assertEqual(sorted(ids), sorted(r["id"] for r in self.rows), "kill at %.2fs" % delay)
+            self.assertEqual(len(ids), len(set(ids)), "duplicate ids after kill at %.2fs" % delay)
+            with open(os.path.join(out, "summary.json")) as fh:
+                self.assertEqual(deterministic(json.load(fh)), want, "kill at %.2fs" % delay)
+            if before:
+                self.assertIn("resuming", again.stderr)
+        self.assertGreater(len(kill_points), 3)
+
+    def test_retry_failed_reruns_only_failed_samples_and_keeps_ids_unique(self):
+        flaky = start_mock(self, oracle_rows=self.rows, faults=eh.parse_faults("500=0.3"), seed=1)
+        out = os.path.join(self.dir, "run")
+        first = run_cli(self.args(flaky.url, out, "--max-retries", "0"))
+        self.assertEqual(first.returncode, 1, first.stderr)  # some samples failed
+        failed = {r["id"] for r in read_samples(out) if r["status"] == "failed"}
+        self.assertTrue(failed)
+        healthy = start_mock(self, oracle_rows=self.rows, seed=1)
+        plain = run_cli(self.args(healthy.url, out))
+        self.assertEqual(plain.returncode, 1)  # failed ones are kept without --retry-failed
+        self.assertEqual({r["id"] for r in read_samples(out) if r["status"] == "failed"}, failed)
+        again = run_cli(self.args(healthy.url, out, "--retry-failed"))
+        self.assertEqual(again.returncode, 0, again.stderr)
+        records = read_samples(out)
+        self.assertEqual(len(records), 60)
+        self.assertEqual(len({r["id"] for r in records}), 60)
+        self.assertTrue(all(r["status"] == "ok" for r in records))
+        self.assertEqual(healthy.stats()["counters"]["requests"], len(failed))
+
+    def test_second_process_on_the_same_run_exits_with_a_clear_message(self):
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=20, reasoning_tokens=10)
+        out = os.path.join(self.dir, "run")
+        first = self.popen(self.args(mock.url, out, "--concurrency", "2"))
+        deadline = time.time() + 20
+        while not os.path.exists(os.path.join(out, "run.json")) and time.time() < deadline:
+            time.sleep(0.05)
+        second = run_cli(self.args(mock.url, out))
+        first.kill()
+        first.communicate()
+        self.assertEqual(second.returncode, 1)
+        self.assertIn("in use by pid %d" % first.pid, second.stderr)
+        self.assertEqual(len(second.stderr.strip().splitlines()), 1, second.stderr)
+
+    def test_ctrl_c_records_finished_samples_exits_130_and_resume_completes(self):
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=100, reasoning_tokens=10)
+        out = os.path.join(self.dir, "run")
+        proc = self.popen(self.args(mock.url, out, "--concurrency", "2"))
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            path = os.path.join(out, "samples.jsonl")
+            if os.path.exists(path) and os.path.getsize(path) > 0:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 130, err)
+        partial = read_samples(out)
+        self.assertTrue(0 < len(partial) < 60, len(partial))
+        with open(os.path.join(out, "run.json")) as fh:
+            self.assertEqual(json.load(fh)["status"], "interrupted")
+        again = run_cli(self.args(mock.url, out))
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertEqual(len(read_samples(out)), 60)
+
+
+class TestFailures(RunCase):
+    def test_endpoint_down_aborts_with_exit_3_within_seconds_naming_the_cause(self):
+        url = "http://127.0.0.1:%d/v1" % dead_port()
+        out = os.path.join(self.dir, "run")
+        t0 = time.monotonic()
+        res = run_cli(self.args(url, out))
+        elapsed = time.monotonic() - t0
+        self.assertEqual(res.returncode, 3, res.stderr)
+        self.assertLess(elapsed, 20)
+        first = [l for l in res.stderr.splitlines() if "first failure" in l]
+        self.assertEqual(len(first), 1, res.stderr)
+        self.assertIn("connection refused", first[0])
+        self.assertIn(url, first[0])
+        self.assertIn("circuit breaker", res.stderr)
+        self.assertLess(len(read_samples(out)), 60)  # the rest were never dispatched
+
+    def test_dead_proxy_in_environment_does_not_affect_a_loopback_endpoint(self):
+        mock = start_mock(self, oracle_rows=self.rows)
+        proxy = "http://127.0.0.1:%d" % dead_port()
+        env = clean_env(http_proxy=proxy, https_proxy=proxy, HTTP_PROXY=proxy, HTTPS_PROXY=proxy, ALL_PROXY=proxy,
+                        NO_PROXY="example.internal")
+        res = run_cli(self.args(mock.url, os.path.join(self.dir, "run")), env=env)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(mock.stats()["counters"]["requests"], 60)
+
+    def test_injected_faults_end_with_every_sample_scored_or_failed_with_a_reason(self):
+        mock = start_mock(self, oracle_rows=self.rows, retry_after_s=0.05, hang_s=30,
+                          faults=eh.parse_faults("429=0.15,503=0.1,reset=0.05,hang=0.03,malformed=0.05,"
+                                                 "truncate=0.05,500=0.05"))
+        out = os.path.join(self.dir, "run")
+        res = run_cli(self.args(mock.url, out, "--request-timeout", "1", "--max-retries", "3", "--concurrency",
+                                "8"), timeout=180)
+        self.assertIn(res.returncode, (0, 1), res.stderr)
+        self.assertNotIn("Traceback", res.stderr)
+        records = read_samples(out)
+        self.assertEqual(sorted(r["id"] for r in records), sorted(r["id"] for r in self.rows))
+        for r in records:
+            if r["status"] == "failed":
+                self.assertTrue(r["error"] and r["error_class"], r)
+            else:
+                self.assertIn(r["score"], (0.0, 1.0))
+        counters = mock.stats()["counters"]
+        for kind in ("429", "503", "reset", "hang", "malformed", "truncate"):
+            self.assertGreater(counters.get("fault_" + kind, 0), 0, kind)
+
+
+class TestSecrets(RunCase):
+    KEY = "sk-evalharness-test-SECRET-0123456789abcdef"
+
+    def test_api_key_appears_in_no_file_and_no_output_on_success_and_on_auth_failure(self):
+        good = start_mock(self, oracle_rows=self.rows, api_key=self.KEY)
+        out = os.path.join(self.dir, "ok")
+        env = clean_env(OPENAI_API_KEY=self.KEY)
+        res = run_cli(self.args(good.url, out, "--extra-body", '{"api_key": "%s", "top_p": 1}' % self.KEY),
+                      env=env)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        wrong = start_mock(self, oracle_rows=self.rows, api_key="sk-some-other-key-000000000000")
+        out2 = os.path.join(self.dir, "denied")
+        res2 = run_cli(self.args(wrong.url, out2), env=env)
+        self.assertEqual(res2.returncode, 3, res2.stderr)
+        self.assertIn("HTTP 401", res2.stderr)
+        for text in (res.stdout, res.stderr, res2.stdout, res2.stderr, tree_text(out), tree_text(out2)):
+            self.assertNotIn(self.KEY, text)
+            self.assertNotIn(self.KEY[:8], text)
+            self.assertNotIn(self.KEY[-6:], text)
+
+
+if __name__ == "__main__":
+    unittest.main()
