@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Harness overhead: samples/s and harness-process CPU ms per sample through the whole path (client, runner,
+scoring, store), against `serve-mock` in another process with zero latency; and peak RSS for a 100,000-row run.
+
+Usage: python3 bench/overhead.py [--samples 3000] [--rss-rows 100000] [--concurrency 8]
+Targets (issue 2): <= 2 ms harness CPU per sample (a bare urllib POST loop costs ~0.5 ms here); peak RSS for
+100,000 rows < 150 MB. The machine is shared and noisy: compare the ratios printed in one run, not across runs.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULE = os.path.join(ROOT, "evalharness.py")
+
+BARE_LOOP = r"""
+import json, sys, urllib.request
+url, n = sys.argv[1], int(sys.argv[2])
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "What is 1 plus 2?"}]}).encode()
+for _ in range(n):
+    req = urllib.request.Request(url + "/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    with opener.open(req, timeout=30) as resp:
+        json.loads(resp.read())
+"""
+
+
+def measure(cmd, env=None):
+    """Run cmd; return (wall s, CPU s of the child, peak RSS MB of the child, exit code)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
+    err = proc.stderr.read().decode("utf-8", "replace")
+    proc.stderr.close()
+    if proc.returncode not in (0,):
+        sys.stderr.write(err[-2000:])
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, proc.returncode
+
+
+def write_rows(path, n):
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": "q%d" % i, "prompt": "What is %d plus %d?" % (i, i + 1),
+                                 "answer": str(2 * i + 1), "scorer": "numeric",
+                                 "category": ("a", "b", "c")[i % 3]}) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--rss-rows", type=int, default=100000)
+    ap.add_argument("--concurrency", type=int, default=8)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="evalharness-bench-")
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["EVALHARNESS_PROGRESS_S"] = "30"
+    mock = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0"], stdout=subprocess.PIPE,
+                            universal_newlines=True, env=env)
+    try:
+        url = mock.stdout.readline().strip().rsplit(" ", 1)[-1]
+        n = args.samples
+        ds = os.path.join(tmp, "qa.jsonl")
+        write_rows(ds, n)
+        wall_b, cpu_b, _, _ = measure([sys.executable, "-c", BARE_LOOP, url, str(n)], env)
+        cpu_b_ms = 1000 * cpu_b / n
+        print("bare urllib POST loop:   %7.1f req/s   %6.3f ms CPU per request" % (n / wall_b, cpu_b_ms))
+        results = {}
+        for label, extra in (("harness (streaming)", []), ("harness (--no-stream)", ["--no-stream"])):
+            out = os.path.join(tmp, "run-" + str(len(results)))
+            wall, cpu, rss, rc = measure([sys.executable, MODULE, "run", "--dataset", ds, "--model", "m",
+                                          "--base-url", url, "--out", out, "--concurrency", str(args.concurrency),
+                                          "--no-progress"] + extra, env)
+            # startup (interpreter + module import) is paid once per run, not per sample: measure it separately
+            results[label] = (wall, cpu)
+            print("%-24s %7.1f samples/s %6.3f ms CPU per sample (%.1fx the bare loop), exit %d"
+                  % (label + ":", n / wall, 1000 * cpu / n, (1000 * cpu / n) / cpu_b_ms, rc))
+        _, cpu_start, _, _ = measure([sys.executable, MODULE, "--version"], env)
+        print("interpreter start + import: %.0f ms CPU (once per run)" % (1000 * cpu_start))
+        rows = args.rss_rows
+        big = os.path.join(tmp, "big.jsonl")
+        write_rows(big, rows)
+        print("dataset of %d rows: %.1f MB on disk" % (rows, os.path.getsize(big) / 1e6))
+        out = os.path.join(tmp, "run-big")
+        wall, cpu, rss, rc = measure([sys.executable, MODULE, "run", "--dataset", big, "--model", "m",
+                                      "--base-url", url, "--out", out, "--concurrency", str(args.concurrency),
+                                      "--no-progress", "--no-stream"], env)
+        print("%d-row run: peak RSS %.1f MB, %.1f samples/s, %.3f ms CPU per sample, exit %d"
+              % (rows, rss, rows / wall, 1000 * cpu / rows, rc))
+    finally:
+        mock.terminate()
+        mock.wait(10)
+        shutil.rmtree(tmp, True)
+
+
+if __name__ == "__main__":
+    main()

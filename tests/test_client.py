@@ -1,0 +1,575 @@
+"""HTTP model client: ModelClient against the in-module MockServer and small recording servers, over real loopback.
+
+Retries are made fast by patching RETRY_BASE_S (the backoff base, read at call time); every fault a test needs is
+produced for real by a server on 127.0.0.1:0.
+"""
+import email.utils
+import http.server
+import json
+import os
+import socket
+import threading
+import time
+import unittest
+from unittest import mock
+
+from tests.support import eh, qa_rows, start_mock
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+MOCK_TEXT = "This is the mock model."  # what the mock answers without an oracle: 5 tokens
+
+
+def dead_port() -> int:
+    """A loopback port where nothing listens (bound then closed, never listened on)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` passes; return its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())
+
+
+def run_threads(target, n: int, timeout_s: float):
+    """Run ``target(i)`` in n threads; return the threads still alive after ``timeout_s`` (should be none)."""
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
+
+
+def fast_retries(test: unittest.TestCase, base_s: float = 0.01) -> None:
+    """Shrink the retry backoff base for this test (restored in cleanup)."""
+    patcher = mock.patch.object(eh, "RETRY_BASE_S", base_s)
+    patcher.start()
+    test.addCleanup(patcher.stop)
+
+
+def client(url: str, **config) -> "eh.ModelClient":
+    config.setdefault("model", "mock-model")
+    config.setdefault("request_timeout_s", 10.0)
+    cancel = config.pop("cancel", None)
+    gate = config.pop("gate", None)
+    return eh.ModelClient(eh.ClientConfig(base_url=url, **config), gate=gate, cancel=cancel)
+
+
+# -- a scripted recording server: one response per request, in order (the last repeats) -------------------------
+
+def json_ok(text: str = "ok", usage: bool = True):
+    def respond(h):
+        out = {"id": "x", "object": "chat.completion",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+        if usage:
+            out["usage"] = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+        h.send_body(200, json.dumps(out).encode(), "application/json")
+    return respond
+
+
+def status(code: int, headers=None, body: bytes = b'{"error": {"message": "nope"}}'):
+    def respond(h):
+        h.send_body(code, body, "application/json", headers)
+    return respond
+
+
+def sse(*events: bytes):
+    """A streamed response made of raw SSE bytes (the connection closes after the last one)."""
+    def respond(h):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        for ev in events:
+            h.wfile.write(ev)
+        h.wfile.flush()
+    return respond
+
+
+def good_sse(text: str = "fine"):
+    chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    return sse(b"data: " + json.dumps(chunk).encode() + b"\n\n", b"data: " + json.dumps(end).encode() + b"\n\n",
+               b"data: [DONE]\n\n")
+
+
+def drip(chunk: bytes, every_s: float, for_s: float, *, stream: bool):
+    """Headers at once, then ``chunk`` every ``every_s`` for ``for_s`` (the body never completes)."""
+    def respond(h):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream" if stream else "application/json")
+        if not stream:
+            h.send_header("Content-Length", "100000")
+        h.end_headers()
+        h.wfile.flush()
+        end = time.monotonic() + for_s
+        while time.monotonic() < end and not h.server.stopping.wait(every_s):
+            try:
+                h.wfile.write(chunk)
+                h.wfile.flush()
+            except OSError:
+                return
+    return respond
+
+
+class _ScriptHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def send_body(self, code, body, ctype, headers=None):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        srv = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with srv.lock:
+            n = len(srv.requests)
+            srv.requests.append({"t": time.monotonic(), "path": self.path, "headers": dict(self.headers),
+                                 "body": json.loads(body.decode("utf-8"))})
+        srv.script[min(n, len(srv.script) - 1)](self)
+
+
+class _ScriptServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def start_script(test: unittest.TestCase, *script) -> "_ScriptServer":
+    """A server on 127.0.0.1:0 answering request i with script[i] (the last repeats); records every request."""
+    srv = _ScriptServer(("127.0.0.1", 0), _ScriptHandler)
+    srv.script, srv.requests, srv.lock, srv.stopping = list(script), [], threading.Lock(), threading.Event()
+    srv.url = "http://127.0.0.1:%d/v1" % srv.server_address[1]
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+
+    def stop():
+        srv.stopping.set()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+    test.addCleanup(stop)
+    return srv
+
+
+# =============================================================================================================
+
+
+class TestChatResult(unittest.TestCase):
+    def test_streaming_returns_text_usage_latency_and_ttft_when_mock_streams(self):
+        srv = start_mock(self, decode_tok_s=200)
+        r = client(srv.url, stream=True).chat(MESSAGES)
+        self.assertEqual(r.text, MOCK_TEXT)
+        self.assertEqual(r.finish_reason, "stop")
+        self.assertFalse(r.usage_estimated)
+        self.assertEqual(r.completion_tokens, 5)
+        self.assertGreater(r.prompt_tokens, 0)
+        self.assertGreater(r.latency_s, 0)
+        self.assertIsNotNone(r.ttft_s)
+        self.assertGreater(r.ttft_s, 0)
+        self.assertLessEqual(r.ttft_s, r.latency_s)
+        self.assertEqual(r.attempts, 1)
+        self.assertGreaterEqual(r.wall_s, r.latency_s)
+
+    def test_non_streaming_returns_text_usage_latency_and_no_ttft_when_stream_false(self):
+        srv = start_mock(self, decode_tok_s=200)
+        r = client(srv.url, stream=False).chat(MESSAGES)
+        self.assertEqual(r.text, MOCK_TEXT)
+        self.assertEqual(r.finish_reason, "stop")
+        self.assertFalse(r.usage_estimated)
+        self.assertEqual(r.completion_tokens, 5)
+        self.assertGreater(r.prompt_tokens, 0)
+        self.assertGreater(r.latency_s, 0)
+        self.assertIsNone(r.ttft_s)
+
+    def test_usage_is_estimated_and_positive_when_server_sends_no_usage(self):
+        srv = start_mock(self, send_usage=False)
+        for stream in (True, False):
+            with self.subTest(stream=stream):
+                r = client(srv.url, stream=stream).chat(MESSAGES)
+                self.assertEqual(r.text, MOCK_TEXT)
+                self.assertTrue(r.usage_estimated)
+                self.assertGreater(r.completion_tokens, 0)
+
+    def test_finish_reason_is_length_when_max_tokens_is_below_the_reply(self):
+        srv = start_mock(self)
+        for stream in (True, False):
+            with self.subTest(stream=stream):
+                r = client(srv.url, stream=stream, max_tokens=2).chat(MESSAGES)
+                self.assertEqual(r.finish_reason, "length")
+                self.assertEqual(r.completion_tokens, 2)
+                self.assertEqual(r.text, "This is ")
+
+    def test_extra_body_is_merged_into_the_request_when_given(self):
+        srv = start_script(self, json_ok())
+        extra = {"top_p": 0.5, "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0.7}
+        client(srv.url, stream=False, max_tokens=9, extra_body=extra).chat(MESSAGES)
+        body = srv.requests[0]["body"]
+        self.assertEqual(srv.requests[0]["path"], "/v1/chat/completions")
+        self.assertEqual(body["top_p"], 0.5)
+        self.assertEqual(body["chat_template_kwargs"], {"enable_thinking": False})
+        self.assertEqual(body["temperature"], 0.7)  # extra_body wins over the config's temperature
+        self.assertEqual(body["model"], "mock-model")
+        self.assertEqual(body["messages"], MESSAGES)
+        self.assertEqual(body["max_tokens"], 9)
+        self.assertFalse(body["stream"])
+
+
+class TestRetryAfter(unittest.TestCase):
+    def test_retry_after_parses_seconds_when_a_number(self):
+        self.assertEqual(eh._retry_after_s("5"), 5.0)
+        self.assertEqual(eh._retry_after_s(" 0.25 "), 0.25)
+        self.assertEqual(eh._retry_after_s("-3"), 0.0)
+
+    def test_retry_after_parses_an_http_date_when_a_date(self):
+        when = email.utils.formatdate(time.time() + 30, usegmt=True)
+        self.assertAlmostEqual(eh._retry_after_s(when), 30, delta=2)
+        past = email.utils.formatdate(time.time() - 3600, usegmt=True)
+        self.assertEqual(eh._retry_after_s(past), 0.0)
+
+    def test_retry_after_is_capped_when_too_long(self):
+        self.assertEqual(eh._retry_after_s("100000"), eh.RETRY_AFTER_CAP_S)
+        far = email.utils.formatdate(time.time() + 86400, usegmt=True)
+        self.assertEqual(eh._retry_after_s(far), eh.RETRY_AFTER_CAP_S)
+
+    def test_retry_after_is_none_when_absent_or_garbage(self):
+        for value in (None, "", "soon", "Mon, 99 Foo 20x"):
+            with self.subTest(value=value):
+                self.assertIsNone(eh._retry_after_s(value))
+
+    def test_429_is_retried_after_the_retry_after_wait_when_header_present(self):
+        fast_retries(self)
+        srv = start_script(self, status(429, {"Retry-After": "0.6"}), json_ok("later"))
+        t0 = time.monotonic()
+        r = client(srv.url, stream=False).chat(MESSAGES)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(r.text, "later")
+        self.assertEqual(r.attempts, 2)
+        self.assertEqual(len(srv.requests), 2)
+        self.assertGreaterEqual(srv.requests[1]["t"] - srv.requests[0]["t"], 0.6)
+        self.assertGreaterEqual(elapsed, 0.6)
+        self.assertGreaterEqual(r.wall_s, 0.6)
+        self.assertLess(elapsed, 3.0)
+
+
+class TestClassification(unittest.TestCase):
+    def test_429_and_503_are_overload_and_retried_when_persistent(self):
+        fast_retries(self)
+        for code in ("429", "503"):
+            with self.subTest(status=code):
+                srv = start_mock(self, faults=((code, 1.0),), retry_after_s=0.01)
+                with self.assertRaises(eh.ModelAPIError) as cm:
+                    client(srv.url, max_retries=2).chat(MESSAGES)
+                self.assertEqual(cm.exception.kind, "overload")
+                self.assertEqual(cm.exception.status, int(code))
+                self.assertEqual(cm.exception.attempts, 3)
+                self.assertEqual(srv.stats()["counters"]["requests"], 3)
+
+    def test_500_is_transient_and_retried_when_persistent(self):
+        fast_retries(self)
+        srv = start_mock(self, faults=(("500", 1.0),))
+        with self.assertRaises(eh.ModelAPIError) as cm:
+            client(srv.url, max_retries=2).chat(MESSAGES)
+        self.assertEqual(cm.exception.kind, "transient")
+        self.assertEqual(cm.exception.status, 500)
+        self.assertEqual(cm.exception.attempts, 3)
+        self.assertEqual(srv.stats()["counters"]["requests"], 3)
+
+    def test_500_then_success_returns_the_result_when_transient(self):
+        fast_retries(self)
+        srv = start_script(self, status(500), json_ok("recovered"))
+        r = client(srv.url, stream=False).chat(MESSAGES)
+        self.assertEqual((r.text, r.attempts), ("recovered", 2))
+
+    def test_4xx_is_fatal_and_not_retried_when_status_is_400_401_or_404(self):
+        fast_retries(self)
+        for code in (400, 401, 404):
+            with self.subTest(status=code):
+                srv = start_script(self, status(code), json_ok())
+                with self.assertRaises(eh.ModelAPIError) as cm:
+                    client(srv.url, max_retries=3).chat(MESSAGES)
+                self.assertEqual(cm.exception.kind, "fatal")
+                self.assertEqual(cm.exception.status, code)
+                self.assertEqual(cm.exception.attempts, 1)
+                self.assertEqual(len(srv.requests), 1)
+
+    def test_mock_4xx_answers_are_fatal_when_request_is_bad_unauthorised_or_unrouted(self):
+        srv = start_mock(self)
+        keyed = start_mock(self, api_key="sk-the-right-key-000000")
+        cases = [(400, srv.url, []), (401, keyed.url, MESSAGES), (404, srv.url.replace("/v1", "/v2"), MESSAGES)]
+        for code, url, messages in cases:
+            with self.subTest(status=code):
+                with self.assertRaises(eh.ModelAPIError) as cm:
+                    client(url, max_retries=3).chat(messages)
+                self.assertEqual((cm.exception.kind, cm.exception.status, cm.exception.attempts), ("fatal", code, 1))
+
+    def test_connection_refused_is_overload_and_gives_up_quickly_when_nothing_listens(self):
+        url = "http://127.0.0.1:%d/v1" % dead_port()
+        t0 = time.monotonic()
+        with self.assertRaises(eh.ModelAPIError) as cm:
+            client(url, max_retries=5).chat(MESSAGES)
+        self.assertLess(time.monotonic() - t0, 3.0)
+        self.assertEqual(cm.exception.kind, "overload")
+        self.assertEqual(cm.exception.attempts, eh.REFUSED_RETRIES + 1)
+        self.assertIn("refused", str(cm.exception))
+
+    def test_overload_error_within_bound_when_server_never_answers(self):
+        srv = start_mock(self, faults=(("hang", 1.0),))
+        for stream in (True, False):
+            with self.subTest(stream=stream):
+                t0 = time.monotonic()
+                with self.assertRaises(eh.ModelAPIError) as cm:
+                    client(srv.url, stream=stream, request_timeout_s=0.4, max_retries=0).chat(MESSAGES)
+                self.assertLess(time.monotonic() - t0, 2.0)
+                self.assertEqual(cm.exception.kind, "overload")
+                self.assertIn("timed out", str(cm.exception))
+
+    def test_overload_error_within_bound_when_stream_trickles_keepalive_comments(self):
+        srv = start_script(self, drip(b": keep-alive\n\n", 0.05, 10.0, stream=True))
+        t0 = time.monotonic()
+        with self.assertRaises(eh.ModelAPIError) as cm:
+            client(srv.url, stream=True, request_timeout_s=0.4, max_retries=0).chat(MESSAGES)
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertEqual(cm.exception.kind, "overload")
+
+    @unittest.expectedFailure
+    def test_overload_error_within_bound_when_non_streaming_body_drips(self):
+        # BUG: request_timeout_s is only a per-socket-read timeout on the non-streaming path (_read_json calls
+        # resp.read() with no overall deadline), so a server dripping one byte every 0.1 s holds the request far
+        # past request_timeout_s; the streaming path has a deadline check. This test bounds the drip at 1.5 s.
+        srv = start_script(self, drip(b" ", 0.1, 1.5, stream=False))
+        t0 = time.monotonic()
+        with self.assertRaises(eh.ModelAPIError):
+            client(srv.url, stream=False, request_timeout_s=0.3, max_retries=0).chat(MESSAGES)
+        self.assertLess(time.monotonic() - t0, 1.0)
+
+
+class TestMalformed(unittest.TestCase):
+    def test_malformed_sse_is_retried_when_the_next_attempt_is_good(self):
+        fast_retries(self)
+        srv = start_script(self, sse(b'data: {"choices": [{"delta": {"content": \n\n'), good_sse("fine"))
+        r = client(srv.url, stream=True).chat(MESSAGES)
+        self.assertEqual((r.text, r.attempts), ("fine", 2))
+
+    def test_truncated_stream_is_retried_when_the_next_attempt_is_good(self):
+        fast_retries(self)
+        part = {"choices": [{"index": 0, "delta": {"content": "half"}, "finish_reason": None}]}
+        srv = start_script(self, sse(b"data: " + json.dumps(part).encode() + b"\n\n"), good_sse("whole"))
+        r = client(srv.url, stream=True).chat(MESSAGES)
+        self.assertEqual((r.text, r.attempts), ("whole", 2))
+
+    def test_error_is_fatal_after_max_retries_when_always_malformed(self):
+        fast_retries(self)
+        for stream in (True, False):
+            with self.subTest(stream=stream):
+                srv = start_mock(self, faults=(("malformed", 1.0),))
+                with self.assertRaises(eh.ModelAPIError) as cm:
+                    client(srv.url, stream=stream, max_retries=2).chat(MESSAGES)
+                self.assertEqual(cm.exception.kind, "fatal")
+                self.assertEqual(cm.exception.attempts, 3)
+                self.assertEqual(srv.stats()["counters"]["requests"], 3)
+
+    def test_truncated_stream_errors_after_max_retries_when_always_truncated(self):
+        fast_retries(self)
+        srv = start_mock(self, faults=(("truncate", 1.0),))
+        with self.assertRaises(eh.ModelAPIError) as cm:
+            client(srv.url, stream=True, max_retries=2).chat(MESSAGES)
+        self.assertEqual(cm.exception.attempts, 3)
+        self.assertIn(cm.exception.kind, ("overload", "fatal"))
+
+    @unittest.expectedFailure
+    def test_wrong_shape_sse_event_raises_model_api_error_when_choices_are_not_objects(self):
+        # BUG: _read_stream only guards json.loads and "chunk is a dict"; a well-formed JSON event of the wrong shape
+        # ({"choices": ["x"]}, or a "delta" that is a string) raises AttributeError out of chat(), which is neither
+        # retried nor a ModelAPIError, so one odd server response escapes the client's error contract.
+        fast_retries(self)
+        srv = start_script(self, sse(b'data: {"choices": ["x"]}\n\n', b"data: [DONE]\n\n"))
+        with self.assertRaises(eh.ModelAPIError):
+            client(srv.url, stream=True, max_retries=1).chat(MESSAGES)
+
+    @unittest.expectedFailure
+    def test_wrong_type_usage_raises_model_api_error_when_completion_tokens_is_not_a_number(self):
+        # BUG: _read_json parses usage outside its try block and _result calls int(usage["completion_tokens"]), so
+        # {"completion_tokens": "n/a"} raises ValueError (and a list "content" raises TypeError) out of chat().
+        body = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": "n/a"}}
+        srv = start_script(self, status(200, body=json.dumps(body).encode()))
+        with self.assertRaises(eh.ModelAPIError):
+            client(srv.url, stream=False, max_retries=0).chat(MESSAGES)
+
+    def test_every_chat_returns_or_raises_model_api_error_when_mock_injects_all_faults(self):
+        fast_retries(self)
+        rows = qa_rows(40)
+        faults = eh.parse_faults("429=0.3,503=0.1,reset=0.1,malformed=0.1,truncate=0.1,500=0.05")
+        srv = start_mock(self, oracle_rows=rows, faults=faults, retry_after_s=0.05, seed=11)
+        clients = [client(srv.url, stream=True, max_retries=3, request_timeout_s=5),
+                   client(srv.url, stream=False, max_retries=3, request_timeout_s=5)]
+        outcomes = {}
+
+        def worker(i):
+            for j in range(i, 40, 8):
+                try:
+                    outcomes[j] = clients[j % 2].chat([{"role": "user", "content": rows[j]["prompt"]}])
+                except eh.ModelAPIError as exc:
+                    outcomes[j] = exc
+                except BaseException as exc:  # anything else is the failure this test looks for
+                    outcomes[j] = ("unexpected", repr(exc))
+
+        self.assertEqual(run_threads(worker, 8, timeout_s=25), [], "a chat hung")
+        self.assertEqual(sorted(outcomes), list(range(40)))
+        unexpected = [o for o in outcomes.values() if isinstance(o, tuple)]
+        self.assertEqual(unexpected, [])
+        ok = [o for o in outcomes.values() if isinstance(o, eh.ChatResult)]
+        errors = [o for o in outcomes.values() if isinstance(o, eh.ModelAPIError)]
+        self.assertTrue(ok and errors, "expected both successes and give-ups, got %d ok" % len(ok))
+        self.assertTrue(all(r.text for r in ok))
+        self.assertTrue(any(r.attempts > 1 for r in ok))
+        self.assertTrue(all(e.kind in ("overload", "transient", "fatal") for e in errors))
+        self.assertTrue(all(e.attempts == 4 for e in errors))
+        counters = srv.stats()["counters"]
+        for kind in ("429", "503", "reset", "malformed", "truncate", "500"):
+            self.assertGreater(counters.get("fault_" + kind, 0), 0, kind)
+
+
+class TestSecrets(unittest.TestCase):
+    KEY = "sk-proj-" + "Zq7w" * 10 + "Xy91Lm"
+
+    def setUp(self):
+        env = mock.patch.dict(os.environ, {"OPENAI_API_KEY": self.KEY})
+        env.start()
+        self.addCleanup(env.stop)
+        self.addCleanup(self._forget_key)
+
+    def _forget_key(self):
+        with eh._secrets_lock:
+            if self.KEY in eh._secrets:
+                eh._secrets.remove(self.KEY)
+
+    def test_error_message_has_no_key_or_fragment_when_server_echoes_a_wrong_key(self):
+        srv = start_mock(self, api_key="sk-proj-the-RIGHT-key-is-different-123456")
+        with self.assertRaises(eh.ModelAPIError) as cm:
+            client(srv.url).chat(MESSAGES)
+        err = cm.exception
+        self.assertEqual((err.kind, err.status, err.attempts), ("fatal", 401, 1))
+        for text in (str(err), repr(err), " ".join(map(str, err.args))):
+            self.assertIn("401", text)
+            for fragment in (self.KEY, self.KEY[:8], self.KEY[-6:]):
+                self.assertNotIn(fragment, text)
+
+    def test_authorization_header_is_sent_when_key_is_set(self):
+        srv = start_script(self, json_ok())
+        client(srv.url, stream=False).chat(MESSAGES)
+        headers = {k.lower(): v for k, v in srv.requests[0]["headers"].items()}
+        self.assertEqual(headers.get("authorization"), "Bearer " + self.KEY)
+
+    def test_no_authorization_header_when_key_is_unset(self):
+        del os.environ["OPENAI_API_KEY"]
+        srv = start_script(self, json_ok())
+        client(srv.url, stream=False).chat(MESSAGES)
+        self.assertNotIn("authorization", {k.lower() for k in srv.requests[0]["headers"]})
+
+
+class TestProxy(unittest.TestCase):
+    def setUp(self):
+        env = mock.patch.dict(os.environ)
+        env.start()
+        self.addCleanup(env.stop)
+        for var in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                    "NO_PROXY"):
+            os.environ.pop(var, None)
+
+    def test_client_reaches_loopback_mock_when_a_dead_proxy_is_configured(self):
+        srv = start_mock(self)
+        dead = "http://127.0.0.1:%d" % dead_port()
+        os.environ.update({"http_proxy": dead, "https_proxy": dead, "HTTP_PROXY": dead})
+        self.assertEqual(client(srv.url, use_proxy=False).chat(MESSAGES).text, MOCK_TEXT)
+        # the control: a client that honours the environment does go through the dead proxy
+        with self.assertRaises(eh.ModelAPIError):
+            client(srv.url, use_proxy=True).chat(MESSAGES)
+        # and exclude_from_proxy makes even a proxy-honouring client bypass it for that host
+        eh.exclude_from_proxy([srv.url])
+        self.assertEqual(client(srv.url, use_proxy=True).chat(MESSAGES).text, MOCK_TEXT)
+
+    def test_exclude_from_proxy_appends_host_to_both_variables_when_entries_exist(self):
+        os.environ["NO_PROXY"] = "example.com, .corp"
+        os.environ["no_proxy"] = "10.0.0.1"
+        added = eh.exclude_from_proxy(["http://127.0.0.1:8000/v1", "http://localhost:9/v1"])
+        self.assertEqual(added, ["127.0.0.1", "localhost"])
+        self.assertEqual(os.environ["NO_PROXY"], "example.com,.corp,127.0.0.1,localhost")
+        self.assertEqual(os.environ["no_proxy"], "10.0.0.1,127.0.0.1,localhost")
+
+    def test_exclude_from_proxy_does_not_duplicate_when_called_twice_or_host_present(self):
+        os.environ["no_proxy"] = "127.0.0.1"
+        eh.exclude_from_proxy(["http://127.0.0.1:8000/v1"])
+        eh.exclude_from_proxy(["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"])
+        self.assertEqual(os.environ["NO_PROXY"], "127.0.0.1")
+        self.assertEqual(os.environ["no_proxy"], "127.0.0.1")
+
+
+class TestGateInterplay(unittest.TestCase):
+    def test_in_flight_never_exceeds_the_limit_when_chats_share_a_fixed_gate(self):
+        srv = start_mock(self, decode_tok_s=100)  # 5 tokens: ~50 ms per request
+        gate = eh.AdaptiveGate(algorithm=eh.FixedLimit(2))
+        c = client(srv.url, gate=gate)
+        results = []
+
+        def worker(i):
+            for _ in range(2):
+                results.append(c.chat(MESSAGES).text)
+
+        self.assertEqual(run_threads(worker, 8, timeout_s=15), [])
+        self.assertEqual(results, [MOCK_TEXT] * 16)
+        self.assertEqual(srv.stats()["max_active"], 2)
+        self.assertEqual(gate.in_flight, 0)
+
+    def test_gate_permits_are_returned_when_attempts_fail(self):
+        fast_retries(self)
+        srv = start_mock(self, faults=(("503", 1.0),), retry_after_s=0.01)
+        gate = eh.AdaptiveGate(algorithm=eh.FixedLimit(2))
+        with self.assertRaises(eh.ModelAPIError):
+            client(srv.url, gate=gate, max_retries=2).chat(MESSAGES)
+        self.assertEqual(gate.in_flight, 0)
+
+    def test_chat_raises_cancelled_promptly_when_cancel_is_set_during_a_retry_wait(self):
+        srv = start_mock(self, faults=(("503", 1.0),), retry_after_s=30)  # the retry wait would be 30 s
+        cancel = threading.Event()
+        gate = eh.AdaptiveGate(algorithm=eh.FixedLimit(2))
+        c = client(srv.url, cancel=cancel, gate=gate)
+        outcome = []
+
+        def worker(_i):
+            try:
+                c.chat(MESSAGES)
+                outcome.append("returned")
+            except eh._Cancelled:
+                outcome.append("cancelled")
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                outcome.append(repr(exc))
+
+        thread = threading.Thread(target=worker, args=(0,), daemon=True)
+        thread.start()
+        self.addCleanup(thread.join, 5)
+        self.assertTrue(wait_until(lambda: srv.stats()["counters"].get("fault_503", 0) >= 1 and gate.in_flight == 0))
+        t0 = time.monotonic()
+        cancel.set()
+        thread.join(2)
+        self.assertFalse(thread.is_alive(), "chat did not stop when cancelled")
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertEqual(outcome, ["cancelled"])
+        self.assertEqual(srv.stats()["counters"]["requests"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
