@@ -466,7 +466,7 @@ def _validate_row(row: Any, where: str, default_scorer: str) -> QAItem:
 
 def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
     """Yield (``file:line``, parsed row) from a .jsonl file (streamed) or a .json list (line of each item)."""
-    name = os.path.basename(path)
+    name = path
     if path.endswith(".json"):
         try:
             with open(path, encoding="utf-8") as fh:
@@ -507,9 +507,11 @@ def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
                 raise DatasetError("%s:%d: not UTF-8 text" % (path, lineno)) from None
             except ValueError as exc:
                 msg = getattr(exc, "msg", str(exc))
-                hint = " (the line looks cut off)" if not raw.endswith(b"\n") else ""
-                raise DatasetError("%s:%d: invalid JSON: %s%s; fix or remove the line"
-                                   % (path, lineno, msg, hint)) from None
+                col = getattr(exc, "colno", None)
+                where = " at column %d" % col if col else ""
+                hint = "; the line looks cut off" if not raw.endswith(b"\n") else ""
+                raise DatasetError("%s:%d: invalid JSON (%s%s)%s; fix or remove the line"
+                                   % (path, lineno, msg, where, hint)) from None
             yield "%s:%d" % (name, lineno), obj
 
 
@@ -562,12 +564,12 @@ class Dataset:
         return self
 
     def iter_items(self) -> Iterator[QAItem]:
-        n = 0
-        for where, row in self._raw():
-            if n >= self.count:
-                return
-            n += 1
+        if self.count <= 0:
+            return
+        for n, (where, row) in enumerate(self._raw(), 1):
             yield _validate_row(row, where, self.default_scorer)
+            if n >= self.count:
+                return  # stop before reading past the validated rows (--limit)
 
 
 def _file_sha256(path: str) -> str:
@@ -662,7 +664,8 @@ def demo_dataset() -> List[Dict[str, Any]]:
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b", re.I)
 _PUNCT_TABLE = str.maketrans({c: " " for c in string.punctuation})
-_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+_NUMBER_RE = re.compile(r"(?:(?<![\d.])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+                        r"|(?:(?<![\d.])[-+])?\.\d+")
 _DEFAULT_REGEX = r"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*(.+)"
 
 
@@ -704,7 +707,7 @@ def _score_regex(item: QAItem, response: str) -> Tuple[float, str]:
 
 _CHOICE_PATTERNS = [
     # strongest first: an explicit statement of the answer
-    r"(?i)(?:answer|option|choice)\s*(?:is|:|=)?\s*(?:option\s*)?[\(\[\*]*([A-Z])(?![A-Za-z])",
+    r"(?i:answer|option|choice)\s*(?i:is|:|=)?\s*(?:(?i:option)\s*)?[\(\[\*]*([A-Z])(?![A-Za-z])",
     r"\(([A-Z])\)",                        # (B)
     r"\*\*([A-Z])\*\*",                     # **B**
     r"(?m)^\s*([A-Z])\s*[.):]",            # B. / B) at line start
@@ -994,6 +997,25 @@ def _estimate_tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4) if text else 0
 
 
+def _content_text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" if isinstance(p, dict) else str(p) for p in content)
+    raise TypeError("content is %s, not a string or a list of parts" % type(content).__name__)
+
+
+def _token_count(usage: Any, field: str) -> Optional[int]:
+    """A token count from a usage object, or None when absent or not a number (then the count is estimated)."""
+    value = usage.get(field) if isinstance(usage, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return None
+    return int(value)
+
+
 def _classify_status(status: int) -> str:
     if status in (429, 503):
         return "overload"
@@ -1070,7 +1092,7 @@ class ModelClient:
             with resp:
                 if cfg.stream and "text/event-stream" in (resp.headers.get("Content-Type") or ""):
                     return self._read_stream(resp, t0, timeout_s)
-                return self._read_json(resp, t0)
+                return self._read_json(resp, t0, timeout_s)
         except ModelAPIError:
             raise
         except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
@@ -1092,20 +1114,42 @@ class ModelClient:
         err.refused = isinstance(reason, ConnectionRefusedError)  # type: ignore[attr-defined]
         return err
 
-    def _read_json(self, resp: Any, t0: float) -> ChatResult:
-        raw = resp.read()
+    def _chunks(self, resp: Any, deadline: float) -> Iterator[bytes]:
+        """The body as it arrives, checking the whole-request deadline between reads (a server that drips
+        bytes must not hold a request past its timeout; the socket timeout only bounds each read)."""
+        read = getattr(resp, "read1", None) or resp.read
+        while True:
+            if time.monotonic() > deadline:
+                raise ModelAPIError("response from %s exceeded the request timeout of %.0fs"
+                                    % (self.url, self.config.request_timeout_s), kind="overload")
+            block = read(65536)
+            if not block:
+                return
+            yield block
+
+    def _read_json(self, resp: Any, t0: float, timeout_s: float) -> ChatResult:
+        raw = b"".join(self._chunks(resp, t0 + timeout_s))
         latency = time.monotonic() - t0
         try:
             data = json.loads(raw.decode("utf-8"))
             choice = data["choices"][0]
             message = choice.get("message") or {}
-            text = message.get("content") or ""
-            reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+            text = _content_text(message.get("content"))
+            reasoning = _content_text(message.get("reasoning_content") or message.get("reasoning"))
+            usage = data.get("usage") or {}
+            return self._result(text, reasoning, choice.get("finish_reason"), usage, latency, None)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelAPIError("malformed response from %s (%s: %s): %r" % (
                 self.url, type(exc).__name__, exc, raw[:200]), kind="malformed") from None
-        usage = data.get("usage") or {}
-        return self._result(text, reasoning, choice.get("finish_reason"), usage, latency, None)
+
+    def _lines(self, resp: Any, deadline: float) -> Iterator[bytes]:
+        pending = b""
+        for block in self._chunks(resp, deadline):
+            pending += block
+            *lines, pending = pending.split(b"\n")
+            yield from lines
+        if pending:
+            yield pending
 
     def _read_stream(self, resp: Any, t0: float, timeout_s: float) -> ChatResult:
         parts: List[str] = []
@@ -1113,15 +1157,8 @@ class ModelClient:
         usage: Dict[str, Any] = {}
         finish = None
         ttft = None
-        deadline = t0 + timeout_s
         done = False
-        while True:
-            if time.monotonic() > deadline:
-                raise ModelAPIError("stream from %s exceeded the request timeout of %.0fs"
-                                    % (self.url, timeout_s), kind="overload")
-            line = resp.readline()
-            if not line:
-                break
+        for line in self._lines(resp, t0 + timeout_s):
             line = line.strip()
             if not line or line.startswith(b":") or not line.startswith(b"data:"):
                 continue  # blank separators, comments and other SSE fields (event:, id:) carry no content
@@ -1139,35 +1176,39 @@ class ModelClient:
             if chunk.get("error"):
                 detail = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
                 raise ModelAPIError("error event in stream from %s: %s" % (self.url, detail), kind="transient")
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                delta = choice.get("delta") or {}
-                piece = delta.get("content")
-                rpiece = delta.get("reasoning_content") or delta.get("reasoning")
-                if (piece or rpiece) and ttft is None:
-                    ttft = time.monotonic() - t0
-                if piece:
-                    parts.append(piece)
-                if rpiece:
-                    reasoning.append(rpiece)
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
+            try:
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    piece = _content_text(delta.get("content"))
+                    rpiece = _content_text(delta.get("reasoning_content") or delta.get("reasoning"))
+                    if (piece or rpiece) and ttft is None:
+                        ttft = time.monotonic() - t0
+                    if piece:
+                        parts.append(piece)
+                    if rpiece:
+                        reasoning.append(rpiece)
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+            except (AttributeError, TypeError) as exc:
+                raise ModelAPIError("malformed SSE event from %s (%s): %r" % (self.url, exc, payload[:120]),
+                                    kind="malformed") from None
         if not done and finish is None:
             raise ModelAPIError("stream from %s ended before [DONE] and before a finish_reason" % self.url,
                                 kind="overload")
         return self._result("".join(parts), "".join(reasoning), finish, usage, time.monotonic() - t0, ttft,
                             n_chunks=len(parts) + len(reasoning))
 
-    def _result(self, text: str, reasoning: str, finish: Optional[str], usage: Dict[str, Any], latency: float,
+    def _result(self, text: str, reasoning: str, finish: Optional[str], usage: Any, latency: float,
                 ttft: Optional[float], n_chunks: Optional[int] = None) -> ChatResult:
-        estimated = not (isinstance(usage, dict) and "completion_tokens" in usage)
+        completion = _token_count(usage, "completion_tokens")
+        estimated = completion is None
         if estimated:
             completion = n_chunks if n_chunks else _estimate_tokens(text + reasoning)
             prompt = 0
         else:
-            completion = int(usage.get("completion_tokens") or 0)
-            prompt = int(usage.get("prompt_tokens") or 0)
+            prompt = _token_count(usage, "prompt_tokens") or 0
         return ChatResult(text=text, reasoning=reasoning, finish_reason=finish, prompt_tokens=prompt,
                           completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft)
 
@@ -1208,7 +1249,7 @@ class ModelClient:
                 if permit is not None:
                     self.gate.release(permit, outcome, tokens)
             err.attempts = attempts
-            limit = REFUSED_RETRIES if getattr(err, "refused", False) else cfg.max_retries
+            limit = min(REFUSED_RETRIES, cfg.max_retries) if getattr(err, "refused", False) else cfg.max_retries
             if err.kind == "fatal" or attempts > limit:
                 if err.kind == "malformed":
                     err.kind = "fatal"
@@ -2060,9 +2101,14 @@ class _Runner:
         for t in threads:
             t.start()
         self.progress.start()
+        feed_error: Optional[BaseException] = None
         try:
             try:
-                for item in items:
+                for item in _guarded(items):
+                    if isinstance(item, _FeedError):
+                        feed_error = item.error
+                        self.cancel.set()
+                        break
                     while not self.cancel.is_set():
                         try:
                             inbox.put(item, timeout=0.2)
@@ -2098,7 +2144,24 @@ class _Runner:
                     t.join(0.2)
         finally:
             self.progress.close()
+        if feed_error is not None:
+            raise feed_error  # workers are joined: the store can be closed safely
         return self.status
+
+
+class _FeedError:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _guarded(items: Iterable[Any]) -> Iterator[Any]:
+    """Yield items; an exception raised while producing them is yielded as a _FeedError (so the runner can stop
+    its workers first) instead of escaping mid-dispatch."""
+    try:
+        for item in items:
+            yield item
+    except Exception as exc:
+        yield _FeedError(exc)
 
 
 def _drain(q: "queue.Queue[Any]") -> None:

@@ -166,7 +166,7 @@ class TestChoiceScorer(unittest.TestCase):
         self.assertEqual(score(it, "I'd pick A."), (1.0, "A"))
 
     def test_lowercase_article_a_after_answer_is_not_choice_a_when_c_follows(self):
-        # BUG: the first _CHOICE_PATTERNS entry is compiled with (?i), so its [A-Z] also matches the lowercase
+        # Regression (fixed): the first _CHOICE_PATTERNS entry is compiled with (?i), so its [A-Z] also matches the lowercase
         # article in "The answer is a bit tricky" and returns "A" before the real letter C is ever looked at.
         self.assertEqual(score(self.c, "The answer is a bit tricky, but C"), (1.0, "C"))
         self.assertEqual(score(self.c, "My answer: a careful look shows C."), (1.0, "C"))
@@ -230,7 +230,7 @@ class TestNumericScorer(unittest.TestCase):
         self.assertEqual(score(item(answer="3600", scorer="numeric"), "-3600"), (0.0, "-3600.0"))
 
     def test_hyphen_in_a_range_is_not_a_minus_sign_when_preceded_by_a_digit(self):
-        # BUG: _NUMBER_RE allows a sign right after a digit, so "4-5 days" parses its last number as -5.
+        # Regression (fixed): _NUMBER_RE allows a sign right after a digit, so "4-5 days" parses its last number as -5.
         self.assertEqual(score(item(answer="5", scorer="numeric"), "It takes 4-5 days, so 4-5"), (1.0, "5.0"))
 
     def test_last_number_wins_when_several_present(self):
