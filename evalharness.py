@@ -49,7 +49,7 @@ __all__ = [
     "HarnessError", "ConfigError", "DatasetError", "ModelAPIError", "GateTimeoutError", "RunLockedError",
     "CircuitOpenError",
     "QAItem", "load_dataset", "demo_dataset", "score_response", "SCORERS",
-    "FixedLimit", "AdaptiveGate", "Permit",
+    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionGate",
     "ClientConfig", "ChatResult", "ModelClient", "exclude_from_proxy",
     "MockConfig", "MockServer",
     "RunStore", "summarize", "format_summary",
@@ -778,23 +778,157 @@ class FixedLimit:
     def window_stamp(self) -> int:
         return 0
 
-    def on_sample(self, now: float, stamp: int, speed: float, inflight_at_admit: int) -> int:
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> int:
         return self.limit
 
     def on_overload(self, now: float) -> int:
         return self.limit
 
 
+class GradientLimit:
+    """The adaptive limit: a window-vs-window gradient of per-stream speed, climbing throughput.
+
+    A request's speed is its output tokens per second from admission to release (1/latency when it produced no
+    tokens). Permits are stamped with the admission window they were admitted in; a window closes for admission
+    after ``n`` admissions and is judged once half of *its own* requests have completed, so a limit change is never
+    judged by traffic admitted before it. Each judged window gives a point (C, s): the mean in-flight count its
+    requests were admitted at, and their median speed. Throughput is T = C·s (Little's law), so between the last two
+    judged windows the elasticity of throughput to concurrency is e = d ln T / d ln C = 1 + d ln s / d ln C.
+
+    One update rule, no thresholds and no modes: move ln L by κ·(e − e*) (at least ±``min_step_log``, at most
+    ``max_up_log`` up and ``max_down_log`` down), starting from the concurrency actually used (so an app-limited
+    client never banks untested headroom). While per-stream speed holds (e ≈ 1) the limit doubles per window; on a
+    throughput plateau (e ≈ 0) it walks down; it settles where adding streams stops paying (e = e*). Length mix
+    does not read as congestion: speed is per token, and the median of a window's requests is compared with the
+    median of a window drawn from the same mix. After an overload the limit remembers the level that overloaded
+    (``_ceiling``) and approaches it with shrinking steps, creeping past it slowly (CUBIC-like), so a hard cap such
+    as a hosted quota is not hit again every few windows.
+    """
+
+    adaptive = True
+
+    def __init__(self, initial: int, min_limit: int, max_limit: int, *, target_elasticity: float = 0.1,
+                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 0.7, max_down_log: float = 0.3,
+                 min_window: int = 8, max_window: int = 64, fit_windows: int = 5, judge_fraction: float = 0.25,
+                 window_share: float = 0.25):
+        self.limit = float(initial)
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.target, self.gain = target_elasticity, gain
+        self.min_step, self.max_up, self.max_down = min_step_log, max_up_log, max_down_log
+        self.min_window, self.max_window = min_window, max_window
+        self.judge_fraction, self.window_share = judge_fraction, window_share
+        self._stamp = 0
+        self._open: Dict[int, Dict[str, Any]] = {}
+        self._points: List[Tuple[float, float]] = []  # (ln C, ln s) of the last judged windows
+        self.fit_windows = fit_windows
+        self._last_e = 1.0
+        self._first = True
+        self._ceiling: Optional[float] = None
+        self.trace: Optional[List[Tuple]] = None  # set to [] to record judged windows (simulator, debugging)
+        self._new_window()
+
+    def _new_window(self) -> None:
+        self._stamp += 1
+        size = int(max(self.min_window, min(self.max_window, round(self.limit * self.window_share))))
+        if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
+            size, self._first = max(size, int(self.limit)), False
+        self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
+                                    "closed": False}}
+
+    def window_stamp(self) -> int:
+        w = self._open.get(self._stamp)
+        if w is None or w["closed"]:
+            # admissions past a closed window (same limit, not yet judged) carry no information: stamp them 0
+            return 0
+        w["admitted"] += 1
+        if w["admitted"] >= w["size"]:
+            w["closed"] = True
+        return self._stamp
+
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> float:
+        w = self._open.get(stamp)
+        if w is None:
+            return self.limit
+        # the window's speed is a ratio of sums (tokens / stream-seconds): long, decode-dominated requests weigh
+        # by their length, so a window's mix of short and long answers barely moves it
+        w["work"] += speed * elapsed_s
+        w["time"] += elapsed_s
+        w["load"] += load * elapsed_s
+        w["n"] += 1
+        if not w["closed"] or w["n"] < self.judge_fraction * w["admitted"]:
+            return self.limit
+        c = w["load"] / w["time"]
+        s = w["work"] / w["time"]
+        step = self._step(c, s)
+        base = min(self.limit, 2.0 * c)  # never more than twice the concurrency actually used (app-limited)
+        new = base * math.exp(step)
+        if self.trace is not None:
+            self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
+        if self._ceiling is not None:
+            self._ceiling *= 1.02  # the memory of an overload fades, so restored capacity is found again
+        self._points.append((math.log(max(c, 1e-9)), math.log(s)))
+        del self._points[:-self.fit_windows]
+        self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
+        self._new_window()
+        return self.limit
+
+    def _elasticity(self, c: float, s: float) -> float:
+        """e = 1 + d ln s / d ln C from a recency-weighted least-squares line through the judged windows (this one
+        and up to ``fit_windows - 1`` before it): one noisy window cannot swing the limit, a real change in the
+        server shows within a few windows."""
+        pts = self._points + [(math.log(max(c, 1e-9)), math.log(s))]
+        if len(pts) < 2:
+            return 1.0  # nothing to compare with yet: assume streams scale (probe upward)
+        ws = [0.5 ** (len(pts) - 1 - i) for i in range(len(pts))]
+        sw = sum(ws)
+        mx = sum(w * x for w, (x, _) in zip(ws, pts)) / sw
+        my = sum(w * y for w, (_, y) in zip(ws, pts)) / sw
+        sxx = sum(w * (x - mx) ** 2 for w, (x, _) in zip(ws, pts))
+        sxy = sum(w * (x - mx) * (y - my) for w, (x, y) in zip(ws, pts))
+        if sxx < 1e-4:
+            # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
+            return self._last_e
+        e_fit = 1.0 + sxy / sxx
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        if abs(x1 - x0) >= 0.5 * self.min_step:
+            # grow on the more pessimistic reading: the curve bends down as C grows, so a line fitted over a
+            # ramp overstates the slope at its top; the last pair is the local slope, noisy but never stale
+            e_pair = 1.0 + (y1 - y0) / (x1 - x0)
+            if e_pair < e_fit and e_fit > self.target:
+                e_fit = max(e_pair, min(e_fit, self.target))
+        self._last_e = e_fit
+        return self._last_e
+
+    def _step(self, c: float, s: float) -> float:
+        e = max(-5.0, min(5.0, self._elasticity(c, s) if s > 0 else -5.0))
+        step = self.gain * (e - self.target)
+        step = math.copysign(max(self.min_step, abs(step)), step)
+        step = max(-self.max_down, min(self.max_up, step))
+        if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
+            room = math.log(self._ceiling / self.limit) if self._ceiling > self.limit else 0.0
+            step = max(room * 0.5, 0.02)  # approach the last overload level with shrinking steps, then creep
+        return step
+
+    def on_overload(self, now: float) -> float:
+        self._ceiling = self.limit
+        self.limit = self.limit * self._backoff
+        self._new_window()
+        return self.limit
+
+    _backoff = 0.7
+
+
 class Permit:
     """Proof of admission; carries the admission time, window stamp and cut epoch used to judge its outcome."""
 
-    __slots__ = ("admitted_at", "stamp", "epoch", "inflight_at_admit", "released")
+    __slots__ = ("admitted_at", "stamp", "epoch", "inflight_at_admit", "area_at_admit", "released")
 
-    def __init__(self, admitted_at: float, stamp: int, epoch: int, inflight_at_admit: int):
+    def __init__(self, admitted_at: float, stamp: int, epoch: int, inflight_at_admit: int, area_at_admit: float):
         self.admitted_at = admitted_at
         self.stamp = stamp
         self.epoch = epoch
         self.inflight_at_admit = inflight_at_admit
+        self.area_at_admit = area_at_admit  # ∫ in_flight dt at admission: gives the load this request lived under
         self.released = False
 
 
@@ -815,11 +949,17 @@ class AdaptiveGate:
         self.min_limit, self.max_limit = int(min_limit), int(max_limit)
         self.backoff_ratio, self.drain_s = float(backoff_ratio), float(drain_s)
         self._clock = clock
-        self._algorithm = algorithm if algorithm is not None else FixedLimit(
-            max(self.min_limit, min(self.max_limit, int(initial_limit))))
+        if algorithm is None:
+            algorithm = GradientLimit(max(self.min_limit, min(self.max_limit, int(initial_limit))), self.min_limit,
+                                      self.max_limit)
+        if isinstance(algorithm, GradientLimit):
+            algorithm._backoff = self.backoff_ratio
+        self._algorithm = algorithm
         self._cond = threading.Condition()  # guards _in_flight, _limit, _epoch, _drain_until, the algorithm
         self._limit = max(self.min_limit, min(self.max_limit, int(self._algorithm.limit)))
         self._in_flight = 0
+        self._area = 0.0           # ∫ in_flight dt since creation
+        self._area_t: Optional[float] = None
         self._epoch = 0
         self._drain_until = -math.inf
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
@@ -841,12 +981,18 @@ class AdaptiveGate:
         with self._cond:
             return self._drain_until if self._clock() < self._drain_until else None
 
+    def _advance_area(self, now: float) -> None:
+        if self._area_t is not None and now > self._area_t:
+            self._area += self._in_flight * (now - self._area_t)
+        self._area_t = now
+
     def _try_locked(self) -> Optional[Permit]:
         now = self._clock()
         if now < self._drain_until or self._in_flight >= self._limit:
             return None
+        self._advance_area(now)
         self._in_flight += 1
-        return Permit(now, self._algorithm.window_stamp(), self._epoch, self._in_flight)
+        return Permit(now, self._algorithm.window_stamp(), self._epoch, self._in_flight, self._area)
 
     def try_acquire(self) -> Optional[Permit]:
         with self._cond:
@@ -873,7 +1019,11 @@ class AdaptiveGate:
                     wait_s = min(wait_s, left)
                 self._cond.wait(max(wait_s, 0.001))
 
-    def release(self, permit: Permit, outcome: str = "ok", output_tokens: int = 0) -> None:
+    def release(self, permit: Permit, outcome: str = "ok", output_tokens: int = 0, *,
+                retry_after_s: Optional[float] = None) -> None:
+        """Return a permit with its outcome. An ``overload`` cuts the limit by ``backoff_ratio`` and pauses
+        admission for ``drain_s`` (or for ``retry_after_s`` when the server said when to come back), once per
+        epoch: failures of permits admitted before the last cut do not cut again."""
         if outcome not in ("ok", "overload", "ignore"):
             raise ValueError("outcome must be ok, overload or ignore, got %r" % (outcome,))
         events = []
@@ -881,27 +1031,119 @@ class AdaptiveGate:
             if permit.released:
                 return  # idempotent: a double release must not leak capacity the other way
             permit.released = True
-            self._in_flight -= 1
             now = self._clock()
+            self._advance_area(now)
+            self._in_flight -= 1
             old = self._limit
             if outcome == "ok":
                 elapsed = max(now - permit.admitted_at, 1e-6)
                 speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
-                new = self._algorithm.on_sample(now, permit.stamp, speed, permit.inflight_at_admit)
+                load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
+                new = self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
             elif outcome == "overload" and self._algorithm.adaptive and permit.epoch == self._epoch:
                 # once per epoch: failures of permits admitted before this cut do not cut again
                 self._epoch += 1
                 new = self._algorithm.on_overload(now)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
-                self._drain_until = now + self.drain_s
-                events.append({"type": "drain", "limit": self._limit, "drain_s": self.drain_s})
+                drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
+                self._drain_until = now + drain
+                events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
             if self._limit != old:
                 events.append({"type": "limit", "limit": self._limit, "previous": old, "cause": outcome})
             self._cond.notify_all()
         if self.on_event is not None:
             for ev in events:
                 self.on_event(ev)
+
+
+class SessionGate:
+    """How many multi-turn sessions may be active. Interface pinned in DESIGN.md.
+
+    A session in progress keeps its slot until it leaves (continuity: an agent is never paused mid-task to let a
+    newcomer in); newcomers wait at the door in arrival order. Capacity follows the model gate: sessions spend part
+    of their time in tools, so the gate's limit L of model requests is filled by about L / duty sessions, where duty
+    is the measured fraction of active sessions that hold a model request (in_flight / active, time-averaged).
+    When the gate's limit falls, capacity falls and newcomers wait until enough sessions have finished.
+    """
+
+    def __init__(self, gate: AdaptiveGate, *, clock: Callable[[], float] = time.monotonic):
+        self.gate = gate
+        self._clock = clock
+        self._cond = threading.Condition()  # guards _active, _door, _duty, _t_last
+        self._active = 0
+        self._door: "collections.deque[object]" = collections.deque()
+        self._duty = 1.0
+        self._t_last: Optional[float] = None
+
+    def _observe(self) -> None:
+        now = self._clock()
+        if self._active > 0 and self._t_last is not None:
+            dt = max(0.0, now - self._t_last)
+            sample = min(1.0, self.gate.in_flight / self._active)
+            alpha = 1.0 - math.exp(-dt / 30.0)  # a 30 s time constant: tool waits are seconds to minutes
+            self._duty += alpha * (sample - self._duty)
+        self._t_last = now
+
+    @property
+    def capacity(self) -> int:
+        with self._cond:
+            self._observe()
+            return self._capacity_locked()
+
+    def _capacity_locked(self) -> int:
+        return max(1, int(math.ceil(self.gate.limit / max(self._duty, 0.05))))
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def waiting(self) -> int:
+        return len(self._door)
+
+    def try_enter(self) -> Optional[object]:
+        with self._cond:
+            self._observe()
+            if self._door or self._active >= self._capacity_locked():
+                return None  # someone is already waiting at the door: arrival order
+            self._active += 1
+            return object()
+
+    def enter(self, timeout_s: Optional[float] = None, *, cancel: Optional[threading.Event] = None) -> object:
+        ticket = object()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            self._door.append(ticket)
+            try:
+                while True:
+                    self._observe()
+                    if self._door[0] is ticket and self._active < self._capacity_locked():
+                        self._door.popleft()
+                        self._active += 1
+                        self._cond.notify_all()
+                        return ticket
+                    if cancel is not None and cancel.is_set():
+                        raise _Cancelled()
+                    wait_s = 0.5  # capacity follows the gate's limit, which changes without notifying us
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise GateTimeoutError("no session slot within %.1fs (capacity %d, active %d)"
+                                                   % (timeout_s, self._capacity_locked(), self._active))
+                        wait_s = min(wait_s, left)
+                    self._cond.wait(wait_s)
+            except BaseException:
+                if ticket in self._door:
+                    self._door.remove(ticket)
+                    self._cond.notify_all()
+                raise
+
+    def leave(self, slot: object) -> None:
+        with self._cond:
+            self._observe()
+            self._active = max(0, self._active - 1)
+            self._cond.notify_all()
 
 
 # =============================================================================

@@ -23,6 +23,8 @@ def is_stdlib(name: str) -> bool:
     names = stdlib_names()
     if names is not None:
         return name in names
+    if name in sys.builtin_module_names:  # compiled into the interpreter (sys, time, ...)
+        return True
     spec = importlib.util.find_spec(name)  # 3.8/3.9: a module is stdlib if it lives in the stdlib folder
     if spec is None:
         return False
