@@ -84,7 +84,8 @@ EXIT_BREAKER = 3
 EXIT_INTERRUPTED = 130
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
-DEFAULT_CONCURRENCY = 8
+DEFAULT_INITIAL_CONCURRENCY = 16  # first limit of the adaptive gate when no earlier run left one
+DEFAULT_MAX_CONCURRENCY = 256     # cap of the adaptive gate (and of worker threads)
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 DEFAULT_MAX_RETRIES = 5
 BREAKER_THRESHOLD = 12           # consecutive failed samples that abort a run
@@ -190,8 +191,9 @@ def _redact(text: Any) -> str:
 def _redact_config(obj: Any) -> Any:
     """A copy of a JSON-like config with values under secret-looking keys replaced."""
     if isinstance(obj, dict):
-        return {k: ("[REDACTED]" if SECRET_FIELD_RE.search(str(k)) and v not in (None, "") else _redact_config(v))
-                for k, v in obj.items()}
+        # "*_env" fields name an environment variable; they never hold the secret itself
+        return {k: ("[REDACTED]" if SECRET_FIELD_RE.search(str(k)) and not str(k).endswith("_env")
+                    and v not in (None, "") else _redact_config(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_redact_config(v) for v in obj]
     if isinstance(obj, str):
@@ -810,30 +812,42 @@ class GradientLimit:
     def __init__(self, initial: int, min_limit: int, max_limit: int, *, target_elasticity: float = 0.1,
                  gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 0.7, max_down_log: float = 0.3,
                  min_window: int = 8, max_window: int = 64, fit_windows: int = 5, judge_fraction: float = 0.25,
-                 window_share: float = 0.25):
+                 window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35):
         self.limit = float(initial)
         self.min_limit, self.max_limit = min_limit, max_limit
         self.target, self.gain = target_elasticity, gain
         self.min_step, self.max_up, self.max_down = min_step_log, max_up_log, max_down_log
         self.min_window, self.max_window = min_window, max_window
         self.judge_fraction, self.window_share = judge_fraction, window_share
+        self.first_step = first_step_log
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
         self._points: List[Tuple[float, float]] = []  # (ln C, ln s) of the last judged windows
         self.fit_windows = fit_windows
         self._last_e = 1.0
+        self._pair_e: Optional[float] = None
+        self._last_step = 1.0
+        self._judge_at = judge_fraction
+        self.discovered: Optional[float] = None
+        self._prev_duration: Optional[float] = None
+        self.time_cap = time_cap
         self._first = True
         self._ceiling: Optional[float] = None
         self.trace: Optional[List[Tuple]] = None  # set to [] to record judged windows (simulator, debugging)
         self._new_window()
 
-    def _new_window(self) -> None:
+    def _new_window(self, now: Optional[float] = None) -> None:
         self._stamp += 1
-        size = int(max(self.min_window, min(self.max_window, round(self.limit * self.window_share))))
+        # sample size follows the last step: after a big step the sign of the next one is obvious and a small
+        # window judged early suffices (fast ramps); near the optimum steps are small and need more evidence
+        certainty = min(1.0, self.min_step / max(abs(self._last_step), 1e-9))
+        share = self.window_share * (1.0 + 2.0 * certainty)
+        self._judge_at = self.judge_fraction * (1.0 + certainty)
+        size = int(max(self.min_window, min(self.max_window, round(self.limit * share))))
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
         self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "closed": False}}
+                                    "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
         w = self._open.get(self._stamp)
@@ -846,20 +860,42 @@ class GradientLimit:
         return self._stamp
 
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> float:
+        cur = self._open.get(self._stamp)
+        if cur is not None and cur["opened"] is None:
+            cur["opened"] = now - elapsed_s if stamp == self._stamp else now
         w = self._open.get(stamp)
         if w is None:
-            return self.limit
+            return self._time_cap(now, cur)
         # the window's speed is a ratio of sums (tokens / stream-seconds): long, decode-dominated requests weigh
         # by their length, so a window's mix of short and long answers barely moves it
         w["work"] += speed * elapsed_s
         w["time"] += elapsed_s
         w["load"] += load * elapsed_s
         w["n"] += 1
-        if not w["closed"] or w["n"] < self.judge_fraction * w["admitted"]:
+        if not w["closed"] or w["n"] < self._judge_at * w["admitted"]:
+            return self._time_cap(now, w)
+        return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
+
+    def _time_cap(self, now: float, w: Optional[Dict[str, Any]]) -> float:
+        """Judge a window that takes ``time_cap`` times longer than the last one: its requests have slowed
+        down at least that much, and waiting for them would leave a bad limit in force for minutes."""
+        if (w is None or not w["closed"] or w["opened"] is None or self._prev_duration is None
+                or not self._points or now - w["opened"] <= self.time_cap * self._prev_duration):
             return self.limit
-        c = w["load"] / w["time"]
-        s = w["work"] / w["time"]
+        s_prev = math.exp(self._points[-1][1])
+        s = s_prev * self._prev_duration / (now - w["opened"])
+        if w["n"]:
+            s = min(s, w["work"] / w["time"])
+        c = w["load"] / w["time"] if w["n"] else self.limit
+        return self._judge(now, w, c, s)
+
+    def _judge(self, now: float, w: Dict[str, Any], c: float, s: float) -> float:
+        if w["opened"] is not None:
+            self._prev_duration = max(now - w["opened"], 1e-6)
         step = self._step(c, s)
+        self._last_step = step
+        if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
+            self.discovered = max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step)))
         base = min(self.limit, 2.0 * c)  # never more than twice the concurrency actually used (app-limited)
         new = base * math.exp(step)
         if self.trace is not None:
@@ -869,7 +905,7 @@ class GradientLimit:
         self._points.append((math.log(max(c, 1e-9)), math.log(s)))
         del self._points[:-self.fit_windows]
         self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
-        self._new_window()
+        self._new_window(now)
         return self.limit
 
     def _elasticity(self, c: float, s: float) -> float:
@@ -878,7 +914,7 @@ class GradientLimit:
         server shows within a few windows."""
         pts = self._points + [(math.log(max(c, 1e-9)), math.log(s))]
         if len(pts) < 2:
-            return 1.0  # nothing to compare with yet: assume streams scale (probe upward)
+            return None  # nothing to compare with yet
         ws = [0.5 ** (len(pts) - 1 - i) for i in range(len(pts))]
         sw = sum(ws)
         mx = sum(w * x for w, (x, _) in zip(ws, pts)) / sw
@@ -888,19 +924,20 @@ class GradientLimit:
         if sxx < 1e-4:
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
             return self._last_e
-        e_fit = 1.0 + sxy / sxx
+        self._last_e = 1.0 + sxy / sxx
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
-        if abs(x1 - x0) >= 0.5 * self.min_step:
-            # grow on the more pessimistic reading: the curve bends down as C grows, so a line fitted over a
-            # ramp overstates the slope at its top; the last pair is the local slope, noisy but never stale
-            e_pair = 1.0 + (y1 - y0) / (x1 - x0)
-            if e_pair < e_fit and e_fit > self.target:
-                e_fit = max(e_pair, min(e_fit, self.target))
-        self._last_e = e_fit
+        self._pair_e = 1.0 + (y1 - y0) / (x1 - x0) if abs(x1 - x0) >= 0.5 * self.min_step else None
         return self._last_e
 
     def _step(self, c: float, s: float) -> float:
-        e = max(-5.0, min(5.0, self._elasticity(c, s) if s > 0 else -5.0))
+        e = self._elasticity(c, s) if s > 0 else -5.0
+        if e is None:
+            return self.first_step  # the first window: a modest probe upward (a cached start may already be high)
+        e = max(-5.0, min(5.0, e))
+        if e > self.target and self._pair_e is not None:
+            # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
+            # on the more pessimistic of the fit and the last pair (the local slope, noisy but never stale)
+            e = max(min(e, self._pair_e), self.target)
         step = self.gain * (e - self.target)
         step = math.copysign(max(self.min_step, abs(step)), step)
         step = max(-self.max_down, min(self.max_up, step))
@@ -912,7 +949,7 @@ class GradientLimit:
     def on_overload(self, now: float) -> float:
         self._ceiling = self.limit
         self.limit = self.limit * self._backoff
-        self._new_window()
+        self._new_window(now)
         return self.limit
 
     _backoff = 0.7
@@ -975,6 +1012,12 @@ class AdaptiveGate:
     @property
     def adaptive(self) -> bool:
         return bool(self._algorithm.adaptive)
+
+    @property
+    def discovered_limit(self) -> int:
+        """The limit learned from saturated traffic (the current limit when none was judged yet)."""
+        found = getattr(self._algorithm, "discovered", None)
+        return int(round(found)) if found else self._limit
 
     def draining_until(self) -> Optional[float]:
         """Clock time at which the current drain pause ends, or None when not draining."""
@@ -1092,7 +1135,7 @@ class SessionGate:
             return self._capacity_locked()
 
     def _capacity_locked(self) -> int:
-        return max(1, int(math.ceil(self.gate.limit / max(self._duty, 0.05))))
+        return max(1, int(round(self.gate.limit / max(self._duty, 0.05))))
 
     @property
     def active(self) -> int:
@@ -1476,6 +1519,7 @@ class ModelClient:
             if self._cancel.is_set():
                 raise _Cancelled()
             attempts += 1
+            err = None
             permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
             outcome, tokens = "ignore", 0
             try:
@@ -1486,10 +1530,12 @@ class ModelClient:
                 return result
             except ModelAPIError as exc:
                 err = exc
-                outcome = "overload" if exc.kind == "overload" else "ignore"
+                # a refused connection means nothing listens: retried, but it says nothing about load
+                outcome = "overload" if exc.kind == "overload" and not getattr(exc, "refused", False) else "ignore"
             finally:
                 if permit is not None:
-                    self.gate.release(permit, outcome, tokens)
+                    self.gate.release(permit, outcome, tokens,
+                                      retry_after_s=err.retry_after_s if outcome == "overload" else None)
             err.attempts = attempts
             limit = min(REFUSED_RETRIES, cfg.max_retries) if getattr(err, "refused", False) else cfg.max_retries
             if err.kind == "fatal" or attempts > limit:
@@ -1678,6 +1724,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                 st.counters["over_cap"] += 1
             self._error(cfg.overload_status, "server at capacity", {"Retry-After": "%g" % cfg.retry_after_s})
             return
+        self._active_counted = True
         try:
             fault = None
             u = _unit_hash(cfg.seed, "fault", key, nth)
@@ -1692,8 +1739,15 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                     st.counters["fault_" + fault] += 1
             self._serve(req, messages, key, stream, include_usage, fault)
         finally:
-            with st.lock:
-                st.active -= 1
+            self._uncount()
+
+    def _uncount(self) -> None:
+        """Stop counting this request as active (before its last bytes go out, so a client that has read them
+        and sends its next request never sees itself counted twice)."""
+        if getattr(self, "_active_counted", False):
+            self._active_counted = False
+            with self.state.lock:
+                self.state.active -= 1
 
     def _reply_text(self, key: str) -> str:
         st = self.state
@@ -1761,9 +1815,10 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                    "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
             if include_usage:
                 out["usage"] = usage
-            self._json(200, out)
+            self._uncount()
             with st.lock:
                 st.counters["completed"] += 1
+            self._json(200, out)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -1798,10 +1853,11 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
         if include_usage:
             event(dict(base, choices=[], usage=usage))
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        self._uncount()
         with st.lock:
             st.counters["completed"] += 1
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
 
 class _MockHTTPServer(http.server.ThreadingHTTPServer):
@@ -2268,6 +2324,28 @@ class _Runner:
         self.stop_reason = ""
         self.t0 = time.monotonic()
         self.progress = _Progress(self._render, stream=progress_stream, enabled=progress)
+        self._threads: List[threading.Thread] = []
+        self._threads_lock = threading.Lock()  # guards _threads
+        self._inbox: "queue.Queue[Any]" = queue.Queue(maxsize=max(2, 2 * workers))  # bounded: items are streamed
+
+    def _ensure_workers(self) -> None:
+        """Start workers lazily, one more than the gate's limit (idle threads would only spin on the gate)."""
+        want = self.n_workers if self.gate is None else min(self.n_workers, self.gate.limit + 1)
+        with self._threads_lock:
+            while len(self._threads) < want:
+                t = threading.Thread(target=self._worker, args=(self._inbox,),
+                                     name="evalharness-worker-%d" % len(self._threads))
+                self._threads.append(t)
+                t.start()
+
+    def _join_workers(self) -> None:
+        while True:
+            with self._threads_lock:
+                alive = [t for t in self._threads if t.is_alive()]
+            if not alive:
+                return
+            for t in alive:
+                t.join(0.2)
 
     def _render(self) -> str:
         with self._lock:
@@ -2326,6 +2404,7 @@ class _Runner:
                 self.failed += 1
                 if not self.first_failure_shown:
                     self.first_failure_shown = show_first = True
+        self._ensure_workers()
         if show_first:
             self.progress.message("evalharness: first failure (sample %r): %s" % (record["id"], record["error"]))
         if self.breaker.record(ok) and not self.cancel.is_set():
@@ -2337,11 +2416,8 @@ class _Runner:
 
     def run(self, items: Iterable[Any]) -> str:
         """Run every item; return "finished", "aborted" (breaker) or "interrupted" (Ctrl-C / SIGTERM)."""
-        inbox: "queue.Queue[Any]" = queue.Queue(maxsize=self.n_workers * 2)  # bounded: items are streamed
-        threads = [threading.Thread(target=self._worker, args=(inbox,), name="evalharness-worker-%d" % i)
-                   for i in range(self.n_workers)]
-        for t in threads:
-            t.start()
+        inbox = self._inbox
+        self._ensure_workers()
         self.progress.start()
         feed_error: Optional[BaseException] = None
         try:
@@ -2356,6 +2432,7 @@ class _Runner:
                             inbox.put(item, timeout=0.2)
                             break
                         except queue.Full:
+                            self._ensure_workers()
                             continue
                     if self.cancel.is_set():
                         break
@@ -2367,9 +2444,7 @@ class _Runner:
                     except queue.Full:
                         if self.cancel.is_set():
                             _drain(inbox)
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
+            self._join_workers()
         except KeyboardInterrupt:
             self.status = "interrupted"
             self.stop_reason = "interrupted"
@@ -2381,9 +2456,7 @@ class _Runner:
             self.progress.message("evalharness: interrupted; recording the %d sample(s) in flight as they finish "
                                   "(Ctrl-C again to quit now; finished samples are already saved)" % n)
             self.store.event("interrupted", in_flight=n)
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
+            self._join_workers()
         finally:
             self.progress.close()
         if feed_error is not None:
@@ -2436,7 +2509,9 @@ class RunConfig:
     api_key_env: str = DEFAULT_API_KEY_ENV
     api_key_env_explicit: bool = False
     out: Optional[str] = None
-    concurrency: int = DEFAULT_CONCURRENCY
+    fixed_concurrency: Optional[int] = None      # pins the limit (no adaptation)
+    initial_concurrency: Optional[int] = None    # None = auto: this run's or the endpoint's last discovered limit
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     temperature: float = 0.0
     max_tokens: Optional[int] = None
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
@@ -2450,6 +2525,7 @@ class RunConfig:
     system_prompt: Optional[str] = None
     json_out: bool = False
     progress: bool = True
+    remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
 
 
 def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAItem], Dict[str, Any]]:
@@ -2475,6 +2551,66 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
     return work
 
 
+def _limits_path() -> str:
+    """Where discovered limits are kept between runs (EVALHARNESS_LIMITS_FILE overrides)."""
+    path = os.environ.get("EVALHARNESS_LIMITS_FILE")
+    if path:
+        return path
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "evalharness", "limits.json")
+
+
+def _limit_key(base_url: str, model: str) -> str:
+    return "%s|%s" % (base_url, model)
+
+
+def _load_limit(base_url: str, model: str) -> Optional[int]:
+    try:
+        with open(_limits_path(), encoding="utf-8") as fh:
+            entry = json.load(fh).get(_limit_key(base_url, model))
+        return int(entry["limit"]) if entry else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # a missing or damaged cache only costs a slower start
+
+
+def _save_limit(base_url: str, model: str, limit: int) -> None:
+    path = _limits_path()
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data[_limit_key(base_url, model)] = {"limit": int(limit), "at": _utc_iso()}
+        if len(data) > 200:  # keep the newest entries only
+            data = dict(sorted(data.items(), key=lambda kv: str(kv[1].get("at", "")))[-200:])
+        _write_json(path, data)
+    except OSError as exc:
+        _log.debug("could not save the discovered limit to %s: %s", path, exc)
+
+
+def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]) -> Tuple[AdaptiveGate, str]:
+    """The run's model gate: pinned by --fixed-concurrency, else adaptive from --initial-concurrency or auto (this
+    run directory's last discovered limit, then the endpoint's from the limits cache, then the default)."""
+    if cfg.fixed_concurrency is not None:
+        n = cfg.fixed_concurrency
+        return AdaptiveGate(n, 1, n, algorithm=FixedLimit(n)), "fixed"
+    cap = cfg.max_concurrency
+    if cfg.initial_concurrency is not None:
+        initial, origin = cfg.initial_concurrency, "--initial-concurrency"
+    elif previous and isinstance(previous.get("discovered_limit"), int):
+        initial, origin = previous["discovered_limit"], "this run's last discovered limit"
+    else:
+        cached = _load_limit(base_url, cfg.model)
+        initial, origin = (cached, "discovered by an earlier run on this endpoint") if cached else \
+            (DEFAULT_INITIAL_CONCURRENCY, "default")
+    initial = max(1, min(cap, initial))
+    return AdaptiveGate(initial, 1, cap), origin
+
+
 def _default_out(task: str, model: str) -> str:
     return os.path.join("runs", "%s-%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), task, _slug(model)))
 
@@ -2491,8 +2627,10 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
                               request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body, stream=cfg.stream,
                               max_retries=cfg.max_retries, use_proxy=cfg.use_proxy)
     base_url = _normalize_base_url(cfg.base_url)
-    if cfg.concurrency < 1:
-        raise ConfigError("--concurrency must be >= 1, got %d" % cfg.concurrency)
+    for name, value in (("--fixed-concurrency", cfg.fixed_concurrency), ("--initial-concurrency",
+                        cfg.initial_concurrency), ("--max-concurrency", cfg.max_concurrency)):
+        if value is not None and value < 1:
+            raise ConfigError("%s must be >= 1, got %d" % (name, value))
     if cfg.request_timeout_s <= 0:
         raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
     if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
@@ -2539,9 +2677,10 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         exclude_from_proxy([base_url])
 
     cancel = cancel or threading.Event()
-    gate = AdaptiveGate(initial_limit=cfg.concurrency, min_limit=1, max_limit=max(cfg.concurrency, 1),
-                        algorithm=FixedLimit(cfg.concurrency))
+    gate, initial_from = _make_gate(cfg, base_url, previous)
     gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+    _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
+              "adaptive, starting at %d (%s), at most %d" % (gate.limit, initial_from, gate.max_limit))
     client = ModelClient(client_cfg, gate=gate, cancel=cancel)
     started = time.time()
     run_info = {
@@ -2557,9 +2696,10 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     store.write_json(RunStore.RUN, run_info)
     store.event("run_start", pending=dataset.count - len(done_ids), finished=len(done_ids), pid=os.getpid())
 
-    runner = _Runner(store, _qa_work(client, cfg.system_prompt), workers=cfg.concurrency, total=dataset.count,
+    runner = _Runner(store, _qa_work(client, cfg.system_prompt), workers=gate.max_limit, total=dataset.count,
                      label=cfg.task, cancel=cancel, gate=gate, progress_stream=progress_stream,
                      progress=cfg.progress)
+    gate_initial = gate.limit
     runner.done_before = runner.done = len(done_ids)
     runner.failed_before = runner.failed = n_failed_kept
     pending = (item for item in dataset.iter_items() if item.id not in done_ids)
@@ -2569,7 +2709,11 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     summary.update({"task": cfg.task, "model": cfg.model, "dataset": dataset.name, "status": status})
     store.write_json(RunStore.SUMMARY, summary)
     ended = time.time()
-    run_info.update({"status": status, "ended_at": _utc_iso(ended), "discovered_limit": gate.limit})
+    run_info.update({"status": status, "ended_at": _utc_iso(ended), "discovered_limit": gate.discovered_limit,
+                     "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial, "initial_from": initial_from,
+                                     "final": gate.limit, "max": gate.max_limit}})
+    if gate.adaptive and status != "aborted" and cfg.remember_limit:
+        _save_limit(base_url, cfg.model, gate.discovered_limit)
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                                   "status": status, "pid": os.getpid()}]
     if runner.stop_reason:
@@ -2664,8 +2808,14 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run directory; re-running with the same --out resumes (default runs/<time>-<task>-<model>)")
-    p.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY,
-                   help="requests in flight at once (default %(default)s)")
+    g = p.add_argument_group("concurrency (adaptive by default: the gate finds the endpoint's best level)")
+    g.add_argument("--fixed-concurrency", "--concurrency", dest="fixed_concurrency", type=_positive_int,
+                   default=None, metavar="N", help="pin N requests in flight (no adaptation)")
+    g.add_argument("--initial-concurrency", default="auto", metavar="N|auto",
+                   help="first limit of the adaptive gate; auto (default) starts from the limit this run or an "
+                        "earlier run on the same endpoint and model discovered, else %d" % DEFAULT_INITIAL_CONCURRENCY)
+    g.add_argument("--max-concurrency", type=_positive_int, default=DEFAULT_MAX_CONCURRENCY, metavar="N",
+                   help="cap of the adaptive gate (default %(default)s)")
     p.add_argument("--json", dest="json_out", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
 
@@ -2740,6 +2890,19 @@ def _configure_logging(verbose: bool) -> None:
     _log.propagate = False
 
 
+def _initial_arg(args: argparse.Namespace) -> Optional[int]:
+    if args.initial_concurrency == "auto":
+        return None
+    try:
+        value = int(args.initial_concurrency)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError("--initial-concurrency must be a positive integer or 'auto', got %r"
+                          % args.initial_concurrency)
+    return value
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     dataset = Dataset(None, rows=demo_dataset(), name="demo").validate()
     mock_cfg = MockConfig(model="demo-mock", seed=args.seed, skill=args.skill, decode_tok_s=400.0, knee=8,
@@ -2747,8 +2910,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with MockServer(mock_cfg, oracle=dataset) as mock:
         _log.info("mock model listening on %s (skill %.2f)", mock.url, args.skill)
         cfg = RunConfig(dataset=None, model="demo-mock", base_url=mock.url, out=args.out or _default_out("qa", "demo"),
-                        concurrency=args.concurrency, json_out=args.json_out, progress=args.progress,
-                        request_timeout_s=60.0)
+                        fixed_concurrency=args.fixed_concurrency, initial_concurrency=_initial_arg(args),
+                        max_concurrency=args.max_concurrency, json_out=args.json_out, progress=args.progress,
+                        request_timeout_s=60.0, remember_limit=False)
         code, _ = run_qa(cfg, dataset=dataset)
     return code
 
@@ -2761,7 +2925,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-retries must be >= 0, got %d" % args.max_retries)
     cfg = RunConfig(dataset=args.dataset, model=args.model, base_url=base_url, task=args.task,
                     api_key_env=args.api_key_env or DEFAULT_API_KEY_ENV,
-                    api_key_env_explicit=args.api_key_env is not None, out=args.out, concurrency=args.concurrency,
+                    api_key_env_explicit=args.api_key_env is not None, out=args.out,
+                    fixed_concurrency=args.fixed_concurrency, initial_concurrency=_initial_arg(args),
+                    max_concurrency=args.max_concurrency,
                     temperature=args.temperature, max_tokens=args.max_tokens,
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,

@@ -53,6 +53,8 @@ def clean_env(**extra) -> dict:
            if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "openai_api_key",
                                 "openai_base_url")}
     env["EVALHARNESS_PROGRESS_S"] = env.get("EVALHARNESS_PROGRESS_S", "1")
+    # discovered limits go to a per-process temp file, never to the user's ~/.cache
+    env["EVALHARNESS_LIMITS_FILE"] = os.path.join(tempfile.gettempdir(), "evalharness-test-limits-%d.json" % os.getpid())
     env.update(extra)
     return env
 

@@ -1,0 +1,328 @@
+"""AdaptiveGate (limit algorithm + admission) and SessionGate.
+
+The algorithm is driven in virtual time by a closed-loop toy server (no threads, no sleeps); the admission
+mechanics are also checked with real threads and bounded waits.
+"""
+import heapq
+import random
+import threading
+import unittest
+
+from tests.support import eh
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttft_s=0.05):
+    """Keep the gate full against a processor-sharing server: at every moment each in-flight stream advances at
+    speed_of(in_flight) tokens/s (as in a continuous-batching engine), after a fixed time to first token.
+
+    Returns the list of (time, limit) after each completion.
+    """
+    rng = random.Random(seed)
+    heap, n = [], 0      # (virtual progress at which the request finishes, n, permit, tokens)
+    progress = 0.0       # tokens each stream has received since the start (integral of speed_of(in_flight) dt)
+    seen = []
+    end = clock.t + seconds
+
+    def advance_to_next():
+        nonlocal progress
+        rate = speed_of(max(1, gate.in_flight))
+        target = heap[0][0]
+        clock.t += max(0.0, target - progress) / rate
+        progress = max(progress, target)
+
+    while clock.t < end:
+        while True:
+            permit = gate.try_acquire()
+            if permit is None:
+                break
+            n += 1
+            tok = tokens(rng)
+            # the time to first token is charged as progress at the current speed
+            heapq.heappush(heap, (progress + tok + ttft_s * speed_of(gate.in_flight), n, permit, tok))
+        if not heap:
+            until = gate.draining_until()
+            clock.t = until if until is not None else clock.t + 1.0
+            continue
+        advance_to_next()
+        _, _, permit, tok = heapq.heappop(heap)
+        gate.release(permit, "ok", tok)
+        seen.append((clock.t, gate.limit))
+    while heap:  # finish what is in flight so in_flight returns to 0
+        advance_to_next()
+        _, _, permit, tok = heapq.heappop(heap)
+        gate.release(permit, "ok", tok)
+    return seen
+
+
+class TestGradientLimit(unittest.TestCase):
+    def test_limit_grows_to_the_cap_when_per_stream_speed_holds(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
+        seen = drive(gate, clock, lambda c: 50.0, 600)
+        self.assertEqual(max(l for _, l in seen), 256)
+        self.assertEqual(seen[-1][1], 256)
+
+    def test_limit_shrinks_when_per_stream_speed_falls_with_load(self):
+        # beyond 16 streams every extra stream costs throughput (it falls as C^-0.5): the best concurrency is 16
+        clock = Clock()
+        gate = eh.AdaptiveGate(64, 1, 512, clock=clock)
+        speed = lambda c: 50.0 if c <= 16 else 50.0 * (16.0 / c) ** 1.5
+        seen = drive(gate, clock, speed, 3000)
+        late = [l for t, l in seen if t > 1500]
+        self.assertLess(sum(late) / len(late), 40)
+        self.assertGreater(sum(late) / len(late), 6)
+
+    def test_limit_does_not_drift_upward_on_a_throughput_plateau(self):
+        # past 24 streams per-stream speed falls as 1/C: aggregate throughput is flat, more streams buy nothing
+        clock = Clock()
+        gate = eh.AdaptiveGate(16, 1, 512, clock=clock)
+        speed = lambda c: 50.0 if c <= 24 else 50.0 * 24.0 / c
+        seen = drive(gate, clock, speed, 3000)
+        late = [l for t, l in seen if t > 1500]
+        self.assertLess(max(late), 3 * 24)
+        self.assertLess(sum(late) / len(late), 2 * 24)
+
+    def test_a_length_heavy_mix_does_not_read_as_congestion(self):
+        # 70% short and 30% very long answers on a server that scales perfectly: the limit must still climb
+        clock = Clock()
+        gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
+        mix = lambda rng: rng.randint(20, 80) if rng.random() < 0.7 else rng.randint(2000, 6000)
+        seen = drive(gate, clock, lambda c: 40.0, 4000, tokens=mix)
+        self.assertGreaterEqual(seen[-1][1], 128)
+
+    def test_bounds_hold_whatever_the_speeds(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(8, 4, 40, clock=clock)
+        rng = random.Random(5)
+        seen = drive(gate, clock, lambda c: rng.choice([1.0, 500.0, 50.0 / c]), 2000)
+        self.assertTrue(all(4 <= l <= 40 for _, l in seen))
+        self.assertEqual(gate.in_flight, 0)
+
+    def test_discovered_limit_is_reported_after_saturated_windows(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(16, 1, 64, clock=clock)
+        drive(gate, clock, lambda c: 50.0, 600)
+        self.assertEqual(gate.discovered_limit, 64)
+
+
+class TestOverloadAndDrain(unittest.TestCase):
+    def test_one_overload_cuts_once_per_epoch_and_late_failures_of_older_permits_do_not_cut_again(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(20, 1, 100, clock=clock)
+        permits = [gate.try_acquire() for _ in range(20)]
+        self.assertTrue(all(permits))
+        gate.release(permits[0], "overload")
+        self.assertEqual(gate.limit, 14)  # 20 x 0.7
+        for p in permits[1:]:
+            clock.t += 0.5
+            gate.release(p, "overload")
+        self.assertEqual(gate.limit, 14)
+        self.assertEqual(gate.in_flight, 0)
+        # a permit admitted after the cut belongs to the new epoch: its overload cuts again
+        clock.t = 100.0
+        fresh = gate.try_acquire()
+        gate.release(fresh, "overload")
+        self.assertEqual(gate.limit, 9)  # 14 x 0.7 = 9.8, rounded down
+
+    def test_nothing_is_admitted_during_the_drain_and_admission_resumes_exactly_at_its_end(self):
+        clock = Clock()
+        clock.t = 10.0
+        gate = eh.AdaptiveGate(10, 1, 100, clock=clock, drain_s=30.0)
+        p = gate.try_acquire()
+        gate.release(p, "overload")
+        self.assertEqual(gate.draining_until(), 40.0)
+        for t in (10.0, 25.0, 39.999):
+            clock.t = t
+            self.assertIsNone(gate.try_acquire(), t)
+        clock.t = 40.0
+        self.assertIsNotNone(gate.try_acquire())
+        self.assertIsNone(gate.draining_until())
+
+    def test_retry_after_shortens_the_drain_but_never_lengthens_it(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(10, 1, 100, clock=clock, drain_s=30.0)
+        gate.release(gate.try_acquire(), "overload", retry_after_s=3.0)
+        self.assertEqual(gate.draining_until(), 3.0)
+        clock.t = 3.0
+        gate.release(gate.try_acquire(), "overload", retry_after_s=999.0)
+        self.assertEqual(gate.draining_until(), 33.0)
+
+    def test_ignore_neither_samples_nor_cuts(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
+        for _ in range(50):
+            gate.release(gate.try_acquire(), "ignore")
+        self.assertEqual(gate.limit, 10)
+        self.assertIsNone(gate.draining_until())
+
+    def test_fixed_limit_never_moves_and_never_drains(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(5, 1, 5, clock=clock, algorithm=eh.FixedLimit(5))
+        gate.release(gate.try_acquire(), "overload")
+        self.assertEqual(gate.limit, 5)
+        self.assertIsNone(gate.draining_until())
+        drive(gate, clock, lambda c: 10.0, 100)
+        self.assertEqual(gate.limit, 5)
+
+    def test_limit_events_are_reported(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
+        events = []
+        gate.on_event = events.append
+        gate.release(gate.try_acquire(), "overload")
+        self.assertEqual([e["type"] for e in events], ["drain", "limit"])
+        self.assertEqual(events[1]["previous"], 10)
+
+    def test_double_release_is_ignored(self):
+        gate = eh.AdaptiveGate(2, 1, 2, algorithm=eh.FixedLimit(2))
+        p = gate.try_acquire()
+        gate.release(p)
+        gate.release(p)
+        self.assertEqual(gate.in_flight, 0)
+
+
+class TestGateThreads(unittest.TestCase):
+    def test_many_threads_never_exceed_the_limit_and_leak_no_permit(self):
+        gate = eh.AdaptiveGate(8, 2, 32)
+        violations, errors = [], []
+        lock = threading.Lock()
+
+        def worker(seed):
+            rng = random.Random(seed)
+            try:
+                for _ in range(200):
+                    p = gate.acquire(timeout_s=20)
+                    with lock:
+                        if gate.in_flight > gate.limit and not p.released:
+                            # the limit may have been cut after admission; at admission it must have held
+                            if p.inflight_at_admit > gate.limit + 32:
+                                violations.append(p.inflight_at_admit)
+                    outcome = rng.choice(["ok"] * 8 + ["ignore"])
+                    gate.release(p, outcome, rng.randint(1, 50))
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        admitted_over = []
+        original = gate._try_locked
+
+        def checked():
+            permit = original()
+            if permit is not None and permit.inflight_at_admit > gate.limit:
+                admitted_over.append((permit.inflight_at_admit, gate.limit))
+            return permit
+        gate._try_locked = checked
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads))
+        self.assertEqual(errors, [])
+        self.assertEqual(admitted_over, [])
+        self.assertEqual(violations, [])
+        self.assertEqual(gate.in_flight, 0)
+
+    def test_acquire_times_out_with_a_clear_error(self):
+        gate = eh.AdaptiveGate(1, 1, 1, algorithm=eh.FixedLimit(1))
+        p = gate.acquire()
+        with self.assertRaises(eh.GateTimeoutError) as cm:
+            gate.acquire(timeout_s=0.2)
+        self.assertIn("limit 1", str(cm.exception))
+        gate.release(p)
+
+
+class TestSessionGate(unittest.TestCase):
+    def test_capacity_tracks_the_gate_limit_up_and_down(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
+        sessions = eh.SessionGate(gate, clock=clock)
+        self.assertEqual(sessions.capacity, 10)  # duty starts at 1: one model request per session
+        gate.release(gate.try_acquire(), "overload")
+        self.assertEqual(sessions.capacity, 7)
+        clock.t = 100.0
+        drive(gate, clock, lambda c: 50.0, 300)
+        self.assertGreater(gate.limit, 20)
+        self.assertEqual(sessions.capacity, gate.limit)
+
+    def test_capacity_grows_when_sessions_spend_time_in_tools(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(4, 1, 4, clock=clock, algorithm=eh.FixedLimit(4))
+        sessions = eh.SessionGate(gate, clock=clock)
+        slots = [sessions.try_enter() for _ in range(4)]
+        self.assertTrue(all(slots))
+        self.assertIsNone(sessions.try_enter())
+        held = gate.try_acquire()  # one of four sessions holds a model request; three are in tools
+        for _ in range(20):
+            clock.t += 10
+            sessions.capacity
+        self.assertGreaterEqual(sessions.capacity, 12)  # 4 / duty 0.25 ~ 16
+        self.assertIsNotNone(sessions.try_enter())
+        gate.release(held)
+
+    def test_newcomers_enter_in_arrival_order(self):
+        gate = eh.AdaptiveGate(1, 1, 1, algorithm=eh.FixedLimit(1))
+        sessions = eh.SessionGate(gate)
+        first = sessions.enter(timeout_s=5)
+        order, threads = [], []
+        for i in range(4):
+            def waiter(i=i):
+                slot = sessions.enter(timeout_s=30)
+                order.append(i)
+                sessions.leave(slot)
+            t = threading.Thread(target=waiter)
+            t.start()
+            threads.append(t)
+            deadline = 50
+            while sessions.waiting < i + 1 and deadline:  # arrival order is the order they reached the door
+                threading.Event().wait(0.02)
+                deadline -= 1
+        self.assertEqual(sessions.waiting, 4)
+        sessions.leave(first)
+        for t in threads:
+            t.join(30)
+        self.assertEqual(order, [0, 1, 2, 3])
+        self.assertEqual(sessions.active, 0)
+
+    def test_admitted_sessions_keep_getting_model_permits_while_newcomers_wait(self):
+        gate = eh.AdaptiveGate(2, 1, 2, algorithm=eh.FixedLimit(2))
+        sessions = eh.SessionGate(gate)
+        a, b = sessions.enter(timeout_s=5), sessions.enter(timeout_s=5)
+        got = []
+        t = threading.Thread(target=lambda: got.append(sessions.enter(timeout_s=30)))
+        t.start()
+        deadline = 100
+        while sessions.waiting < 1 and deadline:
+            threading.Event().wait(0.02)
+            deadline -= 1
+        self.assertEqual(sessions.waiting, 1)
+        for _ in range(5):  # continuity: the admitted sessions' turns are never refused for the newcomer
+            p1, p2 = gate.acquire(timeout_s=1), gate.acquire(timeout_s=1)
+            gate.release(p1)
+            gate.release(p2)
+        self.assertEqual(got, [])
+        sessions.leave(a)
+        t.join(30)
+        self.assertEqual(len(got), 1)
+        sessions.leave(b)
+        sessions.leave(got[0])
+
+    def test_enter_times_out_and_leaves_the_door(self):
+        gate = eh.AdaptiveGate(1, 1, 1, algorithm=eh.FixedLimit(1))
+        sessions = eh.SessionGate(gate)
+        slot = sessions.enter()
+        with self.assertRaises(eh.GateTimeoutError):
+            sessions.enter(timeout_s=0.2)
+        self.assertEqual(sessions.waiting, 0)
+        sessions.leave(slot)
+
+
+if __name__ == "__main__":
+    unittest.main()
