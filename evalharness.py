@@ -788,31 +788,40 @@ class FixedLimit:
 
 
 class GradientLimit:
-    """The adaptive limit: a window-vs-window gradient of per-stream speed, climbing throughput.
+    """The adaptive limit: a window-vs-window gradient of per-stream speed that climbs throughput.
 
     A request's speed is its output tokens per second from admission to release (1/latency when it produced no
-    tokens). Permits are stamped with the admission window they were admitted in; a window closes for admission
-    after ``n`` admissions and is judged once half of *its own* requests have completed, so a limit change is never
-    judged by traffic admitted before it. Each judged window gives a point (C, s): the mean in-flight count its
-    requests were admitted at, and their median speed. Throughput is T = C·s (Little's law), so between the last two
-    judged windows the elasticity of throughput to concurrency is e = d ln T / d ln C = 1 + d ln s / d ln C.
+    tokens); the load it lived under is the time-average of in-flight requests over its life (the gate integrates
+    in_flight). Permits carry the stamp of the admission window they were admitted in. A window closes for
+    admission after a count of admissions and is judged once a share of *its own* requests has completed (or, if
+    it takes ``time_cap`` times longer than the last window, on what has come back), so a limit change is never
+    judged by traffic admitted before it; the burst of admissions that fills new headroom after an increase (a
+    wave of prefills at once) is a transient and belongs to no window. A judged window is a point (C, s): load and
+    speed as ratios of sums over its requests, so long decode-dominated requests weigh by their length and a
+    window's mix of short and long answers barely moves it.
 
-    One update rule, no thresholds and no modes: move ln L by κ·(e − e*) (at least ±``min_step_log``, at most
-    ``max_up_log`` up and ``max_down_log`` down), starting from the concurrency actually used (so an app-limited
-    client never banks untested headroom). While per-stream speed holds (e ≈ 1) the limit doubles per window; on a
-    throughput plateau (e ≈ 0) it walks down; it settles where adding streams stops paying (e = e*). Length mix
-    does not read as congestion: speed is per token, and the median of a window's requests is compared with the
-    median of a window drawn from the same mix. After an overload the limit remembers the level that overloaded
-    (``_ceiling``) and approaches it with shrinking steps, creeping past it slowly (CUBIC-like), so a hard cap such
-    as a hosted quota is not hit again every few windows.
+    Throughput is T = C·s (Little's law), so the elasticity of throughput to concurrency is
+    e = d ln T / d ln C = 1 + d ln s / d ln C, read as the median slope between the last ``fit_windows`` points
+    (Theil-Sen: one odd window cannot swing it), and, for growth, never more than the last pair's local slope (the
+    curve bends down as C grows, so a slope over a ramp overstates it at the top).
+
+    One update rule, no thresholds and no modes: ln L moves by ``gain``·(e − e*), at least ±``min_step_log`` (a
+    probe, so consecutive windows always differ in C), at most ``max_up_log`` up and ``max_down_log`` down, from the
+    concurrency actually used (never above twice the load: an app-limited client banks no untested headroom).
+    While per-stream speed holds (e ≈ 1) the limit grows ×2.7 per window; on a throughput plateau (e ≈ 0) it walks
+    down; it settles where one more stream stops paying (e = e*, ``target_elasticity``). Small steps near the
+    optimum get larger windows judged later; big steps get small windows judged early (fast ramps). After an
+    overload the limit remembers the level that overloaded and approaches it with shrinking steps, creeping past it
+    slowly (CUBIC-like) while that memory fades, so a hard cap such as a hosted quota is not hit every few windows.
     """
 
     adaptive = True
 
     def __init__(self, initial: int, min_limit: int, max_limit: int, *, target_elasticity: float = 0.1,
-                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 0.7, max_down_log: float = 0.3,
-                 min_window: int = 8, max_window: int = 64, fit_windows: int = 5, judge_fraction: float = 0.25,
-                 window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35):
+                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.0, max_down_log: float = 0.3,
+                 min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
+                 window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
+                 min_samples: int = 5):
         self.limit = float(initial)
         self.min_limit, self.max_limit = min_limit, max_limit
         self.target, self.gain = target_elasticity, gain
@@ -820,6 +829,7 @@ class GradientLimit:
         self.min_window, self.max_window = min_window, max_window
         self.judge_fraction, self.window_share = judge_fraction, window_share
         self.first_step = first_step_log
+        self.min_samples = min_samples
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
         self._points: List[Tuple[float, float]] = []  # (ln C, ln s) of the last judged windows
@@ -829,6 +839,7 @@ class GradientLimit:
         self._last_step = 1.0
         self._judge_at = judge_fraction
         self.discovered: Optional[float] = None
+        self._settle = 0
         self._prev_duration: Optional[float] = None
         self.time_cap = time_cap
         self._first = True
@@ -850,6 +861,11 @@ class GradientLimit:
                                     "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
+        if self._settle > 0:
+            # the burst that fills new headroom (a wave of prefills at once) is a transient, not the new level:
+            # it belongs to no window
+            self._settle -= 1
+            return 0
         w = self._open.get(self._stamp)
         if w is None or w["closed"]:
             # admissions past a closed window (same limit, not yet judged) carry no information: stamp them 0
@@ -872,7 +888,7 @@ class GradientLimit:
         w["time"] += elapsed_s
         w["load"] += load * elapsed_s
         w["n"] += 1
-        if not w["closed"] or w["n"] < self._judge_at * w["admitted"]:
+        if not w["closed"] or w["n"] < max(self.min_samples, self._judge_at * w["admitted"]):
             return self._time_cap(now, w)
         return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
 
@@ -882,12 +898,14 @@ class GradientLimit:
         if (w is None or not w["closed"] or w["opened"] is None or self._prev_duration is None
                 or not self._points or now - w["opened"] <= self.time_cap * self._prev_duration):
             return self.limit
+        if w["n"] >= 2:  # the samples that did arrive are the evidence (a window can be slow to fill with
+            return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])  # long requests alone)
+        # (almost) nothing came back: its requests run at most this much slower than the last window's
         s_prev = math.exp(self._points[-1][1])
         s = s_prev * self._prev_duration / (now - w["opened"])
         if w["n"]:
             s = min(s, w["work"] / w["time"])
-        c = w["load"] / w["time"] if w["n"] else self.limit
-        return self._judge(now, w, c, s)
+        return self._judge(now, w, self.limit, s)
 
     def _judge(self, now: float, w: Dict[str, Any], c: float, s: float) -> float:
         if w["opened"] is not None:
@@ -904,27 +922,33 @@ class GradientLimit:
             self._ceiling *= 1.02  # the memory of an overload fades, so restored capacity is found again
         self._points.append((math.log(max(c, 1e-9)), math.log(s)))
         del self._points[:-self.fit_windows]
+        old = self.limit
         self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
+        self._settle = max(0, int(self.limit) - int(old))
         self._new_window(now)
         return self.limit
 
-    def _elasticity(self, c: float, s: float) -> float:
-        """e = 1 + d ln s / d ln C from a recency-weighted least-squares line through the judged windows (this one
-        and up to ``fit_windows - 1`` before it): one noisy window cannot swing the limit, a real change in the
-        server shows within a few windows."""
+    def _elasticity(self, c: float, s: float) -> Optional[float]:
+        """e = 1 + d ln s / d ln C, read robustly from this window and up to ``fit_windows - 1`` before it: the
+        median of the slopes between every pair of windows whose concurrencies differ (Theil-Sen), so one window
+        with an odd mix of requests cannot swing the limit, while a real change in the server shows within a few
+        windows. None when there is nothing to compare with yet."""
         pts = self._points + [(math.log(max(c, 1e-9)), math.log(s))]
         if len(pts) < 2:
-            return None  # nothing to compare with yet
-        ws = [0.5 ** (len(pts) - 1 - i) for i in range(len(pts))]
-        sw = sum(ws)
-        mx = sum(w * x for w, (x, _) in zip(ws, pts)) / sw
-        my = sum(w * y for w, (_, y) in zip(ws, pts)) / sw
-        sxx = sum(w * (x - mx) ** 2 for w, (x, _) in zip(ws, pts))
-        sxy = sum(w * (x - mx) * (y - my) for w, (x, y) in zip(ws, pts))
-        if sxx < 1e-4:
+            return None
+        slopes = []
+        for i in range(len(pts)):
+            for j in range(i + 1, len(pts)):
+                dx = pts[j][0] - pts[i][0]
+                if abs(dx) >= 0.5 * self.min_step:
+                    slopes.append((pts[j][1] - pts[i][1]) / dx)
+        if not slopes:
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
             return self._last_e
-        self._last_e = 1.0 + sxy / sxx
+        slopes.sort()
+        k = len(slopes)
+        slope = slopes[k // 2] if k % 2 else 0.5 * (slopes[k // 2 - 1] + slopes[k // 2])
+        self._last_e = 1.0 + slope
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         self._pair_e = 1.0 + (y1 - y0) / (x1 - x0) if abs(x1 - x0) >= 0.5 * self.min_step else None
         return self._last_e

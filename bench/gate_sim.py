@@ -689,7 +689,7 @@ class Run:
         until = getattr(self.limiter, "draining_until", lambda: None)()
         if until is not None and not self.pump_scheduled and self.pending:
             self.pump_scheduled = True
-            self.loop.at(int(math.ceil(until * US)), self.pump)
+            self.loop.at(int(math.ceil(until * US)) + 1, self.pump)
 
     def send(self, job, ctx, out, session, permit, done_cb):
         state = {"permit": permit, "timed_out": False}
@@ -811,7 +811,7 @@ class Run:
         until = getattr(self.limiter, "draining_until", lambda: None)()
         if until is not None and not self.pump_scheduled and self.waiting_turns:
             self.pump_scheduled = True
-            self.loop.at(int(math.ceil(until * US)), self._pump_turns_timer)
+            self.loop.at(int(math.ceil(until * US)) + 1, self._pump_turns_timer)
 
     def _pump_turns_timer(self):
         self.pump_scheduled = False

@@ -56,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--rss-rows", type=int, default=100000)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--fixed-concurrency", type=int, default=8)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="evalharness-bench-")
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
@@ -75,7 +75,7 @@ def main():
         for label, extra in (("harness (streaming)", []), ("harness (--no-stream)", ["--no-stream"])):
             out = os.path.join(tmp, "run-" + str(len(results)))
             wall, cpu, rss, rc = measure([sys.executable, MODULE, "run", "--dataset", ds, "--model", "m",
-                                          "--base-url", url, "--out", out, "--concurrency", str(args.concurrency),
+                                          "--base-url", url, "--out", out, "--fixed-concurrency", str(args.concurrency),
                                           "--no-progress"] + extra, env)
             # startup (interpreter + module import) is paid once per run, not per sample: measure it separately
             results[label] = (wall, cpu)
@@ -89,7 +89,7 @@ def main():
         print("dataset of %d rows: %.1f MB on disk" % (rows, os.path.getsize(big) / 1e6))
         out = os.path.join(tmp, "run-big")
         wall, cpu, rss, rc = measure([sys.executable, MODULE, "run", "--dataset", big, "--model", "m",
-                                      "--base-url", url, "--out", out, "--concurrency", str(args.concurrency),
+                                      "--base-url", url, "--out", out, "--fixed-concurrency", str(args.concurrency),
                                       "--no-progress", "--no-stream"], env)
         print("%d-row run: peak RSS %.1f MB, %.1f samples/s, %.3f ms CPU per sample, exit %d"
               % (rows, rss, rows / wall, 1000 * cpu / rows, rc))

@@ -49,7 +49,7 @@ class TestResume(RunCase):
         mock = start_mock(self, oracle_rows=self.rows, seed=3, skill=0.7, decode_tok_s=400, reasoning_tokens=20,
                           knee=4)
         ref = os.path.join(self.dir, "ref")
-        done = run_cli(self.args(mock.url, ref, "--concurrency", "4"))
+        done = run_cli(self.args(mock.url, ref, "--fixed-concurrency", "4"))
         self.assertEqual(done.returncode, 0, done.stderr)
         with open(os.path.join(ref, "summary.json")) as fh:
             want = deterministic(json.load(fh))
@@ -58,12 +58,12 @@ class TestResume(RunCase):
         kill_points = [0.15, 0.5] + [rng.uniform(0.3, 1.5) for _ in range(2)]
         for n, delay in enumerate(kill_points):
             out = os.path.join(self.dir, "killed-%d" % n)
-            proc = self.popen(self.args(mock.url, out, "--concurrency", "4"))
+            proc = self.popen(self.args(mock.url, out, "--fixed-concurrency", "4"))
             time.sleep(delay)
             proc.send_signal(signal.SIGKILL)
             proc.communicate()
             before = len(read_samples(out)) if os.path.exists(os.path.join(out, "samples.jsonl")) else 0
-            again = run_cli(self.args(mock.url, out, "--concurrency", "4"))
+            again = run_cli(self.args(mock.url, out, "--fixed-concurrency", "4"))
             self.assertEqual(again.returncode, 0, again.stderr)
             ids = [r["id"] for r in read_samples(out)]
             self.assertEqual(sorted(ids), sorted(r["id"] for r in self.rows), "kill at %.2fs" % delay)
@@ -96,7 +96,7 @@ class TestResume(RunCase):
     def test_second_process_on_the_same_run_exits_with_a_clear_message(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=20, reasoning_tokens=10)
         out = os.path.join(self.dir, "run")
-        first = self.popen(self.args(mock.url, out, "--concurrency", "2"))
+        first = self.popen(self.args(mock.url, out, "--fixed-concurrency", "2"))
         deadline = time.time() + 20
         while not os.path.exists(os.path.join(out, "run.json")) and time.time() < deadline:
             time.sleep(0.05)
@@ -110,7 +110,7 @@ class TestResume(RunCase):
     def test_ctrl_c_records_finished_samples_exits_130_and_resume_completes(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=100, reasoning_tokens=10)
         out = os.path.join(self.dir, "run")
-        proc = self.popen(self.args(mock.url, out, "--concurrency", "2"))
+        proc = self.popen(self.args(mock.url, out, "--fixed-concurrency", "2"))
         deadline = time.time() + 20
         while time.time() < deadline:
             path = os.path.join(out, "samples.jsonl")
@@ -127,6 +127,37 @@ class TestResume(RunCase):
         again = run_cli(self.args(mock.url, out))
         self.assertEqual(again.returncode, 0, again.stderr)
         self.assertEqual(len(read_samples(out)), 60)
+
+
+class TestAdaptiveConcurrency(RunCase):
+    def test_adaptive_run_records_limit_changes_and_the_next_run_starts_from_the_discovered_limit(self):
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=400, reasoning_tokens=30, knee=4, thrash=0.5)
+        limits = os.path.join(self.dir, "limits.json")
+        env = clean_env(EVALHARNESS_LIMITS_FILE=limits)
+        first = os.path.join(self.dir, "first")
+        res = run_cli(self.args(mock.url, first, "--initial-concurrency", "24"), env=env)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("adaptive, starting at 24 (--initial-concurrency)", res.stderr)
+        with open(os.path.join(first, "run.json")) as fh:
+            info = json.load(fh)
+        self.assertTrue(info["concurrency"]["adaptive"])
+        with open(os.path.join(first, "events.jsonl")) as fh:
+            changes = [json.loads(l) for l in fh if '"limit"' in l and '"type": "limit"' in l]
+        self.assertTrue(changes, "no limit change recorded")
+        self.assertEqual(changes[0]["previous"], 24)  # the gate started where it was told and moved from there
+        self.assertEqual(info["concurrency"]["initial"], 24)
+        found = info["discovered_limit"]
+        with open(limits) as fh:
+            self.assertEqual(list(json.load(fh).values())[0]["limit"], found)
+        second = os.path.join(self.dir, "second")
+        res2 = run_cli(self.args(mock.url, second), env=env)
+        self.assertEqual(res2.returncode, 0, res2.stderr)
+        self.assertIn("adaptive, starting at %d (discovered by an earlier run on this endpoint)" % found, res2.stderr)
+        pinned = run_cli(self.args(mock.url, os.path.join(self.dir, "pinned"), "--fixed-concurrency", "3"), env=env)
+        self.assertIn("concurrency: fixed at 3", pinned.stderr)
+        with open(os.path.join(self.dir, "pinned", "run.json")) as fh:
+            self.assertEqual(json.load(fh)["concurrency"], {"adaptive": False, "initial": 3, "initial_from": "fixed",
+                                                            "final": 3, "max": 3})
 
 
 class TestFailures(RunCase):
@@ -159,7 +190,7 @@ class TestFailures(RunCase):
                           faults=eh.parse_faults("429=0.15,503=0.1,reset=0.05,hang=0.03,malformed=0.05,"
                                                  "truncate=0.05,500=0.05"))
         out = os.path.join(self.dir, "run")
-        res = run_cli(self.args(mock.url, out, "--request-timeout", "1", "--max-retries", "3", "--concurrency",
+        res = run_cli(self.args(mock.url, out, "--request-timeout", "1", "--max-retries", "3", "--fixed-concurrency",
                                 "8"), timeout=180)
         self.assertIn(res.returncode, (0, 1), res.stderr)
         self.assertNotIn("Traceback", res.stderr)

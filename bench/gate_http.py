@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Real-HTTP check of the adaptive gate (evalharness issue 3).
+
+Starts `serve-mock` in another process with a capacity knee (per-stream decode speed falls past --knee streams and
+aggregate throughput falls past it too: --thrash), then runs the same QA set with a sweep of fixed concurrencies and
+once with the adaptive gate (cold start: a fresh limits cache). Prints wall times, throughput and the discovered
+limit, and checks: adaptive wall <= 1.10 x the best fixed wall, and the discovered limit lies in the sweep's plateau
+(fixed concurrencies within 10% of the best throughput).
+
+Usage: python3 bench/gate_http.py [--rows 400] [--sweep 2,4,6,8,12,16,24,32]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULE = os.path.join(ROOT, "evalharness.py")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=400)
+    ap.add_argument("--sweep", default="2,4,6,8,12,16,24,32")
+    ap.add_argument("--decode-tok-s", type=float, default=100.0)
+    ap.add_argument("--knee", type=int, default=8)
+    ap.add_argument("--thrash", type=float, default=0.15)
+    ap.add_argument("--reasoning-tokens", type=int, default=60)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="evalharness-gate-http-")
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["EVALHARNESS_LIMITS_FILE"] = os.path.join(tmp, "limits.json")  # cold start: no earlier discovered limit
+    env["EVALHARNESS_PROGRESS_S"] = "60"
+    ds = os.path.join(tmp, "qa.jsonl")
+    with open(ds, "w") as fh:
+        for i in range(args.rows):
+            fh.write(json.dumps({"id": "q%d" % i, "prompt": "What is %d plus %d?" % (i, i + 1),
+                                 "answer": str(2 * i + 1), "scorer": "numeric"}) + "\n")
+    mock = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0", "--oracle", ds, "--skill", "0.9",
+                             "--decode-tok-s", str(args.decode_tok_s), "--knee", str(args.knee), "--thrash",
+                             str(args.thrash), "--reasoning-tokens", str(args.reasoning_tokens)],
+                            stdout=subprocess.PIPE, universal_newlines=True, env=env)
+    try:
+        url = mock.stdout.readline().strip().rsplit(" ", 1)[-1]
+
+        def run(label, extra):
+            out = os.path.join(tmp, label)
+            t0 = time.monotonic()
+            res = subprocess.run([sys.executable, MODULE, "run", "--dataset", ds, "--model", "mock", "--base-url",
+                                  url, "--out", out, "--no-progress", "--json"] + extra, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+            wall = time.monotonic() - t0
+            if res.returncode != 0:
+                sys.stderr.write(res.stderr[-2000:])
+            with open(os.path.join(out, "run.json")) as fh:
+                info = json.load(fh)
+            return wall, info, res.returncode
+
+        print("mock: %s  per-stream %.0f tok/s, knee %d, thrash %.2f, %d rows"
+              % (url, args.decode_tok_s, args.knee, args.thrash, args.rows))
+        fixed = {}
+        for c in [int(x) for x in args.sweep.split(",")]:
+            wall, _, rc = run("fixed-%d" % c, ["--fixed-concurrency", str(c)])
+            fixed[c] = wall
+            print("fixed %3d: wall %6.1fs  %5.1f samples/s  exit %d" % (c, wall, args.rows / wall, rc))
+        wall, info, rc = run("adaptive", [])
+        limit = info.get("discovered_limit")
+        print("adaptive : wall %6.1fs  %5.1f samples/s  exit %d  discovered limit %s (final %s)"
+              % (wall, args.rows / wall, rc, limit, info["concurrency"]["final"]))
+        best_c = min(fixed, key=fixed.get)
+        best = fixed[best_c]
+        plateau = sorted(c for c, w in fixed.items() if best / w >= 0.90)
+        ratio = wall / best
+        in_plateau = plateau[0] <= (limit or 0) <= plateau[-1]
+        print("best fixed: %d (%.1fs); plateau (within 10%% of the best throughput): %s" % (best_c, best, plateau))
+        print("adaptive / best fixed wall = %.3f (target <= 1.10): %s" % (ratio, "PASS" if ratio <= 1.10 else "FAIL"))
+        print("discovered limit %s in plateau %d..%d: %s" % (limit, plateau[0], plateau[-1],
+                                                             "PASS" if in_plateau else "FAIL"))
+    finally:
+        mock.terminate()
+        mock.wait(10)
+        shutil.rmtree(tmp, True)
+
+
+if __name__ == "__main__":
+    main()
