@@ -722,7 +722,7 @@ class Run:
     def backoff(self, job, kind, retry_after):
         self.retries[job] += 1
         k = self.retries[job]
-        wait = min(60.0, 1.0 * 2 ** (k - 1)) * (0.5 + 0.5 * self.rng.random())
+        wait = min(60.0, 1.0 * 2 ** min(k - 1, 10)) * (0.5 + 0.5 * self.rng.random())
         if retry_after is not None:
             wait = max(wait, retry_after)
         return wait
@@ -824,6 +824,7 @@ class Run:
             self.pump_turns()
             return
         ctx, out, wait = self.sessions[s][self.turn_idx[s]]
+        self.retries[s] = 0
         self.credit(req, out)
         self.stats["good_tokens"] += out
         self.release(state, kind, out, retry_after)
