@@ -5,9 +5,11 @@ Everything a helper starts is stopped in the test's cleanup, so a test leaves no
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,3 +80,22 @@ def tree_text(run_dir: str) -> str:
             with open(os.path.join(base, name), "rb") as fh:
                 out.append(fh.read().decode("utf-8", "replace"))
     return "\n".join(out)
+
+
+def dead_port() -> int:
+    """A loopback port where nothing listens (bound then closed, never listened on)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` passes; return its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())

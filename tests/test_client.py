@@ -13,29 +13,14 @@ import time
 import unittest
 from unittest import mock
 
-from tests.support import eh, qa_rows, start_mock
+from tests.support import dead_port, eh, qa_rows, start_mock, wait_until
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 MOCK_TEXT = "This is the mock model."  # what the mock answers without an oracle: 5 tokens
 
 
-def dead_port() -> int:
-    """A loopback port where nothing listens (bound then closed, never listened on)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
-def wait_until(predicate, timeout_s: float = 5.0) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout_s`` passes; return its last value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return bool(predicate())
 
 
 def run_threads(target, n: int, timeout_s: float):

@@ -5,7 +5,7 @@ import threading
 import time
 import unittest
 
-from tests.support import eh, start_mock
+from tests.support import eh, start_mock, wait_until
 
 
 def request(server, method: str, path: str, body=None, timeout: float = 10.0):
@@ -26,13 +26,6 @@ def chat_body(content: str = "hello", **extra):
     return body
 
 
-def wait_until(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return bool(predicate())
 
 
 def demo_items():

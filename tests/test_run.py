@@ -9,17 +9,10 @@ import sys
 import time
 import unittest
 
-from tests.support import MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, tree_text, \
+from tests.support import MODULE, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, tree_text, \
     write_jsonl
 
 
-def dead_port() -> int:
-    """A loopback port where nothing listens (bound then closed)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def deterministic(summary):
