@@ -56,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--rss-rows", type=int, default=100000)
-    ap.add_argument("--fixed-concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="evalharness-bench-")
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
