@@ -821,7 +821,7 @@ class GradientLimit:
                  gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.0, max_down_log: float = 0.3,
                  min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
-                 min_samples: int = 5):
+                 min_samples: int = 5, backoff_ratio: float = 0.7):
         self.limit = float(initial)
         self.min_limit, self.max_limit = min_limit, max_limit
         self.target, self.gain = target_elasticity, gain
@@ -829,6 +829,7 @@ class GradientLimit:
         self.min_window, self.max_window = min_window, max_window
         self.judge_fraction, self.window_share = judge_fraction, window_share
         self.first_step = first_step_log
+        self.backoff_ratio = backoff_ratio
         self.min_samples = min_samples
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
@@ -972,11 +973,9 @@ class GradientLimit:
 
     def on_overload(self, now: float) -> float:
         self._ceiling = self.limit
-        self.limit = self.limit * self._backoff
+        self.limit = self.limit * self.backoff_ratio
         self._new_window(now)
         return self.limit
-
-    _backoff = 0.7
 
 
 class Permit:
@@ -1012,9 +1011,7 @@ class AdaptiveGate:
         self._clock = clock
         if algorithm is None:
             algorithm = GradientLimit(max(self.min_limit, min(self.max_limit, int(initial_limit))), self.min_limit,
-                                      self.max_limit)
-        if isinstance(algorithm, GradientLimit):
-            algorithm._backoff = self.backoff_ratio
+                                      self.max_limit, backoff_ratio=self.backoff_ratio)
         self._algorithm = algorithm
         self._cond = threading.Condition()  # guards _in_flight, _limit, _epoch, _drain_until, the algorithm
         self._limit = max(self.min_limit, min(self.max_limit, int(self._algorithm.limit)))
