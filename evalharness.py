@@ -2325,7 +2325,7 @@ class _Runner:
     def __init__(self, store: RunStore, work: Callable[[Any], Dict[str, Any]], *, workers: int, total: int,
                  label: str, cancel: threading.Event, gate: Optional[AdaptiveGate] = None,
                  progress_stream: Any = None, progress: bool = True,
-                 breaker_threshold: int = BREAKER_THRESHOLD):
+                 breaker_threshold: int = BREAKER_THRESHOLD, done_before: int = 0, failed_before: int = 0):
         self.store = store
         self.work = work
         self.n_workers = workers
@@ -2335,8 +2335,8 @@ class _Runner:
         self.gate = gate
         self.breaker = _CircuitBreaker(breaker_threshold)
         self._lock = threading.Lock()  # guards the counters below and the first-failure flag
-        self.done_before = len(store.finished)
-        self.failed_before = sum(1 for s in store.finished.values() if s == "failed")
+        self.done_before = done_before        # finished by earlier processes (resume), counted in progress
+        self.failed_before = failed_before
         self.done = self.done_before
         self.failed = self.failed_before
         self.in_flight = 0
@@ -2719,10 +2719,8 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
 
     runner = _Runner(store, _qa_work(client, cfg.system_prompt), workers=gate.max_limit, total=dataset.count,
                      label=cfg.task, cancel=cancel, gate=gate, progress_stream=progress_stream,
-                     progress=cfg.progress)
+                     progress=cfg.progress, done_before=len(done_ids), failed_before=n_failed_kept)
     gate_initial = gate.limit
-    runner.done_before = runner.done = len(done_ids)
-    runner.failed_before = runner.failed = n_failed_kept
     pending = (item for item in dataset.iter_items() if item.id not in done_ids)
     status = runner.run(pending)
 
