@@ -16,9 +16,11 @@ Sections, lowest layer first (``grep -n '^# ===' evalharness.py`` prints them wi
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import dataclasses
 import email.utils
+import gzip
 import hashlib
 import http.client
 import http.server
@@ -27,19 +29,26 @@ import json
 import logging
 import math
 import os
+import posixpath
 import queue
 import random
 import re
+import shlex
+import shutil
 import signal
 import socket
-import socketserver
 import string
+import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
+import zlib
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 __version__ = "0.1.0"
@@ -96,6 +105,16 @@ REFUSED_RETRIES = 2              # a refused connection is retried quickly and b
 REFUSED_BACKOFF_S = 0.25
 PROGRESS_TTY_S = 0.2             # redraw interval on a terminal
 PROGRESS_PLAIN_S = 10.0          # plain-line interval when stderr is not a terminal (cron); EVALHARNESS_PROGRESS_S
+DEFAULT_DOCKER_TIMEOUT_S = 120.0    # any engine call without a longer limit of its own
+DEFAULT_LOAD_TIMEOUT_S = 1800.0     # one docker load / save
+DEFAULT_PULL_TIMEOUT_S = 1800.0     # a plain docker pull (--allow-pull)
+DEFAULT_MIRROR_TIMEOUT_S = 300.0    # one pull from one mirror; a dead mirror fails in ms, a hung one at this limit
+DEFAULT_LISTING_TTL_S = 30.0        # how long one `docker images` listing answers register()
+DEFAULT_LISTING_TIMEOUT_S = 15.0    # an engine that does not list its images by then counts as not answering
+DEFAULT_IMAGE_WORKERS = 2           # EVALHARNESS_IMAGE_WORKERS
+DEFAULT_IMAGE_WAIT_S = 1800.0       # wait_ready() default
+DEFAULT_TAR_INDEX = "/tmp/evalharness_tar_index.json"          # EVALHARNESS_TAR_INDEX
+DEFAULT_IMAGE_STATE = "/tmp/evalharness_loaded_images.json"    # EVALHARNESS_IMAGE_STATE: images a run loaded
 SECRET_FIELD_RE = re.compile(r"(key|token|secret|password|passwd|authorization|credential)", re.I)
 
 _log = logging.getLogger("evalharness")
@@ -1947,6 +1966,1320 @@ class MockServer:
         self.close()
 
 # =============================================================================
+# Docker CLI
+# =============================================================================
+# Every call to the container engine goes through DockerCLI: argument lists (never a shell), a timeout on every
+# call, stderr carried into the error. DOCKER_HOST is honoured because the CLI reads it; ``host`` passes -H.
+
+
+class DockerError(HarnessError):
+    """A container-engine call that failed, timed out or could not start; the message carries its stderr."""
+
+    def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: Optional[int] = None,
+                 stderr: str = ""):
+        super().__init__(message)
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class ImageError(HarnessError):
+    """An image that could not be delivered, verified or found."""
+
+
+def _last_lines(text: str, n: int = 3, width: int = 400) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[:width]
+
+
+class DockerCLI:
+    """The docker (or podman) command line as a Python object.
+
+    ``engine`` is ``docker`` or ``podman`` (default ``$EVALHARNESS_ENGINE`` or docker). Podman's differences are
+    handled here: it cannot read gzip'd archives through ``load -i``, so compressed streams are decompressed before
+    they reach its stdin; ``rm -f`` gets ``-t 0`` (podman waits 10 s for SIGTERM otherwise); pulls from plain-HTTP
+    registries need ``--tls-verify=false``; image names come back as ``localhost/NAME``.
+    """
+
+    def __init__(self, engine: Optional[str] = None, *, host: Optional[str] = None,
+                 timeout_s: float = DEFAULT_DOCKER_TIMEOUT_S, binary: Optional[str] = None):
+        engine = engine or os.environ.get("EVALHARNESS_ENGINE") or "docker"
+        if engine not in ("docker", "podman"):
+            raise ConfigError("--engine / EVALHARNESS_ENGINE must be docker or podman, got %r" % engine)
+        self.engine = engine
+        self.podman = engine == "podman"
+        self.binary = binary or engine
+        self.host = host
+        self.timeout_s = timeout_s
+        self._calls_lock = threading.Lock()  # guards calls
+        self.calls = 0  # engine processes started by this object (tests and benchmarks read it)
+
+    def argv(self, args: Sequence[str]) -> List[str]:
+        base = [self.binary]
+        if self.host:
+            base += ["--url", self.host] if self.podman else ["-H", self.host]
+        return base + [str(a) for a in args]
+
+    def _count(self) -> None:
+        with self._calls_lock:
+            self.calls += 1
+
+    def call(self, args: Sequence[str], *, timeout_s: Optional[float] = None, input_bytes: Optional[bytes] = None,
+             check: bool = True) -> "subprocess.CompletedProcess[bytes]":
+        """Run one engine command and wait for it; DockerError on a missing binary, a timeout, or (``check``)
+        a non-zero exit."""
+        argv = self.argv(args)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        _log.debug("$ %s", shlex.join(argv))
+        self._count()
+        try:
+            proc = subprocess.run(argv, input=input_bytes, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  timeout=timeout_s, stdin=None if input_bytes is not None else subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise DockerError("%s: command not found; install it or pick another with --engine"
+                              % self.binary, argv=argv) from None
+        except subprocess.TimeoutExpired:
+            raise DockerError("`%s` timed out after %.0f s" % (_short_cmd(argv), timeout_s), argv=argv) from None
+        if check and proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace")
+            raise DockerError("`%s` failed (exit %d): %s" % (_short_cmd(argv), proc.returncode,
+                                                               _last_lines(err) or "no error output"),
+                              argv=argv, returncode=proc.returncode, stderr=err)
+        return proc
+
+    def text(self, args: Sequence[str], **kw: Any) -> str:
+        return self.call(args, **kw).stdout.decode("utf-8", "replace")
+
+    def server_version(self, timeout_s: float = 15.0) -> str:
+        """The daemon's version; DockerError when it does not answer."""
+        fmt = "{{.Version}}" if self.podman else "{{.Server.Version}}"
+        return self.text(["version", "--format", fmt], timeout_s=timeout_s).strip()
+
+    def list_images(self, timeout_s: float = 30.0) -> Dict[str, str]:
+        """Every tagged local image as {normalised ref: image id} (one engine call)."""
+        out = self.text(["images", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}}\t{{.ID}}"],
+                        timeout_s=timeout_s)
+        images = {}
+        for line in out.splitlines():
+            ref, _, image_id = line.strip().partition("\t")
+            if not ref or "<none>" in ref:
+                continue
+            images[_normalize_ref(ref)] = _full_id(image_id)
+        return images
+
+    def image_id(self, ref: str, timeout_s: float = 30.0) -> Optional[str]:
+        """The image ID of ``ref``, None when no such image exists (DockerError when the daemon fails)."""
+        proc = self.call(["image", "inspect", "--format", "{{.Id}}", ref], timeout_s=timeout_s, check=False)
+        if proc.returncode == 0:
+            return _full_id(proc.stdout.decode("utf-8", "replace").strip())
+        err = proc.stderr.decode("utf-8", "replace")
+        if re.search(r"no such image|image not known|not found", err, re.I):
+            return None
+        raise DockerError("`%s image inspect %s` failed (exit %d): %s"
+                          % (self.binary, ref, proc.returncode, _last_lines(err)), returncode=proc.returncode,
+                          stderr=err)
+
+    def load(self, feed: Callable[[Any], None], *, timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+             compressed: bool = False) -> str:
+        """``docker load`` from a stream: ``feed(stdin)`` writes the archive (plain tar, or gzip when
+        ``compressed``); returns the engine's output ("Loaded image: …"). The whole call, feeding included, is
+        bounded by ``timeout_s``; a stalled reader or a dead engine never hangs the caller."""
+        argv = self.argv(["load"])
+        _log.debug("$ %s", shlex.join(argv))
+        self._count()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise DockerError("%s: command not found; install it or pick another with --engine"
+                              % self.binary, argv=argv) from None
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        watchdog = threading.Timer(timeout_s, kill)
+        watchdog.daemon = True
+        watchdog.start()
+        outputs: Dict[str, bytes] = {}
+        readers = [threading.Thread(target=lambda k=k, f=f: outputs.__setitem__(k, f.read()), daemon=True,
+                                    name="evalharness-load-reader")
+                   for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+        for t in readers:
+            t.start()
+        feed_error: Optional[BaseException] = None
+        try:
+            sink: Any = proc.stdin
+            if compressed and self.podman:
+                sink = _GunzipWriter(proc.stdin)
+            feed(sink)
+            if sink is not proc.stdin:
+                sink.close()
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            feed_error = exc  # the engine stopped reading: its stderr says why
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            proc.wait()
+            watchdog.cancel()
+            for t in readers:
+                t.join(5)
+        err = outputs.get("err", b"").decode("utf-8", "replace")
+        if timed_out.is_set():
+            raise DockerError("`%s load` timed out after %.0f s" % (self.binary, timeout_s), argv=argv)
+        if proc.returncode != 0:
+            raise DockerError("`%s load` failed (exit %d): %s" % (self.binary, proc.returncode,
+                                                                  _last_lines(err) or "no error output"),
+                              argv=argv, returncode=proc.returncode, stderr=err)
+        if feed_error is not None:
+            raise DockerError("`%s load` stopped reading its input: %s" % (self.binary, feed_error), argv=argv)
+        return outputs.get("out", b"").decode("utf-8", "replace")
+
+    def save(self, refs: Sequence[str], sink: Any, *, timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+             chunk_bytes: int = 1 << 20) -> int:
+        """``docker save refs`` streamed into ``sink.write``; returns the bytes written."""
+        argv = self.argv(["save"] + list(refs))
+        _log.debug("$ %s", shlex.join(argv))
+        self._count()
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise DockerError("%s: command not found" % self.binary, argv=argv) from None
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        errbuf: List[bytes] = []
+        reader = threading.Thread(target=lambda: errbuf.append(proc.stderr.read()), daemon=True)
+        reader.start()
+        total = 0
+        try:
+            while True:
+                chunk = proc.stdout.read(chunk_bytes)
+                if not chunk:
+                    break
+                sink.write(chunk)
+                total += len(chunk)
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            proc.wait()
+            watchdog.cancel()
+            reader.join(5)
+        if proc.returncode != 0:
+            err = b"".join(errbuf).decode("utf-8", "replace")
+            raise DockerError("`%s save %s` failed (exit %d): %s" % (self.binary, " ".join(refs), proc.returncode,
+                                                                    _last_lines(err) or "killed at timeout"),
+                              argv=argv, returncode=proc.returncode, stderr=err)
+        return total
+
+    def pull(self, ref: str, *, timeout_s: float) -> None:
+        args = ["pull", "-q"]
+        if self.podman and _is_loopback_registry(ref):
+            args.append("--tls-verify=false")
+        self.call(args + [ref], timeout_s=timeout_s)
+
+    def tag(self, src: str, dst: str) -> None:
+        self.call(["tag", src, dst])
+
+    def rmi(self, refs: Sequence[str], *, force: bool = False, check: bool = True) -> None:
+        if refs:
+            self.call(["rmi"] + (["-f"] if force else []) + list(refs), check=check)
+
+    def rm(self, containers: Sequence[str], *, check: bool = False) -> None:
+        if containers:
+            self.call(["rm", "-f"] + (["-t", "0"] if self.podman else []) + list(containers), check=check)
+
+    def root_dir(self) -> Optional[str]:
+        """Where the engine keeps images (for free-disk checks), or None when unknown."""
+        fmt = "{{.Store.GraphRoot}}" if self.podman else "{{.DockerRootDir}}"
+        try:
+            return self.text(["info", "--format", fmt], timeout_s=15.0).strip() or None
+        except DockerError:
+            return None
+
+
+def _short_cmd(argv: Sequence[str], width: int = 160) -> str:
+    text = shlex.join(list(argv))
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _full_id(image_id: str) -> str:
+    image_id = image_id.strip()
+    return image_id if image_id.startswith("sha256:") or not image_id else "sha256:" + image_id
+
+
+def _normalize_ref(ref: str) -> str:
+    """One spelling per image: no ``docker.io/library/``, ``docker.io/`` or podman's ``localhost/``; a tag
+    (``latest`` by default) unless pinned by digest."""
+    ref = ref.strip()
+    for prefix in ("docker.io/library/", "index.docker.io/library/", "docker.io/", "index.docker.io/",
+                   "localhost/"):
+        if ref.startswith(prefix):
+            ref = ref[len(prefix):]
+            break
+    if "@" not in ref and ":" not in ref.rsplit("/", 1)[-1]:
+        ref += ":latest"
+    return ref
+
+
+def _registry_of(ref: str) -> Optional[str]:
+    first, sep, _ = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def _strip_registry(ref: str) -> str:
+    """The repository path of ``ref`` without a registry host, e.g. ``ghcr.io/a/b:1`` -> ``a/b:1``."""
+    ref = _normalize_ref(ref)
+    return ref.partition("/")[2] if _registry_of(ref) else ref
+
+
+def _is_loopback_registry(ref: str) -> bool:
+    host = (_registry_of(ref) or "").rsplit(":", 1)[0]
+    return host == "localhost" or host.startswith("127.")
+
+
+class _GunzipWriter:
+    """A write-only file object that gunzips what is written into another one (podman cannot read gzip)."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def write(self, data: bytes) -> int:
+        out = self._z.decompress(data)
+        while self._z.unused_data:  # a multi-member gzip file: start the next member
+            rest = self._z.unused_data
+            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out += self._z.decompress(rest)
+        if out:
+            self._raw.write(out)
+        return len(data)
+
+    def close(self) -> None:
+        tail = self._z.flush()
+        if tail:
+            self._raw.write(tail)
+
+
+class _CountingWriter:
+    """Pass writes through to ``raw`` and count the bytes."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self._raw.write(data)
+        self.bytes += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        flush = getattr(self._raw, "flush", None)
+        if flush:
+            flush()
+
+# =============================================================================
+# Images
+# =============================================================================
+# Hosts with no registry get their images as tarballs (single images or batches, legacy docker-save or OCI
+# layout), from an image store (per-image .tar.gz + sha256 index, HTTP PUT/GET or a directory), or through a chain
+# of registry mirrors. ImageService delivers them in the background while generation runs; a sample waits on
+# wait_ready() right before its container starts.
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_TAR_INDEX_VERSION = 1
+_SMALL_JSON_BYTES = 1 << 20  # archive members up to this size may be manifests/index files worth parsing
+
+
+def _member_name(name: str) -> str:
+    name = posixpath.normpath(name.lstrip("/"))
+    return "" if name == "." else name
+
+
+def _tar_files(dirs: Sequence[str]) -> List[str]:
+    """Every archive under ``dirs`` (a file given directly counts too), sorted, as absolute paths."""
+    files = []
+    for d in dirs:
+        if os.path.isfile(d):
+            files.append(os.path.abspath(d))
+            continue
+        if not os.path.isdir(d):
+            raise ConfigError("--image-tars: %r is not a directory or archive; give directories of .tar/.tar.gz "
+                              "image archives separated by commas" % d)
+        for root, subdirs, names in os.walk(d):
+            subdirs.sort()
+            for name in sorted(names):
+                if name.endswith(TAR_SUFFIXES):
+                    files.append(os.path.abspath(os.path.join(root, name)))
+    return sorted(dict.fromkeys(files))
+
+
+def _link_chain(name: str, members: Dict[str, list]) -> List[str]:
+    """``name`` followed by the members its (sym/hard) link points to, up to the real file."""
+    chain = [name]
+    while members.get(name, ["?"])[0] == "l" and len(chain) < 16:
+        name = members[name][1]
+        chain.append(name)
+    return chain
+
+
+def _scan_archive(path: str) -> Dict[str, Any]:
+    """Read one archive's table of contents: which images it holds and which members each one needs."""
+    t0 = time.monotonic()
+    members: Dict[str, list] = {}  # name -> ["f", size] | ["d"] | ["l", target name]
+    small: Dict[str, Any] = {}     # parsed JSON of manifest.json, repositories, index.json and small blobs
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for m in tf:
+                name = _member_name(m.name)
+                if not name:
+                    continue
+                if m.isdir():
+                    members[name] = ["d"]
+                elif m.issym():
+                    members[name] = ["l", _member_name(posixpath.join(posixpath.dirname(name), m.linkname))]
+                elif m.islnk():
+                    members[name] = ["l", _member_name(m.linkname)]
+                elif m.isfile():
+                    members[name] = ["f", m.size]
+                    wanted = name in ("manifest.json", "index.json", "repositories") or (
+                        name.startswith("blobs/") and m.size <= _SMALL_JSON_BYTES)
+                    if wanted:
+                        data = tf.extractfile(m).read()
+                        try:
+                            small[name] = json.loads(data.decode("utf-8"))
+                        except ValueError:
+                            pass
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        return {"error": "not a readable tar archive: %s" % exc, "images": {}, "layout": None,
+                "scan_s": round(time.monotonic() - t0, 3)}
+
+    entries: List[Tuple[str, str, List[str], str]] = []  # (ref, config, layers, layout)
+    layout = "oci" if "index.json" in members else "legacy"
+    manifest = small.get("manifest.json")
+    if isinstance(manifest, list):
+        for item in manifest:
+            if not isinstance(item, dict) or not item.get("Config"):
+                continue
+            for tag in item.get("RepoTags") or []:
+                entries.append((tag, _member_name(item["Config"]), [_member_name(x) for x in item.get("Layers") or []],
+                                layout))
+    elif isinstance(small.get("index.json"), dict):
+        for ref, manifest_blob in _oci_refs(small["index.json"], small):
+            cfg = "blobs/" + manifest_blob["config"]["digest"].replace(":", "/", 1)
+            layers = ["blobs/" + layer["digest"].replace(":", "/", 1) for layer in manifest_blob.get("layers", [])]
+            entries.append((ref, cfg, layers, "oci"))
+
+    images: Dict[str, Any] = {}
+    for tag, config, layers, lay in entries:
+        needed: List[str] = []
+
+        def need(name: str) -> None:
+            if name in members and name not in needed:
+                needed.append(name)
+
+        image_bytes = members.get(config, ["?", 0])[1] if members.get(config, ["?"])[0] == "f" else 0
+        need(config)
+        counted = set()
+        missing = [config] if config not in members else []
+        for layer in layers:
+            chain = _link_chain(layer, members)
+            if members.get(chain[-1], ["?"])[0] != "f":
+                missing.append(layer)
+            for name in chain:
+                folder = posixpath.dirname(name)
+                if lay == "legacy" and folder:
+                    for sibling in (folder, folder + "/json", folder + "/VERSION"):
+                        need(sibling)
+                need(name)
+            if chain[-1] not in counted and members.get(chain[-1], ["?"])[0] == "f":
+                counted.add(chain[-1])
+                image_bytes += members[chain[-1]][1]
+        if missing:
+            continue  # an archive that names members it lacks cannot deliver this image
+        stream_bytes = sum(members[n][1] for n in needed if members[n][0] == "f")
+        config_hex = posixpath.basename(config)
+        image_id = "sha256:" + (config_hex[:-5] if config_hex.endswith(".json") else config_hex)
+        images[_normalize_ref(tag)] = {"config": config, "layers": layers, "members": needed, "layout": lay,
+                                       "image_bytes": image_bytes, "stream_bytes": stream_bytes,
+                                       "image_id": image_id, "tag": tag}
+    return {"error": None, "images": images, "layout": layout if images else None,
+            "scan_s": round(time.monotonic() - t0, 3)}
+
+
+def _oci_refs(index: Dict[str, Any], blobs: Dict[str, Any]) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(ref, image manifest) for each named image of an OCI layout; nested indexes pick this host's platform."""
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine if hasattr(os, "uname") else "", "amd64")
+
+    def blob(desc: Dict[str, Any]) -> Any:
+        return blobs.get("blobs/" + str(desc.get("digest", "")).replace(":", "/", 1))
+
+    for desc in index.get("manifests") or []:
+        ann = desc.get("annotations") or {}
+        ref = ann.get("io.containerd.image.name") or ann.get("org.opencontainers.image.ref.name") or ""
+        if not ref or ("/" not in ref and ":" not in ref):
+            continue  # a bare tag names no repository: nothing to load it as
+        doc = blob(desc)
+        for _ in range(4):  # an index of platform manifests: take this host's (or the first)
+            if not isinstance(doc, dict) or "manifests" not in doc:
+                break
+            subs = doc.get("manifests") or []
+            pick = [s for s in subs if (s.get("platform") or {}).get("architecture") == arch] or subs
+            doc = blob(pick[0]) if pick else None
+        if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
+            yield ref, doc
+
+
+class TarIndex:
+    """Image ref -> archive, layout, members and sizes, over directories of image tarballs.
+
+    Cached as JSON at ``path`` (``$EVALHARNESS_TAR_INDEX``, default /tmp/evalharness_tar_index.json), keyed by each
+    archive's path + size + mtime: an unchanged archive is never read again, a changed or new one is rescanned.
+    Writers take a lock file and merge, so two processes indexing at once lose nothing; readers never wait.
+    """
+
+    def __init__(self, dirs: Sequence[str], path: Optional[str] = None):
+        self.dirs = list(dirs)
+        self.path = path or os.environ.get("EVALHARNESS_TAR_INDEX") or DEFAULT_TAR_INDEX
+        self._images: Dict[str, Dict[str, Any]] = {}
+        self._archives: Dict[str, Dict[str, Any]] = {}
+        self.stats: Dict[str, Any] = {}
+
+    def _read_cache(self) -> Dict[str, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if isinstance(data, dict) and data.get("version") == _TAR_INDEX_VERSION:
+                return data.get("archives") or {}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            _log.warning("tar index %s unreadable (%s); rebuilding it", self.path, exc)
+        return {}
+
+    def refresh(self, progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+        """Bring the index up to date with the directories; returns counts and timings."""
+        t0 = time.monotonic()
+        files = _tar_files(self.dirs)
+        stats = {"archives": len(files), "scanned": 0, "reused": 0, "failed": 0}
+        cache = self._read_cache()
+        keys = {}
+        for f in files:
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            keys[f] = (st.st_size, st.st_mtime_ns)
+        stale = [f for f in keys if not _tar_entry_fresh(cache.get(f), keys[f])]
+        if stale:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            with _FileLock(self.path + ".lock"):
+                cache = self._read_cache()  # another process may have scanned some meanwhile
+                fresh_scans = {}
+                for i, f in enumerate(stale, 1):
+                    if _tar_entry_fresh(cache.get(f), keys[f]):
+                        continue
+                    if progress:
+                        progress("indexing %d/%d %s" % (i, len(stale), f))
+                    entry = _scan_archive(f)
+                    entry.update({"size": keys[f][0], "mtime_ns": keys[f][1], "scanned_at": _utc_iso()})
+                    fresh_scans[f] = entry
+                    stats["scanned"] += 1
+                    if entry["error"]:
+                        _log.warning("image archive %s skipped: %s", f, entry["error"])
+                cache.update(fresh_scans)
+                cache = {f: e for f, e in cache.items() if os.path.exists(f)}
+                _write_json(self.path, {"version": _TAR_INDEX_VERSION, "archives": cache})
+        stats["reused"] = len(keys) - stats["scanned"]
+        self._archives = {f: cache[f] for f in keys if f in cache}
+        self._images = {}
+        for f in sorted(self._archives):
+            entry = self._archives[f]
+            stats["failed"] += 1 if entry.get("error") else 0
+            for ref, img in (entry.get("images") or {}).items():
+                # the cheapest archive to extract from wins: fewest images, then plain over compressed
+                current = self._images.get(ref)
+                if current is None or _archive_cost(entry, f) < _archive_cost(self._archives[current["archive"]],
+                                                                               current["archive"]):
+                    self._images[ref] = dict(img, archive=f)
+        stats["images"] = len(self._images)
+        stats["seconds"] = round(time.monotonic() - t0, 4)
+        self.stats = stats
+        return stats
+
+    def lookup(self, ref: str) -> Optional[Dict[str, Any]]:
+        return self._images.get(_normalize_ref(ref))
+
+    def images(self) -> Dict[str, Dict[str, Any]]:
+        return dict(self._images)
+
+    def archives(self) -> Dict[str, Dict[str, Any]]:
+        return dict(self._archives)
+
+
+def _archive_cost(entry: Dict[str, Any], path: str) -> Tuple[int, bool, int]:
+    return (len(entry.get("images") or {}), not path.endswith(".tar"), entry.get("size") or 0)
+
+
+def _tar_entry_fresh(entry: Optional[Dict[str, Any]], key: Tuple[int, int]) -> bool:
+    return bool(entry) and (entry.get("size"), entry.get("mtime_ns")) == key
+
+
+class _FileLock:
+    """An exclusive advisory lock on a file (flock), held as a context manager; a no-op where fcntl is missing."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fh: Any = None
+
+    def __enter__(self) -> "_FileLock":
+        self._fh = open(self.path, "a")
+        if _fcntl is not None:
+            _fcntl.flock(self._fh.fileno(), _fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if _fcntl is not None:
+            _fcntl.flock(self._fh.fileno(), _fcntl.LOCK_UN)
+        self._fh.close()
+
+
+def stream_image_from_archive(entry: Dict[str, Any], ref: str, sink: Any) -> int:
+    """Write a tar holding only one image of an archive to ``sink``: its config, its layers (and the members
+    those layers link to), a manifest.json naming just ``ref``. The archive is read once, front to back, and
+    reading stops as soon as the last needed member has passed; nothing is unpacked to disk. Returns the bytes
+    written."""
+    keep = set(entry["members"])
+    counter = _CountingWriter(sink)
+    with tarfile.open(entry["archive"], "r:*") as src, \
+            tarfile.open(fileobj=counter, mode="w|", format=tarfile.GNU_FORMAT) as dst:
+        for m in src:
+            name = _member_name(m.name)
+            if name not in keep:
+                continue
+            if m.isfile():
+                dst.addfile(m, src.extractfile(m))
+            else:
+                dst.addfile(m)
+            keep.discard(name)
+            if not keep:
+                break
+        if keep:
+            raise ImageError("%s: members missing from the archive (changed since it was indexed?): %s"
+                             % (entry["archive"], ", ".join(sorted(keep)[:3])))
+        manifest = [{"Config": entry["config"], "RepoTags": [ref], "Layers": entry["layers"]}]
+        extra = [("manifest.json", json.dumps(manifest).encode())]
+        if entry["layout"] == "legacy" and entry["layers"]:
+            repo, _, tag = ref.rpartition(":")
+            top = posixpath.dirname(entry["layers"][-1])
+            extra.append(("repositories", json.dumps({repo: {tag: top}}).encode()))
+        for name, data in extra:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            dst.addfile(info, io.BytesIO(data))
+    return counter.bytes
+
+
+# ----------------------------------------------------------------------------- image store
+
+
+def _store_object_name(ref: str) -> str:
+    ref = _normalize_ref(ref)
+    return "images/%s-%s.tar.gz" % (re.sub(r"[^A-Za-z0-9._-]+", "_", ref)[:120],
+                                    hashlib.sha1(ref.encode()).hexdigest()[:8])
+
+
+class _HashingWriter:
+    """Write through to ``raw`` while computing sha256 and size."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self._raw.write(data)
+        self.sha.update(data)
+        self.bytes += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+class ImageStore:
+    """Per-image gzip'd ``docker save`` tarballs plus ``index.json`` ({ref: file, sha256, size, image_bytes,
+    image_id}), in a directory or behind an HTTP server that takes PUT (nginx WebDAV, an artifact store)."""
+
+    def __init__(self, location: str, *, timeout_s: float = 600.0):
+        if not location:
+            raise ConfigError("--image-store needs a URL (http://host:port/path) or a directory")
+        self.location = location.rstrip("/")
+        self.http = self.location.startswith(("http://", "https://"))
+        self.timeout_s = timeout_s
+        if self.http:
+            exclude_from_proxy([self.location])
+            self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def __repr__(self) -> str:
+        return "ImageStore(%r)" % self.location
+
+    def _url(self, rel: str) -> str:
+        return self.location + "/" + urllib.parse.quote(rel)
+
+    def _path(self, rel: str) -> str:
+        return os.path.join(self.location, *rel.split("/"))
+
+    def _get(self, rel: str, sink: Any) -> Optional[int]:
+        """Copy object ``rel`` into sink; None when it does not exist."""
+        if not self.http:
+            try:
+                with open(self._path(rel), "rb") as fh:
+                    return _copy_stream(fh, sink)
+            except FileNotFoundError:
+                return None
+        try:
+            with self._opener.open(urllib.request.Request(self._url(rel)), timeout=self.timeout_s) as resp:
+                return _copy_stream(resp, sink)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise ImageError("image store GET %s: HTTP %d %s" % (self._url(rel), exc.code, exc.reason)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ImageError("image store GET %s: %s" % (self._url(rel), getattr(exc, "reason", exc))) from None
+
+    def _put(self, rel: str, path: str) -> None:
+        if not self.http:
+            dest = self._path(rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            tmp = "%s.tmp.%d" % (dest, os.getpid())
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                _copy_stream(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, dest)
+            return
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            req = urllib.request.Request(self._url(rel), data=fh, method="PUT",
+                                         headers={"Content-Length": str(size),
+                                                  "Content-Type": "application/octet-stream"})
+            try:
+                with self._opener.open(req, timeout=self.timeout_s) as resp:
+                    resp.read()
+            except urllib.error.HTTPError as exc:
+                raise ImageError("image store PUT %s: HTTP %d %s (does the server accept PUT, and is its body "
+                                 "size limit off?)" % (self._url(rel), exc.code, exc.reason)) from None
+            except (urllib.error.URLError, OSError) as exc:
+                raise ImageError("image store PUT %s: %s" % (self._url(rel), getattr(exc, "reason", exc))) from None
+
+    def read_index(self) -> Dict[str, Dict[str, Any]]:
+        buf = io.BytesIO()
+        if self._get("index.json", buf) is None:
+            return {}
+        try:
+            data = json.loads(buf.getvalue().decode("utf-8"))
+            return dict(data["images"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ImageError("image store %s: index.json is not a valid store index (%s); re-create it with "
+                             "`evalharness images push`" % (self.location, exc)) from None
+
+    def _update_index(self, ref: str, entry: Dict[str, Any]) -> None:
+        def update() -> None:
+            images = self.read_index()
+            images[ref] = entry
+            data = json.dumps({"version": 1, "images": images}, indent=2, sort_keys=True).encode()
+            fd, tmp = tempfile.mkstemp(prefix="evalharness-index-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                self._put("index.json", tmp)
+            finally:
+                os.unlink(tmp)
+
+        if self.http:
+            update()  # an HTTP store has no lock: run one pusher at a time against it
+        else:
+            os.makedirs(self.location, exist_ok=True)
+            with _FileLock(os.path.join(self.location, "index.json.lock")):
+                update()
+
+    def push(self, docker: DockerCLI, ref: str, *, tmp_dir: Optional[str] = None) -> Dict[str, Any]:
+        """Save, compress, upload, download back and verify one image; record it in the index."""
+        ref = _normalize_ref(ref)
+        image_id = docker.image_id(ref)
+        if image_id is None:
+            raise ImageError("images push: %s is not a local image" % ref)
+        fd, tmp = tempfile.mkstemp(prefix="evalharness-push-", suffix=".tar.gz", dir=tmp_dir)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                hashed = _HashingWriter(raw)
+                # mtime=0 and no file name: the same image compresses to the same bytes (a content address)
+                with gzip.GzipFile(filename="", fileobj=hashed, mode="wb", compresslevel=1, mtime=0) as gz:
+                    image_bytes = docker.save([ref], gz)
+            sha, size = hashed.sha.hexdigest(), hashed.bytes
+            rel = _store_object_name(ref)
+            self._put(rel, tmp)
+            back = _HashingWriter(_NullWriter())
+            if self._get(rel, back) is None:
+                raise ImageError("image store %s: %s vanished right after upload" % (self.location, rel))
+            if back.sha.hexdigest() != sha or back.bytes != size:
+                raise ImageError("image store %s: round trip of %s does not match (sent sha256 %s, %d bytes; got "
+                                 "%s, %d bytes)" % (self.location, rel, sha, size, back.sha.hexdigest(), back.bytes))
+            entry = {"file": rel, "sha256": sha, "size": size, "image_bytes": image_bytes, "image_id": image_id,
+                     "pushed_at": _utc_iso()}
+            self._update_index(ref, entry)
+            return entry
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def fetch(self, ref: str, entry: Dict[str, Any], dest: str) -> int:
+        """Download one image's tarball to ``dest`` and verify its sha256; ImageError (and no file) on mismatch."""
+        try:
+            with open(dest, "wb") as fh:
+                hashed = _HashingWriter(fh)
+                if self._get(entry["file"], hashed) is None:
+                    raise ImageError("image store %s: %s is in the index but its file %s is missing"
+                                     % (self.location, ref, entry["file"]))
+            if hashed.sha.hexdigest() != entry["sha256"]:
+                raise ImageError("image store %s: sha256 mismatch for %s (%s): expected %s, got %s; the tarball is "
+                                 "corrupt or was replaced, so it was not loaded; push it again"
+                                 % (self.location, ref, entry["file"], entry["sha256"], hashed.sha.hexdigest()))
+            return hashed.bytes
+        except BaseException:
+            if os.path.exists(dest):
+                os.unlink(dest)
+            raise
+
+
+class _NullWriter:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _copy_stream(src: Any, sink: Any, chunk_bytes: int = 1 << 20) -> int:
+    total = 0
+    while True:
+        chunk = src.read(chunk_bytes)
+        if not chunk:
+            return total
+        sink.write(chunk)
+        total += len(chunk)
+
+
+def _registry_has(mirror: str, ref: str, timeout_s: float = 5.0) -> Optional[bool]:
+    """Does registry ``mirror`` (host:port) hold ``ref``? None when it cannot be asked (down, hung, auth)."""
+    path = _strip_registry(ref)
+    repo, _, tag = path.rpartition(":") if "@" not in path else path.partition("@")
+    host = mirror.split("/")[0]
+    scheme = "http" if _is_loopback_registry(host + "/x") else "https"
+    url = "%s://%s/v2/%s/manifests/%s" % (scheme, host, repo, tag)
+    accept = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
+                        "application/vnd.docker.distribution.manifest.list.v2+json",
+                        "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"])
+    exclude_from_proxy([url])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, method="HEAD", headers={"Accept": accept}),
+                         timeout=timeout_s):
+            return True
+    except urllib.error.HTTPError as exc:
+        return False if exc.code == 404 else None
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+# ----------------------------------------------------------------------------- image service
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageStatus:
+    """Where one image stands: ``state`` is checking | pending | delivering | ready | failed; ``source`` says
+    what delivered it (local, tar:PATH, store, mirror:HOST, pull, optimistic)."""
+
+    image: str
+    state: str
+    source: Optional[str] = None
+    error: Optional[str] = None
+    seconds: Optional[float] = None
+    bytes: Optional[int] = None
+
+
+class _ImageEntry:
+    def __init__(self, ref: str):
+        self.ref = ref
+        self.state = "checking"
+        self.source: Optional[str] = None
+        self.error: Optional[str] = None
+        self.t_registered = time.monotonic()
+        self.seconds: Optional[float] = None
+        self.bytes: Optional[int] = None
+        self.ours = False      # loaded by this process: removed at exit
+        self.released = False
+        self.done = threading.Event()
+
+
+_live_services: "weakref.WeakSet[ImageService]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_services() -> None:
+    for service in list(_live_services):
+        try:
+            service.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+_STOP = object()
+
+
+class ImageService:
+    """One per process: knows which images are ready and delivers the rest in the background.
+
+    ``register(images)`` is memory-first (a known image costs no engine call) and asks the engine for its image
+    list at most once per ``listing_ttl_s``; when the engine does not answer, images are assumed ready
+    (optimistic) and the later ``docker run`` reports the real error for its sample. Missing images are
+    delivered by ``workers`` threads (``$EVALHARNESS_IMAGE_WORKERS``, default 2) trying, in order: tar shipments,
+    the image store, each registry mirror, and a plain pull when ``allow_pull``. ``wait_ready`` is the barrier a
+    sample waits on. ``close()`` (also at interpreter exit) removes exactly the images this process loaded, unless
+    ``keep_images`` (``$EVALHARNESS_KEEP_SWE_IMAGES``).
+    """
+
+    def __init__(self, docker: Optional[DockerCLI] = None, *, tar_dirs: Sequence[str] = (),
+                 store: Any = None, mirrors: Sequence[str] = (), allow_pull: bool = False,
+                 workers: Optional[int] = None, index_path: Optional[str] = None,
+                 keep_images: Optional[bool] = None, on_event: Optional[Callable[..., None]] = None,
+                 listing_ttl_s: float = DEFAULT_LISTING_TTL_S, mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S,
+                 pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None):
+        self.docker = docker or DockerCLI()
+        self.tar_dirs = list(tar_dirs)
+        self.store = ImageStore(store) if isinstance(store, str) else store
+        self.mirrors = [m.strip().rstrip("/") for m in mirrors if m.strip()]
+        self.allow_pull = allow_pull
+        if workers is None:
+            workers = _env_int("EVALHARNESS_IMAGE_WORKERS", DEFAULT_IMAGE_WORKERS)
+        if workers < 1:
+            raise ConfigError("image workers must be >= 1, got %d (EVALHARNESS_IMAGE_WORKERS / --image-workers)"
+                              % workers)
+        self.workers = workers
+        self.keep_images = _env_flag("EVALHARNESS_KEEP_SWE_IMAGES") if keep_images is None else keep_images
+        self.tar_index = TarIndex(self.tar_dirs, index_path) if self.tar_dirs else None
+        self.listing_ttl_s = listing_ttl_s
+        self.mirror_timeout_s = mirror_timeout_s
+        self.pull_timeout_s = pull_timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.state_path = state_path or os.environ.get("EVALHARNESS_IMAGE_STATE") or DEFAULT_IMAGE_STATE
+        self.tmp_dir = tmp_dir
+        self._on_event = on_event
+        self._lock = threading.Lock()          # guards _entries, _threads, _closed
+        self._entries: Dict[str, _ImageEntry] = {}
+        self._threads: List[threading.Thread] = []
+        self._closed = False
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._listing_lock = threading.Lock()  # one engine image listing at a time; guards _listing*
+        self._listing: Optional[Dict[str, str]] = None
+        self._listing_t = -1e18
+        self._listing_error: Optional[str] = None
+        self._sources_lock = threading.Lock()  # guards the lazily built tar index and store index
+        self._tar_ready = False
+        self._store_index: Optional[Dict[str, Any]] = None
+        _live_services.add(self)
+
+    def __enter__(self) -> "ImageService":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- registration and readiness -------------------------------------------------------------------------
+
+    def register(self, images: Iterable[str]) -> None:
+        """Make every image of ``images`` known; start delivering the missing ones. Never blocks on a delivery."""
+        with self._lock:
+            if self._closed:
+                raise ImageError("the image service is closed")
+            new = []
+            for image in images:
+                ref = _normalize_ref(image)
+                if ref not in self._entries:
+                    self._entries[ref] = _ImageEntry(ref)
+                    new.append(ref)
+        if not new:
+            return
+        listing = self._local_images()
+        for ref in new:
+            entry = self._entries[ref]
+            if listing is None:
+                self._finish(entry, "ready", source="optimistic")
+            elif ref in listing:
+                self._finish(entry, "ready", source="local")
+            else:
+                entry.state = "pending"
+                self._queue.put(ref)
+        self._start_workers()
+
+    def wait_ready(self, image: str, timeout_s: float = DEFAULT_IMAGE_WAIT_S,
+                   cancel: Optional[threading.Event] = None) -> ImageStatus:
+        """Block until ``image`` is ready; ImageError when its delivery failed or ``timeout_s`` passed first."""
+        ref = _normalize_ref(image)
+        if ref not in self._entries:
+            self.register([ref])
+        entry = self._entries[ref]
+        deadline = time.monotonic() + timeout_s
+        while not entry.done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
+            if time.monotonic() >= deadline:
+                raise ImageError("image %s not ready after %.0f s (still %s); pre-load it with `evalharness "
+                                 "images load`, or allow more time" % (ref, timeout_s, entry.state))
+        if entry.state == "failed":
+            raise ImageError(entry.error or "image %s could not be delivered" % ref)
+        return self.status(ref)
+
+    def status(self, image: str) -> ImageStatus:
+        ref = _normalize_ref(image)
+        entry = self._entries.get(ref)
+        if entry is None:
+            return ImageStatus(ref, "unknown")
+        return ImageStatus(ref, entry.state, entry.source, entry.error, entry.seconds, entry.bytes)
+
+    def statuses(self) -> List[ImageStatus]:
+        with self._lock:
+            refs = list(self._entries)
+        return [self.status(r) for r in refs]
+
+    def loaded_images(self) -> List[str]:
+        """Images this process delivered and has not released."""
+        with self._lock:
+            return [r for r, e in self._entries.items() if e.ours and not e.released]
+
+    # -- engine listing -------------------------------------------------------------------------------------
+
+    def _local_images(self) -> Optional[Dict[str, str]]:
+        """The engine's image list, cached for listing_ttl_s; None when the engine does not answer."""
+        with self._listing_lock:
+            now = time.monotonic()
+            if now - self._listing_t < self.listing_ttl_s:
+                return self._listing
+            try:
+                self._listing = self.docker.list_images(timeout_s=DEFAULT_LISTING_TIMEOUT_S)
+                self._listing_error = None
+            except DockerError as exc:
+                if self._listing_error is None:
+                    _log.warning("cannot list local images (%s); assuming they are present: a sample whose image "
+                                 "is missing fails with the engine's error", _last_lines(str(exc), 1))
+                self._listing, self._listing_error = None, str(exc)
+            self._listing_t = time.monotonic()
+            return self._listing
+
+    # -- delivery -------------------------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        with self._lock:
+            while len(self._threads) < self.workers and not self._closed:
+                t = threading.Thread(target=self._work, daemon=True,
+                                     name="evalharness-image-%d" % len(self._threads))
+                self._threads.append(t)
+                t.start()
+
+    def _work(self) -> None:
+        while True:
+            ref = self._queue.get()
+            if ref is _STOP:
+                self._queue.put(_STOP)  # each worker re-puts the sentinel for the next one
+                return
+            entry = self._entries[ref]
+            try:
+                self._deliver(entry)
+            except Exception as exc:  # noqa: BLE001 - a delivery bug must fail that image, not the worker
+                self._finish(entry, "failed", error="image %s: %s: %s" % (ref, type(exc).__name__, exc))
+
+    def _deliver(self, entry: _ImageEntry) -> None:
+        ref = entry.ref
+        entry.state = "delivering"
+        t0 = time.monotonic()
+        attempts: List[str] = []
+        try:  # another process may have loaded it since the listing
+            if self.docker.image_id(ref):
+                self._finish(entry, "ready", source="local")
+                return
+        except DockerError as exc:
+            attempts.append("engine: %s" % exc)
+        for label, deliver in self._chain(ref):
+            if self._closed:
+                self._finish(entry, "failed", error="image %s: the image service closed first" % ref)
+                return
+            try:
+                nbytes = deliver()
+            except HarnessError as exc:
+                attempts.append("%s: %s" % (label, exc))
+                _log.debug("image %s from %s failed: %s", ref, label, exc)
+                continue
+            entry.ours = True
+            entry.bytes = nbytes
+            self._record_loaded(ref)
+            self._finish(entry, "ready", source=label, seconds=time.monotonic() - t0)
+            if self._closed and not self.keep_images:
+                self._release([ref])
+            return
+        if not attempts:
+            where = ["tar dirs %s" % ",".join(self.tar_dirs) if self.tar_dirs else "no --image-tars",
+                     "store %s" % self.store.location if self.store else "no --image-store",
+                     "mirrors %s" % ",".join(self.mirrors) if self.mirrors else "no --image-mirrors",
+                     "pull allowed" if self.allow_pull else "no --allow-pull"]
+            error = "image %s is not local and no source has it (%s)" % (ref, "; ".join(where))
+        else:
+            error = "image %s could not be delivered: %s" % (ref, "; ".join(attempts))
+        self._finish(entry, "failed", error=_redact(error), seconds=time.monotonic() - t0)
+
+    def _chain(self, ref: str) -> Iterator[Tuple[str, Callable[[], Optional[int]]]]:
+        """(label, deliver) for each source that may have ``ref``, in delivery order."""
+        tar = self._tar_lookup(ref)
+        if tar is not None:
+            yield "tar:%s" % tar["archive"], lambda: self._load_from_tar(ref, tar)
+        store_entry = self._store_lookup(ref)
+        if store_entry is not None:
+            yield "store", lambda: self._load_from_store(ref, store_entry)
+        for mirror in self.mirrors:
+            yield "mirror:%s" % mirror, (lambda m=mirror: self._pull_via_mirror(ref, m))
+        if self.allow_pull:
+            yield "pull", lambda: self._plain_pull(ref)
+
+    def _tar_lookup(self, ref: str) -> Optional[Dict[str, Any]]:
+        if self.tar_index is None:
+            return None
+        with self._sources_lock:
+            if not self._tar_ready:
+                try:
+                    stats = self.tar_index.refresh()
+                    self._event("image_index", **stats)
+                except (HarnessError, OSError) as exc:
+                    _log.warning("tar shipments unusable: %s", exc)
+                self._tar_ready = True
+        return self.tar_index.lookup(ref)
+
+    def _store_lookup(self, ref: str) -> Optional[Dict[str, Any]]:
+        if self.store is None:
+            return None
+        with self._sources_lock:
+            if self._store_index is None:
+                try:
+                    self._store_index = self.store.read_index()
+                except HarnessError as exc:
+                    _log.warning("image store unusable: %s", exc)
+                    self._store_index = {}
+        return self._store_index.get(ref)
+
+    def _load_from_tar(self, ref: str, tar: Dict[str, Any]) -> int:
+        written = [0]
+
+        def feed(sink: Any) -> None:
+            written[0] = stream_image_from_archive(tar, ref, sink)
+
+        out = self.docker.load(feed, timeout_s=self.load_timeout_s)
+        self._check_loaded(ref, out)
+        return written[0]
+
+    def _load_from_store(self, ref: str, entry: Dict[str, Any]) -> int:
+        fd, tmp = tempfile.mkstemp(prefix="evalharness-store-", suffix=".tar.gz", dir=self.tmp_dir)
+        os.close(fd)
+        try:
+            nbytes = self.store.fetch(ref, entry, tmp)  # verifies the sha256 before anything is loaded
+
+            def feed(sink: Any) -> None:
+                with open(tmp, "rb") as fh:
+                    _copy_stream(fh, sink)
+
+            out = self.docker.load(feed, timeout_s=self.load_timeout_s, compressed=True)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self._check_loaded(ref, out)
+        return nbytes
+
+    def _pull_via_mirror(self, ref: str, mirror: str) -> Optional[int]:
+        mref = "%s/%s" % (mirror, _strip_registry(ref))
+        self.docker.pull(mref, timeout_s=self.mirror_timeout_s)
+        try:
+            self.docker.tag(mref, ref)
+        finally:
+            self.docker.rmi([mref], check=False)
+        return None
+
+    def _plain_pull(self, ref: str) -> Optional[int]:
+        self.docker.pull(ref, timeout_s=self.pull_timeout_s)
+        return None
+
+    def _check_loaded(self, ref: str, output: str) -> None:
+        loaded = {_normalize_ref(m) for m in re.findall(r"Loaded image:\s*(\S+)", output)}
+        if ref not in loaded and not self.docker.image_id(ref):
+            raise ImageError("the engine loaded %s but not %s" % (", ".join(sorted(loaded)) or "nothing", ref))
+
+    def _finish(self, entry: _ImageEntry, state: str, *, source: Optional[str] = None,
+                error: Optional[str] = None, seconds: Optional[float] = None) -> None:
+        entry.state, entry.source, entry.error = state, source, error
+        entry.seconds = round(seconds, 3) if seconds is not None else None
+        entry.done.set()
+        if state == "failed":
+            self._event("image_failed", image=entry.ref, error=error, seconds=entry.seconds)
+        elif source not in ("local",):
+            self._event("image_ready", image=entry.ref, source=source, seconds=entry.seconds, bytes=entry.bytes)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(kind, **fields)
+            except Exception as exc:  # noqa: BLE001 - an events file problem must not stop deliveries
+                _log.debug("image event lost: %s", exc)
+
+    # -- release --------------------------------------------------------------------------------------------
+
+    def _record_loaded(self, ref: str) -> None:
+        _update_image_state(self.state_path, add={ref: {"pid": os.getpid(), "host": self.docker.host or
+                                                        os.environ.get("DOCKER_HOST", ""), "time": _utc_iso()}})
+
+    def _release(self, refs: Sequence[str]) -> List[str]:
+        removed = []
+        for ref in refs:
+            try:
+                self.docker.rmi([ref])
+                removed.append(ref)
+                self._event("image_released", image=ref)
+            except DockerError as exc:
+                _log.warning("could not remove image %s: %s", ref, _last_lines(str(exc), 1))
+            entry = self._entries.get(ref)
+            if entry is not None:
+                entry.released = True
+        if removed:
+            _update_image_state(self.state_path, remove=removed)
+        return removed
+
+    def release(self) -> List[str]:
+        """Remove the images this process loaded (not with keep_images); return the refs removed."""
+        if self.keep_images:
+            kept = self.loaded_images()
+            if kept:
+                _log.info("keeping %d image(s) this run loaded (EVALHARNESS_KEEP_SWE_IMAGES); `evalharness images "
+                          "release` removes them later", len(kept))
+            return []
+        return self._release(self.loaded_images())
+
+    def close(self) -> None:
+        """Stop the workers (queued deliveries are dropped) and release loaded images. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            threads = list(self._threads)
+        self._queue.put(_STOP)
+        for t in threads:
+            t.join(timeout=1.0)  # a load in progress finishes on its own and releases what it loaded
+        for entry in list(self._entries.values()):
+            if not entry.done.is_set():
+                self._finish(entry, "failed", error="image %s: the image service closed first" % entry.ref)
+        self.release()
+        _live_services.discard(self)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError("%s must be an integer, got %r" % (name, raw)) from None
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _update_image_state(path: str, *, add: Optional[Dict[str, Any]] = None,
+                        remove: Sequence[str] = ()) -> Dict[str, Any]:
+    """Read-modify-write the state file of images evalharness loaded (for `images release` after a crash)."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with _FileLock(path + ".lock"):
+            state = _read_image_state(path)
+            state.update(add or {})
+            for ref in remove:
+                state.pop(ref, None)
+            if add or remove:
+                _write_json(path, {"version": 1, "images": state})
+            return state
+    except OSError as exc:
+        _log.warning("image state file %s: %s", path, exc)
+        return {}
+
+
+def _read_image_state(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return dict(json.load(fh).get("images") or {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+SWE_IMAGE_TEMPLATE = "swebench/sweb.eval.x86_64.{id_1776}:latest"
+
+
+def swe_image_name(instance_id: str, template: Optional[str] = None) -> str:
+    """The official image name of a SWE-bench instance (Docker Hub naming: lower case, ``__`` -> ``_1776_``).
+    ``template`` fields: {id} (lower case), {id_1776}, {raw_id}."""
+    template = template or SWE_IMAGE_TEMPLATE
+    low = instance_id.lower()
+    try:
+        return template.format(id=low, id_1776=low.replace("__", "_1776_"), raw_id=instance_id)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError("--image-template %r: %s; use the fields {id}, {id_1776}, {raw_id}" % (template, exc)) \
+            from None
+
+
+def dataset_images(path: str, template: Optional[str] = None) -> List[str]:
+    """The image of every row of a dataset, in order, without duplicates: a row's ``image`` field, else the
+    official name built from its ``instance_id``."""
+    images: List[str] = []
+    for where, row in _iter_raw_rows(path):
+        if not isinstance(row, dict):
+            raise DatasetError("%s: a row must be a JSON object" % where)
+        image = row.get("image")
+        if image is not None and (not isinstance(image, str) or not image.strip()):
+            raise DatasetError("%s: field 'image' must be a non-empty string, got %r" % (where, image))
+        if not image:
+            iid = row.get("instance_id")
+            if not isinstance(iid, str) or not iid.strip():
+                raise DatasetError("%s: a row needs 'image' or 'instance_id' to name its container image" % where)
+            image = swe_image_name(iid, template)
+        images.append(_normalize_ref(image))
+    return list(dict.fromkeys(images))
+
+# =============================================================================
 # Results store
 # =============================================================================
 
@@ -2839,6 +4172,228 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
 
 
+def _add_image_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("images (each option wins over its environment variable)")
+    g.add_argument("--image-tars", default=None, metavar="DIR,...",
+                   help="directories of image tarballs (.tar/.tar.gz/.tgz; single images or batches, docker-save or "
+                        "OCI layout) (default $EVALHARNESS_IMAGE_TARS)")
+    g.add_argument("--tar-index", default=None, metavar="PATH",
+                   help="the tar index cache (default $EVALHARNESS_TAR_INDEX or %s)" % DEFAULT_TAR_INDEX)
+    g.add_argument("--image-store", default=None, metavar="URL|DIR",
+                   help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory)")
+    g.add_argument("--image-mirrors", default=None, metavar="HOST:PORT,...",
+                   help="registry mirrors tried in order (docker pull MIRROR/NAME, then tagged to NAME)")
+    g.add_argument("--mirror-timeout", type=float, default=DEFAULT_MIRROR_TIMEOUT_S, metavar="SECONDS",
+                   help="limit for one pull from one mirror (default %(default)s)")
+    g.add_argument("--allow-pull", action="store_true", help="last resort: plain docker pull of the image name")
+    g.add_argument("--engine", default=None, choices=["docker", "podman"],
+                   help="container engine (default $EVALHARNESS_ENGINE or docker)")
+    g.add_argument("--docker-host", default=None, metavar="URL", help="engine socket (default $DOCKER_HOST)")
+    g.add_argument("--image-workers", type=_positive_int, default=None, metavar="N",
+                   help="parallel deliveries (default $EVALHARNESS_IMAGE_WORKERS or %d)" % DEFAULT_IMAGE_WORKERS)
+    g.add_argument("--keep-images", action="store_true", default=None,
+                   help="keep the images this process loads (default: removed at exit unless "
+                        "$EVALHARNESS_KEEP_SWE_IMAGES is set)")
+
+
+def _split_list(text: Optional[str]) -> List[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[bool] = None,
+                             on_event: Optional[Callable[..., None]] = None, sources: bool = True) -> ImageService:
+    docker = DockerCLI(args.engine, host=args.docker_host)
+    tars = _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
+    keep = keep_images if keep_images is not None else args.keep_images
+    return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
+                        mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
+                        workers=args.image_workers, index_path=args.tar_index, keep_images=keep,
+                        on_event=on_event, mirror_timeout_s=args.mirror_timeout)
+
+
+def _images_of_args(args: argparse.Namespace) -> List[str]:
+    images = [_normalize_ref(x) for x in getattr(args, "images", None) or []]
+    if getattr(args, "dataset", None):
+        images += dataset_images(args.dataset, getattr(args, "image_template", None))
+    images = list(dict.fromkeys(images))
+    if not images:
+        raise ConfigError("name the images: --dataset FILE (rows with 'image' or 'instance_id') or IMAGE arguments")
+    return images
+
+
+def _fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1000.0
+    return "?"
+
+
+def _cmd_images(args: argparse.Namespace) -> int:
+    action = args.action
+    if action == "index":
+        dirs = args.dirs or _split_list(args.image_tars or os.environ.get("EVALHARNESS_IMAGE_TARS"))
+        if not dirs:
+            raise ConfigError("images index: give directories (or --image-tars / EVALHARNESS_IMAGE_TARS)")
+        index = TarIndex(dirs, args.tar_index)
+        stats = index.refresh(progress=lambda line: _log.info("%s", line))
+        if args.json_out:
+            sys.stdout.write(json.dumps({"stats": stats, "index": index.path, "archives": {
+                f: {k: e.get(k) for k in ("layout", "size", "error", "scan_s")} for f, e in
+                index.archives().items()}, "images": {r: {"archive": e["archive"], "image_bytes": e["image_bytes"]}
+                                                      for r, e in index.images().items()}}, indent=2) + "\n")
+            return EXIT_OK
+        for f, e in sorted(index.archives().items()):
+            sys.stdout.write("%-60s %-6s %3d image(s) %10s%s\n" % (
+                f, e.get("layout") or "-", len(e.get("images") or {}), _fmt_bytes(e.get("size")),
+                "  ERROR " + e["error"] if e.get("error") else ""))
+        sys.stdout.write("%(archives)d archive(s): %(scanned)d scanned, %(reused)d unchanged; %(images)d image(s); "
+                         "%(seconds).2f s; index %(path)s\n" % dict(stats, path=index.path))
+        return EXIT_OK
+    if action == "release":
+        return _images_release(args)
+    images = _images_of_args(args)
+    if action == "plan":
+        return _images_plan(args, images)
+    if action == "push":
+        if not args.image_store:
+            raise ConfigError("images push needs --image-store URL|DIR")
+        store = ImageStore(args.image_store)
+        docker = DockerCLI(args.engine, host=args.docker_host)
+        failed = 0
+        for i, ref in enumerate(images, 1):
+            t0 = time.monotonic()
+            try:
+                entry = store.push(docker, ref)
+            except HarnessError as exc:
+                failed += 1
+                _log.error("%s", _redact(exc))
+                continue
+            sys.stdout.write("pushed %d/%d %s: %s -> %s (sha256 %s… verified) in %.1f s\n" % (
+                i, len(images), ref, _fmt_bytes(entry["image_bytes"]), _fmt_bytes(entry["size"]),
+                entry["sha256"][:12], time.monotonic() - t0))
+        return EXIT_FAILURE if failed else EXIT_OK
+    # load / pull: deliver with progress and keep what arrives (a pre-warm for a later run)
+    if action == "pull" and not args.image_store:
+        raise ConfigError("images pull needs --image-store URL|DIR")
+    service = _image_service_from_args(args, keep_images=True, sources=action == "load")
+    t0 = time.monotonic()
+
+    def render() -> str:
+        sts = service.statuses()
+        ready = sum(1 for s in sts if s.state == "ready")
+        failed_n = sum(1 for s in sts if s.state == "failed")
+        loaded = sum(s.bytes or 0 for s in sts if s.state == "ready")
+        return "images %d/%d ready, %d failed, %d waiting · %s loaded · %s" % (
+            ready, len(images), failed_n, len(sts) - ready - failed_n, _fmt_bytes(loaded),
+            _fmt_duration(time.monotonic() - t0))
+
+    progress = _Progress(render, enabled=args.progress).start()
+    failures = []
+    try:
+        service.register(images)
+        for ref in images:
+            try:
+                service.wait_ready(ref, timeout_s=args.timeout)
+            except ImageError as exc:
+                failures.append(str(exc))
+    finally:
+        progress.close()
+        service.close()
+    for st in service.statuses():
+        if st.state == "ready":
+            sys.stdout.write("%-70s ready  %-12s %s\n" % (st.image, st.source, _fmt_bytes(st.bytes)
+                                                          if st.bytes else ""))
+    for err in failures:
+        sys.stdout.write("FAILED %s\n" % _redact(err))
+    return EXIT_FAILURE if failures else EXIT_OK
+
+
+def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
+    docker = DockerCLI(args.engine, host=args.docker_host)
+    try:
+        local: Optional[Dict[str, str]] = docker.list_images()
+    except DockerError as exc:
+        _log.warning("engine not answering (%s): local presence unknown", _last_lines(str(exc), 1))
+        local = None
+    tars = _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
+    index = TarIndex(tars, args.tar_index) if tars else None
+    if index is not None:
+        index.refresh()
+    store = ImageStore(args.image_store) if args.image_store else None
+    store_index = store.read_index() if store else {}
+    mirrors = _split_list(args.image_mirrors)
+    rows = []
+    for ref in images:
+        source, nbytes = "missing", None
+        if local is not None and ref in local:
+            source, nbytes = "present", 0
+        elif index is not None and index.lookup(ref):
+            tar = index.lookup(ref)
+            source, nbytes = "tar %s" % tar["archive"], tar["image_bytes"]
+        elif ref in store_index:
+            source, nbytes = "store %s" % store_index[ref]["file"], store_index[ref].get("image_bytes")
+        else:
+            for m in mirrors:
+                if _registry_has(m, ref):
+                    source = "mirror %s" % m
+                    break
+            else:
+                if args.allow_pull:
+                    source = "pull (not checked)"
+        rows.append((ref, source, nbytes))
+    counts = collections.Counter(r[1].split(" ")[0] for r in rows)
+    need = sum(r[2] or 0 for r in rows if r[1] != "present")
+    if args.json_out:
+        sys.stdout.write(json.dumps({"images": [{"image": r[0], "source": r[1], "bytes": r[2]} for r in rows],
+                                     "counts": dict(counts), "bytes_needed": need}, indent=2) + "\n")
+    else:
+        for ref, source, nbytes in rows:
+            sys.stdout.write("%-70s %-10s %s\n" % (ref, _fmt_bytes(nbytes) if nbytes else "", source))
+        root = docker.root_dir() if local is not None else None
+        free = None
+        if root:
+            try:
+                free = shutil.disk_usage(root).free
+            except OSError:
+                free = None
+        sys.stdout.write("%d image(s): %s; to load: %s (layers shared with present images count once or not at "
+                         "all, so this is an upper bound); free at %s: %s%s\n" % (
+                             len(rows), ", ".join("%d %s" % (n, k) for k, n in sorted(counts.items())),
+                             _fmt_bytes(need), root or "the engine's store", _fmt_bytes(free),
+                             "  NOT ENOUGH" if free is not None and free < need else ""))
+    return EXIT_FAILURE if counts.get("missing") else EXIT_OK
+
+
+def _images_release(args: argparse.Namespace) -> int:
+    docker = DockerCLI(args.engine, host=args.docker_host)
+    path = os.environ.get("EVALHARNESS_IMAGE_STATE") or DEFAULT_IMAGE_STATE
+    state = _read_image_state(path)
+    removed, kept, failed = [], [], 0
+    for ref, info in sorted(state.items()):
+        pid = int(info.get("pid") or 0)
+        if not args.all and pid and pid != os.getpid() and _pid_alive(pid):
+            kept.append(ref)
+            continue
+        try:
+            docker.rmi([ref])
+            removed.append(ref)
+        except DockerError as exc:
+            if re.search(r"no such image|not found|image not known", exc.stderr, re.I):
+                removed.append(ref)  # already gone: forget it
+            else:
+                failed += 1
+                _log.error("%s", exc)
+    _update_image_state(path, remove=removed)
+    for ref in removed:
+        sys.stdout.write("removed %s\n" % ref)
+    sys.stdout.write("%d removed, %d kept (their loading process is still running; --all removes them too), "
+                     "%d failed\n" % (len(removed), len(kept), failed))
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog="evalharness", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -2898,6 +4453,44 @@ def _build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--no-usage", dest="send_usage", action="store_false", help="never send usage")
     mock.add_argument("--require-api-key-env", default=None, metavar="VAR",
                       help="answer 401 unless requests carry the key in this environment variable")
+    images = sub.add_parser("images", help="index, plan, pre-load, push/pull and release container images",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            description="Images for hosts with no registry: tar shipments (indexed once), an image "
+                                        "store with sha256 verification, a chain of registry mirrors.",
+                            epilog="examples:\n  evalharness images index /data/image-tars\n  evalharness images "
+                                   "plan --dataset swe.jsonl --image-tars /data/image-tars --image-store "
+                                   "http://store:8080/swe\n  evalharness images load --dataset swe.jsonl "
+                                   "--image-tars /data/image-tars   # the night before\n  evalharness images push "
+                                   "--image-store /mnt/store IMAGE...\n  evalharness images release\n\n"
+                                   + _EXIT_CODES_HELP)
+    isub = images.add_subparsers(dest="action", metavar="ACTION")
+    isub.required = True
+    helps = {"index": "build or refresh the tar index and summarise it",
+             "plan": "per image: present, which source would deliver it, or missing; bytes and free disk",
+             "load": "deliver every image now (pre-warm) with progress; keeps them",
+             "push": "save, compress, upload and verify images into --image-store",
+             "pull": "load images from --image-store (sha256 verified); keeps them",
+             "release": "remove images evalharness loaded and left (after a crash or --keep-images)"}
+    for action, text in helps.items():
+        p = isub.add_parser(action, help=text, description=text)
+        _add_image_options(p)
+        if action == "index":
+            p.add_argument("dirs", nargs="*", metavar="DIR", help="directories (default --image-tars)")
+        elif action == "release":
+            p.add_argument("--all", action="store_true",
+                           help="also images whose loading process is still running")
+        else:
+            p.add_argument("images", nargs="*", metavar="IMAGE")
+            p.add_argument("--dataset", default=None, metavar="PATH",
+                           help="take the images from a dataset (row field 'image', or the official name from "
+                                "'instance_id')")
+            p.add_argument("--image-template", default=None, metavar="TEMPLATE",
+                           help="image name from instance_id (default %s)" % SWE_IMAGE_TEMPLATE)
+        if action in ("load", "pull"):
+            p.add_argument("--timeout", type=float, default=DEFAULT_IMAGE_WAIT_S, metavar="SECONDS",
+                           help="limit per image (default %(default)s)")
+            p.add_argument("--no-progress", dest="progress", action="store_false")
+        p.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout (index, plan)")
     return parser
 
 
@@ -2999,7 +4592,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock}
+    commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images}
     interrupts = [0]
 
     def on_signal(signum: int, frame: Any) -> None:
