@@ -2129,6 +2129,8 @@ class DockerCLI:
             watchdog.cancel()
             for t in readers:
                 t.join(5)
+            proc.stdout.close()
+            proc.stderr.close()
         err = outputs.get("err", b"").decode("utf-8", "replace")
         if timed_out.is_set():
             raise DockerError("`%s load` timed out after %.0f s" % (self.binary, timeout_s), argv=argv)
@@ -2171,6 +2173,8 @@ class DockerCLI:
             proc.wait()
             watchdog.cancel()
             reader.join(5)
+            proc.stdout.close()
+            proc.stderr.close()
         if proc.returncode != 0:
             err = b"".join(errbuf).decode("utf-8", "replace")
             raise DockerError("`%s save %s` failed (exit %d): %s" % (self.binary, " ".join(refs), proc.returncode,
@@ -2359,7 +2363,7 @@ def _scan_archive(path: str) -> Dict[str, Any]:
                         except ValueError:
                             pass
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        return {"error": "not a readable tar archive: %s" % exc, "images": {}, "layout": None,
+        return {"error": "not a readable tar archive: %s" % " ".join(str(exc).split()), "images": {}, "layout": None,
                 "scan_s": round(time.monotonic() - t0, 3)}
 
     entries: List[Tuple[str, str, List[str], str]] = []  # (ref, config, layers, layout)
