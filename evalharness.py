@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import collections
 import dataclasses
 import email.utils
@@ -63,6 +64,9 @@ __all__ = [
     "MockConfig", "MockServer",
     "RunStore", "summarize", "format_summary",
     "RunConfig", "run_qa",
+    "DockerCLI", "DockerError", "ImageError", "ImageService", "ImageStatus", "ImageStore", "TarIndex",
+    "SandboxError", "Container", "SWEInstance", "SWEDataset", "SWEOptions", "run_swe", "grade_tests",
+    "parse_test_log", "swe_eval_script", "load_predictions",
 ]
 
 # =============================================================================
@@ -1619,6 +1623,7 @@ class MockConfig:
     skill: float = 0.8                 # oracle: probability that an answer is right (decided per prompt and seed)
     send_usage: bool = True
     api_key: Optional[str] = None      # when set, requests without "Bearer <api_key>" get 401
+    swe_policy: str = "oracle"         # SWE instances: oracle | noop | sleepy | chatty (see _swe_mock_reply)
 
 
 def parse_faults(spec: str) -> Tuple[Tuple[str, float], ...]:
@@ -1661,12 +1666,41 @@ def _oracle_reply(item: QAItem, correct: bool) -> str:
     return answer if correct else answer + "?"
 
 
+SWE_MOCK_POLICIES = ("oracle", "noop", "sleepy", "chatty")
+SLEEPY_COMMAND = "sleep 3600.25"  # outlives any exec timeout; sleepy checks afterwards that it was killed
+
+
+def _swe_mock_reply(instances: Sequence[Any], policy: str, messages: Sequence[Any]) -> str:
+    """The mock as an agent. It finds its instance by the problem statement in the conversation and acts by turn:
+    ``oracle`` applies the gold patch it read from the dataset itself (the harness never sends it) and submits;
+    ``noop`` submits at once; ``sleepy`` first runs a command that outlives the exec timeout, then checks that it
+    is gone and behaves like oracle; ``chatty`` never uses the fenced format."""
+    text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "user")
+    inst = next((i for i in instances if i.problem_statement in text), None)
+    if policy == "chatty" or inst is None:
+        return "I believe the bug is in the arithmetic helper. Let me think about it some more before acting."
+    turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+
+    def act(thought: str, command: str) -> str:
+        return "THOUGHT: %s\n\n```bash\n%s\n```" % (thought, command)
+
+    submit = act("The fix is in place; submitting.", "echo %s" % SUBMIT_SENTINEL)
+    fix = act("Apply the fix.", "echo %s | base64 -d > /tmp/fix.patch && git apply /tmp/fix.patch && git status "
+              "--short" % base64.b64encode(inst.patch.encode("utf-8")).decode("ascii"))
+    steps = {"oracle": [fix, submit], "noop": [submit],
+             "sleepy": [act("Run the slow check.", SLEEPY_COMMAND),
+                        act("Is the slow command still running?",
+                            "ps -eo args | grep -c '^%s' || true" % SLEEPY_COMMAND), fix, submit]}[policy]
+    return steps[min(turn, len(steps) - 1)]
+
+
 class _MockState:
     """Shared state of one mock server: load, counters, oracle."""
 
-    def __init__(self, config: MockConfig, oracle: Optional[Dict[str, QAItem]]):
+    def __init__(self, config: MockConfig, oracle: Optional[Dict[str, QAItem]], swe: Sequence[Any] = ()):
         self.config = config
         self.oracle = oracle
+        self.swe = list(swe)  # SWE instances the mock plays an agent for
         self.lock = threading.Lock()  # guards active, counters, seen
         self.active = 0
         self.max_active = 0
@@ -1789,8 +1823,10 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
             with self.state.lock:
                 self.state.active -= 1
 
-    def _reply_text(self, key: str) -> str:
+    def _reply_text(self, key: str, messages: Sequence[Any] = ()) -> str:
         st = self.state
+        if st.swe:
+            return _swe_mock_reply(st.swe, st.config.swe_policy, messages)
         if st.oracle is None:
             return "This is the mock model."
         item = st.oracle.get(key)
@@ -1812,7 +1848,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         if fault == "reset" and not stream:
             self._reset()
             return
-        text = self._reply_text(key)
+        text = self._reply_text(key, messages)
         reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
         pieces = ([("reasoning_content", t) for t in _TOKEN_RE.findall(reasoning + " ")] if reasoning else []) + \
                  [("content", t) for t in _TOKEN_RE.findall(text)]
@@ -1918,14 +1954,17 @@ class MockServer:
     """
 
     def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
-                 oracle: Optional[Dataset] = None):
+                 oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None):
+        if config.swe_policy not in SWE_MOCK_POLICIES:
+            raise ConfigError("--swe-policy must be one of %s, got %r" % (", ".join(SWE_MOCK_POLICIES),
+                                                                           config.swe_policy))
         table = None
         if oracle is not None:
             table = {}
             for item in oracle.iter_items():
                 user = [m["content"] for m in item.messages if m["role"] == "user"]
                 table[user[-1]] = item
-        self.state = _MockState(config, table)
+        self.state = _MockState(config, table, swe.items if swe is not None else ())
         handler = type("_BoundMockHandler", (_MockHandler,), {"state": self.state})
         try:
             self._httpd = _MockHTTPServer((host, port), handler)
@@ -2025,7 +2064,7 @@ class DockerCLI:
             self.calls += 1
 
     def call(self, args: Sequence[str], *, timeout_s: Optional[float] = None, input_bytes: Optional[bytes] = None,
-             check: bool = True) -> "subprocess.CompletedProcess[bytes]":
+             check: bool = True, stderr_to_stdout: bool = False) -> "subprocess.CompletedProcess[bytes]":
         """Run one engine command and wait for it; DockerError on a missing binary, a timeout, or (``check``)
         a non-zero exit."""
         argv = self.argv(args)
@@ -2033,7 +2072,8 @@ class DockerCLI:
         _log.debug("$ %s", shlex.join(argv))
         self._count()
         try:
-            proc = subprocess.run(argv, input=input_bytes, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            proc = subprocess.run(argv, input=input_bytes, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE,
                                   timeout=timeout_s, stdin=None if input_bytes is not None else subprocess.DEVNULL)
         except FileNotFoundError:
             raise DockerError("%s: command not found; install it or pick another with --engine"
@@ -2041,7 +2081,7 @@ class DockerCLI:
         except subprocess.TimeoutExpired:
             raise DockerError("`%s` timed out after %.0f s" % (_short_cmd(argv), timeout_s), argv=argv) from None
         if check and proc.returncode != 0:
-            err = proc.stderr.decode("utf-8", "replace")
+            err = (proc.stderr if proc.stderr is not None else proc.stdout).decode("utf-8", "replace")
             raise DockerError("`%s` failed (exit %d): %s" % (_short_cmd(argv), proc.returncode,
                                                                _last_lines(err) or "no error output"),
                               argv=argv, returncode=proc.returncode, stderr=err)
@@ -3284,6 +3324,250 @@ def dataset_images(path: str, template: Optional[str] = None) -> List[str]:
     return list(dict.fromkeys(images))
 
 # =============================================================================
+# Sandbox
+# =============================================================================
+# Containers for agent sessions and scoring. Every engine call of a session runs through the exec pool (a fixed
+# number of threads), so a slow daemon never stalls model traffic and the daemon is not flooded. Timeouts that must
+# stop work run inside the container (`timeout -k 5 N`); the host-side limit is longer and only a backstop.
+
+
+class SandboxError(HarnessError):
+    """A container that could not be started, reached or used."""
+
+
+class _ExecPool:
+    """A fixed pool of ``workers`` threads; ``call(fn, ...)`` runs fn on one of them and returns its result (or
+    raises its exception) in the calling thread."""
+
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise ConfigError("--exec-workers must be >= 1, got %d" % workers)
+        self.workers = workers
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._threads: List[threading.Thread] = []
+        self._lock = threading.Lock()  # guards _threads and _closed
+        self._closed = False
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the exec pool is closed")
+            if len(self._threads) < self.workers:
+                t = threading.Thread(target=self._work, daemon=True, name="evalharness-exec-%d" % len(self._threads))
+                self._threads.append(t)
+                t.start()
+        done = threading.Event()
+        box: Dict[str, Any] = {}
+        self._queue.put((fn, args, kwargs, done, box))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                self._queue.put(_STOP)
+                return
+            fn, args, kwargs, done, box = job
+            try:
+                box["result"] = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(_STOP)
+
+
+LABEL_RUN = "evalharness.run"
+LABEL_OWNER = "evalharness.owner"      # "<host>:<pid>:<process start time>": alive or not, unambiguously
+LABEL_INSTANCE = "evalharness.instance"
+SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+TIMEOUT_EXIT_CODES = (124, 137)        # timeout(1): TERM sent (124), or KILL after the grace (-k) period (137)
+
+
+def _process_start_ticks(pid: int) -> str:
+    """The start time of process ``pid`` (clock ticks since boot, Linux); "" when unknown. With the pid it names a
+    process uniquely even after the pid is reused."""
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner_label() -> str:
+    pid = os.getpid()
+    return "%s:%d:%s" % (socket.gethostname(), pid, _process_start_ticks(pid))
+
+
+def _owner_alive(owner: str) -> Optional[bool]:
+    """Is the process named by an owner label still running? None when it ran on another host."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, ticks = rest.partition(":")
+    if host != socket.gethostname():
+        return None
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if not _pid_alive(pid):
+        return False
+    return not ticks or _process_start_ticks(pid) == ticks
+
+
+def reap_leftover_containers(docker: DockerCLI) -> List[str]:
+    """Remove containers of evalharness processes on this host that are gone (killed, crashed); return their names.
+    Containers of live processes and of other hosts sharing the daemon are left alone."""
+    try:
+        out = docker.text(["ps", "-a", "--filter", "label=" + LABEL_RUN, "--format",
+                           '{{.ID}}\t{{.Names}}\t{{.Label "%s"}}' % LABEL_OWNER], timeout_s=60)
+    except DockerError as exc:
+        _log.warning("could not look for leftover containers: %s", _last_lines(str(exc), 1))
+        return []
+    dead = []
+    for line in out.splitlines():
+        parts = line.strip().split("\t")
+        if len(parts) == 3 and _owner_alive(parts[2]) is False:
+            dead.append((parts[0], parts[1]))
+    if dead:
+        docker.rm([cid for cid, _ in dead], check=False)
+    return [name for _, name in dead]
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """How task containers are started."""
+
+    workdir: str = "/testbed"
+    memory: Optional[str] = None        # docker --memory, e.g. "4g"
+    cpus: Optional[str] = None          # docker --cpus, e.g. "2"
+    pids_limit: Optional[int] = None
+    network_none: bool = False
+    keepalive_s: int = 24 * 3600        # the container's own lifetime: a leftover dies by itself
+    env: Tuple[Tuple[str, str], ...] = (("PAGER", "cat"), ("MANPAGER", "cat"), ("LESS", "-R"),
+                                        ("PIP_PROGRESS_BAR", "off"), ("TQDM_DISABLE", "1"),
+                                        ("GIT_HTTP_LOW_SPEED_LIMIT", "1000"), ("GIT_HTTP_LOW_SPEED_TIME", "30"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    returncode: int
+    output: str
+    timed_out: bool
+    seconds: float
+
+
+# Stalled downloads inside containers fail fast: curl (the tool) reads ~/.curlrc, git its http.lowSpeed* settings.
+_CONTAINER_SETUP = r"""printf 'speed-limit = 1000\nspeed-time = 30\nconnect-timeout = 30\nretry = 2\n' > ~/.curlrc
+git config --global http.lowSpeedLimit 1000 2>/dev/null
+git config --global http.lowSpeedTime 30 2>/dev/null
+git config --global --add safe.directory '*' 2>/dev/null
+git rev-parse HEAD 2>/dev/null || echo NO_GIT_HEAD"""
+
+
+class Container:
+    """One task container: started detached with a keep-alive command, name and labels; commands run with
+    ``timeout -k 5 N`` inside it; removed by ``remove()`` (idempotent). Every engine call goes through ``pool``."""
+
+    def __init__(self, docker: DockerCLI, pool: _ExecPool, image: str, *, run_id: str, instance_id: str,
+                 role: str, config: SandboxConfig = SandboxConfig()):
+        self.docker = docker
+        self.pool = pool
+        self.image = image
+        self.config = config
+        self.name = "evalharness-%s-%s-%s-%s" % (run_id[:12], _slug(instance_id)[:40], role,
+                                                  "%06x" % random.getrandbits(24))
+        self.run_id = run_id
+        self.instance_id = instance_id
+        self.id: Optional[str] = None
+        self.start_head: Optional[str] = None
+
+    def _call(self, args: Sequence[str], **kw: Any) -> "subprocess.CompletedProcess[bytes]":
+        return self.pool.call(self.docker.call, args, **kw)
+
+    def start(self) -> "Container":
+        c = self.config
+        args = ["run", "-d", "--name", self.name, "--label", "%s=%s" % (LABEL_RUN, self.run_id),
+                "--label", "%s=%s" % (LABEL_OWNER, _owner_label()),
+                "--label", "%s=%s" % (LABEL_INSTANCE, self.instance_id), "-w", c.workdir]
+        if c.memory:
+            args += ["--memory", c.memory]
+        if c.cpus:
+            args += ["--cpus", c.cpus]
+        if c.pids_limit:
+            args += ["--pids-limit", str(c.pids_limit)]
+        if c.network_none:
+            args += ["--network", "none"]
+        for k, v in c.env:
+            args += ["-e", "%s=%s" % (k, v)]
+        args += [self.image, "sleep", str(int(c.keepalive_s))]
+        try:
+            proc = self._call(args, timeout_s=300)
+        except DockerError as exc:
+            raise SandboxError("container for %s from image %s did not start: %s"
+                               % (self.instance_id, self.image, exc)) from None
+        self.id = proc.stdout.decode("utf-8", "replace").strip()[:64] or self.name
+        setup = self.exec(_CONTAINER_SETUP, timeout_s=60)
+        head = setup.output.strip().splitlines()[-1:] if setup.output.strip() else []
+        self.start_head = head[0] if head and re.fullmatch(r"[0-9a-f]{40,64}", head[0]) else None
+        return self
+
+    def exec(self, command: str, *, timeout_s: float, workdir: Optional[str] = None) -> ExecResult:
+        """Run ``command`` with ``bash -lc`` inside; killed inside the container at ``timeout_s`` (TERM, then KILL
+        5 s later). stdout and stderr are merged. A timeout is a result (``timed_out``), not an error."""
+        if self.id is None:
+            raise SandboxError("container %s is not running" % self.name)
+        limit = max(1, int(math.ceil(timeout_s)))
+        args = ["exec", "-w", workdir or self.config.workdir, self.id, "timeout", "-k", "5", str(limit)]
+        if len(command.encode("utf-8")) > 100_000:  # past the kernel's per-argument limit: go through a file
+            path = "/tmp/.evalharness-cmd-%06x.sh" % random.getrandbits(24)
+            self.write_file(path, command.encode("utf-8"))
+            args += ["bash", "-l", path]
+        else:
+            args += ["bash", "-lc", command]
+        t0 = time.monotonic()
+        try:
+            proc = self._call(args, timeout_s=limit + 15, check=False, stderr_to_stdout=True)
+        except DockerError as exc:
+            if "timed out" in str(exc):  # the host-side backstop: the engine itself did not come back
+                return ExecResult(124, "", True, time.monotonic() - t0)
+            raise SandboxError("exec in %s failed: %s" % (self.name, exc)) from None
+        seconds = time.monotonic() - t0
+        output = proc.stdout.decode("utf-8", "replace")
+        rc = proc.returncode
+        if rc in (125, 126, 127) and re.search(r"Error response from daemon|No such container|is not running|"
+                                               r"Cannot connect to the Docker daemon", output):
+            raise SandboxError("exec in %s failed (exit %d): %s" % (self.name, rc, _last_lines(output)))
+        timed_out = rc in TIMEOUT_EXIT_CODES and seconds >= limit - 0.5
+        return ExecResult(rc, output, timed_out, seconds)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        if self.id is None:
+            raise SandboxError("container %s is not running" % self.name)
+        try:
+            self._call(["exec", "-i", self.id, "sh", "-c", 'cat > "$1"', "sh", path], input_bytes=data,
+                       timeout_s=120)
+        except DockerError as exc:
+            raise SandboxError("writing %s in %s failed: %s" % (path, self.name, exc)) from None
+
+    def remove(self) -> None:
+        if self.id is None:
+            return
+        cid, self.id = self.id, None
+        try:
+            self.pool.call(self.docker.rm, [cid])
+        except HarnessError as exc:
+            _log.warning("could not remove container %s: %s", self.name, exc)
+
+# =============================================================================
 # Results store
 # =============================================================================
 
@@ -3662,8 +3946,12 @@ class _Runner:
     def __init__(self, store: RunStore, work: Callable[[Any], Dict[str, Any]], *, workers: int, total: int,
                  label: str, cancel: threading.Event, gate: Optional[AdaptiveGate] = None,
                  progress_stream: Any = None, progress: bool = True,
-                 breaker_threshold: int = BREAKER_THRESHOLD, done_before: int = 0, failed_before: int = 0):
+                 breaker_threshold: int = BREAKER_THRESHOLD, done_before: int = 0, failed_before: int = 0,
+                 status_extra: Optional[Callable[[], str]] = None,
+                 after_append: Optional[Callable[[Dict[str, Any]], None]] = None):
         self.store = store
+        self.status_extra = status_extra    # more text for the progress line (sessions, images)
+        self.after_append = after_append    # called with each record once it is durable (SWE: preds.jsonl)
         self.work = work
         self.n_workers = workers
         self.total = total
@@ -3717,6 +4005,8 @@ class _Runner:
         if self.gate is not None:
             parts.append("limit %d" % self.gate.limit)
         parts.append("in flight %d" % in_flight)
+        if self.status_extra is not None:
+            parts.append(self.status_extra())
         return " | ".join(parts)
 
     def _worker(self, inbox: "queue.Queue[Any]") -> None:
@@ -3754,6 +4044,8 @@ class _Runner:
 
     def _finish(self, record: Dict[str, Any]) -> None:
         self.store.append(record)
+        if self.after_append is not None:
+            self.after_append(record)
         ok = record["status"] == "ok"
         show_first = False
         with self._lock:
@@ -3884,6 +4176,19 @@ class RunConfig:
     json_out: bool = False
     progress: bool = True
     remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
+    # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
+    swe: "SWEOptions" = dataclasses.field(default_factory=lambda: SWEOptions())
+    score_only: Optional[str] = None
+    image_tars: Tuple[str, ...] = ()
+    image_store: Optional[str] = None
+    image_mirrors: Tuple[str, ...] = ()
+    allow_pull: bool = False
+    engine: Optional[str] = None
+    docker_host: Optional[str] = None
+    image_workers: Optional[int] = None
+    tar_index: Optional[str] = None
+    mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S
+    keep_images: Optional[bool] = None
 
 
 def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAItem], Dict[str, Any]]:
@@ -4094,6 +4399,1004 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     return EXIT_OK, store.dir
 
 # =============================================================================
+# SWE tasks
+# =============================================================================
+# Multi-turn agents in task containers, scored as SWE-bench scores (v4.1.0 steps plus the 5.x fixes: a skipped
+# FAIL_TO_PASS test fails; a non-zero test exit code with no failure in the log is rejected).
+
+SWE_STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL")
+START_MARKER = ">>>>> Start Test Output"
+END_MARKER = ">>>>> End Test Output"
+_BAD_LOG_MARKERS = (">>>>> Patch Apply Failed", ">>>>> Reset Failed", ">>>>> Tests Errored", ">>>>> Tests Timed Out")
+_HEREDOC = "EOF_114329324912"
+_NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
+
+# Test commands by repository (SWE-bench's constants; the last entry of a spec list is the graded one).
+_SWE_TEST_CMDS = {
+    "django/django": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
+    "sympy/sympy": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
+    "sphinx-doc/sphinx": "tox --current-env -epy39 -v --",
+    "mwaskom/seaborn": "pytest --no-header -rA",
+}
+_SWE_DEFAULT_TEST_CMD = "pytest -rA"
+_SWE_PARSER_OF_REPO = {"django/django": "django", "sympy/sympy": "sympy"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SWEInstance:
+    """One SWE-bench task. ``patch`` (the gold patch) is used only by ``--score-only gold``; it never reaches the
+    model."""
+
+    id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    test_patch: str
+    fail_to_pass: Tuple[str, ...]
+    pass_to_pass: Tuple[str, ...]
+    image: str
+    patch: str = ""
+    version: str = ""
+    test_cmd: Optional[str] = None
+    eval_script: Optional[str] = None
+    log_parser: Optional[str] = None
+    workdir: str = "/testbed"
+    source: str = ""
+
+    @property
+    def category(self) -> str:
+        return self.repo
+
+
+def _test_list(value: Any, where: str, field: str) -> Tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise DatasetError("%s: field %r is a string but not a JSON list (%s); give a list of test ids"
+                               % (where, field, exc)) from None
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise DatasetError("%s: field %r must be a list of test ids (or that list as JSON text), got %r"
+                           % (where, field, type(value).__name__))
+    return tuple(value)
+
+
+def _validate_swe_row(row: Any, where: str, template: Optional[str]) -> SWEInstance:
+    if not isinstance(row, dict):
+        raise DatasetError("%s: a row must be a JSON object, got %s" % (where, type(row).__name__))
+
+    def text(field: str, required: bool = True) -> str:
+        value = row.get(field)
+        if value is None and not required:
+            return ""
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise DatasetError("%s: field %r must be a non-empty string, got %r%s" % (
+                where, field, value if not isinstance(value, str) else value[:40],
+                "" if field in row else " (missing)"))
+        return value
+
+    iid = text("instance_id")
+    f2p = _test_list(row.get("FAIL_TO_PASS", []), where, "FAIL_TO_PASS")
+    if not f2p:
+        raise DatasetError("%s: field 'FAIL_TO_PASS' is empty; an instance needs at least one test the patch "
+                           "must fix" % where)
+    image = row.get("image")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise DatasetError("%s: field 'image' must be a non-empty string, got %r" % (where, image))
+    parser = row.get("log_parser")
+    if parser is not None and parser not in _LOG_PARSERS:
+        raise DatasetError("%s: field 'log_parser' %r is not one of %s" % (where, parser, ", ".join(_LOG_PARSERS)))
+    for opt in ("test_cmd", "eval_script", "workdir"):
+        if row.get(opt) is not None and not isinstance(row.get(opt), str):
+            raise DatasetError("%s: field %r must be a string" % (where, opt))
+    version = row.get("version", "")
+    return SWEInstance(
+        id=iid, repo=text("repo"), base_commit=text("base_commit"), problem_statement=text("problem_statement"),
+        test_patch=text("test_patch"), fail_to_pass=f2p,
+        pass_to_pass=_test_list(row.get("PASS_TO_PASS", []), where, "PASS_TO_PASS"),
+        image=_normalize_ref(image or swe_image_name(iid, template)), patch=text("patch", required=False),
+        version=str(version) if version is not None else "", test_cmd=row.get("test_cmd"),
+        eval_script=row.get("eval_script"), log_parser=parser, workdir=row.get("workdir") or "/testbed",
+        source=where)
+
+
+class SWEDataset:
+    """A validated SWE-bench instance file (.jsonl or a .json list); held in memory (a few thousand rows)."""
+
+    def __init__(self, path: str, *, image_template: Optional[str] = None):
+        self.path = path
+        self.name = os.path.basename(path)
+        self.image_template = image_template
+        self.items: List[SWEInstance] = []
+        self.by_id: Dict[str, SWEInstance] = {}
+        self.ids: set = set()
+        self.count = 0
+        self.sha256 = ""
+
+    def validate(self, limit: Optional[int] = None) -> "SWEDataset":
+        if not os.path.isfile(self.path):
+            raise DatasetError("dataset %r does not exist or is not a file" % self.path)
+        if not self.path.endswith((".jsonl", ".json")):
+            raise DatasetError("dataset %r: expected a .jsonl or .json file" % self.path)
+        self.sha256 = _file_sha256(self.path)
+        seen: Dict[str, str] = {}
+        for where, row in _iter_raw_rows(self.path):
+            inst = _validate_swe_row(row, where, self.image_template)
+            if inst.id in seen:
+                raise DatasetError("%s: field 'instance_id' %r duplicates the one at %s; ids must be unique"
+                                   % (where, inst.id, seen[inst.id]))
+            seen[inst.id] = where
+            self.items.append(inst)
+            if limit is not None and len(self.items) >= limit:
+                break
+        if not self.items:
+            raise DatasetError("dataset %r has no rows" % self.path)
+        self.by_id = {i.id: i for i in self.items}
+        self.ids = set(self.by_id)
+        self.count = len(self.items)
+        return self
+
+    def iter_items(self) -> Iterator[SWEInstance]:
+        return iter(self.items)
+
+
+# ----------------------------------------------------------------------------- log parsing and grading
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_PYTEST_STATUS_RE = re.compile(r"^(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.+)$")
+_PYTEST_VERBOSE_RE = re.compile(r"^(\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?: +\[ *\d+%\])?\s*$")
+
+
+def _pytest_id(rest: str, status: str) -> str:
+    """The test id at the start of a ``-rA`` summary line's remainder. FAILED/ERROR lines carry `` - message``
+    after the id; a parametrized id may itself hold spaces, brackets and `` - ``, so the id ends where its first
+    bracket group closes (when the rest of the line is empty or a message)."""
+    rest = rest.strip()
+    if status not in ("FAILED", "ERROR"):
+        return rest
+    open_at = rest.find("[")
+    dash_at = rest.find(" - ")
+    if open_at != -1 and (dash_at == -1 or open_at < dash_at):
+        depth = 0
+        for i in range(open_at, len(rest)):
+            if rest[i] == "[":
+                depth += 1
+            elif rest[i] == "]":
+                depth -= 1
+                if depth == 0 and (i + 1 == len(rest) or rest.startswith(" - ", i + 1)):
+                    return rest[:i + 1]
+        last = rest.rfind("]")  # unbalanced brackets inside the id: fall back to the last one
+        if last != -1:
+            return rest[:last + 1]
+    return rest[:dash_at] if dash_at != -1 else rest
+
+
+def parse_log_pytest(log: str) -> Dict[str, str]:
+    """pytest ``-rA`` summary lines (status first) and verbose lines (status last); ANSI colour removed;
+    ``[/abs/path/x]`` parameters cut to their basename as SWE-bench does. XPASS is not a SWE-bench status."""
+    statuses: Dict[str, str] = {}
+    for raw in log.splitlines():
+        line = _ANSI_RE.sub("", raw).rstrip()
+        m = _PYTEST_STATUS_RE.match(line)
+        if m:
+            status, rest = m.group(1), m.group(2)
+            if status == "SKIPPED" and rest.startswith("["):
+                continue  # "SKIPPED [1] file.py:12: reason" names a location, not a test
+            test = _pytest_id(rest, status)
+        else:
+            m = _PYTEST_VERBOSE_RE.match(line)
+            if not m or "::" not in m.group(1):
+                continue
+            test, status = m.group(1).strip(), m.group(2)
+        if status == "XPASS":
+            continue
+        test = re.sub(r"\[(/[^\]]*/)([^/\]]+)\]$", r"[\2]", test)
+        statuses[test] = status
+    return statuses
+
+
+_DJANGO_LINE_RE = re.compile(r"^(.*?) \.\.\. ?(.*)$")
+_DJANGO_ID_RE = re.compile(r"^(\w+) \(([\w.]+)\)")
+
+
+def _django_id(text: str) -> str:
+    """``name (module.Class)``; Python 3.11+ writes ``name (module.Class.name)``: normalised to the old form."""
+    text = text.strip()
+    m = _DJANGO_ID_RE.match(text)
+    if m:
+        name, where = m.group(1), m.group(2)
+        if where.endswith("." + name):
+            where = where[:-len(name) - 1]
+        return "%s (%s)" % (name, where)
+    return text
+
+
+def _django_status(word: str) -> Optional[str]:
+    word = word.strip()
+    if word in ("ok", "OK"):
+        return "PASSED"
+    if word.startswith("skipped"):
+        return "SKIPPED"
+    if word == "FAIL":
+        return "FAILED"
+    if word == "ERROR":
+        return "ERROR"
+    if word == "expected failure":
+        return "XFAIL"
+    if word == "unexpected success":
+        return "FAILED"
+    return None
+
+
+def parse_log_django(log: str) -> Dict[str, str]:
+    """Django's test runner at verbosity 2 (unittest's verbose format): ``name (module.Class) ... ok``, a bare
+    ``ok`` completing an earlier ``...`` line, other output landing in between, ``FAIL:``/``ERROR:`` headers."""
+    statuses: Dict[str, str] = {}
+    pending: Optional[str] = None
+    for raw in log.splitlines():
+        line = _ANSI_RE.sub("", raw).rstrip()
+        m = _DJANGO_LINE_RE.match(line)
+        if m and m.group(1).strip():
+            test = _django_id(m.group(1))
+            status = _django_status(m.group(2))
+            if status:
+                statuses[test] = status
+                pending = None
+            else:
+                pending = test  # the status comes on a later line
+            continue
+        m = re.match(r"^(FAIL|ERROR): (.+)$", line)
+        if m:
+            statuses[_django_id(m.group(2))] = "FAILED" if m.group(1) == "FAIL" else "ERROR"
+            continue
+        if pending is not None:
+            status = _django_status(line)
+            if status:
+                statuses[pending] = status
+                pending = None
+    return statuses
+
+
+def parse_log_sympy(log: str) -> Dict[str, str]:
+    """sympy's ``bin/test --verbose``: ``test_x ok|F|E|f|s`` lines; a banner ``___ path.py:test_x ___`` is a
+    failure."""
+    statuses: Dict[str, str] = {}
+    word = {"ok": "PASSED", "F": "FAILED", "E": "ERROR", "f": "XFAIL", "s": "SKIPPED"}
+    for raw in log.splitlines():
+        line = _ANSI_RE.sub("", raw).strip()
+        m = re.match(r"^_+ (\S+?\.py):(\S+) _+$", line)
+        if m:
+            statuses[m.group(2)] = "FAILED"
+            continue
+        m = re.match(r"^(test_\w+) (ok|F|E|f|s)\b", line)
+        if m and not (m.group(1) in statuses and statuses[m.group(1)] == "FAILED" and m.group(2) == "ok"):
+            statuses[m.group(1)] = word[m.group(2)]
+    return statuses
+
+
+_LOG_PARSERS = {"pytest": parse_log_pytest, "django": parse_log_django, "sympy": parse_log_sympy}
+
+
+def _test_region(log: str) -> Optional[str]:
+    """The text between the start and end markers; None when a marker is missing or a failure marker appears."""
+    if any(bad in log for bad in _BAD_LOG_MARKERS):
+        return None
+    start, end = log.find(START_MARKER), log.find(END_MARKER)
+    if start == -1 or end == -1 or end < start:
+        return None
+    return log[log.index("\n", start) + 1 if "\n" in log[start:] else start:end]
+
+
+def parse_test_log(log: str, parser: str) -> Tuple[Optional[Dict[str, str]], Optional[int]]:
+    """(test statuses, test exit code) of an eval log; statuses None when the log shows the tests did not run
+    properly (missing markers, apply/timeout failure markers)."""
+    region = _test_region(log)
+    code = None
+    m = re.search(r">>>>> Test Exit Code: (-?\d+)", log)
+    if m:
+        code = int(m.group(1))
+    if region is None:
+        return None, code
+    fn = _LOG_PARSERS[parser]
+    statuses = fn(region)
+    if not statuses:
+        statuses = fn(log)  # SWE-bench 4.1's fallback: parse the whole log
+    return statuses, code
+
+
+def _lookup_status(statuses: Dict[str, str], test: str) -> Optional[str]:
+    if test in statuses:
+        return statuses[test]
+    if "[" in test and not test.endswith("]"):  # ids cut short in the dataset (SWE-bench #290): prefix match
+        hits = [s for t, s in statuses.items() if t.startswith(test)]
+        if hits:
+            return "FAILED" if any(h in ("FAILED", "ERROR") for h in hits) else hits[0]
+    return None
+
+
+def grade_tests(statuses: Optional[Dict[str, str]], f2p: Sequence[str], p2p: Sequence[str],
+                test_exit_code: Optional[int]) -> Dict[str, Any]:
+    """SWE-bench's verdict. A FAIL_TO_PASS test passes only as PASSED or XFAIL (SKIPPED fails it); a PASS_TO_PASS
+    test passes as PASSED, XFAIL or SKIPPED; a test missing from the log fails. resolved ⇔ all pass. A non-zero
+    test exit code with no FAILED/ERROR anywhere is rejected (a patch cannot pass by printing PASSED lines)."""
+    statuses = statuses or {}
+    report: Dict[str, Any] = {}
+    for key, tests, good in (("FAIL_TO_PASS", f2p, ("PASSED", "XFAIL")),
+                             ("PASS_TO_PASS", p2p, ("PASSED", "XFAIL", "SKIPPED"))):
+        ok = [t for t in tests if _lookup_status(statuses, t) in good]
+        report[key] = {"success": ok, "failure": [t for t in tests if t not in ok]}
+    report["FAIL_TO_FAIL"] = {"success": [], "failure": []}
+    report["PASS_TO_FAIL"] = {"success": [], "failure": []}
+    all_pass = not report["FAIL_TO_PASS"]["failure"] and not report["PASS_TO_PASS"]["failure"]
+    rejected = None
+    if all_pass and test_exit_code not in (None, 0) and not any(s in ("FAILED", "ERROR") for s in statuses.values()):
+        rejected = "the test command exited %d but the log shows no failure" % test_exit_code
+    return {"tests_status": report, "resolved": all_pass and rejected is None, "rejected": rejected}
+
+
+def _patch_files(patch: str) -> List[Tuple[str, str]]:
+    """(old path, new path) of each file in a unified git diff; /dev/null for created or deleted files."""
+    files = []
+    for m in re.finditer(r"^diff --git a/(\S+) b/(\S+)$", patch, re.M):
+        old, new = m.group(1), m.group(2)
+        tail = patch[m.end():m.end() + 400]
+        if re.search(r"^new file mode", tail.split("\ndiff --git", 1)[0], re.M):
+            old = "/dev/null"
+        files.append((old, new))
+    return files
+
+
+def _test_directives(inst: SWEInstance) -> List[str]:
+    paths = [new for _, new in _patch_files(inst.test_patch) if not new.endswith(_NON_TEST_SUFFIXES)]
+    if inst.repo == "django/django":
+        out = []
+        for p in paths:
+            p = p[:-3] if p.endswith(".py") else p
+            p = p[len("tests/"):] if p.startswith("tests/") else p
+            out.append(p.replace("/", "."))
+        return out
+    return paths
+
+
+def swe_test_command(inst: SWEInstance) -> str:
+    if inst.test_cmd:
+        return inst.test_cmd
+    base = _SWE_TEST_CMDS.get(inst.repo, _SWE_DEFAULT_TEST_CMD)
+    return " ".join([base] + [shlex.quote(d) for d in _test_directives(inst)])
+
+
+def swe_eval_script(inst: SWEInstance) -> str:
+    """The eval script, shaped like SWE-bench's: no ``-e`` (the final revert always runs), xtrace markers, test
+    files reset to the base commit and the test patch applied from a quoted heredoc, test exit code printed."""
+    if inst.eval_script:
+        return inst.eval_script
+    existing = [old for old, _ in _patch_files(inst.test_patch) if old != "/dev/null"]
+    reset = "git checkout %s %s" % (shlex.quote(inst.base_commit), " ".join(shlex.quote(f) for f in existing)) \
+        if existing else ":"
+    lines = ["#!/bin/bash", "set -uxo pipefail",
+             "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
+             "conda activate testbed; fi",
+             "cd %s" % shlex.quote(inst.workdir),
+             "git config --global --add safe.directory %s" % shlex.quote(inst.workdir)]
+    if inst.repo == "django/django":
+        lines.append("export LANG=en_US.UTF-8 LC_ALL=en_US.UTF-8 PYTHONIOENCODING=utf8")
+    lines += ["git status", "git -c core.fileMode=false diff %s" % shlex.quote(inst.base_commit), reset,
+              "git apply -v - <<'%s'\n%s%s\n%s" % (_HEREDOC, inst.test_patch,
+                                                  "" if inst.test_patch.endswith("\n") else "\n", _HEREDOC),
+              ": '%s'" % START_MARKER, swe_test_command(inst), "rc=$?", ": '%s'" % END_MARKER,
+              "echo '>>>>> Test Exit Code: '$rc", reset]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- agent
+
+
+@dataclasses.dataclass(frozen=True)
+class SWEOptions:
+    """Agent and sandbox settings of a SWE run."""
+
+    step_limit: int = 100               # model calls per sample
+    exec_timeout_s: float = 60.0        # one bash action, enforced inside the container
+    sample_timeout_s: float = 3600.0    # wall time of one agent session
+    max_sample_tokens: int = 0          # prompt+completion tokens of one session; 0 = no limit
+    eval_timeout_s: float = 1800.0      # the scoring test run
+    image_timeout_s: float = DEFAULT_IMAGE_WAIT_S
+    exec_workers: int = 4
+    max_sessions: int = 16              # cap on concurrent sessions (the SessionGate decides below it)
+    observation_chars: int = 10000      # longer outputs keep head and tail halves
+    max_format_errors: int = 3
+    system_template: Optional[str] = None
+    instance_template: Optional[str] = None
+    image_template: Optional[str] = None
+    tool_mode: bool = False
+    sandbox: SandboxConfig = SandboxConfig()
+
+
+SWE_SYSTEM_TEMPLATE = """You are a helpful assistant that can interact with a computer shell to solve programming tasks.
+Your response must contain exactly ONE bash code block with ONE command (or commands connected with && or ||).
+Include a THOUGHT section before your command where you explain your reasoning.
+
+Format your response as shown:
+THOUGHT: Your reasoning and analysis here
+
+```bash
+your_command_here
+```
+
+Failure to follow these rules will cause your response to be rejected."""
+
+SWE_INSTANCE_TEMPLATE = """<pr_description>
+Consider the following PR description:
+{problem_statement}
+</pr_description>
+
+<instructions>
+You are working in the repository at {workdir} (a git checkout). Make changes to non-test files so that the
+issue in the PR description is resolved. Each command runs in a new shell (`bash -lc` in {workdir}); directory
+changes and environment variables do not persist. Commands time out after {exec_timeout} seconds. Do not run
+interactive programs.
+
+When you are done, submit by running this command alone (your changes are collected from git automatically):
+
+```bash
+echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
+```
+</instructions>"""
+
+_ACTION_RE = re.compile(r"^```bash[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+_FORMAT_ERROR_MSG = ("Your reply must contain EXACTLY ONE fenced code block that starts with a line ```bash and ends "
+                     "with a line ```; found %d. If you are done, run `echo %s` in that block." % (0, SUBMIT_SENTINEL))
+
+
+def _fill(template: str, fields: Dict[str, Any]) -> str:
+    """Replace ``{name}`` for the known names only: problem statements are full of other braces."""
+    for key, value in fields.items():
+        template = template.replace("{%s}" % key, str(value))
+    return template
+
+
+def _truncate_output(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return ("%s\n[... %d characters elided: the output was too long; use head/tail/grep to see less at a time ...]"
+            "\n%s" % (text[:half], len(text) - 2 * half, text[-half:]))
+
+
+def _observation(res: ExecResult, limit: int, timeout_s: float) -> str:
+    out = _truncate_output(res.output, limit)
+    if res.timed_out:
+        return ("<returncode>%d</returncode>\n<output>\n%s</output>\nThe command timed out after %d s and was "
+                "killed. Avoid interactive or long-running commands; run long jobs with a time limit or in smaller "
+                "steps." % (res.returncode, out, int(timeout_s)))
+    return "<returncode>%d</returncode>\n<output>\n%s</output>" % (res.returncode, out)
+
+
+def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts: SWEOptions,
+              cancel: threading.Event) -> Dict[str, Any]:
+    """The agent loop: one bash action per reply, run in the container, observation back, until the submit
+    sentinel or a limit. Returns the trajectory (messages, steps, timings, exit reason)."""
+    fields = {"problem_statement": inst.problem_statement, "workdir": inst.workdir, "instance_id": inst.id,
+              "repo": inst.repo, "exec_timeout": int(opts.exec_timeout_s)}
+    messages = [{"role": "system", "content": _fill(opts.system_template or SWE_SYSTEM_TEMPLATE, fields)},
+                {"role": "user", "content": _fill(opts.instance_template or SWE_INSTANCE_TEMPLATE, fields)}]
+    steps: List[Dict[str, Any]] = []
+    t0 = time.monotonic()
+    tokens = {"prompt": 0, "completion": 0}
+    format_errors, exit_reason, error = 0, None, None
+    while exit_reason is None:
+        if cancel.is_set():
+            raise _Cancelled()
+        if len(steps) >= opts.step_limit:
+            exit_reason = "step_limit"
+            break
+        if time.monotonic() - t0 >= opts.sample_timeout_s:
+            exit_reason = "time_limit"
+            break
+        if opts.max_sample_tokens and tokens["prompt"] + tokens["completion"] >= opts.max_sample_tokens:
+            exit_reason = "token_limit"
+            break
+        step: Dict[str, Any] = {"step": len(steps) + 1, "t": round(time.monotonic() - t0, 3)}
+        try:
+            res = client.chat(messages)
+        except ModelAPIError as exc:
+            step.update(error=str(exc))
+            steps.append(step)
+            exit_reason, error = "model_error", exc
+            break
+        tokens["prompt"] += res.prompt_tokens or 0
+        tokens["completion"] += res.completion_tokens or 0
+        messages.append({"role": "assistant", "content": res.text})
+        step.update(model_s=round(res.latency_s, 3), completion_tokens=res.completion_tokens)
+        actions = _ACTION_RE.findall(res.text)
+        if len(actions) != 1:
+            format_errors += 1
+            step.update(format_error=len(actions))
+            steps.append(step)
+            if format_errors >= opts.max_format_errors:
+                exit_reason = "format_error"
+                break
+            messages.append({"role": "user", "content": _FORMAT_ERROR_MSG.replace("found 0", "found %d"
+                                                                                     % len(actions))})
+            continue
+        format_errors = 0
+        action = actions[0].rstrip("\n")
+        out = container.exec(action, timeout_s=opts.exec_timeout_s)
+        step.update(action=action, returncode=out.returncode, exec_s=round(out.seconds, 3), timed_out=out.timed_out)
+        steps.append(step)
+        first = out.output.lstrip().splitlines()[0].strip() if out.output.strip() else ""
+        if first == SUBMIT_SENTINEL and out.returncode == 0 and not out.timed_out:
+            exit_reason = "submitted"
+            break
+        observation = _observation(out, opts.observation_chars, opts.exec_timeout_s)
+        step["observation_chars"] = len(out.output)
+        messages.append({"role": "user", "content": observation})
+    return {"messages": messages, "steps": steps, "exit_reason": exit_reason, "error": error,
+            "agent_s": round(time.monotonic() - t0, 3), "prompt_tokens": tokens["prompt"],
+            "completion_tokens": tokens["completion"], "model_calls": sum(1 for s in steps if "model_s" in s)}
+
+
+_DIFF_CMD = ("git add -A >/dev/null 2>&1; git -c core.fileMode=false diff --cached --binary %s; "
+             "echo; echo __EVALHARNESS_DIFF_RC=$?")
+
+
+def collect_patch(container: Container) -> str:
+    """Everything changed relative to the start HEAD, new and binary files included, as a git diff."""
+    base = container.start_head or "HEAD"
+    res = container.exec(_DIFF_CMD % shlex.quote(base), timeout_s=120)
+    out = res.output
+    m = re.search(r"\n?__EVALHARNESS_DIFF_RC=(\d+)\s*$", out)
+    if res.timed_out or not m or m.group(1) != "0":
+        raise SandboxError("git diff in %s failed (exit %s): %s" % (container.name, res.returncode,
+                                                                   _last_lines(out)))
+    patch = out[:m.start()]
+    return patch[:-1] if patch.endswith("\n\n") else patch
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: str, *, run_id: str,
+                opts: SWEOptions) -> Dict[str, Any]:
+    """Score one patch in a fresh container of the instance's image: apply (git apply, then --reject, then
+    patch --fuzz), reset test files, apply the test patch, run the tests between markers, parse, grade.
+    Returns outcome (resolved | unresolved | empty_patch | apply_failed | error) with the details."""
+    t0 = time.monotonic()
+    if not patch.strip():
+        return {"outcome": "empty_patch", "resolved": False, "patch_applied": None, "eval_s": 0.0,
+                "tests_status": None, "test_exit_code": None, "test_output": ""}
+    box = Container(docker, pool, inst.image, run_id=run_id, instance_id=inst.id, role="eval",
+                    config=opts.sandbox).start()
+    try:
+        box.write_file("/tmp/patch.diff", patch.encode("utf-8") if patch.endswith("\n") else
+                       (patch + "\n").encode("utf-8"))
+        applied_with, apply_log = None, []
+        for cmd in ("git apply --verbose /tmp/patch.diff", "git apply --verbose --reject /tmp/patch.diff",
+                    "patch --batch --fuzz=5 -p1 -i /tmp/patch.diff"):
+            res = box.exec(cmd, timeout_s=120)
+            apply_log.append("$ %s (exit %d)\n%s" % (cmd, res.returncode, res.output))
+            if res.returncode == 0:
+                applied_with = cmd
+                break
+        if applied_with is None:
+            return {"outcome": "apply_failed", "resolved": False, "patch_applied": False,
+                    "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": None,
+                    "test_output": ">>>>> Patch Apply Failed\n" + "\n".join(apply_log)}
+        box.write_file("/eval.sh", swe_eval_script(inst).encode("utf-8"))
+        res = box.exec("/bin/bash /eval.sh", timeout_s=opts.eval_timeout_s)
+        log = res.output
+        if res.timed_out:
+            log += "\n>>>>> Tests Timed Out\nTimeout error: %d seconds exceeded." % int(opts.eval_timeout_s)
+            return {"outcome": "error", "resolved": False, "patch_applied": True, "applied_with": applied_with,
+                    "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": None,
+                    "test_output": log, "error": "tests timed out after %d s" % int(opts.eval_timeout_s)}
+        parser = inst.log_parser or _SWE_PARSER_OF_REPO.get(inst.repo, "pytest")
+        statuses, code = parse_test_log(log, parser)
+        if statuses is None:
+            return {"outcome": "error", "resolved": False, "patch_applied": True, "applied_with": applied_with,
+                    "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": code,
+                    "test_output": log, "error": "the eval log lacks its markers (the test patch did not apply or "
+                                                 "the script broke)"}
+        verdict = grade_tests(statuses, inst.fail_to_pass, inst.pass_to_pass, code)
+        return {"outcome": "resolved" if verdict["resolved"] else "unresolved", "resolved": verdict["resolved"],
+                "patch_applied": True, "applied_with": applied_with, "tests_status": verdict["tests_status"],
+                "rejected": verdict["rejected"], "test_exit_code": code, "test_statuses": statuses,
+                "eval_s": round(time.monotonic() - t0, 3), "test_output": log}
+    finally:
+        box.remove()
+
+
+
+# ----------------------------------------------------------------------------- SWE run
+
+
+PREDS_FILE = "preds.jsonl"
+TRAJ_DIR = "trajectories"
+SWE_REPORT_FILE = "swebench_report.json"
+
+
+def _pred_line(rec: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    if rec.get("status") != "ok" or "model_patch" not in rec:
+        return None
+    return {"instance_id": rec["id"], "model_name_or_path": rec.get("model_name_or_path") or "",
+            "model_patch": rec.get("model_patch") or ""}
+
+
+def _rewrite_preds(store: RunStore, ids: Optional[set] = None) -> int:
+    """preds.jsonl rebuilt from samples.jsonl (atomically): after a crash between the two appends, or after
+    --retry-failed dropped samples, the two files agree again, one line per instance."""
+    latest: Dict[str, Dict[str, Any]] = {}
+    for rec in store.iter_samples():
+        if ids is None or rec.get("id") in ids:
+            latest[rec["id"]] = rec
+    lines = [json.dumps(p, ensure_ascii=False, sort_keys=True) for p in (_pred_line(r) for r in latest.values()) if p]
+    _atomic_write(store.path(PREDS_FILE), "".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+class _AppendFile:
+    """An append-only JSONL file written one fsynced line at a time (preds.jsonl next to samples.jsonl)."""
+
+    def __init__(self, path: str):
+        self._fh = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()  # guards writes
+
+    def append(self, obj: Dict[str, Any]) -> None:
+        line = json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n"
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def swebench_report(records: Iterable[Dict[str, Any]], instance_ids: Sequence[str]) -> Dict[str, Any]:
+    """The run-level report in SWE-bench's shape (schema_version 2)."""
+    latest = {r["id"]: r for r in records if r.get("id") in set(instance_ids)}
+    ids = sorted(instance_ids)
+    submitted = sorted(i for i, r in latest.items() if r.get("status") == "ok" or r.get("model_patch"))
+    empty = sorted(i for i, r in latest.items() if r.get("outcome") == "empty_patch")
+    resolved = sorted(i for i, r in latest.items() if r.get("outcome") == "resolved")
+    unresolved = sorted(i for i, r in latest.items() if r.get("outcome") in ("unresolved", "apply_failed"))
+    errors = sorted(i for i, r in latest.items() if r.get("status") == "failed" or r.get("outcome") == "error")
+    completed = sorted(set(resolved) | set(unresolved))
+    return {"total_instances": len(ids), "submitted_instances": len(submitted),
+            "completed_instances": len(completed), "resolved_instances": len(resolved),
+            "unresolved_instances": len(unresolved), "empty_patch_instances": len(empty),
+            "error_instances": len(errors), "completed_ids": completed,
+            "incomplete_ids": sorted(set(ids) - set(completed) - set(empty) - set(errors)),
+            "empty_patch_ids": empty, "submitted_ids": submitted, "resolved_ids": resolved,
+            "unresolved_ids": unresolved, "error_ids": errors, "schema_version": 2}
+
+
+def _instance_report(inst: SWEInstance, patch: str, scored: Dict[str, Any]) -> Dict[str, Any]:
+    """report.json of one instance, as SWE-bench writes it, plus the test exit code."""
+    return {inst.id: {"patch_is_None": False, "patch_exists": bool(patch.strip()),
+                      "patch_successfully_applied": bool(scored.get("patch_applied")),
+                      "resolved": bool(scored.get("resolved")),
+                      "tests_status": scored.get("tests_status") or {},
+                      "test_exit_code": scored.get("test_exit_code"), "outcome": scored.get("outcome")}}
+
+
+def _swe_record(inst: SWEInstance, model: str, patch: str, scored: Dict[str, Any], started: float,
+                traj: Optional[Dict[str, Any]], image_wait_s: float) -> Dict[str, Any]:
+    ts = scored.get("tests_status") or {}
+    f2p, p2p = ts.get("FAIL_TO_PASS") or {}, ts.get("PASS_TO_PASS") or {}
+    failed = scored["outcome"] == "error"
+    rec = {"id": inst.id, "instance_id": inst.id, "status": "failed" if failed else "ok",
+           "score": None if failed else (1.0 if scored["resolved"] else 0.0),
+           "error": scored.get("error") if failed else None, "error_class": "eval_error" if failed else None,
+           "category": inst.repo, "repo": inst.repo, "scorer": "swebench", "image": inst.image,
+           "outcome": scored["outcome"], "resolved": bool(scored.get("resolved")),
+           "patch_applied": scored.get("patch_applied"), "applied_with": scored.get("applied_with"),
+           "rejected": scored.get("rejected"), "test_exit_code": scored.get("test_exit_code"),
+           "f2p": [len(f2p.get("success", [])), len(inst.fail_to_pass)],
+           "p2p": [len(p2p.get("success", [])), len(inst.pass_to_pass)], "tests_status": ts or None,
+           "model_name_or_path": model, "model_patch": patch, "patch_bytes": len(patch.encode("utf-8")),
+           "eval_s": scored.get("eval_s"), "image_wait_s": round(image_wait_s, 3),
+           "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+    if traj is not None:
+        rec.update({"exit_reason": traj["exit_reason"], "steps": len(traj["steps"]),
+                    "model_calls": traj["model_calls"], "agent_s": traj["agent_s"],
+                    "prompt_tokens": traj["prompt_tokens"], "completion_tokens": traj["completion_tokens"],
+                    "format_errors": sum(1 for s in traj["steps"] if "format_error" in s),
+                    "timeouts": sum(1 for s in traj["steps"] if s.get("timed_out"))})
+    return rec
+
+
+class _SWEContext:
+    """What every SWE sample of one run shares."""
+
+    def __init__(self, *, store: RunStore, docker: DockerCLI, pool: _ExecPool, images: ImageService,
+                 client: Optional[ModelClient], sessions: Optional[SessionGate], opts: SWEOptions, model: str,
+                 run_id: str, cancel: threading.Event, preds: Dict[str, str]):
+        self.store, self.docker, self.pool, self.images = store, docker, pool, images
+        self.client, self.sessions, self.opts, self.model = client, sessions, opts, model
+        self.run_id, self.cancel, self.preds = run_id, cancel, preds
+
+    def save_artifacts(self, inst: SWEInstance, patch: str, scored: Dict[str, Any],
+                       traj: Optional[Dict[str, Any]]) -> None:
+        for sub in (TRAJ_DIR, "reports", "logs"):
+            os.makedirs(self.store.path(sub), exist_ok=True)
+        name = _slug(inst.id)
+        if traj is not None:
+            _write_json(self.store.path(os.path.join(TRAJ_DIR, name + ".json")), {
+                "instance_id": inst.id, "model": self.model, "exit_reason": traj["exit_reason"],
+                "agent_s": traj["agent_s"], "model_calls": traj["model_calls"],
+                "prompt_tokens": traj["prompt_tokens"], "completion_tokens": traj["completion_tokens"],
+                "steps": traj["steps"], "messages": traj["messages"], "patch": patch,
+                "trajectory_format": "evalharness-1"})
+        _write_json(self.store.path(os.path.join("reports", name + ".json")), _instance_report(inst, patch, scored))
+        _atomic_write(self.store.path(os.path.join("logs", name + ".test_output.txt")),
+                      scored.get("test_output") or "")
+
+
+def _swe_agent_work(ctx: _SWEContext) -> Callable[[SWEInstance], Dict[str, Any]]:
+    def work(inst: SWEInstance) -> Dict[str, Any]:
+        started = time.time()
+        slot = ctx.sessions.enter(cancel=ctx.cancel)
+        traj: Optional[Dict[str, Any]] = None
+        try:
+            t_img = time.monotonic()
+            ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
+            image_wait_s = time.monotonic() - t_img
+            box = Container(ctx.docker, ctx.pool, inst.image, run_id=ctx.run_id, instance_id=inst.id,
+                            role="agent", config=dataclasses.replace(ctx.opts.sandbox, workdir=inst.workdir)).start()
+            try:
+                traj = run_agent(ctx.client, box, inst, ctx.opts, ctx.cancel)
+                patch = "" if traj["exit_reason"] == "model_error" else collect_patch(box)
+            finally:
+                box.remove()
+        finally:
+            ctx.sessions.leave(slot)
+        if traj["exit_reason"] == "model_error":
+            exc = traj["error"]
+            ctx.save_artifacts(inst, "", {"outcome": "error"}, traj)
+            rec = _failed_record(inst, started, _redact(exc), getattr(exc, "kind", "model_error"))
+            rec.update({"exit_reason": "model_error", "steps": len(traj["steps"]), "repo": inst.repo})
+            return rec
+        scored = score_patch(ctx.docker, ctx.pool, inst, patch, run_id=ctx.run_id, opts=ctx.opts)
+        ctx.save_artifacts(inst, patch, scored, traj)
+        return _swe_record(inst, ctx.model, patch, scored, started, traj, image_wait_s)
+    return work
+
+
+def _swe_score_work(ctx: _SWEContext) -> Callable[[SWEInstance], Dict[str, Any]]:
+    def work(inst: SWEInstance) -> Dict[str, Any]:
+        started = time.time()
+        t_img = time.monotonic()
+        ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
+        image_wait_s = time.monotonic() - t_img
+        patch = ctx.preds[inst.id]
+        scored = score_patch(ctx.docker, ctx.pool, inst, patch, run_id=ctx.run_id, opts=ctx.opts)
+        ctx.save_artifacts(inst, patch, scored, None)
+        return _swe_record(inst, ctx.model, patch, scored, started, None, image_wait_s)
+    return work
+
+
+def load_predictions(path: str, dataset: SWEDataset) -> Tuple[Dict[str, str], str]:
+    """({instance_id: patch}, model name) from SWE-bench predictions: JSONL, a JSON list, a JSON dict keyed by
+    instance_id (mini-swe-agent's preds.json), or the word ``gold`` (the dataset's own patches)."""
+    if path == "gold":
+        return {i.id: i.patch for i in dataset.items}, "gold"
+    if not os.path.isfile(path):
+        raise ConfigError("--score-only %r: no such file (or use 'gold')" % path)
+    rows: List[Tuple[str, Any]] = []
+    if path.endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except ValueError as exc:
+            raise DatasetError("%s: invalid JSON (%s)" % (path, exc)) from None
+        if isinstance(data, dict):
+            rows = [("%s[%r]" % (path, k), dict(v, instance_id=v.get("instance_id", k)) if isinstance(v, dict) else v)
+                    for k, v in data.items()]
+        elif isinstance(data, list):
+            rows = [("%s[%d]" % (path, i), v) for i, v in enumerate(data)]
+        else:
+            raise DatasetError("%s: predictions must be a JSON list or an object keyed by instance_id" % path)
+    else:
+        rows = list(_iter_raw_rows(path))
+    preds: Dict[str, str] = {}
+    models = set()
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise DatasetError("%s: a prediction must be an object" % where)
+        iid = row.get("instance_id")
+        patch = row.get("model_patch")
+        if not isinstance(iid, str) or not iid:
+            raise DatasetError("%s: field 'instance_id' must be a non-empty string" % where)
+        if patch is not None and not isinstance(patch, str):
+            raise DatasetError("%s: field 'model_patch' must be a string (a unified diff) or null" % where)
+        if iid not in dataset.ids:
+            raise DatasetError("%s: instance_id %r is not in the dataset %s" % (where, iid, dataset.path))
+        if iid in preds:
+            raise DatasetError("%s: instance_id %r appears twice" % (where, iid))
+        preds[iid] = patch or ""
+        models.add(str(row.get("model_name_or_path") or ""))
+    return preds, (sorted(models)[0] if len(models) == 1 else ",".join(sorted(models)))
+
+
+def _swe_line(report: Dict[str, Any]) -> str:
+    total = report["total_instances"] or 1
+    return ("SWE: resolved %d/%d (%.1f%%) · unresolved %d · empty patch %d · errors %d · not finished %d"
+            % (report["resolved_instances"], report["total_instances"], 100.0 * report["resolved_instances"] / total,
+               report["unresolved_instances"], report["empty_patch_instances"], report["error_instances"],
+               len(report["incomplete_ids"])))
+
+
+def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None,
+            cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
+    """Run (or resume) a SWE evaluation (agents in containers, SWE-bench scoring), or with ``cfg.score_only``
+    score an existing predictions file; return (exit code, run directory)."""
+    stdout = stdout or sys.stdout
+    opts = cfg.swe
+    for name, value in (("--step-limit", opts.step_limit), ("--exec-workers", opts.exec_workers),
+                        ("--max-sessions", opts.max_sessions)):
+        if value < 1:
+            raise ConfigError("%s must be >= 1, got %d" % (name, value))
+    for name, value in (("--exec-timeout", opts.exec_timeout_s), ("--sample-timeout", opts.sample_timeout_s),
+                        ("--eval-timeout", opts.eval_timeout_s), ("--image-timeout", opts.image_timeout_s)):
+        if value <= 0:
+            raise ConfigError("%s must be > 0 seconds, got %r" % (name, value))
+    if not cfg.dataset:
+        raise ConfigError("--dataset is required (SWE-bench instances, .jsonl or .json)")
+    dataset = SWEDataset(cfg.dataset, image_template=opts.image_template).validate(cfg.limit)
+    preds: Dict[str, str] = {}
+    model = cfg.model
+    client_cfg = None
+    if cfg.score_only:
+        preds, pred_model = load_predictions(cfg.score_only, dataset)
+        model = model or pred_model or "unknown"
+    else:
+        if not cfg.base_url:
+            raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
+        if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
+            raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
+        client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
+                                  temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                  request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body,
+                                  stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy)
+    docker = DockerCLI(cfg.engine, host=cfg.docker_host)
+    out = cfg.out or _default_out("swe", model)
+    store = RunStore(out).open()
+    try:
+        return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, docker, store, stdout, progress_stream,
+                                 cancel)
+    finally:
+        store.close()
+
+
+def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], model: str, dataset: SWEDataset,
+                      preds: Dict[str, str], docker: DockerCLI, store: RunStore, stdout: Any, progress_stream: Any,
+                      cancel: Optional[threading.Event]) -> Tuple[int, str]:
+    opts = cfg.swe
+    for note in store.notes:
+        _log.warning("%s: %s", store.dir, note)
+    previous = store.read_json(RunStore.RUN)
+    mode = "score-only" if cfg.score_only else "agent"
+    if previous:
+        was_cfg = previous.get("config") or {}
+        for field, was, now in (("task", was_cfg.get("task"), "swe"), ("model", was_cfg.get("model"), cfg.model),
+                                ("mode", previous.get("mode"), mode)):
+            if was is not None and was != now:
+                raise ConfigError("--out %r holds a run with %s=%r, but this command has %s=%r; use another --out"
+                                  % (store.dir, field, was, field, now))
+    ids = set(preds) if cfg.score_only else set(dataset.ids)
+    if cfg.retry_failed:
+        n = store.drop_failed()
+        if n:
+            _log.info("re-running %d failed instance(s)", n)
+    _rewrite_preds(store, ids)
+    done_ids = {sid for sid in store.finished if sid in ids}
+    n_failed_kept = sum(1 for sid in done_ids if store.finished[sid] == "failed")
+    if done_ids:
+        _log.info("resuming %s: %d of %d instances already finished", store.dir, len(done_ids), len(ids))
+    cancel = cancel or threading.Event()
+    run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
+    reaped = reap_leftover_containers(docker)
+    if reaped:
+        _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped), ", ".join(reaped[:5]))
+        store.event("containers_reaped", names=reaped)
+    pending = [inst for inst in dataset.items if inst.id in ids and inst.id not in done_ids]
+    images = ImageService(docker, tar_dirs=cfg.image_tars, store=cfg.image_store, mirrors=cfg.image_mirrors,
+                          allow_pull=cfg.allow_pull, workers=cfg.image_workers, index_path=cfg.tar_index,
+                          keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
+                          on_event=lambda kind, **f: store.event(kind, **f))
+    gate = sessions = client = None
+    initial_from = None
+    if client_cfg is not None:
+        base_url = _normalize_base_url(cfg.base_url)
+        if not cfg.use_proxy:
+            exclude_from_proxy([base_url])
+        gate, initial_from = _make_gate(cfg, base_url, previous)
+        gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+        sessions = SessionGate(gate)
+        client = ModelClient(client_cfg, gate=gate, cancel=cancel)
+    pool = _ExecPool(opts.exec_workers)
+    preds_file = _AppendFile(store.path(PREDS_FILE))
+    ctx = _SWEContext(store=store, docker=docker, pool=pool, images=images, client=client, sessions=sessions,
+                      opts=opts, model=model, run_id=run_id, cancel=cancel, preds=preds)
+    started = time.time()
+    run_info = {
+        "evalharness_version": __version__, "python": sys.version.split()[0], "task": "swe", "mode": mode,
+        "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(), "run_id": run_id,
+        "endpoint": {"base_url": _normalize_base_url(cfg.base_url) if client_cfg else None, "model": model},
+        "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
+                    "rows": dataset.count},
+        "config": _redact_config(dataclasses.asdict(cfg)), "history": (previous or {}).get("history", []),
+    }
+    run_info["config"].pop("api_key_env_explicit", None)
+    store.write_json(RunStore.RUN, run_info)
+    store.event("run_start", pending=len(pending), finished=len(done_ids), pid=os.getpid(), mode=mode)
+
+    def extra() -> str:
+        sts = images.statuses()
+        ready = sum(1 for s in sts if s.state == "ready")
+        parts = ["images %d/%d ready" % (ready, len(sts))]
+        if sessions is not None:
+            parts.insert(0, "sessions %d/%d" % (sessions.active, sessions.capacity))
+        if gate is not None:
+            parts.append("limit %d" % gate.limit)
+        return " | ".join(parts)
+
+    def after_append(rec: Dict[str, Any]) -> None:
+        pred = _pred_line(rec)
+        if pred is not None:
+            preds_file.append(pred)
+
+    runner = _Runner(store, _swe_score_work(ctx) if cfg.score_only else _swe_agent_work(ctx),
+                     workers=max(1, min(opts.max_sessions, len(pending))), total=len(ids), label="swe",
+                     cancel=cancel, gate=None, progress_stream=progress_stream, progress=cfg.progress,
+                     done_before=len(done_ids), failed_before=n_failed_kept, status_extra=extra,
+                     after_append=after_append)
+    try:
+        images.register([inst.image for inst in pending])  # pull-ahead: deliveries overlap generation
+        status = runner.run(iter(pending))
+    finally:
+        preds_file.close()
+        pool.close()
+        images.close()
+    _rewrite_preds(store, ids)
+    records = [r for r in store.iter_samples() if r.get("id") in ids]
+    summary = summarize(records, total=len(ids))
+    report = swebench_report(records, sorted(ids))
+    summary.update({"task": "swe", "mode": mode, "model": model, "dataset": dataset.name, "status": status,
+                    "swebench": {k: v for k, v in report.items() if not k.endswith("_ids")}})
+    store.write_json(RunStore.SUMMARY, summary)
+    store.write_json(SWE_REPORT_FILE, report)
+    ended = time.time()
+    run_info.update({"status": status, "ended_at": _utc_iso(ended)})
+    if gate is not None:
+        run_info.update({"discovered_limit": gate.discovered_limit,
+                         "concurrency": {"adaptive": gate.adaptive, "initial_from": initial_from,
+                                         "final": gate.limit, "max": gate.max_limit}})
+    run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
+                                                  "status": status, "pid": os.getpid()}]
+    if runner.stop_reason:
+        run_info["stop_reason"] = _redact(runner.stop_reason)
+    store.write_json(RunStore.RUN, run_info)
+    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=len(ids))
+    if cfg.json_out:
+        stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    else:
+        title = "evalharness swe%s | model %s | dataset %s | %s" % (" (score only)" if cfg.score_only else "", model,
+                                                                    dataset.name, status)
+        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n" + _swe_line(report) + "\n")
+    stdout.flush()
+    if status == "aborted":
+        raise CircuitOpenError(_redact(runner.stop_reason) + " (run directory: %s)" % store.dir)
+    if status == "interrupted":
+        return EXIT_INTERRUPTED, store.dir
+    if summary["counts"]["failed"]:
+        _log.warning("%d instance(s) failed (see 'error' in %s); re-run with --retry-failed to retry them",
+                     summary["counts"]["failed"], store.path(RunStore.SAMPLES))
+        return EXIT_FAILURE, store.dir
+    return EXIT_OK, store.dir
+
+# =============================================================================
 # CLI
 # =============================================================================
 
@@ -4141,7 +5444,8 @@ def _json_object(text: str) -> Dict[str, Any]:
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("endpoint")
-    g.add_argument("--model", required=True, help="model name sent to the endpoint")
+    g.add_argument("--model", default=None, help="model name sent to the endpoint (required, except for "
+                                                 "--score-only)")
     g.add_argument("--base-url", default=None,
                    help="endpoint base URL, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL)")
     g.add_argument("--api-key-env", default=None, metavar="VAR",
@@ -4159,6 +5463,50 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                    help="use non-streaming requests (default: stream, which also measures time to first token)")
     g.add_argument("--use-proxy", action="store_true",
                    help="send requests through http(s)_proxy (default: endpoints bypass any proxy)")
+
+
+def _add_swe_options(p: argparse.ArgumentParser) -> None:
+    d = SWEOptions()
+    g = p.add_argument_group("SWE tasks (--task swe)")
+    g.add_argument("--score-only", default=None, metavar="PREDS",
+                   help="score an existing SWE-bench predictions file (.jsonl, .json list or dict) without agents; "
+                        "'gold' scores the dataset's own patches")
+    g.add_argument("--image-template", default=None, metavar="TEMPLATE",
+                   help="image name from instance_id (default %s; a row's 'image' wins)" % SWE_IMAGE_TEMPLATE)
+    g.add_argument("--step-limit", type=int, default=d.step_limit, metavar="N", help="model calls per instance")
+    g.add_argument("--exec-timeout", type=float, default=d.exec_timeout_s, metavar="SECONDS",
+                   help="one bash action, enforced inside the container (default %(default)s)")
+    g.add_argument("--sample-timeout", type=float, default=d.sample_timeout_s, metavar="SECONDS",
+                   help="wall time of one agent session (default %(default)s)")
+    g.add_argument("--max-sample-tokens", type=int, default=0, metavar="N",
+                   help="prompt+completion tokens per session; 0 = no limit")
+    g.add_argument("--eval-timeout", type=float, default=d.eval_timeout_s, metavar="SECONDS",
+                   help="the scoring test run (default %(default)s)")
+    g.add_argument("--image-timeout", type=float, default=d.image_timeout_s, metavar="SECONDS",
+                   help="how long a sample waits for its image (default %(default)s)")
+    g.add_argument("--exec-workers", type=int, default=d.exec_workers, metavar="N",
+                   help="threads through which every container call runs (default %(default)s)")
+    g.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N",
+                   help="cap on concurrent agent sessions; below it the session gate follows the model's "
+                        "discovered concurrency (default %(default)s)")
+    g.add_argument("--system-template", default=None, metavar="FILE", help="system prompt template file")
+    g.add_argument("--instance-template", default=None, metavar="FILE",
+                   help="instance prompt template file ({problem_statement}, {workdir}, {instance_id}, {repo}, "
+                        "{exec_timeout})")
+    g.add_argument("--memory", default=None, help="container memory limit, e.g. 4g")
+    g.add_argument("--cpus", default=None, help="container CPU limit, e.g. 2")
+    g.add_argument("--pids-limit", type=int, default=None, metavar="N")
+    g.add_argument("--network-none", action="store_true", help="task containers get no network")
+
+
+def _read_template(path: Optional[str], what: str) -> Optional[str]:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ConfigError("%s %r: %s" % (what, path, exc.strerror or exc)) from None
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -4422,8 +5770,9 @@ def _build_parser() -> argparse.ArgumentParser:
                          epilog="examples:\n  evalharness run --dataset qa.jsonl --model m --base-url "
                                 "http://127.0.0.1:8000/v1\n  evalharness run --dataset qa.jsonl --model m --out "
                                 "runs/nightly   # same command again resumes\n\n" + _EXIT_CODES_HELP)
-    run.add_argument("--task", default="qa", choices=["qa"], help="task kind (default %(default)s)")
-    run.add_argument("--dataset", required=True, metavar="PATH", help=".jsonl or .json (list) QA dataset")
+    run.add_argument("--task", default="qa", choices=["qa", "swe"], help="task kind (default %(default)s)")
+    run.add_argument("--dataset", required=True, metavar="PATH",
+                     help=".jsonl or .json (list): QA rows, or SWE-bench instances for --task swe")
     run.add_argument("--scorer", default="normalized", choices=sorted(SCORERS),
                      help="scorer for rows that name none (rows with choices default to 'choice')")
     run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
@@ -4431,6 +5780,8 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-failed", action="store_true", help="when resuming, run failed samples again")
     _add_client_options(run)
     _add_run_options(run)
+    _add_swe_options(run)
+    _add_image_options(run)
 
     mock = sub.add_parser("serve-mock", help="serve the mock OpenAI-compatible model (for tests and load checks)",
                           formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -4442,6 +5793,11 @@ def _build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--oracle", default=None, metavar="DATASET",
                       help="answer from this dataset's references ('demo' = the embedded set)")
     mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1]")
+    mock.add_argument("--swe", default=None, metavar="DATASET",
+                      help="act as an agent on these SWE-bench instances (policy: --swe-policy)")
+    mock.add_argument("--swe-policy", default="oracle", choices=list(SWE_MOCK_POLICIES),
+                      help="oracle applies the gold patch and submits; noop submits at once; sleepy first runs a "
+                           "command past the exec timeout; chatty never uses the action format")
     mock.add_argument("--seed", type=int, default=0)
     mock.add_argument("--decode-tok-s", type=float, default=0.0, help="per-stream speed below the knee; 0 = instant")
     mock.add_argument("--knee", type=_positive_int, default=8, help="streams past which per-stream speed falls")
@@ -4535,8 +5891,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
-    if not base_url:
-        raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
+    if args.score_only and args.task != "swe":
+        raise ConfigError("--score-only needs --task swe")
+    if not args.score_only:
+        if not args.model:
+            raise ConfigError("--model is required, e.g. --model Qwen/Qwen3-8B")
+        if not base_url:
+            raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
     if args.max_retries < 0:
         raise ConfigError("--max-retries must be >= 0, got %d" % args.max_retries)
     cfg = RunConfig(dataset=args.dataset, model=args.model, base_url=base_url, task=args.task,
@@ -4549,6 +5910,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     scorer=args.scorer, limit=args.limit, system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress)
+    if args.task == "swe":
+        sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
+                                network_none=args.network_none)
+        swe = SWEOptions(step_limit=args.step_limit, exec_timeout_s=args.exec_timeout,
+                         sample_timeout_s=args.sample_timeout, max_sample_tokens=args.max_sample_tokens,
+                         eval_timeout_s=args.eval_timeout, image_timeout_s=args.image_timeout,
+                         exec_workers=args.exec_workers, max_sessions=args.max_sessions,
+                         system_template=_read_template(args.system_template, "--system-template"),
+                         instance_template=_read_template(args.instance_template, "--instance-template"),
+                         image_template=args.image_template, sandbox=sandbox)
+        tars = args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS")
+        cfg = dataclasses.replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(_split_list(tars)),
+                                  image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
+                                  allow_pull=args.allow_pull, engine=args.engine, docker_host=args.docker_host,
+                                  image_workers=args.image_workers, tar_index=args.tar_index,
+                                  mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images)
+        code, _ = run_swe(cfg)
+        return code
     code, _ = run_qa(cfg)
     return code
 
@@ -4571,8 +5950,9 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0, max_concurrency=args.max_concurrency,
                      overload_status=args.overload_status, retry_after_s=args.retry_after,
                      faults=parse_faults(args.faults), hang_s=args.hang_s, reasoning_tokens=args.reasoning_tokens,
-                     skill=args.skill, send_usage=args.send_usage, api_key=api_key)
-    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle).start()
+                     skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy)
+    swe = SWEDataset(args.swe).validate() if args.swe else None
+    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)
     sys.stdout.flush()
     stop = threading.Event()

@@ -210,14 +210,14 @@ class TestLoadsIntoAnEmptyDaemon(_Fixture):
         self.assertTrue(links, "the fixture must hold a layer stored as a link")
         index = eh.TarIndex([self.shared], self.index_path + ".link")
         index.refresh()
-        linked = [r for r in (self.base, self.twin) if set(index.lookup(r)["layers"]) & set(links)]
-        self.assertEqual(len(linked), 1, (links, linked))
+        linked = [r for r in [self.base, self.twin] + self.derived if set(index.lookup(r)["layers"]) & set(links)]
+        self.assertTrue(linked, (links, "no image lists the link"))
         svc = self._service(tar_dirs=[self.shared], keep_images=True)
-        svc.register(linked)  # alone, into a store that lacks the layer the link points to
+        svc.register(linked[:1])  # alone, into a store that lacks the layer the link points to
         self.assertEqual(svc.wait_ready(linked[0], timeout_s=120).state, "ready")
         self.assertEqual(self.docker.list_images(), {linked[0]: self.ids[linked[0]]})
         out = self.docker.text(["run", "--rm", "--network", "none", linked[0], "cat", "/base"])
-        self.assertEqual(out, "b\n")
+        self.assertEqual(out, "b\n")  # the linked layer's content arrived
 
     def test_oci_layout_archives_load_with_and_without_a_docker_manifest(self):
         oci_dir = os.path.join(tempdir(self), "oci")
