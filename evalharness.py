@@ -4544,15 +4544,15 @@ class SWEDataset:
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _PYTEST_STATUS_RE = re.compile(r"^(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.+)$")
-_PYTEST_VERBOSE_RE = re.compile(r"^(\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?: +\[ *\d+%\])?\s*$")
+_PYTEST_VERBOSE_RE = re.compile(r"^(\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?: \(.*\))?(?: +\[ *\d+%\])?\s*$")
 
 
 def _pytest_id(rest: str, status: str) -> str:
-    """The test id at the start of a ``-rA`` summary line's remainder. FAILED/ERROR lines carry `` - message``
-    after the id; a parametrized id may itself hold spaces, brackets and `` - ``, so the id ends where its first
-    bracket group closes (when the rest of the line is empty or a message)."""
+    """The test id at the start of a ``-rA`` summary line's remainder. Lines other than PASSED may carry
+    `` - message`` after the id; a parametrized id may itself hold spaces, brackets and `` - ``, so the id ends
+    where its first bracket group closes (when the rest of the line is empty or a message)."""
     rest = rest.strip()
-    if status not in ("FAILED", "ERROR"):
+    if status == "PASSED":
         return rest
     open_at = rest.find("[")
     dash_at = rest.find(" - ")
@@ -4781,8 +4781,8 @@ def swe_eval_script(inst: SWEInstance) -> str:
     if inst.repo == "django/django":
         lines.append("export LANG=en_US.UTF-8 LC_ALL=en_US.UTF-8 PYTHONIOENCODING=utf8")
     lines += ["git status", "git -c core.fileMode=false diff %s" % shlex.quote(inst.base_commit), reset,
-              "git apply -v - <<'%s'\n%s%s\n%s" % (_HEREDOC, inst.test_patch,
-                                                  "" if inst.test_patch.endswith("\n") else "\n", _HEREDOC),
+              "git apply -v - <<'%s'\n%s%s%s" % (_HEREDOC, inst.test_patch,
+                                                "" if inst.test_patch.endswith("\n") else "\n", _HEREDOC),
               ": '%s'" % START_MARKER, swe_test_command(inst), "rc=$?", ": '%s'" % END_MARKER,
               "echo '>>>>> Test Exit Code: '$rc", reset]
     return "\n".join(lines) + "\n"

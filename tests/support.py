@@ -41,10 +41,11 @@ def qa_rows(n: int, prefix: str = "q"):
              "scorer": "numeric", "category": cats[i % 3]} for i in range(n)]
 
 
-def start_mock(test: unittest.TestCase, oracle_rows=None, **config) -> "eh.MockServer":
-    """Start a MockServer on 127.0.0.1:0 (stopped in cleanup); oracle_rows answer from those rows."""
+def start_mock(test: unittest.TestCase, oracle_rows=None, swe=None, **config) -> "eh.MockServer":
+    """Start a MockServer on 127.0.0.1:0 (stopped in cleanup); oracle_rows answer from those rows; ``swe`` (a
+    SWEDataset) makes it an agent on those instances (policy: config swe_policy)."""
     oracle = eh.Dataset(None, rows=oracle_rows, name="oracle").validate() if oracle_rows else None
-    server = eh.MockServer(eh.MockConfig(**config), oracle=oracle).start()
+    server = eh.MockServer(eh.MockConfig(**config), oracle=oracle, swe=swe).start()
     test.addCleanup(server.close)
     return server
 

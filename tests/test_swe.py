@@ -1,0 +1,413 @@
+"""SWE tasks: dataset validation, log parsers, grading and the eval script (no daemon), then agents and scoring
+end to end on real Docker with the mock's agent policies (tests/swebed.py builds the images offline)."""
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+from tests import dockerbed as bed
+from tests.support import MODULE, clean_env, eh, start_mock, tempdir, wait_until, write_jsonl
+
+LOGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "logs")
+
+
+def _log(name: str) -> str:
+    with open(os.path.join(LOGS, name), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def _row(**over):
+    row = {"instance_id": "o__r-1", "repo": "o/r", "base_commit": "abc123", "problem_statement": "It breaks.",
+           "patch": "", "test_patch": "diff --git a/t/test_a.py b/t/test_a.py\n--- a/t/test_a.py\n+++ b/t/test_a.py\n",
+           "FAIL_TO_PASS": '["t/test_a.py::test_x"]', "PASS_TO_PASS": "[]", "version": "1.0"}
+    row.update(over)
+    return row
+
+
+class TestLogParsers(unittest.TestCase):
+    """Recorded logs: tests/data/logs/*.txt were captured from the task images' real test runners."""
+
+    def test_pytest_summary_lines_with_colour_spaces_and_brackets_in_ids(self):
+        got = eh._LOG_PARSERS["pytest"](_log("pytest_rA_color.txt"))
+        self.assertEqual(got, {"tests/test_calc.py::test_add": "PASSED",
+                               "tests/test_calc.py::test_mul[two times three]": "FAILED",
+                               "tests/test_calc.py::test_mul[zero [edge]]": "FAILED"})
+
+    def test_pytest_verbose_lines_with_the_status_last(self):
+        log = "\n".join(line for line in _log("pytest_verbose.txt").splitlines() if "%]" in line)
+        self.assertEqual(eh.parse_log_pytest(log), {"tests/test_calc.py::test_add": "PASSED",
+                                                    "tests/test_calc.py::test_mul[two times three]": "FAILED",
+                                                    "tests/test_calc.py::test_mul[zero [edge]]": "FAILED"})
+
+    def test_pytest_message_tails_locations_xpass_and_path_params(self):
+        """Hand-written lines in pytest's -rA formats for the cases the recorded logs lack."""
+        log = ("SKIPPED [1] tests/test_a.py:12: needs network\n"
+               "XFAIL tests/test_a.py::test_known - reason: bug 12\n"
+               "XPASS tests/test_a.py::test_lucky\n"
+               "ERROR tests/test_a.py::test_fixture[a - b] - RuntimeError: x[1] - y\n"
+               "FAILED tests/test_a.py::test_msg - AssertionError: 1 - 2\n"
+               "PASSED tests/test_b.py::test_path[/tmp/pytest-of-root/data/input.txt]\n"
+               "tests/test_b.py::test_skipped SKIPPED (no reason)                    [ 50%]\n")
+        self.assertEqual(eh.parse_log_pytest(log), {
+            "tests/test_a.py::test_known": "XFAIL", "tests/test_a.py::test_fixture[a - b]": "ERROR",
+            "tests/test_a.py::test_msg": "FAILED", "tests/test_b.py::test_path[input.txt]": "PASSED",
+            "tests/test_b.py::test_skipped": "SKIPPED"})
+
+    def test_django_python_311_ids_are_normalised(self):
+        self.assertEqual(eh.parse_log_django(_log("django_py311.txt")), {
+            "test_no_discount (pricing.tests.PricingTests)": "PASSED",
+            "test_ten_percent (pricing.tests.PricingTests)": "FAILED"})
+
+    def test_django_status_on_a_later_line_docstrings_and_skips(self):
+        """Hand-written in django's verbosity-2 format (older Pythons): output between a test and its status,
+        a docstring line instead of the id, a skip with a reason, an expected failure."""
+        log = ("test_a (app.tests.T) ... System check identified no issues (0 silenced).\nok\n"
+               "test_b (app.tests.T) ... skipped 'needs db'\n"
+               "test_c (app.tests.T)\nA docstring first line. ... ok\n"
+               "test_d (app.tests.T) ... expected failure\n"
+               "test_e (app.tests.T) ... ERROR\n"
+               "FAIL: test_f (app.tests.T)\n")
+        self.assertEqual(eh.parse_log_django(log), {
+            "test_a (app.tests.T)": "PASSED", "test_b (app.tests.T)": "SKIPPED", "A docstring first line.": "PASSED",
+            "test_d (app.tests.T)": "XFAIL", "test_e (app.tests.T)": "ERROR", "test_f (app.tests.T)": "FAILED"})
+
+    def test_sympy_lines_and_failure_banners(self):
+        self.assertEqual(eh.parse_log_sympy(_log("sympy_verbose.txt")), {"test_ident": "PASSED",
+                                                                         "test_double": "FAILED"})
+        log = "test_a ok\ntest_b E\ntest_c f\ntest_d s\n" + "_" * 10 + " sympy/x/tests/test_y.py:test_e " + "_" * 10
+        self.assertEqual(eh.parse_log_sympy(log), {"test_a": "PASSED", "test_b": "ERROR", "test_c": "XFAIL",
+                                                   "test_d": "SKIPPED", "test_e": "FAILED"})
+
+    def test_markers_bound_the_parsed_region_and_failure_markers_void_it(self):
+        log = ("PASSED t.py::test_outside\n+ : '>>>>> Start Test Output'\nPASSED t.py::test_in\n"
+               "+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n")
+        self.assertEqual(eh.parse_test_log(log, "pytest"), ({"t.py::test_in": "PASSED"}, 0))
+        self.assertEqual(eh.parse_test_log(log.replace("End Test", "Nope"), "pytest"), (None, 0))
+        self.assertEqual(eh.parse_test_log(">>>>> Tests Timed Out\n" + log, "pytest")[0], None)
+
+
+class TestGrading(unittest.TestCase):
+
+    def test_resolved_needs_every_listed_test_to_pass(self):
+        st = {"a": "PASSED", "b": "XFAIL", "c": "PASSED"}
+        self.assertTrue(eh.grade_tests(st, ["a", "b"], ["c"], 0)["resolved"])
+        self.assertFalse(eh.grade_tests(st, ["a", "missing"], ["c"], 0)["resolved"])
+        self.assertFalse(eh.grade_tests({"a": "PASSED", "c": "FAILED"}, ["a"], ["c"], 1)["resolved"])
+
+    def test_a_skipped_fail_to_pass_test_fails_but_a_skipped_pass_to_pass_test_is_kept(self):
+        g = eh.grade_tests({"a": "SKIPPED", "c": "PASSED"}, ["a"], ["c"], 0)
+        self.assertFalse(g["resolved"])
+        self.assertEqual(g["tests_status"]["FAIL_TO_PASS"], {"success": [], "failure": ["a"]})
+        self.assertTrue(eh.grade_tests({"a": "PASSED", "c": "SKIPPED"}, ["a"], ["c"], 0)["resolved"])
+
+    def test_a_nonzero_exit_with_no_failure_in_the_log_is_rejected(self):
+        g = eh.grade_tests({"a": "PASSED"}, ["a"], [], 1)
+        self.assertFalse(g["resolved"])
+        self.assertIn("exited 1", g["rejected"])
+        self.assertTrue(eh.grade_tests({"a": "PASSED"}, ["a"], [], None)["resolved"])
+
+    def test_ids_cut_short_in_the_dataset_match_as_prefixes(self):
+        st = {"t.py::test_g[log(photon)]": "PASSED"}
+        self.assertTrue(eh.grade_tests(st, ["t.py::test_g[log(photon"], [], 0)["resolved"])
+
+
+class TestSWEDataset(unittest.TestCase):
+
+    def test_rows_validate_with_lists_or_json_text(self):
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "swe.jsonl"), [_row(), _row(instance_id="o__r-2",
+                                                                        FAIL_TO_PASS=["a", "b"], image="x:1")])
+        ds = eh.SWEDataset(path).validate()
+        self.assertEqual([i.fail_to_pass for i in ds.items], [("t/test_a.py::test_x",), ("a", "b")])
+        self.assertEqual(ds.items[0].image, "swebench/sweb.eval.x86_64.o_1776_r-1:latest")
+        self.assertEqual(ds.items[1].image, "x:1")
+
+    def test_bad_rows_name_file_line_and_field(self):
+        d = tempdir(self)
+        cases = [({"FAIL_TO_PASS": "[not json"}, r"swe\.jsonl:2: field 'FAIL_TO_PASS' is a string but not a JSON"),
+                 ({"FAIL_TO_PASS": "[]"}, r"swe\.jsonl:2: field 'FAIL_TO_PASS' is empty"),
+                 ({"base_commit": None}, r"swe\.jsonl:2: field 'base_commit' must be a non-empty string"),
+                 ({"instance_id": "o__r-1"}, r"swe\.jsonl:2: field 'instance_id' 'o__r-1' duplicates the one at "
+                                             r".*swe\.jsonl:1"),
+                 ({"log_parser": "junit"}, r"swe\.jsonl:2: field 'log_parser' 'junit' is not one of")]
+        for over, pattern in cases:
+            path = write_jsonl(os.path.join(d, "swe.jsonl"), [_row(), _row(**dict({"instance_id": "o__r-2"},
+                                                                                    **over))])
+            with self.assertRaisesRegex(eh.DatasetError, pattern, msg=over):
+                eh.SWEDataset(path).validate()
+
+    def test_run_with_a_bad_dataset_exits_2_and_creates_nothing(self):
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "swe.jsonl"), [_row(problem_statement="")])
+        out = os.path.join(d, "run")
+        proc = subprocess.run([sys.executable, MODULE, "run", "--task", "swe", "--dataset", path, "--model", "m",
+                               "--base-url", "http://127.0.0.1:9/v1", "--out", out], env=clean_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertRegex(proc.stderr.strip(), r"^evalharness: .*swe\.jsonl:1: field 'problem_statement'")
+        self.assertFalse(os.path.exists(out))
+
+    def test_predictions_load_from_jsonl_list_and_dict_and_reject_unknown_ids(self):
+        d = tempdir(self)
+        ds = eh.SWEDataset(write_jsonl(os.path.join(d, "swe.jsonl"), [_row()])).validate()
+        pred = {"instance_id": "o__r-1", "model_name_or_path": "m", "model_patch": "diff"}
+        write_jsonl(os.path.join(d, "p.jsonl"), [pred])
+        with open(os.path.join(d, "p.json"), "w") as fh:
+            json.dump([pred], fh)
+        with open(os.path.join(d, "d.json"), "w") as fh:
+            json.dump({"o__r-1": {"model_name_or_path": "m", "model_patch": "diff"}}, fh)
+        for name in ("p.jsonl", "p.json", "d.json"):
+            self.assertEqual(eh.load_predictions(os.path.join(d, name), ds), ({"o__r-1": "diff"}, "m"), name)
+        write_jsonl(os.path.join(d, "bad.jsonl"), [dict(pred, instance_id="zz")])
+        with self.assertRaisesRegex(eh.DatasetError, r"bad\.jsonl:1: instance_id 'zz' is not in the dataset"):
+            eh.load_predictions(os.path.join(d, "bad.jsonl"), ds)
+
+
+class TestEvalScript(unittest.TestCase):
+
+    def test_django_directives_are_module_labels_and_test_files_are_reset(self):
+        tp = ("diff --git a/tests/queries/tests.py b/tests/queries/tests.py\n--- a/tests/queries/tests.py\n"
+              "+++ b/tests/queries/tests.py\n@@ -1 +1 @@\n-a\n+b\n"
+              "diff --git a/tests/new/test_new.py b/tests/new/test_new.py\nnew file mode 100644\n--- /dev/null\n"
+              "+++ b/tests/new/test_new.py\n@@ -0,0 +1 @@\n+x\n"
+              "diff --git a/docs/notes.txt b/docs/notes.txt\n--- a/docs/notes.txt\n+++ b/docs/notes.txt\n")
+        inst = eh._validate_swe_row(_row(repo="django/django", test_patch=tp, base_commit="b" * 40), "x:1", None)
+        script = eh.swe_eval_script(inst)
+        self.assertIn("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 queries.tests "
+                      "new.test_new\n", script)
+        self.assertEqual(script.count("git checkout %s tests/queries/tests.py docs/notes.txt\n" % ("b" * 40)), 2)
+        self.assertIn("git apply -v - <<'EOF_114329324912'\n" + tp + "EOF_114329324912\n", script)
+        self.assertLess(script.index(">>>>> Start Test Output"), script.index("runtests.py"))
+        self.assertIn("echo '>>>>> Test Exit Code: '$rc", script)
+        self.assertNotIn("set -e", script)
+
+    def test_instance_test_cmd_wins_over_the_repo_default(self):
+        inst = eh._validate_swe_row(_row(test_cmd="make check"), "x:1", None)
+        self.assertIn("\nmake check\n", eh.swe_eval_script(inst))
+        self.assertIn("\npytest -rA t/test_a.py\n", eh.swe_eval_script(eh._validate_swe_row(_row(), "x:1", None)))
+
+
+# ----------------------------------------------------------------------------- on real Docker
+
+
+class _SWEBed(unittest.TestCase):
+    """The three task images (pytest, django-style, sympy-style) and their dataset."""
+
+    @classmethod
+    def setUpClass(cls):
+        class Ctx:
+            def fail(self, msg):
+                raise AssertionError(msg)
+        bed.require_docker(Ctx())
+        from tests import swebed
+        cls.rows = swebed.build_task_images(log=lambda *a: None)
+        cls.dir = tempfile_dir = __import__("tempfile").mkdtemp(prefix="evalharness-swe-")
+        cls.addClassCleanup(__import__("shutil").rmtree, tempfile_dir, True)
+        cls.dataset = write_jsonl(os.path.join(cls.dir, "swe.jsonl"), swebed.instance_rows(cls.rows))
+        cls.ids = sorted(r["instance_id"] for r in cls.rows)
+
+    def setUp(self):
+        self.ds = eh.SWEDataset(self.dataset).validate()
+
+    def run_swe(self, out, *, mock=None, policy="oracle", score_only=None, cancel=None, **opts):
+        if mock is None and score_only is None:
+            mock = start_mock(self, swe=self.ds, swe_policy=policy)
+        swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3), **opts))
+        cfg = eh.RunConfig(dataset=self.dataset, model="mock-agent", base_url=mock.url if mock else None, task="swe",
+                           out=out, progress=False, swe=swe, score_only=score_only, fixed_concurrency=4,
+                           keep_images=True)
+        import io
+        buf = io.StringIO()
+        code, run_dir = eh.run_swe(cfg, stdout=buf, cancel=cancel)
+        return code, run_dir, buf.getvalue()
+
+    def samples(self, run_dir):
+        with open(os.path.join(run_dir, "samples.jsonl")) as fh:
+            return {r["id"]: r for r in map(json.loads, fh)}
+
+    def preds(self, run_dir):
+        with open(os.path.join(run_dir, "preds.jsonl")) as fh:
+            return [json.loads(line) for line in fh]
+
+    def assert_no_containers(self, owner_pid=None):
+        out = bed.docker("ps", "-a", "--filter", "label=evalharness.run", "--format",
+                         '{{.Names}} {{.Label "evalharness.owner"}}').stdout
+        mine = [line for line in out.splitlines() if owner_pid is None or ":%d:" % owner_pid in line]
+        self.assertEqual(mine, [])
+
+
+class TestAgentPolicies(_SWEBed):
+
+    def test_oracle_resolves_every_instance_and_writes_preds_trajectories_and_reports(self):
+        code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"))
+        self.assertEqual(code, 0, text)
+        samples = self.samples(run_dir)
+        self.assertEqual(sorted(samples), self.ids)
+        for rec in samples.values():
+            self.assertEqual((rec["outcome"], rec["resolved"], rec["exit_reason"]), ("resolved", True, "submitted"),
+                             rec)
+            self.assertEqual(rec["f2p"][0], rec["f2p"][1])
+        preds = self.preds(run_dir)
+        self.assertEqual(sorted(p["instance_id"] for p in preds), self.ids)
+        for p in preds:  # SWE-bench's prediction fields and types
+            self.assertEqual(sorted(p), ["instance_id", "model_name_or_path", "model_patch"])
+            self.assertTrue(all(isinstance(v, str) for v in p.values()))
+            self.assertTrue(p["model_patch"].startswith("diff --git a/"), p)
+        for iid in self.ids:
+            with open(os.path.join(run_dir, "trajectories", iid + ".json")) as fh:
+                traj = json.load(fh)
+            self.assertEqual(traj["exit_reason"], "submitted")
+            self.assertEqual([m["role"] for m in traj["messages"]], ["system", "user", "assistant", "user",
+                                                                     "assistant"])
+            self.assertNotIn(self.ds.by_id[iid].patch, json.dumps(traj["messages"][:2]))  # never sent to the model
+        with open(os.path.join(run_dir, "swebench_report.json")) as fh:
+            report = json.load(fh)
+        self.assertEqual((report["resolved_instances"], report["total_instances"], report["schema_version"]),
+                         (3, 3, 2))
+        self.assertIn("SWE: resolved 3/3 (100.0%)", text)
+        self.assert_no_containers(os.getpid())
+
+    def test_noop_resolves_nothing_and_counts_empty_patches(self):
+        code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), policy="noop")
+        self.assertEqual(code, 0, text)
+        samples = self.samples(run_dir)
+        self.assertEqual({r["outcome"] for r in samples.values()}, {"empty_patch"})
+        self.assertEqual({r["score"] for r in samples.values()}, {0.0})
+        with open(os.path.join(run_dir, "swebench_report.json")) as fh:
+            report = json.load(fh)
+        self.assertEqual((report["empty_patch_instances"], report["resolved_instances"]), (3, 0))
+
+    def test_sleepy_sees_the_timeout_as_an_observation_and_still_resolves(self):
+        code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), policy="sleepy", exec_timeout_s=2)
+        self.assertEqual(code, 0, text)
+        for iid, rec in self.samples(run_dir).items():
+            self.assertTrue(rec["resolved"], rec)
+            self.assertEqual(rec["timeouts"], 1)
+            with open(os.path.join(run_dir, "trajectories", iid + ".json")) as fh:
+                traj = json.load(fh)
+            first_obs, second_obs = traj["messages"][3]["content"], traj["messages"][5]["content"]
+            self.assertIn("timed out after 2 s", first_obs)
+            self.assertIn("<output>\n0\n</output>", second_obs)  # ps in the container: the command is gone
+            self.assertTrue(traj["steps"][0]["timed_out"])
+            self.assertLess(traj["steps"][0]["exec_s"], 15)
+
+    def test_chatty_ends_with_the_format_error_after_three_replies(self):
+        code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), policy="chatty")
+        self.assertEqual(code, 0, text)
+        for rec in self.samples(run_dir).values():
+            self.assertEqual((rec["exit_reason"], rec["model_calls"], rec["format_errors"], rec["outcome"]),
+                             ("format_error", 3, 3, "empty_patch"))
+
+
+class TestScoringParity(_SWEBed):
+
+    def _score(self, patches, name):
+        d = tempdir(self)
+        preds = write_jsonl(os.path.join(d, name + ".jsonl"), [
+            {"instance_id": iid, "model_name_or_path": name, "model_patch": p} for iid, p in patches.items()])
+        code, run_dir, text = self.run_swe(os.path.join(d, "run"), score_only=preds)
+        return code, self.samples(run_dir), text
+
+    def test_gold_resolves_empty_does_not_and_a_skip_patch_does_not(self):
+        code, gold, _ = self._score({r["instance_id"]: r["patch"] for r in self.rows}, "gold")
+        self.assertEqual({i: r["outcome"] for i, r in gold.items()}, {i: "resolved" for i in self.ids})
+        _, empty, _ = self._score({i: "" for i in self.ids}, "empty")
+        self.assertEqual({r["outcome"] for r in empty.values()}, {"empty_patch"})
+        _, skip, _ = self._score({r["instance_id"]: r["_skip_patch"] for r in self.rows}, "skip")
+        for iid, rec in skip.items():
+            self.assertEqual((rec["outcome"], rec["patch_applied"]), ("unresolved", True), rec)
+            self.assertEqual(rec["tests_status"]["FAIL_TO_PASS"]["success"], [], rec)
+
+    def test_a_patch_that_does_not_apply_is_recorded_as_not_applied(self):
+        _, broken, _ = self._score({r["instance_id"]: r["_broken_patch"] for r in self.rows}, "broken")
+        for rec in broken.values():
+            self.assertEqual((rec["outcome"], rec["patch_applied"], rec["resolved"]), ("apply_failed", False, False))
+
+
+class TestContainersAndCrashes(_SWEBed):
+
+    def test_a_command_that_never_ends_is_killed_inside_the_container(self):
+        docker = eh.DockerCLI()
+        pool = eh._ExecPool(2)
+        self.addCleanup(pool.close)
+        box = eh.Container(docker, pool, self.rows[0]["image"], run_id="t" * 12, instance_id="kill-test",
+                           role="agent").start()
+        self.addCleanup(box.remove)
+        self.assertEqual(len(box.start_head or ""), 40)
+        t0 = time.monotonic()
+        res = box.exec("echo started; sleep 1000.5", timeout_s=2)
+        self.assertTrue(res.timed_out)
+        self.assertIn(res.returncode, (124, 137))
+        self.assertIn("started", res.output)
+        self.assertLess(time.monotonic() - t0, 12)
+        ps = box.exec("ps -eo args", timeout_s=10).output
+        self.assertNotIn("sleep 1000.5", ps)
+        self.assertEqual(box.exec("echo next", timeout_s=10).output, "next\n")  # the session goes on
+
+    def test_leftovers_of_dead_processes_are_reaped_and_live_ones_kept(self):
+        dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead_pid.wait()
+        names = []
+        for owner in ("%s:%d:1" % (eh.socket.gethostname(), dead_pid.pid), eh._owner_label()):
+            name = bed.unique("evh-reap")
+            bed.docker("run", "-d", "--name", name, "--label", "evalharness.run=x", "--label",
+                       "evalharness.owner=" + owner, self.rows[0]["image"], "sleep", "300")
+            self.addCleanup(bed.docker, "rm", "-f", name)
+            names.append(name)
+        reaped = eh.reap_leftover_containers(eh.DockerCLI())
+        self.assertIn(names[0], reaped)
+        self.assertNotIn(names[1], reaped)
+        alive = bed.docker("ps", "-a", "--format", "{{.Names}}").stdout.split()
+        self.assertNotIn(names[0], alive)
+        self.assertIn(names[1], alive)
+
+    def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(self):
+        d = tempdir(self)
+        mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
+        out = os.path.join(d, "run")
+        argv = [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
+                "--base-url", mock.url, "--out", out, "--exec-timeout", "3", "--max-sessions", "2",
+                "--keep-images", "--no-progress"]
+        proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_until(lambda: bed.docker("ps", "--filter", "label=evalharness.run", "--format", "{{.Label "
+                                      "\"evalharness.owner\"}}").stdout.count(":%d:" % proc.pid) >= 1, 60)
+        time.sleep(1.0)
+        proc.kill()
+        proc.communicate(timeout=30)
+        left = bed.docker("ps", "-a", "--filter", "label=evalharness.run", "--format", "{{.Names}} {{.Label "
+                          "\"evalharness.owner\"}}").stdout
+        killed = [line.split()[0] for line in left.splitlines() if ":%d:" % proc.pid in line]
+        self.assertTrue(killed, "the killed run should have left containers behind")
+        again = subprocess.run(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               universal_newlines=True, timeout=300)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        with open(os.path.join(out, "samples.jsonl")) as fh:
+            ids = [json.loads(line)["id"] for line in fh]
+        self.assertEqual(sorted(ids), self.ids)  # each exactly once
+        preds = self.preds(out)
+        self.assertEqual(sorted(p["instance_id"] for p in preds), self.ids)
+        with open(os.path.join(out, "events.jsonl")) as fh:
+            reaped = [n for e in map(json.loads, fh) if e["type"] == "containers_reaped" for n in e["names"]]
+        self.assertEqual(sorted(reaped), sorted(killed))
+        self.assert_no_containers(proc.pid)
+
+    def test_an_unreachable_daemon_fails_each_sample_with_the_docker_error(self):
+        dead = bed.dead_docker_host(self)
+        d = tempdir(self)
+        mock = start_mock(self, swe=self.ds, swe_policy="oracle")
+        proc = subprocess.run([sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset,
+                               "--model", "m", "--base-url", mock.url, "--out", os.path.join(d, "run"),
+                               "--docker-host", dead, "--no-progress"], env=clean_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        samples = self.samples(os.path.join(d, "run"))
+        self.assertEqual(sorted(samples), self.ids)
+        for rec in samples.values():
+            self.assertEqual(rec["status"], "failed")
+            self.assertIn("Cannot connect to the Docker daemon", rec["error"])
+
+
+if __name__ == "__main__":
+    unittest.main()
