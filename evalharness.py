@@ -4189,6 +4189,7 @@ class RunConfig:
     tar_index: Optional[str] = None
     mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S
     keep_images: Optional[bool] = None
+    pull_ahead: bool = True       # register every pending image when the run starts (off: only when a sample starts)
 
 
 def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAItem], Dict[str, Any]]:
@@ -5353,7 +5354,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                      done_before=len(done_ids), failed_before=n_failed_kept, status_extra=extra,
                      after_append=after_append)
     try:
-        images.register([inst.image for inst in pending])  # pull-ahead: deliveries overlap generation
+        if cfg.pull_ahead:  # deliveries overlap generation; without it a sample registers its image at its start
+            images.register([inst.image for inst in pending])
         status = runner.run(iter(pending))
     finally:
         preds_file.close()
@@ -5497,6 +5499,9 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpus", default=None, help="container CPU limit, e.g. 2")
     g.add_argument("--pids-limit", type=int, default=None, metavar="N")
     g.add_argument("--network-none", action="store_true", help="task containers get no network")
+    g.add_argument("--no-pull-ahead", dest="pull_ahead", action="store_false",
+                   help="deliver each image only when its sample starts (for comparison; default: all pending "
+                        "images are delivered in the background from the start)")
 
 
 def _read_template(path: Optional[str], what: str) -> Optional[str]:
@@ -5925,7 +5930,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                   image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
                                   allow_pull=args.allow_pull, engine=args.engine, docker_host=args.docker_host,
                                   image_workers=args.image_workers, tar_index=args.tar_index,
-                                  mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images)
+                                  mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images,
+                                  pull_ahead=args.pull_ahead)
         code, _ = run_swe(cfg)
         return code
     code, _ = run_qa(cfg)
