@@ -1268,6 +1268,7 @@ class ChatResult:
     ttft_s: Optional[float] = None  # the successful attempt: request sent → first content token (streaming)
     attempts: int = 1
     wall_s: float = 0.0             # all attempts and backoff waits
+    tool_calls: Tuple[Dict[str, str], ...] = ()  # tool-calling replies: ({"id", "name", "arguments"}, ...)
 
 
 def _normalize_base_url(url: str) -> str:
@@ -1386,10 +1387,13 @@ class ModelClient:
         self._opener = urllib.request.build_opener(*handlers)
 
     # -- one attempt -------------------------------------------------------------------------------------
-    def _request(self, messages: Sequence[Dict[str, Any]], timeout_s: float) -> ChatResult:
+    def _request(self, messages: Sequence[Dict[str, Any]], timeout_s: float,
+                 tools: Optional[Sequence[Dict[str, Any]]] = None) -> ChatResult:
         cfg = self.config
         body: Dict[str, Any] = {"model": cfg.model, "messages": list(messages), "temperature": cfg.temperature,
                                 "stream": cfg.stream}
+        if tools:
+            body["tools"] = list(tools)
         if cfg.max_tokens is not None:
             body["max_tokens"] = cfg.max_tokens
         if cfg.stream:
@@ -1466,7 +1470,11 @@ class ModelClient:
             text = _content_text(message.get("content"))
             reasoning = _content_text(message.get("reasoning_content") or message.get("reasoning"))
             usage = data.get("usage") or {}
-            return self._result(text, reasoning, choice.get("finish_reason"), usage, latency, None)
+            calls = tuple({"id": str(c.get("id") or "call_%d" % i), "name": str(c["function"].get("name") or ""),
+                           "arguments": c["function"].get("arguments") or ""}
+                          for i, c in enumerate(message.get("tool_calls") or []))
+            return self._result(text, reasoning, choice.get("finish_reason"), usage, latency, None,
+                                tool_calls=calls)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelAPIError("malformed response from %s (%s: %s): %r" % (
                 self.url, type(exc).__name__, exc, raw[:200]), kind="malformed") from None
@@ -1487,6 +1495,7 @@ class ModelClient:
         finish = None
         ttft = None
         done = False
+        calls: Dict[int, Dict[str, str]] = {}  # tool calls arrive in pieces keyed by index
         for line in self._lines(resp, t0 + timeout_s):
             line = line.strip()
             if not line or line.startswith(b":") or not line.startswith(b"data:"):
@@ -1518,6 +1527,13 @@ class ModelClient:
                         parts.append(piece)
                     if rpiece:
                         reasoning.append(rpiece)
+                    for tc in delta.get("tool_calls") or ():
+                        call = calls.setdefault(int(tc.get("index", len(calls))),
+                                                {"id": "", "name": "", "arguments": ""})
+                        call["id"] = tc.get("id") or call["id"]
+                        fn = tc.get("function") or {}
+                        call["name"] += fn.get("name") or ""
+                        call["arguments"] += fn.get("arguments") or ""
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
             except (AttributeError, TypeError) as exc:
@@ -1527,10 +1543,12 @@ class ModelClient:
             raise ModelAPIError("stream from %s ended before [DONE] and before a finish_reason" % self.url,
                                 kind="overload")
         return self._result("".join(parts), "".join(reasoning), finish, usage, time.monotonic() - t0, ttft,
-                            n_chunks=len(parts) + len(reasoning))
+                            n_chunks=len(parts) + len(reasoning),
+                            tool_calls=tuple(dict(calls[i], id=calls[i]["id"] or "call_%d" % i) for i in sorted(calls)))
 
     def _result(self, text: str, reasoning: str, finish: Optional[str], usage: Any, latency: float,
-                ttft: Optional[float], n_chunks: Optional[int] = None) -> ChatResult:
+                ttft: Optional[float], n_chunks: Optional[int] = None,
+                tool_calls: Tuple[Dict[str, str], ...] = ()) -> ChatResult:
         completion = _token_count(usage, "completion_tokens")
         estimated = completion is None
         if estimated:
@@ -1538,8 +1556,11 @@ class ModelClient:
             prompt = 0
         else:
             prompt = _token_count(usage, "prompt_tokens") or 0
+        if estimated and tool_calls:
+            completion += _estimate_tokens("".join(c["arguments"] for c in tool_calls))
         return ChatResult(text=text, reasoning=reasoning, finish_reason=finish, prompt_tokens=prompt,
-                          completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft)
+                          completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft,
+                          tool_calls=tool_calls)
 
     # -- retries -----------------------------------------------------------------------------------------
     def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
@@ -1554,8 +1575,10 @@ class ModelClient:
             wait = max(wait, err.retry_after_s)
         return wait
 
-    def chat(self, messages: Sequence[Dict[str, Any]]) -> ChatResult:
-        """Send one chat completion with bounded retries; raise ModelAPIError (kind, status, attempts) at the end."""
+    def chat(self, messages: Sequence[Dict[str, Any]],
+             tools: Optional[Sequence[Dict[str, Any]]] = None) -> ChatResult:
+        """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
+        (kind, status, attempts) at the end."""
         cfg = self.config
         t_start = time.monotonic()
         attempts = 0
@@ -1567,7 +1590,7 @@ class ModelClient:
             permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
             outcome, tokens = "ignore", 0
             try:
-                result = self._request(messages, cfg.request_timeout_s)
+                result = self._request(messages, cfg.request_timeout_s, tools)
                 outcome, tokens = "ok", result.completion_tokens
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
@@ -1849,6 +1872,13 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
             self._reset()
             return
         text = self._reply_text(key, messages)
+        tool_call = None
+        if req.get("tools") and st.swe:  # tool-calling mode: the fenced action becomes one `bash` call
+            found = re.search(r"```bash\n(.*?)\n```", text, re.S)
+            if found:
+                tool_call = {"id": "call_%d" % random.getrandbits(32), "type": "function",
+                             "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}}
+                text = text[:found.start()].strip()
         reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
         pieces = ([("reasoning_content", t) for t in _TOKEN_RE.findall(reasoning + " ")] if reasoning else []) + \
                  [("content", t) for t in _TOKEN_RE.findall(text)]
@@ -1885,6 +1915,9 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(body)
                 return
             message = {"role": "assistant", "content": "".join(t for k, t in pieces if k == "content")}
+            if tool_call is not None:
+                message["tool_calls"] = [tool_call]
+                finish = "tool_calls"
             if reasoning:
                 message["reasoning_content"] = "".join(t for k, t in pieces if k == "reasoning_content")
             out = {"id": rid, "object": "chat.completion", "created": 0, "model": cfg.model,
@@ -1926,6 +1959,13 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                 self.wfile.flush()
                 wait(debt)
                 debt = 0.0
+        if tool_call is not None:  # sent in two pieces, as servers do: id and name first, then the arguments
+            args = tool_call["function"]["arguments"]
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(tool_call, index=0, function={
+                "name": "bash", "arguments": args[:len(args) // 2]})]}, "finish_reason": None}]))
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
+                "arguments": args[len(args) // 2:]}}]}, "finish_reason": None}]))
+            finish = "tool_calls"
         event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
         if include_usage:
             event(dict(base, choices=[], usage=usage))
@@ -4844,6 +4884,38 @@ echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
 ```
 </instructions>"""
 
+SWE_TOOL_SYSTEM_TEMPLATE = """You are a helpful assistant that can interact with a computer shell to solve programming tasks.
+You act through the `bash` tool: call it exactly once per reply with one command (or commands connected with &&
+or ||), and explain your reasoning in the reply's text. When you are done, call it with the command
+`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`."""
+
+BASH_TOOL = {"type": "function", "function": {
+    "name": "bash", "description": "Run one bash command (bash -lc) in the task's repository and see its output.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string", "description": "the command"}},
+                   "required": ["command"]}}}
+
+
+def _tool_action(res: ChatResult) -> Tuple[Optional[str], str]:
+    """(command, "") from a tool-calling reply, or (None, why it cannot be run)."""
+    calls = res.tool_calls
+    if not calls:
+        cut = " Your reply was cut off at the token limit; be shorter." if res.finish_reason == "length" else ""
+        return None, "No tool call: act by calling the `bash` tool with {\"command\": \"...\"}.%s" % cut
+    if len(calls) > 1:
+        return None, "Call exactly one tool per reply; got %d calls. None of them was run." % len(calls)
+    call = calls[0]
+    if call["name"] != "bash":
+        return None, "Unknown tool %r; the only tool is `bash`." % call["name"]
+    try:
+        args = json.loads(call["arguments"] or "{}")
+    except ValueError:
+        return None, "The arguments of `bash` must be a JSON object like {\"command\": \"ls\"}; got %r." % \
+            call["arguments"][:200]
+    if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
+        return None, "`bash` needs a non-empty string argument \"command\"."
+    return args["command"], ""
+
+
 _ACTION_RE = re.compile(r"^```bash[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _FORMAT_ERROR_MSG = ("Your reply must contain EXACTLY ONE fenced code block that starts with a line ```bash and ends "
                      "with a line ```; found %d. If you are done, run `echo %s` in that block." % (0, SUBMIT_SENTINEL))
@@ -4879,7 +4951,9 @@ def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts
     sentinel or a limit. Returns the trajectory (messages, steps, timings, exit reason)."""
     fields = {"problem_statement": inst.problem_statement, "workdir": inst.workdir, "instance_id": inst.id,
               "repo": inst.repo, "exec_timeout": int(opts.exec_timeout_s)}
-    messages = [{"role": "system", "content": _fill(opts.system_template or SWE_SYSTEM_TEMPLATE, fields)},
+    default_system = SWE_TOOL_SYSTEM_TEMPLATE if opts.tool_mode else SWE_SYSTEM_TEMPLATE
+    tools = [BASH_TOOL] if opts.tool_mode else None
+    messages = [{"role": "system", "content": _fill(opts.system_template or default_system, fields)},
                 {"role": "user", "content": _fill(opts.instance_template or SWE_INSTANCE_TEMPLATE, fields)}]
     steps: List[Dict[str, Any]] = []
     t0 = time.monotonic()
@@ -4899,7 +4973,7 @@ def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts
             break
         step: Dict[str, Any] = {"step": len(steps) + 1, "t": round(time.monotonic() - t0, 3)}
         try:
-            res = client.chat(messages)
+            res = client.chat(messages, tools=tools)
         except ModelAPIError as exc:
             step.update(error=str(exc))
             steps.append(step)
@@ -4907,21 +4981,34 @@ def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts
             break
         tokens["prompt"] += res.prompt_tokens or 0
         tokens["completion"] += res.completion_tokens or 0
-        messages.append({"role": "assistant", "content": res.text})
+        reply: Dict[str, Any] = {"role": "assistant", "content": res.text}
+        if opts.tool_mode and res.tool_calls:
+            reply["tool_calls"] = [{"id": c["id"], "type": "function",
+                                    "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                   for c in res.tool_calls]
+        messages.append(reply)
         step.update(model_s=round(res.latency_s, 3), completion_tokens=res.completion_tokens)
-        actions = _ACTION_RE.findall(res.text)
-        if len(actions) != 1:
+        if opts.tool_mode:
+            command, problem = _tool_action(res)
+        else:
+            actions = _ACTION_RE.findall(res.text)
+            command = actions[0].rstrip("\n") if len(actions) == 1 else None
+            problem = "" if command is not None else _FORMAT_ERROR_MSG.replace("found 0", "found %d" % len(actions))
+        if command is None:
             format_errors += 1
-            step.update(format_error=len(actions))
+            step.update(format_error=problem)
             steps.append(step)
             if format_errors >= opts.max_format_errors:
                 exit_reason = "format_error"
                 break
-            messages.append({"role": "user", "content": _FORMAT_ERROR_MSG.replace("found 0", "found %d"
-                                                                                     % len(actions))})
+            if res.tool_calls and opts.tool_mode:  # every tool call must get its answer
+                messages.extend({"role": "tool", "tool_call_id": c["id"], "content": problem}
+                                for c in res.tool_calls)
+            else:
+                messages.append({"role": "user", "content": problem})
             continue
         format_errors = 0
-        action = actions[0].rstrip("\n")
+        action = command
         out = container.exec(action, timeout_s=opts.exec_timeout_s)
         step.update(action=action, returncode=out.returncode, exec_s=round(out.seconds, 3), timed_out=out.timed_out)
         steps.append(step)
@@ -4931,7 +5018,10 @@ def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts
             break
         observation = _observation(out, opts.observation_chars, opts.exec_timeout_s)
         step["observation_chars"] = len(out.output)
-        messages.append({"role": "user", "content": observation})
+        if opts.tool_mode:
+            messages.append({"role": "tool", "tool_call_id": res.tool_calls[0]["id"], "content": observation})
+        else:
+            messages.append({"role": "user", "content": observation})
     return {"messages": messages, "steps": steps, "exit_reason": exit_reason, "error": error,
             "agent_s": round(time.monotonic() - t0, 3), "prompt_tokens": tokens["prompt"],
             "completion_tokens": tokens["completion"], "model_calls": sum(1 for s in steps if "model_s" in s)}
@@ -5499,6 +5589,9 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpus", default=None, help="container CPU limit, e.g. 2")
     g.add_argument("--pids-limit", type=int, default=None, metavar="N")
     g.add_argument("--network-none", action="store_true", help="task containers get no network")
+    g.add_argument("--tool-mode", action="store_true",
+                   help="act through one `bash` function (tool calling) instead of fenced blocks, for endpoints "
+                        "that support tools")
     g.add_argument("--no-pull-ahead", dest="pull_ahead", action="store_false",
                    help="deliver each image only when its sample starts (for comparison; default: all pending "
                         "images are delivered in the background from the start)")
@@ -5924,7 +6017,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          exec_workers=args.exec_workers, max_sessions=args.max_sessions,
                          system_template=_read_template(args.system_template, "--system-template"),
                          instance_template=_read_template(args.instance_template, "--instance-template"),
-                         image_template=args.image_template, sandbox=sandbox)
+                         image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox)
         tars = args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS")
         cfg = dataclasses.replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(_split_list(tars)),
                                   image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),

@@ -211,13 +211,13 @@ class _SWEBed(unittest.TestCase):
     def setUp(self):
         self.ds = eh.SWEDataset(self.dataset).validate()
 
-    def run_swe(self, out, *, mock=None, policy="oracle", score_only=None, cancel=None, **opts):
+    def run_swe(self, out, *, mock=None, policy="oracle", score_only=None, cancel=None, stream=True, **opts):
         if mock is None and score_only is None:
             mock = start_mock(self, swe=self.ds, swe_policy=policy)
         swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3), **opts))
         cfg = eh.RunConfig(dataset=self.dataset, model="mock-agent", base_url=mock.url if mock else None, task="swe",
                            out=out, progress=False, swe=swe, score_only=score_only, fixed_concurrency=4,
-                           keep_images=True)
+                           keep_images=True, stream=stream)
         import io
         buf = io.StringIO()
         code, run_dir = eh.run_swe(cfg, stdout=buf, cancel=cancel)
@@ -299,6 +299,40 @@ class TestAgentPolicies(_SWEBed):
         for rec in self.samples(run_dir).values():
             self.assertEqual((rec["exit_reason"], rec["model_calls"], rec["format_errors"], rec["outcome"]),
                              ("format_error", 3, 3, "empty_patch"))
+
+
+    def test_tool_calling_mode_resolves_streaming_or_not_and_counts_format_errors(self):
+        for stream in (True, False):
+            code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), tool_mode=True, stream=stream)
+            self.assertEqual(code, 0, text)
+            samples = self.samples(run_dir)
+            self.assertEqual({r["outcome"] for r in samples.values()}, {"resolved"}, stream)
+            with open(os.path.join(run_dir, "trajectories", self.ids[0] + ".json")) as fh:
+                msgs = json.load(fh)["messages"]
+            self.assertEqual([m["role"] for m in msgs], ["system", "user", "assistant", "tool", "assistant"])
+            self.assertEqual(msgs[3]["tool_call_id"], msgs[2]["tool_calls"][0]["id"])
+            self.assertIn("git apply", json.loads(msgs[2]["tool_calls"][0]["function"]["arguments"])["command"])
+        code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), tool_mode=True, policy="chatty")
+        for rec in self.samples(run_dir).values():
+            self.assertEqual((rec["exit_reason"], rec["format_errors"]), ("format_error", 3))
+
+
+class TestToolActions(unittest.TestCase):
+    """The tool-calling reply check, one malformed reply at a time (no daemon)."""
+
+    def test_each_malformed_tool_reply_gets_its_own_message(self):
+        def res(*calls, finish="tool_calls"):
+            return eh.ChatResult(text="", finish_reason=finish, tool_calls=tuple(
+                {"id": "c%d" % i, "name": n, "arguments": a} for i, (n, a) in enumerate(calls)))
+        self.assertEqual(eh._tool_action(res(("bash", '{"command": "ls"}'))), ("ls", ""))
+        for reply, pattern in [(res(finish="length"), "No tool call.*cut off"),
+                               (res(("bash", '{"command": "a"}'), ("bash", '{"command": "b"}')), "exactly one tool"),
+                               (res(("python", '{"code": 1}')), "Unknown tool 'python'"),
+                               (res(("bash", "{not json")), "must be a JSON object"),
+                               (res(("bash", '{"cmd": "ls"}')), 'non-empty string argument "command"')]:
+            command, problem = eh._tool_action(reply)
+            self.assertIsNone(command)
+            self.assertRegex(problem, pattern)
 
 
 class TestScoringParity(_SWEBed):
