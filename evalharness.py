@@ -23,6 +23,7 @@ import dataclasses
 import email.utils
 import gzip
 import hashlib
+import html
 import http.client
 import http.server
 import io
@@ -4422,6 +4423,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         run_info["stop_reason"] = _redact(runner.stop_reason)
     store.write_json(RunStore.RUN, run_info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=dataset.count)
+    _auto_report(store.dir)
 
     if cfg.json_out:
         stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
@@ -5145,7 +5147,8 @@ class _AppendFile:
 
 def swebench_report(records: Iterable[Dict[str, Any]], instance_ids: Sequence[str]) -> Dict[str, Any]:
     """The run-level report in SWE-bench's shape (schema_version 2)."""
-    latest = {r["id"]: r for r in records if r.get("id") in set(instance_ids)}
+    wanted = set(instance_ids)
+    latest = {r["id"]: r for r in records if r.get("id") in wanted}
     ids = sorted(instance_ids)
     submitted = sorted(i for i, r in latest.items() if r.get("status") == "ok" or r.get("model_patch"))
     empty = sorted(i for i, r in latest.items() if r.get("outcome") == "empty_patch")
@@ -5406,6 +5409,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         sessions = SessionGate(gate)
         client = ModelClient(client_cfg, gate=gate, cancel=cancel)
+    gate_initial = gate.limit if gate is not None else None
     pool = _ExecPool(opts.exec_workers)
     preds_file = _AppendFile(store.path(PREDS_FILE))
     ctx = _SWEContext(store=store, docker=docker, pool=pool, images=images, client=client, sessions=sessions,
@@ -5463,14 +5467,15 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     run_info.update({"status": status, "ended_at": _utc_iso(ended)})
     if gate is not None:
         run_info.update({"discovered_limit": gate.discovered_limit,
-                         "concurrency": {"adaptive": gate.adaptive, "initial_from": initial_from,
-                                         "final": gate.limit, "max": gate.max_limit}})
+                         "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial,
+                                         "initial_from": initial_from, "final": gate.limit, "max": gate.max_limit}})
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                                   "status": status, "pid": os.getpid()}]
     if runner.stop_reason:
         run_info["stop_reason"] = _redact(runner.stop_reason)
     store.write_json(RunStore.RUN, run_info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=len(ids))
+    _auto_report(store.dir)
     if cfg.json_out:
         stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     else:
@@ -5487,6 +5492,601 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                      summary["counts"]["failed"], store.path(RunStore.SAMPLES))
         return EXIT_FAILURE, store.dir
     return EXIT_OK, store.dir
+
+# =============================================================================
+# Report
+# =============================================================================
+# `report RUN_DIR` recomputes everything from samples.jsonl (so it works on a killed run), adds what events.jsonl
+# and run.json tell (concurrency over time, drain pauses, discovered limit), and renders a text table, JSON, or one
+# self-contained HTML file (inline CSS and SVG; a few lines of inline script only to sort tables). `report A B`
+# compares two runs sample by sample with a paired bootstrap interval.
+
+REPORT_HTML = "report.html"
+_REPORT_BUDGET_CHARS = 2_000_000   # patch and trajectory text across one HTML report; the rest stays on disk
+_REPORT_TABLE_CHARS = 4_300_000    # the SWE instance table, markup included (the whole report stays under 5 MB)
+_TRAJ_MESSAGE_CHARS = 2000         # one message in the HTML report
+
+
+def _read_jsonl_tolerant(path: str) -> List[Dict[str, Any]]:
+    """Records of a JSONL file; a line that does not parse (a torn tail after a kill) is skipped."""
+    out: List[Dict[str, Any]] = []
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    try:
+                        rec = json.loads(raw.decode("utf-8"))
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict):
+                        out.append(rec)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _read_json_file(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load_run(run_dir: str) -> Dict[str, Any]:
+    """A run directory's records: the latest record per sample id (samples.jsonl), events, run.json."""
+    if not os.path.isdir(run_dir):
+        raise ConfigError("report: %r is not a run directory" % run_dir)
+    samples_path = os.path.join(run_dir, RunStore.SAMPLES)
+    if not os.path.exists(samples_path):
+        raise ConfigError("report: %s has no %s (not a run directory, or nothing finished yet)"
+                          % (run_dir, RunStore.SAMPLES))
+    latest: Dict[str, Dict[str, Any]] = {}
+    for rec in _read_jsonl_tolerant(samples_path):
+        if "id" in rec:
+            latest[str(rec["id"])] = rec
+    run = _read_json_file(os.path.join(run_dir, RunStore.RUN))
+    total = (run.get("dataset") or {}).get("rows") or len(latest)
+    task = run.get("task") or ("swe" if any("outcome" in r for r in latest.values()) else "qa")
+    return {"dir": run_dir, "run": run, "samples": latest, "events": _read_jsonl_tolerant(
+        os.path.join(run_dir, RunStore.EVENTS)), "total": max(int(total), len(latest)), "task": task}
+
+
+def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything the text, JSON and HTML reports show, computed from the run's files."""
+    records = list(run["samples"].values())
+    summary = summarize(records, total=run["total"])
+    info = run["run"]
+    data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"], "status": info.get("status", "unknown"),
+                            "model": (info.get("endpoint") or {}).get("model"),
+                            "dataset": (info.get("dataset") or {}).get("name"), "summary": summary,
+                            "discovered_limit": info.get("discovered_limit"),
+                            "concurrency": info.get("concurrency")}
+    failures: Dict[str, Dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("status") != "ok":
+            cls = rec.get("error_class") or "unknown"
+            entry = failures.setdefault(cls, {"count": 0, "example_id": rec.get("id"),
+                                              "example_error": rec.get("error")})
+            entry["count"] += 1
+    data["failures"] = dict(sorted(failures.items(), key=lambda kv: -kv[1]["count"]))
+    if run["task"] == "swe":
+        ids = sorted(set(run["samples"]) | set((info.get("dataset") or {}).get("ids") or []))
+        data["swebench"] = swebench_report(records, ids)
+        data["swebench"]["total_instances"] = max(data["swebench"]["total_instances"], run["total"])
+    data["series"] = _timeline(records, run["events"], info)
+    lat = sorted(float(r["latency_s"]) if r.get("latency_s") is not None else
+                 float(r["finished_at"]) - float(r["started_at"]) for r in records
+                 if r.get("status") == "ok" and (r.get("latency_s") is not None or
+                                                 (r.get("finished_at") and r.get("started_at"))))
+    data["latency_hist"] = _histogram(lat)
+    data["latency_label"] = "request latency" if any(r.get("latency_s") is not None for r in records) else \
+        "sample duration"
+    return data
+
+
+def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
+    if not values:
+        return {"edges": [], "counts": []}
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        hi = lo + 1e-9
+    width = (hi - lo) / bins
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int((v - lo) / width))] += 1
+    return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
+
+
+def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]],
+              info: Dict[str, Any]) -> Dict[str, Any]:
+    """Series over run time (seconds from the first start): samples in flight, the gate limit, drain pauses,
+    completions and output tokens per second (binned)."""
+    spans = [(float(r["started_at"]), float(r["finished_at"]), int(r.get("completion_tokens") or 0))
+             for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
+    if not spans:
+        return {"t0": None, "in_flight": [], "limit": [], "drains": [], "rate": [], "tokens": []}
+    t0 = min(s for s, _, _ in spans)
+    t_end = max(e for _, e, _ in spans)
+    steps: List[Tuple[float, int]] = []
+    for s, e, _ in spans:
+        steps.append((s - t0, 1))
+        steps.append((e - t0, -1))
+    steps.sort()
+    in_flight, level = [], 0
+    for t, d in steps:
+        level += d
+        in_flight.append((round(t, 3), level))
+    in_flight = _downsample_steps(in_flight, 600)
+    conc = info.get("concurrency") or {}
+    limit: List[Tuple[float, int]] = []
+    if conc.get("initial") is not None:
+        limit.append((0.0, int(conc["initial"])))
+    drains = []
+    for ev in events:
+        t = ev.get("t")
+        if t is None or t < t0 - 1:
+            continue
+        if ev.get("type") == "limit" and ev.get("limit") is not None:
+            limit.append((round(float(t) - t0, 3), int(ev["limit"])))
+        elif ev.get("type") == "drain":
+            drains.append((round(float(t) - t0, 3), round(float(t) - t0 + float(ev.get("drain_s") or 0), 3)))
+            if ev.get("limit") is not None:
+                limit.append((round(float(t) - t0, 3), int(ev["limit"])))
+    if limit:
+        limit.append((round(t_end - t0, 3), limit[-1][1]))
+    limit = _downsample_steps(sorted(limit), 600)
+    n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1))
+    width = max((t_end - t0) / n_bins, 1e-9)
+    done = [0] * n_bins
+    toks = [0] * n_bins
+    for _, e, tok in spans:
+        i = min(n_bins - 1, int((e - t0) / width))
+        done[i] += 1
+        toks[i] += tok
+    return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit, "drains": drains,
+            "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
+            "tokens": [round(c / width, 2) for c in toks]}
+
+
+def _downsample_steps(points: List[Tuple[float, int]], limit: int) -> List[Tuple[float, int]]:
+    """At most ``limit`` points of a step series, keeping each bin's peak (a spike must stay visible)."""
+    if len(points) <= limit:
+        return points
+    t_lo, t_hi = points[0][0], points[-1][0]
+    width = (t_hi - t_lo) / limit or 1.0
+    out: Dict[int, Tuple[float, int]] = {}
+    for t, v in points:
+        b = int((t - t_lo) / width)
+        if b not in out or v > out[b][1]:
+            out[b] = (t, v)
+    return [out[b] for b in sorted(out)]
+
+
+def format_report(data: Dict[str, Any]) -> str:
+    """The text report: the run's summary table (the same numbers the run printed) plus failures by class,
+    the discovered concurrency and, for SWE runs, SWE-bench's counts."""
+    title = "evalharness %s | model %s | dataset %s | %s" % (data["task"], data.get("model"), data.get("dataset"),
+                                                              data["status"])
+    lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
+    if data.get("swebench"):
+        lines.append(_swe_line(data["swebench"]))
+    if data.get("discovered_limit") is not None:
+        lines.append("discovered concurrency: %s" % data["discovered_limit"])
+    if data["failures"]:
+        lines.append("failures by class:")
+        for cls, f in data["failures"].items():
+            lines.append("  %-14s %5d  e.g. %s: %s" % (cls, f["count"], f["example_id"],
+                                                      _truncate_output(str(f["example_error"]), 200)))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- HTML
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1b1f24;padding:0 16px}
+h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}
+table{border-collapse:collapse;margin:6px 0}th,td{padding:4px 10px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:top}
+th{background:#f6f8fa;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.cards{display:flex;gap:24px;flex-wrap:wrap}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;min-width:150px}
+svg{background:#fff;border:1px solid #eaeef2;border-radius:6px}svg text{font:11px system-ui,sans-serif;fill:#57606a}
+details{margin:2px 0}summary{cursor:pointer}pre{background:#f6f8fa;padding:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;max-height:480px;overflow-y:auto;margin:4px 0}
+.msg{border-left:3px solid #d0d7de;padding-left:8px;margin:6px 0}.role{font-weight:600;font-size:12px;text-transform:uppercase;color:#57606a}
+ins{color:#1a7f37;background:#e6ffec;display:block;text-decoration:none}del{color:#cf222e;background:#ffebe9;display:block;text-decoration:none}pre em{color:#8250df;display:block;font-style:normal}
+.note{font-style:italic;color:#9a6700}
+"""
+
+_SORT_JS = """
+document.querySelectorAll('table.sortable th').forEach(function(th, i) {
+  th.addEventListener('click', function() {
+    var table = th.closest('table'), body = table.tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows), asc = th.dataset.asc !== '1';
+    rows.sort(function(a, b) {
+      var x = a.cells[i].dataset.v || a.cells[i].textContent, y = b.cells[i].dataset.v || b.cells[i].textContent;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return asc ? c : -c;
+    });
+    rows.forEach(function(r) { body.appendChild(r); });
+    th.dataset.asc = asc ? '1' : '0';
+  });
+});
+document.body.dataset.ready = '1';
+"""
+
+
+def _svg_chart(title: str, series: Sequence[Tuple[str, str, Sequence[Tuple[float, float]], bool]], *,
+               x_label: str, y_label: str, shaded: Sequence[Tuple[float, float]] = (), width: int = 1100,
+               height: int = 260, chart_id: str = "") -> str:
+    """A line chart as inline SVG: ``series`` = (name, colour, points, step?) ; ``shaded`` x ranges (drains)."""
+    pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
+    pts = [p for _, _, ps, _ in series for p in ps]
+    if not pts:
+        return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
+                'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
+    x_max = max(max(x for x, _ in pts), max((b for _, b in shaded), default=0), 1e-9)
+    y_max = max(max(y for _, y in pts), 1e-9) * 1.08
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+
+    def sx(x: float) -> float:
+        return pad_l + w * x / x_max
+
+    def sy(y: float) -> float:
+        return pad_t + h - h * y / y_max
+
+    out = ['<svg id="%s" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" data-points="%d">'
+           % (_esc(chart_id), width, height, width, height, len(pts)),
+           '<text x="%d" y="16" style="font-weight:600;fill:#1b1f24">%s</text>' % (pad_l, _esc(title))]
+    for a, b in shaded:
+        out.append('<rect class="drain" x="%.1f" y="%d" width="%.1f" height="%d" fill="#ffebe9" opacity="0.8">'
+                   '<title>drain %.1f–%.1f s</title></rect>' % (sx(a), pad_t, max(1.0, sx(b) - sx(a)), h, a, b))
+    for i in range(5):
+        yv = y_max * i / 4
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eaeef2"/><text x="%d" y="%.1f" '
+                   'text-anchor="end">%s</text>' % (pad_l, width - pad_r, sy(yv), sy(yv), pad_l - 6, sy(yv) + 4,
+                                                    _fmt_num(yv)))
+        xv = x_max * i / 4
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (sx(xv), height - 18, _fmt_num(xv)))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + w / 2, height - 4, _esc(x_label)))
+    out.append('<text x="12" y="%.1f" transform="rotate(-90 12 %.1f)" text-anchor="middle">%s</text>'
+               % (pad_t + h / 2, pad_t + h / 2, _esc(y_label)))
+    lx = width - pad_r - 150 * (len(series) + (1 if shaded else 0))
+    for name, colour, points, step in series:
+        coords = []
+        prev_y = None
+        for x, y in points:
+            if step and prev_y is not None:
+                coords.append("%.1f,%.1f" % (sx(x), sy(prev_y)))
+            coords.append("%.1f,%.1f" % (sx(x), sy(y)))
+            prev_y = y
+        out.append('<polyline class="series" data-name="%s" fill="none" stroke="%s" stroke-width="1.6" '
+                   'points="%s"/>' % (_esc(name), colour, " ".join(coords)))
+        out.append('<rect x="%d" y="%d" width="10" height="3" fill="%s"/><text x="%d" y="%d">%s</text>'
+                   % (lx, 11, colour, lx + 14, 16, _esc(name)))
+        lx += 150
+    if shaded:
+        out.append('<rect x="%d" y="9" width="10" height="8" fill="#ffebe9"/><text x="%d" y="16">drain pause'
+                   '</text>' % (lx, lx + 14))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _svg_bars(title: str, hist: Dict[str, Any], *, x_label: str, width: int = 1100, height: int = 240,
+              chart_id: str = "") -> str:
+    counts, edges = hist["counts"], hist["edges"]
+    if not counts:
+        return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
+                'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
+    pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+    top = max(counts) * 1.08 or 1
+    bw = w / len(counts)
+    out = ['<svg id="%s" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" data-points="%d">'
+           % (_esc(chart_id), width, height, width, height, sum(counts)),
+           '<text x="%d" y="16" style="font-weight:600;fill:#1b1f24">%s</text>' % (pad_l, _esc(title))]
+    for i, c in enumerate(counts):
+        bh = h * c / top
+        out.append('<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#0969da"><title>%s–%s s: '
+                   '%d</title></rect>' % (pad_l + i * bw + 1, pad_t + h - bh, max(1.0, bw - 2), bh,
+                                          _fmt_num(edges[i]), _fmt_num(edges[i + 1]), c))
+    for i in range(5):
+        j = int(round(i * len(counts) / 4))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + j * bw, height - 18,
+                                                                            _fmt_num(edges[j])))
+        yv = top * i / 4
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>' % (pad_l - 6, pad_t + h - h * i / 4 + 4,
+                                                                         _fmt_num(yv)))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text></svg>' % (pad_l + w / 2, height - 4,
+                                                                               _esc(x_label)))
+    return "".join(out)
+
+
+def _fmt_num(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return "%d" % round(v)
+    if abs(v) >= 10:
+        return "%.1f" % v
+    return "%.2g" % v if abs(v) < 1 else "%.2f" % v
+
+
+def _ci_text(entry: Dict[str, Any]) -> str:
+    if not entry or entry.get("mean") is None:
+        return "–"
+    lo, hi = entry["ci95"]
+    return "%.3f <span class=muted>[%.3f, %.3f]</span>" % (entry["mean"], lo, hi)
+
+
+def _diff_html(patch: str) -> str:
+    out = []
+    for line in patch.splitlines():
+        tag = "ins" if line.startswith("+") and not line.startswith("+++") else \
+            "del" if line.startswith("-") and not line.startswith("---") else \
+            "em" if line.startswith("@@") else ""
+        out.append("<%s>%s</%s>" % (tag, _esc(line), tag) if tag else _esc(line))
+    return "\n".join(out)
+
+
+def _trajectory_html(traj: Dict[str, Any], budget: int) -> str:
+    parts, used = [], 0
+    for m in traj.get("messages") or []:
+        content = m.get("content") or ""
+        if m.get("tool_calls"):
+            content += "\n" + "\n".join("[tool call %s] %s" % (c.get("function", {}).get("name"),
+                                                               c.get("function", {}).get("arguments"))
+                                        for c in m["tool_calls"])
+        text = str(content)
+        if len(text) > _TRAJ_MESSAGE_CHARS:
+            text = text[:_TRAJ_MESSAGE_CHARS // 2] + "\n[... %d characters not shown ...]\n" % (
+                len(text) - _TRAJ_MESSAGE_CHARS) + text[-_TRAJ_MESSAGE_CHARS // 2:]
+        if used + len(text) > budget:
+            parts.append('<p class="note">The rest of this trajectory is not shown (report size limit); the full '
+                         'text is in %s/.</p>' % TRAJ_DIR)
+            break
+        used += len(text)
+        parts.append('<div class="msg"><div class="role">%s</div><pre>%s</pre></div>' % (_esc(m.get("role")),
+                                                                                        _esc(text)))
+    return "".join(parts)
+
+
+def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
+    """The self-contained HTML report (no external assets). Everything from the model or the dataset is escaped."""
+    s = data["summary"]
+    counts = s["counts"]
+    score = s.get("score") or {}
+    perf = s.get("performance") or {}
+    lat = perf.get("latency_s") or {}
+    title = "evalharness %s — %s on %s" % (data["task"], data.get("model") or "?", data.get("dataset") or "?")
+    h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>%s</title><style>%s</style></head><body>"
+         % (_esc(title), _CSS), "<h1>%s</h1>" % _esc(title),
+         '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
+         % (_esc(data["run_dir"]), _esc(data["status"]), counts.get("finished", 0), counts.get("total", 0))]
+    headline = ("resolved" if data["task"] == "swe" else "score")
+    cards = [(headline, _ci_text(score)), ("samples ok / failed", "%d / %d" % (counts.get("ok", 0),
+                                                                               counts.get("failed", 0)))]
+    if data.get("swebench"):
+        sw = data["swebench"]
+        cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
+            sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"])))
+    if data.get("discovered_limit") is not None:
+        cards.append(("discovered concurrency", _esc(data["discovered_limit"])))
+    tokens = s.get("tokens") or {}
+    cards.append(("tokens in / out", "%s / %s" % (format(tokens.get("prompt", 0), ","),
+                                                  format(tokens.get("completion", 0), ","))))
+    cards.append(("latency p50 / p95 / p99 (s)", " / ".join(_fmt_num(lat[k]) if lat.get(k) is not None else "–"
+                                                           for k in ("p50", "p95", "p99"))))
+    cards.append(("throughput", "%s samples/s · %s tok/s" % (_fmt_num(perf.get("samples_per_s") or 0),
+                                                              _fmt_num(perf.get("output_tokens_per_s") or 0))))
+    h.append('<div class=cards>%s</div>' % "".join('<div class=card><div class=muted>%s</div><div class=big>%s'
+                                                    '</div></div>' % (_esc(k), v) for k, v in cards))
+    by_cat = s.get("by_category") or {}
+    h.append("<h2>By %s</h2>" % ("repository" if data["task"] == "swe" else "category"))
+    h.append('<table class=sortable id=breakdown><thead><tr><th>%s</th><th>n</th><th>mean [95%% CI]</th><th>failed'
+             '</th></tr></thead><tbody>' % ("repository" if data["task"] == "swe" else "category"))
+    for cat, e in by_cat.items():
+        h.append('<tr><td>%s</td><td class=n>%d</td><td class=n data-v="%s">%s</td><td class=n>%d</td></tr>'
+                 % (_esc(cat), e.get("n", 0), e.get("mean"), _ci_text(e), e.get("failed", 0)))
+    h.append("</tbody></table>")
+    if s.get("by_scorer") and data["task"] != "swe":
+        h.append('<table class=sortable id=scorers><thead><tr><th>scorer</th><th>n</th><th>mean [95% CI]</th></tr>'
+                 '</thead><tbody>')
+        for name, e in s["by_scorer"].items():
+            h.append('<tr><td>%s</td><td class=n>%d</td><td class=n>%s</td></tr>' % (_esc(name), e.get("n", 0),
+                                                                                   _ci_text(e)))
+        h.append("</tbody></table>")
+    ser = data["series"]
+    h.append("<h2>Load over time</h2>")
+    h.append(_svg_chart("concurrency limit and samples in flight", [
+        ("in flight", "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
+        x_label="seconds since the first sample started", y_label="concurrent", shaded=ser["drains"],
+        chart_id="chart-concurrency"))
+    bins = ser.get("bin_s") or 1
+
+    def binned(values: Sequence[float]) -> List[Tuple[float, float]]:
+        pts = [(i * bins, v) for i, v in enumerate(values)]
+        return pts + [(len(values) * bins, values[-1])] if values else pts
+
+    h.append(_svg_chart("completed samples per second", [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
+                        x_label="seconds since the first sample started", y_label="samples/s",
+                        chart_id="chart-throughput"))
+    h.append(_svg_chart("output tokens per second", [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
+                        x_label="seconds since the first sample started", y_label="tokens/s",
+                        chart_id="chart-tokens"))
+    h.append(_svg_bars("%s histogram" % data["latency_label"], data["latency_hist"], x_label="seconds",
+                       chart_id="chart-latency"))
+    h.append("<h2>Failures</h2>")
+    if data["failures"]:
+        h.append('<table class=sortable id=failures><thead><tr><th>error class</th><th>count</th><th>example</th>'
+                 '</tr></thead><tbody>')
+        for cls, f in data["failures"].items():
+            h.append('<tr><td>%s</td><td class=n>%d</td><td><b>%s</b>: %s</td></tr>' % (
+                _esc(cls), f["count"], _esc(f["example_id"]), _esc(_truncate_output(str(f["example_error"]), 600))))
+        h.append("</tbody></table>")
+    else:
+        h.append("<p class=muted>No sample failed.</p>")
+    if data["task"] == "swe":
+        h.append(_swe_instances_html(run))
+    elif run["samples"]:
+        h.append(_qa_samples_html(run))
+    h.append("<script>%s</script></body></html>" % _SORT_JS)
+    return _redact("".join(h))
+
+
+def _swe_instances_html(run: Dict[str, Any]) -> str:
+    """The per-instance table; each row opens the patch as a diff and the trajectory. The text per instance
+    shrinks as instances grow (below ~1.5k characters trajectories are only named), and the table is rendered
+    again with half the text while it exceeds the size budget."""
+    budget = min(40_000, _REPORT_BUDGET_CHARS // max(1, len(run["samples"])))
+    while True:
+        table = _swe_table(run, budget)
+        if len(table) <= _REPORT_TABLE_CHARS or budget < 50:
+            return table
+        budget //= 2
+
+
+def _swe_table(run: Dict[str, Any], budget: int) -> str:
+    samples = run["samples"]
+    inline = budget >= 1500
+    h = ["<h2>Instances</h2><table class=sortable id=instances><thead><tr><th>instance</th><th>resolved</th>"
+         "<th>outcome</th><th>FAIL_TO_PASS</th><th>PASS_TO_PASS</th><th>turns</th><th>exit reason</th></tr></thead>"
+         "<tbody>"]
+    for iid in sorted(samples):
+        rec = samples[iid]
+        f2p, p2p = rec.get("f2p") or [0, 0], rec.get("p2p") or [0, 0]
+        traj_path = os.path.join(TRAJ_DIR, _slug(iid) + ".json")
+        traj = _read_json_file(os.path.join(run["dir"], traj_path)) if inline else {}
+        patch = rec.get("model_patch") or traj.get("patch") or ""
+        if len(patch) > budget // 2:
+            cut = budget // 2
+            patch = patch[:cut] + "\n[… %d more characters in preds.jsonl]" % (len(patch) - cut)
+        if traj:
+            steps = _trajectory_html(traj, budget)
+        elif not inline and os.path.exists(os.path.join(run["dir"], traj_path)):
+            steps = "<p class=note>trajectory: %s</p>" % _esc(traj_path)
+        else:
+            steps = "<p class=muted>no trajectory (%s)</p>" % _esc(rec.get("error") or "scored only")
+        detail = "<details><summary>%s</summary>%s%s</details>" % (
+            _esc(iid), ("<div class=role>patch</div><pre>%s</pre>" % _diff_html(patch)) if patch else
+            "<p class=muted>empty patch</p>", steps)
+        ok = rec.get("resolved")
+        h.append('<tr><td>%s<td class=%s>%s<td>%s<td class=n>%d/%d<td class=n>%d/%d<td class=n>%s<td>%s</tr>' % (
+            detail, "ok" if ok else "bad", "yes" if ok else "no", _esc(rec.get("outcome") or rec.get("status")),
+            f2p[0], f2p[1], p2p[0], p2p[1], _esc(rec.get("steps", "–")),
+            _esc(rec.get("exit_reason") or rec.get("error_class") or "")))
+    h.append("</tbody></table>")
+    return "".join(h)
+
+
+def _qa_samples_html(run: Dict[str, Any], limit: int = 200) -> str:
+    """Wrong and failed samples (up to ``limit``), each with its answer and response."""
+    bad = [r for r in run["samples"].values() if r.get("status") != "ok" or (r.get("score") or 0) < 1]
+    h = ["<h2>Wrong or failed samples</h2>"]
+    if not bad:
+        return "".join(h) + "<p class=muted>Every sample scored 1.</p>"
+    h.append("<table class=sortable id=samples><thead><tr><th>id</th><th>category</th><th>score</th><th>reference"
+             "</th><th>response / error</th></tr></thead><tbody>")
+    for r in sorted(bad, key=lambda r: str(r.get("id")))[:limit]:
+        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td>%s</td><td>%s</td></tr>" % (
+            _esc(r.get("id")), _esc(r.get("category") or ""), _esc(r.get("score")), _esc(r.get("answer") or ""),
+            _esc(_truncate_output(str(r.get("response") if r.get("status") == "ok" else r.get("error")), 400))))
+    h.append("</tbody></table>")
+    if len(bad) > limit:
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>" % (len(bad) - limit))
+    return "".join(h)
+
+
+def write_html_report(run_dir: str, path: Optional[str] = None) -> str:
+    run = load_run(run_dir)
+    data = report_data(run)
+    path = path or os.path.join(run_dir, REPORT_HTML)
+    _atomic_write(path, render_html(data, run))
+    return path
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+def _paired_bootstrap(diffs: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> Tuple[float, float]:
+    """95% interval of the mean of paired differences by bootstrap (seeded: the same runs give the same interval)."""
+    n = len(diffs)
+    if n == 0:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    means = []
+    for _ in range(n_boot):
+        means.append(sum(rng.choices(diffs, k=n)) / n)
+    means.sort()
+    return (means[int(0.025 * n_boot)], means[min(n_boot - 1, int(0.975 * n_boot))])
+
+
+def compare_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
+    """Two runs over the same samples: the score difference (B − A) with a paired bootstrap interval, the samples
+    that flipped either way and, for SWE runs, the instances only one of them resolved."""
+    common = sorted(set(a["samples"]) & set(b["samples"]))
+    pairs = [(sid, a["samples"][sid], b["samples"][sid]) for sid in common]
+    scored = [(sid, float(ra["score"]), float(rb["score"])) for sid, ra, rb in pairs
+              if ra.get("status") == "ok" and rb.get("status") == "ok" and ra.get("score") is not None
+              and rb.get("score") is not None]
+    diffs = [y - x for _, x, y in scored]
+    lo, hi = _paired_bootstrap(diffs)
+    out: Dict[str, Any] = {
+        "a": a["dir"], "b": b["dir"], "common": len(common), "paired_scored": len(scored),
+        "only_in_a": len(set(a["samples"]) - set(b["samples"])), "only_in_b": len(set(b["samples"]) - set(a["samples"])),
+        "score": {"a": round(sum(x for _, x, _ in scored) / len(scored), 6) if scored else None,
+                  "b": round(sum(y for _, _, y in scored) / len(scored), 6) if scored else None,
+                  "diff": round(sum(diffs) / len(diffs), 6) if diffs else None,
+                  "ci95": [round(lo, 6), round(hi, 6)] if diffs else None, "method": "paired bootstrap, 1000, seed 0"},
+        "improved": [sid for sid, x, y in scored if y > x], "regressed": [sid for sid, x, y in scored if y < x],
+        "failed_only_in_a": [sid for sid, ra, rb in pairs if ra.get("status") != "ok" and rb.get("status") == "ok"],
+        "failed_only_in_b": [sid for sid, ra, rb in pairs if ra.get("status") == "ok" and rb.get("status") != "ok"],
+    }
+    if a["task"] == "swe" or b["task"] == "swe":
+        out["resolved_only_in_a"] = [sid for sid, ra, rb in pairs if ra.get("resolved") and not rb.get("resolved")]
+        out["resolved_only_in_b"] = [sid for sid, ra, rb in pairs if rb.get("resolved") and not ra.get("resolved")]
+    return out
+
+
+def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
+    sc = c["score"]
+    lines = ["compare  A = %s" % c["a"], "         B = %s" % c["b"],
+             "samples: %d in both (%d scored in both), %d only in A, %d only in B"
+             % (c["common"], c["paired_scored"], c["only_in_a"], c["only_in_b"])]
+    if sc["diff"] is not None:
+        lines.append("score: A %.4f  B %.4f  B−A %+.4f  95%% CI [%+.4f, %+.4f] (%s)"
+                     % (sc["a"], sc["b"], sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["method"]))
+    for key, label in (("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only "
+                       "in A"), ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
+                       ("resolved_only_in_b", "resolved only in B")):
+        if key in c:
+            ids = c[key]
+            lines.append("%-20s %4d%s" % (label + ":", len(ids), ("  " + ", ".join(map(str, ids[:limit])) +
+                                                                   (" …" if len(ids) > limit else "")) if ids else ""))
+    return "\n".join(lines)
+
+
+def _auto_report(run_dir: str) -> None:
+    """report.html at the end of every run; a report problem is logged, never fails the run."""
+    try:
+        write_html_report(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the results are safe in samples.jsonl either way
+        _log.warning("could not write %s: %s", os.path.join(run_dir, REPORT_HTML), exc)
+
+
+def _register_env_secrets() -> None:
+    """Secrets of this environment (API keys, tokens, passwords) are scrubbed from reports: a report may be made
+    by another process than the run, with the same environment."""
+    for name, value in os.environ.items():
+        if SECRET_FIELD_RE.search(name) and value and len(value) >= 8:
+            _register_secret(value)
+
 
 # =============================================================================
 # CLI
@@ -5911,6 +6511,19 @@ def _build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--no-usage", dest="send_usage", action="store_false", help="never send usage")
     mock.add_argument("--require-api-key-env", default=None, metavar="VAR",
                       help="answer 401 unless requests carry the key in this environment variable")
+    report = sub.add_parser("report", help="summary table, HTML report, or a comparison of two runs",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            description="Recompute a run's results from samples.jsonl (works on a killed run). With "
+                                        "two run directories: the same samples side by side (B − A with a paired "
+                                        "bootstrap 95% interval, flipped samples, SWE instances resolved by one).",
+                            epilog="examples:\n  evalharness report runs/nightly\n  evalharness report runs/nightly "
+                                   "--html            # writes runs/nightly/report.html\n  evalharness report "
+                                   "runs/a runs/b --json\n")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    report.add_argument("--html", nargs="?", const="", default=None, metavar="PATH",
+                        help="write the self-contained HTML report (default RUN_DIR/report.html)")
+    report.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout")
+
     images = sub.add_parser("images", help="index, plan, pre-load, push/pull and release container images",
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             description="Images for hosts with no registry: tar shipments (indexed once), an image "
@@ -5950,6 +6563,53 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-progress", dest="progress", action="store_false")
         p.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout (index, plan)")
     return parser
+
+
+def _comparison_html(c: Dict[str, Any]) -> str:
+    rows = "".join("<tr><td>%s</td><td class=n>%d</td><td>%s</td></tr>" % (
+        _esc(label), len(c[key]), _esc(", ".join(map(str, c[key][:200])))) for key, label in (
+        ("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
+        ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
+        ("resolved_only_in_b", "resolved only in B")) if key in c)
+    sc = c["score"]
+    head = ("<p class=big>B − A = %+.4f <span class=muted>[%+.4f, %+.4f]</span></p><p class=muted>A %.4f · B %.4f · "
+            "%d samples scored in both (%s)</p>" % (sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["a"], sc["b"],
+                                                      c["paired_scored"], _esc(sc["method"]))
+            if sc["diff"] is not None else "<p>No sample was scored in both runs.</p>")
+    return _redact("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness comparison</title>"
+                   "<style>%s</style></head><body><h1>A = %s<br>B = %s</h1>%s<table><thead><tr><th>change</th>"
+                   "<th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table><script>%s</script></body></html>"
+                   % (_CSS, _esc(c["a"]), _esc(c["b"]), head, rows, _SORT_JS))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    _register_env_secrets()
+    if len(args.run_dirs) > 2:
+        raise ConfigError("report takes one run directory, or two to compare; got %d" % len(args.run_dirs))
+    runs = [load_run(d) for d in args.run_dirs]
+    if len(runs) == 2:
+        comparison = compare_runs(runs[0], runs[1])
+        if args.html is not None:
+            path = args.html or "comparison.html"
+            _atomic_write(path, _comparison_html(comparison))
+            _log.info("comparison written to %s", path)
+        if args.json_out:
+            sys.stdout.write(json.dumps(comparison, indent=2, sort_keys=True) + "\n")
+        else:
+            sys.stdout.write(_redact(format_comparison(comparison)) + "\n")
+        return EXIT_OK
+    data = report_data(runs[0])
+    if args.html is not None:
+        path = args.html or os.path.join(runs[0]["dir"], REPORT_HTML)
+        t0 = time.monotonic()
+        _atomic_write(path, render_html(data, runs[0]))
+        _log.info("HTML report written to %s (%s, %.2f s)", path, _fmt_bytes(os.path.getsize(path)),
+                  time.monotonic() - t0)
+    if args.json_out:
+        sys.stdout.write(_redact(json.dumps(data, indent=2, sort_keys=True)) + "\n")
+    elif args.html is None:
+        sys.stdout.write(_redact(format_report(data)) + "\n")
+    return EXIT_OK
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -6075,7 +6735,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images}
+    commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images,
+                "report": _cmd_report}
     interrupts = [0]
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -267,6 +267,8 @@ class TestAgentPolicies(_SWEBed):
         self.assertEqual((report["resolved_instances"], report["total_instances"], report["schema_version"]),
                          (3, 3, 2))
         self.assertIn("SWE: resolved 3/3 (100.0%)", text)
+        with open(os.path.join(run_dir, "report.html"), encoding="utf-8") as fh:
+            self.assertEqual(fh.read().count("<details>"), 3)  # the run writes its report with one row each
         self.assert_no_containers(os.getpid())
 
     def test_noop_resolves_nothing_and_counts_empty_patches(self):

@@ -1,0 +1,259 @@
+"""Reports: the numbers of the table on a hand-made fixture run, the HTML in headless Chromium (no console errors,
+charts with data, a screenshot kept as an artifact), escaping and secrets, comparison of two runs, and agreement
+with what the run itself printed."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from tests.support import MODULE, clean_env, eh, tempdir, write_jsonl
+
+T0 = 1_800_000_000.0
+SECRET = "sk-evalharness-test-SECRET-0123456789abcdef"
+ARTIFACTS = os.environ.get("EVALHARNESS_TEST_ARTIFACTS") or os.path.join(tempfile.gettempdir(),
+                                                                         "evalharness-test-artifacts")
+
+
+def qa_fixture(d: str, *, scores=(1, 1, 1, 0, 1, 0, 0, 1), evil_response=None) -> str:
+    """Eight scored samples (a: 1 1 1 0, b: 1 0 0 1 → 5/8), two failed (overload, fatal), latencies 0.1..0.8 s."""
+    run = os.path.join(d, "run-qa")
+    os.makedirs(run)
+    recs = []
+    for i, score in enumerate(scores, 1):
+        recs.append({"id": "s%d" % i, "status": "ok", "score": float(score), "error": None, "error_class": None,
+                     "category": "a" if i <= 4 else "b", "scorer": "exact", "answer": "x", "response":
+                     evil_response if (evil_response and i == 4) else "resp %d" % i, "prompt_tokens": 10,
+                     "completion_tokens": i, "latency_s": i / 10.0, "ttft_s": 0.01, "started_at": T0 + i,
+                     "finished_at": T0 + i + i / 10.0})
+    recs.append({"id": "s9", "status": "failed", "score": None, "error": "HTTP 429 from http://x/v1 (overload; 6 "
+                 "attempts)", "error_class": "overload", "category": "a", "started_at": T0 + 9, "finished_at": T0 + 10})
+    recs.append({"id": "s10", "status": "failed", "score": None, "error": "HTTP 401: bad key %s" % SECRET,
+                 "error_class": "fatal", "category": "b", "started_at": T0 + 10, "finished_at": T0 + 10.5})
+    write_jsonl(os.path.join(run, "samples.jsonl"), recs)
+    with open(os.path.join(run, "run.json"), "w") as fh:
+        json.dump({"task": "qa", "status": "finished", "endpoint": {"model": "m"}, "dataset": {"name": "fx.jsonl",
+                   "rows": 10}, "discovered_limit": 7, "concurrency": {"initial": 4}}, fh)
+    write_jsonl(os.path.join(run, "events.jsonl"), [
+        {"t": T0 + 1, "type": "run_start"}, {"t": T0 + 3, "type": "limit", "limit": 9, "previous": 4},
+        {"t": T0 + 5, "type": "drain", "limit": 6, "drain_s": 2.0}, {"t": T0 + 8, "type": "limit", "limit": 7}])
+    return run
+
+
+def swe_fixture(d: str, n: int = 3, traj_chars: int = 300) -> str:
+    run = os.path.join(d, "run-swe")
+    os.makedirs(os.path.join(run, "trajectories"))
+    recs = []
+    for i in range(n):
+        iid = "o__r-%d" % i
+        resolved = i % 3 == 0
+        recs.append({"id": iid, "status": "ok", "score": 1.0 if resolved else 0.0, "error": None, "repo": "o/r",
+                     "category": "o/r", "scorer": "swebench", "outcome": "resolved" if resolved else "unresolved",
+                     "resolved": resolved, "f2p": [1 if resolved else 0, 1], "p2p": [2, 2], "steps": 4,
+                     "exit_reason": "submitted", "model_patch": "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n"
+                     "@@ -1 +1 @@\n-a = 1\n+a = 2  # <b>bold?</b>\n", "started_at": T0 + i, "finished_at": T0 + i + 5,
+                     "completion_tokens": 50})
+        with open(os.path.join(run, "trajectories", iid + ".json"), "w") as fh:
+            json.dump({"instance_id": iid, "exit_reason": "submitted", "messages": [
+                {"role": "system", "content": "sys"}, {"role": "user", "content": "fix it " + "y" * traj_chars},
+                {"role": "assistant", "content": "```bash\necho <script>alert(2)</script>\n```"}]}, fh)
+    write_jsonl(os.path.join(run, "samples.jsonl"), recs)
+    with open(os.path.join(run, "run.json"), "w") as fh:
+        json.dump({"task": "swe", "status": "finished", "endpoint": {"model": "m"},
+                   "dataset": {"name": "swe.jsonl", "rows": n}, "concurrency": {"initial": 8}}, fh)
+    return run
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return ""
+
+
+class TestReportNumbers(unittest.TestCase):
+
+    def test_table_numbers_match_hand_computed_values(self):
+        data = eh.report_data(eh.load_run(qa_fixture(tempdir(self))))
+        s = data["summary"]
+        self.assertEqual(s["counts"], {"total": 10, "finished": 10, "ok": 8, "failed": 2, "pending": 0})
+        self.assertAlmostEqual(s["score"]["mean"], 0.625)
+        # Wilson 95% for 5/8, 3/4, 2/4, computed by hand
+        self.assertEqual([round(x, 4) for x in s["score"]["ci95"]], [0.3057, 0.8632])
+        self.assertEqual([round(x, 4) for x in s["by_category"]["a"]["ci95"]], [0.3006, 0.9544])
+        self.assertEqual([round(x, 4) for x in s["by_category"]["b"]["ci95"]], [0.15, 0.85])
+        self.assertEqual((s["by_category"]["a"]["failed"], s["by_category"]["b"]["failed"]), (1, 1))
+        lat = s["performance"]["latency_s"]
+        self.assertEqual((lat["p50"], lat["p95"], lat["p99"]), (0.45, 0.765, 0.793))
+        self.assertEqual(s["tokens"]["completion"], 36)
+        self.assertEqual({k: v["count"] for k, v in data["failures"].items()}, {"overload": 1, "fatal": 1})
+        self.assertEqual(data["discovered_limit"], 7)
+        text = eh.format_report(data)
+        self.assertIn("score   0.625  [0.306, 0.863]  (n=8, 95% CI)", text)
+        self.assertIn("discovered concurrency: 7", text)
+        self.assertRegex(text, r"overload\s+1  e\.g\. s9: HTTP 429")
+
+    def test_timeline_holds_in_flight_limit_and_drain(self):
+        ser = eh.report_data(eh.load_run(qa_fixture(tempdir(self))))["series"]
+        self.assertEqual(max(v for _, v in ser["in_flight"]), 1)  # the fixture's samples never overlap
+        self.assertEqual([v for _, v in ser["limit"]], [4, 9, 6, 7, 7])
+        self.assertEqual(ser["drains"], [(4.0, 6.0)])
+        self.assertAlmostEqual(sum(ser["rate"]) * ser["bin_s"], 10, places=2)
+
+    def test_a_killed_run_with_a_torn_tail_still_reports(self):
+        run = qa_fixture(tempdir(self))
+        with open(os.path.join(run, "samples.jsonl"), "a") as fh:
+            fh.write('{"id": "s11", "status": "ok", "sco')
+        os.unlink(os.path.join(run, "run.json"))
+        data = eh.report_data(eh.load_run(run))
+        self.assertEqual(data["summary"]["counts"]["finished"], 10)
+
+    def test_swe_report_counts_and_sizes_stay_bounded_with_long_trajectories(self):
+        run = swe_fixture(tempdir(self), n=300, traj_chars=200_000)
+        path = eh.write_html_report(run)
+        size = os.path.getsize(path)
+        self.assertLess(size, 5_000_000)
+        with open(path, encoding="utf-8") as fh:
+            page = fh.read()
+        self.assertIn("characters not shown", page)  # long trajectories are cut with a note
+        self.assertEqual(page.count("<details>"), 300)
+        data = eh.report_data(eh.load_run(run))
+        self.assertEqual((data["swebench"]["resolved_instances"], data["swebench"]["total_instances"]), (100, 300))
+
+    def test_bad_arguments_are_one_line_errors(self):
+        d = tempdir(self)
+        for argv, pattern in ((["report", d], "has no samples.jsonl"), (["report", os.path.join(d, "nope")],
+                              "is not a run directory"), (["report", d, d, d], "one run directory, or two")):
+            proc = subprocess.run([sys.executable, MODULE] + argv, env=clean_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertRegex(proc.stderr.strip(), "^evalharness: .*" + pattern)
+            self.assertEqual(len(proc.stderr.strip().splitlines()), 1)
+
+
+class TestHtmlReport(unittest.TestCase):
+
+    def _page(self, run):
+        env = clean_env(OPENAI_API_KEY=SECRET)
+        proc = subprocess.run([sys.executable, MODULE, "report", run, "--html"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        path = os.path.join(run, "report.html")
+        with open(path, encoding="utf-8") as fh:
+            return path, fh.read()
+
+    def test_model_and_dataset_text_is_escaped_and_secrets_are_absent(self):
+        run = qa_fixture(tempdir(self), evil_response="<script>alert('x')</script>")
+        _, page = self._page(run)
+        self.assertNotIn("<script>alert", page)
+        self.assertIn("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;", page)
+        self.assertNotIn(SECRET, page)
+        self.assertNotIn(SECRET[:12], page)
+        self.assertEqual(page.count("<script>"), 1)  # only the report's own table-sorting script
+        self.assertNotRegex(page, r'(src|href)="(https?:)?//')  # nothing external
+
+    def test_html_opens_in_headless_chromium_with_charts_and_no_console_errors(self):
+        exe = chromium()
+        if not exe:
+            if os.environ.get("EVALHARNESS_REQUIRE_DOCKER") == "1":
+                self.fail("EVALHARNESS_REQUIRE_DOCKER=1 (CI) but chromium is not installed")
+            self.skipTest("chromium is not installed (Debian package chromium)")
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        d = tempdir(self)
+        for kind, run in (("qa", qa_fixture(d)), ("swe", swe_fixture(d))):
+            path, _ = self._page(run)
+            flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--user-data-dir=" + tempdir(self), "--enable-logging=stderr", "--v=0"]
+            dom = subprocess.run(flags + ["--dump-dom", "file://" + path], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+            self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
+            console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+            self.assertEqual(console, [], "console messages in %s report" % kind)
+            self.assertIn('data-ready="1"', dom.stdout)  # the inline script ran to its end
+            for chart in ("chart-concurrency", "chart-throughput", "chart-tokens", "chart-latency"):
+                m = re.search(r'<svg id="%s" class="chart" [^>]*data-points="(\d+)"' % chart, dom.stdout)
+                self.assertIsNotNone(m, "%s: %s missing or empty" % (kind, chart))
+                self.assertGreater(int(m.group(1)), 0)
+            self.assertRegex(dom.stdout, r'<polyline class="series" data-name="in flight" [^>]*points="[\d.]+,')
+            if kind == "swe":
+                self.assertEqual(dom.stdout.count("<details>"), 3)
+                self.assertIn('<ins>+a = 2  # &lt;b&gt;bold?&lt;/b&gt;</ins>', dom.stdout)
+            shot = os.path.join(ARTIFACTS, "report-%s.png" % kind)
+            out = subprocess.run(flags + ["--window-size=1280,2400", "--screenshot=" + shot, "file://" + path],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+            self.assertEqual(out.returncode, 0)
+            self.assertGreater(os.path.getsize(shot), 10_000)
+
+
+class TestComparison(unittest.TestCase):
+
+    def test_paired_difference_flips_and_resolved_only_in_one(self):
+        d = tempdir(self)
+        os.makedirs(os.path.join(d, "a"))
+        os.makedirs(os.path.join(d, "b"))
+        a = qa_fixture(os.path.join(d, "a"))
+        b = qa_fixture(os.path.join(d, "b"), scores=(1, 1, 1, 1, 1, 1, 0, 0))
+        c = eh.compare_runs(eh.load_run(a), eh.load_run(b))
+        self.assertEqual((c["common"], c["paired_scored"]), (10, 8))
+        self.assertEqual((c["improved"], c["regressed"]), (["s4", "s6"], ["s8"]))
+        self.assertAlmostEqual(c["score"]["diff"], 1 / 8)
+        lo, hi = c["score"]["ci95"]
+        self.assertLessEqual(lo, 1 / 8)
+        self.assertGreaterEqual(hi, 1 / 8)
+        self.assertLess(lo, hi)
+        self.assertEqual(c, eh.compare_runs(eh.load_run(a), eh.load_run(b)))  # seeded: the same every time
+        proc = subprocess.run([sys.executable, MODULE, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("better in B:            2  s4, s6", proc.stdout)
+        self.assertIn("worse in B:             1  s8", proc.stdout)
+
+    def test_swe_runs_list_instances_resolved_by_only_one(self):
+        d = tempdir(self)
+        os.makedirs(os.path.join(d, "a"))
+        os.makedirs(os.path.join(d, "b"))
+        a = swe_fixture(os.path.join(d, "a"), n=3)
+        b = swe_fixture(os.path.join(d, "b"), n=3)
+        with open(os.path.join(b, "samples.jsonl")) as fh:
+            recs = [json.loads(line) for line in fh]
+        recs[0].update(resolved=False, score=0.0, outcome="unresolved")
+        recs[1].update(resolved=True, score=1.0, outcome="resolved")
+        write_jsonl(os.path.join(b, "samples.jsonl"), recs)
+        c = eh.compare_runs(eh.load_run(a), eh.load_run(b))
+        self.assertEqual((c["resolved_only_in_a"], c["resolved_only_in_b"]), (["o__r-0"], ["o__r-1"]))
+
+
+class TestReportAgreesWithTheRun(unittest.TestCase):
+
+    def test_the_report_table_is_the_table_the_run_printed(self):
+        out = os.path.join(tempdir(self), "demo")
+        proc = subprocess.run([sys.executable, MODULE, "demo", "--out", out], env=clean_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out, "report.html")))  # written at the end of every run
+        rep = subprocess.run([sys.executable, MODULE, "report", out], env=clean_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        printed = proc.stdout.strip().splitlines()
+        self.assertEqual(rep.stdout.strip().splitlines()[:len(printed)], printed)
+        with open(os.path.join(out, "summary.json")) as fh:
+            summary = json.load(fh)
+        js = subprocess.run([sys.executable, MODULE, "report", out, "--json"], env=clean_env(),
+                            stdout=subprocess.PIPE, universal_newlines=True, timeout=60)
+        mine = json.loads(js.stdout)["summary"]
+        for key in ("counts", "score", "by_category", "by_scorer", "tokens", "errors"):
+            self.assertEqual(mine[key], summary[key], key)
+        # the progress line's final counts are the report's
+        last = [line for line in proc.stderr.splitlines() if " done | " in line][-1]
+        m = re.search(r"(\d+)/(\d+) done \| (\d+) failed", last)
+        self.assertEqual((int(m.group(1)), int(m.group(2)), int(m.group(3))),
+                         (mine["counts"]["finished"], mine["counts"]["total"], mine["counts"]["failed"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
