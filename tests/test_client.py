@@ -7,7 +7,6 @@ import email.utils
 import http.server
 import json
 import os
-import socket
 import threading
 import time
 import unittest
