@@ -2459,8 +2459,11 @@ def _scan_archive(path: str) -> Dict[str, Any]:
                                 layout))
     elif isinstance(small.get("index.json"), dict):
         for ref, manifest_blob in _oci_refs(small["index.json"], small):
-            cfg = "blobs/" + manifest_blob["config"]["digest"].replace(":", "/", 1)
-            layers = ["blobs/" + layer["digest"].replace(":", "/", 1) for layer in manifest_blob.get("layers", [])]
+            try:
+                cfg = "blobs/" + manifest_blob["config"]["digest"].replace(":", "/", 1)
+                layers = ["blobs/" + layer["digest"].replace(":", "/", 1) for layer in manifest_blob["layers"]]
+            except (KeyError, TypeError, AttributeError):
+                continue  # a manifest without a usable config or layer list names nothing loadable
             entries.append((ref, cfg, layers, "oci"))
 
     images: Dict[str, Any] = {}
@@ -3085,7 +3088,7 @@ class ImageService:
     def _work(self) -> None:
         while True:
             ref = self._queue.get()
-            if ref is _STOP:
+            if ref is _STOP or self._closed:
                 self._queue.put(_STOP)  # each worker re-puts the sentinel for the next one
                 return
             entry = self._entries[ref]
@@ -3105,15 +3108,18 @@ class ImageService:
                 return
         except DockerError as exc:
             attempts.append("engine: %s" % exc)
+        # written down before delivering: a process killed mid-delivery leaves a name `images release` can clean
+        self._record_loaded(ref, pending=True)
         for label, deliver in self._chain(ref):
             if self._closed:
                 self._finish(entry, "failed", error="image %s: the image service closed first" % ref)
                 return
             try:
                 nbytes = deliver()
-            except HarnessError as exc:
-                attempts.append("%s: %s" % (label, exc))
-                _log.debug("image %s from %s failed: %s", ref, label, exc)
+            except Exception as exc:  # noqa: BLE001 - e.g. a tarball truncated since it was indexed: next source
+                text = str(exc) if isinstance(exc, HarnessError) else "%s: %s" % (type(exc).__name__, exc)
+                attempts.append("%s: %s" % (label, text))
+                _log.debug("image %s from %s failed: %s", ref, label, text)
                 continue
             entry.ours = True
             entry.bytes = nbytes
@@ -3122,6 +3128,7 @@ class ImageService:
             if self._closed and not self.keep_images:
                 self._release([ref])
             return
+        _update_image_state(self.state_path, remove=[ref])  # nothing was loaded
         if not attempts:
             where = ["tar dirs %s" % ",".join(self.tar_dirs) if self.tar_dirs else "no --image-tars",
                      "store %s" % self.store.location if self.store else "no --image-store",
@@ -3234,9 +3241,10 @@ class ImageService:
 
     # -- release --------------------------------------------------------------------------------------------
 
-    def _record_loaded(self, ref: str) -> None:
-        _update_image_state(self.state_path, add={ref: {"pid": os.getpid(), "host": self.docker.host or
-                                                        os.environ.get("DOCKER_HOST", ""), "time": _utc_iso()}})
+    def _record_loaded(self, ref: str, pending: bool = False) -> None:
+        _update_image_state(self.state_path, add={ref: {"pid": os.getpid(), "owner": _owner_label(),
+                                                        "host": self.docker.host or os.environ.get("DOCKER_HOST", ""),
+                                                        "time": _utc_iso(), "pending": pending}})
 
     def _release(self, refs: Sequence[str]) -> List[str]:
         removed = []
@@ -3271,6 +3279,7 @@ class ImageService:
                 return
             self._closed = True
             threads = list(self._threads)
+        _drain(self._queue)  # queued deliveries are dropped
         self._queue.put(_STOP)
         for t in threads:
             t.join(timeout=1.0)  # a load in progress finishes on its own and releases what it loaded
@@ -3367,9 +3376,11 @@ def dataset_images(path: str, template: Optional[str] = None) -> List[str]:
 # =============================================================================
 # Sandbox
 # =============================================================================
-# Containers for agent sessions and scoring. Every engine call of a session runs through the exec pool (a fixed
-# number of threads), so a slow daemon never stalls model traffic and the daemon is not flooded. Timeouts that must
-# stop work run inside the container (`timeout -k 5 N`); the host-side limit is longer and only a backstop.
+# Containers for agent sessions and scoring. Every call that makes the daemon work (run, rm, inspect, file writes)
+# goes through the exec pool (a fixed number of threads), so a slow daemon never stalls model traffic and the daemon
+# is not flooded; the commands themselves (`docker exec` of an action or a test run, mostly waiting) run on the
+# session's own thread. Timeouts that must stop work run inside the container (`timeout -k 5 N`); the host-side
+# limit is longer and only a backstop.
 
 
 class SandboxError(HarnessError):
@@ -3516,7 +3527,8 @@ git rev-parse HEAD 2>/dev/null || echo NO_GIT_HEAD"""
 
 class Container:
     """One task container: started detached with a keep-alive command, name and labels; commands run with
-    ``timeout -k 5 N`` inside it; removed by ``remove()`` (idempotent). Every engine call goes through ``pool``."""
+    ``timeout -k 5 N`` inside it; removed by ``remove()`` (idempotent). Engine management calls go through
+    ``pool``; commands run on the caller's thread."""
 
     def __init__(self, docker: DockerCLI, pool: _ExecPool, image: str, *, run_id: str, instance_id: str,
                  role: str, config: SandboxConfig = SandboxConfig()):
@@ -3549,17 +3561,29 @@ class Container:
             args += ["--network", "none"]
         for k, v in c.env:
             args += ["-e", "%s=%s" % (k, v)]
-        args += [self.image, "sleep", str(int(c.keepalive_s))]
+        # never pull here: images arrive through the ImageService (and only it may pull, with --allow-pull)
+        args += ["--pull", "never", self.image, "sleep", str(int(c.keepalive_s))]
         try:
             proc = self._call(args, timeout_s=300)
         except DockerError as exc:
+            self._call_quietly(["rm", "-f", self.name])  # a failed run can leave a created container behind
             raise SandboxError("container for %s from image %s did not start: %s"
                                % (self.instance_id, self.image, exc)) from None
         self.id = proc.stdout.decode("utf-8", "replace").strip()[:64] or self.name
-        setup = self.exec(_CONTAINER_SETUP, timeout_s=60)
+        try:
+            setup = self.exec(_CONTAINER_SETUP, timeout_s=60)
+        except BaseException:
+            self.remove()
+            raise
         head = setup.output.strip().splitlines()[-1:] if setup.output.strip() else []
         self.start_head = head[0] if head and re.fullmatch(r"[0-9a-f]{40,64}", head[0]) else None
         return self
+
+    def _call_quietly(self, args: Sequence[str]) -> None:
+        try:
+            self._call(args, timeout_s=60, check=False)
+        except HarnessError as exc:
+            _log.debug("%s: %s", " ".join(args), exc)
 
     def exec(self, command: str, *, timeout_s: float, workdir: Optional[str] = None) -> ExecResult:
         """Run ``command`` with ``bash -lc`` inside; killed inside the container at ``timeout_s`` (TERM, then KILL
@@ -3576,7 +3600,9 @@ class Container:
             args += ["bash", "-lc", command]
         t0 = time.monotonic()
         try:
-            proc = self._call(args, timeout_s=limit + 15, check=False, stderr_to_stdout=True)
+            # A command runs on the caller's thread, not the exec pool: an agent's 60 s build or a 30 min test run
+            # would otherwise hold a pool thread and stall every other session's container calls.
+            proc = self.docker.call(args, timeout_s=limit + 15, check=False, stderr_to_stdout=True)
         except DockerError as exc:
             if "timed out" in str(exc):  # the host-side backstop: the engine itself did not come back
                 return ExecResult(124, "", True, time.monotonic() - t0)
@@ -3584,11 +3610,20 @@ class Container:
         seconds = time.monotonic() - t0
         output = proc.stdout.decode("utf-8", "replace")
         rc = proc.returncode
-        if rc in (125, 126, 127) and re.search(r"Error response from daemon|No such container|is not running|"
-                                               r"Cannot connect to the Docker daemon", output):
-            raise SandboxError("exec in %s failed (exit %d): %s" % (self.name, rc, _last_lines(output)))
+        if rc != 0 and re.match(r"\s*(Error response from daemon:|Error: No such container|Cannot connect to the "
+                                r"Docker daemon|Error: no container with)", output) and not self._running():
+            raise SandboxError("the container %s is gone or stopped (exit %d): %s" % (self.name, rc,
+                                                                                    _last_lines(output)))
         timed_out = rc in TIMEOUT_EXIT_CODES and seconds >= limit - 0.5
         return ExecResult(rc, output, timed_out, seconds)
+
+    def _running(self) -> bool:
+        try:
+            out = self._call(["inspect", "--format", "{{.State.Running}}", self.id or self.name], timeout_s=60,
+                             check=False)
+        except HarnessError:
+            return False
+        return out.returncode == 0 and out.stdout.strip() == b"true"
 
     def write_file(self, path: str, data: bytes) -> None:
         if self.id is None:
@@ -4462,6 +4497,12 @@ _SWE_TEST_CMDS = {
     "mwaskom/seaborn": "pytest --no-header -rA",
 }
 _SWE_DEFAULT_TEST_CMD = "pytest -rA"
+# (repo, versions) whose test command differs from the repository's default
+_SWE_TEST_CMDS_BY_VERSION = {
+    ("django/django", ("1.9",)): "./tests/runtests.py --verbosity 2",
+    ("astropy/astropy", ("0.1", "0.2", "0.3", "0.4", "1.1", "1.2", "1.3")):
+        "pytest -rA -vv -o console_output_style=classic --tb=no",
+}
 _SWE_PARSER_OF_REPO = {"django/django": "django", "sympy/sympy": "sympy"}
 
 
@@ -4482,6 +4523,7 @@ class SWEInstance:
     version: str = ""
     test_cmd: Optional[str] = None
     eval_script: Optional[str] = None
+    install: Optional[str] = None       # re-run after the patch (e.g. a C extension rebuild), as SWE-bench's spec
     log_parser: Optional[str] = None
     workdir: str = "/testbed"
     source: str = ""
@@ -4529,7 +4571,7 @@ def _validate_swe_row(row: Any, where: str, template: Optional[str]) -> SWEInsta
     parser = row.get("log_parser")
     if parser is not None and parser not in _LOG_PARSERS:
         raise DatasetError("%s: field 'log_parser' %r is not one of %s" % (where, parser, ", ".join(_LOG_PARSERS)))
-    for opt in ("test_cmd", "eval_script", "workdir"):
+    for opt in ("test_cmd", "eval_script", "workdir", "install"):
         if row.get(opt) is not None and not isinstance(row.get(opt), str):
             raise DatasetError("%s: field %r must be a string" % (where, opt))
     version = row.get("version", "")
@@ -4539,7 +4581,8 @@ def _validate_swe_row(row: Any, where: str, template: Optional[str]) -> SWEInsta
         pass_to_pass=_test_list(row.get("PASS_TO_PASS", []), where, "PASS_TO_PASS"),
         image=_normalize_ref(image or swe_image_name(iid, template)), patch=text("patch", required=False),
         version=str(version) if version is not None else "", test_cmd=row.get("test_cmd"),
-        eval_script=row.get("eval_script"), log_parser=parser, workdir=row.get("workdir") or "/testbed",
+        eval_script=row.get("eval_script"), install=row.get("install"), log_parser=parser,
+        workdir=row.get("workdir") or "/testbed",
         source=where)
 
 
@@ -4614,9 +4657,22 @@ def _pytest_id(rest: str, status: str) -> str:
     return rest[:dash_at] if dash_at != -1 else rest
 
 
-def parse_log_pytest(log: str) -> Dict[str, str]:
-    """pytest ``-rA`` summary lines (status first) and verbose lines (status last); ANSI colour removed;
-    ``[/abs/path/x]`` parameters cut to their basename as SWE-bench does. XPASS is not a SWE-bench status."""
+_PATH_PARAM_REPOS = ("pydicom/pydicom", "psf/requests", "pylint-dev/pylint")
+
+
+def _normalize_path_param(test: str) -> str:
+    """SWE-bench's rule for pydicom, requests and pylint: a ``[/abs/path/x]`` parameter becomes ``[/x]`` (left
+    alone when it holds ``//`` or ``*``)."""
+    m = re.match(r"^(.*?)\[(/.*)\]$", test)
+    if not m or "//" in m.group(2) or "*" in m.group(2):
+        return test
+    return "%s[/%s]" % (m.group(1), m.group(2).split("/")[-1])
+
+
+def parse_log_pytest(log: str, repo: str = "") -> Dict[str, str]:
+    """pytest ``-rA`` summary lines (status first) and verbose lines (status last); ANSI colour removed.
+    Per repository as SWE-bench does: path parameters of pydicom/requests/pylint cut to ``[/basename]``,
+    matplotlib's ``MouseButton.LEFT/RIGHT`` written ``1``/``3``. XPASS is not a SWE-bench status."""
     statuses: Dict[str, str] = {}
     for raw in log.splitlines():
         line = _ANSI_RE.sub("", raw).rstrip()
@@ -4633,7 +4689,10 @@ def parse_log_pytest(log: str) -> Dict[str, str]:
             test, status = m.group(1).strip(), m.group(2)
         if status == "XPASS":
             continue
-        test = re.sub(r"\[(/[^\]]*/)([^/\]]+)\]$", r"[\2]", test)
+        if repo in _PATH_PARAM_REPOS:
+            test = _normalize_path_param(test)
+        elif repo == "matplotlib/matplotlib":
+            test = test.replace("MouseButton.LEFT", "1").replace("MouseButton.RIGHT", "3")
         statuses[test] = status
     return statuses
 
@@ -4642,16 +4701,17 @@ _DJANGO_LINE_RE = re.compile(r"^(.*?) \.\.\. ?(.*)$")
 _DJANGO_ID_RE = re.compile(r"^(\w+) \(([\w.]+)\)")
 
 
-def _django_id(text: str) -> str:
-    """``name (module.Class)``; Python 3.11+ writes ``name (module.Class.name)``: normalised to the old form."""
+def _django_ids(text: str) -> List[str]:
+    """The test id as printed, plus its other spelling: Python 3.11+ writes ``name (module.Class.name)`` where
+    older ones wrote ``name (module.Class)``; datasets hold whichever their image printed, so both are kept."""
     text = text.strip()
     m = _DJANGO_ID_RE.match(text)
-    if m:
-        name, where = m.group(1), m.group(2)
-        if where.endswith("." + name):
-            where = where[:-len(name) - 1]
-        return "%s (%s)" % (name, where)
-    return text
+    if not m or m.end() != len(text):
+        return [text]
+    name, where = m.group(1), m.group(2)
+    if where.endswith("." + name):
+        return [text, "%s (%s)" % (name, where[:-len(name) - 1])]
+    return [text, "%s (%s.%s)" % (name, where, name)]
 
 
 def _django_status(word: str) -> Optional[str]:
@@ -4671,36 +4731,41 @@ def _django_status(word: str) -> Optional[str]:
     return None
 
 
-def parse_log_django(log: str) -> Dict[str, str]:
+def parse_log_django(log: str, repo: str = "") -> Dict[str, str]:
     """Django's test runner at verbosity 2 (unittest's verbose format): ``name (module.Class) ... ok``, a bare
     ``ok`` completing an earlier ``...`` line, other output landing in between, ``FAIL:``/``ERROR:`` headers."""
     statuses: Dict[str, str] = {}
-    pending: Optional[str] = None
+    pending: Optional[List[str]] = None
+
+    def put(ids: List[str], status: str) -> None:
+        for test in ids:
+            statuses[test] = status
+
     for raw in log.splitlines():
         line = _ANSI_RE.sub("", raw).rstrip()
         m = _DJANGO_LINE_RE.match(line)
         if m and m.group(1).strip():
-            test = _django_id(m.group(1))
+            ids = _django_ids(m.group(1))
             status = _django_status(m.group(2))
             if status:
-                statuses[test] = status
+                put(ids, status)
                 pending = None
             else:
-                pending = test  # the status comes on a later line
+                pending = ids  # the status comes on a later line
             continue
         m = re.match(r"^(FAIL|ERROR): (.+)$", line)
         if m:
-            statuses[_django_id(m.group(2))] = "FAILED" if m.group(1) == "FAIL" else "ERROR"
+            put(_django_ids(m.group(2)), "FAILED" if m.group(1) == "FAIL" else "ERROR")
             continue
         if pending is not None:
             status = _django_status(line)
             if status:
-                statuses[pending] = status
+                put(pending, status)
                 pending = None
     return statuses
 
 
-def parse_log_sympy(log: str) -> Dict[str, str]:
+def parse_log_sympy(log: str, repo: str = "") -> Dict[str, str]:
     """sympy's ``bin/test --verbose``: ``test_x ok|F|E|f|s`` lines; a banner ``___ path.py:test_x ___`` is a
     failure."""
     statuses: Dict[str, str] = {}
@@ -4730,20 +4795,22 @@ def _test_region(log: str) -> Optional[str]:
     return log[log.index("\n", start) + 1 if "\n" in log[start:] else start:end]
 
 
-def parse_test_log(log: str, parser: str) -> Tuple[Optional[Dict[str, str]], Optional[int]]:
+def parse_test_log(log: str, parser: str, repo: str = "") -> Tuple[Optional[Dict[str, str]], Optional[int]]:
     """(test statuses, test exit code) of an eval log; statuses None when the log shows the tests did not run
-    properly (missing markers, apply/timeout failure markers)."""
+    properly (missing markers, apply/timeout failure markers). The exit code is the last one printed after the
+    end marker: text before it (the model's own diff is printed) cannot fake it."""
     region = _test_region(log)
     code = None
-    m = re.search(r">>>>> Test Exit Code: (-?\d+)", log)
-    if m:
-        code = int(m.group(1))
+    end = log.rfind(END_MARKER)
+    codes = re.findall(r">>>>> Test Exit Code: (-?\d+)", log[end:]) if end != -1 else []
+    if codes:
+        code = int(codes[-1])
     if region is None:
         return None, code
     fn = _LOG_PARSERS[parser]
-    statuses = fn(region)
+    statuses = fn(region, repo)
     if not statuses:
-        statuses = fn(log)  # SWE-bench 4.1's fallback: parse the whole log
+        statuses = fn(log, repo)  # SWE-bench 4.1's fallback: parse the whole log
     return statuses, code
 
 
@@ -4805,6 +4872,9 @@ def swe_test_command(inst: SWEInstance) -> str:
     if inst.test_cmd:
         return inst.test_cmd
     base = _SWE_TEST_CMDS.get(inst.repo, _SWE_DEFAULT_TEST_CMD)
+    for (repo, versions), cmd in _SWE_TEST_CMDS_BY_VERSION.items():
+        if inst.repo == repo and inst.version in versions:
+            base = cmd
     return " ".join([base] + [shlex.quote(d) for d in _test_directives(inst)])
 
 
@@ -4823,7 +4893,10 @@ def swe_eval_script(inst: SWEInstance) -> str:
              "git config --global --add safe.directory %s" % shlex.quote(inst.workdir)]
     if inst.repo == "django/django":
         lines.append("export LANG=en_US.UTF-8 LC_ALL=en_US.UTF-8 PYTHONIOENCODING=utf8")
-    lines += ["git status", "git -c core.fileMode=false diff %s" % shlex.quote(inst.base_commit), reset,
+    lines += ["git status", "git -c core.fileMode=false diff %s" % shlex.quote(inst.base_commit)]
+    if inst.install:
+        lines.append(inst.install)
+    lines += [reset,
               "git apply -v - <<'%s'\n%s%s%s" % (_HEREDOC, inst.test_patch,
                                                 "" if inst.test_patch.endswith("\n") else "\n", _HEREDOC),
               ": '%s'" % START_MARKER, swe_test_command(inst), "rc=$?", ": '%s'" % END_MARKER,
@@ -5029,8 +5102,9 @@ def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts
             "completion_tokens": tokens["completion"], "model_calls": sum(1 for s in steps if "model_s" in s)}
 
 
-_DIFF_CMD = ("git add -A >/dev/null 2>&1; git -c core.fileMode=false diff --cached --binary %s; "
-             "echo; echo __EVALHARNESS_DIFF_RC=$?")
+_DIFF_CMD = ("git add -A >/dev/null 2>&1; git -c core.fileMode=false diff --cached --binary %s "
+             ">/tmp/.evalharness.diff 2>/tmp/.evalharness.diff.err; rc=$?; cat /tmp/.evalharness.diff; echo; "
+             "echo __EVALHARNESS_DIFF_RC=$rc; cat /tmp/.evalharness.diff.err")
 
 
 def collect_patch(container: Container) -> str:
@@ -5038,10 +5112,13 @@ def collect_patch(container: Container) -> str:
     base = container.start_head or "HEAD"
     res = container.exec(_DIFF_CMD % shlex.quote(base), timeout_s=120)
     out = res.output
-    m = re.search(r"\n?__EVALHARNESS_DIFF_RC=(\d+)\s*$", out)
+    m = None
+    for m in re.finditer(r"\n?__EVALHARNESS_DIFF_RC=(\d+)\n", out):
+        pass  # the last marker is ours (a file in the diff could hold the text too)
     if res.timed_out or not m or m.group(1) != "0":
-        raise SandboxError("git diff in %s failed (exit %s): %s" % (container.name, res.returncode,
-                                                                   _last_lines(out)))
+        raise SandboxError("git diff against the start HEAD in %s failed (exit %s): %s"
+                           % (container.name, m.group(1) if m else res.returncode,
+                              _last_lines(out[m.end():] if m else out)))
     patch = out[:m.start()]
     return patch[:-1] if patch.endswith("\n\n") else patch
 
@@ -5084,7 +5161,7 @@ def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: st
                     "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": None,
                     "test_output": log, "error": "tests timed out after %d s" % int(opts.eval_timeout_s)}
         parser = inst.log_parser or _SWE_PARSER_OF_REPO.get(inst.repo, "pytest")
-        statuses, code = parse_test_log(log, parser)
+        statuses, code = parse_test_log(log, parser, inst.repo)
         if statuses is None:
             return {"outcome": "error", "resolved": False, "patch_applied": True, "applied_with": applied_with,
                     "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": code,
@@ -5109,7 +5186,8 @@ SWE_REPORT_FILE = "swebench_report.json"
 
 
 def _pred_line(rec: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    if rec.get("status") != "ok" or "model_patch" not in rec:
+    """The prediction of a record that holds a patch (an eval error keeps the agent's patch too)."""
+    if "model_patch" not in rec:
         return None
     return {"instance_id": rec["id"], "model_name_or_path": rec.get("model_name_or_path") or "",
             "model_patch": rec.get("model_patch") or ""}
@@ -5153,8 +5231,10 @@ def swebench_report(records: Iterable[Dict[str, Any]], instance_ids: Sequence[st
     submitted = sorted(i for i, r in latest.items() if r.get("status") == "ok" or r.get("model_patch"))
     empty = sorted(i for i, r in latest.items() if r.get("outcome") == "empty_patch")
     resolved = sorted(i for i, r in latest.items() if r.get("outcome") == "resolved")
-    unresolved = sorted(i for i, r in latest.items() if r.get("outcome") in ("unresolved", "apply_failed"))
-    errors = sorted(i for i, r in latest.items() if r.get("status") == "failed" or r.get("outcome") == "error")
+    unresolved = sorted(i for i, r in latest.items() if r.get("outcome") == "unresolved")
+    # as SWE-bench: a patch that does not apply, a test timeout or a broken eval is an error, not "completed"
+    errors = sorted(i for i, r in latest.items() if r.get("status") == "failed" or
+                    r.get("outcome") in ("error", "apply_failed"))
     completed = sorted(set(resolved) | set(unresolved))
     return {"total_instances": len(ids), "submitted_instances": len(submitted),
             "completed_instances": len(completed), "resolved_instances": len(resolved),
@@ -5420,7 +5500,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(), "run_id": run_id,
         "endpoint": {"base_url": _normalize_base_url(cfg.base_url) if client_cfg else None, "model": model},
         "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
-                    "rows": dataset.count},
+                    "rows": dataset.count, "ids": sorted(dataset.ids)},
         "config": _redact_config(dataclasses.asdict(cfg)), "history": (previous or {}).get("history", []),
     }
     run_info["config"].pop("api_key_env_explicit", None)
@@ -5458,7 +5538,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     _rewrite_preds(store, ids)
     records = [r for r in store.iter_samples() if r.get("id") in ids]
     summary = summarize(records, total=len(ids))
-    report = swebench_report(records, sorted(ids))
+    report = swebench_report(records, sorted(dataset.ids))  # SWE-bench counts every instance of the dataset
     summary.update({"task": "swe", "mode": mode, "model": model, "dataset": dataset.name, "status": status,
                     "swebench": {k: v for k, v in report.items() if not k.endswith("_ids")}})
     store.write_json(RunStore.SUMMARY, summary)
@@ -5686,7 +5766,8 @@ def format_report(data: Dict[str, Any]) -> str:
 
 
 def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """Text for HTML: secrets scrubbed from the raw text first (never from markup), then escaped."""
+    return html.escape(_redact(value), quote=True)
 
 
 _CSS = """
@@ -5869,9 +5950,14 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
          % (_esc(title), _CSS), "<h1>%s</h1>" % _esc(title),
          '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
          % (_esc(data["run_dir"]), _esc(data["status"]), counts.get("finished", 0), counts.get("total", 0))]
-    headline = ("resolved" if data["task"] == "swe" else "score")
-    cards = [(headline, _ci_text(score)), ("samples ok / failed", "%d / %d" % (counts.get("ok", 0),
-                                                                               counts.get("failed", 0)))]
+    if data.get("swebench"):  # SWE-bench's rate: resolved over all instances (errors and unfinished count as not)
+        sw = data["swebench"]
+        total = max(1, sw["total_instances"])
+        headline = ("resolved of %d instances" % sw["total_instances"],
+                    _ci_text(_mean_ci([1.0] * sw["resolved_instances"] + [0.0] * (total - sw["resolved_instances"]))))
+    else:
+        headline = ("score", _ci_text(score))
+    cards = [headline, ("samples ok / failed", "%d / %d" % (counts.get("ok", 0), counts.get("failed", 0)))]
     if data.get("swebench"):
         sw = data["swebench"]
         cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
@@ -5937,7 +6023,7 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     elif run["samples"]:
         h.append(_qa_samples_html(run))
     h.append("<script>%s</script></body></html>" % _SORT_JS)
-    return _redact("".join(h))
+    return "".join(h)
 
 
 def _swe_instances_html(run: Dict[str, Any]) -> str:
@@ -6080,12 +6166,19 @@ def _auto_report(run_dir: str) -> None:
         _log.warning("could not write %s: %s", os.path.join(run_dir, REPORT_HTML), exc)
 
 
+_SECRET_ENV_RE = re.compile(r"(API_?KEY|_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$", re.I)
+
+
 def _register_env_secrets() -> None:
-    """Secrets of this environment (API keys, tokens, passwords) are scrubbed from reports: a report may be made
-    by another process than the run, with the same environment."""
+    """Secrets of this environment are scrubbed from reports (a report may be made by another process than the
+    run): values of variables named like ``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``, unless they look
+    like a path or a plain word (``GOOGLE_APPLICATION_CREDENTIALS=/path`` or ``*_PROVIDER=subprocess`` are not)."""
     for name, value in os.environ.items():
-        if SECRET_FIELD_RE.search(name) and value and len(value) >= 8:
-            _register_secret(value)
+        if not _SECRET_ENV_RE.search(name) or not value:
+            continue
+        if len(value) < 12 or value.startswith(("/", "~", ".")) or any(c.isspace() for c in value):
+            continue
+        _register_secret(value)
 
 
 # =============================================================================
@@ -6423,9 +6516,10 @@ def _images_release(args: argparse.Namespace) -> int:
     state = _read_image_state(path)
     removed, kept, failed = [], [], 0
     for ref, info in sorted(state.items()):
-        pid = int(info.get("pid") or 0)
-        if not args.all and pid and pid != os.getpid() and _pid_alive(pid):
-            kept.append(ref)
+        owner = str(info.get("owner") or "")
+        alive = _owner_alive(owner) if owner else _pid_alive(int(info.get("pid") or 0))
+        if not args.all and alive is not False and owner != _owner_label():
+            kept.append(ref)  # its process still runs (or ran on another host): it releases its own images
             continue
         try:
             docker.rmi([ref])
@@ -6576,10 +6670,10 @@ def _comparison_html(c: Dict[str, Any]) -> str:
             "%d samples scored in both (%s)</p>" % (sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["a"], sc["b"],
                                                       c["paired_scored"], _esc(sc["method"]))
             if sc["diff"] is not None else "<p>No sample was scored in both runs.</p>")
-    return _redact("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness comparison</title>"
-                   "<style>%s</style></head><body><h1>A = %s<br>B = %s</h1>%s<table><thead><tr><th>change</th>"
-                   "<th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table><script>%s</script></body></html>"
-                   % (_CSS, _esc(c["a"]), _esc(c["b"]), head, rows, _SORT_JS))
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness comparison</title>"
+            "<style>%s</style></head><body><h1>A = %s<br>B = %s</h1>%s<table><thead><tr><th>change</th>"
+            "<th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table><script>%s</script></body></html>"
+            % (_CSS, _esc(c["a"]), _esc(c["b"]), head, rows, _SORT_JS))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -156,6 +156,22 @@ class TestHtmlReport(unittest.TestCase):
         self.assertEqual(page.count("<script>"), 1)  # only the report's own table-sorting script
         self.assertNotRegex(page, r'(src|href)="(https?:)?//')  # nothing external
 
+    def test_paths_and_plain_words_in_key_named_variables_are_not_treated_as_secrets(self):
+        """Scrubbing them would cut unrelated text out of reports (a trajectory that mentions the path)."""
+        env = {"GOOGLE_APPLICATION_CREDENTIALS": "/home/u/gcp/sa.json", "PIP_KEYRING_PROVIDER": "subprocess",
+               "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz012345"}
+        old = dict(os.environ)
+        try:
+            os.environ.update(env)
+            eh._register_env_secrets()
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        self.assertEqual(eh._esc("cat /home/u/gcp/sa.json; subprocess.run()"),
+                         "cat /home/u/gcp/sa.json; subprocess.run()")
+        self.assertNotIn("hf_abcdefgh", eh._esc("token hf_abcdefghijklmnopqrstuvwxyz012345 <b>"))
+        self.assertTrue(eh._esc("token hf_abcdefghijklmnopqrstuvwxyz012345 <b>").endswith("&lt;b&gt;"))
+
     def test_html_opens_in_headless_chromium_with_charts_and_no_console_errors(self):
         exe = chromium()
         if not exe:

@@ -2,6 +2,7 @@
 end to end on real Docker with the mock's agent policies (tests/swebed.py builds the images offline)."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -50,14 +51,24 @@ class TestLogParsers(unittest.TestCase):
                "FAILED tests/test_a.py::test_msg - AssertionError: 1 - 2\n"
                "PASSED tests/test_b.py::test_path[/tmp/pytest-of-root/data/input.txt]\n"
                "tests/test_b.py::test_skipped SKIPPED (no reason)                    [ 50%]\n")
-        self.assertEqual(eh.parse_log_pytest(log), {
-            "tests/test_a.py::test_known": "XFAIL", "tests/test_a.py::test_fixture[a - b]": "ERROR",
-            "tests/test_a.py::test_msg": "FAILED", "tests/test_b.py::test_path[input.txt]": "PASSED",
-            "tests/test_b.py::test_skipped": "SKIPPED"})
+        want = {"tests/test_a.py::test_known": "XFAIL", "tests/test_a.py::test_fixture[a - b]": "ERROR",
+                "tests/test_a.py::test_msg": "FAILED",
+                "tests/test_b.py::test_path[/tmp/pytest-of-root/data/input.txt]": "PASSED",
+                "tests/test_b.py::test_skipped": "SKIPPED"}
+        self.assertEqual(eh.parse_log_pytest(log), want)
+        # SWE-bench cuts path parameters only for pydicom, requests and pylint, keeping the leading slash
+        got = eh.parse_log_pytest(log, "psf/requests")
+        self.assertEqual(got["tests/test_b.py::test_path[/input.txt]"], "PASSED")
+        self.assertEqual(eh.parse_log_pytest("PASSED t.py::test_click[MouseButton.LEFT-x]\n", "matplotlib/matplotlib"),
+                         {"t.py::test_click[1-x]": "PASSED"})
 
-    def test_django_python_311_ids_are_normalised(self):
+    def test_django_ids_are_kept_as_printed_and_in_the_other_spelling(self):
+        """Python 3.11+ prints ``name (module.Class.name)``; datasets of newer Django instances hold that form,
+        older ones ``name (module.Class)``: both must find the status."""
         self.assertEqual(eh.parse_log_django(_log("django_py311.txt")), {
+            "test_no_discount (pricing.tests.PricingTests.test_no_discount)": "PASSED",
             "test_no_discount (pricing.tests.PricingTests)": "PASSED",
+            "test_ten_percent (pricing.tests.PricingTests.test_ten_percent)": "FAILED",
             "test_ten_percent (pricing.tests.PricingTests)": "FAILED"})
 
     def test_django_status_on_a_later_line_docstrings_and_skips(self):
@@ -69,9 +80,11 @@ class TestLogParsers(unittest.TestCase):
                "test_d (app.tests.T) ... expected failure\n"
                "test_e (app.tests.T) ... ERROR\n"
                "FAIL: test_f (app.tests.T)\n")
-        self.assertEqual(eh.parse_log_django(log), {
+        got = eh.parse_log_django(log)
+        self.assertEqual({k: v for k, v in got.items() if not re.search(r"\.test_\w\)$", k)}, {
             "test_a (app.tests.T)": "PASSED", "test_b (app.tests.T)": "SKIPPED", "A docstring first line.": "PASSED",
             "test_d (app.tests.T)": "XFAIL", "test_e (app.tests.T)": "ERROR", "test_f (app.tests.T)": "FAILED"})
+        self.assertEqual(got["test_a (app.tests.T.test_a)"], "PASSED")
 
     def test_sympy_lines_and_failure_banners(self):
         self.assertEqual(eh.parse_log_sympy(_log("sympy_verbose.txt")), {"test_ident": "PASSED",
@@ -84,8 +97,11 @@ class TestLogParsers(unittest.TestCase):
         log = ("PASSED t.py::test_outside\n+ : '>>>>> Start Test Output'\nPASSED t.py::test_in\n"
                "+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n")
         self.assertEqual(eh.parse_test_log(log, "pytest"), ({"t.py::test_in": "PASSED"}, 0))
-        self.assertEqual(eh.parse_test_log(log.replace("End Test", "Nope"), "pytest"), (None, 0))
+        self.assertEqual(eh.parse_test_log(log.replace("End Test", "Nope"), "pytest"), (None, None))
         self.assertEqual(eh.parse_test_log(">>>>> Tests Timed Out\n" + log, "pytest")[0], None)
+        # an exit code printed before the tests (the model's diff is shown there) cannot fake the real one
+        faked = ">>>>> Test Exit Code: 0\n" + log.replace("Exit Code: 0", "Exit Code: 2")
+        self.assertEqual(eh.parse_test_log(faked, "pytest")[1], 2)
 
 
 class TestGrading(unittest.TestCase):
@@ -381,6 +397,33 @@ class TestContainersAndCrashes(_SWEBed):
         ps = box.exec("ps -eo args", timeout_s=10).output
         self.assertNotIn("sleep 1000.5", ps)
         self.assertEqual(box.exec("echo next", timeout_s=10).output, "next\n")  # the session goes on
+
+    def test_a_lost_start_head_fails_the_patch_instead_of_returning_an_error_text(self):
+        pool = eh._ExecPool(2)
+        self.addCleanup(pool.close)
+        box = eh.Container(eh.DockerCLI(), pool, self.rows[0]["image"], run_id="t" * 12, instance_id="head-test",
+                           role="agent").start()
+        self.addCleanup(box.remove)
+        box.exec("echo new > new_file.txt", timeout_s=10)
+        self.assertIn("+new", eh.collect_patch(box))  # new files are part of the patch
+        box.exec("rm -rf .git && git init -q", timeout_s=10)
+        with self.assertRaisesRegex(eh.SandboxError, "git diff against the start HEAD .* failed"):
+            eh.collect_patch(box)
+
+    def test_a_container_that_cannot_start_leaves_nothing_and_a_dead_one_is_an_error(self):
+        pool = eh._ExecPool(2)
+        self.addCleanup(pool.close)
+        box = eh.Container(eh.DockerCLI(), pool, "evh-no-such-image/x:1", run_id="t" * 12, instance_id="nostart",
+                           role="agent")
+        with self.assertRaisesRegex(eh.SandboxError, "did not start: .*No such image"):
+            box.start()  # never pulled from a registry behind the image service's back
+        self.assertNotIn(box.name, bed.docker("ps", "-a", "--format", "{{.Names}}").stdout.split())
+        box = eh.Container(eh.DockerCLI(), pool, self.rows[0]["image"], run_id="t" * 12, instance_id="dies",
+                           role="agent").start()
+        self.addCleanup(box.remove)
+        bed.docker("rm", "-f", box.name)
+        with self.assertRaisesRegex(eh.SandboxError, "is gone or stopped"):
+            box.exec("true", timeout_s=10)
 
     def test_leftovers_of_dead_processes_are_reaped_and_live_ones_kept(self):
         dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
