@@ -4,6 +4,7 @@ a second isolated dockerd for loads into an empty store)."""
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -390,6 +391,37 @@ class TestServiceOnTheMainDaemon(_Fixture):
                 self.assertIn("removed " + loaded, rel.stdout)
                 self.assertFalse(bed.image_exists(loaded))
                 self.assertTrue(bed.image_exists(present))
+
+    def test_cli_index_push_pull_and_load_with_progress_lines(self):
+        d = tempdir(self)
+        url, _root = bed.start_put_store(self)
+        env = clean_env(EVALHARNESS_TAR_INDEX=os.path.join(d, "index.json"),
+                        EVALHARNESS_IMAGE_STATE=os.path.join(d, "state.json"), EVALHARNESS_PROGRESS_S="0.2")
+
+        def cli(*argv):
+            return subprocess.run([sys.executable, MODULE, "images"] + list(argv), env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+
+        out = cli("index", self.tars)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"2 archive\(s\): 2 scanned, 0 unchanged; 14 image\(s\)")
+        self.assertRegex(cli("index", self.tars).stdout, r"0 scanned, 2 unchanged")
+        pushed = cli("push", "--image-store", url + "/s", self.refs[1], self.refs[2])
+        self.assertEqual(pushed.returncode, 0, pushed.stderr)
+        self.assertEqual(len(re.findall(r"^pushed \d/2 .*verified", pushed.stdout, re.M)), 2)
+        bed.rmi(self.refs[1], self.refs[2], self.refs[3])
+        pulled = cli("pull", "--image-store", url + "/s", self.refs[1], self.refs[2])
+        self.assertEqual(pulled.returncode, 0, pulled.stderr)
+        self.assertEqual({self.refs[1], self.refs[2]}, {line.split()[0] for line in pulled.stdout.splitlines()
+                                                        if " ready " in line})
+        self.assertEqual(bed.image_id(self.refs[1]), self.ids[self.refs[1]])  # kept: a pull is a pre-warm
+        loaded = cli("load", "--image-tars", self.tars, self.refs[3])
+        self.assertEqual(loaded.returncode, 0, loaded.stderr)
+        self.assertRegex(loaded.stderr, r"images \d/1 ready")  # plain progress lines when not on a terminal
+        self.assertEqual(bed.image_id(self.refs[3]), self.ids[self.refs[3]])
+        missing = cli("load", "%s/nowhere:1" % self.u, "--no-progress")
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("FAILED image %s/nowhere:1 is not local and no source has it" % self.u, missing.stdout)
 
     def test_plan_names_the_source_of_every_image_and_the_bytes_needed(self):
         d = tempdir(self)
