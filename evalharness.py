@@ -4460,19 +4460,25 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=dataset.count)
     _auto_report(store.dir)
 
+    title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model, dataset.name, status)
+    return _end_run(cfg, summary, title, "", store, runner, stdout, "sample")
+
+
+def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
+             stdout: Any, noun: str) -> Tuple[int, str]:
+    """Print the summary (table or JSON) and turn the run's end into its exit code."""
     if cfg.json_out:
         stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     else:
-        title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model, dataset.name, status)
-        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n")
+        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n" + extra)
     stdout.flush()
-    if status == "aborted":
+    if runner.status == "aborted":
         raise CircuitOpenError(_redact(runner.stop_reason) + " (run directory: %s)" % store.dir)
-    if status == "interrupted":
+    if runner.status == "interrupted":
         return EXIT_INTERRUPTED, store.dir
     if summary["counts"]["failed"]:
-        _log.warning("%d sample(s) failed (see 'error' in %s); re-run with --retry-failed to retry them",
-                     summary["counts"]["failed"], store.path(RunStore.SAMPLES))
+        _log.warning("%d %s(s) failed (see 'error' in %s); re-run with --retry-failed to retry them",
+                     summary["counts"]["failed"], noun, store.path(RunStore.SAMPLES))
         return EXIT_FAILURE, store.dir
     return EXIT_OK, store.dir
 
@@ -5556,22 +5562,9 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     store.write_json(RunStore.RUN, run_info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=len(ids))
     _auto_report(store.dir)
-    if cfg.json_out:
-        stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    else:
-        title = "evalharness swe%s | model %s | dataset %s | %s" % (" (score only)" if cfg.score_only else "", model,
-                                                                    dataset.name, status)
-        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n" + _swe_line(report) + "\n")
-    stdout.flush()
-    if status == "aborted":
-        raise CircuitOpenError(_redact(runner.stop_reason) + " (run directory: %s)" % store.dir)
-    if status == "interrupted":
-        return EXIT_INTERRUPTED, store.dir
-    if summary["counts"]["failed"]:
-        _log.warning("%d instance(s) failed (see 'error' in %s); re-run with --retry-failed to retry them",
-                     summary["counts"]["failed"], store.path(RunStore.SAMPLES))
-        return EXIT_FAILURE, store.dir
-    return EXIT_OK, store.dir
+    title = "evalharness swe%s | model %s | dataset %s | %s" % (" (score only)" if cfg.score_only else "", model,
+                                                                dataset.name, status)
+    return _end_run(cfg, summary, title, _swe_line(report) + "\n", store, runner, stdout, "instance")
 
 # =============================================================================
 # Report

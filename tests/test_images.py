@@ -13,7 +13,7 @@ import time
 import unittest
 
 from tests import dockerbed as bed
-from tests.support import MODULE, ROOT, clean_env, eh, tempdir, write_jsonl
+from tests.support import MODULE, ROOT, clean_env, dead_port, eh, tempdir, write_jsonl
 
 
 class _ClassCtx:
@@ -274,7 +274,7 @@ class TestLoadsIntoAnEmptyDaemon(_Fixture):
     def test_mirror_chain_skips_a_dead_mirror_and_tags_the_canonical_name(self):
         registry = bed.start_registry(self)
         bed.push_to_registry(self.refs[5], registry)
-        dead = "127.0.0.1:%d" % _dead_port()
+        dead = "127.0.0.1:%d" % dead_port()
         events = []
         svc = self._service(mirrors=[dead, registry], on_event=lambda kind, **f: events.append((kind, f)))
         svc.register([self.refs[5]])
@@ -285,7 +285,7 @@ class TestLoadsIntoAnEmptyDaemon(_Fixture):
                                        "seconds": status.seconds, "bytes": None}), events)
 
     def test_all_mirrors_down_names_every_failure(self):
-        dead = "127.0.0.1:%d" % _dead_port()
+        dead = "127.0.0.1:%d" % dead_port()
         hung = bed.hung_port(self)
         registry = bed.start_registry(self)  # up, but without the image
         svc = self._service(mirrors=[dead, hung, registry], mirror_timeout_s=3)
@@ -317,15 +317,6 @@ class TestLoadsIntoAnEmptyDaemon(_Fixture):
         status = svc.wait_ready(self.refs[8], timeout_s=60)
         self.assertEqual(status.state, "ready")
         self.assertGreater(time.monotonic() - t0, 0.5)  # it really waited for the load
-
-
-def _dead_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class TestServiceOnTheMainDaemon(_Fixture):
