@@ -5026,10 +5026,12 @@ def _observation(res: ExecResult, limit: int, timeout_s: float) -> str:
     return "<returncode>%d</returncode>\n<output>\n%s</output>" % (res.returncode, out)
 
 
-def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts: SWEOptions,
+def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEOptions,
               cancel: threading.Event) -> Dict[str, Any]:
     """The agent loop: one bash action per reply, run in the container, observation back, until the submit
-    sentinel or a limit. Returns the trajectory (messages, steps, timings, exit reason)."""
+    sentinel or a limit. Returns the trajectory (messages, steps, timings, exit reason). ``container`` is a
+    Container, or a callable that returns one when the first action needs it (so the first model call overlaps
+    the image delivery and the container start)."""
     fields = {"problem_statement": inst.problem_statement, "workdir": inst.workdir, "instance_id": inst.id,
               "repo": inst.repo, "exec_timeout": int(opts.exec_timeout_s)}
     default_system = SWE_TOOL_SYSTEM_TEMPLATE if opts.tool_mode else SWE_SYSTEM_TEMPLATE
@@ -5090,7 +5092,8 @@ def run_agent(client: ModelClient, container: Container, inst: SWEInstance, opts
             continue
         format_errors = 0
         action = command
-        out = container.exec(action, timeout_s=opts.exec_timeout_s)
+        box = container() if callable(container) else container
+        out = box.exec(action, timeout_s=opts.exec_timeout_s)
         step.update(action=action, returncode=out.returncode, exec_s=round(out.seconds, 3), timed_out=out.timed_out)
         steps.append(step)
         first = out.output.lstrip().splitlines()[0].strip() if out.output.strip() else ""
@@ -5313,24 +5316,60 @@ class _SWEContext:
                       scored.get("test_output") or "")
 
 
+class _Prepared:
+    """An instance's container, brought up in the background (wait for the image, then start it): ``get()``
+    returns it or raises what went wrong; ``close()`` waits for the background work and removes the container."""
+
+    def __init__(self, ctx: _SWEContext, inst: SWEInstance):
+        self._ctx, self._inst = ctx, inst
+        self.image_wait_s = 0.0
+        self._box: Optional[Container] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="evalharness-prepare-%s" % _slug(inst.id)[:20])
+        self._thread.start()
+
+    def _run(self) -> None:
+        ctx, inst = self._ctx, self._inst
+        try:
+            t0 = time.monotonic()
+            ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
+            self.image_wait_s = time.monotonic() - t0
+            self._box = Container(ctx.docker, ctx.pool, inst.image, run_id=ctx.run_id, instance_id=inst.id,
+                                  role="agent", config=dataclasses.replace(ctx.opts.sandbox,
+                                                                           workdir=inst.workdir)).start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the session's thread by get()
+            self._error = exc
+
+    def get(self) -> Container:
+        while self._thread.is_alive():
+            self._thread.join(0.2)
+            if self._ctx.cancel.is_set() and self._thread.is_alive():
+                raise _Cancelled()
+        if self._error is not None:
+            raise self._error
+        assert self._box is not None
+        return self._box
+
+    def close(self) -> None:
+        self._thread.join()  # bounded: wait_ready checks cancel and the engine calls have timeouts
+        if self._box is not None:
+            self._box.remove()
+
+
 def _swe_agent_work(ctx: _SWEContext) -> Callable[[SWEInstance], Dict[str, Any]]:
     def work(inst: SWEInstance) -> Dict[str, Any]:
         started = time.time()
         slot = ctx.sessions.enter(cancel=ctx.cancel)
         traj: Optional[Dict[str, Any]] = None
+        prep = _Prepared(ctx, inst)  # image and container come up while the first model call runs
         try:
-            t_img = time.monotonic()
-            ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
-            image_wait_s = time.monotonic() - t_img
-            box = Container(ctx.docker, ctx.pool, inst.image, run_id=ctx.run_id, instance_id=inst.id,
-                            role="agent", config=dataclasses.replace(ctx.opts.sandbox, workdir=inst.workdir)).start()
-            try:
-                traj = run_agent(ctx.client, box, inst, ctx.opts, ctx.cancel)
-                patch = "" if traj["exit_reason"] == "model_error" else collect_patch(box)
-            finally:
-                box.remove()
+            traj = run_agent(ctx.client, prep.get, inst, ctx.opts, ctx.cancel)
+            patch = "" if traj["exit_reason"] == "model_error" else collect_patch(prep.get())
         finally:
+            prep.close()
             ctx.sessions.leave(slot)
+        image_wait_s = prep.image_wait_s
         if traj["exit_reason"] == "model_error":
             exc = traj["error"]
             ctx.save_artifacts(inst, "", {"outcome": "error"}, traj)
