@@ -1015,6 +1015,8 @@ def evaluate(scenarios, seeds, jobs, log):
 def fmt(v, pct=False):
     if v is None:
         return "-"
+    if isinstance(v, str):
+        return v
     if isinstance(v, float) and math.isinf(v):
         return "never"
     if pct:
