@@ -12,6 +12,7 @@ A file lock makes concurrent test processes build once.
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,24 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invali
            "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
            "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
 PACKAGES = "git,python3,python3-pytest,ca-certificates,patch,procps"
-MIRROR = "http://deb.debian.org/debian"
+
+
+def _apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses (CI machines may point elsewhere), else deb.debian.org."""
+    for path in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        for m in re.finditer(r"(?:^URIs:\s*|^deb\s+(?:\[[^\]]*\]\s*)?)(\S+)", text, re.M):
+            url = m.group(1).rstrip("/")
+            if url.startswith("http") and not url.endswith("-security"):
+                return url
+    return "http://deb.debian.org/debian"
+
+
+MIRROR = _apt_mirror()
 
 
 def cache_dir() -> str:
