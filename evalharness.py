@@ -6169,6 +6169,19 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
     if a["task"] == "swe" or b["task"] == "swe":
         out["resolved_only_in_a"] = [sid for sid, ra, rb in pairs if ra.get("resolved") and not rb.get("resolved")]
         out["resolved_only_in_b"] = [sid for sid, ra, rb in pairs if rb.get("resolved") and not ra.get("resolved")]
+    # the other per-sample metrics, each over the samples that have it in both runs
+    out["metrics"] = {}
+    for key in ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s"):
+        vals = [(float(ra[key]), float(rb[key])) for _, ra, rb in pairs
+                if isinstance(ra.get(key), (int, float)) and isinstance(rb.get(key), (int, float))
+                and ra.get("status") == "ok" and rb.get("status") == "ok"]
+        if not vals:
+            continue
+        d = [y - x for x, y in vals]
+        lo_m, hi_m = _paired_bootstrap(d)
+        out["metrics"][key] = {"n": len(vals), "a": round(sum(x for x, _ in vals) / len(vals), 6),
+                               "b": round(sum(y for _, y in vals) / len(vals), 6),
+                               "diff": round(sum(d) / len(d), 6), "ci95": [round(lo_m, 6), round(hi_m, 6)]}
     return out
 
 
@@ -6180,6 +6193,9 @@ def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
     if sc["diff"] is not None:
         lines.append("score: A %.4f  B %.4f  B−A %+.4f  95%% CI [%+.4f, %+.4f] (%s)"
                      % (sc["a"], sc["b"], sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["method"]))
+    for key, m in sorted((c.get("metrics") or {}).items()):
+        lines.append("%s: A %.4g  B %.4g  B−A %+.4g  95%% CI [%+.4g, %+.4g] (n=%d)"
+                     % (key, m["a"], m["b"], m["diff"], m["ci95"][0], m["ci95"][1], m["n"]))
     for key, label in (("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only "
                        "in A"), ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
                        ("resolved_only_in_b", "resolved only in B")):

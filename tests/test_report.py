@@ -223,6 +223,8 @@ class TestComparison(unittest.TestCase):
         self.assertGreaterEqual(hi, 1 / 8)
         self.assertLess(lo, hi)
         self.assertEqual(c, eh.compare_runs(eh.load_run(a), eh.load_run(b)))  # seeded: the same every time
+        lat = c["metrics"]["latency_s"]  # the fixture's latencies are equal in both runs
+        self.assertEqual((lat["n"], lat["diff"], lat["ci95"]), (8, 0.0, [0.0, 0.0]))
         proc = subprocess.run([sys.executable, MODULE, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
