@@ -2,7 +2,9 @@
 """evalharness: evaluate LLM endpoints from one file, with nothing to install.
 
 Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
-hosted APIs) on question-answer sets; results are appended crash-safe to a run directory that a re-run resumes.
+hosted APIs) on question-answer sets and on SWE-bench-style agentic tasks in Docker containers (images delivered
+from tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
+resumes, and every run writes a self-contained HTML report.
 
 Two commands a newcomer types:
     python3 evalharness.py demo        # the embedded demo set against an in-process mock model
@@ -10,7 +12,8 @@ Two commands a newcomer types:
 
 Sections, lowest layer first (``grep -n '^# ===' evalharness.py`` prints them with line numbers):
     Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits and gates, HTTP model client,
-    Mock model server, Results store, Summary, Runner, Tasks, CLI
+    Mock model server, Docker CLI, Images, Sandbox, Results store, Summary, Runner, Tasks, SWE data and scoring,
+    SWE agent and runs, Report, CLI
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ __all__ = [
     "RunConfig", "run_qa",
     "DockerCLI", "DockerError", "ImageError", "ImageService", "ImageStatus", "ImageStore", "TarIndex",
     "SandboxError", "Container", "SWEInstance", "SWEDataset", "SWEOptions", "run_swe", "grade_tests",
-    "parse_test_log", "swe_eval_script", "load_predictions",
+    "load_predictions", "load_run", "write_html_report", "compare_runs",
 ]
 
 # =============================================================================
@@ -4483,7 +4486,7 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
     return EXIT_OK, store.dir
 
 # =============================================================================
-# SWE tasks
+# SWE data and scoring
 # =============================================================================
 # Multi-turn agents in task containers, scored as SWE-bench scores (v4.1.0 steps plus the 5.x fixes: a skipped
 # FAIL_TO_PASS test fails; a non-zero test exit code with no failure in the log is rejected).
@@ -4910,7 +4913,12 @@ def swe_eval_script(inst: SWEInstance) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ----------------------------------------------------------------------------- agent
+# =============================================================================
+# SWE agent and runs
+# =============================================================================
+# The agent loop (one bash action per reply, or one `bash` tool call), patch collection, scoring in a fresh
+# container, and `run_swe` with its run-directory outputs (preds.jsonl, trajectories/, reports/, logs/).
+
 
 
 @dataclasses.dataclass(frozen=True)
