@@ -243,6 +243,14 @@ def _atomic_write(path: str, data: str) -> None:
     os.replace(tmp, path)
 
 
+def _append_durably(fh: Any, line: str) -> None:
+    """Append one line and make it durable (write, flush, fsync) before returning: a finished result that was
+    reported is on disk, whatever happens next."""
+    fh.write(line)
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
 def _write_json(path: str, obj: Any) -> None:
     _atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
@@ -3782,9 +3790,7 @@ class RunStore:
         """Append one finished sample durably (write, flush, fsync) before it counts as done."""
         line = json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n"
         with self._lock:
-            self._samples_fh.write(line)
-            self._samples_fh.flush()
-            os.fsync(self._samples_fh.fileno())
+            _append_durably(self._samples_fh, line)
             self.finished[record["id"]] = record["status"]
 
     def event(self, type_: str, **fields: Any) -> None:
@@ -5232,9 +5238,7 @@ class _AppendFile:
     def append(self, obj: Dict[str, Any]) -> None:
         line = json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n"
         with self._lock:
-            self._fh.write(line)
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            _append_durably(self._fh, line)
 
     def close(self) -> None:
         self._fh.close()
