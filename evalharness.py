@@ -3366,22 +3366,26 @@ def swe_image_name(instance_id: str, template: Optional[str] = None) -> str:
             from None
 
 
+def _row_image(row: Dict[str, Any], where: str, template: Optional[str]) -> str:
+    """A dataset row's image: its ``image`` field, else the official name built from its ``instance_id``."""
+    image = row.get("image")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise DatasetError("%s: field 'image' must be a non-empty string, got %r" % (where, image))
+    if not image:
+        iid = row.get("instance_id")
+        if not isinstance(iid, str) or not iid.strip():
+            raise DatasetError("%s: a row needs 'image' or 'instance_id' to name its container image" % where)
+        image = swe_image_name(iid, template)
+    return _normalize_ref(image)
+
+
 def dataset_images(path: str, template: Optional[str] = None) -> List[str]:
-    """The image of every row of a dataset, in order, without duplicates: a row's ``image`` field, else the
-    official name built from its ``instance_id``."""
+    """The image of every row of a dataset, in order, without duplicates."""
     images: List[str] = []
     for where, row in _iter_raw_rows(path):
         if not isinstance(row, dict):
             raise DatasetError("%s: a row must be a JSON object" % where)
-        image = row.get("image")
-        if image is not None and (not isinstance(image, str) or not image.strip()):
-            raise DatasetError("%s: field 'image' must be a non-empty string, got %r" % (where, image))
-        if not image:
-            iid = row.get("instance_id")
-            if not isinstance(iid, str) or not iid.strip():
-                raise DatasetError("%s: a row needs 'image' or 'instance_id' to name its container image" % where)
-            image = swe_image_name(iid, template)
-        images.append(_normalize_ref(image))
+        images.append(_row_image(row, where, template))
     return list(dict.fromkeys(images))
 
 # =============================================================================
@@ -3577,7 +3581,8 @@ class Container:
         try:
             proc = self._call(args, timeout_s=300)
         except DockerError as exc:
-            self._call_quietly(["rm", "-f", self.name])  # a failed run can leave a created container behind
+            self.id = self.name  # a failed run can leave a created container behind: remove it by name
+            self.remove()
             raise SandboxError("container for %s from image %s did not start: %s"
                                % (self.instance_id, self.image, exc)) from None
         self.id = proc.stdout.decode("utf-8", "replace").strip()[:64] or self.name
@@ -3589,12 +3594,6 @@ class Container:
         head = setup.output.strip().splitlines()[-1:] if setup.output.strip() else []
         self.start_head = head[0] if head and re.fullmatch(r"[0-9a-f]{40,64}", head[0]) else None
         return self
-
-    def _call_quietly(self, args: Sequence[str]) -> None:
-        try:
-            self._call(args, timeout_s=60, check=False)
-        except HarnessError as exc:
-            _log.debug("%s: %s", " ".join(args), exc)
 
     def exec(self, command: str, *, timeout_s: float, workdir: Optional[str] = None) -> ExecResult:
         """Run ``command`` with ``bash -lc`` inside; killed inside the container at ``timeout_s`` (TERM, then KILL
@@ -4403,12 +4402,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     for note in store.notes:
         _log.warning("%s: %s", store.dir, note)
     previous = store.read_json(RunStore.RUN)
-    if previous:
-        for field, now in (("task", cfg.task), ("model", cfg.model)):
-            was = (previous.get("config") or {}).get(field)
-            if was is not None and was != now:
-                raise ConfigError("--out %r holds a run with %s=%r, but this command has %s=%r; use another --out "
-                                  "or the same %s" % (store.dir, field, was, field, now, field))
+    _check_same_run(store, previous, task=cfg.task, model=cfg.model)
     stray = [sid for sid in store.finished if sid not in dataset.ids]
     if stray:
         _log.warning("%d finished sample(s) in %s are not in the dataset (e.g. %r); they are kept but not counted",
@@ -4471,6 +4465,17 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
 
     title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model, dataset.name, status)
     return _end_run(cfg, summary, title, "", store, runner, stdout, "sample")
+
+
+def _check_same_run(store: RunStore, previous: Optional[Dict[str, Any]], **now: Any) -> None:
+    """Resuming is only for the same kind of run: refuse a run directory whose run.json says otherwise."""
+    if not previous:
+        return
+    for field, value in now.items():
+        was = previous.get(field) if field == "mode" else (previous.get("config") or {}).get(field)
+        if was is not None and was != value:
+            raise ConfigError("--out %r holds a run with %s=%r, but this command has %s=%r; use another --out "
+                              "or the same %s" % (store.dir, field, was, field, value, field))
 
 
 def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
@@ -4580,9 +4585,7 @@ def _validate_swe_row(row: Any, where: str, template: Optional[str]) -> SWEInsta
     if not f2p:
         raise DatasetError("%s: field 'FAIL_TO_PASS' is empty; an instance needs at least one test the patch "
                            "must fix" % where)
-    image = row.get("image")
-    if image is not None and (not isinstance(image, str) or not image.strip()):
-        raise DatasetError("%s: field 'image' must be a non-empty string, got %r" % (where, image))
+    image = _row_image(row, where, template)
     parser = row.get("log_parser")
     if parser is not None and parser not in _LOG_PARSERS:
         raise DatasetError("%s: field 'log_parser' %r is not one of %s" % (where, parser, ", ".join(_LOG_PARSERS)))
@@ -4594,7 +4597,7 @@ def _validate_swe_row(row: Any, where: str, template: Optional[str]) -> SWEInsta
         id=iid, repo=text("repo"), base_commit=text("base_commit"), problem_statement=text("problem_statement"),
         test_patch=text("test_patch"), fail_to_pass=f2p,
         pass_to_pass=_test_list(row.get("PASS_TO_PASS", []), where, "PASS_TO_PASS"),
-        image=_normalize_ref(image or swe_image_name(iid, template)), patch=text("patch", required=False),
+        image=image, patch=text("patch", required=False),
         version=str(version) if version is not None else "", test_cmd=row.get("test_cmd"),
         eval_script=row.get("eval_script"), install=row.get("install"), log_parser=parser,
         workdir=row.get("workdir") or "/testbed",
@@ -5508,13 +5511,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         _log.warning("%s: %s", store.dir, note)
     previous = store.read_json(RunStore.RUN)
     mode = "score-only" if cfg.score_only else "agent"
-    if previous:
-        was_cfg = previous.get("config") or {}
-        for field, was, now in (("task", was_cfg.get("task"), "swe"), ("model", was_cfg.get("model"), cfg.model),
-                                ("mode", previous.get("mode"), mode)):
-            if was is not None and was != now:
-                raise ConfigError("--out %r holds a run with %s=%r, but this command has %s=%r; use another --out"
-                                  % (store.dir, field, was, field, now))
+    _check_same_run(store, previous, task="swe", model=cfg.model, mode=mode)
     ids = set(preds) if cfg.score_only else set(dataset.ids)
     if cfg.retry_failed:
         n = store.drop_failed()
@@ -6075,14 +6072,15 @@ def _swe_instances_html(run: Dict[str, Any]) -> str:
     shrinks as instances grow (below ~1.5k characters trajectories are only named), and the table is rendered
     again with half the text while it exceeds the size budget."""
     budget = min(40_000, _REPORT_BUDGET_CHARS // max(1, len(run["samples"])))
+    trajectories: Dict[str, Dict[str, Any]] = {}  # read once, even when the table is rendered again smaller
     while True:
-        table = _swe_table(run, budget)
+        table = _swe_table(run, budget, trajectories)
         if len(table) <= _REPORT_TABLE_CHARS or budget < 50:
             return table
         budget //= 2
 
 
-def _swe_table(run: Dict[str, Any], budget: int) -> str:
+def _swe_table(run: Dict[str, Any], budget: int, trajectories: Dict[str, Dict[str, Any]]) -> str:
     samples = run["samples"]
     inline = budget >= 1500
     h = ["<h2>Instances</h2><table class=sortable id=instances><thead><tr><th>instance</th><th>resolved</th>"
@@ -6092,7 +6090,9 @@ def _swe_table(run: Dict[str, Any], budget: int) -> str:
         rec = samples[iid]
         f2p, p2p = rec.get("f2p") or [0, 0], rec.get("p2p") or [0, 0]
         traj_path = os.path.join(TRAJ_DIR, _slug(iid) + ".json")
-        traj = _read_json_file(os.path.join(run["dir"], traj_path)) if inline else {}
+        if inline and traj_path not in trajectories:
+            trajectories[traj_path] = _read_json_file(os.path.join(run["dir"], traj_path))
+        traj = trajectories.get(traj_path, {}) if inline else {}
         patch = rec.get("model_patch") or traj.get("patch") or ""
         if len(patch) > budget // 2:
             cut = budget // 2

@@ -36,6 +36,8 @@ import urllib.parse
 import urllib.request
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from tests.support import dead_port
+
 REQUIRE_ENV = "EVALHARNESS_REQUIRE_DOCKER"
 BUSYBOX_APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "ps", "timeout", "tar", "gzip")
 RANDOM_FILE = "evh-random.bin"  # where make_image(size_kb=...) puts its incompressible bytes
@@ -151,14 +153,6 @@ def rmi(*refs: str, host: Optional[str] = None) -> None:
             docker("rmi", "-f", *refs, host=host, timeout=120)
         except (OSError, subprocess.SubprocessError):
             pass
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _tempdir(test: unittest.TestCase, prefix: str = "evh-bed-") -> str:
@@ -548,7 +542,7 @@ def start_registry(test: unittest.TestCase, *, proxy_of: Optional[str] = None) -
     root = _tempdir(test, "evh-registry-")
     last = ""
     for _attempt in range(3):
-        port = _free_port()
+        port = dead_port()
         config = os.path.join(root, "config-%d.yml" % port)
         lines = ["version: 0.1",
                  "log:", "  level: warn",
@@ -708,7 +702,7 @@ def start_put_store(test: unittest.TestCase) -> Tuple[str, str]:
     user = "user root root;" if os.geteuid() == 0 else ""
     last = ""
     for _attempt in range(3):
-        port = _free_port()
+        port = dead_port()
         conf = os.path.join(base, "nginx.conf")
         with open(conf, "w") as fh:
             fh.write(_NGINX_CONF % {"user": user, "dir": base, "port": port, "root": root})

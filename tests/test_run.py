@@ -37,6 +37,17 @@ class RunCase(unittest.TestCase):
 
 
 class TestResume(RunCase):
+    def test_resuming_with_another_model_is_refused_and_changes_nothing(self):
+        mock = start_mock(self, oracle_rows=self.rows)
+        out = os.path.join(self.dir, "run")
+        self.assertEqual(run_cli(self.args(mock.url, out, "--limit", "5")).returncode, 0)
+        before = read_samples(out)
+        other = run_cli(self.args(mock.url, out, "--limit", "5") + ["--model", "m2"])
+        self.assertEqual(other.returncode, 2, other.stderr)
+        self.assertRegex(other.stderr.strip(), r"^evalharness: --out .* holds a run with model='m', but this command "
+                                                r"has model='m2'; use another --out or the same model$")
+        self.assertEqual(read_samples(out), before)
+
     def test_kill_9_at_random_points_then_rerun_gives_each_id_once_and_the_same_summary(self):
         mock = start_mock(self, oracle_rows=self.rows, seed=3, skill=0.7, decode_tok_s=400, reasoning_tokens=20,
                           knee=4)
