@@ -946,12 +946,18 @@ class GradientLimit:
     def _judge(self, now: float, w: Dict[str, Any], c: float, s: float) -> float:
         if w["opened"] is not None:
             self._prev_duration = max(now - w["opened"], 1e-6)
+        if c < 0.5 * self.limit:
+            # app-limited (the client used less than half the limit, e.g. agents mostly in tools): the window says
+            # nothing about what the endpoint can take, and its speed moves with what the client does
+            if self.trace is not None:
+                self.trace.append((round(now, 3), round(c, 2), round(s, 4), None, round(self.limit, 2)))
+            self._new_window(now)
+            return self.limit
         step = self._step(c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
             self.discovered = max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step)))
-        base = min(self.limit, 2.0 * c)  # never more than twice the concurrency actually used (app-limited)
-        new = base * math.exp(step)
+        new = self.limit * math.exp(step)
         if self.trace is not None:
             self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
         if self._ceiling is not None:
@@ -1056,6 +1062,12 @@ class AdaptiveGate:
         self._epoch = 0
         self._drain_until = -math.inf
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
+        self._listeners: List[Callable[[float, str, int, float], None]] = []
+
+    def add_listener(self, fn: Callable[[float, str, int, float], None]) -> None:
+        """Call ``fn(now, outcome, output_tokens, latency_s)`` after every release (outside the lock): the session
+        gate measures what its sessions get done through this."""
+        self._listeners.append(fn)
 
     @property
     def limit(self) -> int:
@@ -1154,26 +1166,157 @@ class AdaptiveGate:
         if self.on_event is not None:
             for ev in events:
                 self.on_event(ev)
+        for fn in self._listeners:
+            fn(now, outcome, output_tokens if outcome == "ok" else 0, now - permit.admitted_at)
+
+
+class SessionLimit:
+    """How many multi-turn sessions may be active: the count that gets the most done, learned while running.
+
+    Sessions hold server memory (their cached context) while they wait for tools, so past some count their
+    contexts evict each other and turns pay full prefills: throughput falls off a cliff while the model gate,
+    which sees a handful of requests in flight, has little to read. Admitted sessions cannot be taken back
+    (continuity), so the count moves one session at a time.
+
+    The model: with S sessions, each turn costs theta(S) seconds per output token and tools take W seconds between
+    turns, so throughput is G(S) = S / (W + theta(S) * tokens per turn). W and the tokens per turn belong to the
+    task, not to S; theta(S) is what the server does with S sessions. A window closes after ``turns_per_session``
+    completed turns per allowed session (at least ``min_turns``); it measures the time-averaged session count,
+    theta as a ratio of sums (turn seconds / output tokens), and duty (turn seconds / session seconds, from which
+    W follows). theta is remembered per session count (an average that forgets, and entries older than
+    ``memory_windows`` windows are dropped, because contexts grow as sessions age and the best count moves).
+    One rule: move one session toward the count with the best predicted G; when already there, probe the
+    neighbour not measured recently (upward only while sessions wait at the door: no banking untested headroom).
+    Tool waits, which make throughput itself noisy, enter only through W, averaged over many windows.
+    """
+
+    def __init__(self, initial: int = 2, min_limit: int = 1, max_limit: int = 10 ** 6, *,
+                 turns_per_session: int = 6, min_turns: int = 24, memory_windows: int = 48,
+                 smoothing: float = 0.3):
+        self.smoothing = smoothing
+        self.limit = max(min_limit, min(max_limit, initial))
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.turns_per_session, self.min_turns, self.memory = turns_per_session, min_turns, memory_windows
+        self._theta: Dict[int, Tuple[float, int]] = {}  # session count -> (ln theta, window number)
+        self._n = 0
+        self._wait: Optional[float] = None   # W, seconds of tools between turns (slow average)
+        self._tpt: Optional[float] = None    # output tokens per turn (slow average)
+        self._t0: Optional[float] = None
+        self._t_last: Optional[float] = None
+        self._area = 0.0       # integral of active sessions over the window
+        self._wait_area = 0.0  # time in the window during which someone waited at the door
+        self._busy = 0.0       # turn seconds completed in the window
+        self._tokens = 0
+        self._turns = 0
+        self._active = 0
+        self._waiting = False
+        self.trace: Optional[List[Tuple]] = None  # set to [] to record judged windows (simulator, debugging)
+
+    def observe(self, now: float, active: int, waiting: bool) -> None:
+        """The session count or the door changed (or time passed): integrate the old state up to now."""
+        if self._t_last is not None and now > self._t_last:
+            dt = now - self._t_last
+            self._area += self._active * dt
+            self._wait_area += dt if self._waiting else 0.0
+        if self._t0 is None and active > 0:
+            self._t0 = now
+        self._t_last = now
+        self._active, self._waiting = active, waiting
+
+    def predicted(self, count: int) -> Optional[float]:
+        """Predicted output tokens per second with ``count`` sessions (None when not measured recently)."""
+        entry = self._theta.get(count)
+        if entry is None or self._wait is None:
+            return None
+        return count * self._tpt / (self._wait + math.exp(entry[0]) * self._tpt)
+
+    def on_turn(self, now: float, tokens: int, latency_s: float) -> int:
+        if self._t0 is None:
+            return self.limit
+        self._tokens += max(tokens, 1)
+        self._busy += max(latency_s, 0.0)
+        self._turns += 1
+        if self._turns < max(self.min_turns, self.turns_per_session * self.limit):
+            return self.limit
+        duration = now - self._t0
+        if duration <= 0 or self._area <= 0 or self._busy <= 0:
+            return self.limit
+        self._n += 1
+        s_mean = self._area / duration
+        theta = self._busy / self._tokens
+        duty = min(0.99, self._busy / self._area)
+        saturated = self._wait_area >= 0.5 * duration
+        wait = (self._busy / self._turns) * (1.0 - duty) / duty
+        tpt = self._tokens / self._turns
+        a = 0.2 if self._wait is not None else 1.0
+        self._wait = wait if self._wait is None else self._wait + a * (wait - self._wait)
+        self._tpt = tpt if self._tpt is None else self._tpt + a * (tpt - self._tpt)
+        count = max(1, int(round(s_mean)))
+        old_entry = self._theta.get(count)
+        ln_theta = math.log(theta)
+        if old_entry is not None:
+            ln_theta = old_entry[0] + self.smoothing * (ln_theta - old_entry[0])
+        self._theta[count] = (ln_theta, self._n)
+        old = self.limit
+        scores = {c: self.predicted(c) for c in list(self._theta)}
+        scores = {c: g for c, g in scores.items() if g is not None}
+        best = max(scores, key=lambda c: (scores[c], -c))
+        def stale(c: int) -> bool:
+            return c not in self._theta or self._n - self._theta[c][1] > self.memory
+
+        if old < best:
+            step = 1 if saturated else 0
+        elif old > best:
+            step = -1
+        elif stale(old + 1) and saturated:
+            step = 1
+        elif stale(old - 1) and old > self.min_limit:
+            step = -1
+        else:
+            step = 0
+        self.limit = max(self.min_limit, min(self.max_limit, old + step))
+        if self.trace is not None:
+            self.trace.append((round(now, 1), round(s_mean, 2), round(theta * 1000, 1), round(duty, 2),
+                               round(self._wait, 1), best, old, self.limit, saturated))
+        self._t0, self._area, self._wait_area, self._busy, self._tokens, self._turns = now, 0.0, 0.0, 0.0, 0, 0
+        return self.limit
 
 
 class SessionGate:
     """How many multi-turn sessions may be active. Interface pinned in DESIGN.md.
 
     A session in progress keeps its slot until it leaves (continuity: an agent is never paused mid-task to let a
-    newcomer in); newcomers wait at the door in arrival order. Capacity follows the model gate: sessions spend part
-    of their time in tools, so the gate's limit L of model requests is filled by about L / duty sessions, where duty
-    is the measured fraction of active sessions that hold a model request (in_flight / active, time-averaged).
-    When the gate's limit falls, capacity falls and newcomers wait until enough sessions have finished.
+    newcomer in); newcomers wait at the door in arrival order. Capacity is the smaller of two counts. (1) What the
+    model gate's limit can serve: sessions spend part of their time in tools, so the gate's limit L of model
+    requests is filled by about L / duty sessions, where duty is the measured fraction of active sessions that hold
+    a model request (in_flight / active, time-averaged); when the gate's limit falls, this falls too. (2) What the
+    server's memory can hold: a SessionLimit climbed on the sessions' throughput (see there), fed by every release
+    of the model gate. A fixed model gate (``--fixed-concurrency``) pins the first and switches the second off.
     """
 
-    def __init__(self, gate: AdaptiveGate, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, gate: AdaptiveGate, *, clock: Callable[[], float] = time.monotonic,
+                 algorithm: Optional[SessionLimit] = None):
         self.gate = gate
         self._clock = clock
-        self._cond = threading.Condition()  # guards _active, _door, _duty, _t_last
+        self._cond = threading.Condition()  # guards _active, _door, _duty, _t_last, the algorithm
         self._active = 0
         self._door: "collections.deque[object]" = collections.deque()
         self._duty = 1.0
         self._t_last: Optional[float] = None
+        self._turned_away = False  # a try_enter() was refused since the last admission: someone is waiting
+        if algorithm is None and gate.adaptive:
+            algorithm = SessionLimit()
+        self._algorithm = algorithm
+        if algorithm is not None:
+            gate.add_listener(self._on_release)
+
+    def _on_release(self, now: float, outcome: str, output_tokens: int, latency_s: float) -> None:
+        if outcome != "ok":
+            return
+        with self._cond:
+            self._observe()
+            if self._algorithm.on_turn(now, output_tokens, latency_s) > self._active:
+                self._cond.notify_all()
 
     def _observe(self) -> None:
         now = self._clock()
@@ -1183,6 +1326,8 @@ class SessionGate:
             alpha = 1.0 - math.exp(-dt / 30.0)  # a 30 s time constant: tool waits are seconds to minutes
             self._duty += alpha * (sample - self._duty)
         self._t_last = now
+        if self._algorithm is not None:
+            self._algorithm.observe(now, self._active, bool(self._door) or self._turned_away)
 
     @property
     def capacity(self) -> int:
@@ -1190,8 +1335,16 @@ class SessionGate:
             self._observe()
             return self._capacity_locked()
 
+    @property
+    def session_limit(self) -> Optional[int]:
+        """The memory-side count (None when the model gate is fixed)."""
+        return None if self._algorithm is None else int(self._algorithm.limit)
+
     def _capacity_locked(self) -> int:
-        return max(1, int(round(self.gate.limit / max(self._duty, 0.05))))
+        cap = max(1, int(round(self.gate.limit / max(self._duty, 0.05))))
+        if self._algorithm is not None:
+            cap = min(cap, int(self._algorithm.limit))
+        return cap
 
     @property
     def active(self) -> int:
@@ -1205,8 +1358,12 @@ class SessionGate:
         with self._cond:
             self._observe()
             if self._door or self._active >= self._capacity_locked():
+                self._turned_away = True
+                self._observe()
                 return None  # someone is already waiting at the door: arrival order
             self._active += 1
+            self._turned_away = False
+            self._observe()
             return object()
 
     def enter(self, timeout_s: Optional[float] = None, *, cancel: Optional[threading.Event] = None) -> object:
@@ -1220,6 +1377,8 @@ class SessionGate:
                     if self._door[0] is ticket and self._active < self._capacity_locked():
                         self._door.popleft()
                         self._active += 1
+                        self._turned_away = False
+                        self._observe()
                         self._cond.notify_all()
                         return ticket
                     if cancel is not None and cancel.is_set():
@@ -1242,6 +1401,7 @@ class SessionGate:
         with self._cond:
             self._observe()
             self._active = max(0, self._active - 1)
+            self._observe()
             self._cond.notify_all()
 
 

@@ -602,8 +602,10 @@ def make_limiter(name, clock):
 # one simulated run
 # ----------------------------------------------------------------------------------------------------------------
 class Run:
-    def __init__(self, scenario, profile, limiter_name, seed, T=None, sessions=None):
+    def __init__(self, scenario, profile, limiter_name, seed, T=None, sessions=None, horizon=None):
         self.scenario, self.profile, self.seed = scenario, profile, seed
+        self.horizon_us = None if horizon is None else int(horizon * US)  # a run still going then is cut there
+        self.cut = False
         self.loop = Loop()
         self.stats = collections.Counter()
         prof = PROFILES[profile]
@@ -643,6 +645,15 @@ class Run:
             self.loop.at(int(2 * T / 3 * US), self.server.scale, *f_back)
 
     # --- helpers -----------------------------------------------------------------------------------------------
+    def finished(self):
+        if self.n_left == 0:
+            return True
+        if self.horizon_us is not None and self.loop.now > self.horizon_us:
+            # far worse than the oracle (a thrashing setting): its goodput so far is all that matters
+            self.cut = True
+            return True
+        return False
+
     def trace(self):
         lim = self.limiter.limit
         if not self.limit_trace or self.limit_trace[-1][1] != lim:
@@ -669,7 +680,7 @@ class Run:
         self.n_left = len(jobs)
         self.pending.extend(range(len(jobs)))
         self.loop.at(0, self.pump)
-        self.loop.run(lambda: self.n_left == 0)
+        self.loop.run(self.finished)
         self.t_end = self.loop.clock()
         return self.result()
 
@@ -760,14 +771,17 @@ class Run:
         self.waiting_turns = collections.deque()
         if mode[0] == "gate":
             self.session_gate = eh.SessionGate(self.limiter.gate, clock=self.loop.clock)
+            if self.session_gate._algorithm is not None:
+                self.session_gate._algorithm.trace = []
         self.loop.at(0, self.admit_sessions)
-        self.loop.run(lambda: self.n_left == 0)
+        self.loop.run(self.finished)
         self.t_end = self.loop.clock()
         res = self.result()
         slowdowns = []
         for s, turns in enumerate(sessions):
             ideal = sum(t[1] * PROFILES[self.profile].get("tau0", 0.02) + t[2] for t in turns)
-            slowdowns.append((self.s_end[s] - self.s_start[s]) / ideal)
+            start = self.s_start.get(s, self.t_end)  # a cut run: unfinished sessions count up to the cut
+            slowdowns.append(max(self.s_end.get(s, self.t_end) - start, ideal) / ideal)
         res["fairness"] = (sum(slowdowns) ** 2) / (len(slowdowns) * sum(x * x for x in slowdowns))
         hits, misses = self.stats["cache_hits"], self.stats["cache_misses"]
         res["hit_rate"] = hits / max(1, hits + misses)
@@ -854,7 +868,7 @@ class Run:
         makespan = max(self.t_end, 1e-9)
         good = self.stats["good_tokens"]
         changes = sum(1 for i in range(1, len(self.limit_trace)) if self.limit_trace[i][1] != self.limit_trace[i - 1][1])
-        return {"makespan": makespan, "goodput": good / makespan, "n429": self.stats["n_429"],
+        return {"makespan": makespan, "goodput": good / makespan, "cut": self.cut, "n429": self.stats["n_429"],
                 "n503": self.stats["n_503"], "n5xx": self.stats["n_5xx"], "ntimeout": self.stats["n_timeout"],
                 "wasted": self.stats["wasted_tokens"], "preemptions": self.stats["preemptions"],
                 "changes_per_min": changes / (makespan / 60.0), "bins": dict(self.goodput_bins),
@@ -869,8 +883,8 @@ def best_of(sweep):
 
 
 def run_one(args):
-    scenario, profile, limiter, seed, T, mode = args
-    r = Run(scenario, profile, limiter, seed, T=T)
+    scenario, profile, limiter, seed, T, mode, horizon = args
+    r = Run(scenario, profile, limiter, seed, T=T, horizon=horizon)
     if scenario == "S4":
         return r.run_sessions(workload_w2(seed), mode)
     jobs = workload_w1(seed, bimodal=(scenario == "S5"))
@@ -921,60 +935,84 @@ def pool_map(fn, tasks, jobs):
         return pool.map(fn, tasks, chunksize=1)
 
 
+HORIZON = 4.0    # a run still going at HORIZON x the reference run's makespan is cut there (a thrashing setting)
+REF_C, REF_S = 32, 8  # the reference settings run to completion first (their makespans set the horizons)
+
+
 def evaluate(scenarios, seeds, jobs, log):
+    """Runs every limiter on every scenario and seed; returns the table rows (medians over seeds).
+
+    Order: (A) a reference fixed setting per profile and seed, uncapped; (B) the steady S1 sweeps, capped at
+    HORIZON x the reference, giving T (the steady oracle makespan) per profile and seed; (C) references for the
+    other scenarios; (D) every other run, capped likewise. The cap only shortens runs that are far behind the
+    oracle (their goodput up to the cut is reported and flagged `cut`), and S1's sweep is the steady sweep."""
     t_start = time.time()
-    # 1. steady oracle makespans (T) per profile and seed: S1 sweeps
-    profiles_needing_T = sorted({p for s, p in scenarios})
-    tasks = [("S1", p, "fixed%d" % c, seed, None, None) for p in profiles_needing_T for seed in seeds
-             for c in C_SWEEP]
-    res = pool_map(run_one, tasks, jobs)
-    steady = {}
-    for task, r in zip(tasks, res):
-        steady.setdefault((task[1], task[3]), []).append((r["goodput"], r["makespan"], task[2]))
+    by = {}
+
+    def run_all(tasks):
+        todo = [t for t in tasks if t not in by]
+        for task, r in zip(todo, pool_map(run_one, todo, jobs)):
+            by[task] = r
+
+    def horizon(ref):
+        return HORIZON * by[ref]["makespan"]
+
+    def sweep_tasks(scen, prof, seed, t, ref):
+        if scen == "S4":
+            return [ref if s == REF_S else (scen, prof, "unlimited", seed, t, ("fixed", s), horizon(ref))
+                    for s in S_SWEEP]
+        return [ref if c == REF_C else (scen, prof, "fixed%d" % c, seed, t, None, horizon(ref)) for c in C_SWEEP]
+
+    def contender_tasks(scen, prof, seed, t, ref):
+        if scen == "S4":
+            return [(scen, prof, lim, seed, t, mode, horizon(ref)) for _n, lim, mode in S4_CONTENDERS]
+        return [(scen, prof, lim, seed, t, None, horizon(ref)) for lim in CONTENDERS]
+
+    profiles = sorted({p for s, p in scenarios})
+    steady_ref = {(p, seed): ("S1", p, "fixed%d" % REF_C, seed, None, None, None) for p in profiles for seed in seeds}
+    run_all(list(steady_ref.values()))
+    run_all([t for (p, seed), ref in steady_ref.items() for t in sweep_tasks("S1", p, seed, None, ref)])
     T = {}
-    for k, v in steady.items():
-        top = max(g for g, _, _ in v)
-        T[k] = min((int(name[5:]), m) for g, m, name in v if g >= 0.99 * top)[1]
+    for (p, seed), ref in steady_ref.items():
+        sweep = {c: by[t] for c, t in zip(C_SWEEP, sweep_tasks("S1", p, seed, None, ref))}
+        T[(p, seed)] = sweep[best_of(sweep)]["makespan"]
     log("steady sweeps done (%.0fs)" % (time.time() - t_start))
-    # 2. every scenario: oracle sweep + contenders
-    tasks = []
+    refs = {}
     for scen, prof in scenarios:
         for seed in seeds:
-            t = T[(prof, seed)]
-            if scen == "S4":
-                for s in S_SWEEP:
-                    tasks.append((scen, prof, "unlimited", seed, t, ("fixed", s)))
-                for _name, lim, mode in S4_CONTENDERS:
-                    tasks.append((scen, prof, lim, seed, t, mode))
+            if scen == "S1":
+                refs[(scen, prof, seed)] = steady_ref[(prof, seed)]
+            elif scen == "S4":
+                refs[(scen, prof, seed)] = (scen, prof, "unlimited", seed, T[(prof, seed)], ("fixed", REF_S), None)
             else:
-                for c in C_SWEEP:
-                    tasks.append((scen, prof, "fixed%d" % c, seed, t, None))
-                for lim in CONTENDERS:
-                    if lim != "fixed10":
-                        tasks.append((scen, prof, lim, seed, t, None))
-    res = pool_map(run_one, tasks, jobs)
-    log("scenario runs done (%.0fs, %d runs)" % (time.time() - t_start, len(tasks) + len(steady) * len(C_SWEEP)))
-    by = {}
-    for task, r in zip(tasks, res):
-        by[task] = r
+                refs[(scen, prof, seed)] = (scen, prof, "fixed%d" % REF_C, seed, T[(prof, seed)], None, None)
+    run_all(list(refs.values()))
+    tasks = []
+    for (scen, prof, seed), ref in refs.items():
+        t = None if scen == "S1" else T[(prof, seed)]
+        tasks += sweep_tasks(scen, prof, seed, t, ref) + contender_tasks(scen, prof, seed, t, ref)
+    run_all(tasks)
+    log("scenario runs done (%.0fs, %d runs)" % (time.time() - t_start, len(by)))
     rows = []
     for scen, prof in scenarios:
         per_lim = collections.defaultdict(lambda: collections.defaultdict(list))
         for seed in seeds:
             t = T[(prof, seed)]
+            ref = refs[(scen, prof, seed)]
+            tt = None if scen == "S1" else t
+            runs = [by[x] for x in contender_tasks(scen, prof, seed, tt, ref)]
             if scen == "S4":
-                sweep = {s: by[(scen, prof, "unlimited", seed, t, ("fixed", s))] for s in S_SWEEP}
+                sweep = {s: by[x] for s, x in zip(S_SWEEP, sweep_tasks(scen, prof, seed, tt, ref))}
                 best_s = best_of(sweep)
                 oracle = sweep[best_s]
                 entries = [("oracle(S=%d)" % best_s, oracle)] + \
-                          [(name, by[(scen, prof, lim, seed, t, mode)]) for name, lim, mode in S4_CONTENDERS]
+                          [(name, r) for (name, _l, _m), r in zip(S4_CONTENDERS, runs)]
                 c_star = best_s
             else:
-                sweep = {c: by[(scen, prof, "fixed%d" % c, seed, t, None)] for c in C_SWEEP}
+                sweep = {c: by[x] for c, x in zip(C_SWEEP, sweep_tasks(scen, prof, seed, tt, ref))}
                 c_star = best_of(sweep)
                 oracle = sweep[c_star]
-                entries = [("oracle", oracle), ("fixed10", sweep[10])] + \
-                          [(lim, by[(scen, prof, lim, seed, t, None)]) for lim in CONTENDERS if lim != "fixed10"]
+                entries = [("oracle", oracle)] + list(zip(CONTENDERS, runs))
             end = oracle["makespan"]
             ph_rates = None
             if scen in ("S2", "S3"):
@@ -984,6 +1022,7 @@ def evaluate(scenarios, seeds, jobs, log):
                 m["label"].append(name if name.startswith("oracle") else name)
                 m["eff"].append(r["goodput"] / oracle["goodput"])
                 m["c_star"].append(c_star)
+                m["cut"].append(1 if r["cut"] else 0)
                 for k in ("n429", "n503", "ntimeout", "n5xx", "wasted", "changes_per_min", "preemptions"):
                     m[k].append(r[k])
                 rate1 = ph_rates[0] if ph_rates else oracle["goodput"]
@@ -1007,7 +1046,7 @@ def evaluate(scenarios, seeds, jobs, log):
             for k, v in m.items():
                 if k == "label":
                     continue
-                row[k] = round(median(v), 4) if v else None
+                row[k] = (sum(v) if k == "cut" else round(median(v), 4)) if v else None
             rows.append(row)
     return rows, time.time() - t_start
 
@@ -1030,7 +1069,7 @@ def print_table(rows, out):
     cols = [("scen", "scenario", 4), ("prof", "profile", 4), ("limiter", "limiter", 10), ("eff", "eff", 5),
             ("conv", "conv", 6), ("rec.drop", "rec_drop", 8), ("rec.rest", "rec_restore", 8), ("429", "n429", 6),
             ("503", "n503", 5), ("t/o", "ntimeout", 5), ("wasted", "wasted", 8), ("chg/min", "changes_per_min", 7),
-            ("C*", "c_star", 4), ("minL/C*", "min_after_half", 7), ("hit", "hit", 5), ("fair", "fair", 5)]
+            ("C*", "c_star", 4), ("minL/C*", "min_after_half", 7), ("hit", "hit", 5), ("fair", "fair", 5), ("cut", "cut", 3)]
     out.write("  ".join(h.rjust(w) for h, _, w in cols) + "\n")
     for r in rows:
         cells = []

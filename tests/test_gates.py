@@ -239,11 +239,104 @@ class TestGateThreads(unittest.TestCase):
         gate.release(p)
 
 
+def drive_sessions(sessions, clock, theta_of, seconds, *, population=10 ** 6, wait_s=6.0, tokens=200, seed=1):
+    """Agents in virtual time: ``population`` sessions queue at the door; an admitted session alternates a model
+    turn (tokens x theta_of(active sessions) seconds, through the model gate) and a tool wait (exponential, mean
+    wait_s); it leaves after 20 turns. theta_of models server memory: past some count contexts evict each other
+    and every turn slows. Returns [(time, active, session limit)] after each turn."""
+    rng = random.Random(seed)
+    heap, seen = [], []
+    turns = {}
+    ids = iter(range(population))
+    end = clock.t + seconds
+
+    def admit():
+        while len(turns) < population:
+            slot = sessions.try_enter()
+            if slot is None:
+                return
+            sid = next(ids)
+            turns[sid] = 0
+            heapq.heappush(heap, (clock.t, sid, "turn", slot))
+
+    admit()
+    while heap and clock.t < end:
+        t, sid, kind, slot = heapq.heappop(heap)
+        clock.t = t
+        if kind == "turn":
+            permit = sessions.gate.try_acquire()
+            if permit is None:  # the model gate is full: try again a little later
+                heapq.heappush(heap, (t + 0.5, sid, "turn", slot))
+                continue
+            heapq.heappush(heap, (t + tokens * theta_of(sessions.active), sid, ("done", permit), slot))
+        else:
+            sessions.gate.release(kind[1], "ok", tokens)
+            turns[sid] += 1
+            if turns[sid] >= 20:
+                sessions.leave(slot)
+                admit()
+            else:
+                heapq.heappush(heap, (t + rng.expovariate(1.0 / wait_s), sid, "turn", slot))
+            seen.append((clock.t, sessions.active, sessions.session_limit))
+            admit()
+    return seen
+
+
+class TestSessionLimit(unittest.TestCase):
+    def test_finds_the_session_count_before_the_memory_cliff_and_holds_it(self):
+        # up to 8 sessions fit in server memory; each one more makes every turn twice as slow: best count 8
+        clock = Clock()
+        gate = eh.AdaptiveGate(64, 1, 64, clock=clock)
+        sessions = eh.SessionGate(gate, clock=clock)
+        theta = lambda s: 0.02 if s <= 8 else 0.02 * 2.0 ** (s - 8)
+        seen = drive_sessions(sessions, clock, theta, 20000)
+        late = [a for t, a, _ in seen if t > 5000]
+        mean = sum(late) / len(late)
+        self.assertGreaterEqual(mean, 6.5)
+        self.assertLessEqual(mean, 9.0)
+        self.assertLessEqual(max(lim for t, _, lim in seen if t > 5000), 10)
+
+    def test_keeps_adding_sessions_while_turns_do_not_slow_down(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(512, 1, 512, clock=clock)
+        sessions = eh.SessionGate(gate, clock=clock)
+        seen = drive_sessions(sessions, clock, lambda s: 0.02, 6000)
+        self.assertGreaterEqual(seen[-1][2], 20)
+
+    def test_moves_one_session_at_a_time(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(64, 1, 64, clock=clock)
+        sessions = eh.SessionGate(gate, clock=clock)
+        seen = drive_sessions(sessions, clock, lambda s: 0.02 * (1.0 + 0.3 * s), 8000)
+        limits = [lim for _, _, lim in seen]
+        self.assertLessEqual(max(abs(b - a) for a, b in zip(limits, limits[1:])), 1)
+        self.assertGreater(len(set(limits)), 2)
+
+    def test_no_banking_when_nobody_waits_at_the_door(self):
+        # only three agents exist: they never fill the count, so it has no evidence to grow on
+        clock = Clock()
+        gate = eh.AdaptiveGate(64, 1, 64, clock=clock)
+        sessions = eh.SessionGate(gate, clock=clock)
+        seen = drive_sessions(sessions, clock, lambda s: 0.02, 3000, population=3)
+        self.assertLessEqual(max(lim for _, _, lim in seen), 3)
+
+    def test_capacity_is_the_smaller_of_the_gate_side_and_the_memory_side(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
+        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit(initial=3))
+        self.assertEqual(sessions.capacity, 3)
+        self.assertEqual(sessions.session_limit, 3)
+        fixed = eh.SessionGate(eh.AdaptiveGate(4, 1, 4, clock=clock, algorithm=eh.FixedLimit(4)), clock=clock)
+        self.assertIsNone(fixed.session_limit)  # a pinned model gate pins the sessions too
+        self.assertEqual(fixed.capacity, 4)
+
+
 class TestSessionGate(unittest.TestCase):
     def test_capacity_tracks_the_gate_limit_up_and_down(self):
         clock = Clock()
         gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
-        sessions = eh.SessionGate(gate, clock=clock)
+        # the memory-side count is measured on sessions' turns; with none yet, it must not be what binds here
+        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit(initial=1000))
         self.assertEqual(sessions.capacity, 10)  # duty starts at 1: one model request per session
         gate.release(gate.try_acquire(), "overload")
         self.assertEqual(sessions.capacity, 7)
