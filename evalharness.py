@@ -841,22 +841,30 @@ class GradientLimit:
     curve bends down as C grows, so a slope over a ramp overstates it at the top).
 
     One update rule, no thresholds and no modes: ln L moves by ``gain``·(e − e*), at least ±``min_step_log`` (a
-    probe, so consecutive windows always differ in C), at most ``max_up_log`` up and ``max_down_log`` down, from the
-    concurrency actually used (never above twice the load: an app-limited client banks no untested headroom).
-    While per-stream speed holds (e ≈ 1) the limit grows ×2.7 per window; on a throughput plateau (e ≈ 0) it walks
+    probe, so consecutive windows always differ in C), at most ``max_up_log`` up and ``max_down_log`` down.
+    While per-stream speed holds (e ≈ 1) the limit grows ×4 per window; on a throughput plateau (e ≈ 0) it walks
     down; it settles where one more stream stops paying (e = e*, ``target_elasticity``). Small steps near the
-    optimum get larger windows judged later; big steps get small windows judged early (fast ramps). After an
-    overload the limit remembers the level that overloaded and approaches it with shrinking steps, creeping past it
-    slowly (CUBIC-like) while that memory fades, so a hard cap such as a hosted quota is not hit every few windows.
+    optimum get larger windows judged later; big steps get small windows judged early (fast ramps). App-limited
+    windows (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more
+    than their loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint
+    itself (a brownout, capacity taken away or given back): such pairs are left out of the fit, and when the
+    newest window is one, the fit restarts from it and the limit takes one probe step the way speed went, so a
+    brownout is not read as congestion. After an overload the limit remembers the level that overloaded, approaches
+    to just under it with shrinking steps, then creeps past it with steps that double after every clean window
+    (CUBIC-like), so a hard cap such as a hosted quota is not hit every few windows and restored capacity is found.
     """
 
     adaptive = True
 
     def __init__(self, initial: int, min_limit: int, max_limit: int, *, target_elasticity: float = 0.1,
-                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.0, max_down_log: float = 0.3,
+                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.4, max_down_log: float = 0.3,
                  min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
-                 min_samples: int = 5, backoff_ratio: float = 0.7):
+                 min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
+                 max_slope: float = 3.0, noise_log: float = 0.25):
+        self.min_creep = min_creep
+        self.max_slope, self.noise_log = max_slope, noise_log
+        self._shift: Optional[float] = None
         self.limit = float(initial)
         self.min_limit, self.max_limit = min_limit, max_limit
         self.target, self.gain = target_elasticity, gain
@@ -879,7 +887,8 @@ class GradientLimit:
         self._prev_duration: Optional[float] = None
         self.time_cap = time_cap
         self._first = True
-        self._ceiling: Optional[float] = None
+        self._ceiling: Optional[float] = None  # the limit at the last overload, while it still matters
+        self._creep = 0.0  # log step past the ceiling; doubles with every clean window spent above it
         self.trace: Optional[List[Tuple]] = None  # set to [] to record judged windows (simulator, debugging)
         self._new_window()
 
@@ -960,8 +969,6 @@ class GradientLimit:
         new = self.limit * math.exp(step)
         if self.trace is not None:
             self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
-        if self._ceiling is not None:
-            self._ceiling *= 1.02  # the memory of an overload fades, so restored capacity is found again
         self._points.append((math.log(max(c, 1e-9)), math.log(s)))
         del self._points[:-self.fit_windows]
         old = self.limit
@@ -978,12 +985,21 @@ class GradientLimit:
         pts = self._points + [(math.log(max(c, 1e-9)), math.log(s))]
         if len(pts) < 2:
             return None
+        dx, dy = pts[-1][0] - pts[-2][0], pts[-1][1] - pts[-2][1]
+        if abs(dy) > self.max_slope * abs(dx) + self.noise_log:
+            # a change of speed that the change of load cannot explain (a brownout starting or ending, capacity
+            # taken away or given back): the earlier windows describe another endpoint, so the fit starts afresh
+            # from this window, and the limit takes one probe step the way the speed went
+            del self._points[:]
+            self._pair_e = None
+            self._shift = dy
+            return None
         slopes = []
         for i in range(len(pts)):
             for j in range(i + 1, len(pts)):
-                dx = pts[j][0] - pts[i][0]
-                if abs(dx) >= 0.5 * self.min_step:
-                    slopes.append((pts[j][1] - pts[i][1]) / dx)
+                dx, dy = pts[j][0] - pts[i][0], pts[j][1] - pts[i][1]
+                if abs(dx) >= 0.5 * self.min_step and abs(dy) <= self.max_slope * abs(dx) + self.noise_log:
+                    slopes.append(dy / dx)  # (a pair the load cannot explain straddles a change of endpoint)
         if not slopes:
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
             return self._last_e
@@ -996,7 +1012,10 @@ class GradientLimit:
         return self._last_e
 
     def _step(self, c: float, s: float) -> float:
+        self._shift = None
         e = self._elasticity(c, s) if s > 0 else -5.0
+        if self._shift is not None:
+            return math.copysign(self.min_step, self._shift)
         if e is None:
             return self.first_step  # the first window: a modest probe upward (a cached start may already be high)
         e = max(-5.0, min(5.0, e))
@@ -1008,12 +1027,20 @@ class GradientLimit:
         step = math.copysign(max(self.min_step, abs(step)), step)
         step = max(-self.max_down, min(self.max_up, step))
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
-            room = math.log(self._ceiling / self.limit) if self._ceiling > self.limit else 0.0
-            step = max(room * 0.5, 0.02)  # approach the last overload level with shrinking steps, then creep
+            below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
+            if self.limit < below:  # approach it with shrinking steps
+                step = max(0.5 * math.log(below / self.limit), self.min_creep)
+            else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
+                self._creep = max(self.min_creep, 2.0 * self._creep)
+                if self._creep >= step:
+                    self._ceiling = None  # the memory of that overload no longer holds anything back
+                else:
+                    step = self._creep
         return step
 
     def on_overload(self, now: float) -> float:
         self._ceiling = self.limit
+        self._creep = 0.0
         self.limit = self.limit * self.backoff_ratio
         self._new_window(now)
         return self.limit
