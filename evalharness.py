@@ -818,7 +818,7 @@ class FixedLimit:
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> int:
         return self.limit
 
-    def on_overload(self, now: float) -> int:
+    def on_overload(self, now: float, pause_s: float = 0.0) -> int:
         return self.limit
 
 
@@ -861,7 +861,10 @@ class GradientLimit:
                  min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
-                 max_slope: float = 3.0, noise_log: float = 0.25):
+                 max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0):
+        self.hold_factor = hold_factor
+        self._hold_until = -math.inf
+        self._now = 0.0
         self.min_creep = min_creep
         self.max_slope, self.noise_log = max_slope, noise_log
         self._shift: Optional[float] = None
@@ -962,6 +965,7 @@ class GradientLimit:
                 self.trace.append((round(now, 3), round(c, 2), round(s, 4), None, round(self.limit, 2)))
             self._new_window(now)
             return self.limit
+        self._now = now
         step = self._step(c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
@@ -1030,6 +1034,8 @@ class GradientLimit:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
                 step = max(0.5 * math.log(below / self.limit), self.min_creep)
+            elif self._now < self._hold_until:  # probing now would cost another pause: sit just under it
+                step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
                 self._creep = max(self.min_creep, 2.0 * self._creep)
                 if self._creep >= step:
@@ -1038,9 +1044,12 @@ class GradientLimit:
                     step = self._creep
         return step
 
-    def on_overload(self, now: float) -> float:
+    def on_overload(self, now: float, pause_s: float = 0.0) -> float:
+        """An overload: cut, and remember the level. Probing past that level again costs another cut and a pause
+        of ``pause_s``, so the limit sits just under it for ``hold_factor`` times that long before it creeps."""
         self._ceiling = self.limit
         self._creep = 0.0
+        self._hold_until = now + pause_s + self.hold_factor * pause_s
         self.limit = self.limit * self.backoff_ratio
         self._new_window(now)
         return self.limit
@@ -1182,9 +1191,9 @@ class AdaptiveGate:
             elif outcome == "overload" and self._algorithm.adaptive and permit.epoch == self._epoch:
                 # once per epoch: failures of permits admitted before this cut do not cut again
                 self._epoch += 1
-                new = self._algorithm.on_overload(now)
-                self._limit = max(self.min_limit, min(self.max_limit, int(new)))
                 drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
+                new = self._algorithm.on_overload(now, drain)
+                self._limit = max(self.min_limit, min(self.max_limit, int(new)))
                 self._drain_until = now + drain
                 events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
             if self._limit != old:

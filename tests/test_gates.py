@@ -113,6 +113,41 @@ class TestGradientLimit(unittest.TestCase):
         self.assertEqual(gate.discovered_limit, 64)
 
 
+class TestEndpointChanges(unittest.TestCase):
+    def test_a_brownout_is_not_read_as_congestion(self):
+        # past 32 streams aggregate throughput is flat; for 40 s everything runs 3x slower whatever the load (a
+        # brownout, which cutting the limit cannot help): the limit must stay where it was
+        for start in (500.0, 600.0, 700.0):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 512, clock=clock)
+
+            def speed(c, start=start):
+                s = 50.0 if c <= 32 else 50.0 * 32.0 / c
+                return s / 3.0 if start <= clock.t < start + 40.0 else s
+            seen = drive(gate, clock, speed, start + 300.0)
+            before = min(l for t, l in seen if 300 < t < start)
+            after = min(l for t, l in seen if t >= start)
+            self.assertGreater(before, 16)
+            self.assertGreaterEqual(after, 0.85 * before, start)
+
+    def test_the_limit_sits_under_an_overload_level_while_probing_it_would_cost_another_pause(self):
+        clock = Clock()
+        gate = eh.AdaptiveGate(40, 1, 5000, clock=clock, drain_s=30.0)
+        while gate.limit <= 40:  # climb a little
+            drive(gate, clock, lambda c: 50.0, 1)
+        level = gate.limit
+        self.assertGreater(level, 40)
+        self.assertLess(level, 1000)
+        permit = gate.try_acquire() or gate.acquire(timeout_s=0)
+        gate.release(permit, "overload")  # no Retry-After: a 30 s pause
+        cut_at = clock.t
+        seen = drive(gate, clock, lambda c: 50.0, 400)
+        hold_end = cut_at + 30.0 * (1 + 3.0)
+        self.assertLessEqual(max(l for t, l in seen if t < hold_end), level)
+        self.assertGreaterEqual(max(l for t, l in seen if t < hold_end), int(0.9 * level))  # just under it
+        self.assertGreater(seen[-1][1], level)  # afterwards it creeps past and finds the room again
+
+
 class TestOverloadAndDrain(unittest.TestCase):
     def test_one_overload_cuts_once_per_epoch_and_late_failures_of_older_permits_do_not_cut_again(self):
         clock = Clock()
