@@ -1340,6 +1340,7 @@ class SessionGate:
         self._duty = 1.0
         self._t_last: Optional[float] = None
         self._turned_away = False  # a try_enter() was refused since the last admission: someone is waiting
+        self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # session-limit changes, outside the lock
         if algorithm is None and gate.adaptive:
             algorithm = SessionLimit()
         self._algorithm = algorithm
@@ -1351,8 +1352,12 @@ class SessionGate:
             return
         with self._cond:
             self._observe()
-            if self._algorithm.on_turn(now, output_tokens, latency_s) > self._active:
+            old = self._algorithm.limit
+            new = self._algorithm.on_turn(now, output_tokens, latency_s)
+            if new > self._active:
                 self._cond.notify_all()
+        if new != old and self.on_event is not None:
+            self.on_event({"type": "session_limit", "limit": int(new), "previous": int(old)})
 
     def _observe(self) -> None:
         now = self._clock()
@@ -5738,6 +5743,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         gate, initial_from = _make_gate(cfg, base_url, previous)
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         sessions = SessionGate(gate)
+        sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         client = ModelClient(client_cfg, gate=gate, cancel=cancel)
     gate_initial = gate.limit if gate is not None else None
     pool = _ExecPool(opts.exec_workers)

@@ -342,8 +342,12 @@ class TestSessionLimit(unittest.TestCase):
         clock = Clock()
         gate = eh.AdaptiveGate(64, 1, 64, clock=clock)
         sessions = eh.SessionGate(gate, clock=clock)
+        events = []
+        sessions.on_event = events.append
         seen = drive_sessions(sessions, clock, lambda s: 0.02 * (1.0 + 0.3 * s), 8000)
         limits = [lim for _, _, lim in seen]
+        changes = [(a, b) for a, b in zip(limits, limits[1:]) if a != b]
+        self.assertEqual([(e["previous"], e["limit"]) for e in events], changes)  # each change is reported
         self.assertLessEqual(max(abs(b - a) for a, b in zip(limits, limits[1:])), 1)
         self.assertGreater(len(set(limits)), 2)
 
