@@ -1027,6 +1027,14 @@ class GradientLimit:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
             # on the more pessimistic of the fit and the last pair (the local slope, noisy but never stale)
             e = max(min(e, self._pair_e), self.target)
+        elif e < self.target and self._pair_e is not None:
+            # and symmetrically on the way down: a fit over a descent remembers the congested top, so cut on the
+            # more optimistic of the two (the last pair shows when speed stopped rising as the limit fell)
+            e = min(max(e, self._pair_e), self.target)
+        if e < 0:
+            # throughput fell with more streams: remember the level, and come back to it with shrinking steps
+            # as after an overload (without the pause), so the limit does not swing past the knee and back
+            self._ceiling, self._creep = self.limit, 0.0
         step = self.gain * (e - self.target)
         step = math.copysign(max(self.min_step, abs(step)), step)
         step = max(-self.max_down, min(self.max_up, step))
