@@ -981,6 +981,12 @@ class GradientLimit:
         self._new_window(now)
         return self.limit
 
+    def _unexplained(self, dx: float, dy: float) -> bool:
+        """Did speed change (dy, in log) by more than a change of load (dx, later minus earlier) can explain? More
+        streams and slower is always congestion's own direction (a KV cache thrashing can fall off a cliff);
+        anything else steeper than ``max_slope`` (plus ``noise_log``) is the endpoint itself changing."""
+        return abs(dy) > self.max_slope * abs(dx) + self.noise_log and not (dx > 0 and dy < 0)
+
     def _elasticity(self, c: float, s: float) -> Optional[float]:
         """e = 1 + d ln s / d ln C, read robustly from this window and up to ``fit_windows - 1`` before it: the
         median of the slopes between every pair of windows whose concurrencies differ (Theil-Sen), so one window
@@ -990,7 +996,7 @@ class GradientLimit:
         if len(pts) < 2:
             return None
         dx, dy = pts[-1][0] - pts[-2][0], pts[-1][1] - pts[-2][1]
-        if abs(dy) > self.max_slope * abs(dx) + self.noise_log:
+        if self._unexplained(dx, dy):
             # a change of speed that the change of load cannot explain (a brownout starting or ending, capacity
             # taken away or given back): the earlier windows describe another endpoint, so the fit starts afresh
             # from this window, and the limit takes one probe step the way the speed went
@@ -1002,7 +1008,7 @@ class GradientLimit:
         for i in range(len(pts)):
             for j in range(i + 1, len(pts)):
                 dx, dy = pts[j][0] - pts[i][0], pts[j][1] - pts[i][1]
-                if abs(dx) >= 0.5 * self.min_step and abs(dy) <= self.max_slope * abs(dx) + self.noise_log:
+                if abs(dx) >= 0.5 * self.min_step and not self._unexplained(dx, dy):
                     slopes.append(dy / dx)  # (a pair the load cannot explain straddles a change of endpoint)
         if not slopes:
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
@@ -1046,10 +1052,9 @@ class GradientLimit:
                 step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
                 self._creep = max(self.min_creep, 2.0 * self._creep)
-                if self._creep >= step:
-                    self._ceiling = None  # the memory of that overload no longer holds anything back
-                else:
-                    step = self._creep
+                step = min(step, self._creep)
+                if self.limit > 2.0 * self._ceiling:
+                    self._ceiling = None  # twice past it: the memory of that level no longer holds anything back
         return step
 
     def on_overload(self, now: float, pause_s: float = 0.0) -> float:

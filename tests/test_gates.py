@@ -80,6 +80,17 @@ class TestGradientLimit(unittest.TestCase):
         self.assertLess(sum(late) / len(late), 40)
         self.assertGreater(sum(late) / len(late), 6)
 
+    def test_limit_holds_at_a_knee_without_swinging_past_it_and_back(self):
+        # flat per-stream speed up to the knee, then thrashing (throughput falls): the limit settles near the
+        # knee and stays there, instead of cutting far below it and jumping far above it again
+        for knee in (8, 16, 32):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 512, clock=clock)
+            seen = drive(gate, clock, lambda c, k=knee: 50.0 if c <= k else 50.0 * (k / c) ** 1.5, 3000)
+            late = [l for t, l in seen if t > 1500]
+            self.assertLessEqual(max(late), 1.5 * knee, knee)
+            self.assertGreaterEqual(min(late), 0.6 * knee, knee)
+
     def test_limit_does_not_drift_upward_on_a_throughput_plateau(self):
         # past 24 streams per-stream speed falls as 1/C: aggregate throughput is flat, more streams buy nothing
         clock = Clock()
