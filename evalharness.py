@@ -63,7 +63,7 @@ __all__ = [
     "HarnessError", "ConfigError", "DatasetError", "ModelAPIError", "GateTimeoutError", "RunLockedError",
     "CircuitOpenError",
     "QAItem", "load_dataset", "demo_dataset", "score_response", "SCORERS",
-    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionGate",
+    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionLimit", "SessionGate",
     "ClientConfig", "ChatResult", "ModelClient", "exclude_from_proxy",
     "MockConfig", "MockServer",
     "RunStore", "summarize", "format_summary",
@@ -799,7 +799,9 @@ def score_response(item: QAItem, response: str) -> Tuple[float, str]:
 # =============================================================================
 # A gate is two things kept apart (as in Netflix concurrency-limits): a limit *algorithm* (a number updated from
 # samples; no threads, no clock of its own) and the *admission* mechanics (permits, blocking, drain pauses). A
-# fixed limit is just another algorithm, so `--concurrency N` and the adaptive gate are the same machinery.
+# fixed limit is just another algorithm, so `--concurrency N` and the adaptive gate are the same machinery. The same
+# split holds for sessions: SessionLimit (the count of agents the server's memory serves best) and SessionGate (slots,
+# the door, continuity).
 
 
 class FixedLimit:
