@@ -1034,6 +1034,8 @@ class GradientLimit:
         if e > self.target and self._pair_e is not None:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
             # on the more pessimistic of the fit and the last pair (the local slope, noisy but never stale)
+            if self._pair_e < self.target:  # and the last step up bought nothing: this level is the knee
+                self._ceiling, self._creep = self.limit, 0.0
             e = max(min(e, self._pair_e), self.target)
         elif e < self.target and self._pair_e is not None:
             # and symmetrically on the way down: a fit over a descent remembers the congested top, so cut on the
