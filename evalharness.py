@@ -1243,7 +1243,7 @@ class SessionLimit:
     Tool waits, which make throughput itself noisy, enter only through W, averaged over many windows.
     """
 
-    def __init__(self, initial: int = 2, min_limit: int = 1, max_limit: int = 10 ** 6, *,
+    def __init__(self, initial: int = 4, min_limit: int = 1, max_limit: int = 10 ** 6, *,
                  turns_per_session: int = 6, min_turns: int = 24, memory_windows: int = 48,
                  smoothing: float = 0.3):
         self.smoothing = smoothing

@@ -363,12 +363,12 @@ class TestSessionLimit(unittest.TestCase):
         self.assertGreater(len(set(limits)), 2)
 
     def test_no_banking_when_nobody_waits_at_the_door(self):
-        # only three agents exist: they never fill the count, so it has no evidence to grow on
+        # only six agents exist: once all are in, nobody waits at the door, so the count has no evidence to grow on
         clock = Clock()
         gate = eh.AdaptiveGate(64, 1, 64, clock=clock)
         sessions = eh.SessionGate(gate, clock=clock)
-        seen = drive_sessions(sessions, clock, lambda s: 0.02, 3000, population=3)
-        self.assertLessEqual(max(lim for _, _, lim in seen), 3)
+        seen = drive_sessions(sessions, clock, lambda s: 0.02, 3000, population=6)
+        self.assertLessEqual(max(lim for _, _, lim in seen), 6)
 
     def test_capacity_is_the_smaller_of_the_gate_side_and_the_memory_side(self):
         clock = Clock()
