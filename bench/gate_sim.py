@@ -14,12 +14,17 @@ Servers
 Workloads  W1 single-turn log-normal lengths; W1b bimodal (70% short, 30% long reasoning); W2 agentic sessions whose
            context grows each turn, with tool waits between turns.
 Scenarios  S1 steady, S2 capacity halved at T/3 and restored at 2T/3, S3 hosted quota halved and restored (with
-           background 5xx and brownouts), S4 agentic, S5 bimodal, S6 brownouts only.
+           background 5xx and brownouts), S4 agentic, S5 bimodal, S6 brownouts only (no quota, no 5xx; the hidden
+           stream cap stays).
 Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed session count for S4), fixed 10,
            inspect-style, Netflix Gradient2 (defaults, 1 s windows), admit-all sessions (S4), evalharness
            AdaptiveGate / SessionGate.
 
-Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1,S2,...] [--json OUT] [--jobs 2]
+A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sessions) is cut there and flagged
+`cut` (only settings far behind the oracle are; their goodput up to the cut is reported). All scenarios, 10 seeds,
+2 jobs: about 8 minutes on a 2-core machine.
+
+Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1-P1,S4-P1,...] [--json OUT] [--jobs 2]
 """
 import argparse
 import collections
