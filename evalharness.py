@@ -866,7 +866,6 @@ class GradientLimit:
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0):
         self.hold_factor = hold_factor
         self._hold_until = -math.inf
-        self._now = 0.0
         self.min_creep = min_creep
         self.max_slope, self.noise_log = max_slope, noise_log
         self._shift: Optional[float] = None
@@ -892,7 +891,7 @@ class GradientLimit:
         self._prev_duration: Optional[float] = None
         self.time_cap = time_cap
         self._first = True
-        self._ceiling: Optional[float] = None  # the limit at the last overload, while it still matters
+        self._ceiling: Optional[float] = None  # a level that overloaded or stopped paying, while it still matters
         self._creep = 0.0  # log step past the ceiling; doubles with every clean window spent above it
         self.trace: Optional[List[Tuple]] = None  # set to [] to record judged windows (simulator, debugging)
         self._new_window()
@@ -967,8 +966,7 @@ class GradientLimit:
                 self.trace.append((round(now, 3), round(c, 2), round(s, 4), None, round(self.limit, 2)))
             self._new_window(now)
             return self.limit
-        self._now = now
-        step = self._step(c, s)
+        step = self._step(now, c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
             self.discovered = max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step)))
@@ -1023,7 +1021,7 @@ class GradientLimit:
         self._pair_e = 1.0 + (y1 - y0) / (x1 - x0) if abs(x1 - x0) >= 0.5 * self.min_step else None
         return self._last_e
 
-    def _step(self, c: float, s: float) -> float:
+    def _step(self, now: float, c: float, s: float) -> float:
         self._shift = None
         e = self._elasticity(c, s) if s > 0 else -5.0
         if self._shift is not None:
@@ -1052,7 +1050,7 @@ class GradientLimit:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
                 step = max(0.5 * math.log(below / self.limit), self.min_creep)
-            elif self._now < self._hold_until:  # probing now would cost another pause: sit just under it
+            elif now < self._hold_until:  # probing now would cost another pause: sit just under it
                 step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
                 self._creep = max(self.min_creep, 2.0 * self._creep)
@@ -1066,7 +1064,7 @@ class GradientLimit:
         of ``pause_s``, so the limit sits just under it for ``hold_factor`` times that long before it creeps."""
         self._ceiling = self.limit
         self._creep = 0.0
-        self._hold_until = now + pause_s + self.hold_factor * pause_s
+        self._hold_until = now + (1.0 + self.hold_factor) * pause_s  # the pause, then hold_factor pauses more
         self.limit = self.limit * self.backoff_ratio
         self._new_window(now)
         return self.limit
@@ -1236,10 +1234,10 @@ class SessionLimit:
     task, not to S; theta(S) is what the server does with S sessions. A window closes after ``turns_per_session``
     completed turns per allowed session (at least ``min_turns``); it measures the time-averaged session count,
     theta as a ratio of sums (turn seconds / output tokens), and duty (turn seconds / session seconds, from which
-    W follows). theta is remembered per session count (an average that forgets, and entries older than
-    ``memory_windows`` windows are dropped, because contexts grow as sessions age and the best count moves).
-    One rule: move one session toward the count with the best predicted G; when already there, probe the
-    neighbour not measured recently (upward only while sessions wait at the door: no banking untested headroom).
+    W follows). theta is remembered per session count as an average that forgets (``smoothing``), because
+    contexts grow as sessions age and the best count moves. One rule: move one session toward the count with the
+    best predicted G; when already there, probe a neighbour not measured for ``memory_windows`` windows (upward only
+    while sessions wait at the door: no banking untested headroom).
     Tool waits, which make throughput itself noisy, enter only through W, averaged over many windows.
     """
 
@@ -1277,7 +1275,7 @@ class SessionLimit:
         self._active, self._waiting = active, waiting
 
     def predicted(self, count: int) -> Optional[float]:
-        """Predicted output tokens per second with ``count`` sessions (None when not measured recently)."""
+        """Predicted output tokens per second with ``count`` sessions (None when that count was never measured)."""
         entry = self._theta.get(count)
         if entry is None or self._wait is None:
             return None
@@ -1311,9 +1309,9 @@ class SessionLimit:
             ln_theta = old_entry[0] + self.smoothing * (ln_theta - old_entry[0])
         self._theta[count] = (ln_theta, self._n)
         old = self.limit
-        scores = {c: self.predicted(c) for c in list(self._theta)}
-        scores = {c: g for c, g in scores.items() if g is not None}
+        scores = {c: self.predicted(c) for c in self._theta}  # every measured count (W is known by now)
         best = max(scores, key=lambda c: (scores[c], -c))
+
         def stale(c: int) -> bool:
             return c not in self._theta or self._n - self._theta[c][1] > self.memory
 

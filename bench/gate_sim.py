@@ -779,8 +779,6 @@ class Run:
         self.waiting_turns = collections.deque()
         if mode[0] == "gate":
             self.session_gate = eh.SessionGate(self.limiter.gate, clock=self.loop.clock)
-            if self.session_gate._algorithm is not None:
-                self.session_gate._algorithm.trace = []
         self.loop.at(0, self.admit_sessions)
         self.loop.run(self.finished)
         self.t_end = self.loop.clock()
