@@ -820,8 +820,22 @@ class FixedLimit:
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> int:
         return self.limit
 
-    def on_overload(self, now: float, pause_s: float = 0.0) -> int:
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None) -> int:
         return self.limit
+
+
+def weighted_median(pairs: List[Tuple[float, float]]) -> float:
+    """The median of values weighted by (value, weight) pairs (the mean of the two middle ones on a tie);
+    equal weights give the plain median."""
+    pairs = sorted(pairs)
+    half, acc = 0.5 * sum(w for _, w in pairs), 0.0
+    for i, (v, w) in enumerate(pairs):
+        acc += w
+        if acc > half * (1 + 1e-12):
+            return v
+        if acc >= half * (1 - 1e-12) and i + 1 < len(pairs):
+            return 0.5 * (v + pairs[i + 1][0])
+    return pairs[-1][0]
 
 
 class GradientLimit:
@@ -846,7 +860,12 @@ class GradientLimit:
     probe, so consecutive windows always differ in C), at most ``max_up_log`` up and ``max_down_log`` down.
     While per-stream speed holds (e ≈ 1) the limit grows ×4 per window; on a throughput plateau (e ≈ 0) it walks
     down; it settles where one more stream stops paying (e = e*, ``target_elasticity``). Small steps near the
-    optimum get larger windows judged later; big steps get small windows judged early (fast ramps). App-limited
+    optimum get larger windows judged later; big steps get small windows judged early (fast ramps). A window's
+    speed is noisy (a mix of short and long answers, a hosted API's stream-to-stream spread): each window also
+    measures that noise (the variance of its requests' log speeds), the median weighs each pair of windows by how
+    well it pins the slope (dx² over the pair's variance), and an elasticity within ``significance`` standard errors
+    of e* is no evidence either way: the limit then takes only a probe step the way the estimate leans and sets no
+    knee, so noise neither cuts the limit nor fences it in. App-limited
     windows (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more
     than their loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint
     itself (a brownout, capacity taken away or given back): such pairs are left out of the fit, and when the
@@ -854,6 +873,9 @@ class GradientLimit:
     brownout is not read as congestion. After an overload the limit remembers the level that overloaded, approaches
     to just under it with shrinking steps, then creeps past it with steps that double after every clean window
     (CUBIC-like), so a hard cap such as a hosted quota is not hit every few windows and restored capacity is found.
+    The level is what the failed request lived under, not the limit at the time (which may have grown since).
+    ``speed_floor`` (tokens/s; the client's max_tokens over its request timeout): the limit does not grow while
+    streams run slower than that, because a long answer admitted then could not finish before the client gives up.
     """
 
     adaptive = True
@@ -863,7 +885,10 @@ class GradientLimit:
                  min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
-                 max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0):
+                 max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
+                 significance: float = 1.5, speed_floor: Optional[float] = None):
+        self.significance = significance
+        self.speed_floor = speed_floor if speed_floor and speed_floor > 0 else None
         self.hold_factor = hold_factor
         self._hold_until = -math.inf
         self.min_creep = min_creep
@@ -881,6 +906,10 @@ class GradientLimit:
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
         self._points: List[Tuple[float, float]] = []  # (ln C, ln s) of the last judged windows
+        self._vars: List[float] = []  # the variance of each point's ln s (its requests' spread / n)
+        self._var: Optional[float] = None  # the window being judged
+        self._e_se: Optional[float] = None  # standard errors of the fitted and the last pair's elasticity
+        self._pair_se: Optional[float] = None
         self.fit_windows = fit_windows
         self._last_e = 1.0
         self._pair_e: Optional[float] = None
@@ -907,7 +936,7 @@ class GradientLimit:
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
         self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "closed": False, "opened": now}}
+                                    "ls": 0.0, "ls2": 0.0, "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
         if self._settle > 0:
@@ -937,6 +966,9 @@ class GradientLimit:
         w["time"] += elapsed_s
         w["load"] += load * elapsed_s
         w["n"] += 1
+        ls = math.log(max(speed, 1e-12))
+        w["ls"] += ls
+        w["ls2"] += ls * ls
         if not w["closed"] or w["n"] < max(self.min_samples, self._judge_at * w["admitted"]):
             return self._time_cap(now, w)
         return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
@@ -966,6 +998,8 @@ class GradientLimit:
                 self.trace.append((round(now, 3), round(c, 2), round(s, 4), None, round(self.limit, 2)))
             self._new_window(now)
             return self.limit
+        n = w["n"]  # the variance of the window's mean log speed (None when too few came back to tell)
+        self._var = max(0.0, w["ls2"] - w["ls"] ** 2 / n) / ((n - 1) * n) if n >= 3 else None
         step = self._step(now, c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
@@ -974,7 +1008,9 @@ class GradientLimit:
         if self.trace is not None:
             self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
         self._points.append((math.log(max(c, 1e-9)), math.log(s)))
+        self._vars.append(self._window_var())
         del self._points[:-self.fit_windows]
+        del self._vars[:-self.fit_windows]
         old = self.limit
         self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
         self._settle = max(0, int(self.limit) - int(old))
@@ -993,6 +1029,8 @@ class GradientLimit:
         with an odd mix of requests cannot swing the limit, while a real change in the server shows within a few
         windows. None when there is nothing to compare with yet."""
         pts = self._points + [(math.log(max(c, 1e-9)), math.log(s))]
+        vs = self._vars + [self._window_var()]
+        self._e_se = self._pair_se = None
         if len(pts) < 2:
             return None
         dx, dy = pts[-1][0] - pts[-2][0], pts[-1][1] - pts[-2][1]
@@ -1001,51 +1039,76 @@ class GradientLimit:
             # taken away or given back): the earlier windows describe another endpoint, so the fit starts afresh
             # from this window, and the limit takes one probe step the way the speed went
             del self._points[:]
+            del self._vars[:]
             self._pair_e = None
             self._shift = dy
             return None
-        slopes = []
+        slopes = []  # (slope, weight): a pair pins the slope as well as dx is large against the pair's noise
         for i in range(len(pts)):
             for j in range(i + 1, len(pts)):
                 dx, dy = pts[j][0] - pts[i][0], pts[j][1] - pts[i][1]
                 if abs(dx) >= 0.5 * self.min_step and not self._unexplained(dx, dy):
-                    slopes.append(dy / dx)  # (a pair the load cannot explain straddles a change of endpoint)
-        if not slopes:
+                    slopes.append((dy / dx, dx * dx / (vs[i] + vs[j])))  # (a pair the load cannot explain
+        if not slopes:                                                  # straddles a change of endpoint)
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
             return self._last_e
-        slopes.sort()
-        k = len(slopes)
-        slope = slopes[k // 2] if k % 2 else 0.5 * (slopes[k // 2 - 1] + slopes[k // 2])
-        self._last_e = 1.0 + slope
+        self._last_e = 1.0 + weighted_median(slopes)
+        self._e_se = 1.0 / math.sqrt(sum(w for _, w in slopes))
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
-        self._pair_e = 1.0 + (y1 - y0) / (x1 - x0) if abs(x1 - x0) >= 0.5 * self.min_step else None
+        if abs(x1 - x0) >= 0.5 * self.min_step:
+            self._pair_e = 1.0 + (y1 - y0) / (x1 - x0)
+            self._pair_se = math.sqrt(vs[-2] + vs[-1]) / abs(x1 - x0)
+        else:
+            self._pair_e = None
         return self._last_e
+
+    def _window_var(self) -> float:
+        """The judged window's variance of mean log speed; the median of the remembered ones when it has too few
+        requests to tell (or none came back: a time-capped window)."""
+        if self._var:
+            return self._var
+        known = sorted(self._vars)
+        return known[len(known) // 2] if known else 0.01
 
     def _step(self, now: float, c: float, s: float) -> float:
         self._shift = None
         e = self._elasticity(c, s) if s > 0 else -5.0
         if self._shift is not None:
-            return math.copysign(self.min_step, self._shift)
-        if e is None:
-            return self.first_step  # the first window: a modest probe upward (a cached start may already be high)
+            step = math.copysign(self.min_step, self._shift)
+        elif e is None:
+            step = self.first_step  # the first window: a modest probe upward (a cached start may already be high)
+        else:
+            step = self._gradient_step(e)
+        return self._bounded(now, s, step)
+
+    def _gradient_step(self, e: float) -> float:
         e = max(-5.0, min(5.0, e))
-        if e > self.target and self._pair_e is not None:
+        pair_e, z = self._pair_e, self.significance
+        if pair_e is not None and self._pair_se is not None and abs(pair_e - self.target) <= z * self._pair_se:
+            pair_e = None  # the last pair alone is no evidence either way
+        if self._e_se is not None and abs(e - self.target) <= z * self._e_se:
+            # nor is the fit: a probe step the way it leans, no knee remembered (noise must not fence the limit in)
+            e, pair_e = self.target + math.copysign(1e-9, e - self.target), None
+        if e > self.target and pair_e is not None:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
             # on the more pessimistic of the fit and the last pair (the local slope, noisy but never stale)
-            if self._pair_e < self.target:  # and the last step up bought nothing: this level is the knee
+            if pair_e < self.target:  # and the last step up bought nothing: this level is the knee
                 self._ceiling, self._creep = self.limit, 0.0
-            e = max(min(e, self._pair_e), self.target)
-        elif e < self.target and self._pair_e is not None:
+            e = max(min(e, pair_e), self.target)
+        elif e < self.target and pair_e is not None:
             # and symmetrically on the way down: a fit over a descent remembers the congested top, so cut on the
             # more optimistic of the two (the last pair shows when speed stopped rising as the limit fell)
-            e = min(max(e, self._pair_e), self.target)
+            e = min(max(e, pair_e), self.target)
         if e < 0:
             # throughput fell with more streams: remember the level, and come back to it with shrinking steps
             # as after an overload (without the pause), so the limit does not swing past the knee and back
             self._ceiling, self._creep = self.limit, 0.0
         step = self.gain * (e - self.target)
         step = math.copysign(max(self.min_step, abs(step)), step)
-        step = max(-self.max_down, min(self.max_up, step))
+        return max(-self.max_down, min(self.max_up, step))
+
+    def _bounded(self, now: float, s: float, step: float) -> float:
+        """A step up, held back by a remembered level and by the speed floor."""
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
@@ -1057,16 +1120,23 @@ class GradientLimit:
                 step = min(step, self._creep)
                 if self.limit > 2.0 * self._ceiling:
                     self._ceiling = None  # twice past it: the memory of that level no longer holds anything back
+        if step > 0 and self.speed_floor is not None and s < self.speed_floor:
+            step = 0.0  # streams already too slow for a long answer to finish before the client's timeout
         return step
 
-    def on_overload(self, now: float, pause_s: float = 0.0) -> float:
-        """An overload: cut, and remember the level. Probing past that level again costs another cut and a pause
-        of ``pause_s``, so the limit sits just under it for ``hold_factor`` times that long before it creeps."""
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None) -> float:
+        """An overload: cut, and remember the level that overloaded: ``level``, the load the failed request lived
+        under (a hidden cap of 64 streams answers the 65th at once, while the limit may have grown to 90), kept
+        between the cut and the limit (a failure far below the limit says little about where it lies). Probing
+        past that level again costs another cut and a pause of ``pause_s``, so the limit sits just under it for
+        ``hold_factor`` times that long before it creeps."""
         self._ceiling = self.limit
+        if level is not None:
+            self._ceiling = max(self.backoff_ratio * self.limit, min(self.limit, float(level)))
         self._creep = 0.0
         self._hold_until = now + (1.0 + self.hold_factor) * pause_s  # the pause, then hold_factor pauses more
         self.limit = self.limit * self.backoff_ratio
-        self._new_window(now)
+        self._new_window(now + pause_s)  # its requests are admitted once the pause is over: its age counts from then
         return self.limit
 
 
@@ -1094,7 +1164,7 @@ class AdaptiveGate:
 
     def __init__(self, initial_limit: int = 16, min_limit: int = 1, max_limit: int = 512, *,
                  clock: Callable[[], float] = time.monotonic, backoff_ratio: float = 0.7, drain_s: float = 30.0,
-                 algorithm: Any = None):
+                 algorithm: Any = None, speed_floor: Optional[float] = None):
         if not 1 <= min_limit <= max_limit:
             raise ConfigError("gate bounds must satisfy 1 <= min_limit <= max_limit, got %r..%r"
                               % (min_limit, max_limit))
@@ -1103,7 +1173,7 @@ class AdaptiveGate:
         self._clock = clock
         if algorithm is None:
             algorithm = GradientLimit(max(self.min_limit, min(self.max_limit, int(initial_limit))), self.min_limit,
-                                      self.max_limit, backoff_ratio=self.backoff_ratio)
+                                      self.max_limit, backoff_ratio=self.backoff_ratio, speed_floor=speed_floor)
         self._algorithm = algorithm
         self._cond = threading.Condition()  # guards _in_flight, _limit, _epoch, _drain_until, the algorithm
         self._limit = max(self.min_limit, min(self.max_limit, int(self._algorithm.limit)))
@@ -1207,7 +1277,9 @@ class AdaptiveGate:
                 # once per epoch: failures of permits admitted before this cut do not cut again
                 self._epoch += 1
                 drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
-                new = self._algorithm.on_overload(now, drain)
+                lived = now - permit.admitted_at  # the load the failed request lived under is the level that failed
+                level = (self._area - permit.area_at_admit) / lived if lived > 1e-6 else 0.0
+                new = self._algorithm.on_overload(now, drain, max(level, float(permit.inflight_at_admit)))
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
                 self._drain_until = now + drain
                 events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
@@ -4572,7 +4644,10 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
         initial, origin = (cached, "discovered by an earlier run on this endpoint") if cached else \
             (DEFAULT_INITIAL_CONCURRENCY, "default")
     initial = max(1, min(cap, initial))
-    return AdaptiveGate(initial, 1, cap), origin
+    # streams slower than max_tokens per request timeout could not finish a longest answer in time: the limit
+    # does not grow past that speed (no floor when the server decides the length)
+    floor = cfg.max_tokens / cfg.request_timeout_s if cfg.max_tokens else None
+    return AdaptiveGate(initial, 1, cap, speed_floor=floor), origin
 
 
 def _default_out(task: str, model: str) -> str:

@@ -589,7 +589,12 @@ class GateAdapter:
         return self.gate.draining_until()
 
 
-def make_limiter(name, clock):
+def max_tokens_of(scenario):
+    return 8192 if scenario == "S5" else 4096
+
+
+def make_limiter(name, clock, speed_floor=None):
+    """speed_floor: what evalharness derives from its own settings (max_tokens / request timeout)."""
     if name.startswith("fixed"):
         c = int(name[5:])
         return GateAdapter(eh.AdaptiveGate(c, 1, max(c, 1), clock=clock, algorithm=eh.FixedLimit(c)))
@@ -598,7 +603,7 @@ def make_limiter(name, clock):
     if name == "gradient2":
         return Gradient2(clock)
     if name == "adaptive":
-        return GateAdapter(eh.AdaptiveGate(16, 1, 512, clock=clock))
+        return GateAdapter(eh.AdaptiveGate(16, 1, 512, clock=clock, speed_floor=speed_floor))
     if name == "unlimited":
         return GateAdapter(eh.AdaptiveGate(100000, 1, 100000, clock=clock, algorithm=eh.FixedLimit(100000)))
     raise ValueError(name)
@@ -636,7 +641,7 @@ class Run:
                                   quotas=(scenario != "S6"))
         self.timeout_s = prof["timeout_s"]
         self.limiter_name = limiter_name
-        self.limiter = make_limiter(limiter_name, self.loop.clock)
+        self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario) / self.timeout_s)
         self.limit_trace = []    # (t_s, limit)
         self.goodput_bins = collections.defaultdict(float)  # 1 s bins of output tokens of successful requests
         self.n_left = 0
@@ -894,7 +899,7 @@ def run_one(args):
     if scenario == "S4":
         return r.run_sessions(workload_w2(seed), mode)
     jobs = workload_w1(seed, bimodal=(scenario == "S5"))
-    return r.run_single(jobs, 8192 if scenario == "S5" else 4096)
+    return r.run_single(jobs, max_tokens_of(scenario))
 
 
 # ----------------------------------------------------------------------------------------------------------------

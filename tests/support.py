@@ -2,6 +2,7 @@
 
 Everything a helper starts is stopped in the test's cleanup, so a test leaves no thread, process or file behind.
 """
+import atexit
 import json
 import os
 import shutil
@@ -19,6 +20,17 @@ if ROOT not in sys.path:
 import evalharness as eh  # noqa: E402
 
 MODULE = os.path.join(ROOT, "evalharness.py")
+
+
+_PROCESS_DIR = []
+
+
+def process_dir() -> str:
+    """A temp folder for this test process (removed when it exits): for files a subprocess writes by itself."""
+    if not _PROCESS_DIR:
+        _PROCESS_DIR.append(tempfile.mkdtemp(prefix="evalharness-test-process-"))
+        atexit.register(shutil.rmtree, _PROCESS_DIR[0], True)
+    return _PROCESS_DIR[0]
 
 
 def tempdir(test: unittest.TestCase) -> str:
@@ -57,7 +69,7 @@ def clean_env(**extra) -> dict:
                                 "openai_base_url")}
     env["EVALHARNESS_PROGRESS_S"] = env.get("EVALHARNESS_PROGRESS_S", "1")
     # discovered limits go to a per-process temp file, never to the user's ~/.cache
-    env["EVALHARNESS_LIMITS_FILE"] = os.path.join(tempfile.gettempdir(), "evalharness-test-limits-%d.json" % os.getpid())
+    env["EVALHARNESS_LIMITS_FILE"] = os.path.join(process_dir(), "limits.json")
     env.update(extra)
     return env
 

@@ -4,6 +4,7 @@ The algorithm is driven in virtual time by a closed-loop toy server (no threads,
 mechanics are also checked with real threads and bounded waits.
 """
 import heapq
+import math
 import random
 import threading
 import unittest
@@ -19,9 +20,12 @@ class Clock:
         return self.t
 
 
-def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttft_s=0.05):
+def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttft_s=0.05, cap=None, spread=0.0):
     """Keep the gate full against a processor-sharing server: at every moment each in-flight stream advances at
-    speed_of(in_flight) tokens/s (as in a continuous-batching engine), after a fixed time to first token.
+    speed_of(in_flight) tokens/s (as in a continuous-batching engine), after a fixed time to first token. With
+    ``cap``, a request admitted past that many in flight is refused at once (``overload``, a hidden stream cap);
+    with ``spread``, each request's work is its tokens times a log-normal factor of that sigma (stream-to-stream
+    speed differences, as on a hosted API).
 
     Returns the list of (time, limit) after each completion.
     """
@@ -43,10 +47,14 @@ def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttf
             permit = gate.try_acquire()
             if permit is None:
                 break
+            if cap is not None and gate.in_flight > cap:
+                gate.release(permit, "overload")
+                continue
             n += 1
             tok = tokens(rng)
             # the time to first token is charged as progress at the current speed
-            heapq.heappush(heap, (progress + tok + ttft_s * speed_of(gate.in_flight), n, permit, tok))
+            work = tok * (rng.lognormvariate(0.0, spread) if spread else 1.0)
+            heapq.heappush(heap, (progress + work + ttft_s * speed_of(gate.in_flight), n, permit, tok))
         if not heap:
             until = gate.draining_until()
             clock.t = until if until is not None else clock.t + 1.0
@@ -117,6 +125,39 @@ class TestGradientLimit(unittest.TestCase):
         self.assertTrue(all(4 <= l <= 40 for _, l in seen))
         self.assertEqual(gate.in_flight, 0)
 
+    def test_noisy_windows_neither_cut_nor_fence_in_a_limit_that_speed_does_not_depend_on(self):
+        # a hosted API: per-stream speed does not depend on the load, but streams differ (x/÷1.6 in speed, lengths
+        # from 5 to 3000 tokens behind a 0.8 s time to first token), and a hidden cap refuses the 41st stream;
+        # the limit must stay near the cap, not be walked down by windows that merely differ by chance
+        lengths = lambda rng: int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
+        for seed in range(1, 9):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=5.0)
+            seen = drive(gate, clock, lambda c: 60.0, 3000, tokens=lengths, seed=seed, ttft_s=0.8, cap=40,
+                         spread=0.5)
+            late = [(t, l) for t, l in seen if t > 600]
+            mean = sum(l * (t1 - t0) for (t0, l), (t1, _) in zip(late, late[1:])) / (late[-1][0] - late[0][0])
+            self.assertGreaterEqual(mean, 30, seed)
+            self.assertGreaterEqual(min(l for _, l in late), 12, seed)
+
+    def test_the_limit_does_not_grow_while_streams_are_too_slow_for_a_longest_answer_to_finish(self):
+        # continuous batching: speed 1/(20 ms + 0.5 ms per stream); left alone the gradient settles near 360
+        # streams (where one more stream stops paying), but at 20 tok/s (60 streams) a 6000-token answer takes
+        # longer than a 300 s request timeout: past that speed the limit must not grow
+        speed = lambda c: 1.0 / (0.020 + 0.0005 * c)
+        highs = {}
+        for floor in (None, 6000 / 300.0):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 512, clock=clock, speed_floor=floor)
+            seen = drive(gate, clock, speed, 1500)
+            highs[floor] = max(l for _, l in seen)
+            if floor:
+                for (_, a), (_, b) in zip(seen, seen[1:]):
+                    if speed(a) < 0.8 * floor:  # (the window's measured speed is lower than the decode speed)
+                        self.assertLessEqual(b, a)
+        self.assertLess(highs[20.0], 130)
+        self.assertGreater(highs[None], 200)  # (the floor is what holds it)
+
     def test_discovered_limit_is_reported_after_saturated_windows(self):
         clock = Clock()
         gate = eh.AdaptiveGate(16, 1, 64, clock=clock)
@@ -149,14 +190,57 @@ class TestEndpointChanges(unittest.TestCase):
         level = gate.limit
         self.assertGreater(level, 40)
         self.assertLess(level, 1000)
-        permit = gate.try_acquire() or gate.acquire(timeout_s=0)
-        gate.release(permit, "overload")  # no Retry-After: a 30 s pause
+        permits = []
+        while True:  # the gate full, as when an endpoint overloads
+            permit = gate.try_acquire()
+            if permit is None:
+                break
+            permits.append(permit)
+        gate.release(permits[-1], "overload")  # no Retry-After: a 30 s pause
+        for permit in permits[:-1]:
+            gate.release(permit, "ignore")
         cut_at = clock.t
         seen = drive(gate, clock, lambda c: 50.0, 400)
         hold_end = cut_at + 30.0 * (1 + 3.0)
         self.assertLessEqual(max(l for t, l in seen if t < hold_end), level)
         self.assertGreaterEqual(max(l for t, l in seen if t < hold_end), int(0.9 * level))  # just under it
         self.assertGreater(seen[-1][1], level)  # afterwards it creeps past and finds the room again
+
+
+    def test_the_level_remembered_is_the_load_that_overloaded_not_the_limit_grown_past_it(self):
+        # a hidden cap of 64 streams answers the 65th at once with 429 while the limit had grown to 90: the limit
+        # must then sit under 64, not under 90, while probing again would cost another pause
+        clock = Clock()
+        gate = eh.AdaptiveGate(90, 1, 512, clock=clock, drain_s=30.0)
+        permits = [gate.try_acquire() for _ in range(65)]
+        gate.release(permits[-1], "overload")  # the 65th, refused at once
+        for permit in permits[:-1]:
+            gate.release(permit, "ignore")
+        cut_at = clock.t
+        seen = drive(gate, clock, lambda c: 50.0, 300)
+        during = [l for t, l in seen if t < cut_at + 30.0 * 4]
+        self.assertLessEqual(max(during), 64)
+        self.assertGreaterEqual(max(during), 56)  # and just under it, not far below
+
+    def test_the_pause_after_an_overload_is_not_read_as_slow_requests(self):
+        # one overload, then a 30 s pause; the endpoint's speed never changes: the first window after the pause
+        # must not count the pause as its requests' slowness (a second cut on a healthy endpoint)
+        for drain in (10.0, 30.0):
+            clock = Clock()
+            gate = eh.AdaptiveGate(64, 1, 512, clock=clock, drain_s=drain)
+            drive(gate, clock, lambda c: 50.0, 60)
+            permits = []
+            while True:
+                permit = gate.try_acquire()
+                if permit is None:
+                    break
+                permits.append(permit)
+            gate.release(permits[-1], "overload")
+            for permit in permits[:-1]:
+                gate.release(permit, "ignore")
+            cut = gate.limit
+            seen = drive(gate, clock, lambda c: 50.0, 200)
+            self.assertGreaterEqual(min(l for _, l in seen), cut, drain)
 
 
 class TestOverloadAndDrain(unittest.TestCase):
