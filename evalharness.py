@@ -874,8 +874,9 @@ class GradientLimit:
     to just under it with shrinking steps, then creeps past it with steps that double after every clean window
     (CUBIC-like), so a hard cap such as a hosted quota is not hit every few windows and restored capacity is found.
     The level is what the failed request lived under, not the limit at the time (which may have grown since).
-    ``speed_floor`` (tokens/s; the client's max_tokens over its request timeout): the limit does not grow while
-    streams run slower than that, because a long answer admitted then could not finish before the client gives up.
+    ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while streams run
+    slower than max_tokens / deadline_s, the speed a longest answer needs to finish before the client gives up.
+    (The answers seen cannot tell how long the longest are: the ones too long to finish never come back.)
     """
 
     adaptive = True
@@ -886,9 +887,10 @@ class GradientLimit:
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
-                 significance: float = 1.5, speed_floor: Optional[float] = None):
+                 significance: float = 1.5, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
-        self.speed_floor = speed_floor if speed_floor and speed_floor > 0 else None
+        self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
+        self.deadline_s = deadline_s
         self.hold_factor = hold_factor
         self._hold_until = -math.inf
         self.min_creep = min_creep
@@ -1120,8 +1122,8 @@ class GradientLimit:
                 step = min(step, self._creep)
                 if self.limit > 2.0 * self._ceiling:
                     self._ceiling = None  # twice past it: the memory of that level no longer holds anything back
-        if step > 0 and self.speed_floor is not None and s < self.speed_floor:
-            step = 0.0  # streams already too slow for a long answer to finish before the client's timeout
+        if step > 0 and self.max_tokens and s * self.deadline_s < self.max_tokens:
+            step = 0.0  # streams already too slow for a longest answer to finish before the client's timeout
         return step
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None) -> float:
@@ -1164,7 +1166,7 @@ class AdaptiveGate:
 
     def __init__(self, initial_limit: int = 16, min_limit: int = 1, max_limit: int = 512, *,
                  clock: Callable[[], float] = time.monotonic, backoff_ratio: float = 0.7, drain_s: float = 30.0,
-                 algorithm: Any = None, speed_floor: Optional[float] = None):
+                 algorithm: Any = None, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         if not 1 <= min_limit <= max_limit:
             raise ConfigError("gate bounds must satisfy 1 <= min_limit <= max_limit, got %r..%r"
                               % (min_limit, max_limit))
@@ -1173,7 +1175,8 @@ class AdaptiveGate:
         self._clock = clock
         if algorithm is None:
             algorithm = GradientLimit(max(self.min_limit, min(self.max_limit, int(initial_limit))), self.min_limit,
-                                      self.max_limit, backoff_ratio=self.backoff_ratio, speed_floor=speed_floor)
+                                      self.max_limit, backoff_ratio=self.backoff_ratio, max_tokens=max_tokens,
+                                      deadline_s=deadline_s)
         self._algorithm = algorithm
         self._cond = threading.Condition()  # guards _in_flight, _limit, _epoch, _drain_until, the algorithm
         self._limit = max(self.min_limit, min(self.max_limit, int(self._algorithm.limit)))
@@ -4644,10 +4647,9 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
         initial, origin = (cached, "discovered by an earlier run on this endpoint") if cached else \
             (DEFAULT_INITIAL_CONCURRENCY, "default")
     initial = max(1, min(cap, initial))
-    # streams slower than max_tokens per request timeout could not finish a longest answer in time: the limit
-    # does not grow past that speed (no floor when the server decides the length)
-    floor = cfg.max_tokens / cfg.request_timeout_s if cfg.max_tokens else None
-    return AdaptiveGate(initial, 1, cap, speed_floor=floor), origin
+    # streams too slow for a longest answer to finish within the request timeout: the limit does not grow (no
+    # floor when the server decides the length)
+    return AdaptiveGate(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s), origin
 
 
 def _default_out(task: str, model: str) -> str:

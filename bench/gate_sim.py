@@ -593,8 +593,8 @@ def max_tokens_of(scenario):
     return 8192 if scenario == "S5" else 4096
 
 
-def make_limiter(name, clock, speed_floor=None):
-    """speed_floor: what evalharness derives from its own settings (max_tokens / request timeout)."""
+def make_limiter(name, clock, max_tokens=None, deadline_s=None):
+    """max_tokens, deadline_s: what evalharness passes from its own settings (--max-tokens, --request-timeout)."""
     if name.startswith("fixed"):
         c = int(name[5:])
         return GateAdapter(eh.AdaptiveGate(c, 1, max(c, 1), clock=clock, algorithm=eh.FixedLimit(c)))
@@ -603,7 +603,7 @@ def make_limiter(name, clock, speed_floor=None):
     if name == "gradient2":
         return Gradient2(clock)
     if name == "adaptive":
-        return GateAdapter(eh.AdaptiveGate(16, 1, 512, clock=clock, speed_floor=speed_floor))
+        return GateAdapter(eh.AdaptiveGate(16, 1, 512, clock=clock, max_tokens=max_tokens, deadline_s=deadline_s))
     if name == "unlimited":
         return GateAdapter(eh.AdaptiveGate(100000, 1, 100000, clock=clock, algorithm=eh.FixedLimit(100000)))
     raise ValueError(name)
@@ -641,7 +641,7 @@ class Run:
                                   quotas=(scenario != "S6"))
         self.timeout_s = prof["timeout_s"]
         self.limiter_name = limiter_name
-        self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario) / self.timeout_s)
+        self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario), self.timeout_s)
         self.limit_trace = []    # (t_s, limit)
         self.goodput_bins = collections.defaultdict(float)  # 1 s bins of output tokens of successful requests
         self.n_left = 0
