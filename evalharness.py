@@ -820,7 +820,8 @@ class FixedLimit:
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> int:
         return self.limit
 
-    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None) -> int:
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
+                    rate_limited: bool = False) -> int:
         return self.limit
 
 
@@ -887,8 +888,14 @@ class GradientLimit:
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
-                 significance: float = 1.5, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
+                 significance: float = 1.5, same_level: float = 0.15, max_hold_mult: float = 4.0, approach: float = 0.5, lean_up: bool = True, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
+        self.same_level, self.max_hold_mult = same_level, max_hold_mult
+        self.approach = approach
+        self.lean_up = lean_up
+        self._overloaded_at: Optional[float] = None
+        self._hold_mult = 1.0
+        self._rate_limited = False
         self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
         self.deadline_s = deadline_s
         self.hold_factor = hold_factor
@@ -938,7 +945,7 @@ class GradientLimit:
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
         self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "ls": 0.0, "ls2": 0.0, "closed": False, "opened": now}}
+                                    "t2": 0.0, "t2s": 0.0, "t2s2": 0.0, "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
         if self._settle > 0:
@@ -968,9 +975,10 @@ class GradientLimit:
         w["time"] += elapsed_s
         w["load"] += load * elapsed_s
         w["n"] += 1
-        ls = math.log(max(speed, 1e-12))
-        w["ls"] += ls
-        w["ls2"] += ls * ls
+        t2 = elapsed_s * elapsed_s  # (for the variance of the ratio of sums)
+        w["t2"] += t2
+        w["t2s"] += t2 * speed
+        w["t2s2"] += t2 * speed * speed
         if not w["closed"] or w["n"] < max(self.min_samples, self._judge_at * w["admitted"]):
             return self._time_cap(now, w)
         return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
@@ -1000,8 +1008,11 @@ class GradientLimit:
                 self.trace.append((round(now, 3), round(c, 2), round(s, 4), None, round(self.limit, 2)))
             self._new_window(now)
             return self.limit
-        n = w["n"]  # the variance of the window's mean log speed (None when too few came back to tell)
-        self._var = max(0.0, w["ls2"] - w["ls"] ** 2 / n) / ((n - 1) * n) if n >= 3 else None
+        # the variance of ln s, s = sum(work) / sum(time) (delta method: sum t_i^2 (s_i - s)^2 / (s sum t_i)^2);
+        # None when too few came back to tell
+        n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
+        spread = w["t2s2"] - 2.0 * r * w["t2s"] + r * r * w["t2"]
+        self._var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2 if n >= 3 and r > 0 else None
         step = self._step(now, c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
@@ -1089,13 +1100,15 @@ class GradientLimit:
         if pair_e is not None and self._pair_se is not None and abs(pair_e - self.target) <= z * self._pair_se:
             pair_e = None  # the last pair alone is no evidence either way
         if self._e_se is not None and abs(e - self.target) <= z * self._e_se:
-            # nor is the fit: a probe step the way it leans, no knee remembered (noise must not fence the limit in)
-            e, pair_e = self.target + math.copysign(1e-9, e - self.target), None
+            # nor is the fit: a probe step the way it leans, no knee remembered (noise must not fence the limit in);
+            # under a remembered level the probe is upward (bounded by that level), or noise would walk it down
+            lean = 1.0 if (self._ceiling is not None and self.lean_up) else e - self.target
+            return math.copysign(self.min_step, lean)
         if e > self.target and pair_e is not None:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
             # on the more pessimistic of the fit and the last pair (the local slope, noisy but never stale)
             if pair_e < self.target:  # and the last step up bought nothing: this level is the knee
-                self._ceiling, self._creep = self.limit, 0.0
+                self._ceiling, self._creep, self._rate_limited = self.limit, 0.0, False
             e = max(min(e, pair_e), self.target)
         elif e < self.target and pair_e is not None:
             # and symmetrically on the way down: a fit over a descent remembers the congested top, so cut on the
@@ -1104,7 +1117,7 @@ class GradientLimit:
         if e < 0:
             # throughput fell with more streams: remember the level, and come back to it with shrinking steps
             # as after an overload (without the pause), so the limit does not swing past the knee and back
-            self._ceiling, self._creep = self.limit, 0.0
+            self._ceiling, self._creep, self._rate_limited = self.limit, 0.0, False
         step = self.gain * (e - self.target)
         step = math.copysign(max(self.min_step, abs(step)), step)
         return max(-self.max_down, min(self.max_up, step))
@@ -1114,7 +1127,7 @@ class GradientLimit:
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
-                step = max(0.5 * math.log(below / self.limit), self.min_creep)
+                step = max((1.0 if self._rate_limited else self.approach) * math.log(below / self.limit), self.min_creep)
             elif now < self._hold_until:  # probing now would cost another pause: sit just under it
                 step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
@@ -1126,17 +1139,23 @@ class GradientLimit:
             step = 0.0  # streams already too slow for a longest answer to finish before the client's timeout
         return step
 
-    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None) -> float:
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
+                    rate_limited: bool = False) -> float:
         """An overload: cut, and remember the level that overloaded: ``level``, the load the failed request lived
         under (a hidden cap of 64 streams answers the 65th at once, while the limit may have grown to 90), kept
         between the cut and the limit (a failure far below the limit says little about where it lies). Probing
         past that level again costs another cut and a pause of ``pause_s``, so the limit sits just under it for
         ``hold_factor`` times that long before it creeps."""
+        previous = self._overloaded_at
         self._ceiling = self.limit
         if level is not None:
             self._ceiling = max(self.backoff_ratio * self.limit, min(self.limit, float(level)))
+        self._overloaded_at = self._ceiling
+        same = previous is not None and abs(math.log(self._ceiling / previous)) < self.same_level
+        self._hold_mult = min(self.max_hold_mult, 2.0 * self._hold_mult) if (same and not rate_limited) else 1.0
         self._creep = 0.0
-        self._hold_until = now + (1.0 + self.hold_factor) * pause_s  # the pause, then hold_factor pauses more
+        self._rate_limited = rate_limited
+        self._hold_until = now + (1.0 + self.hold_factor * self._hold_mult) * pause_s
         self.limit = self.limit * self.backoff_ratio
         self._new_window(now + pause_s)  # its requests are admitted once the pause is over: its age counts from then
         return self.limit
@@ -1280,9 +1299,14 @@ class AdaptiveGate:
                 # once per epoch: failures of permits admitted before this cut do not cut again
                 self._epoch += 1
                 drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
-                lived = now - permit.admitted_at  # the load the failed request lived under is the level that failed
-                level = (self._area - permit.area_at_admit) / lived if lived > 1e-6 else 0.0
-                new = self._algorithm.on_overload(now, drain, max(level, float(permit.inflight_at_admit)))
+                # the level that failed: the load the failed request met on arrival, or lived under if less (a
+                # hidden cap refuses the 65th at once, whatever a burst admitted right after it)
+                lived = now - permit.admitted_at
+                level = float(permit.inflight_at_admit)
+                if lived > 1e-6:
+                    level = min(level, (self._area - permit.area_at_admit) / lived)
+                new = self._algorithm.on_overload(now, drain, level,
+                                                  rate_limited=retry_after_s is not None)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
                 self._drain_until = now + drain
                 events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
