@@ -861,20 +861,27 @@ class GradientLimit:
     probe, so consecutive windows always differ in C), at most ``max_up_log`` up and ``max_down_log`` down.
     While per-stream speed holds (e ≈ 1) the limit grows ×4 per window; on a throughput plateau (e ≈ 0) it walks
     down; it settles where one more stream stops paying (e = e*, ``target_elasticity``). Small steps near the
-    optimum get larger windows judged later; big steps get small windows judged early (fast ramps). A window's
-    speed is noisy (a mix of short and long answers, a hosted API's stream-to-stream spread): each window also
-    measures that noise (the variance of its requests' log speeds), the median weighs each pair of windows by how
-    well it pins the slope (dx² over the pair's variance), and an elasticity within ``significance`` standard errors
-    of e* is no evidence either way: the limit then takes only a probe step the way the estimate leans and sets no
-    knee, so noise neither cuts the limit nor fences it in. App-limited
+    optimum get larger windows judged later; big steps get small windows judged early (fast ramps).
+
+    A window's speed is noisy (a mix of short and long answers, a hosted API's stream-to-stream spread): each
+    window also measures that noise (the variance of its ratio-of-sums speed, by the delta method), the median
+    weighs each pair of windows by how well it pins the slope (dx² over the pair's variance), and an elasticity
+    within ``significance`` standard errors of e* is no evidence either way: the limit then takes only a probe step
+    the way the estimate leans (upward under a remembered level, which bounds it) and remembers no knee, so noise
+    neither walks the limit down nor fences it in. App-limited
     windows (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more
     than their loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint
     itself (a brownout, capacity taken away or given back): such pairs are left out of the fit, and when the
     newest window is one, the fit restarts from it and the limit takes one probe step the way speed went, so a
-    brownout is not read as congestion. After an overload the limit remembers the level that overloaded, approaches
-    to just under it with shrinking steps, then creeps past it with steps that double after every clean window
-    (CUBIC-like), so a hard cap such as a hosted quota is not hit every few windows and restored capacity is found.
-    The level is what the failed request lived under, not the limit at the time (which may have grown since).
+    brownout is not read as congestion.
+
+    After an overload the limit remembers the level that overloaded (what the failed request met, not the limit at
+    the time, which may have grown since), approaches to just under it with shrinking steps (in one step after a
+    rate limit with Retry-After: a quota saying when to come back, not a load the endpoint cannot take), holds
+    there for ``hold_factor`` pauses (twice as long each time the same level, within ``same_level`` in log,
+    overloads again without Retry-After, up to ``max_hold_mult``), then creeps past it with steps that double after
+    every clean window (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
+
     ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while streams run
     slower than max_tokens / deadline_s, the speed a longest answer needs to finish before the client gives up.
     (The answers seen cannot tell how long the longest are: the ones too long to finish never come back.)
@@ -888,11 +895,10 @@ class GradientLimit:
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
-                 significance: float = 1.5, same_level: float = 0.15, max_hold_mult: float = 4.0, approach: float = 0.5, lean_up: bool = True, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
+                 significance: float = 1.5, same_level: float = 0.15, max_hold_mult: float = 4.0,
+                 max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
-        self.approach = approach
-        self.lean_up = lean_up
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
         self._rate_limited = False
@@ -1102,7 +1108,7 @@ class GradientLimit:
         if self._e_se is not None and abs(e - self.target) <= z * self._e_se:
             # nor is the fit: a probe step the way it leans, no knee remembered (noise must not fence the limit in);
             # under a remembered level the probe is upward (bounded by that level), or noise would walk it down
-            lean = 1.0 if (self._ceiling is not None and self.lean_up) else e - self.target
+            lean = 1.0 if self._ceiling is not None else e - self.target
             return math.copysign(self.min_step, lean)
         if e > self.target and pair_e is not None:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
@@ -1127,7 +1133,7 @@ class GradientLimit:
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
-                step = max((1.0 if self._rate_limited else self.approach) * math.log(below / self.limit), self.min_creep)
+                step = max((1.0 if self._rate_limited else 0.5) * math.log(below / self.limit), self.min_creep)
             elif now < self._hold_until:  # probing now would cost another pause: sit just under it
                 step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
@@ -1141,11 +1147,12 @@ class GradientLimit:
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
                     rate_limited: bool = False) -> float:
-        """An overload: cut, and remember the level that overloaded: ``level``, the load the failed request lived
-        under (a hidden cap of 64 streams answers the 65th at once, while the limit may have grown to 90), kept
-        between the cut and the limit (a failure far below the limit says little about where it lies). Probing
-        past that level again costs another cut and a pause of ``pause_s``, so the limit sits just under it for
-        ``hold_factor`` times that long before it creeps."""
+        """An overload: cut, and remember the level that overloaded: ``level``, the load the failed request met
+        (a hidden cap of 64 streams answers the 65th at once, while the limit may have grown to 90), kept between
+        the cut and the limit (a failure far below the limit says little about where it lies). Probing past that
+        level again costs another cut and a pause of ``pause_s``, so the limit sits just under it for
+        ``hold_factor`` (x ``_hold_mult``) times that long before it creeps. ``rate_limited``: the server said when
+        to come back (Retry-After)."""
         previous = self._overloaded_at
         self._ceiling = self.limit
         if level is not None:

@@ -219,6 +219,42 @@ class TestEndpointChanges(unittest.TestCase):
         self.assertLessEqual(max(during), 64)
         self.assertGreaterEqual(max(during), 56)  # and just under it, not far below
 
+    def test_a_level_that_overloads_again_is_held_under_longer_each_time(self):
+        # a hidden cap of 40 streams answers the 41st with 429 and no Retry-After (a 30 s pause each time): probing
+        # it again and again costs a pause every time, so each confirmation doubles the hold under it (up to x4)
+        clock = Clock()
+        gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=30.0)
+        pauses = []
+        gate.on_event = lambda ev: pauses.append(ev) if ev["type"] == "drain" else None
+        drive(gate, clock, lambda c: 50.0, 2000, cap=40)
+        self.assertGreaterEqual(len(pauses), 3)  # it does probe again (restored capacity must be found)
+        self.assertLessEqual(len(pauses), 12)  # (a fixed hold probes it about 18 times in this time)
+
+    def test_after_a_rate_limit_the_limit_climbs_straight_back_under_its_level(self):
+        # a 429 with Retry-After is a quota saying when to come back, not a load the endpoint cannot take: after
+        # the pause the limit returns to just under the level in one step (an overload without it: half the way)
+        firsts = {}
+        for told in (True, False):
+            clock = Clock()
+            gate = eh.AdaptiveGate(40, 1, 200, clock=clock)
+            drive(gate, clock, lambda c: 50.0, 30)
+            permits = []
+            while True:
+                permit = gate.try_acquire()
+                if permit is None:
+                    break
+                permits.append(permit)
+            level = len(permits)
+            gate.release(permits[-1], "overload", retry_after_s=2.0 if told else None)
+            for permit in permits[:-1]:
+                gate.release(permit, "ignore")
+            cut = gate.limit
+            seen = drive(gate, clock, lambda c: 50.0, 120)
+            firsts[told] = next(l for _, l in seen if l != cut)
+            self.assertLess(firsts[told], level)
+        self.assertGreaterEqual(firsts[True], int(0.9 * level))
+        self.assertLess(firsts[False], 0.9 * level)
+
     def test_the_pause_after_an_overload_is_not_read_as_slow_requests(self):
         # one overload, then a 30 s pause; the endpoint's speed never changes: the first window after the pause
         # must not count the pause as its requests' slowness (a second cut on a healthy endpoint)
