@@ -902,6 +902,7 @@ class GradientLimit:
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
         self._rate_limited = False
+        self._longest_s: Optional[float] = None
         self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
         self.deadline_s = deadline_s
         self.hold_factor = hold_factor
@@ -951,7 +952,8 @@ class GradientLimit:
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
         self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "t2": 0.0, "t2s": 0.0, "t2s2": 0.0, "closed": False, "opened": now}}
+                                    "t2": 0.0, "t2s": 0.0, "t2s2": 0.0,
+                                    "sx": 0.0, "sxx": 0.0, "sy": 0.0, "sxy": 0.0, "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
         if self._settle > 0:
@@ -985,6 +987,11 @@ class GradientLimit:
         w["t2"] += t2
         w["t2s"] += t2 * speed
         w["t2s2"] += t2 * speed * speed
+        tokens = speed * elapsed_s  # (latency against tokens: time to first token and decode speed, for the floor)
+        w["sx"] += tokens
+        w["sxx"] += tokens * tokens
+        w["sy"] += elapsed_s
+        w["sxy"] += tokens * elapsed_s
         if not w["closed"] or w["n"] < max(self.min_samples, self._judge_at * w["admitted"]):
             return self._time_cap(now, w)
         return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
@@ -1019,6 +1026,7 @@ class GradientLimit:
         n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
         spread = w["t2s2"] - 2.0 * r * w["t2s"] + r * r * w["t2"]
         self._var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2 if n >= 3 and r > 0 else None
+        self._longest_s = self._longest_time(w)
         step = self._step(now, c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
@@ -1081,6 +1089,23 @@ class GradientLimit:
             self._pair_e = None
         return self._last_e
 
+    def _longest_time(self, w: Dict[str, Any]) -> Optional[float]:
+        """How long a max_tokens answer would take now: the window's latencies against its answers' lengths,
+        latency = first token + tokens / decode speed (least squares; at the window's own pace when its answers are
+        all alike); None when unknown (no max_tokens, too few answers, or a slope that is no decode speed: an
+        agent's turns differ by their prompts more than by their answers)."""
+        n = w["n"]
+        if not self.max_tokens or n < 3:
+            return None
+        vx = w["sxx"] - w["sx"] ** 2 / n
+        if vx <= 1e-6 * w["sxx"]:  # answers all alike: no telling first token from decode; at this window's pace
+            return self.max_tokens * w["sy"] / w["sx"] if w["sx"] > 0 else None
+        slope = (w["sxy"] - w["sx"] * w["sy"] / n) / vx
+        if slope <= 0:
+            return None
+        first = max(0.0, (w["sy"] - slope * w["sx"]) / n)
+        return first + slope * self.max_tokens
+
     def _window_var(self) -> float:
         """The judged window's variance of mean log speed; the median of the remembered ones when it has too few
         requests to tell (or none came back: a time-capped window)."""
@@ -1141,7 +1166,7 @@ class GradientLimit:
                 step = min(step, self._creep)
                 if self.limit > 2.0 * self._ceiling:
                     self._ceiling = None  # twice past it: the memory of that level no longer holds anything back
-        if step > 0 and self.max_tokens and s * self.deadline_s < self.max_tokens:
+        if step > 0 and self._longest_s is not None and self._longest_s > self.deadline_s:
             step = 0.0  # streams already too slow for a longest answer to finish before the client's timeout
         return step
 
