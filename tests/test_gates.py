@@ -70,6 +70,21 @@ def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttf
     return seen
 
 
+def overload_when_full(gate, retry_after_s=None):
+    """Fill the gate and fail the last request admitted (``overload``), as an endpoint refusing one stream too
+    many; the others come back without a sample. Returns how many were in flight (the level that failed)."""
+    permits = []
+    while True:
+        permit = gate.try_acquire()
+        if permit is None:
+            break
+        permits.append(permit)
+    gate.release(permits[-1], "overload", retry_after_s=retry_after_s)
+    for permit in permits[:-1]:
+        gate.release(permit, "ignore")
+    return len(permits)
+
+
 class TestGradientLimit(unittest.TestCase):
     def test_limit_grows_to_the_cap_when_per_stream_speed_holds(self):
         clock = Clock()
@@ -187,15 +202,7 @@ class TestEndpointChanges(unittest.TestCase):
         level = gate.limit
         self.assertGreater(level, 40)
         self.assertLess(level, 1000)
-        permits = []
-        while True:  # the gate full, as when an endpoint overloads
-            permit = gate.try_acquire()
-            if permit is None:
-                break
-            permits.append(permit)
-        gate.release(permits[-1], "overload")  # no Retry-After: a 30 s pause
-        for permit in permits[:-1]:
-            gate.release(permit, "ignore")
+        overload_when_full(gate)  # no Retry-After: a 30 s pause
         cut_at = clock.t
         seen = drive(gate, clock, lambda c: 50.0, 400)
         hold_end = cut_at + 30.0 * (1 + 3.0)
@@ -238,16 +245,7 @@ class TestEndpointChanges(unittest.TestCase):
             clock = Clock()
             gate = eh.AdaptiveGate(40, 1, 200, clock=clock)
             drive(gate, clock, lambda c: 50.0, 30)
-            permits = []
-            while True:
-                permit = gate.try_acquire()
-                if permit is None:
-                    break
-                permits.append(permit)
-            level = len(permits)
-            gate.release(permits[-1], "overload", retry_after_s=2.0 if told else None)
-            for permit in permits[:-1]:
-                gate.release(permit, "ignore")
+            level = overload_when_full(gate, retry_after_s=2.0 if told else None)
             cut = gate.limit
             seen = drive(gate, clock, lambda c: 50.0, 120)
             firsts[told] = next(l for _, l in seen if l != cut)
@@ -262,15 +260,7 @@ class TestEndpointChanges(unittest.TestCase):
             clock = Clock()
             gate = eh.AdaptiveGate(64, 1, 512, clock=clock, drain_s=drain)
             drive(gate, clock, lambda c: 50.0, 60)
-            permits = []
-            while True:
-                permit = gate.try_acquire()
-                if permit is None:
-                    break
-                permits.append(permit)
-            gate.release(permits[-1], "overload")
-            for permit in permits[:-1]:
-                gate.release(permit, "ignore")
+            overload_when_full(gate)
             cut = gate.limit
             seen = drive(gate, clock, lambda c: 50.0, 200)
             self.assertGreaterEqual(min(l for _, l in seen), cut, drain)
