@@ -882,9 +882,10 @@ class GradientLimit:
     overloads again without Retry-After, up to ``max_hold_mult``), then creeps past it with steps that double after
     every clean window (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
 
-    ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while streams run
-    slower than max_tokens / deadline_s, the speed a longest answer needs to finish before the client gives up.
-    (The answers seen cannot tell how long the longest are: the ones too long to finish never come back.)
+    ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while a max_tokens
+    answer would take longer than deadline_s, predicted from the window (its latencies against its lengths: time
+    to first token + tokens / decode speed). The answers seen cannot tell how long the longest will be (the ones
+    too long to finish never come back), so max_tokens it is; no floor when the server decides the length.
     """
 
     adaptive = True
@@ -922,7 +923,7 @@ class GradientLimit:
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
         self._points: List[Tuple[float, float]] = []  # (ln C, ln s) of the last judged windows
-        self._vars: List[float] = []  # the variance of each point's ln s (its requests' spread / n)
+        self._vars: List[float] = []  # the variance of each point's ln s (from its requests' spread)
         self._var: Optional[float] = None  # the window being judged
         self._e_se: Optional[float] = None  # standard errors of the fitted and the last pair's elasticity
         self._pair_se: Optional[float] = None
@@ -1107,7 +1108,7 @@ class GradientLimit:
         return first + slope * self.max_tokens
 
     def _window_var(self) -> float:
-        """The judged window's variance of mean log speed; the median of the remembered ones when it has too few
+        """The judged window's variance of ln s; the median of the remembered ones when it has too few
         requests to tell (or none came back: a time-capped window)."""
         if self._var:
             return self._var
