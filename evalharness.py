@@ -922,8 +922,7 @@ class GradientLimit:
         self.min_samples = min_samples
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
-        self._points: List[Tuple[float, float]] = []  # (ln C, ln s) of the last judged windows
-        self._vars: List[float] = []  # the variance of each point's ln s (from its requests' spread)
+        self._points: List[Tuple[float, float, float]] = []  # (ln C, ln s, variance of ln s) of the last windows
         self._var: Optional[float] = None  # the window being judged
         self._e_se: Optional[float] = None  # standard errors of the fitted and the last pair's elasticity
         self._pair_se: Optional[float] = None
@@ -953,8 +952,8 @@ class GradientLimit:
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
         self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "t2": 0.0, "t2s": 0.0, "t2s2": 0.0,
-                                    "sx": 0.0, "sxx": 0.0, "sy": 0.0, "sxy": 0.0, "closed": False, "opened": now}}
+                                    "tt": 0.0, "tts": 0.0, "ttss": 0.0, "kk": 0.0,
+                                    "kt": 0.0, "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
         if self._settle > 0:
@@ -984,15 +983,13 @@ class GradientLimit:
         w["time"] += elapsed_s
         w["load"] += load * elapsed_s
         w["n"] += 1
-        t2 = elapsed_s * elapsed_s  # (for the variance of the ratio of sums)
-        w["t2"] += t2
-        w["t2s"] += t2 * speed
-        w["t2s2"] += t2 * speed * speed
-        tokens = speed * elapsed_s  # (latency against tokens: time to first token and decode speed, for the floor)
-        w["sx"] += tokens
-        w["sxx"] += tokens * tokens
-        w["sy"] += elapsed_s
-        w["sxy"] += tokens * elapsed_s
+        tt = elapsed_s * elapsed_s  # second moments, for the variance of the window's speed
+        w["tt"] += tt
+        w["tts"] += tt * speed
+        w["ttss"] += tt * speed * speed
+        tokens = speed * elapsed_s  # and for latency against length (the speed floor)
+        w["kk"] += tokens * tokens
+        w["kt"] += tokens * elapsed_s
         if not w["closed"] or w["n"] < max(self.min_samples, self._judge_at * w["admitted"]):
             return self._time_cap(now, w)
         return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
@@ -1025,7 +1022,7 @@ class GradientLimit:
         # the variance of ln s, s = sum(work) / sum(time) (delta method: sum t_i^2 (s_i - s)^2 / (s sum t_i)^2);
         # None when too few came back to tell
         n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
-        spread = w["t2s2"] - 2.0 * r * w["t2s"] + r * r * w["t2"]
+        spread = w["ttss"] - 2.0 * r * w["tts"] + r * r * w["tt"]
         self._var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2 if n >= 3 and r > 0 else None
         self._longest_s = self._longest_time(w)
         step = self._step(now, c, s)
@@ -1035,10 +1032,8 @@ class GradientLimit:
         new = self.limit * math.exp(step)
         if self.trace is not None:
             self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
-        self._points.append((math.log(max(c, 1e-9)), math.log(s)))
-        self._vars.append(self._window_var())
+        self._points.append((math.log(max(c, 1e-9)), math.log(s), self._window_var()))
         del self._points[:-self.fit_windows]
-        del self._vars[:-self.fit_windows]
         old = self.limit
         self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
         self._settle = max(0, int(self.limit) - int(old))
@@ -1056,8 +1051,7 @@ class GradientLimit:
         median of the slopes between every pair of windows whose concurrencies differ (Theil-Sen), so one window
         with an odd mix of requests cannot swing the limit, while a real change in the server shows within a few
         windows. None when there is nothing to compare with yet."""
-        pts = self._points + [(math.log(max(c, 1e-9)), math.log(s))]
-        vs = self._vars + [self._window_var()]
+        pts = self._points + [(math.log(max(c, 1e-9)), math.log(s), self._window_var())]
         self._e_se = self._pair_se = None
         if len(pts) < 2:
             return None
@@ -1067,7 +1061,6 @@ class GradientLimit:
             # taken away or given back): the earlier windows describe another endpoint, so the fit starts afresh
             # from this window, and the limit takes one probe step the way the speed went
             del self._points[:]
-            del self._vars[:]
             self._pair_e = None
             self._shift = dy
             return None
@@ -1076,16 +1069,16 @@ class GradientLimit:
             for j in range(i + 1, len(pts)):
                 dx, dy = pts[j][0] - pts[i][0], pts[j][1] - pts[i][1]
                 if abs(dx) >= 0.5 * self.min_step and not self._unexplained(dx, dy):
-                    slopes.append((dy / dx, dx * dx / (vs[i] + vs[j])))  # (a pair the load cannot explain
+                    slopes.append((dy / dx, dx * dx / (pts[i][2] + pts[j][2])))  # (a pair the load cannot explain
         if not slopes:                                                  # straddles a change of endpoint)
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
             return self._last_e
         self._last_e = 1.0 + weighted_median(slopes)
         self._e_se = 1.0 / math.sqrt(sum(w for _, w in slopes))
-        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        (x0, y0, v0), (x1, y1, v1) = pts[-2], pts[-1]
         if abs(x1 - x0) >= 0.5 * self.min_step:
             self._pair_e = 1.0 + (y1 - y0) / (x1 - x0)
-            self._pair_se = math.sqrt(vs[-2] + vs[-1]) / abs(x1 - x0)
+            self._pair_se = math.sqrt(v0 + v1) / abs(x1 - x0)
         else:
             self._pair_e = None
         return self._last_e
@@ -1098,13 +1091,13 @@ class GradientLimit:
         n = w["n"]
         if not self.max_tokens or n < 3:
             return None
-        vx = w["sxx"] - w["sx"] ** 2 / n
-        if vx <= 1e-6 * w["sxx"]:  # answers all alike: no telling first token from decode; at this window's pace
-            return self.max_tokens * w["sy"] / w["sx"] if w["sx"] > 0 else None
-        slope = (w["sxy"] - w["sx"] * w["sy"] / n) / vx
+        vx = w["kk"] - w["work"] ** 2 / n
+        if vx <= 1e-6 * w["kk"]:  # answers all alike: no telling first token from decode; at this window's pace
+            return self.max_tokens * w["time"] / w["work"] if w["work"] > 0 else None
+        slope = (w["kt"] - w["work"] * w["time"] / n) / vx
         if slope <= 0:
             return None
-        first = max(0.0, (w["sy"] - slope * w["sx"]) / n)
+        first = max(0.0, (w["time"] - slope * w["work"]) / n)
         return first + slope * self.max_tokens
 
     def _window_var(self) -> float:
@@ -1112,7 +1105,7 @@ class GradientLimit:
         requests to tell (or none came back: a time-capped window)."""
         if self._var:
             return self._var
-        known = sorted(self._vars)
+        known = sorted(v for _, _, v in self._points)
         return known[len(known) // 2] if known else 0.01
 
     def _step(self, now: float, c: float, s: float) -> float:
@@ -1140,7 +1133,7 @@ class GradientLimit:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
             # on the more pessimistic of the fit and the last pair (the local slope, noisy but never stale)
             if pair_e < self.target:  # and the last step up bought nothing: this level is the knee
-                self._ceiling, self._creep, self._rate_limited = self.limit, 0.0, False
+                self._remember_knee()
             e = max(min(e, pair_e), self.target)
         elif e < self.target and pair_e is not None:
             # and symmetrically on the way down: a fit over a descent remembers the congested top, so cut on the
@@ -1149,10 +1142,14 @@ class GradientLimit:
         if e < 0:
             # throughput fell with more streams: remember the level, and come back to it with shrinking steps
             # as after an overload (without the pause), so the limit does not swing past the knee and back
-            self._ceiling, self._creep, self._rate_limited = self.limit, 0.0, False
+            self._remember_knee()
         step = self.gain * (e - self.target)
         step = math.copysign(max(self.min_step, abs(step)), step)
         return max(-self.max_down, min(self.max_up, step))
+
+    def _remember_knee(self) -> None:
+        """This level stopped paying (no overload, no pause): come back to it as to an overloaded one."""
+        self._ceiling, self._creep, self._rate_limited = self.limit, 0.0, False
 
     def _bounded(self, now: float, s: float, step: float) -> float:
         """A step up, held back by a remembered level and by the speed floor."""

@@ -22,7 +22,7 @@ Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed sessi
 
 A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sessions) is cut there and flagged
 `cut` (only settings far behind the oracle are; their goodput up to the cut is reported). All scenarios, 10 seeds,
-2 jobs: about 8 minutes on a 2-core machine.
+2 jobs: about 11 minutes on a 2-core machine.
 
 Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1-P1,S4-P1,...] [--json OUT] [--jobs 2]
 """
@@ -774,7 +774,7 @@ class Run:
     def run_sessions(self, sessions, mode):
         """mode: ('fixed', S) | ('all',) | ('gate',) | ('inspect',)"""
         self.sessions = sessions
-        self.max_tokens = 4096
+        self.max_tokens = max_tokens_of(self.scenario)
         self.mode = mode
         self.n_left = len(sessions)
         self.door = collections.deque(range(len(sessions)))
