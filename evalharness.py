@@ -821,7 +821,7 @@ class FixedLimit:
         return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False) -> int:
+                    rate_limited: bool = False, refused: bool = False) -> int:
         return self.limit
 
 
@@ -876,11 +876,13 @@ class GradientLimit:
     brownout is not read as congestion.
 
     After an overload the limit remembers the level that overloaded (what the failed request met, not the limit at
-    the time, which may have grown since), approaches to just under it with shrinking steps (in one step after a
-    rate limit with Retry-After: a quota saying when to come back, not a load the endpoint cannot take), holds
-    there for ``hold_factor`` pauses (twice as long each time the same level, within ``same_level`` in log,
-    overloads again without Retry-After, up to ``max_hold_mult``), then creeps past it with steps that double after
-    every clean window (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
+    the time, which may have grown since). A request refused on arrival (no work done: a cap's or a quota's 429, a
+    full queue's 503) puts the limit just under that level at once, with no cut: the level is exactly what the
+    server takes. A collapse (a timeout) cuts, and the limit approaches to just under the level with shrinking
+    steps. Either way it holds there for ``hold_factor`` pauses (twice as long each time the same level, within
+    ``same_level`` in log, overloads again without Retry-After, up to ``max_hold_mult``; only the pause after a
+    quota's Retry-After, whose level moves), then creeps past it with steps that double after every clean window
+    (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
 
     ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while a max_tokens
     answer would take longer than deadline_s, predicted from the window (its latencies against its lengths: time
@@ -902,7 +904,6 @@ class GradientLimit:
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
-        self._rate_limited = False
         self._longest_s: Optional[float] = None
         self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
         self.deadline_s = deadline_s
@@ -911,6 +912,7 @@ class GradientLimit:
         self.min_creep = min_creep
         self.max_slope, self.noise_log = max_slope, noise_log
         self._shift: Optional[float] = None
+        self._creep_from = min_creep  # the first creep step past a remembered level
         self.limit = float(initial)
         self.min_limit, self.max_limit = min_limit, max_limit
         self.target, self.gain = target_elasticity, gain
@@ -1044,7 +1046,7 @@ class GradientLimit:
         """Did speed change (dy, in log) by more than a change of load (dx, later minus earlier) can explain? More
         streams and slower is always congestion's own direction (a KV cache thrashing can fall off a cliff);
         anything else steeper than ``max_slope`` (plus ``noise_log``) is the endpoint itself changing."""
-        return abs(dy) > self.max_slope * abs(dx) + self.noise_log and not (dx > 0 and dy < 0)
+        return abs(dy) > self.max_slope * abs(dx) + self.noise_log and not (dx >= 0.5 * self.min_step and dy < 0)
 
     def _elasticity(self, c: float, s: float) -> Optional[float]:
         """e = 1 + d ln s / d ln C, read robustly from this window and up to ``fit_windows - 1`` before it: the
@@ -1149,18 +1151,18 @@ class GradientLimit:
 
     def _remember_knee(self) -> None:
         """This level stopped paying (no overload, no pause): come back to it as to an overloaded one."""
-        self._ceiling, self._creep, self._rate_limited = self.limit, 0.0, False
+        self._ceiling, self._creep, self._creep_from = self.limit, 0.0, self.min_creep
 
     def _bounded(self, now: float, s: float, step: float) -> float:
         """A step up, held back by a remembered level and by the speed floor."""
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
-                step = max((1.0 if self._rate_limited else 0.5) * math.log(below / self.limit), self.min_creep)
+                step = max(0.5 * math.log(below / self.limit), self.min_creep)
             elif now < self._hold_until:  # probing now would cost another pause: sit just under it
                 step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
-                self._creep = max(self.min_creep, 2.0 * self._creep)
+                self._creep = max(self._creep_from, 2.0 * self._creep)
                 step = min(step, self._creep)
                 if self.limit > 2.0 * self._ceiling:
                     self._ceiling = None  # twice past it: the memory of that level no longer holds anything back
@@ -1169,25 +1171,37 @@ class GradientLimit:
         return step
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False) -> float:
-        """An overload: cut, and remember the level that overloaded: ``level``, the load the failed request met
-        (a hidden cap of 64 streams answers the 65th at once, while the limit may have grown to 90), kept between
-        the cut and the limit (a failure far below the limit says little about where it lies). Probing past that
-        level again costs another cut and a pause of ``pause_s``, so the limit sits just under it for
-        ``hold_factor`` (x ``_hold_mult``) times that long before it creeps. ``rate_limited``: the server said when
-        to come back (Retry-After)."""
+                    rate_limited: bool = False, refused: bool = False) -> float:
+        """An overload: remember the level that overloaded, ``level``, the load the failed request met (a hidden
+        cap of 64 streams answers the 65th at once, while the limit may have grown to 90).
+
+        ``refused``: the request was turned away on arrival, with no work done (a stream cap's or a quota's 429, a
+        full queue's 503): the level is exactly what the server takes now, so the limit goes just under it, no
+        cut. Otherwise (a timeout, a failure after the server worked on it: a collapse) the limit is cut by
+        ``backoff_ratio`` and the level is kept between the cut and the limit (a failure far below the limit says
+        little about where it lies). Probing past the level again costs another failure and a pause of
+        ``pause_s``, so the limit sits just under it for ``hold_factor`` (x ``_hold_mult``) times that long before
+        it creeps; the hold doubles each time the same level (within ``same_level`` in log) fails again without a
+        Retry-After. ``rate_limited``: the server said when to come back (Retry-After). A quota refusing a request
+        on arrival is a rate, not a level: its level moves with what the answers of the last minute used, so the
+        limit waits out only the pause and creeps from a probe's step (``min_step``) rather than from
+        ``min_creep``."""
         previous = self._overloaded_at
-        self._ceiling = self.limit
-        if level is not None:
-            self._ceiling = max(self.backoff_ratio * self.limit, min(self.limit, float(level)))
+        top = self.limit if level is None else min(self.limit, float(level))
+        self._ceiling = top if refused else max(self.backoff_ratio * self.limit, top)
         self._overloaded_at = self._ceiling
         same = previous is not None and abs(math.log(self._ceiling / previous)) < self.same_level
         self._hold_mult = min(self.max_hold_mult, 2.0 * self._hold_mult) if (same and not rate_limited) else 1.0
         self._creep = 0.0
-        self._rate_limited = rate_limited
-        self._hold_until = now + (1.0 + self.hold_factor * self._hold_mult) * pause_s
-        self.limit = self.limit * self.backoff_ratio
-        self._new_window(now + pause_s)  # its requests are admitted once the pause is over: its age counts from then
+        quota = refused and rate_limited
+        self._creep_from = self.min_step if quota else self.min_creep
+        self._hold_until = now + (1.0 if quota else 1.0 + self.hold_factor * self._hold_mult) * pause_s
+        if refused:  # just under it: one stream fewer, or the approach's 0.95 of it if that is more
+            self.limit = max(float(self.min_limit), min(self.limit, max(self._ceiling - 1.0, 0.95 * self._ceiling)))
+            self._new_window(None)  # opens at its first admission (the pause may end at the next success)
+        else:
+            self.limit = self.limit * self.backoff_ratio
+            self._new_window(now + pause_s)  # admitted once the pause is over: its age counts from then
         return self.limit
 
 
@@ -1213,6 +1227,8 @@ class AdaptiveGate:
     simulator can drive the gate in virtual time with no threads and no sleeps (use try_acquire there).
     """
 
+    refusal_share = 0.25  # an overload back within this share of a success's latency was refused on arrival
+
     def __init__(self, initial_limit: int = 16, min_limit: int = 1, max_limit: int = 512, *,
                  clock: Callable[[], float] = time.monotonic, backoff_ratio: float = 0.7, drain_s: float = 30.0,
                  algorithm: Any = None, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
@@ -1234,6 +1250,8 @@ class AdaptiveGate:
         self._area_t: Optional[float] = None
         self._epoch = 0
         self._drain_until = -math.inf
+        self._drain_to_ok = False  # the pause ends at the next success (a refusal without Retry-After)
+        self._ok_latency: Optional[float] = None  # smoothed latency of successful requests
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
         self._listeners: List[Callable[[float, str, int, float], None]] = []
 
@@ -1305,9 +1323,12 @@ class AdaptiveGate:
 
     def release(self, permit: Permit, outcome: str = "ok", output_tokens: int = 0, *,
                 retry_after_s: Optional[float] = None) -> None:
-        """Return a permit with its outcome. An ``overload`` cuts the limit by ``backoff_ratio`` and pauses
-        admission for ``drain_s`` (or for ``retry_after_s`` when the server said when to come back), once per
-        epoch: failures of permits admitted before the last cut do not cut again."""
+        """Return a permit with its outcome, once per epoch for an ``overload``: failures of permits admitted
+        before the last one do not count again. An overload that came back far sooner than requests are served
+        was refused on arrival (a stream cap's or quota's 429, a full queue's 503): the limit goes just under the
+        load it met, and admission pauses until ``retry_after_s`` or, without one, until a request succeeds (at
+        most ``drain_s``). Any other overload (a timeout, a failure after the server worked) cuts the limit by
+        ``backoff_ratio`` and pauses admission for ``drain_s`` (or ``retry_after_s`` if sooner)."""
         if outcome not in ("ok", "overload", "ignore"):
             raise ValueError("outcome must be ok, overload or ignore, got %r" % (outcome,))
         events = []
@@ -1321,6 +1342,10 @@ class AdaptiveGate:
             old = self._limit
             if outcome == "ok":
                 elapsed = max(now - permit.admitted_at, 1e-6)
+                self._ok_latency = elapsed if self._ok_latency is None else 0.9 * self._ok_latency + 0.1 * elapsed
+                if self._drain_to_ok and now < self._drain_until:
+                    self._drain_until = now  # a request finished: its slot is free again
+                self._drain_to_ok = False
                 speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
                 load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
                 new = self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed)
@@ -1328,17 +1353,22 @@ class AdaptiveGate:
             elif outcome == "overload" and self._algorithm.adaptive and permit.epoch == self._epoch:
                 # once per epoch: failures of permits admitted before this cut do not cut again
                 self._epoch += 1
-                drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
-                # the level that failed: the load the failed request met on arrival, or lived under if less (a
-                # hidden cap refuses the 65th at once, whatever a burst admitted right after it)
                 lived = now - permit.admitted_at
+                # refused: turned away far sooner than a request is served (or within a second, before any was),
+                # so the server did no work and the load it met on arrival is exactly what it takes now
+                refused = lived < self.refusal_share * (self._ok_latency or 4.0)
                 level = float(permit.inflight_at_admit)
-                if lived > 1e-6:
+                if lived > 1e-6 and not refused:
+                    # a collapse: the load it met on arrival, or lived under if less (a burst admitted after it
+                    # failed says nothing)
                     level = min(level, (self._area - permit.area_at_admit) / lived)
-                new = self._algorithm.on_overload(now, drain, level,
-                                                  rate_limited=retry_after_s is not None)
+                drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
+                new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
+                                                  refused=refused)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
                 self._drain_until = now + drain
+                # a refusal without Retry-After pauses only until a request finishes and frees its slot
+                self._drain_to_ok = refused and retry_after_s is None
                 events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
             if self._limit != old:
                 events.append({"type": "limit", "limit": self._limit, "previous": old, "cause": outcome})

@@ -20,12 +20,13 @@ class Clock:
         return self.t
 
 
-def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttft_s=0.05, cap=None, spread=0.0):
+def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttft_s=0.05, cap=None, spread=0.0,
+          retry_after_s=None):
     """Keep the gate full against a processor-sharing server: at every moment each in-flight stream advances at
     speed_of(in_flight) tokens/s (as in a continuous-batching engine), after a fixed time to first token. With
     ``cap``, a request admitted past that many in flight is refused at once (``overload``, a hidden stream cap);
-    with ``spread``, each request's work is its tokens times a log-normal factor of that sigma (stream-to-stream
-    speed differences, as on a hosted API).
+    ``retry_after_s`` goes with each refusal (a quota rather than a cap); with ``spread``, each request's work is
+    its tokens times a log-normal factor of that sigma (stream-to-stream speed differences, as on a hosted API).
 
     Returns the list of (time, limit) after each completion.
     """
@@ -48,7 +49,7 @@ def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttf
             if permit is None:
                 break
             if cap is not None and gate.in_flight > cap:
-                gate.release(permit, "overload")
+                gate.release(permit, "overload", retry_after_s=retry_after_s)
                 continue
             n += 1
             tok = tokens(rng)
@@ -70,15 +71,17 @@ def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttf
     return seen
 
 
-def overload_when_full(gate, retry_after_s=None):
-    """Fill the gate and fail the last request admitted (``overload``), as an endpoint refusing one stream too
-    many; the others come back without a sample. Returns how many were in flight (the level that failed)."""
+def overload_when_full(gate, clock, after_s=0.0, retry_after_s=None):
+    """Fill the gate and fail the last request admitted (``overload``) ``after_s`` later: at once, as an endpoint
+    refusing one stream too many; after a minute, as a request that timed out (a collapse). The others come back
+    without a sample. Returns how many were in flight (the level that failed)."""
     permits = []
     while True:
         permit = gate.try_acquire()
         if permit is None:
             break
         permits.append(permit)
+    clock.t += after_s
     gate.release(permits[-1], "overload", retry_after_s=retry_after_s)
     for permit in permits[:-1]:
         gate.release(permit, "ignore")
@@ -177,7 +180,33 @@ class TestGradientLimit(unittest.TestCase):
         self.assertEqual(gate.discovered_limit, 64)
 
 
+def feed(limit, now, load, speed):
+    """One window straight into a limit algorithm: requests admitted until the window closes (after the burst that
+    fills new headroom, which belongs to no window), then all back at ``speed`` tokens/s having lived under ``load``
+    streams (no gate: the loads are what the test says). Returns the limit."""
+    stamps = []
+    for _ in range(10000):
+        stamp = limit.window_stamp()
+        if stamp:
+            stamps.append(stamp)
+        elif stamps:
+            break
+    for stamp in stamps:
+        limit.on_sample(now, stamp, speed, load, 4.0)
+    return limit.limit
+
+
 class TestEndpointChanges(unittest.TestCase):
+    def test_a_window_as_loaded_as_the_last_and_much_slower_is_the_endpoint_changing(self):
+        # the limit climbed to its bound (300) while speed held; then a window at the same load (up to rounding in
+        # its time-average) comes back half as fast: that pair shows no slope, it is the endpoint that changed
+        # (capacity taken away), so the limit probes down instead of growing on the slope of the old endpoint
+        limit = eh.GradientLimit(16, 1, 300)
+        for t in range(4):
+            feed(limit, 10.0 * t, limit.limit, 50.0)  # the gate full, speed holding
+        self.assertEqual(limit.limit, 300)
+        self.assertLess(feed(limit, 40.0, 300.0 * (1 + 1e-12), 25.0), 300)
+
     def test_a_brownout_is_not_read_as_congestion(self):
         # past 32 streams aggregate throughput is flat; for 40 s everything runs 3x slower whatever the load (a
         # brownout, which cutting the limit cannot help): the limit must stay where it was
@@ -202,7 +231,7 @@ class TestEndpointChanges(unittest.TestCase):
         level = gate.limit
         self.assertGreater(level, 40)
         self.assertLess(level, 1000)
-        overload_when_full(gate)  # no Retry-After: a 30 s pause
+        overload_when_full(gate, clock, after_s=60.0)  # a timeout, no Retry-After: a 30 s pause
         cut_at = clock.t
         seen = drive(gate, clock, lambda c: 50.0, 400)
         hold_end = cut_at + 30.0 * (1 + 3.0)
@@ -212,19 +241,22 @@ class TestEndpointChanges(unittest.TestCase):
 
 
     def test_the_level_remembered_is_the_load_that_overloaded_not_the_limit_grown_past_it(self):
-        # a hidden cap of 64 streams answers the 65th at once with 429 while the limit had grown to 90: the limit
-        # must then sit under 64, not under 90, while probing again would cost another pause
-        clock = Clock()
-        gate = eh.AdaptiveGate(90, 1, 512, clock=clock, drain_s=30.0)
-        permits = [gate.try_acquire() for _ in range(65)]
-        gate.release(permits[-1], "overload")  # the 65th, refused at once
-        for permit in permits[:-1]:
-            gate.release(permit, "ignore")
-        cut_at = clock.t
-        seen = drive(gate, clock, lambda c: 50.0, 300)
-        during = [l for t, l in seen if t < cut_at + 30.0 * 4]
-        self.assertLessEqual(max(during), 64)
-        self.assertGreaterEqual(max(during), 56)  # and just under it, not far below
+        # 64 streams is all the endpoint takes while the limit had grown to 90: the 65th fails (refused at once,
+        # or timed out a minute later): the limit must then sit under 64, not under 90, while probing again would
+        # cost another pause
+        for after_s in (0.0, 60.0):
+            clock = Clock()
+            gate = eh.AdaptiveGate(90, 1, 512, clock=clock, drain_s=30.0)
+            permits = [gate.try_acquire() for _ in range(65)]
+            clock.t += after_s
+            gate.release(permits[-1], "overload")  # the 65th
+            for permit in permits[:-1]:
+                gate.release(permit, "ignore")
+            cut_at = clock.t
+            seen = drive(gate, clock, lambda c: 50.0, 300)
+            during = [l for t, l in seen if t < cut_at + 30.0 * 4]
+            self.assertLessEqual(max(during), 64, after_s)
+            self.assertGreaterEqual(max(during), 56, after_s)  # and just under it, not far below
 
     def test_a_level_that_overloads_again_is_held_under_longer_each_time(self):
         # a hidden cap of 40 streams answers the 41st with 429 and no Retry-After (a 30 s pause each time): probing
@@ -237,21 +269,34 @@ class TestEndpointChanges(unittest.TestCase):
         self.assertGreaterEqual(len(pauses), 3)  # it does probe again (restored capacity must be found)
         self.assertLessEqual(len(pauses), 12)  # (a fixed hold probes it about 18 times in this time)
 
-    def test_after_a_rate_limit_the_limit_climbs_straight_back_under_its_level(self):
-        # a 429 with Retry-After is a quota saying when to come back, not a load the endpoint cannot take: after
-        # the pause the limit returns to just under the level in one step (an overload without it: half the way)
-        firsts = {}
-        for told in (True, False):
-            clock = Clock()
-            gate = eh.AdaptiveGate(40, 1, 200, clock=clock)
-            drive(gate, clock, lambda c: 50.0, 30)
-            level = overload_when_full(gate, retry_after_s=2.0 if told else None)
-            cut = gate.limit
-            seen = drive(gate, clock, lambda c: 50.0, 120)
-            firsts[told] = next(l for _, l in seen if l != cut)
-            self.assertLess(firsts[told], level)
-        self.assertGreaterEqual(firsts[True], int(0.9 * level))
-        self.assertLess(firsts[False], 0.9 * level)
+    def test_a_refusal_on_arrival_is_not_cut_for_but_a_collapse_is(self):
+        # the same level fails twice over: refused at once (a stream cap's or a quota's 429: the server did no
+        # work, the level is exactly what it takes now) and timed out after a minute (a collapse): the first puts
+        # the limit just under the level, the second cuts it and comes back halfway to it
+        for retry_after_s in (None, 2.0):
+            after = {}
+            for after_s in (0.0, 60.0):
+                clock = Clock()
+                gate = eh.AdaptiveGate(40, 1, 200, clock=clock)
+                drive(gate, clock, lambda c: 50.0, 30)  # requests take ~4 s
+                level = overload_when_full(gate, clock, after_s=after_s, retry_after_s=retry_after_s)
+                after[after_s] = gate.limit
+                seen = drive(gate, clock, lambda c: 50.0, 120)
+                after[after_s, "next"] = next((l for _, l in seen if l != after[after_s]), None)
+            self.assertEqual(after[0.0], level - 1)
+            self.assertEqual(after[60.0], int(0.7 * level))
+            self.assertLess(after[60.0, "next"], 0.9 * level)  # (halfway back)
+
+    def test_a_hidden_stream_cap_keeps_the_limit_at_the_cap(self):
+        # a hosted API refuses the 41st stream at once (429, no Retry-After) and never slows down: once found,
+        # the limit stays at the cap (each probe past it costs one refusal, not a cut and a long pause)
+        clock = Clock()
+        gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=30.0)
+        seen = drive(gate, clock, lambda c: 50.0, 2000, cap=40)
+        reached = next(t for t, l in seen if l >= 40)
+        late = [l for t, l in seen if t > reached]
+        self.assertGreaterEqual(min(late), 38)
+        self.assertLessEqual(max(late), 44)
 
     def test_the_pause_after_an_overload_is_not_read_as_slow_requests(self):
         # one overload, then a 30 s pause; the endpoint's speed never changes: the first window after the pause
@@ -260,7 +305,7 @@ class TestEndpointChanges(unittest.TestCase):
             clock = Clock()
             gate = eh.AdaptiveGate(64, 1, 512, clock=clock, drain_s=drain)
             drive(gate, clock, lambda c: 50.0, 60)
-            overload_when_full(gate)
+            overload_when_full(gate, clock, after_s=60.0)
             cut = gate.limit
             seen = drive(gate, clock, lambda c: 50.0, 200)
             self.assertGreaterEqual(min(l for _, l in seen), cut, drain)
@@ -272,6 +317,7 @@ class TestOverloadAndDrain(unittest.TestCase):
         gate = eh.AdaptiveGate(20, 1, 100, clock=clock)
         permits = [gate.try_acquire() for _ in range(20)]
         self.assertTrue(all(permits))
+        clock.t = 60.0  # timed out (an overload refused at once cuts nothing: see TestEndpointChanges)
         gate.release(permits[0], "overload")
         self.assertEqual(gate.limit, 14)  # 20 x 0.7
         for p in permits[1:]:
@@ -282,6 +328,7 @@ class TestOverloadAndDrain(unittest.TestCase):
         # a permit admitted after the cut belongs to the new epoch: its overload cuts again
         clock.t = 100.0
         fresh = gate.try_acquire()
+        clock.t = 160.0
         gate.release(fresh, "overload")
         self.assertEqual(gate.limit, 9)  # 14 x 0.7 = 9.8, rounded down
 
@@ -298,6 +345,40 @@ class TestOverloadAndDrain(unittest.TestCase):
         clock.t = 40.0
         self.assertIsNotNone(gate.try_acquire())
         self.assertIsNone(gate.draining_until())
+
+    def test_a_raised_quota_is_found_again_within_seconds(self):
+        # a hosted quota lets 20 streams through, then 40 (another client stopped, a tier raised): its refusals
+        # come back at once with Retry-After, a rate saying when to retry rather than a cap; the limit waits out
+        # the pause only and probes past the old level in growing steps
+        took = {}
+        for retry_after_s in (2.0, None):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=30.0)
+            drive(gate, clock, lambda c: 50.0, 300, cap=20, retry_after_s=retry_after_s)
+            raised = clock.t
+            seen = drive(gate, clock, lambda c: 50.0, 600, cap=40, retry_after_s=retry_after_s)
+            took[retry_after_s] = next(t for t, l in seen if l >= 36) - raised
+        self.assertLess(took[2.0], 25)  # (held as long as a cap's level: ~40 s)
+        self.assertGreater(took[None], took[2.0])  # (a cap's level is held for longer before probing)
+
+    def test_a_refusal_pauses_until_a_request_succeeds_or_until_its_retry_after(self):
+        # refused on arrival: without Retry-After the server is full for now, and the next success frees a slot;
+        # with Retry-After the server said when, and that holds whatever succeeds meanwhile
+        for retry_after_s in (None, 5.0):
+            clock = Clock()
+            gate = eh.AdaptiveGate(10, 1, 100, clock=clock, drain_s=30.0)
+            first, second = gate.try_acquire(), gate.try_acquire()
+            gate.release(second, "overload", retry_after_s=retry_after_s)
+            self.assertEqual(gate.draining_until(), retry_after_s or 30.0)
+            clock.t = 2.0
+            self.assertIsNone(gate.try_acquire())
+            gate.release(first, "ok", 100)
+            if retry_after_s is None:
+                self.assertIsNone(gate.draining_until())
+                self.assertIsNotNone(gate.try_acquire())
+            else:
+                self.assertEqual(gate.draining_until(), 5.0)
+                self.assertIsNone(gate.try_acquire())
 
     def test_retry_after_shortens_the_drain_but_never_lengthens_it(self):
         clock = Clock()
@@ -495,9 +576,11 @@ class TestSessionGate(unittest.TestCase):
         # the memory-side count is measured on sessions' turns; with none yet, it must not be what binds here
         sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit(initial=1000))
         self.assertEqual(sessions.capacity, 10)  # duty starts at 1: one model request per session
-        gate.release(gate.try_acquire(), "overload")
+        permit = gate.try_acquire()
+        clock.t = 60.0  # a timeout: the limit is cut
+        gate.release(permit, "overload")
         self.assertEqual(sessions.capacity, 7)
-        clock.t = 100.0
+        clock.t = 160.0
         drive(gate, clock, lambda c: 50.0, 300)
         self.assertGreater(gate.limit, 20)
         self.assertEqual(sessions.capacity, gate.limit)
