@@ -873,7 +873,8 @@ class GradientLimit:
     than their loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint
     itself (a brownout, capacity taken away or given back): such pairs are left out of the fit, and when the
     newest window is one, the fit restarts from it and the limit takes one probe step the way speed went, so a
-    brownout is not read as congestion.
+    brownout is not read as congestion (and when faster, the hold below an earlier overload's level ends: that
+    overload was the slower endpoint's).
 
     After an overload the limit remembers the level that overloaded (what the failed request met, not the limit at
     the time, which may have grown since). A request refused on arrival (no work done: a cap's or a quota's 429, a
@@ -1065,6 +1066,8 @@ class GradientLimit:
             del self._points[:]
             self._pair_e = None
             self._shift = dy
+            if dy > 0:  # faster: an overload of the slower endpoint is no reason to wait before probing past it
+                self._hold_until = -math.inf
             return None
         slopes = []  # (slope, weight): a pair pins the slope as well as dx is large against the pair's noise
         for i in range(len(pts)):

@@ -207,6 +207,27 @@ class TestEndpointChanges(unittest.TestCase):
         self.assertEqual(limit.limit, 300)
         self.assertLess(feed(limit, 40.0, 300.0 * (1 + 1e-12), 25.0), 300)
 
+    def test_an_endpoint_that_got_faster_is_probed_without_waiting_out_an_old_overload(self):
+        # a collapse (timeout) put the limit under a 2-minute hold below the level that failed; then the endpoint
+        # gets three times faster at the same load (capacity given back): that overload said nothing about this
+        # endpoint, so the limit creeps past the level at once instead of sitting out the hold
+        limit = eh.GradientLimit(16, 1, 4096)
+        for t in range(3):
+            feed(limit, float(t), limit.limit, 50.0)
+        limit.on_overload(10.0, 30.0, limit.limit)  # held until 10 + 4 x 30 s
+        t = 40.0
+        while True:  # back up to just under the level, where it holds
+            held = limit.limit
+            feed(limit, t, limit.limit, 50.0)
+            t += 5.0
+            if limit.limit == held:
+                break
+        for _ in range(4):
+            feed(limit, t, limit.limit, 150.0)
+            t += 5.0
+        self.assertLess(t, 130.0)  # (all of it within the hold)
+        self.assertGreater(limit.limit, 1.1 * held)
+
     def test_a_brownout_is_not_read_as_congestion(self):
         # past 32 streams aggregate throughput is flat; for 40 s everything runs 3x slower whatever the load (a
         # brownout, which cutting the limit cannot help): the limit must stay where it was
