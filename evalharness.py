@@ -900,7 +900,7 @@ class GradientLimit:
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
-                 significance: float = 2.0, min_noise_log: float = 0.04, same_level: float = 0.15,
+                 significance: float = 2.0, min_noise_log: float = 0.05, same_level: float = 0.15,
                  max_hold_mult: float = 4.0,
                  max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance, self.min_noise_log = significance, min_noise_log

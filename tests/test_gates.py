@@ -158,7 +158,7 @@ class TestGradientLimit(unittest.TestCase):
             self.assertGreaterEqual(mean, 30, seed)
             self.assertGreaterEqual(min(l for _, l in late), 12, seed)
 
-    def test_windows_of_alike_requests_are_still_not_trusted_to_a_few_percent(self):
+    def test_windows_of_alike_requests_are_still_not_trusted_beyond_a_few_percent(self):
         # every request in a window alike (no spread inside it), and the second window 13% slower at 12% more
         # load: on its own that could read as a knee (e < 0), but a window's speed also moves with what the
         # server did meanwhile, so the pair is no evidence: a probe down, no cut, no knee, and the limit grows
