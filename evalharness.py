@@ -864,12 +864,11 @@ class GradientLimit:
     optimum get larger windows judged later; big steps get small windows judged early (fast ramps).
 
     A window's speed is noisy (a mix of short and long answers, a hosted API's stream-to-stream spread): each
-    window also measures that noise (the variance of its ratio-of-sums speed, by the delta method, never below
-    ``min_noise_log`` squared: its requests are not independent draws), the median weighs each pair of windows by
-    how well it pins the slope (dx² over the pair's variance), and an elasticity within ``significance`` standard
-    errors of e* is no evidence either way: the limit then takes only a probe step the way the estimate leans
-    (upward under a remembered level, which bounds it) and remembers no knee, so noise neither walks the limit
-    down nor fences it in. App-limited
+    window also measures that noise (the variance of its ratio-of-sums speed, by the delta method), the median
+    weighs each pair of windows by how well it pins the slope (dx² over the pair's variance), and an elasticity
+    within ``significance`` standard errors of e* is no evidence either way: the limit then takes only a probe step
+    the way the estimate leans (upward under a remembered level, which bounds it) and remembers no knee, so noise
+    neither walks the limit down nor fences it in. App-limited
     windows (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more
     than their loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint
     itself (a brownout, capacity taken away or given back): such pairs are left out of the fit, and when the
@@ -900,10 +899,9 @@ class GradientLimit:
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
-                 significance: float = 2.0, min_noise_log: float = 0.05, same_level: float = 0.15,
-                 max_hold_mult: float = 4.0,
+                 significance: float = 2.0, same_level: float = 0.15, max_hold_mult: float = 4.0,
                  max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
-        self.significance, self.min_noise_log = significance, min_noise_log
+        self.significance = significance
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
@@ -1108,12 +1106,10 @@ class GradientLimit:
         return first + slope * self.max_tokens
 
     def _window_var(self) -> float:
-        """The judged window's variance of ln s, never below ``min_noise_log`` squared (a window's requests are
-        not independent draws: which ones it holds and what the server did meanwhile move its speed by more than
-        their own spread says); the median of the remembered ones when it has too few requests to tell (or none
-        came back: a time-capped window)."""
-        if self._var is not None:
-            return max(self._var, self.min_noise_log ** 2)
+        """The judged window's variance of ln s; the median of the remembered ones when it has too few
+        requests to tell (or none came back: a time-capped window)."""
+        if self._var:
+            return self._var
         known = sorted(v for _, _, v in self._points)
         return known[len(known) // 2] if known else 0.01
 
