@@ -1348,6 +1348,7 @@ class AdaptiveGate:
                 self._ok_latency = elapsed if self._ok_latency is None else 0.9 * self._ok_latency + 0.1 * elapsed
                 if self._drain_to_ok and now < self._drain_until:
                     self._drain_until = now  # a request finished: its slot is free again
+                    events.append({"type": "drain_end"})
                 self._drain_to_ok = False
                 speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
                 load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
@@ -6132,6 +6133,8 @@ def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
             continue
         if ev.get("type") == "limit" and ev.get("limit") is not None:
             limit.append((round(float(t) - t0, 3), int(ev["limit"])))
+        elif ev.get("type") == "drain_end" and drains and drains[-1][1] > float(t) - t0:
+            drains[-1] = (drains[-1][0], round(float(t) - t0, 3))  # over early: a request succeeded
         elif ev.get("type") == "drain":
             drains.append((round(float(t) - t0, 3), round(float(t) - t0 + float(ev.get("drain_s") or 0), 3)))
             if ev.get("limit") is not None:

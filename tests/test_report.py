@@ -104,6 +104,16 @@ class TestReportNumbers(unittest.TestCase):
         self.assertEqual(ser["drains"], [(4.0, 6.0)])
         self.assertAlmostEqual(sum(ser["rate"]) * ser["bin_s"], 10, places=2)
 
+    def test_a_pause_that_ended_early_is_shaded_only_until_it_ended(self):
+        # a refusal without Retry-After pauses for at most 30 s but ends at the next success: the gate says so
+        run = qa_fixture(tempdir(self))
+        write_jsonl(os.path.join(run, "events.jsonl"), [
+            {"t": T0 + 1, "type": "run_start"}, {"t": T0 + 5, "type": "drain", "limit": 6, "drain_s": 30.0},
+            {"t": T0 + 6.5, "type": "drain_end"}, {"t": T0 + 8, "type": "drain", "limit": 5, "drain_s": 2.0},
+            {"t": T0 + 20, "type": "drain_end"}])  # (one after its pause was over changes nothing)
+        ser = eh.report_data(eh.load_run(run))["series"]
+        self.assertEqual(ser["drains"], [(4.0, 5.5), (7.0, 9.0)])
+
     def test_a_killed_run_with_a_torn_tail_still_reports(self):
         run = qa_fixture(tempdir(self))
         with open(os.path.join(run, "samples.jsonl"), "a") as fh:
