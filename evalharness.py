@@ -863,18 +863,19 @@ class GradientLimit:
     down; it settles where one more stream stops paying (e = e*, ``target_elasticity``). Small steps near the
     optimum get larger windows judged later; big steps get small windows judged early (fast ramps).
 
-    A window's speed is noisy (a mix of short and long answers, a hosted API's stream-to-stream spread): each
-    window also measures that noise (the variance of its ratio-of-sums speed, by the delta method), the median
-    weighs each pair of windows by how well it pins the slope (dx² over the pair's variance), and an elasticity
-    within ``significance`` standard errors of e* is no evidence either way: the limit then takes only a probe step
-    the way the estimate leans (upward under a remembered level, which bounds it) and remembers no knee, so noise
-    neither walks the limit down nor fences it in. App-limited
-    windows (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more
-    than their loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint
-    itself (a brownout, capacity taken away or given back): such pairs are left out of the fit, and when the
-    newest window is one, the fit restarts from it and the limit takes one probe step the way speed went, so a
-    brownout is not read as congestion (and when faster, the hold below an earlier overload's level ends: that
-    overload was the slower endpoint's).
+    A window's speed is noisy (a mix of short and long answers, a hosted API's stream-to-stream spread): each window
+    also measures that noise (the variance of its ratio-of-sums speed, by the delta method), plus a shock all its
+    requests share, which no window sees inside (a long prefill stalling every stream; learned from how far windows
+    land from the fit: ``_learn_shock``); the median weighs each pair of windows by how well it pins the slope (dx²
+    over the pair's variance), and an elasticity within ``significance`` standard errors of e* is no evidence either
+    way: the limit then takes only a probe step the way the estimate leans (upward under a remembered level, which
+    bounds it) and remembers no knee, so noise neither walks the limit down nor fences it in. App-limited windows
+    (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more than their
+    loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint itself (a
+    brownout, capacity taken away or given back): such pairs are left out of the fit, and when the newest window is
+    one, the fit restarts from it and the limit takes one probe step the way speed went, so a brownout is not read
+    as congestion (and when faster, the hold below an earlier overload's level ends: that overload was the slower
+    endpoint's).
 
     After an overload the limit remembers the level that overloaded (what the failed request met, not the limit at
     the time, which may have grown since). A request refused on arrival (no work done: a cap's or a quota's 429, a
@@ -900,6 +901,7 @@ class GradientLimit:
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
                  significance: float = 2.0, same_level: float = 0.15, max_hold_mult: float = 4.0,
+                 shock_windows: int = 16,
                  max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
@@ -930,6 +932,10 @@ class GradientLimit:
         self._e_se: Optional[float] = None  # standard errors of the fitted and the last pair's elasticity
         self._pair_se: Optional[float] = None
         self.fit_windows = fit_windows
+        self.shock_windows = shock_windows
+        self._surprises: List[Tuple[float, float]] = []  # (squared surprise, its sampling variance) per window
+        self._shock_var = 0.0  # variance of a shock shared by all of a window's requests (learned, see _learn_shock)
+        self._found: List[float] = []  # the limits saturated windows chose (discovered: their median)
         self._last_e = 1.0
         self._pair_e: Optional[float] = None
         self._last_step = 1.0
@@ -1030,8 +1036,11 @@ class GradientLimit:
         self._longest_s = self._longest_time(w)
         step = self._step(now, c, s)
         self._last_step = step
-        if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take
-            self.discovered = max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step)))
+        if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take; the limit
+            # circles the optimum (probes either side), so what was found is the median of the last few outcomes
+            self._found.append(max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step))))
+            del self._found[:-9]
+            self.discovered = sorted(self._found)[len(self._found) // 2]
         new = self.limit * math.exp(step)
         if self.trace is not None:
             self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
@@ -1069,13 +1078,15 @@ class GradientLimit:
             if dy > 0:  # faster: an overload of the slower endpoint is no reason to wait before probing past it
                 self._hold_until = -math.inf
             return None
+        self._learn_shock(pts[-2], pts[-1])
+        shock = 2.0 * self._shock_var  # every pair of windows carries two shocks
         slopes = []  # (slope, weight): a pair pins the slope as well as dx is large against the pair's noise
         for i in range(len(pts)):
             for j in range(i + 1, len(pts)):
                 dx, dy = pts[j][0] - pts[i][0], pts[j][1] - pts[i][1]
                 if abs(dx) >= 0.5 * self.min_step and not self._unexplained(dx, dy):
-                    slopes.append((dy / dx, dx * dx / (pts[i][2] + pts[j][2])))  # (a pair the load cannot explain
-        if not slopes:                                                  # straddles a change of endpoint)
+                    slopes.append((dy / dx, dx * dx / (pts[i][2] + pts[j][2] + shock)))  # (a pair the load cannot
+        if not slopes:                                                        # explain straddles a change)
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
             return self._last_e
         self._last_e = 1.0 + weighted_median(slopes)
@@ -1083,10 +1094,26 @@ class GradientLimit:
         (x0, y0, v0), (x1, y1, v1) = pts[-2], pts[-1]
         if abs(x1 - x0) >= 0.5 * self.min_step:
             self._pair_e = 1.0 + (y1 - y0) / (x1 - x0)
-            self._pair_se = math.sqrt(v0 + v1) / abs(x1 - x0)
+            self._pair_se = math.sqrt(v0 + v1 + shock) / abs(x1 - x0)
         else:
             self._pair_e = None
         return self._last_e
+
+    def _learn_shock(self, a: Tuple[float, float, float], b: Tuple[float, float, float]) -> None:
+        """A window's own spread (its requests' speeds) misses what all of them shared: a long prompt's prefill
+        stalling every stream, a wave of preemptions. Learn that shock's variance from how far each window lands
+        from where the last fit put it (the surprise, less both windows' own variance; medians over the last
+        ``shock_windows``, none before half of them), so the weights and standard errors count it and one shocked
+        window is not read as a knee."""
+        (xa, ya, va), (xb, yb, vb) = a, b
+        surprise = (yb - ya) - (self._last_e - 1.0) * (xb - xa)
+        self._surprises.append((surprise * surprise, va + vb))
+        del self._surprises[:-self.shock_windows]
+        if len(self._surprises) >= max(2, self.shock_windows // 2):
+            # the median of a squared normal is 0.455 of its variance
+            r2 = sorted(r for r, _ in self._surprises)[len(self._surprises) // 2] / 0.455
+            own = sorted(v for _, v in self._surprises)[len(self._surprises) // 2]
+            self._shock_var = max(0.0, r2 - own) / 2.0
 
     def _longest_time(self, w: Dict[str, Any]) -> Optional[float]:
         """How long a max_tokens answer would take now: the window's latencies against its answers' lengths,
