@@ -839,6 +839,12 @@ def weighted_median(pairs: List[Tuple[float, float]]) -> float:
     return pairs[-1][0]
 
 
+def upper_median(values: Iterable[float]) -> float:
+    """The middle value (the upper of the two middle ones for an even count): always one of the values."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 class GradientLimit:
     """The adaptive limit: a window-vs-window gradient of per-stream speed that climbs throughput.
 
@@ -920,6 +926,7 @@ class GradientLimit:
         self.min_limit, self.max_limit = min_limit, max_limit
         self.target, self.gain = target_elasticity, gain
         self.min_step, self.max_up, self.max_down = min_step_log, max_up_log, max_down_log
+        self._min_dx = 0.5 * min_step_log  # windows this far apart in load (half a probe) show a slope
         self.min_window, self.max_window = min_window, max_window
         self.judge_fraction, self.window_share = judge_fraction, window_share
         self.first_step = first_step_log
@@ -1040,7 +1047,7 @@ class GradientLimit:
             # circles the optimum (probes either side), so what was found is the median of the last few outcomes
             self._found.append(max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step))))
             del self._found[:-9]
-            self.discovered = sorted(self._found)[len(self._found) // 2]
+            self.discovered = upper_median(self._found)
         new = self.limit * math.exp(step)
         if self.trace is not None:
             self.trace.append((round(now, 3), round(c, 2), round(s, 4), round(step, 3), round(new, 2)))
@@ -1056,7 +1063,7 @@ class GradientLimit:
         """Did speed change (dy, in log) by more than a change of load (dx, later minus earlier) can explain? More
         streams and slower is always congestion's own direction (a KV cache thrashing can fall off a cliff);
         anything else steeper than ``max_slope`` (plus ``noise_log``) is the endpoint itself changing."""
-        return abs(dy) > self.max_slope * abs(dx) + self.noise_log and not (dx >= 0.5 * self.min_step and dy < 0)
+        return abs(dy) > self.max_slope * abs(dx) + self.noise_log and not (dx >= self._min_dx and dy < 0)
 
     def _elasticity(self, c: float, s: float) -> Optional[float]:
         """e = 1 + d ln s / d ln C, read robustly from this window and up to ``fit_windows - 1`` before it: the
@@ -1084,7 +1091,7 @@ class GradientLimit:
         for i in range(len(pts)):
             for j in range(i + 1, len(pts)):
                 dx, dy = pts[j][0] - pts[i][0], pts[j][1] - pts[i][1]
-                if abs(dx) >= 0.5 * self.min_step and not self._unexplained(dx, dy):
+                if abs(dx) >= self._min_dx and not self._unexplained(dx, dy):
                     slopes.append((dy / dx, dx * dx / (pts[i][2] + pts[j][2] + shock)))  # (a pair the load cannot
         if not slopes:                                                        # explain straddles a change)
             # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
@@ -1092,7 +1099,7 @@ class GradientLimit:
         self._last_e = 1.0 + weighted_median(slopes)
         self._e_se = 1.0 / math.sqrt(sum(w for _, w in slopes))
         (x0, y0, v0), (x1, y1, v1) = pts[-2], pts[-1]
-        if abs(x1 - x0) >= 0.5 * self.min_step:
+        if abs(x1 - x0) >= self._min_dx:
             self._pair_e = 1.0 + (y1 - y0) / (x1 - x0)
             self._pair_se = math.sqrt(v0 + v1 + shock) / abs(x1 - x0)
         else:
@@ -1111,8 +1118,8 @@ class GradientLimit:
         del self._surprises[:-self.shock_windows]
         if len(self._surprises) >= max(2, self.shock_windows // 2):
             # the median of a squared normal is 0.455 of its variance
-            r2 = sorted(r for r, _ in self._surprises)[len(self._surprises) // 2] / 0.455
-            own = sorted(v for _, v in self._surprises)[len(self._surprises) // 2]
+            r2 = upper_median(r for r, _ in self._surprises) / 0.455
+            own = upper_median(v for _, v in self._surprises)
             self._shock_var = max(0.0, r2 - own) / 2.0
 
     def _longest_time(self, w: Dict[str, Any]) -> Optional[float]:
@@ -1137,8 +1144,7 @@ class GradientLimit:
         requests to tell (or none came back: a time-capped window)."""
         if self._var:
             return self._var
-        known = sorted(v for _, _, v in self._points)
-        return known[len(known) // 2] if known else 0.01
+        return upper_median(v for _, _, v in self._points) if self._points else 0.01
 
     def _step(self, now: float, c: float, s: float) -> float:
         self._shift = None

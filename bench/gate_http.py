@@ -8,9 +8,9 @@ limit, and checks: adaptive wall <= 1.10 x the best fixed wall, and the discover
 (fixed concurrencies within 10% of the best throughput).
 
 One run's wall time moves by +-3% between identical runs on a shared 2-core machine, and the best of a sweep is
-the minimum of several noisy walls (biased low), so after the sweep the best fixed concurrency and the adaptive
-gate run --repeat more times each, alternating, and the check compares their medians (the first adaptive run's
-single ratio is printed too).
+the minimum of several noisy walls (biased low), so after the sweep the adaptive gate runs --repeat times, each
+followed by the best fixed concurrency again, and the check compares the adaptive walls' median with the median of
+the best fixed concurrency's walls, the sweep's included (the first adaptive run's single ratio is printed too).
 
 Usage: python3 bench/gate_http.py [--rows 400] [--sweep 2,4,6,8,12,16,24,32] [--repeat 3]
 """
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,9 +93,8 @@ def main():
                 w, _, rc = run("fixed-%d-again-%d" % (best_c, i), ["--fixed-concurrency", str(best_c)])
                 again.append(w)
                 print("fixed %3d: wall %6.1fs  %5.1f samples/s  exit %d  (again)" % (best_c, w, args.rows / w, rc))
-        median = lambda xs: sorted(xs)[len(xs) // 2]
         best_walls = [best] + again
-        ratio = median(walls) / median(best_walls)
+        ratio = statistics.median(walls) / statistics.median(best_walls)
         print("adaptive / best fixed wall = %.3f (medians of %d and %d runs; target <= 1.10): %s"
               % (ratio, len(walls), len(best_walls), "PASS" if ratio <= 1.10 else "FAIL"))
         inside = [l for l in limits if plateau[0] <= (l or 0) <= plateau[-1]]

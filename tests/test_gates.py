@@ -71,6 +71,11 @@ def drive(gate, clock, speed_of, seconds, *, tokens=lambda rng: 200, seed=1, ttf
     return seen
 
 
+def time_mean(seen):
+    """The time-weighted mean limit over a list of (time, limit) as drive() returns."""
+    return sum(l * (t1 - t0) for (t0, l), (t1, _) in zip(seen, seen[1:])) / (seen[-1][0] - seen[0][0])
+
+
 def overload_when_full(gate, clock, after_s=0.0, retry_after_s=None):
     """Fill the gate and fail the last request admitted (``overload``) ``after_s`` later: at once, as an endpoint
     refusing one stream too many; after a minute, as a request that timed out (a collapse). The others come back
@@ -154,7 +159,7 @@ class TestGradientLimit(unittest.TestCase):
             seen = drive(gate, clock, lambda c: 60.0, 3000, tokens=lengths, seed=seed, ttft_s=0.8, cap=40,
                          spread=0.5)
             late = [(t, l) for t, l in seen if t > 600]
-            mean = sum(l * (t1 - t0) for (t0, l), (t1, _) in zip(late, late[1:])) / (late[-1][0] - late[0][0])
+            mean = time_mean(late)
             self.assertGreaterEqual(mean, 30, seed)
             self.assertGreaterEqual(min(l for _, l in late), 12, seed)
 
@@ -176,7 +181,7 @@ class TestGradientLimit(unittest.TestCase):
 
             seen = drive(gate, clock, speed, 3000, tokens=lambda r: r.randint(100, 300), seed=seed)
             late = [(t, l) for t, l in seen if t > 1000]
-            mean = sum(l * (t1 - t0) for (t0, l), (t1, _) in zip(late, late[1:])) / (late[-1][0] - late[0][0])
+            mean = time_mean(late)
             self.assertGreaterEqual(mean, 110, seed)
             self.assertGreaterEqual(min(l for _, l in late), 48, seed)
 
