@@ -853,8 +853,10 @@ class GradientLimit:
     in_flight). Permits carry the stamp of the admission window they were admitted in. A window closes for
     admission after a count of admissions and is judged once a share of *its own* requests has completed (or, if
     it takes ``time_cap`` times longer than the last window, on what has come back), so a limit change is never
-    judged by traffic admitted before it; the burst of admissions that fills new headroom after an increase (a
-    wave of prefills at once) is a transient and belongs to no window. A judged window is a point (C, s): load and
+    judged by traffic admitted before it; the burst of admissions that fills new headroom after an increase that
+    at least doubles it (``settle_ratio``: a wave of prefills at once) is a transient and belongs to no window (a
+    probe's few more streams are the next window's first requests). A window needs ``min_samples`` answers, or
+    ``early_samples`` that already settle the way (``_decisive``). A judged window is a point (C, s): load and
     speed as ratios of sums over its requests, so long decode-dominated requests weigh by their length and a
     window's mix of short and long answers barely moves it.
 
@@ -865,7 +867,7 @@ class GradientLimit:
 
     One update rule, no thresholds and no modes: ln L moves by ``gain``·(e − e*), at least ±``min_step_log`` (a
     probe, so consecutive windows always differ in C), at most ``max_up_log`` up and ``max_down_log`` down.
-    While per-stream speed holds (e ≈ 1) the limit grows ×4 per window; on a throughput plateau (e ≈ 0) it walks
+    While per-stream speed holds (e ≈ 1) the limit grows ×5 per window; on a throughput plateau (e ≈ 0) it walks
     down; it settles where one more stream stops paying (e = e*, ``target_elasticity``). Small steps near the
     optimum get larger windows judged later; big steps get small windows judged early (fast ramps).
 
@@ -901,13 +903,13 @@ class GradientLimit:
     adaptive = True
 
     def __init__(self, initial: int, min_limit: int, max_limit: int, *, target_elasticity: float = 0.1,
-                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.4, max_down_log: float = 0.3,
+                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.6, max_down_log: float = 0.3,
                  min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
                  window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
                  min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
                  significance: float = 2.0, same_level: float = 0.15, max_hold_mult: float = 4.0,
-                 shock_windows: int = 16,
+                 shock_windows: int = 16, early_samples: int = 3, settle_ratio: float = 2.0,
                  max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
@@ -932,6 +934,7 @@ class GradientLimit:
         self.first_step = first_step_log
         self.backoff_ratio = backoff_ratio
         self.min_samples = min_samples
+        self.early_samples, self.settle_ratio = early_samples, settle_ratio
         self._stamp = 0
         self._open: Dict[int, Dict[str, Any]] = {}
         self._points: List[Tuple[float, float, float]] = []  # (ln C, ln s, variance of ln s) of the last windows
@@ -1006,9 +1009,37 @@ class GradientLimit:
         tokens = speed * elapsed_s  # and for latency against length (the speed floor)
         w["kk"] += tokens * tokens
         w["kt"] += tokens * elapsed_s
-        if not w["closed"] or w["n"] < max(self.min_samples, self._judge_at * w["admitted"]):
+        n = w["n"]
+        if (not w["closed"] or n < max(self.early_samples, self._judge_at * w["admitted"])
+                or (n < self.min_samples and not self._decisive(w))):
             return self._time_cap(now, w)
         return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
+
+    def _decisive(self, w: Dict[str, Any]) -> bool:
+        """Has a window whose share is back, but fewer than ``min_samples`` answers, already settled which way
+        the limit goes? A sequential test: yes if the fit and the last pair both put e beyond e* by
+        ``significance`` standard errors the same way, the window's variance taken as at least the remembered
+        windows' (three answers cannot tell their own spread). On a ramp (speed holding as the limit grows) or a
+        collapse this judges a small window after ``early_samples`` answers instead of waiting a whole request
+        latency for the fifth; near the optimum it never fires. (Not earlier than the share: the first answers
+        back are the shortest, and windows judged at other shares would not compare.)"""
+        if not self._points:
+            return False
+        c, s = w["load"] / w["time"], w["work"] / w["time"]
+        if c < 0.5 * self.limit or s <= 0:
+            return False
+        var = max(self._variance(w) or 0.0, upper_median(v for _, _, v in self._points))
+        pts = self._points + [(math.log(c), math.log(s), var)]
+        dx, dy = pts[-1][0] - pts[-2][0], pts[-1][1] - pts[-2][1]
+        if self._unexplained(dx, dy):
+            return False
+        fit = self._fit(pts)
+        if fit is None or fit[2] is None:
+            return False
+        e, e_se, pair_e, pair_se = fit
+        z = self.significance
+        return ((e - self.target > z * e_se and pair_e - self.target > z * pair_se)
+                or (e - self.target < -z * e_se and pair_e - self.target < -z * pair_se))
 
     def _time_cap(self, now: float, w: Optional[Dict[str, Any]]) -> float:
         """Judge a window that takes ``time_cap`` times longer than the last one: its requests have slowed
@@ -1035,11 +1066,10 @@ class GradientLimit:
                 self.trace.append((round(now, 3), round(c, 2), round(s, 4), None, round(self.limit, 2)))
             self._new_window(now)
             return self.limit
-        # the variance of ln s, s = sum(work) / sum(time) (delta method: sum t_i^2 (s_i - s)^2 / (s sum t_i)^2);
-        # None when too few came back to tell
-        n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
-        spread = w["ttss"] - 2.0 * r * w["tts"] + r * r * w["tt"]
-        self._var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2 if n >= 3 and r > 0 else None
+        self._var = self._variance(w)
+        if w["n"] < self.min_samples and self._var is not None and self._points:
+            # a few answers cannot tell their own spread: no less than the remembered windows'
+            self._var = max(self._var, upper_median(v for _, _, v in self._points))
         self._longest_s = self._longest_time(w)
         step = self._step(now, c, s)
         self._last_step = step
@@ -1055,9 +1085,19 @@ class GradientLimit:
         del self._points[:-self.fit_windows]
         old = self.limit
         self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
-        self._settle = max(0, int(self.limit) - int(old))
+        # a burst that at least doubles the load (a wave of prefills at once) is a transient and belongs to no
+        # window; a probe's few more streams are the next window's first requests
+        self._settle = max(0, int(self.limit) - int(old)) if self.limit >= self.settle_ratio * old else 0
         self._new_window(now)
         return self.limit
+
+    @staticmethod
+    def _variance(w: Dict[str, Any]) -> Optional[float]:
+        """The variance of a window's ln s, s = sum(work) / sum(time) (delta method: sum t_i^2 (s_i - s)^2 /
+        (s sum t_i)^2); None when too few came back to tell."""
+        n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
+        spread = w["ttss"] - 2.0 * r * w["tts"] + r * r * w["tt"]
+        return max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2 if n >= 3 and r > 0 else None
 
     def _unexplained(self, dx: float, dy: float) -> bool:
         """Did speed change (dy, in log) by more than a change of load (dx, later minus earlier) can explain? More
@@ -1086,6 +1126,17 @@ class GradientLimit:
                 self._hold_until = -math.inf
             return None
         self._learn_shock(pts[-2], pts[-1])
+        fit = self._fit(pts)
+        if fit is None:
+            # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
+            return self._last_e
+        self._last_e, self._e_se, self._pair_e, self._pair_se = fit
+        return self._last_e
+
+    def _fit(self, pts: List[Tuple[float, float, float]]) -> Optional[Tuple[float, float, Optional[float],
+                                                                          Optional[float]]]:
+        """(e, its standard error, the last pair's e, its standard error) from points (ln C, ln s, variance);
+        None when no pair of points differs enough in load."""
         shock = 2.0 * self._shock_var  # every pair of windows carries two shocks
         slopes = []  # (slope, weight): a pair pins the slope as well as dx is large against the pair's noise
         for i in range(len(pts)):
@@ -1094,17 +1145,12 @@ class GradientLimit:
                 if abs(dx) >= self._min_dx and not self._unexplained(dx, dy):
                     slopes.append((dy / dx, dx * dx / (pts[i][2] + pts[j][2] + shock)))  # (a pair the load cannot
         if not slopes:                                                        # explain straddles a change)
-            # every window at one concurrency (pinned at a bound): no gradient to read; keep the last estimate
-            return self._last_e
-        self._last_e = 1.0 + weighted_median(slopes)
-        self._e_se = 1.0 / math.sqrt(sum(w for _, w in slopes))
+            return None
+        e, e_se = 1.0 + weighted_median(slopes), 1.0 / math.sqrt(sum(w for _, w in slopes))
         (x0, y0, v0), (x1, y1, v1) = pts[-2], pts[-1]
-        if abs(x1 - x0) >= self._min_dx:
-            self._pair_e = 1.0 + (y1 - y0) / (x1 - x0)
-            self._pair_se = math.sqrt(v0 + v1 + shock) / abs(x1 - x0)
-        else:
-            self._pair_e = None
-        return self._last_e
+        if abs(x1 - x0) < self._min_dx:
+            return e, e_se, None, None
+        return e, e_se, 1.0 + (y1 - y0) / (x1 - x0), math.sqrt(v0 + v1 + shock) / abs(x1 - x0)
 
     def _learn_shock(self, a: Tuple[float, float, float], b: Tuple[float, float, float]) -> None:
         """A window's own spread (its requests' speeds) misses what all of them shared: a long prompt's prefill

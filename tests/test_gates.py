@@ -200,6 +200,71 @@ class TestGradientLimit(unittest.TestCase):
         self.assertLess(highs[6000], 130)  # (one ramp step from just above the floor may pass it, no more)
         self.assertGreater(highs[None], 200)  # (the floor is what holds it)
 
+    def test_a_small_window_whose_first_answers_settle_the_way_is_judged_without_waiting_for_more(self):
+        # after the first probe (16 -> 22 streams) the next window is small (9 requests) and waiting for its fifth
+        # answer costs a whole request latency at a low limit. Three answers that already show the speed holding
+        # (or collapsing) decide it; three that leave e near e* (speed falling as C^-0.9: e = 0.1) do not
+        def second_window(exponent):
+            limit = eh.GradientLimit(16, 1, 512)
+            rng = random.Random(7)
+            stamps = [limit.window_stamp() for _ in range(16)]
+            for i, stamp in enumerate(stamps[:6]):
+                limit.on_sample(5.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), 16.0, 4.0)
+            start = limit.limit
+            self.assertGreater(start, 16)  # the first probe step
+            stamps = []
+            while len(stamps) < 30:
+                stamp = limit.window_stamp()
+                if stamp:
+                    stamps.append(stamp)
+                elif stamps:
+                    break
+            judged_after = None
+            for i, stamp in enumerate(stamps):
+                speed = 50.0 * (start / 16.0) ** -exponent * rng.lognormvariate(0.0, 0.03)
+                limit.on_sample(20.0 + i, stamp, speed, start, 4.0)
+                if limit.limit != start:
+                    judged_after = i + 1
+                    break
+            return judged_after, limit.limit / start
+
+        judged_after, ratio = second_window(0.0)  # speed holds: grow
+        self.assertEqual(judged_after, 3)
+        self.assertGreater(ratio, 3)
+        judged_after, ratio = second_window(3.0)  # speed collapses: cut
+        self.assertEqual(judged_after, 3)
+        self.assertLess(ratio, 1)
+        judged_after, _ = second_window(0.9)  # e = e*: no decision on three answers
+        self.assertGreaterEqual(judged_after, 5)
+
+    def test_only_a_burst_that_at_least_doubles_the_load_belongs_to_no_window(self):
+        # the admissions that fill new headroom all start at once: after a ramp step (x4 and more) that is a wave of
+        # prefills, a transient no window should be judged by; after a probe (+42%) they are ordinary requests,
+        # and making the next window wait for them to be replaced first costs a request latency at a low limit
+        limit = eh.GradientLimit(16, 1, 512)
+        rng = random.Random(3)
+        stamps = [limit.window_stamp() for _ in range(16)]
+        for i, stamp in enumerate(stamps[:6]):
+            limit.on_sample(5.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), 16.0, 4.0)
+        probe = limit.limit
+        self.assertTrue(16 < probe < 32, probe)
+        stamps = [limit.window_stamp() for _ in range(8)]
+        self.assertNotIn(0, stamps)  # the probe's new streams are the next window's first requests
+        while True:
+            stamp = limit.window_stamp()
+            if not stamp:
+                break
+            stamps.append(stamp)
+        for i, stamp in enumerate(stamps):
+            limit.on_sample(20.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), probe, 4.0)
+            if limit.limit != probe:
+                break
+        self.assertGreater(limit.limit, 2 * probe)  # speed held: a ramp step
+        burst = int(limit.limit) - int(probe)
+        stamps = [limit.window_stamp() for _ in range(burst + 1)]
+        self.assertEqual(stamps[:burst], [0] * burst)
+        self.assertNotEqual(stamps[-1], 0)
+
     def test_discovered_limit_is_reported_after_saturated_windows(self):
         clock = Clock()
         gate = eh.AdaptiveGate(16, 1, 64, clock=clock)
