@@ -1018,17 +1018,17 @@ class GradientLimit:
     def _decisive(self, w: Dict[str, Any]) -> bool:
         """Has a window whose share is back, but fewer than ``min_samples`` answers, already settled which way
         the limit goes? A sequential test: yes if the fit and the last pair both put e beyond e* by
-        ``significance`` standard errors the same way, the window's variance taken as at least the remembered
-        windows' (three answers cannot tell their own spread). On a ramp (speed holding as the limit grows) or a
-        collapse this judges a small window after ``early_samples`` answers instead of waiting a whole request
-        latency for the fifth; near the optimum it never fires. (Not earlier than the share: the first answers
-        back are the shortest, and windows judged at other shares would not compare.)"""
-        if not self._points:
+        ``significance`` standard errors the same way (``_variance`` counts the window's as no less than the
+        remembered windows'). On a ramp (speed holding as the limit grows) or a collapse this judges a small
+        window after ``early_samples`` answers instead of waiting a whole request latency for the fifth; near the
+        optimum it never fires. (Not earlier than the share: the first answers back are the shortest, and windows
+        judged at other shares would not compare.)"""
+        var = self._variance(w)
+        if not self._points or var is None:
             return False
         c, s = w["load"] / w["time"], w["work"] / w["time"]
-        if c < 0.5 * self.limit or s <= 0:
+        if c < 0.5 * self.limit:
             return False
-        var = max(self._variance(w) or 0.0, upper_median(v for _, _, v in self._points))
         pts = self._points + [(math.log(c), math.log(s), var)]
         dx, dy = pts[-1][0] - pts[-2][0], pts[-1][1] - pts[-2][1]
         if self._unexplained(dx, dy):
@@ -1067,9 +1067,6 @@ class GradientLimit:
             self._new_window(now)
             return self.limit
         self._var = self._variance(w)
-        if w["n"] < self.min_samples and self._var is not None and self._points:
-            # a few answers cannot tell their own spread: no less than the remembered windows'
-            self._var = max(self._var, upper_median(v for _, _, v in self._points))
         self._longest_s = self._longest_time(w)
         step = self._step(now, c, s)
         self._last_step = step
@@ -1091,13 +1088,18 @@ class GradientLimit:
         self._new_window(now)
         return self.limit
 
-    @staticmethod
-    def _variance(w: Dict[str, Any]) -> Optional[float]:
+    def _variance(self, w: Dict[str, Any]) -> Optional[float]:
         """The variance of a window's ln s, s = sum(work) / sum(time) (delta method: sum t_i^2 (s_i - s)^2 /
-        (s sum t_i)^2); None when too few came back to tell."""
+        (s sum t_i)^2), with fewer than ``min_samples`` answers no less than the remembered windows' (a few
+        answers cannot tell their own spread); None when too few came back to tell."""
         n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
+        if n < 3 or r <= 0:
+            return None
         spread = w["ttss"] - 2.0 * r * w["tts"] + r * r * w["tt"]
-        return max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2 if n >= 3 and r > 0 else None
+        var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2
+        if n < self.min_samples and self._points:
+            var = max(var, upper_median(v for _, _, v in self._points))
+        return var
 
     def _unexplained(self, dx: float, dy: float) -> bool:
         """Did speed change (dy, in log) by more than a change of load (dx, later minus earlier) can explain? More
