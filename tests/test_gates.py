@@ -207,20 +207,10 @@ class TestGradientLimit(unittest.TestCase):
         def second_window(exponent):
             limit = eh.GradientLimit(16, 1, 512)
             rng = random.Random(7)
-            stamps = [limit.window_stamp() for _ in range(16)]
-            for i, stamp in enumerate(stamps[:6]):
-                limit.on_sample(5.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), 16.0, 4.0)
-            start = limit.limit
-            self.assertGreater(start, 16)  # the first probe step
-            stamps = []
-            while len(stamps) < 30:
-                stamp = limit.window_stamp()
-                if stamp:
-                    stamps.append(stamp)
-                elif stamps:
-                    break
+            start = first_probe(limit, rng)
+            self.assertGreater(start, 16)
             judged_after = None
-            for i, stamp in enumerate(stamps):
+            for i, stamp in enumerate(next_window(limit)):
                 speed = 50.0 * (start / 16.0) ** -exponent * rng.lognormvariate(0.0, 0.03)
                 limit.on_sample(20.0 + i, stamp, speed, start, 4.0)
                 if limit.limit != start:
@@ -243,19 +233,11 @@ class TestGradientLimit(unittest.TestCase):
         # and making the next window wait for them to be replaced first costs a request latency at a low limit
         limit = eh.GradientLimit(16, 1, 512)
         rng = random.Random(3)
-        stamps = [limit.window_stamp() for _ in range(16)]
-        for i, stamp in enumerate(stamps[:6]):
-            limit.on_sample(5.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), 16.0, 4.0)
-        probe = limit.limit
+        probe = first_probe(limit, rng)
         self.assertTrue(16 < probe < 32, probe)
         stamps = [limit.window_stamp() for _ in range(8)]
         self.assertNotIn(0, stamps)  # the probe's new streams are the next window's first requests
-        while True:
-            stamp = limit.window_stamp()
-            if not stamp:
-                break
-            stamps.append(stamp)
-        for i, stamp in enumerate(stamps):
+        for i, stamp in enumerate(stamps + next_window(limit)):
             limit.on_sample(20.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), probe, 4.0)
             if limit.limit != probe:
                 break
@@ -288,6 +270,14 @@ def feed(limit, now, load, speed):
     """One window straight into a limit algorithm: requests admitted until the window closes (after the burst that
     fills new headroom, which belongs to no window), then all back at ``speed`` tokens/s having lived under ``load``
     streams (no gate: the loads are what the test says). Returns the limit."""
+    for stamp in next_window(limit):
+        limit.on_sample(now, stamp, speed, load, 4.0)
+    return limit.limit
+
+
+def next_window(limit):
+    """The stamps of the requests admitted into the window now open until it closes (after a burst that belongs to
+    no window)."""
     stamps = []
     for _ in range(10000):
         stamp = limit.window_stamp()
@@ -295,8 +285,15 @@ def feed(limit, now, load, speed):
             stamps.append(stamp)
         elif stamps:
             break
-    for stamp in stamps:
-        limit.on_sample(now, stamp, speed, load, 4.0)
+    return stamps
+
+
+def first_probe(limit, rng):
+    """A fresh GradientLimit(16, ...) with its cold-start window back (6 of 16 answers at ~50 tok/s, a 3% spread,
+    under 16 streams): it takes its first probe step. Returns the limit it stepped to."""
+    stamps = [limit.window_stamp() for _ in range(16)]
+    for i, stamp in enumerate(stamps[:6]):
+        limit.on_sample(5.0 + i, stamp, 50.0 * rng.lognormvariate(0.0, 0.03), 16.0, 4.0)
     return limit.limit
 
 
