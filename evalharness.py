@@ -1098,8 +1098,12 @@ class GradientLimit:
         spread = w["ttss"] - 2.0 * r * w["tts"] + r * r * w["tt"]
         var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2
         if n < self.min_samples and self._points:
-            var = max(var, upper_median(v for _, _, v in self._points))
+            var = max(var, self._remembered_var())
         return var
+
+    def _remembered_var(self) -> float:
+        """The median variance of ln s of the remembered windows (0.01, a +-10% spread, before there are any)."""
+        return upper_median(v for _, _, v in self._points) if self._points else 0.01
 
     def _unexplained(self, dx: float, dy: float) -> bool:
         """Did speed change (dy, in log) by more than a change of load (dx, later minus earlier) can explain? More
@@ -1190,9 +1194,7 @@ class GradientLimit:
     def _window_var(self) -> float:
         """The judged window's variance of ln s; the median of the remembered ones when it has too few
         requests to tell (or none came back: a time-capped window)."""
-        if self._var:
-            return self._var
-        return upper_median(v for _, _, v in self._points) if self._points else 0.01
+        return self._var or self._remembered_var()
 
     def _step(self, now: float, c: float, s: float) -> float:
         self._shift = None
