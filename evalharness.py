@@ -105,11 +105,13 @@ DEFAULT_INITIAL_CONCURRENCY = 16  # first limit of the adaptive gate when no ear
 DEFAULT_MAX_CONCURRENCY = 256     # cap of the adaptive gate (and of worker threads)
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 DEFAULT_MAX_RETRIES = 5
-BREAKER_THRESHOLD = 12           # consecutive failed samples that abort a run
+BREAKER_THRESHOLD = 12           # consecutive samples failed with 401/403/404 (or never reaching the endpoint) abort
+DEFAULT_OUTAGE_BUDGET_S = 120.0  # an endpoint with no success for this long while requests fail aborts the run
+OUTAGE_POLL_S = 2.0              # longest wait between retries while the endpoint is out (recovery is seen fast)
 RETRY_BASE_S = 1.0               # first backoff; doubles per retry
 RETRY_CAP_S = 60.0               # longest single backoff
 RETRY_AFTER_CAP_S = 300.0        # longest Retry-After honoured
-REFUSED_RETRIES = 2              # a refused connection is retried quickly and briefly: a dead endpoint must cost seconds
+REFUSED_RETRIES = 2              # refused by an endpoint never reached in this run: a dead endpoint must cost seconds
 REFUSED_BACKOFF_S = 0.25
 PROGRESS_TTY_S = 0.2             # redraw interval on a terminal
 PROGRESS_PLAIN_S = 10.0          # plain-line interval when stderr is not a terminal (cron); EVALHARNESS_PROGRESS_S
@@ -169,15 +171,43 @@ class ModelAPIError(HarnessError):
     - ``transient``: other 5xx (retried; neutral for the limit)
     - ``malformed``: a response that could not be parsed (retried, then fatal)
     - ``fatal``: 400/401/403/404/422 and the like (not retried)
+
+    ``error_class`` is what a failed sample records and what decides whether a resume runs it again
+    (``_KEEP_ON_RESUME``): connection, timeout, overload, server_error, malformed, auth, not_found (the endpoint's
+    trouble) or bad_request (the request itself: an over-long prompt, a rejected parameter).
     """
 
     def __init__(self, message: str, *, kind: str, status: Optional[int] = None,
-                 retry_after_s: Optional[float] = None, attempts: int = 1):
+                 retry_after_s: Optional[float] = None, attempts: int = 1, error_class: Optional[str] = None):
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s
         self.attempts = attempts
+        self.error_class = error_class or _status_class(status, kind)
+
+
+def _status_class(status: Optional[int], kind: str) -> str:
+    """The error class of an HTTP status (or, without one, of the failure's kind)."""
+    if status is None:
+        return {"overload": "timeout", "malformed": "malformed", "transient": "server_error"}.get(kind, "internal")
+    if status in (429, 503):
+        return "overload"
+    if status >= 500:
+        return "server_error"
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    return "bad_request"
+
+
+# Failed samples whose cause is the request or the model's answer, not the infrastructure: a resume keeps them
+# (--retry-failed runs them again). Every other failure class is run again by a resume.
+_KEEP_ON_RESUME = frozenset({"bad_request", "content_filter", "eval_error"})
+# Failure classes that say the endpoint itself is unusable (wrong key, wrong URL or model): a run of them trips the
+# breaker at once, whatever the outage budget.
+_BREAKER_CLASSES = frozenset({"auth", "not_found", "unreachable", "docker"})
 
 
 class _Cancelled(Exception):
@@ -249,6 +279,26 @@ def _append_durably(fh: Any, line: str) -> None:
     fh.write(line)
     fh.flush()
     os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable (best effort: some filesystems cannot open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fingerprint(obj: Any) -> str:
+    """A short stable hash of a JSON-like value (the run identity's building block)."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -398,6 +448,12 @@ class QAItem:
     pattern: Optional[str] = None
     tolerance: Optional[float] = None
     source: str = ""
+
+
+def _qa_fps(item: QAItem) -> Tuple[str, str]:
+    """A row's (input, score) fingerprints: what is sent to the model, and what its answer is scored against."""
+    return (_fingerprint(item.messages),
+            _fingerprint([item.answer, item.scorer, item.choices, item.pattern, item.tolerance]))
 
 
 def _render_choices(prompt: str, choices: Sequence[str]) -> str:
@@ -565,6 +621,7 @@ class Dataset:
         self.ids: set = set()
         self.count = 0
         self.sha256 = ""
+        self.fps: Dict[str, Tuple[str, str]] = {}  # id -> (input, score) fingerprints (_qa_fps)
 
     def _raw(self) -> Iterator[Tuple[str, Any]]:
         if self._rows is not None:
@@ -592,6 +649,7 @@ class Dataset:
                 raise DatasetError("%s: field 'id' %r duplicates the id at %s; ids must be unique"
                                    % (where, item.id, seen[item.id]))
             seen[item.id] = where
+            self.fps[item.id] = _qa_fps(item)
             if limit is not None and len(seen) >= limit:
                 break
         if not seen:
@@ -1726,6 +1784,7 @@ class ClientConfig:
     stream: bool = True
     max_retries: int = DEFAULT_MAX_RETRIES
     use_proxy: bool = False
+    seed: Optional[int] = None       # sent as the request's "seed" when set
 
 
 @dataclasses.dataclass
@@ -1839,6 +1898,53 @@ def _error_detail(body: bytes) -> str:
         return body.decode("utf-8", "replace").strip()[:300]
 
 
+class _EndpointHealth:
+    """Whether an endpoint is answering, shared by every request of a run: an outage is not a result.
+
+    An outage starts at the first failure after the last success. While it lasts, a failing request keeps
+    retrying (at most OUTAGE_POLL_S apart) past its --max-retries, so a server restart costs time, not samples;
+    a request gives up after its retries only when the endpoint has answered other requests since it started
+    failing (then the trouble is this request's). When an outage reaches ``budget_s`` the run is aborted
+    (``on_trip``), and the samples in flight stay pending for the resume.
+    """
+
+    def __init__(self, budget_s: float = DEFAULT_OUTAGE_BUDGET_S, *, clock: Callable[[], float] = time.monotonic):
+        self.budget_s = budget_s
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the fields below
+        self.successes = 0
+        self.failing_since: Optional[float] = None
+        self.last_error = ""
+        self.tripped = ""                                   # the reason, once the budget ran out
+        self.on_trip: Optional[Callable[[str], None]] = None
+
+    def success(self) -> None:
+        with self._lock:
+            self.successes += 1
+            self.failing_since = None
+
+    def failure(self, err: BaseException) -> bool:
+        """Count one failed attempt; True when the outage has now used up the budget (the run is aborted)."""
+        trip = False
+        with self._lock:
+            now = self._clock()
+            if self.failing_since is None:
+                self.failing_since = now
+            self.last_error = _redact(err)
+            if not self.tripped and now - self.failing_since >= self.budget_s:
+                self.tripped = ("the endpoint gave no successful answer for %.0f s (outage budget, "
+                                "--outage-budget); last error: %s" % (now - self.failing_since, self.last_error))
+                trip = True
+            tripped = bool(self.tripped)
+        if trip and self.on_trip is not None:
+            self.on_trip(self.tripped)
+        return tripped
+
+    def outage_s(self) -> float:
+        with self._lock:
+            return 0.0 if self.failing_since is None else self._clock() - self.failing_since
+
+
 class ModelClient:
     """OpenAI-compatible ``/v1/chat/completions`` over urllib, streaming (SSE) or not, with bounded retries.
 
@@ -1848,7 +1954,9 @@ class ModelClient:
     """
 
     def __init__(self, config: ClientConfig, *, gate: Optional[AdaptiveGate] = None,
-                 cancel: Optional[threading.Event] = None, rng: Optional[random.Random] = None):
+                 cancel: Optional[threading.Event] = None, rng: Optional[random.Random] = None,
+                 health: Optional[_EndpointHealth] = None):
+        self.health = health  # None: plain bounded retries (no outage riding)
         self.config = dataclasses.replace(config, base_url=_normalize_base_url(config.base_url))
         self.url = self.config.base_url + "/chat/completions"
         self._api_key = os.environ.get(config.api_key_env) or None
@@ -1872,6 +1980,8 @@ class ModelClient:
             body["max_tokens"] = cfg.max_tokens
         if cfg.stream:
             body["stream_options"] = {"include_usage": True}
+        if cfg.seed is not None:
+            body["seed"] = cfg.seed
         if cfg.extra_body:
             body.update(cfg.extra_body)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if cfg.stream else
@@ -1914,10 +2024,13 @@ class ModelClient:
                                  http.client.IncompleteRead, BrokenPipeError)):
             what = "connection reset or closed by the server (%s)" % type(reason).__name__
         elif isinstance(reason, socket.gaierror):
-            return ModelAPIError("cannot resolve host of %s: %s" % (self.url, reason), kind="fatal")
+            return ModelAPIError("cannot resolve host of %s: %s" % (self.url, reason), kind="fatal",
+                                 error_class="unreachable")
         else:
             what = "network error: %s" % (reason,)
-        err = ModelAPIError("%s to %s" % (what, self.url), kind="overload")
+        timed_out = what.startswith("timed out")
+        err = ModelAPIError("%s to %s" % (what, self.url), kind="overload",
+                            error_class="timeout" if timed_out else "connection")
         err.refused = isinstance(reason, ConnectionRefusedError)  # type: ignore[attr-defined]
         return err
 
@@ -2015,7 +2128,7 @@ class ModelClient:
                                     kind="malformed") from None
         if not done and finish is None:
             raise ModelAPIError("stream from %s ended before [DONE] and before a finish_reason" % self.url,
-                                kind="overload")
+                                kind="overload", error_class="connection")
         return self._result("".join(parts), "".join(reasoning), finish, usage, time.monotonic() - t0, ttft,
                             n_chunks=len(parts) + len(reasoning),
                             tool_calls=tuple(dict(calls[i], id=calls[i]["id"] or "call_%d" % i) for i in sorted(calls)))
@@ -2045,9 +2158,27 @@ class ModelClient:
         else:
             base = min(RETRY_CAP_S, RETRY_BASE_S * (2 ** (n_failed - 1)))
         wait = base * jitter
+        if self.health is not None and self.health.failing_since is not None:
+            wait = min(wait, OUTAGE_POLL_S)  # the endpoint is out: look again soon, recovery must be seen
         if err.retry_after_s is not None:
             wait = max(wait, err.retry_after_s)
         return wait
+
+    def _give_up(self, err: ModelAPIError, attempts: int, successes_then: int) -> bool:
+        """Whether a failed request stops retrying (see _EndpointHealth for the outage rule)."""
+        cfg, health = self.config, self.health
+        if err.kind == "fatal":
+            return True
+        refused = getattr(err, "refused", False)
+        if health is None:
+            return attempts > (min(REFUSED_RETRIES, cfg.max_retries) if refused else cfg.max_retries)
+        if health.successes == 0 and refused:
+            if attempts > min(REFUSED_RETRIES, cfg.max_retries):
+                err.error_class = "unreachable"  # never reached in this run: fail fast, the breaker counts it
+                return True
+            return False
+        # past its retries, a request gives up only if the endpoint answered others meanwhile (its own trouble)
+        return attempts > cfg.max_retries and health.successes > successes_then
 
     def chat(self, messages: Sequence[Dict[str, Any]],
              tools: Optional[Sequence[Dict[str, Any]]] = None) -> ChatResult:
@@ -2056,6 +2187,7 @@ class ModelClient:
         cfg = self.config
         t_start = time.monotonic()
         attempts = 0
+        successes_then = -1  # the endpoint's success count at this request's first failure
         while True:
             if self._cancel.is_set():
                 raise _Cancelled()
@@ -2068,6 +2200,8 @@ class ModelClient:
                 outcome, tokens = "ok", result.completion_tokens
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
+                if self.health is not None:
+                    self.health.success()
                 return result
             except ModelAPIError as exc:
                 err = exc
@@ -2078,8 +2212,12 @@ class ModelClient:
                     self.gate.release(permit, outcome, tokens,
                                       retry_after_s=err.retry_after_s if outcome == "overload" else None)
             err.attempts = attempts
-            limit = min(REFUSED_RETRIES, cfg.max_retries) if getattr(err, "refused", False) else cfg.max_retries
-            if err.kind == "fatal" or attempts > limit:
+            if self.health is not None:
+                if successes_then < 0:
+                    successes_then = self.health.successes
+                if err.kind != "fatal" and self.health.failure(err):
+                    raise _Cancelled()  # the outage budget ran out: the run stops, this sample stays pending
+            if self._give_up(err, attempts, successes_then):
                 if err.kind == "malformed":
                     err.kind = "fatal"
                 err.args = ("%s (%s; %d attempt%s)" % (_redact(err.args[0]), err.kind, attempts,
@@ -2097,7 +2235,7 @@ class ModelClient:
 # `serve-mock`, in-process for `demo`, and in tests and benchmarks. The oracle reads the dataset itself: the harness
 # never passes answers to it.
 
-_MOCK_FAULTS = ("429", "503", "500", "reset", "hang", "malformed", "truncate")
+_MOCK_FAULTS = ("429", "503", "500", "400", "reset", "hang", "malformed", "truncate")
 _TOKEN_RE = re.compile(r"\S+\s*|\s+")
 
 
@@ -2335,9 +2473,10 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
     def _serve(self, req: Dict[str, Any], messages: List[Any], key: str, stream: bool, include_usage: bool,
                fault: Optional[str]) -> None:
         st, cfg = self.state, self.state.config
-        if fault in ("429", "503", "500"):
-            headers = {"Retry-After": "%g" % cfg.retry_after_s} if fault != "500" else {}
-            self._error(int(fault), "injected fault %s" % fault, headers)
+        if fault in ("429", "503", "500", "400"):
+            headers = {"Retry-After": "%g" % cfg.retry_after_s} if fault in ("429", "503") else {}
+            self._error(int(fault), "injected fault %s%s" % (fault, ": the prompt is too long for the context"
+                                                            if fault == "400" else ""), headers)
             return
         if fault == "hang":
             st.closing.wait(cfg.hang_s)
@@ -4129,14 +4268,19 @@ class RunStore:
     """
 
     SAMPLES, EVENTS, RUN, SUMMARY, LOCK = "samples.jsonl", "events.jsonl", "run.json", "summary.json", ".lock"
+    SUPERSEDED = "superseded.jsonl"  # records a resume replaced or dropped (audit trail; never read back)
+    RESTARTED = "superseded"         # --restart moves a run's files into superseded/<time>/
 
     def __init__(self, out_dir: str):
         self.dir = out_dir
-        self._lock = threading.Lock()  # guards appends to samples.jsonl and events.jsonl
+        self._lock = threading.Lock()  # guards appends to samples.jsonl and events.jsonl, and rewrites
         self._lock_fh: Any = None
         self._samples_fh: Any = None
         self._events_fh: Any = None
-        self.finished: Dict[str, str] = {}  # id -> status of every sample already in samples.jsonl
+        self.finished: Dict[str, str] = {}  # id -> status of the current (last) record of each id
+        # id -> (status, error_class, fingerprint) of the current record: what a resume decides on
+        self.meta: Dict[str, Tuple[str, Optional[str], Optional[Dict[str, str]], bool]] = {}  # + holds a patch
+        self.duplicates = 0                    # records an id's later record supersedes (compacted by rewrite)
         self.notes: List[str] = []           # what open() repaired or took over, for the log
 
     def path(self, name: str) -> str:
@@ -4224,12 +4368,22 @@ class RunStore:
                                   % (self.SAMPLES, size - last_start))
 
     def _load_finished(self) -> None:
+        self.finished, self.meta, self.duplicates = {}, {}, 0
         for lineno, rec in self.iter_samples(with_lineno=True):
             sid = rec.get("id")
             if not isinstance(sid, str) or rec.get("status") not in ("ok", "failed"):
                 raise HarnessError("%s:%d: not a sample record (needs 'id' and 'status'); move the file away "
                                    "or fix the line" % (self.path(self.SAMPLES), lineno))
-            self.finished[sid] = rec["status"]
+            self._note(rec)
+
+    def _note(self, rec: Dict[str, Any]) -> None:
+        sid = rec["id"]
+        if sid in self.finished:
+            self.duplicates += 1
+        fp = rec.get("fp")
+        self.finished[sid] = rec["status"]
+        self.meta[sid] = (rec["status"], rec.get("error_class"), fp if isinstance(fp, dict) else None,
+                          rec.get("model_patch") is not None)
 
     def iter_samples(self, with_lineno: bool = False) -> Iterator[Any]:
         """Stream the records of samples.jsonl (the last record wins if an id appears twice)."""
@@ -4252,7 +4406,7 @@ class RunStore:
         line = json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n"
         with self._lock:
             _append_durably(self._samples_fh, line)
-            self.finished[record["id"]] = record["status"]
+            self._note(record)
 
     def event(self, type_: str, **fields: Any) -> None:
         rec = {"t": round(time.time(), 3), "time": _utc_iso(), "type": type_}
@@ -4263,26 +4417,71 @@ class RunStore:
                 self._events_fh.write(line)
                 self._events_fh.flush()
 
-    def drop_failed(self) -> int:
-        """Rewrite samples.jsonl without its failed records (atomically) so they run again; return how many."""
-        failed = [sid for sid, status in self.finished.items() if status == "failed"]
-        if not failed:
-            return 0
+    def rewrite(self, transform: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> Tuple[int, int]:
+        """Rewrite samples.jsonl atomically with one current record per id; return (dropped, replaced).
+
+        ``transform(record)`` gets each id's current record and returns it (kept), a new record (it replaces the
+        old one: a re-score) or None (dropped: the id runs again). Every record that leaves the file (and every
+        earlier record of an id, superseded by its later one) is first appended to superseded.jsonl. A crash
+        leaves either the old or the new samples.jsonl, never a mix; superseded.jsonl may then repeat a record.
+        """
         with self._lock:
-            self._samples_fh.close()
             path = self.path(self.SAMPLES)
             tmp = path + ".rewrite"
-            with open(tmp, "w", encoding="utf-8") as out:
-                for rec in self.iter_samples():
-                    if rec.get("status") != "failed":
-                        out.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-            self._samples_fh = open(path, "a", encoding="utf-8")
-            for sid in failed:
-                del self.finished[sid]
-        return len(failed)
+            dropped = replaced = 0
+            self._samples_fh.close()
+            self._samples_fh = None
+            try:
+                last = {rec["id"]: lineno for lineno, rec in self.iter_samples(with_lineno=True)}
+                with open(tmp, "w", encoding="utf-8") as out, \
+                        open(self.path(self.SUPERSEDED), "a", encoding="utf-8") as old:
+                    for lineno, rec in self.iter_samples(with_lineno=True):
+                        line = json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n"
+                        if last[rec["id"]] != lineno:
+                            old.write(line)  # an earlier record of an id that has a later one
+                            continue
+                        new = transform(rec)
+                        if new is None or new is not rec:
+                            old.write(line)
+                            dropped += new is None
+                            replaced += new is not None
+                        if new is not None:
+                            out.write(json.dumps(new, ensure_ascii=False, sort_keys=True) + "\n")
+                    for fh in (old, out):
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                os.replace(tmp, path)
+                _fsync_dir(self.dir)
+            finally:
+                self._samples_fh = open(path, "a", encoding="utf-8")
+            self._load_finished()
+        return dropped, replaced
+
+    def drop_failed(self) -> int:
+        """Rewrite samples.jsonl without its failed records (atomically) so they run again; return how many."""
+        if "failed" not in self.finished.values():
+            return 0
+        return self.rewrite(lambda rec: None if rec.get("status") == "failed" else rec)[0]
+
+    def restart(self) -> str:
+        """Start the run directory over (--restart): its results move to superseded/<time>/; return that path."""
+        dest = self.path(os.path.join(self.RESTARTED, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))
+        n = 0
+        while os.path.exists(dest + ("-%d" % n if n else "")):
+            n += 1
+        dest += "-%d" % n if n else ""
+        os.makedirs(dest)
+        with self._lock:
+            self._samples_fh.close()
+            for name in os.listdir(self.dir):
+                if name not in (self.EVENTS, self.LOCK, self.RESTARTED, self.RUN):
+                    os.replace(self.path(name), os.path.join(dest, name))
+            if os.path.exists(self.path(self.RUN)):
+                shutil.copy2(self.path(self.RUN), os.path.join(dest, self.RUN))
+            _fsync_dir(self.dir)
+            self._samples_fh = open(self.path(self.SAMPLES), "a", encoding="utf-8")
+            self._load_finished()
+        return dest
 
     def read_json(self, name: str) -> Optional[Dict[str, Any]]:
         try:
@@ -4393,10 +4592,13 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
     lat.sort()
     ttft.sort()
     active_s = _active_seconds(spans)
+    pending = max(0, total - finished)
     return {
-        "counts": {"total": total, "finished": finished, "ok": n_ok, "failed": n_failed,
-                   "pending": max(0, total - finished)},
+        "counts": {"total": total, "finished": finished, "ok": n_ok, "failed": n_failed, "pending": pending},
+        # a score over fewer samples than the run has is not the run's score: say so wherever it is shown
+        "complete": n_failed == 0 and pending == 0,
         "score": _mean_ci(scores),
+        "score_failed_as_wrong": {"mean": round(sum(scores) / total, 6) if total else None, "n": total},
         "by_category": group(by_cat, failed_cat),
         "by_scorer": group(by_scorer),
         "errors": dict(sorted(errors.items())),
@@ -4410,6 +4612,21 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
             "output_tokens_per_s": _r(tok_c / active_s) if active_s > 0 else None,
         },
     }
+
+
+def _is_complete(summary: Dict[str, Any]) -> bool:
+    c = summary["counts"]
+    return summary.get("complete", not c["failed"] and not c["pending"])
+
+
+def _coverage_text(summary: Dict[str, Any]) -> str:
+    """"(n=120, 95% CI)" for a whole run; "over 108 of 120 (12 failed): INCOMPLETE" otherwise."""
+    c = summary["counts"]
+    if _is_complete(summary):
+        return "(n=%d, 95%% CI)" % summary["score"]["n"]
+    why = ", ".join(t for t in ("%d failed" % c["failed"] if c["failed"] else "",
+                                "%d not run" % c["pending"] if c["pending"] else "") if t)
+    return "over %d of %d (%s): INCOMPLETE" % (c["ok"], c["total"], why)
 
 
 def _r(value: Optional[float], digits: int = 4) -> Optional[float]:
@@ -4429,7 +4646,11 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
     if title:
         lines.append(title)
     lines.append("samples: %d total, %d ok, %d failed, %d pending" % (c["total"], c["ok"], c["failed"], c["pending"]))
-    lines.append("score  %s  (n=%d, 95%% CI)" % (ci(summary["score"]), summary["score"]["n"]))
+    lines.append("score  %s  %s" % (ci(summary["score"]), _coverage_text(summary)))
+    wrong = summary.get("score_failed_as_wrong") or {}
+    if not _is_complete(summary) and wrong.get("mean") is not None:
+        lines.append("score  %6.3f  counting the %d failed or not run as wrong (n=%d)"
+                     % (wrong["mean"], c["total"] - c["ok"], wrong["n"]))
     for key, label in (("by_category", "category"), ("by_scorer", "scorer")):
         groups = summary.get(key) or {}
         if not groups:
@@ -4467,19 +4688,36 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
 # =============================================================================
 
 
+def _error_class_of(exc: BaseException) -> str:
+    """The error class a failed sample records (see _KEEP_ON_RESUME and _BREAKER_CLASSES)."""
+    if isinstance(exc, ModelAPIError):
+        return exc.error_class
+    for cls, name in ((DockerError, "docker"), (ImageError, "image"), (SandboxError, "sandbox"),
+                      (GateTimeoutError, "gate_timeout")):
+        if isinstance(exc, cls):
+            return name
+    return "internal"
+
+
 class _CircuitBreaker:
-    """Trips after ``threshold`` consecutive failed samples, so a dead endpoint costs seconds, not hours."""
+    """Trips after ``threshold`` consecutive samples failed with an endpoint-is-unusable class (_BREAKER_CLASSES:
+    a wrong key, URL or model, an endpoint never reached, a dead container engine), so such a run costs seconds,
+    not hours. Other failures neither count nor reset the count; outages are _EndpointHealth's."""
 
     def __init__(self, threshold: int = BREAKER_THRESHOLD):
         self.threshold = threshold
         self._lock = threading.Lock()  # guards _consecutive
         self._consecutive = 0
 
-    def record(self, ok: bool) -> bool:
+    def record(self, record: Dict[str, Any]) -> bool:
         """Count one finished sample; True when this one trips the breaker."""
         with self._lock:
-            self._consecutive = 0 if ok else self._consecutive + 1
-            return self._consecutive == self.threshold
+            if record["status"] == "ok":
+                self._consecutive = 0
+            elif record.get("error_class") in _BREAKER_CLASSES:
+                self._consecutive += 1
+                return self._consecutive == self.threshold
+            return False
 
 
 class _Runner:
@@ -4494,8 +4732,10 @@ class _Runner:
                  progress_stream: Any = None, progress: bool = True,
                  breaker_threshold: int = BREAKER_THRESHOLD, done_before: int = 0, failed_before: int = 0,
                  status_extra: Optional[Callable[[], str]] = None,
-                 after_append: Optional[Callable[[Dict[str, Any]], None]] = None):
+                 after_append: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 fingerprint: Optional[Callable[[Any], Dict[str, str]]] = None):
         self.store = store
+        self.fingerprint = fingerprint      # the run identity stamped on every record ("fp"), failed ones too
         self.status_extra = status_extra    # more text for the progress line (sessions, images)
         self.after_append = after_append    # called with each record once it is durable (SWE: preds.jsonl)
         self.work = work
@@ -4573,6 +4813,8 @@ class _Runner:
                 with self._lock:
                     self.in_flight -= 1
             if record is not None:
+                if self.fingerprint is not None:
+                    record["fp"] = self.fingerprint(item)
                 self._finish(record)
 
     def _run_one(self, item: Any) -> Dict[str, Any]:
@@ -4582,8 +4824,7 @@ class _Runner:
         except _Cancelled:
             raise
         except HarnessError as exc:
-            error_class = getattr(exc, "kind", None) or type(exc).__name__
-            return _failed_record(item, started, _redact(exc), error_class)
+            return _failed_record(item, started, _redact(exc), _error_class_of(exc))
         except Exception as exc:  # a bug must cost one sample, not the run; the traceback goes to the log
             _log.debug("sample %r crashed", getattr(item, "id", item), exc_info=True)
             return _failed_record(item, started, _redact("%s: %s" % (type(exc).__name__, exc)), "internal")
@@ -4603,12 +4844,20 @@ class _Runner:
         self._ensure_workers()
         if show_first:
             self.progress.message("evalharness: first failure (sample %r): %s" % (record["id"], record["error"]))
-        if self.breaker.record(ok) and not self.cancel.is_set():
+        if self.breaker.record(record):
+            self.abort("circuit breaker: %d consecutive samples failed with %s; last error (sample %r): %s"
+                       % (self.breaker.threshold, record.get("error_class"), record["id"], record["error"]),
+                       consecutive=self.breaker.threshold)
+
+    def abort(self, reason: str, **fields: Any) -> None:
+        """Stop the run as aborted (exit 3): the breaker tripped or the outage budget ran out."""
+        with self._lock:
+            if self.cancel.is_set():
+                return
             self.status = "aborted"
-            self.stop_reason = ("circuit breaker: %d consecutive samples failed; last error (sample %r): %s"
-                                % (self.breaker.threshold, record["id"], record["error"]))
-            self.store.event("breaker_open", consecutive=self.breaker.threshold, last_error=record["error"])
-            self.cancel.set()
+            self.stop_reason = reason
+        self.store.event("breaker_open", reason=_redact(reason), **fields)
+        self.cancel.set()
 
     def run(self, items: Iterable[Any]) -> str:
         """Run every item; return "finished", "aborted" (breaker) or "interrupted" (Ctrl-C / SIGTERM)."""
@@ -4715,6 +4964,11 @@ class RunConfig:
     stream: bool = True
     max_retries: int = DEFAULT_MAX_RETRIES
     retry_failed: bool = False
+    restart: bool = False         # a run directory holding other settings is started over (results moved aside)
+    rescore: bool = False         # re-score every stored answer with the current scorers (no model calls)
+    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
+    seed: Optional[int] = None
+    resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
     scorer: str = "normalized"
     limit: Optional[int] = None
@@ -4747,7 +5001,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
         try:
             res = client.chat(messages)
         except ModelAPIError as exc:
-            rec = _failed_record(item, started, _redact(exc), exc.kind)
+            rec = _failed_record(item, started, _redact(exc), exc.error_class)
             rec["attempts"] = exc.attempts
             return rec
         score, extracted = score_response(item, res.text)
@@ -4823,8 +5077,95 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
     return AdaptiveGate(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s), origin
 
 
-def _default_out(task: str, model: str) -> str:
-    return os.path.join("runs", "%s-%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), task, _slug(model)))
+def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -> str:
+    """The run directory a `run` without --out uses: named for what the run is (task, model, dataset and a short
+    hash of its identity and dataset path), so the same command twice resumes and another model or setting gets
+    a directory of its own."""
+    stem = os.path.splitext(os.path.basename(dataset or "data"))[0]
+    key = _fingerprint([identity, os.path.abspath(dataset) if dataset else None])[:8]
+    return os.path.join("runs", "%s-%s-%s-%s" % (task, _slug(model or "model")[:40], _slug(stem)[:40], key))
+
+
+def _qa_settings(cfg: RunConfig) -> Dict[str, Any]:
+    """The generation settings that make a QA run what it is (its identity: a change refuses to resume)."""
+    return {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt, "temperature": cfg.temperature,
+            "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body, "stream": cfg.stream, "seed": cfg.seed}
+
+
+def _show_setting(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    if len(text) > 48:
+        return "<%d chars, sha %s>" % (len(text), _fingerprint(value)[:8])
+    return text
+
+
+def _check_identity(store: RunStore, previous: Optional[Dict[str, Any]], settings: Dict[str, Any], *,
+                    restart: bool) -> str:
+    """Refuse a run directory made with other generation settings (or, with --restart, start it over); return
+    this run's generation fingerprint. The records' own fingerprints are the proof; run.json names the settings."""
+    gen = _fingerprint(settings)
+    old = (previous or {}).get("identity") or {}
+    if restart and (store.finished or previous):
+        dest = store.restart()
+        _log.warning("--restart: %s starts over; its earlier results were moved to %s", store.dir, dest)
+        store.event("restart", moved_to=dest)
+        return gen
+    record_gens = {m[2].get("gen") for m in store.meta.values() if m[2]}
+    if old.get("gen") in (None, gen) and record_gens <= {gen}:
+        return gen
+    was, now = old.get("settings") or {}, _redact_config(settings)
+    changes = ["%s %s -> %s" % (k, _show_setting(was.get(k)), _show_setting(now.get(k)))
+               for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)] if was else []
+    what = ", ".join(changes) if changes else "settings that run.json does not name (an older evalharness, or a " \
+                                              "redacted value)"
+    raise ConfigError("--out %s holds a run made with other generation settings: %s; use another --out to keep "
+                      "both, or add --restart to start it over (its results move to %s)"
+                      % (store.dir, what, os.path.join(store.dir, RunStore.RESTARTED)))
+
+
+def _plan_resume(store: RunStore, fps: Dict[str, Tuple[str, str]], *, retry_failed: bool,
+                 rescore: bool) -> Dict[str, set]:
+    """What a resume does with each finished sample of an id still in the dataset (``fps``: id -> (input, score)
+    fingerprints): keep it, re-score its stored answer (scorer or reference changed, or --rescore), or run it
+    again (its row changed, it failed for infrastructure reasons, or --retry-failed)."""
+    plan: Dict[str, set] = {k: set() for k in ("changed", "infra", "retry", "rescore", "kept_failed", "patch")}
+    for sid, (status, eclass, fp, has_patch) in store.meta.items():
+        if sid not in fps:
+            continue  # left the dataset: kept in the file, counted nowhere
+        if fp is None or fp.get("input") != fps[sid][0]:
+            plan["changed"].add(sid)  # another row under the same id (or a record without fingerprint)
+        elif status == "failed":
+            if eclass in _KEEP_ON_RESUME and not retry_failed:
+                plan["kept_failed"].add(sid)
+            else:
+                plan["retry" if eclass in _KEEP_ON_RESUME else "infra"].add(sid)
+                if has_patch:
+                    plan["patch"].add(sid)  # SWE: the agent finished; only its scoring failed
+        elif rescore or fp.get("score") != fps[sid][1]:
+            plan["rescore"].add(sid)
+    return plan
+
+
+def _log_plan(store: RunStore, plan: Dict[str, set], kept: int, total: int, noun: str) -> None:
+    parts = []
+    for key, text in (("changed", "%d changed row(s) run again"), ("infra", "%d infrastructure failure(s) run again"),
+                      ("retry", "%d failed run again (--retry-failed)"),
+                      ("rescore", "%d stored answer(s) re-scored (scorer or reference changed, or --rescore)"),
+                      ("kept_failed", "%d failed kept (caused by the request; --retry-failed runs them again)")):
+        if plan[key]:
+            parts.append(text % len(plan[key]))
+    if kept or parts:
+        _log.info("resuming %s: %d of %d %ss kept%s", store.dir, kept, total, noun,
+                  "; " + "; ".join(parts) if parts else "")
+
+
+def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Optional[Dict[str, Any]]:
+    """A stored answer scored again under the row's current scorer and reference (no model call)."""
+    if not isinstance(rec.get("response"), str):
+        return None  # nothing to score: the sample runs again
+    score, extracted = score_response(item, rec["response"])
+    return dict(rec, score=score, extracted=extracted, answer=item.answer, scorer=item.scorer,
+                category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
 
 
 def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = None,
@@ -4837,7 +5178,7 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
     client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
                               temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                               request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body, stream=cfg.stream,
-                              max_retries=cfg.max_retries, use_proxy=cfg.use_proxy)
+                              max_retries=cfg.max_retries, use_proxy=cfg.use_proxy, seed=cfg.seed)
     base_url = _normalize_base_url(cfg.base_url)
     for name, value in (("--fixed-concurrency", cfg.fixed_concurrency), ("--initial-concurrency",
                         cfg.initial_concurrency), ("--max-concurrency", cfg.max_concurrency)):
@@ -4845,13 +5186,16 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
             raise ConfigError("%s must be >= 1, got %d" % (name, value))
     if cfg.request_timeout_s <= 0:
         raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
+    if cfg.outage_budget_s <= 0:
+        raise ConfigError("--outage-budget must be > 0 seconds, got %r" % cfg.outage_budget_s)
     if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
         raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
     if dataset is None:
         if not cfg.dataset:
             raise ConfigError("--dataset is required")
         dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit)
-    out = cfg.out or _default_out(cfg.task, cfg.model)
+    out = cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
+                                  _fingerprint(_qa_settings(cfg)))
 
     # 2. the run directory
     store = RunStore(out).open()
@@ -4866,20 +5210,21 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     for note in store.notes:
         _log.warning("%s: %s", store.dir, note)
     previous = store.read_json(RunStore.RUN)
-    _check_same_run(store, previous, task=cfg.task, model=cfg.model)
+    settings = _qa_settings(cfg)
+    gen = _check_identity(store, previous, settings, restart=cfg.restart)
     stray = [sid for sid in store.finished if sid not in dataset.ids]
     if stray:
         _log.warning("%d finished sample(s) in %s are not in the dataset (e.g. %r); they are kept but not counted",
                      len(stray), store.dir, stray[0])
-    if cfg.retry_failed:
-        n = store.drop_failed()
-        if n:
-            _log.info("re-running %d failed sample(s)", n)
+    plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+    drop = plan["changed"] | plan["infra"] | plan["retry"]
+    items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]} if plan["rescore"] else {}
+    if drop or items or store.duplicates:
+        store.rewrite(lambda rec: None if rec["id"] in drop else
+                      _rescored_qa(rec, items[rec["id"]], dataset.fps[rec["id"]]) if rec["id"] in items else rec)
     done_ids = {sid for sid in store.finished if sid in dataset.ids}
     n_failed_kept = sum(1 for sid in done_ids if store.finished[sid] == "failed")
-    if done_ids:
-        _log.info("resuming %s: %d of %d samples already finished%s", store.dir, len(done_ids), dataset.count,
-                  " (%d failed kept; --retry-failed re-runs them)" % n_failed_kept if n_failed_kept else "")
+    _log_plan(store, plan, len(done_ids) - len(items), dataset.count, "sample")
     if not cfg.use_proxy:
         exclude_from_proxy([base_url])
 
@@ -4888,24 +5233,32 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
     _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
               "adaptive, starting at %d (%s), at most %d" % (gate.limit, initial_from, gate.max_limit))
-    client = ModelClient(client_cfg, gate=gate, cancel=cancel)
+    health = _EndpointHealth(cfg.outage_budget_s)
+    client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
     started = time.time()
     run_info = {
         "evalharness_version": __version__, "python": sys.version.split()[0], "task": cfg.task,
         "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(),
         "endpoint": {"base_url": base_url, "model": cfg.model},
+        "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset) if cfg.dataset else None, "name": dataset.name,
-                    "sha256": dataset.sha256, "rows": dataset.count},
+                    "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids)},
         "config": _redact_config(dict(dataclasses.asdict(cfg), base_url=base_url)),
         "history": (previous or {}).get("history", []),
     }
     run_info["config"].pop("api_key_env_explicit", None)
     store.write_json(RunStore.RUN, run_info)
-    store.event("run_start", pending=dataset.count - len(done_ids), finished=len(done_ids), pid=os.getpid())
+    store.event("run_start", pending=dataset.count - len(done_ids), finished=len(done_ids), pid=os.getpid(),
+                **{"resume_" + k: len(v) for k, v in plan.items() if v})
+
+    def fingerprint(item: QAItem) -> Dict[str, str]:
+        return {"gen": gen, "input": dataset.fps[item.id][0], "score": dataset.fps[item.id][1]}
 
     runner = _Runner(store, _qa_work(client, cfg.system_prompt), workers=gate.max_limit, total=dataset.count,
                      label=cfg.task, cancel=cancel, gate=gate, progress_stream=progress_stream,
-                     progress=cfg.progress, done_before=len(done_ids), failed_before=n_failed_kept)
+                     progress=cfg.progress, done_before=len(done_ids), failed_before=n_failed_kept,
+                     fingerprint=fingerprint)
+    health.on_trip = runner.abort
     gate_initial = gate.limit
     pending = (item for item in dataset.iter_items() if item.id not in done_ids)
     status = runner.run(pending)
@@ -4931,32 +5284,36 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     return _end_run(cfg, summary, title, "", store, runner, stdout, "sample")
 
 
-def _check_same_run(store: RunStore, previous: Optional[Dict[str, Any]], **now: Any) -> None:
-    """Resuming is only for the same kind of run: refuse a run directory whose run.json says otherwise."""
-    if not previous:
-        return
-    for field, value in now.items():
-        was = previous.get(field) if field == "mode" else (previous.get("config") or {}).get(field)
-        if was is not None and was != value:
-            raise ConfigError("--out %r holds a run with %s=%r, but this command has %s=%r; use another --out "
-                              "or the same %s" % (store.dir, field, was, field, value, field))
-
-
 def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
              stdout: Any, noun: str) -> Tuple[int, str]:
-    """Print the summary (table or JSON) and turn the run's end into its exit code."""
+    """Print the summary (table or JSON) and turn the run's end into its exit code; every message that invites a
+    re-run says how (the same command resumes: a default run directory is derived from what the run is)."""
     if cfg.json_out:
         stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     else:
         stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n" + extra)
     stdout.flush()
+    hint = cfg.resume_hint or "re-run the same command to resume (run directory %s)" % store.dir
+    c = summary["counts"]
     if runner.status == "aborted":
-        raise CircuitOpenError(_redact(runner.stop_reason) + " (run directory: %s)" % store.dir)
+        raise CircuitOpenError("%s; fix the cause, then %s" % (_redact(runner.stop_reason), hint))
     if runner.status == "interrupted":
+        _log.warning("interrupted: %d of %d %ss finished and saved; %s", c["finished"], c["total"], noun, hint)
         return EXIT_INTERRUPTED, store.dir
-    if summary["counts"]["failed"]:
-        _log.warning("%d %s(s) failed (see 'error' in %s); re-run with --retry-failed to retry them",
-                     summary["counts"]["failed"], noun, store.path(RunStore.SAMPLES))
+    if c["failed"] or c["pending"]:
+        errors = summary.get("errors") or {}
+        infra = sum(n for cls, n in errors.items() if cls not in _KEEP_ON_RESUME)
+        kept = c["failed"] - infra
+        parts = []
+        if infra:
+            parts.append("%d failed for infrastructure reasons: %s to run them again" % (infra, hint))
+        if kept:
+            parts.append("%d failed because of the request (%s): add --retry-failed to run them again"
+                         % (kept, ", ".join(sorted(k for k in errors if k in _KEEP_ON_RESUME))))
+        if c["pending"]:
+            parts.append("%d not run" % c["pending"])
+        _log.warning("incomplete: the score is over %d of %d %ss; %s (see 'error' in %s)", c["ok"], c["total"], noun,
+                     "; ".join(parts), store.path(RunStore.SAMPLES))
         return EXIT_FAILURE, store.dir
     return EXIT_OK, store.dir
 
@@ -5749,7 +6106,8 @@ def _swe_record(inst: SWEInstance, model: str, patch: str, scored: Dict[str, Any
     failed = scored["outcome"] == "error"
     rec = {"id": inst.id, "instance_id": inst.id, "status": "failed" if failed else "ok",
            "score": None if failed else (1.0 if scored["resolved"] else 0.0),
-           "error": scored.get("error") if failed else None, "error_class": "eval_error" if failed else None,
+           "error": scored.get("error") if failed else None,
+           "error_class": scored.get("error_class", "eval_error") if failed else None,
            "category": inst.repo, "repo": inst.repo, "scorer": "swebench", "image": inst.image,
            "outcome": scored["outcome"], "resolved": bool(scored.get("resolved")),
            "patch_applied": scored.get("patch_applied"), "applied_with": scored.get("applied_with"),
@@ -5852,26 +6210,72 @@ def _swe_agent_work(ctx: _SWEContext) -> Callable[[SWEInstance], Dict[str, Any]]
         if traj["exit_reason"] == "model_error":
             exc = traj["error"]
             ctx.save_artifacts(inst, "", {"outcome": "error"}, traj)
-            rec = _failed_record(inst, started, _redact(exc), getattr(exc, "kind", "model_error"))
+            rec = _failed_record(inst, started, _redact(exc), _error_class_of(exc))
             rec.update({"exit_reason": "model_error", "steps": len(traj["steps"]), "repo": inst.repo})
             return rec
-        scored = score_patch(ctx.docker, ctx.pool, inst, patch, run_id=ctx.run_id, opts=ctx.opts)
+        scored = _score_keeping_patch(ctx, inst, patch)
         ctx.save_artifacts(inst, patch, scored, traj)
         return _swe_record(inst, ctx.model, patch, scored, started, traj, image_wait_s)
     return work
 
 
-def _swe_score_work(ctx: _SWEContext) -> Callable[[SWEInstance], Dict[str, Any]]:
+def _score_keeping_patch(ctx: _SWEContext, inst: SWEInstance, patch: str) -> Dict[str, Any]:
+    """score_patch, with an engine, image or sandbox failure turned into an "error" outcome of that class: the
+    record keeps the patch, so a resume re-scores it instead of running the agent again."""
+    try:
+        if patch.strip():
+            ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
+        return score_patch(ctx.docker, ctx.pool, inst, patch, run_id=ctx.run_id, opts=ctx.opts)
+    except HarnessError as exc:
+        return {"outcome": "error", "resolved": False, "patch_applied": None, "tests_status": None,
+                "test_exit_code": None, "test_output": "", "error_class": _error_class_of(exc),
+                "error": "scoring failed: %s" % _redact(exc)}
+
+
+_AGENT_FIELDS = ("exit_reason", "steps", "model_calls", "agent_s", "prompt_tokens", "completion_tokens",
+                 "format_errors", "timeouts")
+
+
+def _swe_score_work(ctx: _SWEContext, prior: Dict[str, Dict[str, Any]]) -> Callable[[SWEInstance], Dict[str, Any]]:
+    """Score the patch of ``ctx.preds`` (--score-only, or a re-score on resume: then the agent's figures of the
+    ``prior`` record are kept)."""
     def work(inst: SWEInstance) -> Dict[str, Any]:
         started = time.time()
         t_img = time.monotonic()
         ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
         image_wait_s = time.monotonic() - t_img
         patch = ctx.preds[inst.id]
-        scored = score_patch(ctx.docker, ctx.pool, inst, patch, run_id=ctx.run_id, opts=ctx.opts)
+        scored = _score_keeping_patch(ctx, inst, patch)
         ctx.save_artifacts(inst, patch, scored, None)
-        return _swe_record(inst, ctx.model, patch, scored, started, None, image_wait_s)
+        rec = _swe_record(inst, ctx.model, patch, scored, started, None, image_wait_s)
+        if inst.id in prior:
+            rec.update({k: prior[inst.id][k] for k in _AGENT_FIELDS if k in prior[inst.id]})
+            rec["rescored_at"] = round(time.time(), 3)
+        return rec
     return work
+
+
+def _swe_settings(cfg: "RunConfig", mode: str) -> Dict[str, Any]:
+    """The settings that make a SWE run what it is (its identity: a change refuses to resume)."""
+    o = cfg.swe
+    settings: Dict[str, Any] = {"task": "swe", "mode": mode, "sandbox": dataclasses.asdict(o.sandbox)}
+    if mode == "agent":
+        settings.update(model=cfg.model, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                        extra_body=cfg.extra_body, stream=cfg.stream, seed=cfg.seed, tool_mode=o.tool_mode,
+                        step_limit=o.step_limit, exec_timeout_s=o.exec_timeout_s, sample_timeout_s=o.sample_timeout_s,
+                        max_sample_tokens=o.max_sample_tokens, observation_chars=o.observation_chars,
+                        max_format_errors=o.max_format_errors, system_template=o.system_template,
+                        instance_template=o.instance_template)
+    return settings
+
+
+def _swe_fps(inst: SWEInstance, opts: SWEOptions, patch: Optional[str]) -> Tuple[str, str]:
+    """An instance's (input, score) fingerprints: what the agent sees (or, scoring a given patch, that patch),
+    and what the patch is graded against."""
+    seen = [inst.image, inst.workdir, inst.repo, inst.base_commit, inst.problem_statement] if patch is None else \
+        [inst.image, inst.workdir, patch]
+    return (_fingerprint(seen), _fingerprint([inst.test_patch, inst.fail_to_pass, inst.pass_to_pass, inst.test_cmd,
+                                              inst.eval_script, inst.install, inst.log_parser, opts.eval_timeout_s]))
 
 
 def load_predictions(path: str, dataset: SWEDataset) -> Tuple[Dict[str, str], str]:
@@ -5956,9 +6360,12 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
         client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
                                   temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                   request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body,
-                                  stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy)
+                                  stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy,
+                                  seed=cfg.seed)
     docker = DockerCLI(cfg.engine, host=cfg.docker_host)
-    out = cfg.out or _default_out("swe", model)
+    out = cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
+        [_swe_settings(cfg, "score-only" if cfg.score_only else "agent"),
+         os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold" else cfg.score_only]))
     store = RunStore(out).open()
     try:
         return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, docker, store, stdout, progress_stream,
@@ -5975,17 +6382,23 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         _log.warning("%s: %s", store.dir, note)
     previous = store.read_json(RunStore.RUN)
     mode = "score-only" if cfg.score_only else "agent"
-    _check_same_run(store, previous, task="swe", model=cfg.model, mode=mode)
+    settings = _swe_settings(cfg, mode)
+    gen = _check_identity(store, previous, settings, restart=cfg.restart)
     ids = set(preds) if cfg.score_only else set(dataset.ids)
-    if cfg.retry_failed:
-        n = store.drop_failed()
-        if n:
-            _log.info("re-running %d failed instance(s)", n)
+    fps = {i: _swe_fps(dataset.by_id[i], opts, preds[i] if cfg.score_only else None) for i in ids}
+    plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+    # the agent finished: its saved patch is scored again (a changed reference, or a scoring that failed)
+    rescore = plan["rescore"] | plan["patch"]
+    drop = (plan["changed"] | plan["infra"] | plan["retry"]) - rescore
+    if drop or store.duplicates:
+        store.rewrite(lambda rec: None if rec["id"] in drop else rec)
+    prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rescore} if rescore else {}
+    if not cfg.score_only:
+        preds = {i: r.get("model_patch") or "" for i, r in prior.items()}
     _rewrite_preds(store, ids)
-    done_ids = {sid for sid in store.finished if sid in ids}
+    done_ids = {sid for sid in store.finished if sid in ids} - rescore
     n_failed_kept = sum(1 for sid in done_ids if store.finished[sid] == "failed")
-    if done_ids:
-        _log.info("resuming %s: %d of %d instances already finished", store.dir, len(done_ids), len(ids))
+    _log_plan(store, plan, len(done_ids), len(ids), "instance")
     cancel = cancel or threading.Event()
     run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
     reaped = reap_leftover_containers(docker)
@@ -5999,6 +6412,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                           on_event=lambda kind, **f: store.event(kind, **f))
     gate = sessions = client = None
     initial_from = None
+    health = _EndpointHealth(cfg.outage_budget_s)
     if client_cfg is not None:
         base_url = _normalize_base_url(cfg.base_url)
         if not cfg.use_proxy:
@@ -6007,7 +6421,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         sessions = SessionGate(gate)
         sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-        client = ModelClient(client_cfg, gate=gate, cancel=cancel)
+        client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
     gate_initial = gate.limit if gate is not None else None
     pool = _ExecPool(opts.exec_workers)
     preds_file = _AppendFile(store.path(PREDS_FILE))
@@ -6018,6 +6432,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         "evalharness_version": __version__, "python": sys.version.split()[0], "task": "swe", "mode": mode,
         "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(), "run_id": run_id,
         "endpoint": {"base_url": _normalize_base_url(cfg.base_url) if client_cfg else None, "model": model},
+        "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
                     "rows": dataset.count, "ids": sorted(dataset.ids)},
         "config": _redact_config(dataclasses.asdict(cfg)), "history": (previous or {}).get("history", []),
@@ -6041,11 +6456,19 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         if pred is not None:
             preds_file.append(pred)
 
-    runner = _Runner(store, _swe_score_work(ctx) if cfg.score_only else _swe_agent_work(ctx),
-                     workers=max(1, min(opts.max_sessions, len(pending))), total=len(ids), label="swe",
+    score_work, agent_work = _swe_score_work(ctx, prior), _swe_agent_work(ctx)
+
+    def work(inst: SWEInstance) -> Dict[str, Any]:
+        return score_work(inst) if inst.id in preds else agent_work(inst)
+
+    def fingerprint(inst: SWEInstance) -> Dict[str, str]:
+        return {"gen": gen, "input": fps[inst.id][0], "score": fps[inst.id][1]}
+
+    runner = _Runner(store, work, workers=max(1, min(opts.max_sessions, len(pending))), total=len(ids), label="swe",
                      cancel=cancel, gate=None, progress_stream=progress_stream, progress=cfg.progress,
                      done_before=len(done_ids), failed_before=n_failed_kept, status_extra=extra,
-                     after_append=after_append)
+                     after_append=after_append, fingerprint=fingerprint)
+    health.on_trip = runner.abort
     try:
         if cfg.pull_ahead:  # deliveries overlap generation; without it a sample registers its image at its start
             images.register([inst.image for inst in pending])
@@ -6054,6 +6477,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         preds_file.close()
         pool.close()
         images.close()
+    if store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves the file
+        store.rewrite(lambda rec: rec)
     _rewrite_preds(store, ids)
     records = [r for r in store.iter_samples() if r.get("id") in ids]
     summary = summarize(records, total=len(ids))
@@ -6133,10 +6558,32 @@ def load_run(run_dir: str) -> Dict[str, Any]:
         if "id" in rec:
             latest[str(rec["id"])] = rec
     run = _read_json_file(os.path.join(run_dir, RunStore.RUN))
+    ids = (run.get("dataset") or {}).get("ids")
+    if isinstance(ids, list) and ids:  # records of ids that left the dataset are not this run's results
+        wanted = set(map(str, ids))
+        latest = {k: v for k, v in latest.items() if k in wanted}
     total = (run.get("dataset") or {}).get("rows") or len(latest)
     task = run.get("task") or ("swe" if any("outcome" in r for r in latest.values()) else "qa")
     return {"dir": run_dir, "run": run, "samples": latest, "events": _read_jsonl_tolerant(
         os.path.join(run_dir, RunStore.EVENTS)), "total": max(int(total), len(latest)), "task": task}
+
+
+def _live_status(run_dir: str, status: str) -> str:
+    """run.json's status, except that a "running" run whose process is gone (killed with -9, host crash) is
+    "interrupted": the lock file names the holder (pid on host) and is emptied by a clean exit."""
+    if status != "running":
+        return status
+    try:
+        with open(os.path.join(run_dir, RunStore.LOCK), encoding="utf-8") as fh:
+            holder = fh.read().strip()
+    except OSError:
+        return "interrupted"
+    m = re.match(r"pid (\d+) on (\S+)", holder)
+    if not m:
+        return "interrupted"
+    if m.group(2) != socket.gethostname():
+        return "running (on %s)" % m.group(2)  # another host's process: cannot tell from here
+    return "running" if _pid_alive(int(m.group(1))) else "interrupted"
 
 
 def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
@@ -6144,7 +6591,8 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
     records = list(run["samples"].values())
     summary = summarize(records, total=run["total"])
     info = run["run"]
-    data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"], "status": info.get("status", "unknown"),
+    data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"],
+                            "status": _live_status(run["dir"], info.get("status", "unknown")),
                             "model": (info.get("endpoint") or {}).get("model"),
                             "dataset": (info.get("dataset") or {}).get("name"), "summary": summary,
                             "discovered_limit": info.get("discovered_limit"),
@@ -6281,7 +6729,7 @@ def _esc(value: Any) -> str:
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1b1f24;padding:0 16px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
-.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}
+.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}.warn{background:#fff8c5;border:1px solid #d4a72c;padding:8px}
 table{border-collapse:collapse;margin:6px 0}th,td{padding:4px 10px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:top}
 th{background:#f6f8fa;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:flex;gap:24px;flex-wrap:wrap}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;min-width:150px}
@@ -6463,9 +6911,18 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         total = max(1, sw["total_instances"])
         headline = ("resolved of %d instances" % sw["total_instances"],
                     _ci_text(_mean_ci([1.0] * sw["resolved_instances"] + [0.0] * (total - sw["resolved_instances"]))))
-    else:
+    elif _is_complete(s):
         headline = ("score", _ci_text(score))
+    else:
+        wrong = s.get("score_failed_as_wrong") or {}
+        headline = ("score over %d of %d (INCOMPLETE)" % (counts.get("ok", 0), counts.get("total", 0)),
+                    _ci_text(score))
     cards = [headline, ("samples ok / failed", "%d / %d" % (counts.get("ok", 0), counts.get("failed", 0)))]
+    if not data.get("swebench") and not _is_complete(s) and wrong.get("mean") is not None:
+        cards.append(("score counting failed and not run as wrong", "%.3f (n=%d)" % (wrong["mean"], wrong["n"])))
+        h.append("<p class=warn><b>Incomplete run:</b> the score is over %d of %d samples (%d failed, %d not run)."
+                 "</p>" % (counts.get("ok", 0), counts.get("total", 0), counts.get("failed", 0),
+                           counts.get("pending", 0)))
     if data.get("swebench"):
         sw = data["swebench"]
         cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
@@ -6713,12 +7170,14 @@ def _register_env_secrets() -> None:
 # =============================================================================
 
 _EXIT_CODES_HELP = """exit codes:
-  0    ok: every sample finished and none failed
-  1    runtime failure (including: some samples failed; re-run with --retry-failed)
-  2    usage, configuration or dataset error (nothing was run)
-  3    aborted by the circuit breaker (%d consecutive failed samples)
+  0    ok: every sample finished and none failed (the score is over the whole dataset)
+  1    incomplete or runtime failure: some samples failed, so the score is over n of N (re-running the same
+       command runs infrastructure failures again; --retry-failed also those caused by the request)
+  2    usage, configuration or dataset error, or a run directory made with other settings (nothing was run)
+  3    aborted: the endpoint gave no success for the outage budget (--outage-budget, default %ds), or the
+       circuit breaker saw %d consecutive samples fail with 401/403/404 or an endpoint never reached
   130  interrupted (Ctrl-C or SIGTERM); finished samples are saved, re-run the same command to resume
-""" % BREAKER_THRESHOLD
+""" % (DEFAULT_OUTAGE_BUDGET_S, BREAKER_THRESHOLD)
 
 _MAIN_HELP = """examples:
   evalharness demo
@@ -6768,7 +7227,14 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help="limit for one request, first byte to last (default %(default)s)")
     g.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
-                   help="retries per request on overload/transient errors (default %(default)s)")
+                   help="retries per request on connection errors, timeouts, 429 and 5xx, with backoff (default "
+                        "%(default)s); while the endpoint answers nothing at all a request keeps retrying until "
+                        "the outage budget")
+    g.add_argument("--outage-budget", dest="outage_budget_s", type=float, default=DEFAULT_OUTAGE_BUDGET_S,
+                   metavar="SECONDS", help="abort (exit 3) when the endpoint has given no success for this long "
+                                           "while requests fail (default %(default)s)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed sent with every request (part of the "
+                                                          "run's identity)")
     g.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
                    help="JSON object merged into every request body, e.g. '{\"top_p\": 0.95}'")
     g.add_argument("--no-stream", dest="stream", action="store_false",
@@ -6829,7 +7295,9 @@ def _read_template(path: Optional[str], what: str) -> Optional[str]:
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="run directory; re-running with the same --out resumes (default runs/<time>-<task>-<model>)")
+                   help="run directory; re-running with the same --out resumes (default for run: runs/<task>-"
+                        "<model>-<dataset>-<hash of the settings>, so the same command resumes; for demo: "
+                        "runs/demo-<time>)")
     g = p.add_argument_group("concurrency (adaptive by default: the gate finds the endpoint's best level)")
     g.add_argument("--fixed-concurrency", "--concurrency", dest="fixed_concurrency", type=_positive_int,
                    default=None, metavar="N", help="pin N requests in flight (no adaptation)")
@@ -7093,10 +7561,19 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dataset", required=True, metavar="PATH",
                      help=".jsonl or .json (list): QA rows, or SWE-bench instances for --task swe")
     run.add_argument("--scorer", default="normalized", choices=sorted(SCORERS),
-                     help="scorer for rows that name none (rows with choices default to 'choice')")
+                     help="scorer for rows that name none (default %(default)s; rows with choices default to "
+                          "'choice'); changing it on resume re-scores the stored answers")
     run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
     run.add_argument("--system-prompt", default=None, help="system message for rows that have none")
-    run.add_argument("--retry-failed", action="store_true", help="when resuming, run failed samples again")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="when resuming, also run again the samples that failed because of the request (e.g. HTTP "
+                          "400); infrastructure failures are always run again")
+    run.add_argument("--restart", action="store_true",
+                     help="start the run directory over (its results move to DIR/superseded/<time>/), e.g. after "
+                          "changing a generation setting")
+    run.add_argument("--rescore", action="store_true",
+                     help="score every stored answer again with the current scorers, without model calls (a "
+                          "changed scorer or reference is re-scored anyway)")
     _add_client_options(run)
     _add_run_options(run)
     _add_swe_options(run)
@@ -7260,7 +7737,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                           ttft_s=0.02, reasoning_tokens=40)
     with MockServer(mock_cfg, oracle=dataset) as mock:
         _log.info("mock model listening on %s (skill %.2f)", mock.url, args.skill)
-        cfg = RunConfig(dataset=None, model="demo-mock", base_url=mock.url, out=args.out or _default_out("qa", "demo"),
+        out = args.out or os.path.join("runs", "demo-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+        cfg = RunConfig(dataset=None, model="demo-mock", base_url=mock.url, out=out,
+                        resume_hint="resume with: evalharness demo --out %s" % out,
                         fixed_concurrency=args.fixed_concurrency, initial_concurrency=_initial_arg(args),
                         max_concurrency=args.max_concurrency, json_out=args.json_out, progress=args.progress,
                         request_timeout_s=60.0, remember_limit=False)
@@ -7287,6 +7766,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     temperature=args.temperature, max_tokens=args.max_tokens,
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
+                    restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
                     scorer=args.scorer, limit=args.limit, system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress)
     if args.task == "swe":

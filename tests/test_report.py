@@ -93,7 +93,8 @@ class TestReportNumbers(unittest.TestCase):
         self.assertEqual({k: v["count"] for k, v in data["failures"].items()}, {"overload": 1, "fatal": 1})
         self.assertEqual(data["discovered_limit"], 7)
         text = eh.format_report(data)
-        self.assertIn("score   0.625  [0.306, 0.863]  (n=8, 95% CI)", text)
+        self.assertIn("score   0.625  [0.306, 0.863]  over 8 of 10 (2 failed): INCOMPLETE", text)
+        self.assertIn("score   0.500  counting the 2 failed or not run as wrong (n=10)", text)
         self.assertIn("discovered concurrency: 7", text)
         self.assertRegex(text, r"overload\s+1  e\.g\. s9: HTTP 429")
 

@@ -44,8 +44,9 @@ class TestResume(RunCase):
         before = read_samples(out)
         other = run_cli(self.args(mock.url, out, "--limit", "5") + ["--model", "m2"])
         self.assertEqual(other.returncode, 2, other.stderr)
-        self.assertRegex(other.stderr.strip(), r"^evalharness: --out .* holds a run with model='m', but this command "
-                                                r"has model='m2'; use another --out or the same model$")
+        self.assertRegex(other.stderr.strip(), r'^evalharness: --out .* holds a run made with other generation '
+                                                r'settings: model "m" -> "m2"; use another --out to keep both, or add '
+                                                r'--restart to start it over \(its results move to .*superseded\)$')
         self.assertEqual(read_samples(out), before)
 
     def test_kill_9_at_random_points_then_rerun_gives_each_id_once_and_the_same_summary(self):
@@ -77,24 +78,40 @@ class TestResume(RunCase):
                 self.assertIn("resuming", again.stderr)
         self.assertGreater(len(kill_points), 3)
 
-    def test_retry_failed_reruns_only_failed_samples_and_keeps_ids_unique(self):
+    def test_a_resume_reruns_infrastructure_failures_and_retry_failed_also_request_failures(self):
         flaky = start_mock(self, oracle_rows=self.rows, faults=eh.parse_faults("500=0.3"), seed=1)
         out = os.path.join(self.dir, "run")
         first = run_cli(self.args(flaky.url, out, "--max-retries", "0"))
         self.assertEqual(first.returncode, 1, first.stderr)  # some samples failed
+        self.assertIn("incomplete: the score is over", first.stderr)
+        self.assertIn("re-run the same command to resume (run directory %s)" % out, first.stderr)
         failed = {r["id"] for r in read_samples(out) if r["status"] == "failed"}
         self.assertTrue(failed)
+        self.assertEqual({r["error_class"] for r in read_samples(out) if r["status"] == "failed"}, {"server_error"})
         healthy = start_mock(self, oracle_rows=self.rows, seed=1)
-        plain = run_cli(self.args(healthy.url, out))
-        self.assertEqual(plain.returncode, 1)  # failed ones are kept without --retry-failed
-        self.assertEqual({r["id"] for r in read_samples(out) if r["status"] == "failed"}, failed)
-        again = run_cli(self.args(healthy.url, out, "--retry-failed"))
-        self.assertEqual(again.returncode, 0, again.stderr)
-        records = read_samples(out)
-        self.assertEqual(len(records), 60)
-        self.assertEqual(len({r["id"] for r in records}), 60)
-        self.assertTrue(all(r["status"] == "ok" for r in records))
+        plain = run_cli(self.args(healthy.url, out))  # 5xx is the server's trouble: run again without a flag
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        self.assertIn("%d infrastructure failure(s) run again" % len(failed), plain.stderr)
         self.assertEqual(healthy.stats()["counters"]["requests"], len(failed))
+        records = read_samples(out)
+        self.assertEqual(sorted(r["id"] for r in records), sorted(r["id"] for r in self.rows))
+        self.assertTrue(all(r["status"] == "ok" for r in records))
+        # a failure caused by the request (HTTP 400) stays until --retry-failed
+        bad_out = os.path.join(self.dir, "bad")
+        rejecting = start_mock(self, oracle_rows=self.rows, faults=eh.parse_faults("400=0.2"), seed=2)
+        self.assertEqual(run_cli(self.args(rejecting.url, bad_out)).returncode, 1)
+        rejected = {r["id"] for r in read_samples(bad_out) if r["status"] == "failed"}
+        self.assertTrue(rejected)
+        self.assertEqual({r["error_class"] for r in read_samples(bad_out) if r["status"] == "failed"}, {"bad_request"})
+        again = run_cli(self.args(healthy.url, bad_out))
+        self.assertEqual(again.returncode, 1, again.stderr)
+        self.assertIn("failed kept (caused by the request; --retry-failed runs them again)", again.stderr)
+        self.assertIn("add --retry-failed", again.stderr)
+        retried = run_cli(self.args(healthy.url, bad_out, "--retry-failed"))
+        self.assertEqual(retried.returncode, 0, retried.stderr)
+        self.assertEqual(healthy.stats()["counters"]["requests"], len(failed) + len(rejected))
+        ids = [r["id"] for r in read_samples(bad_out)]
+        self.assertEqual(sorted(ids), sorted(r["id"] for r in self.rows))
 
     def test_second_process_on_the_same_run_exits_with_a_clear_message(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=20, reasoning_tokens=10)
