@@ -248,8 +248,8 @@ def _redact(text: Any) -> str:
 def _redact_config(obj: Any) -> Any:
     """A copy of a JSON-like config with values under secret-looking keys replaced."""
     if isinstance(obj, dict):
-        # "*_env" fields name an environment variable; they never hold the secret itself
-        return {k: ("[REDACTED]" if SECRET_FIELD_RE.search(str(k)) and not str(k).endswith("_env")
+        # "*_env" fields name an environment variable, "*tokens" fields count tokens: neither holds a secret
+        return {k: ("[REDACTED]" if SECRET_FIELD_RE.search(str(k)) and not str(k).endswith(("_env", "tokens"))
                     and v not in (None, "") else _redact_config(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_redact_config(v) for v in obj]
@@ -5113,7 +5113,7 @@ def _check_identity(store: RunStore, previous: Optional[Dict[str, Any]], setting
     record_gens = {m[2].get("gen") for m in store.meta.values() if m[2]}
     if old.get("gen") in (None, gen) and record_gens <= {gen}:
         return gen
-    was, now = old.get("settings") or {}, _redact_config(settings)
+    was, now = old.get("settings") or {}, json.loads(json.dumps(_redact_config(settings)))  # as run.json has it
     changes = ["%s %s -> %s" % (k, _show_setting(was.get(k)), _show_setting(now.get(k)))
                for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)] if was else []
     what = ", ".join(changes) if changes else "settings that run.json does not name (an older evalharness, or a " \
@@ -5134,6 +5134,8 @@ def _plan_resume(store: RunStore, fps: Dict[str, Tuple[str, str]], *, retry_fail
             continue  # left the dataset: kept in the file, counted nowhere
         if fp is None or fp.get("input") != fps[sid][0]:
             plan["changed"].add(sid)  # another row under the same id (or a record without fingerprint)
+        elif status == "failed" and has_patch and fp.get("score") != fps[sid][1]:
+            plan["rescore"].add(sid)  # SWE: the grading changed; the saved patch is scored again
         elif status == "failed":
             if eclass in _KEEP_ON_RESUME and not retry_failed:
                 plan["kept_failed"].add(sid)
@@ -5151,7 +5153,7 @@ def _log_plan(store: RunStore, plan: Dict[str, set], kept: int, total: int, noun
     for key, text in (("changed", "%d changed row(s) run again"), ("infra", "%d infrastructure failure(s) run again"),
                       ("retry", "%d failed run again (--retry-failed)"),
                       ("rescore", "%d stored answer(s) re-scored (scorer or reference changed, or --rescore)"),
-                      ("kept_failed", "%d failed kept (caused by the request; --retry-failed runs them again)")):
+                      ("kept_failed", "%d failed kept (caused by the request or the patch; --retry-failed runs them again)")):
         if plan[key]:
             parts.append(text % len(plan[key]))
     if kept or parts:
@@ -5306,9 +5308,9 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
         kept = c["failed"] - infra
         parts = []
         if infra:
-            parts.append("%d failed for infrastructure reasons: %s to run them again" % (infra, hint))
+            parts.append("%d failed for infrastructure reasons, which a resume runs again: %s" % (infra, hint))
         if kept:
-            parts.append("%d failed because of the request (%s): add --retry-failed to run them again"
+            parts.append("%d failed because of the request or the patch (%s): add --retry-failed to run them again"
                          % (kept, ", ".join(sorted(k for k in errors if k in _KEEP_ON_RESUME))))
         if c["pending"]:
             parts.append("%d not run" % c["pending"])

@@ -105,7 +105,7 @@ class TestResume(RunCase):
         self.assertEqual({r["error_class"] for r in read_samples(bad_out) if r["status"] == "failed"}, {"bad_request"})
         again = run_cli(self.args(healthy.url, bad_out))
         self.assertEqual(again.returncode, 1, again.stderr)
-        self.assertIn("failed kept (caused by the request; --retry-failed runs them again)", again.stderr)
+        self.assertIn("failed kept (caused by the request or the patch; --retry-failed runs them again)", again.stderr)
         self.assertIn("add --retry-failed", again.stderr)
         retried = run_cli(self.args(healthy.url, bad_out, "--retry-failed"))
         self.assertEqual(retried.returncode, 0, retried.stderr)

@@ -488,5 +488,95 @@ class TestContainersAndCrashes(_SWEBed):
             self.assertIn("Cannot connect to the Docker daemon", rec["error"])
 
 
+class TestSWEResume(_SWEBed):
+    """Run identity and resume for --task swe: infrastructure failures run again, saved patches are re-scored."""
+
+    def one_instance(self, d, **over):
+        from tests import swebed
+        row = dict(next(r for r in swebed.instance_rows(self.rows) if r["repo"].endswith("calc")), **over)
+        return write_jsonl(os.path.join(d, "one.jsonl"), [row]), row
+
+    def run_one(self, dataset, out, mock, **opts):
+        swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=1), **opts))
+        cfg = eh.RunConfig(dataset=dataset, model="mock-agent", base_url=mock.url, task="swe", out=out,
+                           progress=False, swe=swe, fixed_concurrency=2, keep_images=True)
+        import io
+        return eh.run_swe(cfg, stdout=io.StringIO())[0]
+
+    def test_an_instance_whose_container_did_not_start_runs_again_on_resume(self):
+        """The instance's image first has no `sleep` (a real container start failure), then the right one."""
+        import io
+        import tarfile
+        d = tempdir(self)
+        broken = bed.unique("evh-nostart") + ":1"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("hello.txt")
+            data = b"no shell here\n"
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        self.assertEqual(bed.docker("import", "-", broken, input=buf.getvalue()).returncode, 0)
+        self.addCleanup(bed.docker, "rmi", "-f", broken)
+        dataset, row = self.one_instance(d, image=broken)
+        mock = start_mock(self, swe=eh.SWEDataset(dataset).validate(), swe_policy="oracle")
+        out = os.path.join(d, "run")
+        self.assertEqual(self.run_one(dataset, out, mock), 1)
+        (rec,) = self.samples(out).values()
+        self.assertEqual((rec["status"], rec["error_class"]), ("failed", "sandbox"), rec)
+        self.assertIn("did not start", rec["error"])
+        good = next(r["image"] for r in self.rows if r["instance_id"] == row["instance_id"])
+        self.assertEqual(bed.docker("tag", good, broken).returncode, 0)
+        self.assertEqual(self.run_one(dataset, out, mock), 0)  # the same command: no flag needed
+        with open(os.path.join(out, "samples.jsonl")) as fh:
+            records = [json.loads(line) for line in fh]
+        self.assertEqual([(r["id"], r["outcome"]) for r in records], [(row["instance_id"], "resolved")])
+        self.assertEqual([p["instance_id"] for p in self.preds(out)], [row["instance_id"]])
+
+    def test_a_saved_patch_is_rescored_without_model_calls_by_retry_failed_and_on_a_changed_reference(self):
+        """The tests first sleep past the eval timeout (an eval error after the agent finished)."""
+        d = tempdir(self)
+        dataset, row = self.one_instance(d)
+        inst = eh.SWEDataset(dataset).validate().items[0]
+        dataset, row = self.one_instance(d, test_cmd="sleep 8 && " + eh.swe_test_command(inst))
+        mock = start_mock(self, swe=eh.SWEDataset(dataset).validate(), swe_policy="oracle")
+        out = os.path.join(d, "run")
+        self.assertEqual(self.run_one(dataset, out, mock, eval_timeout_s=3), 1)
+        (first,) = self.samples(out).values()
+        self.assertEqual((first["status"], first["error_class"], first["exit_reason"]),
+                         ("failed", "eval_error", "submitted"), first)
+        self.assertTrue(first["model_patch"].startswith("diff --git"))
+        calls = mock.stats()["counters"]["requests"]
+        self.assertEqual(self.run_one(dataset, out, mock, eval_timeout_s=3), 1)  # kept: the patch's own outcome
+        self.assertEqual(self.samples(out)[row["instance_id"]], first)
+        import io
+        cfg = eh.RunConfig(dataset=dataset, model="mock-agent", base_url=mock.url, task="swe", out=out,
+                           progress=False, swe=eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=3, max_sessions=1),
+                           fixed_concurrency=2, keep_images=True, retry_failed=True)
+        self.assertEqual(eh.run_swe(cfg, stdout=io.StringIO())[0], 1)
+        (again,) = self.samples(out).values()
+        self.assertIn("rescored_at", again)
+        self.assertEqual(again["error_class"], "eval_error")  # the same patch, scored again: times out again
+        self.assertEqual((again["model_patch"], again["steps"], again["model_calls"]),
+                         (first["model_patch"], first["steps"], first["model_calls"]))
+        self.assertEqual(mock.stats()["counters"]["requests"], calls)
+        # a longer eval timeout changes how the patch is graded: re-scored without a flag, resolved, no model call
+        self.assertEqual(self.run_one(dataset, out, mock, eval_timeout_s=120), 0, self.samples(out))
+        with open(os.path.join(out, "samples.jsonl")) as fh:
+            records = [json.loads(line) for line in fh]
+        self.assertEqual([(r["outcome"], r["exit_reason"]) for r in records], [("resolved", "submitted")])
+        self.assertEqual(mock.stats()["counters"]["requests"], calls)
+        with open(os.path.join(out, "preds.jsonl")) as fh:
+            self.assertEqual([json.loads(line)["model_patch"] for line in fh], [first["model_patch"]])
+
+    def test_changed_agent_settings_refuse_to_resume(self):
+        d = tempdir(self)
+        dataset, _ = self.one_instance(d)
+        mock = start_mock(self, swe=eh.SWEDataset(dataset).validate(), swe_policy="noop")
+        out = os.path.join(d, "run")
+        self.assertEqual(self.run_one(dataset, out, mock), 0)
+        with self.assertRaisesRegex(eh.ConfigError, r"other generation settings: step_limit 100 -> 7; use another"):
+            self.run_one(dataset, out, mock, step_limit=7)
+
+
 if __name__ == "__main__":
     unittest.main()
