@@ -82,6 +82,68 @@ class TestRunStore(unittest.TestCase):
             self.assertEqual(sorted(store.iter_samples(), key=lambda r: r["id"])[1]["status"], "ok")
             self.assertEqual(store.finished, {"a": "ok", "b": "ok", "c": "ok"})
 
+    def test_rewrite_keeps_one_current_record_per_id_and_moves_the_rest_to_superseded(self):
+        d = tempdir(self)
+        with eh.RunStore(d) as store:
+            for r in (rec("a", score=0.0), rec("b"), rec("a", score=1.0), rec("c", "failed"), rec("d")):
+                store.append(r)
+            self.assertEqual(store.duplicates, 1)
+            dropped, replaced = store.rewrite(lambda r: None if r["id"] == "c" else
+                                              dict(r, score=0.5) if r["id"] == "d" else r)
+            self.assertEqual((dropped, replaced), (1, 1))
+            self.assertEqual(store.finished, {"a": "ok", "b": "ok", "d": "ok"})
+            self.assertEqual(store.duplicates, 0)
+            store.append(rec("c"))  # the file is open for appends again
+        with open(os.path.join(d, "samples.jsonl")) as fh:
+            current = [json.loads(line) for line in fh]
+        self.assertEqual([(r["id"], r["score"]) for r in current], [("b", 1.0), ("a", 1.0), ("d", 0.5), ("c", 1.0)])
+        with open(os.path.join(d, "superseded.jsonl")) as fh:
+            old = [json.loads(line) for line in fh]
+        self.assertEqual([(r["id"], r["status"], r["score"]) for r in old],
+                         [("a", "ok", 0.0), ("c", "failed", None), ("d", "ok", 1.0)])
+
+    def test_a_crash_before_the_rename_leaves_the_old_file_whole(self):
+        """A fault that cannot be produced for real at that exact instant: os.replace raises as a crash would
+        stop the process there (the rewritten copy is not yet in place)."""
+        d = tempdir(self)
+        with eh.RunStore(d) as store:
+            store.append(rec("a"))
+            store.append(rec("b", "failed"))
+        with open(os.path.join(d, "samples.jsonl")) as fh:
+            before = fh.read()
+        real = eh.os.replace
+
+        def crash(src, dst):
+            raise OSError("crashed")
+        store = eh.RunStore(d).open()
+        self.addCleanup(store.close)
+        eh.os.replace = crash
+        try:
+            with self.assertRaises(OSError):
+                store.rewrite(lambda r: None)
+        finally:
+            eh.os.replace = real
+        with open(os.path.join(d, "samples.jsonl")) as fh:
+            self.assertEqual(fh.read(), before)
+        store.close()
+        with eh.RunStore(d) as again:
+            self.assertEqual(again.finished, {"a": "ok", "b": "failed"})
+
+    def test_restart_moves_the_results_aside_and_starts_empty(self):
+        d = tempdir(self)
+        with eh.RunStore(d) as store:
+            store.append(rec("a"))
+            store.write_json("summary.json", {"x": 1})
+            dest = store.restart()
+            self.assertEqual(store.finished, {})
+            store.append(rec("b"))
+        self.assertTrue(dest.startswith(os.path.join(d, "superseded", "")))
+        self.assertEqual(sorted(os.listdir(dest)), ["samples.jsonl", "summary.json"])
+        with open(os.path.join(dest, "samples.jsonl")) as fh:
+            self.assertEqual([json.loads(l)["id"] for l in fh], ["a"])
+        with open(os.path.join(d, "samples.jsonl")) as fh:
+            self.assertEqual([json.loads(l)["id"] for l in fh], ["b"])
+
     def test_unwritable_out_is_a_config_error(self):
         d = tempdir(self)
         blocker = os.path.join(d, "file")
