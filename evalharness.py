@@ -5153,7 +5153,8 @@ def _log_plan(store: RunStore, plan: Dict[str, set], kept: int, total: int, noun
     for key, text in (("changed", "%d changed row(s) run again"), ("infra", "%d infrastructure failure(s) run again"),
                       ("retry", "%d failed run again (--retry-failed)"),
                       ("rescore", "%d stored answer(s) re-scored (scorer or reference changed, or --rescore)"),
-                      ("kept_failed", "%d failed kept (caused by the request or the patch; --retry-failed runs them again)")):
+                      ("kept_failed",
+                       "%d failed kept (caused by the request or the patch; --retry-failed runs them again)")):
         if plan[key]:
             parts.append(text % len(plan[key]))
     if kept or parts:
@@ -6731,7 +6732,8 @@ def _esc(value: Any) -> str:
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1b1f24;padding:0 16px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
-.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}.warn{background:#fff8c5;border:1px solid #d4a72c;padding:8px}
+.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}
+.warn{background:#fff8c5;border:1px solid #d4a72c;padding:8px}
 table{border-collapse:collapse;margin:6px 0}th,td{padding:4px 10px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:top}
 th{background:#f6f8fa;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:flex;gap:24px;flex-wrap:wrap}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;min-width:150px}

@@ -4,14 +4,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import unittest
 
-from tests.support import MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, wait_until, \
-    write_jsonl
+from tests.support import MODULE, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, \
+    wait_until, write_jsonl
 
 
 def deterministic(summary):
@@ -160,14 +159,6 @@ class TestRunIdentity(IdentityCase):
         self.assertEqual(self.requests(mock), n_requests + 5)
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class TestOutages(IdentityCase):
     """The endpoint is a `serve-mock` process killed with SIGKILL (a crashed server) and started again."""
 
@@ -197,7 +188,7 @@ class TestOutages(IdentityCase):
         ref_mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=60, reasoning_tokens=20)  # as serve()
         ref = os.path.join(self.dir, "ref")
         self.assertEqual(run_cli(self.args(ref_mock.url, ref, ds, "--fixed-concurrency", "4")).returncode, 0)
-        port = free_port()
+        port = dead_port()
         url = "http://127.0.0.1:%d/v1" % port
         server = self.serve(port, ds)
         out = os.path.join(self.dir, "run")
@@ -218,7 +209,7 @@ class TestOutages(IdentityCase):
 
     def test_an_outage_longer_than_the_budget_exits_3_in_time_and_the_resume_reruns_the_rest_once(self):
         ds = self.dataset(self.rows)
-        port = free_port()
+        port = dead_port()
         url = "http://127.0.0.1:%d/v1" % port
         server = self.serve(port, ds)
         out = os.path.join(self.dir, "run")
@@ -247,7 +238,7 @@ class TestOutages(IdentityCase):
         b_rows = changed_rows(self.rows, set(range(0, 30, 2)))
         oracle = self.dataset(self.rows + oracle_extra(b_rows, set(range(0, 30, 2))), "oracle.jsonl")
         a, b = self.dataset(self.rows, "a.jsonl"), self.dataset(b_rows, "b.jsonl")
-        port = free_port()
+        port = dead_port()
         self.serve(port, oracle)
         url = "http://127.0.0.1:%d/v1" % port
         out = os.path.join(self.dir, "run")
