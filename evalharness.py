@@ -22,7 +22,9 @@ import argparse
 import atexit
 import base64
 import collections
+import csv
 import dataclasses
+import difflib
 import email.utils
 import gzip
 import hashlib
@@ -30,6 +32,7 @@ import html
 import http.client
 import http.server
 import io
+import itertools
 import json
 import logging
 import math
@@ -448,6 +451,7 @@ class QAItem:
     pattern: Optional[str] = None
     tolerance: Optional[float] = None
     source: str = ""
+    auto_id: bool = False   # the row had no id: this one is derived from its content (_content_id)
 
 
 def _qa_fps(item: QAItem) -> Tuple[str, str]:
@@ -461,33 +465,117 @@ def _render_choices(prompt: str, choices: Sequence[str]) -> str:
     return prompt + "\n\n" + "\n".join(lines) + "\n\nAnswer with the letter of the correct option."
 
 
-def _validate_row(row: Any, where: str, default_scorer: str) -> QAItem:
-    """Turn one raw row into a QAItem, or raise DatasetError naming ``where`` (file:line) and the field."""
+_FIELD_ALIASES = {  # a canonical field is read from the first of these a row has (when it lacks the field itself)
+    "id": ("question_id", "uid"),
+    "prompt": ("question", "problem", "input", "query"),
+    "answer": ("target", "reference", "solution", "label", "gold"),
+    "choices": ("options",),
+}
+_KNOWN_COLUMNS = frozenset(_ROW_FIELDS) | {a for names in _FIELD_ALIASES.values() for a in names}
+
+
+def _canonical_row(row: Dict[str, Any], fields: Dict[str, str]) -> Dict[str, Any]:
+    """A row with the canonical field names: ``fields`` (--field NAME=COLUMN) first, then the aliases, then
+    choices given as columns A, B, C, ... (MMLU and GPQA exports)."""
+    out = dict(row)
+    for name, column in fields.items():
+        if column in row:
+            out[name] = row[column]
+    for name, aliases in _FIELD_ALIASES.items():
+        if out.get(name) is None:
+            for alias in aliases:
+                if row.get(alias) is not None and alias not in fields.values():
+                    out[name] = row[alias]
+                    break
+    if out.get("choices") is None and row.get("A") is not None and row.get("B") is not None:
+        letters = itertools.takewhile(lambda c: row.get(c) is not None, string.ascii_uppercase)
+        out["choices"] = [row[c] for c in letters]
+    return out
+
+
+def _content_id(row: Dict[str, Any]) -> str:
+    """A stable id for a row that has none, from what it asks and expects (a re-ordered file keeps its ids)."""
+    return "row-" + _fingerprint([row.get("prompt"), row.get("messages"), row.get("answer"), row.get("choices")])[:12]
+
+
+def _parse_choices(raw: Any, bad: Callable[[str, str], DatasetError]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(texts, labels) of a row's choices: a list, a dict of label -> text, or {"text": [...], "label": [...]}
+    (ARC); labels are () when the choices are a plain list. A CSV cell may hold any of these as JSON."""
+    if isinstance(raw, str) and raw.strip()[:1] in ("[", "{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise bad("choices", "is not valid JSON: %r" % raw[:80]) from None
+    labels: Tuple[str, ...] = ()
+    if isinstance(raw, dict) and isinstance(raw.get("text"), list):
+        texts, labels = raw["text"], tuple(str(x) for x in raw.get("label") or ())
+        if labels and len(labels) != len(texts):
+            raise bad("choices", "has %d texts but %d labels" % (len(texts), len(labels)))
+    elif isinstance(raw, dict):
+        texts, labels = list(raw.values()), tuple(str(k) for k in raw)
+    else:
+        texts = raw
+    if (not isinstance(texts, list) or not 2 <= len(texts) <= 26
+            or not all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in texts)):
+        raise bad("choices", "must be 2 to 26 options (a list, a dict of label -> text, or {text, label}), got %r"
+                  % (raw,))
+    return tuple(str(c) for c in texts), labels
+
+
+def _choice_letter(answer: Any, choices: Tuple[str, ...], labels: Tuple[str, ...], typed: bool,
+                   bad: Callable[[str, str], DatasetError]) -> str:
+    """The letter of the correct choice. An integer is always a 0-based position (MMLU's index, even when the
+    choices are numbers); a string is a label, a letter, the text of a choice, or a digit string taken as a
+    position (in CSV/TSV, where every cell is a string, a digit string is a position first)."""
+    letters = string.ascii_uppercase[:len(choices)]
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if 0 <= answer < len(choices):
+            return letters[answer]
+        raise bad("answer", "is the index %d, but there are %d choices (indexes 0 to %d)"
+                  % (answer, len(choices), len(choices) - 1))
+    text = str(answer).strip()
+    index = int(text) if text.isdigit() and int(text) < len(choices) else None
+    if labels and text in labels:
+        return letters[labels.index(text)]
+    if len(text) == 1 and text.upper() in letters:
+        return text.upper()
+    if index is not None and not typed:
+        return letters[index]
+    if text in choices:
+        return letters[choices.index(text)]
+    if index is not None:
+        return letters[index]
+    raise bad("answer", "must be one of the letters %s%s, a 0-based index or the text of a choice, got %r"
+              % (", ".join(letters), (" (or the labels %s)" % ", ".join(labels)) if labels else "", answer))
+
+
+def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Dict[str, str]] = None,
+                  typed: bool = True) -> QAItem:
+    """Turn one raw row into a QAItem, or raise DatasetError naming ``where`` (file:line) and the field.
+    ``typed`` is False for CSV/TSV rows (every value a string)."""
     def bad(field: str, problem: str) -> DatasetError:
         return DatasetError("%s: field %r %s" % (where, field, problem))
 
     if not isinstance(row, dict):
         raise DatasetError("%s: expected a JSON object per row, got %s" % (where, type(row).__name__))
-    if "id" not in row:
-        raise bad("id", "is missing (every row needs a unique id)")
-    rid = row["id"]
+    row = _canonical_row(row, fields or {})
+    rid = row.get("id")
+    if rid is None:
+        rid = _content_id(row)  # Dataset.validate() numbers repeats of the same content
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid).strip() == "":
         raise bad("id", "must be a non-empty string or integer, got %r" % (rid,))
     rid = str(rid)
-    if "answer" not in row:
-        raise bad("answer", "is missing")
+    if row.get("answer") is None:
+        raise bad("answer", "is missing (also read from %s; or name the column: --field answer=COLUMN)"
+                  % ", ".join(_FIELD_ALIASES["answer"]))
     answer = row["answer"]
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or str(answer).strip() == "":
         raise bad("answer", "must be a non-empty string or number, got %r" % (answer,))
-    answer = str(answer)
 
     choices: Tuple[str, ...] = ()
+    labels: Tuple[str, ...] = ()
     if row.get("choices") is not None:
-        raw = row["choices"]
-        if (not isinstance(raw, list) or not 2 <= len(raw) <= 26
-                or not all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in raw)):
-            raise bad("choices", "must be a list of 2 to 26 strings, got %r" % (raw,))
-        choices = tuple(str(c) for c in raw)
+        choices, labels = _parse_choices(row["choices"], bad)
 
     scorer = row.get("scorer")
     if scorer is None:
@@ -497,14 +585,8 @@ def _validate_row(row: Any, where: str, default_scorer: str) -> QAItem:
     if scorer == "choice":
         if not choices:
             raise bad("choices", "is required by scorer 'choice'")
-        letters = string.ascii_uppercase[:len(choices)]
-        if answer.strip().upper() in letters and len(answer.strip()) == 1:
-            answer = answer.strip().upper()
-        elif answer in choices:
-            answer = letters[choices.index(answer)]
-        else:
-            raise bad("answer", "must be one of the letters %s or the text of a choice, got %r"
-                      % (", ".join(letters), answer))
+        answer = _choice_letter(answer, choices, labels, typed, bad)
+    answer = str(answer)
 
     pattern = row.get("pattern")
     if pattern is not None:
@@ -530,8 +612,11 @@ def _validate_row(row: Any, where: str, default_scorer: str) -> QAItem:
         raise bad("category", "must be a non-empty string, got %r" % (category,))
 
     has_prompt, has_messages = row.get("prompt") is not None, row.get("messages") is not None
-    if has_prompt == has_messages:
+    if has_prompt and has_messages:
         raise DatasetError("%s: give exactly one of the fields 'prompt' or 'messages'" % where)
+    if not has_prompt and not has_messages:
+        raise DatasetError("%s: field 'prompt' is missing (also read from %s; or name the column: --field "
+                           "prompt=COLUMN), and there is no 'messages'" % (where, ", ".join(_FIELD_ALIASES["prompt"])))
     if has_prompt:
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
@@ -554,44 +639,102 @@ def _validate_row(row: Any, where: str, default_scorer: str) -> QAItem:
             msgs[-1] = {"role": "user", "content": _render_choices(msgs[-1]["content"], choices)}
         messages = tuple(msgs)
     return QAItem(id=rid, messages=messages, answer=answer, scorer=scorer, category=category.strip(),
-                  choices=choices, pattern=pattern, tolerance=tolerance, source=where)
+                  choices=choices, pattern=pattern, tolerance=tolerance, source=where, auto_id=row.get("id") is None)
+
+
+DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def _iter_json_list(text: str, pos: int, path: str) -> Iterator[Tuple[str, Any]]:
+    """The items of the JSON list that starts at ``text[pos]`` (a '['), each with the ``file:line`` it starts on."""
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"[ \t\r\n]*")
+    pos = ws.match(text, pos + 1).end()
+    if text[pos:pos + 1] == "]":
+        return
+    while True:
+        line = text.count("\n", 0, pos) + 1
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise DatasetError("%s:%d: invalid JSON: %s" % (path, exc.lineno, exc.msg)) from None
+        yield "%s:%d" % (path, line), obj
+        pos = ws.match(text, pos).end()
+        sep = text[pos:pos + 1]
+        if sep == "]":
+            return
+        if sep != ",":
+            raise DatasetError("%s:%d: invalid JSON: expected ',' or ']' between rows"
+                               % (path, text.count("\n", 0, pos) + 1))
+        pos = ws.match(text, pos + 1).end()
+
+
+def _iter_json_rows(path: str) -> Iterator[Tuple[str, Any]]:
+    """A .json dataset: a list of rows, or an object holding exactly one list of rows (``{"data": [...]}``, as
+    some exports wrap it); a UTF-8 BOM is accepted."""
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
+    pos = re.compile(r"[ \t\r\n]*").match(text, 0).end()
+    if text[pos:pos + 1] == "{":
+        try:
+            top = json.loads(text)
+        except ValueError as exc:
+            raise DatasetError("%s:%d: invalid JSON: %s" % (path, getattr(exc, "lineno", 1),
+                                                           getattr(exc, "msg", exc))) from None
+        lists = [k for k, v in top.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        if len(lists) != 1:
+            raise DatasetError("%s:%d: a .json dataset must be a list of row objects, or an object holding exactly "
+                               "one such list (this one holds %s)" % (path, text.count("\n", 0, pos) + 1,
+                                                                     ", ".join(map(repr, lists)) or "none"))
+        m = re.compile(r"%s\s*:\s*\[" % re.escape(json.dumps(lists[0]))).search(text)
+        if m is None:  # the key was written with escapes: rows by position
+            for i, obj in enumerate(top[lists[0]]):
+                yield "%s[%r][%d]" % (path, lists[0], i), obj
+            return
+        yield from _iter_json_list(text, m.end() - 1, path)
+        return
+    if text[pos:pos + 1] != "[":
+        raise DatasetError("%s:%d: a .json dataset must be a list of row objects"
+                           % (path, text.count("\n", 0, pos) + 1))
+    yield from _iter_json_list(text, pos, path)
+
+
+def _iter_csv_rows(path: str, delimiter: str) -> Iterator[Tuple[str, Any]]:
+    """A .csv/.tsv dataset with a header row; empty cells count as absent; a UTF-8 BOM is accepted."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.DictReader(fh, delimiter=delimiter)
+            if not reader.fieldnames:
+                return
+            for row in reader:
+                if None in row:
+                    raise DatasetError("%s:%d: %d more cells than the header has columns; quote cells that hold "
+                                       "the delimiter" % (path, reader.line_num, len(row[None])))
+                cells = {k: v for k, v in row.items() if k and v not in (None, "")}
+                if cells:
+                    yield "%s:%d" % (path, reader.line_num), cells
+    except UnicodeDecodeError as exc:
+        raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
+    except csv.Error as exc:
+        raise DatasetError("%s: malformed %s (%s)" % (path, "TSV" if delimiter == "\t" else "CSV", exc)) from None
 
 
 def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
-    """Yield (``file:line``, parsed row) from a .jsonl file (streamed) or a .json list (line of each item)."""
-    name = path
+    """Yield (``file:line``, parsed row) from a .jsonl file (streamed), a .json list (the line of each item) or a
+    .csv/.tsv file (the line of each record)."""
     if path.endswith(".json"):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except UnicodeDecodeError as exc:
-            raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
-        decoder = json.JSONDecoder()
-        ws = re.compile(r"[ \t\r\n]*")
-        pos = ws.match(text, 0).end()
-        if text[pos:pos + 1] != "[":
-            raise DatasetError("%s:%d: a .json dataset must be a list of row objects"
-                               % (path, text.count("\n", 0, pos) + 1))
-        pos = ws.match(text, pos + 1).end()
-        if text[pos:pos + 1] == "]":
-            return
-        while True:
-            line = text.count("\n", 0, pos) + 1
-            try:
-                obj, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError as exc:
-                raise DatasetError("%s:%d: invalid JSON: %s" % (path, exc.lineno, exc.msg)) from None
-            yield "%s:%d" % (name, line), obj
-            pos = ws.match(text, pos).end()
-            sep = text[pos:pos + 1]
-            if sep == "]":
-                return
-            if sep != ",":
-                raise DatasetError("%s:%d: invalid JSON: expected ',' or ']' between rows"
-                                   % (path, text.count("\n", 0, pos) + 1))
-            pos = ws.match(text, pos + 1).end()
+        yield from _iter_json_rows(path)
+        return
+    if path.endswith((".csv", ".tsv")):
+        yield from _iter_csv_rows(path, "\t" if path.endswith(".tsv") else ",")
+        return
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark (files saved by some Windows editors)
             if not raw.strip():
                 continue
             try:
@@ -605,7 +748,7 @@ def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
                 hint = "; the line looks cut off" if not raw.endswith(b"\n") else ""
                 raise DatasetError("%s:%d: invalid JSON (%s%s)%s; fix or remove the line"
                                    % (path, lineno, msg, where, hint)) from None
-            yield "%s:%d" % (name, lineno), obj
+            yield "%s:%d" % (path, lineno), obj
 
 
 class Dataset:
@@ -613,10 +756,14 @@ class Dataset:
     the ids; ``iter_items()`` reads the file again lazily. The embedded demo set is the one in-memory case."""
 
     def __init__(self, path: Optional[str], *, default_scorer: str = "normalized",
-                 rows: Optional[List[Dict[str, Any]]] = None, name: Optional[str] = None):
+                 rows: Optional[List[Dict[str, Any]]] = None, name: Optional[str] = None,
+                 fields: Optional[Dict[str, str]] = None):
         self.path = path
         self.name = name or (os.path.basename(path) if path else "demo")
         self.default_scorer = default_scorer
+        self.fields = dict(fields or {})  # --field NAME=COLUMN
+        self.typed = not (path or "").endswith((".csv", ".tsv"))
+        self.warnings: List[str] = []     # near-miss field names, said once each
         self._rows = rows
         self.ids: set = set()
         self.count = 0
@@ -637,14 +784,20 @@ class Dataset:
         if self.path is not None:
             if not os.path.isfile(self.path):
                 raise DatasetError("dataset %r does not exist or is not a file" % self.path)
-            if not self.path.endswith((".jsonl", ".json")):
-                raise DatasetError("dataset %r: expected a .jsonl or .json file" % self.path)
+            if not self.path.endswith(DATASET_SUFFIXES):
+                raise DatasetError("dataset %r: expected a %s file" % (self.path, ", ".join(DATASET_SUFFIXES)))
             self.sha256 = _file_sha256(self.path)
         else:
             self.sha256 = hashlib.sha256(json.dumps(self._rows, sort_keys=True).encode()).hexdigest()
+        for name in self.fields:
+            if name not in _ROW_FIELDS:
+                raise ConfigError("--field %s=%s: %r is not a row field; fields: %s"
+                                  % (name, self.fields[name], name, ", ".join(_ROW_FIELDS)))
         seen: Dict[str, str] = {}
-        for where, row in self._raw():
-            item = _validate_row(row, where, self.default_scorer)
+        unknown: set = set()
+        for where, row, item in self._items():
+            if isinstance(row, dict):
+                self._near_misses(row, where, unknown)
             if item.id in seen:
                 raise DatasetError("%s: field 'id' %r duplicates the id at %s; ids must be unique"
                                    % (where, item.id, seen[item.id]))
@@ -658,11 +811,36 @@ class Dataset:
         self.count = len(seen)
         return self
 
+    def _items(self) -> Iterator[Tuple[str, Any, QAItem]]:
+        """(where, raw row, item) in file order; repeats of one content id are numbered (row-…-2, -3, …)."""
+        repeats: Dict[str, int] = collections.Counter()
+        for where, row in self._raw():
+            item = _validate_row(row, where, self.default_scorer, self.fields, self.typed)
+            if item.auto_id:
+                repeats[item.id] += 1
+                if repeats[item.id] > 1:
+                    item = dataclasses.replace(item, id="%s-%d" % (item.id, repeats[item.id]))
+            yield where, row, item
+
+    def _near_misses(self, row: Dict[str, Any], where: str, unknown: set) -> None:
+        """Warn once per column that looks like a misspelt field (``categroy``: did you mean 'category'?)."""
+        for key in row:
+            if key in _KNOWN_COLUMNS or key in unknown or key in self.fields.values() or \
+                    (len(key) == 1 and key in string.ascii_uppercase):
+                continue
+            unknown.add(key)
+            match = difflib.get_close_matches(str(key).lower(), sorted(_KNOWN_COLUMNS), n=1, cutoff=0.75)
+            if match:
+                text = "%s: field %r is not used; did you mean %r? (or map it: --field %s=%s)" % (
+                    where, key, match[0], _canonical_name(match[0]), key)
+                self.warnings.append(text)
+                _log.warning("%s", text)
+
     def iter_items(self) -> Iterator[QAItem]:
         if self.count <= 0:
             return
-        for n, (where, row) in enumerate(self._raw(), 1):
-            yield _validate_row(row, where, self.default_scorer)
+        for n, (_where, _row, item) in enumerate(self._items(), 1):
+            yield item
             if n >= self.count:
                 return  # stop before reading past the validated rows (--limit)
 
@@ -675,9 +853,18 @@ def _file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def load_dataset(path: str, *, default_scorer: str = "normalized", limit: Optional[int] = None) -> Dataset:
-    """Validate every row of a .jsonl/.json QA dataset; raises DatasetError naming file:line and the field."""
-    return Dataset(path, default_scorer=default_scorer).validate(limit)
+def _canonical_name(name: str) -> str:
+    for canonical, aliases in _FIELD_ALIASES.items():
+        if name in aliases:
+            return canonical
+    return name
+
+
+def load_dataset(path: str, *, default_scorer: str = "normalized", limit: Optional[int] = None,
+                 fields: Optional[Dict[str, str]] = None) -> Dataset:
+    """Validate every row of a QA dataset (.jsonl, .json, .csv, .tsv); raises DatasetError naming file:line and the
+    field. ``fields`` maps row fields to the file's columns (--field NAME=COLUMN)."""
+    return Dataset(path, default_scorer=default_scorer, fields=fields).validate(limit)
 
 
 # (id, category, scorer, prompt, answer, extra) — compact on purpose; demo_dataset() expands it.
@@ -4971,6 +5158,7 @@ class RunConfig:
     resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
     scorer: str = "normalized"
+    fields: Tuple[Tuple[str, str], ...] = ()   # --field NAME=COLUMN
     limit: Optional[int] = None
     system_prompt: Optional[str] = None
     json_out: bool = False
@@ -5196,7 +5384,7 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
     if dataset is None:
         if not cfg.dataset:
             raise ConfigError("--dataset is required")
-        dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit)
+        dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields))
     out = cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
                                   _fingerprint(_qa_settings(cfg)))
 
@@ -7207,6 +7395,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _field_mapping(text: str) -> Tuple[str, str]:
+    name, sep, column = text.partition("=")
+    if not sep or not name.strip() or not column.strip():
+        raise argparse.ArgumentTypeError("expected NAME=COLUMN, e.g. --field prompt=Question, got %r" % text)
+    return name.strip(), column.strip()
+
+
 def _json_object(text: str) -> Dict[str, Any]:
     try:
         value = json.loads(text)
@@ -7563,10 +7758,14 @@ def _build_parser() -> argparse.ArgumentParser:
                                 "runs/nightly   # same command again resumes\n\n" + _EXIT_CODES_HELP)
     run.add_argument("--task", default="qa", choices=["qa", "swe"], help="task kind (default %(default)s)")
     run.add_argument("--dataset", required=True, metavar="PATH",
-                     help=".jsonl or .json (list): QA rows, or SWE-bench instances for --task swe")
+                     help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows, or SWE-bench "
+                          "instances (.jsonl/.json) for --task swe")
     run.add_argument("--scorer", default="normalized", choices=sorted(SCORERS),
                      help="scorer for rows that name none (default %(default)s; rows with choices default to "
                           "'choice'); changing it on resume re-scores the stored answers")
+    run.add_argument("--field", dest="fields", action="append", type=_field_mapping, default=[],
+                     metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
+                                                 "from the file's column COLUMN; repeatable")
     run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
     run.add_argument("--system-prompt", default=None, help="system message for rows that have none")
     run.add_argument("--retry-failed", action="store_true",
@@ -7771,7 +7970,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
-                    scorer=args.scorer, limit=args.limit, system_prompt=args.system_prompt, json_out=args.json_out,
+                    scorer=args.scorer, fields=tuple(args.fields), limit=args.limit,
+                    system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress)
     if args.task == "swe":
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,

@@ -1,6 +1,7 @@
 """Datasets: load_dataset(), Dataset (validate / iter_items), demo_dataset(), and the CLI's handling of bad input."""
 import json
 import os
+import re
 import types
 import unittest
 
@@ -60,11 +61,8 @@ class TestLoadDataset(_DatasetCase):
         self.assertNotIn("qa.jsonl:3", msg)
 
     def test_row_line_number_counts_blank_lines_when_row_is_bad(self):
-        path = self.jsonl([row("a"), "", {"prompt": "p", "answer": "x"}])
-        self.assertDatasetError(path, "qa.jsonl:3:", "'id'", "missing")
-
-    def test_missing_id_names_file_line_and_field_when_absent(self):
-        self.assertDatasetError(self.jsonl([{"prompt": "p", "answer": "x"}]), "qa.jsonl:1:", "field 'id'", "missing")
+        path = self.jsonl([row("a"), "", {"id": "b", "prompt": "p"}])
+        self.assertDatasetError(path, "qa.jsonl:3:", "'answer'", "missing")
 
     def test_empty_id_is_rejected_when_blank_string(self):
         self.assertDatasetError(self.jsonl([row("  ")]), "qa.jsonl:1:", "field 'id'")
@@ -169,8 +167,8 @@ class TestLoadDataset(_DatasetCase):
         text = '[\n {"id": "a", "prompt": "p", "answer": "x"},\n {"id": "b", "prompt": "p", "answer": }\n]'
         self.assertDatasetError(self.text(text, "qa.json"), "qa.json:3:", "invalid JSON")
 
-    def test_json_object_instead_of_list_is_rejected_when_top_level_dict(self):
-        self.assertDatasetError(self.text(json.dumps(row("a")), "qa.json"), "qa.json:1:", "list")
+    def test_json_object_instead_of_list_is_rejected_when_it_holds_no_list_of_rows(self):
+        self.assertDatasetError(self.text(json.dumps(row("a")), "qa.json"), "qa.json:1:", "list", "holds none")
 
     def test_empty_dataset_is_rejected_when_no_rows(self):
         self.assertDatasetError(self.text("\n\n", "qa.jsonl"), "no rows")
@@ -179,8 +177,109 @@ class TestLoadDataset(_DatasetCase):
     def test_missing_file_is_rejected_when_path_does_not_exist(self):
         self.assertDatasetError(os.path.join(self.dir, "nope.jsonl"), "nope.jsonl", "does not exist")
 
-    def test_other_extension_is_rejected_when_not_json_or_jsonl(self):
-        self.assertDatasetError(self.text(json.dumps(row("a")) + "\n", "qa.csv"), "qa.csv", ".jsonl")
+    def test_other_extension_is_rejected_when_not_json_jsonl_csv_or_tsv(self):
+        self.assertDatasetError(self.text(json.dumps(row("a")) + "\n", "qa.txt"), "qa.txt", ".jsonl, .json, .csv, .tsv")
+
+
+class TestLayouts(_DatasetCase):
+    """The layouts people export benchmarks in (columns as the public dataset cards have them, rows our own)."""
+
+    def items(self, path, **kw):
+        return list(eh.load_dataset(path, **kw).iter_items())
+
+    def test_question_answer_rows_without_ids_load_with_stable_content_ids(self):
+        rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "Capital of France?", "answer": "Paris"},
+                {"question": "What is 2+2?", "answer": "4"}]
+        first = self.items(self.jsonl(rows))
+        self.assertEqual([i.messages[-1]["content"] for i in first], [r["question"] for r in rows])
+        ids = [i.id for i in first]
+        self.assertEqual(len(set(ids)), 3)
+        self.assertTrue(all(re.match(r"^row-[0-9a-f]{12}(-2)?$", i) for i in ids), ids)
+        self.assertEqual(ids[2], ids[0] + "-2")  # the same content twice: numbered in file order
+        again = self.items(self.jsonl([rows[1], rows[0]], name="reordered.jsonl"))
+        self.assertEqual({i.id: i.answer for i in again}, {ids[1]: "Paris", ids[0]: "4"})
+
+    def test_aliases_read_prompt_and_answer_from_the_usual_names(self):
+        for prompt_key, answer_key in (("problem", "solution"), ("input", "target"), ("query", "gold"),
+                                       ("question", "reference"), ("prompt", "label")):
+            (item,) = self.items(self.jsonl([{prompt_key: "Q?", answer_key: "A"}], name=prompt_key + ".jsonl"))
+            self.assertEqual((item.messages[-1]["content"], item.answer), ("Q?", "A"), prompt_key)
+
+    def test_a_missing_answer_names_the_aliases_and_the_field_option(self):
+        msg = self.assertDatasetError(self.jsonl([{"prompt": "p", "tagret": "x"}]), "qa.jsonl:1:", "'answer'",
+                                      "target", "--field answer=COLUMN")
+        self.assertIn("is missing", msg)
+
+    def test_field_mapping_names_columns_of_any_name(self):
+        path = self.jsonl([{"uid": 7, "Frage": "Wie viel ist 2+2?", "Antwort": "4", "Thema": "math"}])
+        (item,) = self.items(path, fields={"prompt": "Frage", "answer": "Antwort", "category": "Thema"})
+        self.assertEqual((item.id, item.messages[-1]["content"], item.answer, item.category),
+                         ("7", "Wie viel ist 2+2?", "4", "math"))
+        with self.assertRaisesRegex(eh.ConfigError, "'promt' is not a row field"):
+            eh.load_dataset(path, fields={"promt": "Frage"})
+
+    def test_a_near_miss_field_name_warns_with_the_suggestion(self):
+        path = self.jsonl([row("a", categroy="geo", notes="free text"), row("b", categroy="geo")])
+        with self.assertLogs("evalharness", "WARNING") as logs:
+            ds = eh.load_dataset(path)
+        self.assertEqual(len(ds.warnings), 1)  # once per column, and not for an unrelated one ("notes")
+        self.assertIn("qa.jsonl:1: field 'categroy' is not used; did you mean 'category'? (or map it: --field "
+                      "category=categroy)", logs.output[0])
+
+    def test_csv_and_tsv_with_a_header_and_a_bom_load(self):
+        path = self.text("\ufeffid,question,answer,category\nq1,\"Name a colour, any colour\",red,misc\n"
+                         "q2,Two plus two?,4,math\n", "qa.csv")
+        items = self.items(path)
+        self.assertEqual([(i.id, i.messages[-1]["content"], i.answer, i.category) for i in items],
+                         [("q1", "Name a colour, any colour", "red", "misc"), ("q2", "Two plus two?", "4", "math")])
+        tsv = self.text("question\tanswer\nTwo plus two?\t4\n", "qa.tsv")
+        self.assertEqual([i.answer for i in self.items(tsv)], ["4"])
+        bad = self.text("question,answer\nq,a,extra\n", "bad.csv")
+        self.assertDatasetError(bad, "bad.csv:2:", "more cells than the header")
+
+    def test_a_bom_jsonl_and_a_json_object_wrapping_a_list_load(self):
+        path = os.path.join(self.dir, "bom.jsonl")
+        with open(path, "wb") as fh:
+            fh.write(b"\xef\xbb\xbf" + json.dumps(row("a")).encode() + b"\n")
+        self.assertEqual([i.id for i in self.items(path)], ["a"])
+        wrapped = self.text('{"version": 2,\n "data": [\n  {"id": "a", "prompt": "p", "answer": "x"},\n'
+                            '  {"id": "b", "prompt": "p"}\n]}', "wrapped.json")
+        self.assertDatasetError(wrapped, "wrapped.json:4:", "'answer'")  # the line of the bad row
+        self.assertEqual(len(self.items(self.text('{"rows": [%s]}' % json.dumps(row("a")), "w2.json"))), 1)
+        bom = self.text("\ufeff[%s]" % json.dumps(row("a")), "bom.json")
+        self.assertEqual(len(self.items(bom)), 1)
+        two = self.text('{"train": [%s], "test": [%s]}' % (json.dumps(row("a")), json.dumps(row("b"))), "two.json")
+        self.assertDatasetError(two, "exactly one such list", "'train', 'test'")
+
+    def test_an_integer_index_is_always_a_position_even_when_the_choices_are_numbers(self):
+        """The MMLU case: choices ["2","0","1","3"] with answer 0 is A, not the choice whose text is "0"."""
+        (item,) = self.items(self.jsonl([{"question": "x?", "choices": ["2", "0", "1", "3"], "answer": 0}]))
+        self.assertEqual(item.answer, "A")
+        (item,) = self.items(self.jsonl([{"question": "x?", "choices": ["red", "green", "blue"], "answer": 2}],
+                                        name="idx.jsonl"))
+        self.assertEqual(item.answer, "C")
+        (item,) = self.items(self.jsonl([{"question": "x?", "choices": ["red", "green"], "answer": "1"}],
+                                        name="digit.jsonl"))
+        self.assertEqual(item.answer, "B")  # a digit string that is no choice's text: a position
+        (item,) = self.items(self.jsonl([{"question": "x?", "choices": ["2", "0", "1"], "answer": "0"}],
+                                        name="text.jsonl"))
+        self.assertEqual(item.answer, "B")  # in JSON a string is the choice's text first
+        csv_path = self.text('question,choices,answer\nx?,"[""2"", ""0"", ""1"", ""3""]",0\n', "mmlu.csv")
+        self.assertEqual([i.answer for i in self.items(csv_path)], ["A"])  # CSV has no types: a position
+        self.assertDatasetError(self.jsonl([{"question": "x?", "choices": ["a", "b"], "answer": 2}], name="o.jsonl"),
+                                "'answer'", "index 2", "indexes 0 to 1")
+
+    def test_choices_as_a_dict_as_arc_text_and_label_and_as_columns(self):
+        (d,) = self.items(self.jsonl([{"question": "x?", "choices": {"A": "one", "B": "two"}, "answer": "B"}]))
+        self.assertEqual((d.choices, d.answer), (("one", "two"), "B"))
+        arc = {"question": "x?", "choices": {"text": ["sun", "moon", "star"], "label": ["1", "2", "3"]},
+               "answerKey": "2"}
+        (a,) = self.items(self.jsonl([arc], name="arc.jsonl"), fields={"answer": "answerKey"})
+        self.assertEqual((a.choices, a.answer), (("sun", "moon", "star"), "B"))
+        cols = self.text("question,A,B,C,D,answer\nx?,w,x,y,z,C\n", "cols.csv")
+        (c,) = self.items(cols)
+        self.assertEqual((c.choices, c.answer, c.scorer), (("w", "x", "y", "z"), "C", "choice"))
+        self.assertIn("A. w\nB. x\nC. y\nD. z", c.messages[-1]["content"])
 
 
 class TestDatasetLimitAndStreaming(_DatasetCase):
