@@ -104,6 +104,7 @@ EXIT_BREAKER = 3
 EXIT_INTERRUPTED = 130
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_SCORER = "includes"       # free-text references ("Paris") score right inside a sentence; numbers stay whole
 DEFAULT_INITIAL_CONCURRENCY = 16  # first limit of the adaptive gate when no earlier run left one
 DEFAULT_MAX_CONCURRENCY = 256     # cap of the adaptive gate (and of worker threads)
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
@@ -755,7 +756,7 @@ class Dataset:
     """A validated dataset that is streamed, not held: ``validate()`` checks every row once up front and records
     the ids; ``iter_items()`` reads the file again lazily. The embedded demo set is the one in-memory case."""
 
-    def __init__(self, path: Optional[str], *, default_scorer: str = "normalized",
+    def __init__(self, path: Optional[str], *, default_scorer: str = DEFAULT_SCORER,
                  rows: Optional[List[Dict[str, Any]]] = None, name: Optional[str] = None,
                  fields: Optional[Dict[str, str]] = None):
         self.path = path
@@ -860,7 +861,7 @@ def _canonical_name(name: str) -> str:
     return name
 
 
-def load_dataset(path: str, *, default_scorer: str = "normalized", limit: Optional[int] = None,
+def load_dataset(path: str, *, default_scorer: str = DEFAULT_SCORER, limit: Optional[int] = None,
                  fields: Optional[Dict[str, str]] = None) -> Dataset:
     """Validate every row of a QA dataset (.jsonl, .json, .csv, .tsv); raises DatasetError naming file:line and the
     field. ``fields`` maps row fields to the file's columns (--field NAME=COLUMN)."""
@@ -1026,12 +1027,262 @@ def _score_numeric(item: QAItem, response: str) -> Tuple[float, str]:
     return (1.0 if abs(got - want) <= tol else 0.0), repr(got)
 
 
+_TOKEN_WORD_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[^\W_]+", re.UNICODE)
+
+
+def _answer_tokens(text: str) -> List[str]:
+    """Lower-cased words and whole numbers (thousands separators dropped, "2.50" = "2.5"), articles dropped: a
+    number stays one token, so "11" is not found in "711" or "11.5"."""
+    out = []
+    for tok in _TOKEN_WORD_RE.findall(text.lower().replace("\u2212", "-")):
+        if tok[0].isdigit() or tok[0] in "+-":
+            try:
+                value = float(tok.replace(",", ""))
+            except ValueError:
+                continue
+            tok = ("%.10g" % value) if value == value else tok
+        elif tok in ("a", "an", "the"):
+            continue
+        out.append(tok)
+    return out
+
+
+def _score_includes(item: QAItem, response: str) -> Tuple[float, str]:
+    """The reference occurs in the response, word for word (normalized; numbers whole)."""
+    want, got = _answer_tokens(item.answer), _answer_tokens(response)
+    if not want:
+        return 0.0, ""
+    n = len(want)
+    for i in range(len(got) - n, -1, -1):  # the last occurrence is the one shown
+        if got[i:i + n] == want:
+            return 1.0, " ".join(want)
+    return 0.0, ""
+
+
+def _score_f1(item: QAItem, response: str) -> Tuple[float, str]:
+    """SQuAD's token F1 between the normalized response and reference (a partial score in [0, 1])."""
+    want, got = _normalize(item.answer).split(), _normalize(response).split()
+    common = sum((collections.Counter(want) & collections.Counter(got)).values())
+    if not want or not got or not common:
+        return (1.0 if want == got else 0.0), " ".join(got)
+    precision, recall = common / len(got), common / len(want)
+    return round(2 * precision * recall / (precision + recall), 6), " ".join(got)
+
+
+# ----------------------------------------------------------------------------- math answers
+# The final answer of a math reply (the last \boxed{}, else "the answer is …", else the last number), compared
+# with the reference after LaTeX normalisation, numerically when both sides evaluate (fractions, roots, pi), and
+# element by element for tuples and intervals. No computer algebra: 2x+2 and 2(x+1) are different answers.
+
+_ANSWER_IS_RE = re.compile(r"(?i)(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)")
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    """The content of the last \\boxed{…} (or \\fbox{…}), nested braces included; None when there is none."""
+    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\s*", text)]
+    for m in reversed(starts):
+        i = m.end()
+        if i < len(text) and text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[i + 1:j]
+            continue  # unbalanced: try an earlier one
+        word = re.match(r"[^\s$]+", text[i:])  # \boxed 5
+        if word:
+            return word.group(0)
+    return None
+
+
+def _math_extract(text: str) -> str:
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    found = _ANSWER_IS_RE.findall(text)
+    if found:
+        return found[-1].strip().rstrip(".").strip()
+    maths = re.findall(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", text, re.S)
+    if maths:  # the last formula of the reply
+        return next(g for g in maths[-1] if g).strip()
+    numbers = _NUMBER_RE.findall(text.replace("\u2212", "-"))
+    return numbers[-1] if numbers else ""
+
+
+def _strip_command(text: str, names: str) -> str:
+    """\\text{abc} -> abc for the commands ``names`` (innermost first, so nesting unwinds)."""
+    pattern = re.compile(r"\\(?:%s)\s*\{([^{}]*)\}" % names)
+    while True:
+        new = pattern.sub(r"\1", text)
+        if new == text:
+            return text
+        text = new
+
+
+def _math_normalize(text: str) -> str:
+    s = text.strip()
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
+    s = re.sub(r"\\[!,;:]|\\ |~", " ", s)
+    s = re.sub(r"\\left|\\right|\\displaystyle", "", s)
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = _strip_command(s, "text|textbf|textit|mathrm|mathbf|mbox|operatorname")
+    s = re.sub(r"\^\s*\{?\\circ\}?|\\circ|°|\\degree", "", s)
+    s = re.sub(r"\\%|%|\\\$", "", s)
+    s = s.strip().rstrip(".").strip()
+    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)                      # x = 5 -> 5
+    m = re.match(r"^([-+]?[\d.,/]*\d)\s+(?:[a-zA-Z]+\.?\s*)+$", s)  # 5 cm, 12 square units -> the number
+    if m:
+        s = m.group(1)
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)         # \frac12
+    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)
+    if re.match(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$", s):
+        s = s.replace(",", "")
+    s = re.sub(r"^([-+]?\d+)\.0*$", r"\1", s)
+    s = re.sub(r"^([-+]?\d+\.\d*?)0+$", r"\1", s)
+    s = re.sub(r"^([-+]?)\.(\d)", r"\g<1>0.\2", s)
+    return s
+
+
+class _MathValue:
+    """The value of a normalised answer built from numbers, + - * / ^, \\frac, \\sqrt, \\pi and brackets
+    (implicit products too: 2\\sqrt{3}); ValueError for anything else (letters, sets, …)."""
+
+    _TOKENS = re.compile(r"\d+\.?\d*|\.\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*/^(){}]|\S")
+
+    def __init__(self, text: str):
+        self.toks = self._TOKENS.findall(text)
+        self.i = 0
+
+    def value(self) -> float:
+        v = self.expr()
+        if self.i != len(self.toks):
+            raise ValueError("trailing %r" % self.toks[self.i])
+        return v
+
+    def peek(self) -> Optional[str]:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, want: Optional[str] = None) -> str:
+        tok = self.peek()
+        if tok is None or (want is not None and tok != want):
+            raise ValueError("expected %r" % want)
+        self.i += 1
+        return tok
+
+    def expr(self) -> float:
+        v = self.term()
+        while self.peek() in ("+", "-"):
+            v = v + self.term() if self.take() == "+" else v - self.term()
+        return v
+
+    def term(self) -> float:
+        v = self.factor()
+        while True:
+            tok = self.peek()
+            if tok in ("*", "\\cdot", "\\times"):
+                self.take()
+                v *= self.factor()
+            elif tok == "/":
+                self.take()
+                v /= self.factor()
+            elif tok is not None and (tok[0].isdigit() or tok[0] == "." or tok in ("\\frac", "\\sqrt", "\\pi",
+                                                                                   "(", "{")):
+                v *= self.factor()  # implicit product
+            else:
+                return v
+
+    def factor(self) -> float:
+        if self.peek() in ("-", "+"):
+            return -self.factor() if self.take() == "-" else self.factor()
+        base = self.primary()
+        if self.peek() == "^":
+            self.take()
+            return float(base ** self.factor())
+        return base
+
+    def primary(self) -> float:
+        tok = self.take()
+        if tok[0].isdigit() or tok[0] == ".":
+            return float(tok)
+        if tok == "\\pi":
+            return math.pi
+        if tok == "\\frac":
+            return self.group() / self.group()
+        if tok == "\\sqrt":
+            return math.sqrt(self.group())
+        if tok in ("(", "{"):
+            v = self.expr()
+            self.take(")" if tok == "(" else "}")
+            return v
+        raise ValueError("not a number: %r" % tok)
+
+    def group(self) -> float:
+        self.take("{")
+        v = self.expr()
+        self.take("}")
+        return v
+
+
+def _math_value(text: str) -> Optional[float]:
+    try:
+        v = _MathValue(text).value()
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        return None
+    return v if isinstance(v, float) and math.isfinite(v) else None
+
+
+def _math_parts(text: str) -> Optional[Tuple[str, Tuple[str, ...]]]:
+    """(brackets, elements) of a tuple or interval ("(1,2]" -> ("(]", ("1", "2"))), split at top-level commas."""
+    brackets = ""
+    if len(text) >= 2 and text[0] in "([" and text[-1] in ")]":
+        brackets, text = text[0] + text[-1], text[1:-1]
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += 1 if ch in "([{" else -1 if ch in ")]}" else 0
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return (brackets, tuple(parts)) if len(parts) > 1 else None
+
+
+def math_equal(answer: str, reference: str) -> bool:
+    """Whether two final answers are the same (LaTeX normalised; numerically when both evaluate)."""
+    a, b = _math_normalize(answer), _math_normalize(reference)
+    if not a or not b:
+        return False
+    if a == b:
+        return True
+    va, vb = _math_value(a), _math_value(b)
+    if va is not None and vb is not None:
+        return abs(va - vb) <= 1e-9 * max(1.0, abs(va), abs(vb))
+    pa, pb = _math_parts(a), _math_parts(b)
+    if pa and pb and pa[0] == pb[0] and len(pa[1]) == len(pb[1]):
+        return all(math_equal(x, y) for x, y in zip(pa[1], pb[1]))
+    return False
+
+
+def _score_math(item: QAItem, response: str) -> Tuple[float, str]:
+    got = _math_extract(response)
+    reference = _last_boxed(item.answer)  # a MATH "solution" holds its answer in \boxed{}
+    return (1.0 if got and math_equal(got, item.answer if reference is None else reference) else 0.0), got
+
+
 SCORERS: Dict[str, Callable[[QAItem, str], Tuple[float, str]]] = {
     "exact": _score_exact,
     "normalized": _score_normalized,
+    "includes": _score_includes,
+    "f1": _score_f1,
     "regex": _score_regex,
     "choice": _score_choice,
     "numeric": _score_numeric,
+    "math": _score_math,
 }
 
 
@@ -2485,6 +2736,12 @@ def _oracle_reply(item: QAItem, correct: bool) -> str:
         return "Let me work it out. ANSWER: %s" % (answer if correct else "unknown")
     if item.scorer == "normalized":
         return (answer.upper() + ".") if correct else "I do not know."
+    if item.scorer in ("includes", "f1"):
+        return ("I am fairly sure it is %s." % answer) if correct else "I do not know."
+    if item.scorer == "math":
+        reference = _last_boxed(answer)
+        final = answer if reference is None else reference
+        return "Working it out step by step, the answer is $\\boxed{%s}$." % (final if correct else final + "+1")
     return answer if correct else answer + "?"
 
 
@@ -5157,7 +5414,7 @@ class RunConfig:
     seed: Optional[int] = None
     resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
-    scorer: str = "normalized"
+    scorer: str = DEFAULT_SCORER
     fields: Tuple[Tuple[str, str], ...] = ()   # --field NAME=COLUMN
     limit: Optional[int] = None
     system_prompt: Optional[str] = None
@@ -7760,9 +8017,11 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dataset", required=True, metavar="PATH",
                      help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows, or SWE-bench "
                           "instances (.jsonl/.json) for --task swe")
-    run.add_argument("--scorer", default="normalized", choices=sorted(SCORERS),
-                     help="scorer for rows that name none (default %(default)s; rows with choices default to "
-                          "'choice'); changing it on resume re-scores the stored answers")
+    run.add_argument("--scorer", default=DEFAULT_SCORER, choices=sorted(SCORERS),
+                     help="scorer for rows that name none (default %(default)s: the reference occurs in the reply "
+                          "word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' does not "
+                          "in '711' or '11.5'; rows with choices default to 'choice'); changing it on resume "
+                          "re-scores the stored answers")
     run.add_argument("--field", dest="fields", action="append", type=_field_mapping, default=[],
                      metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
                                                  "from the file's column COLUMN; repeatable")

@@ -1,7 +1,10 @@
-"""Scoring: score_response() and the SCORERS registry (exact, normalized, regex, choice, numeric).
+"""Scoring: score_response() and the SCORERS registry (exact, normalized, includes, f1, math, regex, choice,
+numeric).
 
 Items are built through _validate_row() so every test also goes through dataset validation.
 """
+import json
+import os
 import unittest
 
 from tests.support import eh
@@ -21,8 +24,9 @@ def score(it, response):
 
 
 class TestScorerRegistry(unittest.TestCase):
-    def test_registry_holds_the_five_scorers_when_imported(self):
-        self.assertEqual(sorted(eh.SCORERS), ["choice", "exact", "normalized", "numeric", "regex"])
+    def test_registry_holds_the_scorers_when_imported(self):
+        self.assertEqual(sorted(eh.SCORERS), ["choice", "exact", "f1", "includes", "math", "normalized", "numeric",
+                                              "regex"])
 
     def test_score_response_dispatches_on_item_scorer_when_scorers_differ(self):
         # the same text scores differently under exact and normalized: dispatch follows item.scorer
@@ -30,7 +34,9 @@ class TestScorerRegistry(unittest.TestCase):
         self.assertEqual(score(item(answer="Paris", scorer="normalized"), "paris."), (1.0, "paris"))
 
     def test_default_scorer_is_used_when_row_names_none(self):
-        self.assertEqual(item(answer="Paris").scorer, "normalized")
+        self.assertEqual(item(answer="Paris").scorer, "normalized")  # the default given to _validate_row
+        self.assertEqual(eh.Dataset(None, rows=[{"prompt": "p", "answer": "Paris"}]).validate().default_scorer,
+                         "includes")
         it = eh._validate_row({"id": "x", "prompt": "p", "answer": "7"}, "t.jsonl:1", "numeric")
         self.assertEqual(it.scorer, "numeric")
 
@@ -77,6 +83,64 @@ class TestNormalizedScorer(unittest.TestCase):
 
     def test_no_match_when_response_is_empty(self):
         self.assertEqual(score(item(answer="Paris"), ""), (0.0, ""))
+
+
+class TestIncludesScorer(unittest.TestCase):
+    def test_a_free_text_reference_scores_inside_a_sentence(self):
+        self.assertEqual(score(item(answer="Paris", scorer="includes"), "The capital of France is Paris."),
+                         (1.0, "paris"))
+        self.assertEqual(score(item(answer="carbon dioxide", scorer="includes"), "Plants take in CO2, i.e. Carbon "
+                                                                                   "Dioxide!")[0], 1.0)
+        self.assertEqual(score(item(answer="Paris", scorer="includes"), "It is Lyon.")[0], 0.0)
+        self.assertEqual(score(item(answer="Paris", scorer="includes"), "Parisian food")[0], 0.0)  # a word boundary
+
+    def test_numbers_never_match_inside_other_numbers(self):
+        for response, want in (("The answer is 711.", 0.0), ("It is 11.5", 0.0), ("about 110", 0.0),
+                               ("-11 degrees", 0.0), ("The answer is 11.", 1.0), ("11.0 exactly", 1.0),
+                               ("that makes 1,024", 0.0)):
+            self.assertEqual(score(item(answer="11", scorer="includes"), response)[0], want, response)
+        self.assertEqual(score(item(answer="1024", scorer="includes"), "that makes 1,024")[0], 1.0)
+
+    def test_the_default_scorer_is_includes_and_rows_score_as_people_expect(self):
+        ds = eh.Dataset(None, rows=[{"id": "a", "prompt": "Capital of France?", "answer": "Paris"},
+                                    {"id": "b", "prompt": "7+4?", "answer": "11"}]).validate()
+        a, b = ds.iter_items()
+        self.assertEqual(eh.score_response(a, "The capital of France is Paris.")[0], 1.0)
+        self.assertEqual(eh.score_response(b, "7 + 4 = 11")[0], 1.0)
+        self.assertEqual(eh.score_response(b, "I would say 711")[0], 0.0)
+
+
+class TestF1Scorer(unittest.TestCase):
+    def test_token_f1_as_squad_computes_it(self):
+        it = item(answer="the Eiffel Tower in Paris", scorer="f1")
+        self.assertEqual(score(it, "Eiffel Tower")[0], 0.666667)   # p=1, r=2/4
+        self.assertEqual(score(it, "eiffel tower in paris")[0], 1.0)
+        self.assertEqual(score(it, "a tower in London")[0], 0.571429)  # common 2 (tower, in): p=2/3, r=2/4: 4/7
+        self.assertEqual(score(it, "nothing")[0], 0.0)
+
+
+class TestMathScorer(unittest.TestCase):
+    def test_the_table_of_reference_and_response_pairs(self):
+        """tests/data/math_pairs.json: at least 120 pairs, half of them answers that must not match."""
+        with open(os.path.join(os.path.dirname(__file__), "data", "math_pairs.json"), encoding="utf-8") as fh:
+            pairs = json.load(fh)
+        self.assertGreaterEqual(len(pairs), 120)
+        self.assertGreaterEqual(sum(not p["match"] for p in pairs), len(pairs) // 2 - 4)
+        wrong = [p for p in pairs if (score(item(answer=p["reference"], scorer="math"), p["response"])[0] == 1.0)
+                 != p["match"]]
+        self.assertEqual(wrong, [])
+
+    def test_extraction_takes_the_last_boxed_with_nested_braces(self):
+        self.assertEqual(eh._math_extract("first \\boxed{1} then \\boxed{\\frac{a}{\\sqrt{b}}} end"),
+                         "\\frac{a}{\\sqrt{b}}")
+        self.assertEqual(eh._math_extract("no box; the final answer is 7."), "7")
+        self.assertEqual(eh._math_extract("numbers 3 and then 8"), "8")
+        self.assertEqual(eh._math_extract("nothing here"), "")
+
+    def test_a_solution_reference_is_its_boxed_answer(self):
+        it = item(answer="We add: 2 + 3 = \\boxed{5}.", scorer="math")
+        self.assertEqual(score(it, "\\boxed{5}"), (1.0, "5"))
+        self.assertEqual(score(it, "\\boxed{2}")[0], 0.0)
 
 
 class TestRegexScorer(unittest.TestCase):
