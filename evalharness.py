@@ -1074,6 +1074,7 @@ def _score_f1(item: QAItem, response: str) -> Tuple[float, str]:
 # with the reference after LaTeX normalisation, numerically when both sides evaluate (fractions, roots, pi), and
 # element by element for tuples and intervals. No computer algebra: 2x+2 and 2(x+1) are different answers.
 
+_STANDALONE_NUMBER_RE = re.compile(r"(?<![A-Za-z\d.])[-+]?\d[\d,]*(?:\.\d+)?(?![A-Za-z\d])")  # not in AZYUK2A
 _ANSWER_IS_RE = re.compile(r"(?i)(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)")
 
 
@@ -1105,7 +1106,9 @@ def _math_extract(text: str) -> str:
     maths = re.findall(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", text, re.S)
     if maths:  # the last formula of the reply
         return next(g for g in maths[-1] if g).strip()
-    numbers = _NUMBER_RE.findall(text.replace("\u2212", "-"))
+    if not re.search(r"[A-Za-z]{3,}", re.sub(r"\\[A-Za-z]+", "", text)):
+        return text.strip()  # a bare expression such as \frac{10}{9}
+    numbers = _STANDALONE_NUMBER_RE.findall(text.replace("\u2212", "-"))
     return numbers[-1] if numbers else ""
 
 
@@ -1131,8 +1134,8 @@ def _math_normalize(text: str) -> str:
     s = re.sub(r"\\%|%|\\\$", "", s)
     s = s.strip().rstrip(".").strip()
     s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)                      # x = 5 -> 5
-    m = re.match(r"^([-+]?[\d.,/]*\d)\s+(?:[a-zA-Z]+\.?\s*)+$", s)  # 5 cm, 12 square units -> the number
-    if m:
+    m = re.match(r"^(.+?)\s+(?:[a-zA-Z]+\.?\s*)+$", s)  # 5 cm, \frac{1}{3} meters, 12 square units: the value
+    if m and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", m.group(1))):
         s = m.group(1)
     s = re.sub(r"\s+", "", s)
     s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)         # \frac12
@@ -2240,6 +2243,7 @@ class ChatResult:
     attempts: int = 1
     wall_s: float = 0.0             # all attempts and backoff waits
     tool_calls: Tuple[Dict[str, str], ...] = ()  # tool-calling replies: ({"id", "name", "arguments"}, ...)
+    reasoning_tokens: Optional[int] = None       # usage.completion_tokens_details.reasoning_tokens, when sent
 
 
 def _normalize_base_url(url: str) -> str:
@@ -2583,9 +2587,10 @@ class ModelClient:
             prompt = _token_count(usage, "prompt_tokens") or 0
         if estimated and tool_calls:
             completion += _estimate_tokens("".join(c["arguments"] for c in tool_calls))
+        details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
         return ChatResult(text=text, reasoning=reasoning, finish_reason=finish, prompt_tokens=prompt,
                           completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft,
-                          tool_calls=tool_calls)
+                          tool_calls=tool_calls, reasoning_tokens=_token_count(details, "reasoning_tokens"))
 
     # -- retries -----------------------------------------------------------------------------------------
     def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
@@ -2692,7 +2697,8 @@ class MockConfig:
     retry_after_s: float = 1.0
     faults: Tuple[Tuple[str, float], ...] = ()   # (kind, probability) pairs, kinds in _MOCK_FAULTS
     hang_s: float = 3600.0
-    reasoning_tokens: int = 0          # filler sent as reasoning_content before the answer
+    reasoning_tokens: int = 0          # filler reasoning before the answer
+    reasoning_style: str = "field"     # field: sent as reasoning_content; think: as <think>…</think> in the content
     skill: float = 0.8                 # oracle: probability that an answer is right (decided per prompt and seed)
     send_usage: bool = True
     api_key: Optional[str] = None      # when set, requests without "Bearer <api_key>" get 401
@@ -2937,15 +2943,21 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                              "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}}
                 text = text[:found.start()].strip()
         reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
-        pieces = ([("reasoning_content", t) for t in _TOKEN_RE.findall(reasoning + " ")] if reasoning else []) + \
-                 [("content", t) for t in _TOKEN_RE.findall(text)]
+        thought = _TOKEN_RE.findall(reasoning + " ") if reasoning else []
+        if cfg.reasoning_style == "think" and thought:
+            pieces = [("content", t) for t in ["<think>"] + thought + ["</think>\n"]]
+        else:
+            pieces = [("reasoning_content", t) for t in thought]
+        n_thought = len(pieces)
+        pieces += [("content", t) for t in _TOKEN_RE.findall(text)]
         prompt_tokens = sum(len(_TOKEN_RE.findall(str(m.get("content", "")))) for m in messages)
         max_tokens = req.get("max_tokens")
         finish = "stop"
         if isinstance(max_tokens, int) and 0 < max_tokens < len(pieces):
             pieces, finish = pieces[:max_tokens], "length"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
-                 "total_tokens": prompt_tokens + len(pieces)}
+                 "total_tokens": prompt_tokens + len(pieces),
+                 "completion_tokens_details": {"reasoning_tokens": min(n_thought, len(pieces))}}
         rid = "chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48)
 
         def token_delay() -> float:
@@ -4992,18 +5004,21 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         latest[rec["id"]] = (rec.get("status"), rec.get("score"), rec.get("category") or "uncategorized",
                              rec.get("scorer") or "", rec.get("error_class"), rec.get("prompt_tokens") or 0,
                              rec.get("completion_tokens") or 0, bool(rec.get("usage_estimated")),
-                             rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"))
+                             rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"),
+                             rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")))
     scores: List[float] = []
     by_cat: Dict[str, List[float]] = collections.defaultdict(list)
     by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
     failed_cat: Dict[str, int] = collections.Counter()
     errors: Dict[str, int] = collections.Counter()
-    tok_p = tok_c = n_est = 0
+    tok_p = tok_c = n_est = tok_r = n_no_answer = 0
     lat: List[float] = []
     ttft: List[float] = []
     spans: List[Tuple[float, float]] = []
     for sid in sorted(latest):
-        status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end = latest[sid]
+        status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans = latest[sid]
+        tok_r += rtok
+        n_no_answer += no_ans
         tok_p += ptok
         tok_c += ctok
         n_est += est
@@ -5046,7 +5061,8 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         "by_category": group(by_cat, failed_cat),
         "by_scorer": group(by_scorer),
         "errors": dict(sorted(errors.items())),
-        "tokens": {"prompt": tok_p, "completion": tok_c, "estimated_samples": n_est},
+        "tokens": {"prompt": tok_p, "completion": tok_c, "reasoning": tok_r, "estimated_samples": n_est},
+        "no_answer": n_no_answer,   # replies whose reasoning used the whole budget (scored wrong)
         "performance": {
             "latency_s": {"p50": _r(_percentile(lat, 50)), "p95": _r(_percentile(lat, 95)),
                           "p99": _r(_percentile(lat, 99))},
@@ -5111,9 +5127,13 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
         lines.append("failed by error class: " + ", ".join("%s %d" % kv for kv in summary["errors"].items()))
     t = summary["tokens"]
     lines.append("")
-    lines.append("tokens: prompt %s, completion %s%s" % (format(t["prompt"], ","), format(t["completion"], ","),
-                 " (%d samples estimated: server sent no usage)" % t["estimated_samples"]
-                 if t["estimated_samples"] else ""))
+    lines.append("tokens: prompt %s, completion %s%s%s" % (
+        format(t["prompt"], ","), format(t["completion"], ","),
+        " (reasoning %s)" % format(t["reasoning"], ",") if t.get("reasoning") else "",
+        " (%d samples estimated: server sent no usage)" % t["estimated_samples"] if t["estimated_samples"] else ""))
+    if summary.get("no_answer"):
+        lines.append("no answer: %d reply(ies) spent the whole token budget reasoning (scored wrong)"
+                     % summary["no_answer"])
 
     def sec(v: Optional[float]) -> str:
         return "-" if v is None else "%.3fs" % v
@@ -5437,6 +5457,23 @@ class RunConfig:
     pull_ahead: bool = True       # register every pending image when the run starts (off: only when a sample starts)
 
 
+REASONING_KEEP_CHARS = 20000  # reasoning kept in a sample record (the head; its full length is recorded too)
+
+
+def _split_reasoning(text: str) -> Tuple[str, str, bool]:
+    """(answer, reasoning, closed) of a reply whose content may carry <think>…</think> (DeepSeek-R1, Qwen3 and the
+    like): the answer is what follows the last </think>; an unclosed <think> leaves no answer."""
+    end = text.rfind("</think>")
+    if end >= 0:
+        head = text[:end]
+        start = head.find("<think>")
+        return text[end + len("</think>"):].strip(), head[start + len("<think>") if start >= 0 else 0:].strip(), True
+    start = text.find("<think>")
+    if start >= 0:
+        return text[:start].strip(), text[start + len("<think>"):].strip(), False
+    return text, "", True
+
+
 def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAItem], Dict[str, Any]]:
     def work(item: QAItem) -> Dict[str, Any]:
         started = time.time()
@@ -5449,10 +5486,19 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
             rec = _failed_record(item, started, _redact(exc), exc.error_class)
             rec["attempts"] = exc.attempts
             return rec
-        score, extracted = score_response(item, res.text)
+        answer, thought, closed = _split_reasoning(res.text)
+        reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
+        no_answer = None
+        if not answer.strip() and reasoning:  # the reasoning never reached an answer: wrong, not retried
+            no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
+                         if res.finish_reason == "length" or closed else
+                         "no answer: the reasoning never ended (no </think>)")
+        score, extracted = (0.0, "") if no_answer else score_response(item, answer)
         return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
-                "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": res.text,
-                "extracted": extracted, "reasoning_chars": len(res.reasoning), "finish_reason": res.finish_reason,
+                "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
+                "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
+                "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
+                "finish_reason": res.finish_reason,
                 "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                 "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
                 "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
@@ -5611,7 +5657,7 @@ def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Opt
     """A stored answer scored again under the row's current scorer and reference (no model call)."""
     if not isinstance(rec.get("response"), str):
         return None  # nothing to score: the sample runs again
-    score, extracted = score_response(item, rec["response"])
+    score, extracted = (0.0, "") if rec.get("no_answer") else score_response(item, rec["response"])
     return dict(rec, score=score, extracted=extracted, answer=item.answer, scorer=item.scorer,
                 category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
 
@@ -8062,6 +8108,8 @@ def _build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--thrash", type=float, default=0.0, help="extra slowdown per stream past the knee")
     mock.add_argument("--ttft-ms", type=float, default=0.0)
     mock.add_argument("--reasoning-tokens", type=int, default=0, help="filler reasoning tokens before each answer")
+    mock.add_argument("--reasoning-style", default="field", choices=["field", "think"],
+                      help="reasoning as the reasoning_content field (default) or as <think>...</think> in the content")
     mock.add_argument("--max-concurrency", type=int, default=0, help="hard cap; 0 = none")
     mock.add_argument("--overload-status", type=int, choices=[429, 503], default=429)
     mock.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS")
@@ -8273,6 +8321,7 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0, max_concurrency=args.max_concurrency,
                      overload_status=args.overload_status, retry_after_s=args.retry_after,
                      faults=parse_faults(args.faults), hang_s=args.hang_s, reasoning_tokens=args.reasoning_tokens,
+                     reasoning_style=args.reasoning_style,
                      skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy)
     swe = SWEDataset(args.swe).validate() if args.swe else None
     server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()

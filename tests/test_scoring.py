@@ -125,7 +125,7 @@ class TestMathScorer(unittest.TestCase):
         with open(os.path.join(os.path.dirname(__file__), "data", "math_pairs.json"), encoding="utf-8") as fh:
             pairs = json.load(fh)
         self.assertGreaterEqual(len(pairs), 120)
-        self.assertGreaterEqual(sum(not p["match"] for p in pairs), len(pairs) // 2 - 4)
+        self.assertGreaterEqual(sum(not p["match"] for p in pairs), len(pairs) // 2)
         wrong = [p for p in pairs if (score(item(answer=p["reference"], scorer="math"), p["response"])[0] == 1.0)
                  != p["match"]]
         self.assertEqual(wrong, [])
@@ -136,6 +136,11 @@ class TestMathScorer(unittest.TestCase):
         self.assertEqual(eh._math_extract("no box; the final answer is 7."), "7")
         self.assertEqual(eh._math_extract("numbers 3 and then 8"), "8")
         self.assertEqual(eh._math_extract("nothing here"), "")
+
+    def test_no_computer_algebra_equal_forms_of_an_expression_do_not_match(self):
+        """Documented limit (README): 2x+2 and 2(x+1) are equal, but only a CAS could tell; math-verify says match."""
+        self.assertEqual(score(item(answer="2x+2", scorer="math"), "\\boxed{2(x+1)}")[0], 0.0)
+        self.assertEqual(score(item(answer="2x+2", scorer="math"), "\\boxed{2x + 2}")[0], 1.0)
 
     def test_a_solution_reference_is_its_boxed_answer(self):
         it = item(answer="We add: 2 + 3 = \\boxed{5}.", scorer="math")
