@@ -226,6 +226,56 @@ class TestFailures(RunCase):
             self.assertGreater(counters.get("fault_" + kind, 0), 0, kind)
 
 
+class TestReasoningModels(RunCase):
+    """The mock thinks before it answers: in reasoning_content, as <think> in the content, or past the budget."""
+
+    def run_reasoning(self, out, *extra, **mock_cfg):
+        mock = start_mock(self, oracle_rows=self.rows, seed=3, **mock_cfg)
+        res = run_cli(self.args(mock.url, out, "--limit", "20", *extra))
+        return mock, res
+
+    def test_reasoning_in_a_field_or_in_think_tags_never_reaches_the_scorer_and_its_tokens_are_counted(self):
+        ref_mock, ref = self.run_reasoning(os.path.join(self.dir, "plain"))
+        self.assertEqual(ref.returncode, 0, ref.stderr)
+        with open(os.path.join(self.dir, "plain", "summary.json")) as fh:
+            want = json.load(fh)["score"]
+        for style in ("field", "think"):
+            out = os.path.join(self.dir, style)
+            mock, res = self.run_reasoning(out, reasoning_tokens=30, reasoning_style=style)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            records = read_samples(out)
+            for r in records:
+                self.assertNotIn("think", r["response"])
+                self.assertTrue(r["reasoning"].startswith("thinking"), r)
+                self.assertEqual(r["reasoning_tokens"], 30 + (2 if style == "think" else 0))
+                self.assertIsNone(r["no_answer"])
+            with open(os.path.join(out, "summary.json")) as fh:
+                summary = json.load(fh)
+            self.assertEqual(summary["score"], want, style)  # the same answers, the same score
+            self.assertEqual(summary["tokens"]["reasoning"], 20 * (30 + (2 if style == "think" else 0)))
+
+    def test_a_budget_spent_on_reasoning_is_one_wrong_answer_not_a_retry_or_a_failure(self):
+        for style in ("field", "think"):
+            out = os.path.join(self.dir, "budget-" + style)
+            mock, res = self.run_reasoning(out, "--max-tokens", "10", reasoning_tokens=30, reasoning_style=style)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertEqual(mock.stats()["counters"]["requests"], 20)  # once each: not retried
+            records = read_samples(out)
+            self.assertEqual(len(records), 20)
+            for r in records:
+                self.assertEqual((r["status"], r["score"]), ("ok", 0.0))
+                self.assertEqual(r["no_answer"], "no answer: reasoning used all 10 tokens")
+                self.assertEqual(r["finish_reason"], "length")
+            self.assertIn("no answer: 20 reply(ies) spent the whole token budget reasoning", res.stdout)
+
+    def test_split_reasoning_takes_what_follows_the_last_think_block(self):
+        self.assertEqual(eh._split_reasoning("<think>hmm</think>\nParis"), ("Paris", "hmm", True))
+        self.assertEqual(eh._split_reasoning("<think>a</think>x<think>b</think> y"), ("y", "a</think>x<think>b", True))
+        self.assertEqual(eh._split_reasoning("Paris"), ("Paris", "", True))
+        self.assertEqual(eh._split_reasoning("<think>still going"), ("", "still going", False))
+        self.assertEqual(eh._split_reasoning("hmm</think>Paris"), ("Paris", "hmm", True))  # template ate <think>
+
+
 class TestSecrets(RunCase):
     KEY = "sk-evalharness-test-SECRET-0123456789abcdef"
 
