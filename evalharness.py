@@ -550,10 +550,34 @@ def _choice_letter(answer: Any, choices: Tuple[str, ...], labels: Tuple[str, ...
               % (", ".join(letters), (" (or the labels %s)" % ", ".join(labels)) if labels else "", answer))
 
 
+_TEMPLATE_FIELD_RE = re.compile(r"\{([A-Za-z_][\w ]*)\}")
+
+
+def _prompt_text(question: str, choices: Sequence[str], template: Optional[str], row: Dict[str, Any],
+                 where: str) -> str:
+    """The user message of a row: its question with the choices ("A. …" lines) when no template is given, else the
+    template with {question}, {choices} ("A) …" lines), {letters} ("A, B, C, D") and any field of the row."""
+    if template is None:
+        return _render_choices(question, choices) if choices else question
+    letters = string.ascii_uppercase[:len(choices)]
+    values = {str(k): str(v) for k, v in row.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+    values.update(question=question, letters=", ".join(letters),
+                  choices="\n".join("%s) %s" % (letter, c) for letter, c in zip(letters, choices)))
+    names = _TEMPLATE_FIELD_RE.findall(template)
+    for name in names:
+        if name not in values:
+            raise DatasetError("%s: the prompt template uses {%s}, but the row has no field %r; add it to the row, "
+                               "or change the template" % (where, name, name))
+    if choices and "choices" not in names:
+        raise DatasetError("%s: the row has %d choices but the prompt template has no {choices} to show them"
+                           % (where, len(choices)))
+    return _TEMPLATE_FIELD_RE.sub(lambda m: values[m.group(1)], template)
+
+
 def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Dict[str, str]] = None,
-                  typed: bool = True) -> QAItem:
+                  typed: bool = True, template: Optional[str] = None) -> QAItem:
     """Turn one raw row into a QAItem, or raise DatasetError naming ``where`` (file:line) and the field.
-    ``typed`` is False for CSV/TSV rows (every value a string)."""
+    ``typed`` is False for CSV/TSV rows (every value a string); ``template`` builds the user message."""
     def bad(field: str, problem: str) -> DatasetError:
         return DatasetError("%s: field %r %s" % (where, field, problem))
 
@@ -622,7 +646,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise bad("prompt", "must be a non-empty string")
-        messages = ({"role": "user", "content": _render_choices(prompt, choices) if choices else prompt},)
+        messages = ({"role": "user", "content": _prompt_text(prompt, choices, template, row, where)},)
     else:
         raw_msgs = row["messages"]
         if not isinstance(raw_msgs, list) or not raw_msgs:
@@ -636,11 +660,110 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
             msgs.append({"role": m["role"], "content": m["content"]})
         if msgs[-1]["role"] != "user":
             raise bad("messages", "must end with a user message")
-        if choices:
-            msgs[-1] = {"role": "user", "content": _render_choices(msgs[-1]["content"], choices)}
+        if choices or template is not None:
+            msgs[-1] = {"role": "user", "content": _prompt_text(msgs[-1]["content"], choices, template, row, where)}
         messages = tuple(msgs)
     return QAItem(id=rid, messages=messages, answer=answer, scorer=scorer, category=category.strip(),
                   choices=choices, pattern=pattern, tolerance=tolerance, source=where, auto_id=row.get("id") is None)
+
+
+# ----------------------------------------------------------------------------- built-in formats
+# The public benchmarks as their dataset cards lay them out (exported from the hub to JSONL/JSON/CSV): each format
+# turns its rows into evalharness rows and brings the prompt template and scorer people run it with.
+
+MC_TEMPLATE = ("{question}\n\n{choices}\n\nAnswer with the letter of the correct option. End your reply with "
+               "'Answer: LETTER', where LETTER is one of {letters}.")
+MATH_TEMPLATE = "{question}\n\nSolve the problem step by step. Put your final answer within \\boxed{}."
+GSM8K_TEMPLATE = ("{question}\n\nSolve the problem step by step. End your reply with the final answer as a number on "
+                  "its own line: 'Answer: N'.")
+
+
+def _gsm8k_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    final = str(row["answer"]).rsplit("####", 1)[-1].strip().replace(",", "")
+    return dict(row, prompt=row["question"], answer=final, solution=row["answer"])
+
+
+def _mmlu_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(row, prompt=row["question"], category=row.get("subject") or row.get("category") or "mmlu")
+
+
+def _mmlu_pro_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(row, prompt=row["question"], choices=row["options"], answer=row["answer"],
+                category=row.get("category") or "mmlu-pro", id=row.get("question_id"))
+
+
+def _gpqa_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    """The correct answer and the three incorrect ones, shuffled with a seed taken from the question itself, so
+    every run (and every harness that follows this rule) sees the same order."""
+    options = [row["Correct Answer"]] + [row["Incorrect Answer %d" % i] for i in (1, 2, 3)]
+    order = list(range(4))
+    random.Random(int(_fingerprint(["gpqa", row["Question"]]), 16)).shuffle(order)
+    return dict(row, prompt=row["Question"], choices=[options[i] for i in order], answer=order.index(0),
+                category=row.get("High-level domain") or row.get("Subdomain") or "gpqa", id=row.get("Record ID"))
+
+
+def _math_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    answer = row.get("answer")
+    if answer is None or str(answer).strip() == "":
+        answer = row.get("solution")  # its \boxed{} is the reference
+    return dict(row, prompt=row["problem"], answer=answer, id=row.get("unique_id") or row.get("id"),
+                category=row.get("subject") or row.get("type") or "math")
+
+
+def _aime_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(row, prompt=row.get("problem") or row.get("question"), answer=str(row["answer"]),
+                category=row.get("category") or "aime")
+
+
+def _arc_row(row: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(row, prompt=row["question"], answer=row["answerKey"], category=row.get("category") or "arc")
+
+
+def _has(row: Dict[str, Any], *keys: str) -> bool:
+    return all(row.get(k) not in (None, "") for k in keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Format:
+    columns: str                                   # for --help and the README
+    detect: Callable[[Dict[str, Any]], bool]
+    convert: Callable[[Dict[str, Any]], Dict[str, Any]]
+    template: str
+    scorer: str
+
+
+FORMATS: Dict[str, _Format] = {
+    "gsm8k": _Format("question, answer ending in '#### N'",
+                     lambda r: _has(r, "question", "answer") and "####" in str(r["answer"]) and not _has(r, "choices"),
+                     _gsm8k_row, GSM8K_TEMPLATE, "numeric"),
+    "mmlu": _Format("question, choices (list), answer (0-based index), subject",
+                    lambda r: _has(r, "question", "choices", "answer") and isinstance(r.get("choices"), list)
+                    and not _has(r, "options"), _mmlu_row, MC_TEMPLATE, "choice"),
+    "mmlu-pro": _Format("question, options (up to 10), answer (letter), answer_index, category",
+                        lambda r: _has(r, "question", "options", "answer", "answer_index"), _mmlu_pro_row,
+                        MC_TEMPLATE, "choice"),
+    "gpqa": _Format("Question, Correct Answer, Incorrect Answer 1..3 (shuffled with a per-row seed)",
+                    lambda r: _has(r, "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
+                                   "Incorrect Answer 3"), _gpqa_row, MC_TEMPLATE, "choice"),
+    "math": _Format("problem, answer or solution with \\boxed{} (MATH, MATH-500)",
+                    lambda r: _has(r, "problem") and (_has(r, "solution") or isinstance(r.get("answer"), str))
+                    and not isinstance(r.get("answer"), int), _math_row, MATH_TEMPLATE, "math"),
+    "aime": _Format("problem or question, answer (an integer)",
+                    lambda r: (_has(r, "problem") or _has(r, "question")) and isinstance(r.get("answer"), int)
+                    and not isinstance(r.get("answer"), bool) and not _has(r, "choices"), _aime_row, MATH_TEMPLATE,
+                    "math"),
+    "arc": _Format("question, choices {text, label}, answerKey",
+                   lambda r: _has(r, "question", "answerKey") and isinstance(r.get("choices"), dict), _arc_row,
+                   MC_TEMPLATE, "choice"),
+}
+
+
+def detect_format(row: Any) -> Optional[str]:
+    """The built-in format whose columns a row has, when exactly one matches; None otherwise."""
+    if not isinstance(row, dict):
+        return None
+    found = [name for name, fmt in FORMATS.items() if fmt.detect(row)]
+    return found[0] if len(found) == 1 else None
 
 
 DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -756,12 +879,17 @@ class Dataset:
     """A validated dataset that is streamed, not held: ``validate()`` checks every row once up front and records
     the ids; ``iter_items()`` reads the file again lazily. The embedded demo set is the one in-memory case."""
 
-    def __init__(self, path: Optional[str], *, default_scorer: str = DEFAULT_SCORER,
+    def __init__(self, path: Optional[str], *, default_scorer: Optional[str] = None,
                  rows: Optional[List[Dict[str, Any]]] = None, name: Optional[str] = None,
-                 fields: Optional[Dict[str, str]] = None):
+                 fields: Optional[Dict[str, str]] = None, format: str = "auto", template: Optional[str] = None):
         self.path = path
         self.name = name or (os.path.basename(path) if path else "demo")
-        self.default_scorer = default_scorer
+        self._scorer = default_scorer     # --scorer; None: the format's, else DEFAULT_SCORER
+        self.default_scorer = default_scorer or DEFAULT_SCORER
+        self.format_name = format         # auto | none | a name in FORMATS
+        self.format: Optional[str] = None  # the format in effect (validate() decides "auto")
+        self._template = template         # --prompt-template text
+        self.template: Optional[str] = template
         self.fields = dict(fields or {})  # --field NAME=COLUMN
         self.typed = not (path or "").endswith((".csv", ".tsv"))
         self.warnings: List[str] = []     # near-miss field names, said once each
@@ -778,6 +906,28 @@ class Dataset:
         else:
             yield from _iter_raw_rows(self.path)
 
+    def _choose_format(self) -> None:
+        if self.format_name not in ("auto", "none") and self.format_name not in FORMATS:
+            raise ConfigError("--format %r is not a built-in format; formats: auto, none, %s"
+                              % (self.format_name, ", ".join(FORMATS)))
+        if self.format_name == "auto":
+            first = None
+            if not self.fields:  # a --field mapping means the columns are the user's to name
+                rows = self._raw()
+                first = next(rows, (None, None))[1]
+                rows.close()
+            self.format = detect_format(first)
+            if self.format:
+                fmt = FORMATS[self.format]
+                _log.info("dataset %s: its columns are the %s layout (%s): %s template, scorer %s (--format none "
+                          "reads the rows as they are)", self.name, self.format, fmt.columns,
+                          "your" if self._template else "the format's", self._scorer or fmt.scorer)
+        elif self.format_name != "none":
+            self.format = self.format_name
+        if self.format:
+            self.template = self._template or FORMATS[self.format].template
+            self.default_scorer = self._scorer or FORMATS[self.format].scorer
+
     def validate(self, limit: Optional[int] = None) -> "Dataset":
         if self.default_scorer not in SCORERS:
             raise ConfigError("--scorer %r is not a scorer; valid scorers: %s"
@@ -790,6 +940,7 @@ class Dataset:
             self.sha256 = _file_sha256(self.path)
         else:
             self.sha256 = hashlib.sha256(json.dumps(self._rows, sort_keys=True).encode()).hexdigest()
+        self._choose_format()
         for name in self.fields:
             if name not in _ROW_FIELDS:
                 raise ConfigError("--field %s=%s: %r is not a row field; fields: %s"
@@ -815,8 +966,16 @@ class Dataset:
     def _items(self) -> Iterator[Tuple[str, Any, QAItem]]:
         """(where, raw row, item) in file order; repeats of one content id are numbered (row-…-2, -3, …)."""
         repeats: Dict[str, int] = collections.Counter()
+        convert = FORMATS[self.format].convert if self.format else None
         for where, row in self._raw():
-            item = _validate_row(row, where, self.default_scorer, self.fields, self.typed)
+            if convert is not None and isinstance(row, dict):
+                try:
+                    row = convert(row)
+                except KeyError as exc:
+                    raise DatasetError("%s: field %s is missing (the %s format needs %s; --format none reads the "
+                                       "rows as they are)" % (where, exc, self.format,
+                                                              FORMATS[self.format].columns)) from None
+            item = _validate_row(row, where, self.default_scorer, self.fields, self.typed, self.template)
             if item.auto_id:
                 repeats[item.id] += 1
                 if repeats[item.id] > 1:
@@ -861,11 +1020,14 @@ def _canonical_name(name: str) -> str:
     return name
 
 
-def load_dataset(path: str, *, default_scorer: str = DEFAULT_SCORER, limit: Optional[int] = None,
-                 fields: Optional[Dict[str, str]] = None) -> Dataset:
+def load_dataset(path: str, *, default_scorer: Optional[str] = None, limit: Optional[int] = None,
+                 fields: Optional[Dict[str, str]] = None, format: str = "auto",
+                 template: Optional[str] = None) -> Dataset:
     """Validate every row of a QA dataset (.jsonl, .json, .csv, .tsv); raises DatasetError naming file:line and the
-    field. ``fields`` maps row fields to the file's columns (--field NAME=COLUMN)."""
-    return Dataset(path, default_scorer=default_scorer, fields=fields).validate(limit)
+    field. ``fields`` maps row fields to the file's columns (--field NAME=COLUMN); ``format`` is a built-in layout
+    (FORMATS), auto-detected by default; ``template`` builds each user message (--prompt-template)."""
+    return Dataset(path, default_scorer=default_scorer, fields=fields, format=format,
+                   template=template).validate(limit)
 
 
 # (id, category, scorer, prompt, answer, extra) — compact on purpose; demo_dataset() expands it.
@@ -5434,7 +5596,9 @@ class RunConfig:
     seed: Optional[int] = None
     resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
-    scorer: str = DEFAULT_SCORER
+    scorer: Optional[str] = None               # None: the format's scorer, else DEFAULT_SCORER
+    format: str = "auto"
+    prompt_template: Optional[str] = None
     fields: Tuple[Tuple[str, str], ...] = ()   # --field NAME=COLUMN
     limit: Optional[int] = None
     system_prompt: Optional[str] = None
@@ -5687,7 +5851,8 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
     if dataset is None:
         if not cfg.dataset:
             raise ConfigError("--dataset is required")
-        dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields))
+        dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields),
+                               format=cfg.format, template=cfg.prompt_template)
     out = cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
                                   _fingerprint(_qa_settings(cfg)))
 
@@ -7785,6 +7950,18 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
                         "images are delivered in the background from the start)")
 
 
+def _prompt_template_arg(value: Optional[str]) -> Optional[str]:
+    """--prompt-template: a file's path, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        return _read_template(value, "--prompt-template")
+    if not _TEMPLATE_FIELD_RE.search(value):
+        raise ConfigError("--prompt-template %r is neither a file nor a template naming a field such as {question}"
+                          % value)
+    return value
+
+
 def _read_template(path: Optional[str], what: str) -> Optional[str]:
     if path is None:
         return None
@@ -8063,9 +8240,16 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dataset", required=True, metavar="PATH",
                      help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows, or SWE-bench "
                           "instances (.jsonl/.json) for --task swe")
-    run.add_argument("--scorer", default=DEFAULT_SCORER, choices=sorted(SCORERS),
-                     help="scorer for rows that name none (default %(default)s: the reference occurs in the reply "
-                          "word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' does not "
+    run.add_argument("--format", default="auto", choices=["auto", "none"] + list(FORMATS),
+                     help="a built-in benchmark layout with its prompt template and scorer: " + "; ".join(
+                         "%s (%s)" % (k, f.columns) for k, f in FORMATS.items()).replace("%", "%%") +
+                     "; auto (default) takes the one whose columns the first row has, and says so")
+    run.add_argument("--prompt-template", default=None, metavar="FILE|TEXT",
+                     help="the user message: {question}, {choices} ('A) ...' lines), {letters} ('A, B, C, D') and "
+                          "any row field, e.g. 'Q: {question}'; a file's path or the text itself")
+    run.add_argument("--scorer", default=None, choices=sorted(SCORERS),
+                     help="scorer for rows that name none (default: the format's, else " + DEFAULT_SCORER + ": the "
+                          "reference occurs in the reply word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' does not "
                           "in '711' or '11.5'; rows with choices default to 'choice'); changing it on resume "
                           "re-scores the stored answers")
     run.add_argument("--field", dest="fields", action="append", type=_field_mapping, default=[],
@@ -8277,7 +8461,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
-                    scorer=args.scorer, fields=tuple(args.fields), limit=args.limit,
+                    scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
+                    prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress)
     if args.task == "swe":

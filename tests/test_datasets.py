@@ -14,6 +14,10 @@ def row(rid="a", **fields):
     return out
 
 
+FORMATS_SCORER = {"gsm8k": "numeric", "mmlu": "choice", "mmlu-pro": "choice", "gpqa": "choice", "math": "math",
+                  "aime": "math", "arc": "choice"}
+
+
 class _DatasetCase(unittest.TestCase):
     def setUp(self):
         self.dir = tempdir(self)
@@ -202,7 +206,8 @@ class TestLayouts(_DatasetCase):
     def test_aliases_read_prompt_and_answer_from_the_usual_names(self):
         for prompt_key, answer_key in (("problem", "solution"), ("input", "target"), ("query", "gold"),
                                        ("question", "reference"), ("prompt", "label")):
-            (item,) = self.items(self.jsonl([{prompt_key: "Q?", answer_key: "A"}], name=prompt_key + ".jsonl"))
+            (item,) = self.items(self.jsonl([{prompt_key: "Q?", answer_key: "A"}], name=prompt_key + ".jsonl"),
+                                 format="none")  # problem + solution is also the MATH layout
             self.assertEqual((item.messages[-1]["content"], item.answer), ("Q?", "A"), prompt_key)
 
     def test_a_missing_answer_names_the_aliases_and_the_field_option(self):
@@ -280,6 +285,112 @@ class TestLayouts(_DatasetCase):
         (c,) = self.items(cols)
         self.assertEqual((c.choices, c.answer, c.scorer), (("w", "x", "y", "z"), "C", "choice"))
         self.assertIn("A. w\nB. x\nC. y\nD. z", c.messages[-1]["content"])
+
+
+# Rows in each public dataset card's column layout (the content is ours).
+FORMAT_ROWS = {
+    "gsm8k": [{"question": "Tom has %d apples and buys 4 more. How many apples does he have?" % n,
+               "answer": "He has %d + 4 = <<%d+4=%d>>%d apples.\n#### %s" % (n, n, n + 4, n + 4, format(n + 4, ","))}
+              for n in (3, 10, 996)],
+    "mmlu": [{"question": "Which number is the additive identity?", "subject": "abstract_algebra",
+              "choices": ["0", "2", "1", "3"], "answer": 0},
+             {"question": "How many elements has the group Z_4?", "subject": "abstract_algebra",
+              "choices": ["2", "0", "1", "4"], "answer": 3}],
+    "mmlu-pro": [{"question_id": 70 + i, "question": "Pick option %s." % "ABCDEFGHIJ"[i],
+                  "options": ["option %d" % k for k in range(10)], "answer": "ABCDEFGHIJ"[i], "answer_index": i,
+                  "cot_content": "", "category": "math", "src": "ours"} for i in (2, 9)],
+    "gpqa": [{"Record ID": "rec%d" % i, "Question": "Which particle is described by case %d?" % i,
+              "Correct Answer": "right %d" % i, "Incorrect Answer 1": "wrong a", "Incorrect Answer 2": "wrong b",
+              "Incorrect Answer 3": "wrong c", "High-level domain": "Physics", "Subdomain": "Particles"}
+             for i in range(6)],
+    "math": [{"problem": "What is $1/2 + 0$?", "solution": "Adding zero: $\\boxed{\\frac{1}{2}}$.",
+              "answer": "\\frac{1}{2}", "subject": "Algebra", "level": 1, "unique_id": "test/algebra/1.json"},
+             {"problem": "Give the interval of x with 0 <= x < 1.", "solution": "It is $\\boxed{[0,1)}$.",
+              "answer": "[0,1)", "subject": "Algebra", "level": 2, "unique_id": "test/algebra/2.json"}],
+    "aime": [{"id": 60, "problem": "Find the remainder of 2024 divided by 1000.", "solution": "It is 24.",
+              "answer": 24, "url": "https://example.invalid/aime/60"}],
+    "arc": [{"id": "Mercury_1", "question": "Which is a planet?",
+             "choices": {"text": ["the Moon", "the Sun", "Mars", "Sirius"], "label": ["A", "B", "C", "D"]},
+             "answerKey": "C"},
+            {"id": "Mercury_2", "question": "Which is a gas at room temperature?",
+             "choices": {"text": ["iron", "helium", "salt"], "label": ["1", "2", "3"]}, "answerKey": "2"}],
+}
+
+
+class TestBuiltinFormats(_DatasetCase):
+    def test_each_format_is_detected_and_converted(self):
+        want = {"gsm8k": ("numeric", ["7", "14", "1000"]), "mmlu": ("choice", ["A", "D"]),
+                "mmlu-pro": ("choice", ["C", "J"]), "math": ("math", ["\\frac{1}{2}", "[0,1)"]),
+                "aime": ("math", ["24"]), "arc": ("choice", ["C", "B"])}
+        for name, rows in FORMAT_ROWS.items():
+            ds = eh.load_dataset(self.jsonl(rows, name=name + ".jsonl"))
+            self.assertEqual(ds.format, name)
+            items = list(ds.iter_items())
+            self.assertEqual({i.scorer for i in items}, {FORMATS_SCORER[name]}, name)
+            if name in want:
+                self.assertEqual([i.answer for i in items], want[name][1], name)
+            text = items[0].messages[-1]["content"]
+            if FORMATS_SCORER[name] == "choice":
+                self.assertIn("A) ", text)
+                self.assertIn("End your reply with 'Answer: LETTER'", text)
+            elif name in ("math", "aime"):
+                self.assertIn("\\boxed{}", text)
+        (mmlu,) = [i for i in eh.load_dataset(self.jsonl(FORMAT_ROWS["mmlu"][:1], name="m.jsonl")).iter_items()]
+        self.assertEqual(mmlu.answer, "A")  # choices ["0","2","1","3"], answer 0: a position, not the text "0"
+        self.assertEqual([i.category for i in eh.load_dataset(self.jsonl(FORMAT_ROWS["gpqa"], name="g.jsonl"))
+                          .iter_items()], ["Physics"] * 6)
+
+    def test_gpqa_choices_are_shuffled_the_same_way_every_time(self):
+        a = [(i.id, i.choices, i.answer) for i in eh.load_dataset(self.jsonl(FORMAT_ROWS["gpqa"], name="a.jsonl"))
+             .iter_items()]
+        b = [(i.id, i.choices, i.answer) for i in eh.load_dataset(self.jsonl(FORMAT_ROWS["gpqa"], name="b.jsonl"))
+             .iter_items()]
+        self.assertEqual(a, b)
+        self.assertGreater(len({answer for _, _, answer in a}), 1)  # the correct one is not always A
+        for (_, choices, answer), row in zip(a, FORMAT_ROWS["gpqa"]):
+            self.assertEqual(choices["ABCD".index(answer)], row["Correct Answer"])
+
+    def test_format_none_and_an_explicit_format(self):
+        path = self.jsonl(FORMAT_ROWS["gsm8k"])
+        self.assertIsNone(eh.load_dataset(path, format="none").format)
+        self.assertEqual(eh.load_dataset(path, format="gsm8k").format, "gsm8k")
+        with self.assertRaisesRegex(eh.ConfigError, "'gsm9k' is not a built-in format"):
+            eh.load_dataset(path, format="gsm8k".replace("8", "9"))
+        self.assertDatasetError(self.jsonl([{"question": "q"}], name="bad.jsonl"), "field 'answer'", format="gsm8k")
+
+    def test_rows_of_each_format_score_right_against_the_mock_oracle(self):
+        for name, rows in FORMAT_ROWS.items():
+            path = self.jsonl(rows, name=name + ".jsonl")
+            for skill, want in ((1.0, 1.0), (0.0, 0.0)):
+                mock = start_mock(self, oracle_rows=rows, skill=skill)
+                out = os.path.join(self.dir, "%s-%s" % (name, skill))
+                res = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", mock.url, "--out", out,
+                               "--no-progress", "--json"])
+                self.assertEqual(res.returncode, 0, res.stderr)
+                self.assertIn("its columns are the %s layout" % name, res.stderr)
+                self.assertEqual(json.loads(res.stdout)["score"]["mean"], want, (name, skill, read_samples(out)))
+
+
+class TestPromptTemplates(_DatasetCase):
+    def test_a_template_fills_the_question_the_choices_the_letters_and_row_fields(self):
+        path = self.jsonl([{"id": "a", "question": "Best colour?", "choices": ["red", "blue"], "answer": "B",
+                            "topic": "art"}])
+        (item,) = eh.load_dataset(path, format="none", template="[{topic}] {question}\n{choices}\nPick {letters}. "
+                                                                 "Use \\boxed{} if you like.").iter_items()
+        self.assertEqual(item.messages[-1]["content"], "[art] Best colour?\nA) red\nB) blue\nPick A, B. Use "
+                                                       "\\boxed{} if you like.")
+
+    def test_a_missing_template_field_names_the_row_and_the_field(self):
+        path = self.jsonl([row("a", topic="x"), row("b")])
+        self.assertDatasetError(path, "qa.jsonl:2:", "{topic}", "no field 'topic'", template="{topic}: {question}")
+        mc = self.jsonl([row("a", choices=["x", "y"], answer="A")], name="mc.jsonl")
+        self.assertDatasetError(mc, "mc.jsonl:1:", "no {choices}", template="{question}")
+
+    def test_the_cli_takes_a_template_file_or_text_and_refuses_text_without_a_field(self):
+        res = run_cli(["run", "--dataset", self.jsonl([row("a")]), "--model", "m", "--base-url",
+                       "http://127.0.0.1:9/v1", "--prompt-template", "no fields here"])
+        self.assertEqual(res.returncode, 2)
+        self.assertIn("neither a file nor a template naming a field", res.stderr)
 
 
 class TestDatasetLimitAndStreaming(_DatasetCase):
