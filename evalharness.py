@@ -453,6 +453,9 @@ class QAItem:
     tolerance: Optional[float] = None
     source: str = ""
     auto_id: bool = False   # the row had no id: this one is derived from its content (_content_id)
+    row_id: str = ""        # with --epochs: the row this sample repeats (id is "<row_id>#<epoch>")
+    epoch: int = 0          # 1..K with --epochs, else 0
+    seed: Optional[int] = None  # the request's seed for this repeat
 
 
 def _qa_fps(item: QAItem) -> Tuple[str, str]:
@@ -1003,6 +1006,29 @@ class Dataset:
             yield item
             if n >= self.count:
                 return  # stop before reading past the validated rows (--limit)
+
+
+class _Epochs:
+    """A dataset seen as K repeats of every row (--epochs): sample ids "<row id>#<epoch>", each repeat with a seed
+    of its own (the run's --seed, or 0, plus the epoch), resumable per (row, epoch)."""
+
+    def __init__(self, dataset: Dataset, epochs: int, base_seed: Optional[int]):
+        self.dataset, self.epochs, self.base_seed = dataset, epochs, base_seed or 0
+        self.name, self.path, self.sha256 = dataset.name, dataset.path, dataset.sha256
+        self.ids = {self.sample_id(rid, e) for rid in dataset.ids for e in range(1, epochs + 1)}
+        self.count = len(self.ids)
+        self.fps = {self.sample_id(rid, e): (_fingerprint([fp[0], e]), fp[1]) for rid, fp in dataset.fps.items()
+                    for e in range(1, epochs + 1)}
+
+    @staticmethod
+    def sample_id(row_id: str, epoch: int) -> str:
+        return "%s#%d" % (row_id, epoch)
+
+    def iter_items(self) -> Iterator[QAItem]:
+        for item in self.dataset.iter_items():
+            for e in range(1, self.epochs + 1):
+                yield dataclasses.replace(item, id=self.sample_id(item.id, e), row_id=item.id, epoch=e,
+                                          seed=self.base_seed + e)
 
 
 def _file_sha256(path: str) -> str:
@@ -2574,7 +2600,7 @@ class ModelClient:
 
     # -- one attempt -------------------------------------------------------------------------------------
     def _request(self, messages: Sequence[Dict[str, Any]], timeout_s: float,
-                 tools: Optional[Sequence[Dict[str, Any]]] = None) -> ChatResult:
+                 tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
         cfg = self.config
         body: Dict[str, Any] = {"model": cfg.model, "messages": list(messages), "temperature": cfg.temperature,
                                 "stream": cfg.stream}
@@ -2584,8 +2610,8 @@ class ModelClient:
             body["max_tokens"] = cfg.max_tokens
         if cfg.stream:
             body["stream_options"] = {"include_usage": True}
-        if cfg.seed is not None:
-            body["seed"] = cfg.seed
+        if seed is not None or cfg.seed is not None:
+            body["seed"] = seed if seed is not None else cfg.seed
         if cfg.extra_body:
             body.update(cfg.extra_body)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if cfg.stream else
@@ -2786,7 +2812,7 @@ class ModelClient:
         return attempts > cfg.max_retries and health.successes > successes_then
 
     def chat(self, messages: Sequence[Dict[str, Any]],
-             tools: Optional[Sequence[Dict[str, Any]]] = None) -> ChatResult:
+             tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
         """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
         (kind, status, attempts) at the end."""
         cfg = self.config
@@ -2801,7 +2827,7 @@ class ModelClient:
             permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
             outcome, tokens = "ignore", 0
             try:
-                result = self._request(messages, cfg.request_timeout_s, tools)
+                result = self._request(messages, cfg.request_timeout_s, tools, seed)
                 outcome, tokens = "ok", result.completion_tokens
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
@@ -3070,7 +3096,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
             with self.state.lock:
                 self.state.active -= 1
 
-    def _reply_text(self, key: str, messages: Sequence[Any] = ()) -> str:
+    def _reply_text(self, key: str, messages: Sequence[Any] = (), seed: Any = None) -> str:
         st = self.state
         if st.swe:
             return _swe_mock_reply(st.swe, st.config.swe_policy, messages)
@@ -3079,7 +3105,8 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         item = st.oracle.get(key)
         if item is None:
             return "I have no reference for this question."
-        correct = _unit_hash(st.config.seed, "oracle", key) < st.config.skill
+        # a request's own seed (repeats of a row, --epochs) draws again; without one the answer is fixed per prompt
+        correct = _unit_hash(st.config.seed, "oracle", key, *(() if seed is None else (seed,))) < st.config.skill
         return _oracle_reply(item, correct)
 
     def _serve(self, req: Dict[str, Any], messages: List[Any], key: str, stream: bool, include_usage: bool,
@@ -3096,7 +3123,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         if fault == "reset" and not stream:
             self._reset()
             return
-        text = self._reply_text(key, messages)
+        text = self._reply_text(key, messages, req.get("seed"))
         tool_call = None
         if req.get("tools") and st.swe:  # tool-calling mode: the fenced action becomes one `bash` call
             found = re.search(r"```bash\n(.*?)\n```", text, re.S)
@@ -5167,18 +5194,23 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
                              rec.get("scorer") or "", rec.get("error_class"), rec.get("prompt_tokens") or 0,
                              rec.get("completion_tokens") or 0, bool(rec.get("usage_estimated")),
                              rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"),
-                             rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")))
+                             rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")),
+                             rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"))
     scores: List[float] = []
     by_cat: Dict[str, List[float]] = collections.defaultdict(list)
     by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
     failed_cat: Dict[str, int] = collections.Counter()
     errors: Dict[str, int] = collections.Counter()
     tok_p = tok_c = n_est = tok_r = n_no_answer = 0
+    repeats: Dict[str, List[Tuple]] = collections.defaultdict(list)  # row id -> its samples (--epochs)
     lat: List[float] = []
     ttft: List[float] = []
     spans: List[Tuple[float, float]] = []
     for sid in sorted(latest):
-        status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans = latest[sid]
+        (status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans, row_id,
+         epoch, extracted) = latest[sid]
+        if row_id is not None:
+            repeats[row_id].append((epoch, status, score, extracted, scorer))
         tok_r += rtok
         n_no_answer += no_ans
         tok_p += ptok
@@ -5220,6 +5252,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         "complete": n_failed == 0 and pending == 0,
         "score": _mean_ci(scores),
         "score_failed_as_wrong": {"mean": round(sum(scores) / total, 6) if total else None, "n": total},
+        **({"repeats": _repeats_summary(repeats)} if repeats else {}),
         "by_category": group(by_cat, failed_cat),
         "by_scorer": group(by_scorer),
         "errors": dict(sorted(errors.items())),
@@ -5234,6 +5267,45 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
             "output_tokens_per_s": _r(tok_c / active_s) if active_s > 0 else None,
         },
     }
+
+
+_EXTRACTING_SCORERS = frozenset({"choice", "numeric", "math", "regex"})  # maj@K votes over their extracted answers
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one row: n samples, c of them correct (1 - C(n-c, k) / C(n, k))."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - _comb(n - c, k) / _comb(n, k)
+
+
+def _comb(n: int, k: int) -> int:
+    return math.comb(n, k) if 0 <= k <= n else 0  # exact integers: no float overflow for large n
+
+
+def _repeats_summary(rows: Dict[str, List[Tuple]]) -> Dict[str, Any]:
+    """mean@K with a 95% interval clustered by row (the repeats of one row are not independent: the rows are the
+    units), the unbiased pass@k for k = 1, 2, 4, … and K, and maj@K (a vote over extracted answers)."""
+    epochs = max(len(v) for v in rows.values())
+    means, per_k, votes = [], collections.defaultdict(list), []
+    ks = sorted({1, epochs} | {2 ** i for i in range(1, 16) if 2 ** i < epochs})
+    for samples in rows.values():
+        ok = sorted((e, float(sc), x, scorer) for e, st, sc, x, scorer in samples if st == "ok" and sc is not None)
+        if not ok:
+            continue
+        means.append(sum(o[1] for o in ok) / len(ok))
+        n, c = len(ok), sum(1 for o in ok if o[1] >= 1.0)
+        for k in ks:
+            if n >= k:
+                per_k[k].append(pass_at_k(n, c, k))
+        if ok[0][3] in _EXTRACTING_SCORERS:
+            answers = collections.Counter(o[2] for o in ok if o[2])
+            if answers:
+                top = answers.most_common(1)[0][0]
+                votes.append(next(o[1] for o in ok if o[2] == top))
+    return {"epochs": epochs, "rows": len(means), "mean": _mean_ci(means),
+            "pass_at": {str(k): {"value": round(sum(v) / len(v), 6), "rows": len(v)} for k, v in sorted(per_k.items())},
+            "maj": {"k": epochs, "mean": round(sum(votes) / len(votes), 6) if votes else None, "rows": len(votes)}}
 
 
 def _is_complete(summary: Dict[str, Any]) -> bool:
@@ -5269,6 +5341,12 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
         lines.append(title)
     lines.append("samples: %d total, %d ok, %d failed, %d pending" % (c["total"], c["ok"], c["failed"], c["pending"]))
     lines.append("score  %s  %s" % (ci(summary["score"]), _coverage_text(summary)))
+    rep = summary.get("repeats")
+    if rep:
+        lines.append("mean@%d %s  (95%% CI clustered by row, %d rows)" % (rep["epochs"], ci(rep["mean"]), rep["rows"]))
+        lines.append("  ".join("pass@%s %.3f" % (k, v["value"]) for k, v in rep["pass_at"].items()) +
+                     ("  maj@%d %.3f" % (rep["maj"]["k"], rep["maj"]["mean"]) if rep["maj"]["mean"] is not None
+                      else ""))
     wrong = summary.get("score_failed_as_wrong") or {}
     if not _is_complete(summary) and wrong.get("mean") is not None:
         lines.append("score  %6.3f  counting the %d failed or not run as wrong (n=%d)"
@@ -5558,8 +5636,14 @@ def _drain(q: "queue.Queue[Any]") -> None:
         pass
 
 
+def _epoch_fields(item: Any) -> Dict[str, Any]:
+    """row_id and epoch of a repeated sample (--epochs); nothing otherwise."""
+    return {"row_id": item.row_id, "epoch": item.epoch} if getattr(item, "epoch", 0) else {}
+
+
 def _failed_record(item: Any, started: float, error: str, error_class: str) -> Dict[str, Any]:
     return {"id": item.id, "status": "failed", "score": None, "error": error, "error_class": error_class,
+            **_epoch_fields(item),
             "category": getattr(item, "category", None), "scorer": getattr(item, "scorer", None),
             "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
 
@@ -5594,6 +5678,7 @@ class RunConfig:
     rescore: bool = False         # re-score every stored answer with the current scorers (no model calls)
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     seed: Optional[int] = None
+    epochs: int = 1               # each row this many times (distinct seeds): mean@K, pass@k, maj@K
     resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
     scorer: Optional[str] = None               # None: the format's scorer, else DEFAULT_SCORER
@@ -5645,7 +5730,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
         if system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": system_prompt})
         try:
-            res = client.chat(messages)
+            res = client.chat(messages, seed=item.seed)
         except ModelAPIError as exc:
             rec = _failed_record(item, started, _redact(exc), exc.error_class)
             rec["attempts"] = exc.attempts
@@ -5659,6 +5744,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
                          "no answer: the reasoning never ended (no </think>)")
         score, extracted = (0.0, "") if no_answer else score_response(item, answer)
         return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
+                **_epoch_fields(item),
                 "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
                 "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
                 "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
@@ -5743,8 +5829,11 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
 
 def _qa_settings(cfg: RunConfig) -> Dict[str, Any]:
     """The generation settings that make a QA run what it is (its identity: a change refuses to resume)."""
-    return {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt, "temperature": cfg.temperature,
-            "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body, "stream": cfg.stream, "seed": cfg.seed}
+    settings = {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt, "temperature": cfg.temperature,
+                "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body, "stream": cfg.stream, "seed": cfg.seed}
+    if cfg.epochs > 1:
+        settings["epochs"] = cfg.epochs
+    return settings
 
 
 def _show_setting(value: Any) -> str:
@@ -5853,6 +5942,10 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
             raise ConfigError("--dataset is required")
         dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields),
                                format=cfg.format, template=cfg.prompt_template)
+    if cfg.epochs < 1:
+        raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
+    if cfg.epochs > 1:
+        dataset = _Epochs(dataset, cfg.epochs, cfg.seed)  # type: ignore[assignment]
     out = cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
                                   _fingerprint(_qa_settings(cfg)))
 
@@ -5901,7 +5994,8 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         "endpoint": {"base_url": base_url, "model": cfg.model},
         "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset) if cfg.dataset else None, "name": dataset.name,
-                    "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids)},
+                    "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids),
+                    "epochs": cfg.epochs},
         "config": _redact_config(dict(dataclasses.asdict(cfg), base_url=base_url)),
         "history": (previous or {}).get("history", []),
     }
@@ -8256,6 +8350,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
                                                  "from the file's column COLUMN; repeatable")
     run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
+    run.add_argument("--epochs", type=_positive_int, default=1, metavar="K",
+                     help="run each row K times with distinct seeds (the run's --seed, or 0, plus 1..K); the summary "
+                          "adds mean@K with a 95%% CI clustered by row, pass@k (unbiased) and maj@K")
     run.add_argument("--system-prompt", default=None, help="system message for rows that have none")
     run.add_argument("--retry-failed", action="store_true",
                      help="when resuming, also run again the samples that failed because of the request (e.g. HTTP "
@@ -8461,6 +8558,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
+                    epochs=args.epochs,
                     scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,

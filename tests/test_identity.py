@@ -259,6 +259,67 @@ class TestOutages(IdentityCase):
         self.assertEqual(deterministic(summary_of(out)), deterministic(summary_of(fresh)))
 
 
+class TestEpochs(IdentityCase):
+    def closed_form(self, records, k):
+        """pass@k averaged over rows, from the stored outcomes: 1 - C(n-c, k) / C(n, k)."""
+        from math import comb
+        rows = {}
+        for r in records:
+            rows.setdefault(r["row_id"], []).append(r["score"])
+        vals = [1 - comb(len(v) - int(sum(v)), k) / comb(len(v), k) for v in rows.values()]
+        return sum(vals) / len(vals)
+
+    def test_epochs_give_pass_at_k_as_the_closed_form_and_resume_each_row_and_epoch_once(self):
+        mock = start_mock(self, oracle_rows=self.rows, skill=0.5, seed=9, decode_tok_s=200, reasoning_tokens=10)
+        ds = self.dataset(self.rows[:12])
+        out = os.path.join(self.dir, "run")
+        proc = subprocess.Popen([sys.executable, MODULE] + self.args(mock.url, out, ds, "--epochs", "5",
+                                                                      "--fixed-concurrency", "2"),
+                                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        self.assertTrue(wait_until(lambda: os.path.exists(os.path.join(out, "samples.jsonl")) and
+                                   len(read_samples(out)) >= 15, 60))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        self.assertLess(len(read_samples(out)), 60)
+        res = run_cli(self.args(mock.url, out, ds, "--epochs", "5", "--json"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        records = read_samples(out)
+        pairs = [(r["row_id"], r["epoch"]) for r in records]
+        self.assertEqual(sorted(pairs), sorted((r["id"], e) for r in self.rows[:12] for e in range(1, 6)))
+        self.assertEqual(sorted(r["id"] for r in records), sorted("%s#%d" % p for p in pairs))
+        s = json.loads(res.stdout)
+        rep = s["repeats"]
+        self.assertEqual((rep["epochs"], rep["rows"]), (5, 12))
+        for k in (1, 2, 4, 5):
+            self.assertAlmostEqual(rep["pass_at"][str(k)]["value"], self.closed_form(records, k), places=6)
+        self.assertAlmostEqual(rep["pass_at"]["1"]["value"], s["score"]["mean"], places=6)  # pass@1 = mean@K
+        self.assertGreater(rep["pass_at"]["5"]["value"], rep["pass_at"]["1"]["value"])  # the seeds do differ
+        rows = {}
+        for r in records:
+            rows.setdefault(r["row_id"], []).append(r)
+        votes = []
+        for samples in rows.values():
+            samples.sort(key=lambda r: r["epoch"])
+            counts = {}
+            for r in samples:
+                counts[r["extracted"]] = counts.get(r["extracted"], 0) + 1
+            top = max(counts.values())
+            winner = next(r for r in samples if counts[r["extracted"]] == top)
+            votes.append(winner["score"])
+        self.assertAlmostEqual(rep["maj"]["mean"], sum(votes) / len(votes), places=6)
+        # the interval is over the 12 rows, not the 60 samples: wider than a per-sample interval would be
+        means = [sum(r["score"] for r in v) / 5 for v in rows.values()]
+        self.assertAlmostEqual(rep["mean"]["mean"], sum(means) / 12, places=6)
+        self.assertEqual(rep["mean"]["n"], 12)
+        table = run_cli(["report", out]).stdout
+        self.assertIn("mean@5", table)
+        self.assertIn("pass@5 %.3f" % rep["pass_at"]["5"]["value"], table)
+        changed = run_cli(self.args(mock.url, out, ds, "--epochs", "3"))
+        self.assertEqual(changed.returncode, 2, changed.stderr)
+        self.assertIn("epochs 5 -> 3", changed.stderr)
+
+
 class TestHonestHeadlines(IdentityCase):
     def test_a_killed_run_reports_interrupted_and_incomplete_over_n_of_N_in_table_json_and_html(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=20)
