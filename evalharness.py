@@ -901,6 +901,7 @@ class Dataset:
         self.count = 0
         self.sha256 = ""
         self.fps: Dict[str, Tuple[str, str]] = {}  # id -> (input, score) fingerprints (_qa_fps)
+        self.scorers: set = set()                  # the scorers its rows use (a judge needs a grader model)
 
     def _raw(self) -> Iterator[Tuple[str, Any]]:
         if self._rows is not None:
@@ -958,6 +959,7 @@ class Dataset:
                                    % (where, item.id, seen[item.id]))
             seen[item.id] = where
             self.fps[item.id] = _qa_fps(item)
+            self.scorers.add(item.scorer)
             if limit is not None and len(seen) >= limit:
                 break
         if not seen:
@@ -1014,7 +1016,7 @@ class _Epochs:
 
     def __init__(self, dataset: Dataset, epochs: int, base_seed: Optional[int]):
         self.dataset, self.epochs, self.base_seed = dataset, epochs, base_seed or 0
-        self.name, self.path, self.sha256 = dataset.name, dataset.path, dataset.sha256
+        self.name, self.path, self.sha256, self.scorers = dataset.name, dataset.path, dataset.sha256, dataset.scorers
         self.ids = {self.sample_id(rid, e) for rid in dataset.ids for e in range(1, epochs + 1)}
         self.count = len(self.ids)
         self.fps = {self.sample_id(rid, e): (_fingerprint([fp[0], e]), fp[1]) for rid, fp in dataset.fps.items()
@@ -1459,6 +1461,10 @@ def math_equal(answer: str, reference: str) -> bool:
     return False
 
 
+def _score_judge(item: QAItem, response: str) -> Tuple[float, str]:
+    raise HarnessError("the judge scorer asks a grader model; it runs inside `run` (see --judge-model)")
+
+
 def _score_math(item: QAItem, response: str) -> Tuple[float, str]:
     got = _math_extract(response)
     reference = _last_boxed(item.answer)  # a MATH "solution" holds its answer in \boxed{}
@@ -1474,6 +1480,7 @@ SCORERS: Dict[str, Callable[[QAItem, str], Tuple[float, str]]] = {
     "choice": _score_choice,
     "numeric": _score_numeric,
     "math": _score_math,
+    "judge": _score_judge,
 }
 
 
@@ -2930,13 +2937,23 @@ def _oracle_reply(item: QAItem, correct: bool) -> str:
         return "Let me work it out. ANSWER: %s" % (answer if correct else "unknown")
     if item.scorer == "normalized":
         return (answer.upper() + ".") if correct else "I do not know."
-    if item.scorer in ("includes", "f1"):
+    if item.scorer in ("includes", "f1", "judge"):
         return ("I am fairly sure it is %s." % answer) if correct else "I do not know."
     if item.scorer == "math":
         reference = _last_boxed(answer)
         final = answer if reference is None else reference
         return "Working it out step by step, the answer is $\\boxed{%s}$." % (final if correct else final + "+1")
     return answer if correct else answer + "?"
+
+
+def _mock_judge_reply(prompt: str) -> Optional[str]:
+    """The mock as a grader (JUDGE_TEMPLATE): it compares the quoted response with the quoted reference (the
+    reference's words in the response, as the includes scorer does) and answers in the fixed verdict format."""
+    m = re.search(r"\[Reference answer\]\n(.*?)\n\n\[Response\]\n(.*?)\n\nDoes the response", prompt, re.S)
+    if m is None:
+        return None
+    agree = _score_includes(QAItem(id="judge", messages=(), answer=m.group(1), scorer="includes"), m.group(2))[0]
+    return "Comparing the final answers: they %s.\nGRADE: %s" % (("agree", "C") if agree else ("differ", "I"))
 
 
 SWE_MOCK_POLICIES = ("oracle", "noop", "sleepy", "chatty")
@@ -3100,6 +3117,9 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         st = self.state
         if st.swe:
             return _swe_mock_reply(st.swe, st.config.swe_policy, messages)
+        judged = _mock_judge_reply(key)
+        if judged is not None:
+            return judged
         if st.oracle is None:
             return "This is the mock model."
         item = st.oracle.get(key)
@@ -5195,20 +5215,23 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
                              rec.get("completion_tokens") or 0, bool(rec.get("usage_estimated")),
                              rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"),
                              rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")),
-                             rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"))
+                             rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"),
+                             rec.get("judge") or {})
     scores: List[float] = []
     by_cat: Dict[str, List[float]] = collections.defaultdict(list)
     by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
     failed_cat: Dict[str, int] = collections.Counter()
     errors: Dict[str, int] = collections.Counter()
-    tok_p = tok_c = n_est = tok_r = n_no_answer = 0
+    tok_p = tok_c = n_est = tok_r = n_no_answer = tok_jp = tok_jc = 0
     repeats: Dict[str, List[Tuple]] = collections.defaultdict(list)  # row id -> its samples (--epochs)
     lat: List[float] = []
     ttft: List[float] = []
     spans: List[Tuple[float, float]] = []
     for sid in sorted(latest):
         (status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans, row_id,
-         epoch, extracted) = latest[sid]
+         epoch, extracted, judged) = latest[sid]
+        tok_jp += judged.get("prompt_tokens") or 0
+        tok_jc += judged.get("completion_tokens") or 0
         if row_id is not None:
             repeats[row_id].append((epoch, status, score, extracted, scorer))
         tok_r += rtok
@@ -5256,7 +5279,8 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         "by_category": group(by_cat, failed_cat),
         "by_scorer": group(by_scorer),
         "errors": dict(sorted(errors.items())),
-        "tokens": {"prompt": tok_p, "completion": tok_c, "reasoning": tok_r, "estimated_samples": n_est},
+        "tokens": {"prompt": tok_p, "completion": tok_c, "reasoning": tok_r, "estimated_samples": n_est,
+                   "judge": {"prompt": tok_jp, "completion": tok_jc}},
         "no_answer": n_no_answer,   # replies whose reasoning used the whole budget (scored wrong)
         "performance": {
             "latency_s": {"p50": _r(_percentile(lat, 50)), "p95": _r(_percentile(lat, 95)),
@@ -5367,9 +5391,11 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
         lines.append("failed by error class: " + ", ".join("%s %d" % kv for kv in summary["errors"].items()))
     t = summary["tokens"]
     lines.append("")
-    lines.append("tokens: prompt %s, completion %s%s%s" % (
+    lines.append("tokens: prompt %s, completion %s%s%s%s" % (
         format(t["prompt"], ","), format(t["completion"], ","),
         " (reasoning %s)" % format(t["reasoning"], ",") if t.get("reasoning") else "",
+        "; judge prompt %s, completion %s" % (format(t["judge"]["prompt"], ","), format(t["judge"]["completion"], ","))
+        if (t.get("judge") or {}).get("prompt") else "",
         " (%d samples estimated: server sent no usage)" % t["estimated_samples"] if t["estimated_samples"] else ""))
     if summary.get("no_answer"):
         lines.append("no answer: %d reply(ies) spent the whole token budget reasoning (scored wrong)"
@@ -5679,6 +5705,9 @@ class RunConfig:
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     seed: Optional[int] = None
     epochs: int = 1               # each row this many times (distinct seeds): mean@K, pass@k, maj@K
+    judge_model: Optional[str] = None       # the grader of the judge scorer (default: the evaluated model)
+    judge_base_url: Optional[str] = None    # default: the evaluated endpoint
+    judge_api_key_env: Optional[str] = None  # default: --api-key-env
     resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
     scorer: Optional[str] = None               # None: the format's scorer, else DEFAULT_SCORER
@@ -5723,7 +5752,44 @@ def _split_reasoning(text: str) -> Tuple[str, str, bool]:
     return text, "", True
 
 
-def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAItem], Dict[str, Any]]:
+JUDGE_TEMPLATE = """You are grading a response to a question against the reference answer.
+
+[Question]
+{question}
+
+[Reference answer]
+{reference}
+
+[Response]
+{response}
+
+Does the response give the same final answer as the reference? Ignore style, length and reasoning; judge only \
+whether its final answer agrees with the reference. End your reply with one line: GRADE: C if it agrees (correct), \
+or GRADE: I if it does not (incorrect)."""
+_GRADE_RE = re.compile(r"GRADE:\s*\**\s*([CI])\b")
+
+
+def _judge(judge: ModelClient, item: QAItem, response: str) -> Dict[str, Any]:
+    """Ask the grader model (JUDGE_TEMPLATE) and parse its verdict; a failed request or a reply without a
+    verdict raises ModelAPIError of class "judge" (an infrastructure failure: the sample runs again on resume)."""
+    question = next(m["content"] for m in reversed(item.messages) if m["role"] == "user")
+    prompt = JUDGE_TEMPLATE.replace("{question}", question).replace("{reference}", item.answer).replace(
+        "{response}", response)
+    try:
+        res = judge.chat([{"role": "user", "content": prompt}])
+    except ModelAPIError as exc:
+        raise ModelAPIError("judge: %s" % exc, kind=exc.kind, error_class="judge", attempts=exc.attempts) from None
+    reply = _split_reasoning(res.text)[0]
+    found = _GRADE_RE.findall(reply)
+    if not found:
+        raise ModelAPIError("judge: the grader's reply has no 'GRADE: C' or 'GRADE: I' line: %r" % reply[-200:],
+                            kind="malformed", error_class="judge")
+    return {"model": judge.config.model, "prompt": prompt, "reply": reply, "verdict": found[-1],
+            "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens}
+
+
+def _qa_work(client: ModelClient, system_prompt: Optional[str],
+             judge: Optional[ModelClient] = None) -> Callable[[QAItem], Dict[str, Any]]:
     def work(item: QAItem) -> Dict[str, Any]:
         started = time.time()
         messages = list(item.messages)
@@ -5742,9 +5808,22 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
             no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
                          if res.finish_reason == "length" or closed else
                          "no answer: the reasoning never ended (no </think>)")
-        score, extracted = (0.0, "") if no_answer else score_response(item, answer)
+        graded: Dict[str, Any] = {}
+        if no_answer:
+            score, extracted = 0.0, ""
+        elif item.scorer == "judge":
+            if judge is None:
+                raise ConfigError("row %s uses the judge scorer, but this run has no grader model" % item.source)
+            try:
+                verdict = _judge(judge, item, answer)
+            except ModelAPIError as exc:
+                return dict(_failed_record(item, started, _redact(exc), exc.error_class), response=answer)
+            score, extracted = (1.0 if verdict["verdict"] == "C" else 0.0), verdict["verdict"]
+            graded = {"judge": verdict}
+        else:
+            score, extracted = score_response(item, answer)
         return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
-                **_epoch_fields(item),
+                **_epoch_fields(item), **graded,
                 "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
                 "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
                 "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
@@ -5754,6 +5833,24 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str]) -> Callable[[QAI
                 "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
                 "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
     return work
+
+
+def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
+                  cancel: threading.Event) -> ModelClient:
+    """The grader model's client: its own endpoint (default: the evaluated one) and its own gate, so grading
+    never takes the evaluated model's permits; its tokens are counted apart (the record's "judge")."""
+    base_url = _normalize_base_url(cfg.judge_base_url or cfg.base_url)
+    key_env = cfg.judge_api_key_env or cfg.api_key_env
+    if cfg.judge_api_key_env and not os.environ.get(key_env):
+        raise ConfigError("--judge-api-key-env %s: that environment variable is not set" % key_env)
+    if not cfg.use_proxy:
+        exclude_from_proxy([base_url])
+    judge_cfg = dataclasses.replace(client_cfg, base_url=base_url, model=cfg.judge_model or cfg.model,
+                                    api_key_env=key_env, temperature=0.0, max_tokens=None, extra_body=None, seed=None)
+    gate = AdaptiveGate(8, 1, 64, deadline_s=cfg.request_timeout_s)
+    gate.on_event = lambda ev: store.event("judge_" + ev.pop("type"), **ev)
+    _log.info("judge: %s at %s (its own gate, starting at 8)", judge_cfg.model, base_url)
+    return ModelClient(judge_cfg, gate=gate, cancel=cancel)
 
 
 def _limits_path() -> str:
@@ -5833,6 +5930,9 @@ def _qa_settings(cfg: RunConfig) -> Dict[str, Any]:
                 "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body, "stream": cfg.stream, "seed": cfg.seed}
     if cfg.epochs > 1:
         settings["epochs"] = cfg.epochs
+    if cfg.scorer == "judge" or cfg.judge_model or cfg.judge_base_url:
+        settings["judge"] = {"model": cfg.judge_model or cfg.model, "base_url": cfg.judge_base_url,
+                             "template": _fingerprint(JUDGE_TEMPLATE)}
     return settings
 
 
@@ -5841,6 +5941,17 @@ def _show_setting(value: Any) -> str:
     if len(text) > 48:
         return "<%d chars, sha %s>" % (len(text), _fingerprint(value)[:8])
     return text
+
+
+def _flat_settings(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """Nested settings as dotted names (judge.model, sandbox.memory), so a refusal names the very value."""
+    out: Dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value and key != "extra_body":
+            out.update(("%s.%s" % (key, k), v) for k, v in value.items())
+        else:
+            out[key] = value
+    return out
 
 
 def _check_identity(store: RunStore, previous: Optional[Dict[str, Any]], settings: Dict[str, Any], *,
@@ -5857,7 +5968,8 @@ def _check_identity(store: RunStore, previous: Optional[Dict[str, Any]], setting
     record_gens = {m[2].get("gen") for m in store.meta.values() if m[2]}
     if old.get("gen") in (None, gen) and record_gens <= {gen}:
         return gen
-    was, now = old.get("settings") or {}, json.loads(json.dumps(_redact_config(settings)))  # as run.json has it
+    was, now = (_flat_settings(old.get("settings") or {}),
+                _flat_settings(json.loads(json.dumps(_redact_config(settings)))))  # as run.json has it
     changes = ["%s %s -> %s" % (k, _show_setting(was.get(k)), _show_setting(now.get(k)))
                for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)] if was else []
     what = ", ".join(changes) if changes else "settings that run.json does not name (an older evalharness, or a " \
@@ -5908,8 +6020,8 @@ def _log_plan(store: RunStore, plan: Dict[str, set], kept: int, total: int, noun
 
 def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Optional[Dict[str, Any]]:
     """A stored answer scored again under the row's current scorer and reference (no model call)."""
-    if not isinstance(rec.get("response"), str):
-        return None  # nothing to score: the sample runs again
+    if not isinstance(rec.get("response"), str) or item.scorer == "judge":
+        return None  # nothing to score, or a grader to ask: the sample runs again
     score, extracted = (0.0, "") if rec.get("no_answer") else score_response(item, rec["response"])
     return dict(rec, score=score, extracted=extracted, answer=item.answer, scorer=item.scorer,
                 category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
@@ -5987,6 +6099,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
               "adaptive, starting at %d (%s), at most %d" % (gate.limit, initial_from, gate.max_limit))
     health = _EndpointHealth(cfg.outage_budget_s)
     client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
+    judge = _judge_client(cfg, client_cfg, store, cancel) if "judge" in dataset.scorers else None
     started = time.time()
     run_info = {
         "evalharness_version": __version__, "python": sys.version.split()[0], "task": cfg.task,
@@ -6007,7 +6120,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     def fingerprint(item: QAItem) -> Dict[str, str]:
         return {"gen": gen, "input": dataset.fps[item.id][0], "score": dataset.fps[item.id][1]}
 
-    runner = _Runner(store, _qa_work(client, cfg.system_prompt), workers=gate.max_limit, total=dataset.count,
+    runner = _Runner(store, _qa_work(client, cfg.system_prompt, judge), workers=gate.max_limit, total=dataset.count,
                      label=cfg.task, cancel=cancel, gate=gate, progress_stream=progress_stream,
                      progress=cfg.progress, done_before=len(done_ids), failed_before=n_failed_kept,
                      fingerprint=fingerprint)
@@ -8346,6 +8459,12 @@ def _build_parser() -> argparse.ArgumentParser:
                           "reference occurs in the reply word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' does not "
                           "in '711' or '11.5'; rows with choices default to 'choice'); changing it on resume "
                           "re-scores the stored answers")
+    run.add_argument("--judge-model", default=None, metavar="NAME",
+                     help="grader model of the judge scorer (default: the evaluated model); part of the identity")
+    run.add_argument("--judge-base-url", default=None, metavar="URL",
+                     help="the grader's endpoint (default: the evaluated one)")
+    run.add_argument("--judge-api-key-env", default=None, metavar="VAR",
+                     help="environment variable holding the grader's key (default: --api-key-env)")
     run.add_argument("--field", dest="fields", action="append", type=_field_mapping, default=[],
                      metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
                                                  "from the file's column COLUMN; repeatable")
@@ -8558,7 +8677,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
-                    epochs=args.epochs,
+                    epochs=args.epochs, judge_model=args.judge_model, judge_base_url=args.judge_base_url,
+                    judge_api_key_env=args.judge_api_key_env,
                     scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,

@@ -320,6 +320,69 @@ class TestEpochs(IdentityCase):
         self.assertIn("epochs 5 -> 3", changed.stderr)
 
 
+class TestJudge(IdentityCase):
+    """The judge scorer: a grader model (the mock's judge policy compares the quoted response with the quoted
+    reference) through its own client and gate."""
+
+    def setUp(self):
+        super().setUp()
+        self.plain = [{"id": "j%d" % i, "prompt": "Name thing number %d." % i, "answer": "thing %d" % i,
+                       "scorer": "includes"} for i in range(12)]
+
+    def test_judge_scores_as_the_reference_comparison_and_stores_its_prompt_reply_and_tokens(self):
+        mock = start_mock(self, oracle_rows=self.plain, skill=0.5, seed=4)
+        ds = self.dataset([{k: v for k, v in r.items() if k != "scorer"} for r in self.plain])
+        ref = os.path.join(self.dir, "includes")
+        self.assertEqual(run_cli(self.args(mock.url, ref, ds, "--scorer", "includes")).returncode, 0)
+        grader = start_mock(self, model="grader")
+        out = os.path.join(self.dir, "judge")
+        res = run_cli(self.args(mock.url, out, ds, "--scorer", "judge", "--judge-model", "grader",
+                                "--judge-base-url", grader.url))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        want = {r["id"]: r["score"] for r in read_samples(ref)}
+        self.assertTrue(0 < sum(want.values()) < 12)
+        records = read_samples(out)
+        self.assertEqual({r["id"]: r["score"] for r in records}, want)
+        self.assertEqual(self.requests(grader), 12)
+        self.assertEqual(self.requests(mock), 24)  # 12 for each run: the grader's requests went to the grader
+        for r in records:
+            self.assertIn("[Reference answer]\n%s\n" % r["answer"], r["judge"]["prompt"])
+            self.assertIn("[Response]\n%s\n" % r["response"], r["judge"]["prompt"])
+            self.assertRegex(r["judge"]["reply"], r"GRADE: [CI]$")
+            self.assertEqual(r["extracted"], r["judge"]["verdict"])
+        s, s_ref = summary_of(out), summary_of(ref)
+        self.assertEqual((s["tokens"]["prompt"], s["tokens"]["completion"]),
+                         (s_ref["tokens"]["prompt"], s_ref["tokens"]["completion"]))  # the graded model's own
+        self.assertEqual(s["tokens"]["judge"]["prompt"], sum(r["judge"]["prompt_tokens"] for r in records))
+        self.assertGreater(s["tokens"]["judge"]["prompt"], 0)
+        self.assertEqual(s_ref["tokens"]["judge"], {"prompt": 0, "completion": 0})
+        other = run_cli(self.args(mock.url, out, ds, "--scorer", "judge", "--judge-model", "grader2",
+                                  "--judge-base-url", grader.url))
+        self.assertEqual(other.returncode, 2)
+        self.assertIn("judge.model \"grader\" -> \"grader2\"", other.stderr)  # a changed judge is another run
+
+    def test_a_judge_that_fails_fails_its_samples_and_the_resume_runs_them_again(self):
+        mock = start_mock(self, oracle_rows=self.plain, skill=1.0)
+        ds = self.dataset([{k: v for k, v in r.items() if k != "scorer"} for r in self.plain])
+        out = os.path.join(self.dir, "run")
+        port = dead_port()
+        args = self.args(mock.url, out, ds, "--scorer", "judge", "--judge-base-url",
+                         "http://127.0.0.1:%d/v1" % port, "--max-retries", "1")
+        res = run_cli(args)
+        self.assertNotEqual(res.returncode, 0)
+        failed = [r for r in read_samples(out) if r["status"] == "failed"]
+        self.assertTrue(failed)
+        self.assertEqual({r["error_class"] for r in failed}, {"judge"})
+        self.assertTrue(all(r["error"].startswith("judge: connection refused") for r in failed), failed[0])
+        grader = eh.MockServer(eh.MockConfig(model="grader"), port=port).start()
+        self.addCleanup(grader.close)
+        again = run_cli(args)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("infrastructure failure(s) run again", again.stderr)
+        self.assertEqual(sorted(r["id"] for r in read_samples(out)), sorted(r["id"] for r in self.plain))
+        self.assertEqual(summary_of(out)["score"]["mean"], 1.0)
+
+
 class TestHonestHeadlines(IdentityCase):
     def test_a_killed_run_reports_interrupted_and_incomplete_over_n_of_N_in_table_json_and_html(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=20)

@@ -25,8 +25,8 @@ def score(it, response):
 
 class TestScorerRegistry(unittest.TestCase):
     def test_registry_holds_the_scorers_when_imported(self):
-        self.assertEqual(sorted(eh.SCORERS), ["choice", "exact", "f1", "includes", "math", "normalized", "numeric",
-                                              "regex"])
+        self.assertEqual(sorted(eh.SCORERS), ["choice", "exact", "f1", "includes", "judge", "math", "normalized",
+                                              "numeric", "regex"])
 
     def test_score_response_dispatches_on_item_scorer_when_scorers_differ(self):
         # the same text scores differently under exact and normalized: dispatch follows item.scorer
