@@ -81,6 +81,22 @@ class TestRunIdentity(IdentityCase):
         self.assertTrue(all(r["answer"] == a_row["answer"] for r in old for a_row in self.rows
                             if a_row["id"] == r["id"]))
 
+    def test_rows_without_ids_resume_after_the_file_is_reordered(self):
+        rows = [{"question": r["prompt"], "answer": r["answer"], "scorer": "numeric"} for r in self.rows[:10]]
+        rows.append(dict(rows[0]))  # the same row twice: numbered, both kept
+        mock = start_mock(self, oracle_rows=self.rows[:10])
+        out = os.path.join(self.dir, "run")
+        self.assertEqual(run_cli(self.args(mock.url, out, self.dataset(rows, "a.jsonl"))).returncode, 0)
+        n_requests = self.requests(mock)
+        before = {r["id"]: r["score"] for r in read_samples(out)}
+        self.assertEqual(len(before), 11)
+        reordered = self.dataset(list(reversed(rows)), "b.jsonl")
+        res = run_cli(self.args(mock.url, out, reordered))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(self.requests(mock), n_requests)  # every row kept
+        self.assertIn("11 of 11 samples kept", res.stderr)
+        self.assertEqual({r["id"]: r["score"] for r in read_samples(out)}, before)
+
     def test_each_changed_generation_setting_refuses_to_resume_naming_it(self):
         mock = start_mock(self, oracle_rows=self.rows)
         ds = self.dataset(self.rows[:4])
