@@ -54,6 +54,18 @@ class IdentityCase(unittest.TestCase):
     def requests(self, mock):
         return mock.stats()["counters"].get("requests", 0)
 
+    def finished(self, out):
+        return len(read_samples(out)) if os.path.exists(os.path.join(out, "samples.jsonl")) else 0
+
+    def kill_after(self, argv, out, n_finished, timeout_s=60):
+        """Start `run ARGV`, SIGKILL it once ``n_finished`` samples are on disk."""
+        proc = subprocess.Popen([sys.executable, MODULE] + argv, env=clean_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        self.assertTrue(wait_until(lambda: self.finished(out) >= n_finished, timeout_s))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+
 
 class TestRunIdentity(IdentityCase):
     def test_a_changed_dataset_reruns_only_the_changed_rows_and_equals_a_fresh_run(self):
@@ -195,10 +207,6 @@ class TestOutages(IdentityCase):
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         return proc
 
-    def finished(self, out):
-        path = os.path.join(out, "samples.jsonl")
-        return len(read_samples(out)) if os.path.exists(path) else 0
-
     def test_a_server_down_for_10s_mid_run_ends_with_every_sample_scored_as_without_the_outage(self):
         ds = self.dataset(self.rows)
         ref_mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=60, reasoning_tokens=20)  # as serve()
@@ -289,14 +297,7 @@ class TestEpochs(IdentityCase):
         mock = start_mock(self, oracle_rows=self.rows, skill=0.5, seed=9, decode_tok_s=200, reasoning_tokens=10)
         ds = self.dataset(self.rows[:12])
         out = os.path.join(self.dir, "run")
-        proc = subprocess.Popen([sys.executable, MODULE] + self.args(mock.url, out, ds, "--epochs", "5",
-                                                                      "--fixed-concurrency", "2"),
-                                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
-        self.assertTrue(wait_until(lambda: os.path.exists(os.path.join(out, "samples.jsonl")) and
-                                   len(read_samples(out)) >= 15, 60))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        self.kill_after(self.args(mock.url, out, ds, "--epochs", "5", "--fixed-concurrency", "2"), out, 15)
         self.assertLess(len(read_samples(out)), 60)
         res = run_cli(self.args(mock.url, out, ds, "--epochs", "5", "--json"))
         self.assertEqual(res.returncode, 0, res.stderr)
@@ -404,13 +405,7 @@ class TestHonestHeadlines(IdentityCase):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=20)
         ds = self.dataset(self.rows)
         out = os.path.join(self.dir, "run")
-        proc = subprocess.Popen([sys.executable, MODULE] + self.args(mock.url, out, ds, "--fixed-concurrency", "2"),
-                                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
-        self.assertTrue(wait_until(lambda: os.path.exists(os.path.join(out, "samples.jsonl")) and
-                                   len(read_samples(out)) >= 3, 30))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        self.kill_after(self.args(mock.url, out, ds, "--fixed-concurrency", "2"), out, 3)
         n = len(read_samples(out))
         text = run_cli(["report", out])
         self.assertEqual(text.returncode, 0, text.stderr)
