@@ -5216,7 +5216,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
                              rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"),
                              rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")),
                              rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"),
-                             rec.get("judge") or {})
+                             rec.get("judge") or {}, rec.get("error"), rec.get("finish_reason"))
     scores: List[float] = []
     by_cat: Dict[str, List[float]] = collections.defaultdict(list)
     by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
@@ -5224,12 +5224,16 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
     errors: Dict[str, int] = collections.Counter()
     tok_p = tok_c = n_est = tok_r = n_no_answer = tok_jp = tok_jc = 0
     repeats: Dict[str, List[Tuple]] = collections.defaultdict(list)  # row id -> its samples (--epochs)
+    finishes: Dict[str, int] = collections.Counter()                 # finish_reason of the answered samples
+    examples: Dict[str, str] = {}                                   # error class -> its first error
     lat: List[float] = []
     ttft: List[float] = []
     spans: List[Tuple[float, float]] = []
     for sid in sorted(latest):
         (status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans, row_id,
-         epoch, extracted, judged) = latest[sid]
+         epoch, extracted, judged, error, finish) = latest[sid]
+        if status == "ok" and finish:
+            finishes[str(finish)] += 1
         tok_jp += judged.get("prompt_tokens") or 0
         tok_jc += judged.get("completion_tokens") or 0
         if row_id is not None:
@@ -5250,6 +5254,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         else:
             failed_cat[cat] += 1
             errors[eclass or "unknown"] += 1
+            examples.setdefault(eclass or "unknown", str(error or "")[:300])
         if t_start is not None and t_end is not None:
             spans.append((float(t_start), float(t_end)))
     n_ok, n_failed = len(scores), sum(errors.values())
@@ -5279,6 +5284,8 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         "by_category": group(by_cat, failed_cat),
         "by_scorer": group(by_scorer),
         "errors": dict(sorted(errors.items())),
+        "error_examples": dict(sorted(examples.items())),
+        "finish_reasons": dict(sorted(finishes.items())),
         "tokens": {"prompt": tok_p, "completion": tok_c, "reasoning": tok_r, "estimated_samples": n_est,
                    "judge": {"prompt": tok_jp, "completion": tok_jc}},
         "no_answer": n_no_answer,   # replies whose reasoning used the whole budget (scored wrong)
@@ -5397,6 +5404,10 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
         "; judge prompt %s, completion %s" % (format(t["judge"]["prompt"], ","), format(t["judge"]["completion"], ","))
         if (t.get("judge") or {}).get("prompt") else "",
         " (%d samples estimated: server sent no usage)" % t["estimated_samples"] if t["estimated_samples"] else ""))
+    cut, answered = (summary.get("finish_reasons") or {}).get("length", 0), c["ok"]
+    if cut:
+        lines.append("cut: %d of %d answers stopped at the token limit (finish_reason length; --max-tokens or the "
+                     "server's own limit)" % (cut, answered))
     if summary.get("no_answer"):
         lines.append("no answer: %d reply(ies) spent the whole token budget reasoning (scored wrong)"
                      % summary["no_answer"])
@@ -5735,6 +5746,7 @@ class RunConfig:
     pull_ahead: bool = True       # register every pending image when the run starts (off: only when a sample starts)
 
 
+TRUNCATED_WARN_SHARE = 0.05   # more answers than this cut at the token limit: the run warns
 REASONING_KEEP_CHARS = 20000  # reasoning kept in a sample record (the head; its full length is recorded too)
 
 
@@ -5943,6 +5955,28 @@ def _show_setting(value: Any) -> str:
     return text
 
 
+def _attempts(store: RunStore) -> List[Dict[str, Any]]:
+    """Every earlier process that worked on the run, from events.jsonl (run_start .. run_end): how each ended
+    (finished, interrupted, aborted) or "killed" when it never wrote its end (kill -9, a host crash); a killed one
+    ends at its last event."""
+    out: List[Dict[str, Any]] = []
+    last_t: Optional[float] = None
+    for ev in _read_jsonl_tolerant(store.path(RunStore.EVENTS)):
+        t = ev.get("t")
+        if ev.get("type") == "run_start":
+            if out and out[-1]["status"] == "running":
+                out[-1].update(status="killed", ended_at=_utc_iso(last_t) if last_t else None)
+            out.append({"started_at": _utc_iso(t) if t else None, "ended_at": None, "status": "running",
+                        "pid": ev.get("pid")})
+        elif ev.get("type") == "run_end" and out and out[-1]["status"] == "running":
+            out[-1].update(status=ev.get("status") or "finished", ended_at=_utc_iso(t) if t else None)
+        if isinstance(t, (int, float)):
+            last_t = float(t)
+    if out and out[-1]["status"] == "running":  # nobody else holds the lock: that process is gone
+        out[-1].update(status="killed", ended_at=_utc_iso(last_t) if last_t else None)
+    return out
+
+
 def _flat_settings(settings: Dict[str, Any]) -> Dict[str, Any]:
     """Nested settings as dotted names (judge.model, sandbox.memory), so a refusal names the very value."""
     out: Dict[str, Any] = {}
@@ -6010,7 +6044,7 @@ def _log_plan(store: RunStore, plan: Dict[str, set], kept: int, total: int, noun
                       ("retry", "%d failed run again (--retry-failed)"),
                       ("rescore", "%d stored answer(s) re-scored (scorer or reference changed, or --rescore)"),
                       ("kept_failed",
-                       "%d failed kept (caused by the request or the patch; --retry-failed runs them again)")):
+                       "%d failed kept (caused by the request or the patch: a re-run would repeat them)")):
         if plan[key]:
             parts.append(text % len(plan[key]))
     if kept or parts:
@@ -6110,7 +6144,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
                     "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids),
                     "epochs": cfg.epochs},
         "config": _redact_config(dict(dataclasses.asdict(cfg), base_url=base_url)),
-        "history": (previous or {}).get("history", []),
+        "history": _attempts(store),
     }
     run_info["config"].pop("api_key_env_explicit", None)
     store.write_json(RunStore.RUN, run_info)
@@ -6150,6 +6184,14 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     return _end_run(cfg, summary, title, "", store, runner, stdout, "sample")
 
 
+def _bad_request_cause(summary: Dict[str, Any]) -> str:
+    """What a 4xx says about its cause, from the first one's text: a context overflow, or the server's words."""
+    text = (summary.get("error_examples") or {}).get("bad_request") or ""
+    if re.search(r"context|too long|maximum.*(length|tokens)|max_model_len|n_ctx", text, re.I):
+        return "; the prompt plus --max-tokens is longer than the model's context: %s" % _truncate_output(text, 160)
+    return "; e.g. %s" % _truncate_output(text, 160) if text else ""
+
+
 def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
              stdout: Any, noun: str) -> Tuple[int, str]:
     """Print the summary (table or JSON) and turn the run's end into its exit code; every message that invites a
@@ -6161,6 +6203,10 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
     stdout.flush()
     hint = cfg.resume_hint or "re-run the same command to resume (run directory %s)" % store.dir
     c = summary["counts"]
+    cut = (summary.get("finish_reasons") or {}).get("length", 0)
+    if c["ok"] and cut > TRUNCATED_WARN_SHARE * c["ok"]:
+        _log.warning("%d of %d answers were cut at the token limit (finish_reason length): the score measures "
+                     "truncated answers; raise --max-tokens if the server allows", cut, c["ok"])
     if runner.status == "aborted":
         raise CircuitOpenError("%s; fix the cause, then %s" % (_redact(runner.stop_reason), hint))
     if runner.status == "interrupted":
@@ -6169,13 +6215,16 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
     if c["failed"] or c["pending"]:
         errors = summary.get("errors") or {}
         infra = sum(n for cls, n in errors.items() if cls not in _KEEP_ON_RESUME)
-        kept = c["failed"] - infra
         parts = []
         if infra:
             parts.append("%d failed for infrastructure reasons, which a resume runs again: %s" % (infra, hint))
-        if kept:
-            parts.append("%d failed because of the request or the patch (%s): add --retry-failed to run them again"
-                         % (kept, ", ".join(sorted(k for k in errors if k in _KEEP_ON_RESUME))))
+        if errors.get("bad_request"):
+            parts.append("%d failed because the endpoint rejected the request (HTTP 4xx%s): a re-run repeats "
+                         "that, so fix the cause (the prompt, --max-tokens, --extra-body) first"
+                         % (errors["bad_request"], _bad_request_cause(summary)))
+        if errors.get("eval_error"):
+            parts.append("%d failed in their tests' run (eval_error): --retry-failed scores their patches again"
+                         % errors["eval_error"])
         if c["pending"]:
             parts.append("%d not run" % c["pending"])
         _log.warning("incomplete: the score is over %d of %d %ss; %s (see 'error' in %s)", c["ok"], c["total"], noun,
@@ -7301,7 +7350,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
                     "rows": dataset.count, "ids": sorted(dataset.ids)},
-        "config": _redact_config(dataclasses.asdict(cfg)), "history": (previous or {}).get("history", []),
+        "config": _redact_config(dataclasses.asdict(cfg)), "history": _attempts(store),
     }
     run_info["config"].pop("api_key_env_explicit", None)
     store.write_json(RunStore.RUN, run_info)
@@ -7794,6 +7843,9 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         sw = data["swebench"]
         cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
             sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"])))
+    cut = (s.get("finish_reasons") or {}).get("length", 0)
+    if cut:
+        cards.append(("answers cut at the token limit", "%d of %d" % (cut, counts.get("ok", 0))))
     if data.get("discovered_limit") is not None:
         cards.append(("discovered concurrency", _esc(data["discovered_limit"])))
     tokens = s.get("tokens") or {}

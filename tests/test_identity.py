@@ -431,6 +431,33 @@ class TestHonestHeadlines(IdentityCase):
         live.kill()
         live.communicate()
 
+    def test_answers_cut_at_the_token_limit_are_counted_shown_and_warned_about(self):
+        mock = start_mock(self, oracle_rows=self.rows, skill=1.0)  # "The result is N." is 5 tokens
+        ds = self.dataset(self.rows[:10])
+        out = os.path.join(self.dir, "run")
+        res = run_cli(self.args(mock.url, out, ds, "--max-tokens", "3"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(summary_of(out)["finish_reasons"], {"length": 10})
+        self.assertIn("cut: 10 of 10 answers stopped at the token limit", res.stdout)
+        self.assertIn("10 of 10 answers were cut at the token limit (finish_reason length)", res.stderr)
+        whole = run_cli(self.args(mock.url, os.path.join(self.dir, "whole"), ds))
+        self.assertEqual(summary_of(os.path.join(self.dir, "whole"))["finish_reasons"], {"stop": 10})
+        self.assertNotIn("cut", whole.stderr)
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            self.assertIn("answers cut at the token limit", fh.read())
+
+    def test_run_json_lists_every_attempt_a_killed_one_too(self):
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=20)
+        ds = self.dataset(self.rows)
+        out = os.path.join(self.dir, "run")
+        self.kill_after(self.args(mock.url, out, ds, "--fixed-concurrency", "2"), out, 2)
+        self.assertEqual(run_cli(self.args(mock.url, out, ds)).returncode, 0)
+        with open(os.path.join(out, "run.json")) as fh:
+            history = json.load(fh)["history"]
+        self.assertEqual([h["status"] for h in history], ["killed", "finished"])
+        self.assertTrue(all(h["started_at"] and h["ended_at"] for h in history), history)
+        self.assertNotEqual(history[0]["pid"], history[1]["pid"])
+
     def test_a_finished_run_with_failures_says_incomplete_and_counts_them_as_wrong_too(self):
         mock = start_mock(self, oracle_rows=self.rows, faults=eh.parse_faults("400=0.3"), seed=5, skill=1.0)
         ds = self.dataset(self.rows)

@@ -105,8 +105,10 @@ class TestResume(RunCase):
         self.assertEqual({r["error_class"] for r in read_samples(bad_out) if r["status"] == "failed"}, {"bad_request"})
         again = run_cli(self.args(healthy.url, bad_out))
         self.assertEqual(again.returncode, 1, again.stderr)
-        self.assertIn("failed kept (caused by the request or the patch; --retry-failed runs them again)", again.stderr)
-        self.assertIn("add --retry-failed", again.stderr)
+        self.assertIn("failed kept (caused by the request or the patch: a re-run would repeat them)", again.stderr)
+        self.assertNotIn("--retry-failed", again.stderr)  # the hint says what helps: fixing the request
+        self.assertIn("failed because the endpoint rejected the request (HTTP 4xx; the prompt plus --max-tokens is "
+                      "longer than the model's context", again.stderr)
         retried = run_cli(self.args(healthy.url, bad_out, "--retry-failed"))
         self.assertEqual(retried.returncode, 0, retried.stderr)
         self.assertEqual(healthy.stats()["counters"]["requests"], len(failed) + len(rejected))
