@@ -5274,7 +5274,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
     ttft.sort()
     active_s = _active_seconds(spans)
     pending = max(0, total - finished)
-    return {
+    out = {
         "counts": {"total": total, "finished": finished, "ok": n_ok, "failed": n_failed, "pending": pending},
         # a score over fewer samples than the run has is not the run's score: say so wherever it is shown
         "complete": n_failed == 0 and pending == 0,
@@ -5298,6 +5298,9 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
             "output_tokens_per_s": _r(tok_c / active_s) if active_s > 0 else None,
         },
     }
+    mean = out["score"]["mean"]
+    out["headline"] = "score %s %s" % ("-" if mean is None else "%.3f" % mean, _coverage_text(out))
+    return out
 
 
 _EXTRACTING_SCORERS = frozenset({"choice", "numeric", "math", "regex"})  # maj@K votes over their extracted answers

@@ -415,6 +415,8 @@ class TestHonestHeadlines(IdentityCase):
         data = json.loads(run_cli(["report", out, "--json"]).stdout)
         self.assertEqual(data["status"], "interrupted")
         self.assertFalse(data["summary"]["complete"])
+        self.assertEqual(data["summary"]["headline"], "score %.3f over %d of 30 (%d not run): INCOMPLETE"
+                         % (data["summary"]["score"]["mean"], n, 30 - n))
         self.assertEqual((data["summary"]["counts"]["ok"], data["summary"]["counts"]["total"]), (n, 30))
         self.assertEqual(run_cli(["report", out, "--html"]).returncode, 0)
         with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
