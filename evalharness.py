@@ -5122,12 +5122,6 @@ class RunStore:
             self._load_finished()
         return dropped, replaced
 
-    def drop_failed(self) -> int:
-        """Rewrite samples.jsonl without its failed records (atomically) so they run again; return how many."""
-        if "failed" not in self.finished.values():
-            return 0
-        return self.rewrite(lambda rec: None if rec.get("status") == "failed" else rec)[0]
-
     def restart(self) -> str:
         """Start the run directory over (--restart): its results move to superseded/<time>/; return that path."""
         dest = self.path(os.path.join(self.RESTARTED, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))
