@@ -2577,10 +2577,6 @@ class _EndpointHealth:
             self.on_trip(self.tripped)
         return tripped
 
-    def outage_s(self) -> float:
-        with self._lock:
-            return 0.0 if self.failing_since is None else self._clock() - self.failing_since
-
 
 class ModelClient:
     """OpenAI-compatible ``/v1/chat/completions`` over urllib, streaming (SSE) or not, with bounded retries.
@@ -5372,7 +5368,9 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
     rep = summary.get("repeats")
     if rep:
         lines.append("mean@%d %s  (95%% CI clustered by row, %d rows)" % (rep["epochs"], ci(rep["mean"]), rep["rows"]))
-        lines.append("  ".join("pass@%s %.3f" % (k, v["value"]) for k, v in rep["pass_at"].items()) +
+        lines.append("  ".join("pass@%s %.3f" % (k, v["value"]) + ("" if v["rows"] == rep["rows"] else
+                                                                    " (%d rows with %s samples)" % (v["rows"], k))
+                               for k, v in rep["pass_at"].items()) +
                      ("  maj@%d %.3f" % (rep["maj"]["k"], rep["maj"]["mean"]) if rep["maj"]["mean"] is not None
                       else ""))
     wrong = summary.get("score_failed_as_wrong") or {}
