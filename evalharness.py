@@ -2439,10 +2439,12 @@ class ChatResult:
     wall_s: float = 0.0             # all attempts and backoff waits
     tool_calls: Tuple[Dict[str, str], ...] = ()  # tool-calling replies: ({"id", "name", "arguments"}, ...)
     reasoning_tokens: Optional[int] = None       # usage.completion_tokens_details.reasoning_tokens, when sent
+    model: Optional[str] = None                  # the reply's "model" field: what the server says it ran
 
 
 def _normalize_base_url(url: str) -> str:
-    """Validate a base URL and give it the /v1 suffix when it has no path; raise ConfigError otherwise."""
+    """Validate a base URL and give it the /v1 suffix when it has no path (a URL ending in /chat/completions
+    means its base); raise ConfigError otherwise."""
     parsed = urllib.parse.urlsplit(url.strip())
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError("invalid --base-url %r: expected http(s)://HOST[:PORT]/v1" % (url,))
@@ -2451,6 +2453,8 @@ def _normalize_base_url(url: str) -> str:
     except ValueError:
         raise ConfigError("invalid --base-url %r: the port is not a number in 1-65535" % (url,)) from None
     path = parsed.path.rstrip("/")
+    if path.endswith("/chat/completions"):  # the endpoint's own URL, pasted from a curl example: its base is meant
+        path = path[:-len("/chat/completions")]
     if not path:
         path = "/v1"
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
@@ -2535,6 +2539,160 @@ def _error_detail(body: bytes) -> str:
         return body.decode("utf-8", "replace").strip()[:300]
 
 
+# What /v1/models entries say about the server that wrote them ("owned_by"), and where each kind states its
+# context length. llama.cpp: /props' default_generation_settings.n_ctx (and, in newer builds, /models' meta.n_ctx)
+# is the context of one slot, what a request gets; meta.n_ctx_train is the model's trained length (b1-0c1e570 with
+# -c 1024 -np 2: n_ctx 512, n_ctx_train 2048). TGI: /info's max_total_tokens.
+_SERVER_OWNERS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "openai": "OpenAI",
+                  "system": "OpenAI", "openai-internal": "OpenAI", "evalharness-mock": "evalharness mock"}
+PREFLIGHT_TIMEOUT_S = 10.0
+MODEL_LIST_SHOWN = 12  # served ids named in a "not served" error
+
+
+class _Probe:
+    """One bounded GET or POST of the pre-flight: (status or None when unreachable, parsed JSON or None, headers,
+    error text)."""
+
+    def __init__(self, config: ClientConfig):
+        self.config = config
+        self._api_key = os.environ.get(config.api_key_env) or None
+        _register_secret(self._api_key)
+        handlers: List[Any] = [] if config.use_proxy else [urllib.request.ProxyHandler({})]
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def __call__(self, url: str, body: Optional[Dict[str, Any]] = None
+                 ) -> Tuple[Optional[int], Any, Dict[str, str], str]:
+        headers = {"User-Agent": "evalharness/" + __version__, "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = "Bearer " + self._api_key
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+        timeout = min(PREFLIGHT_TIMEOUT_S, self.config.request_timeout_s)
+        try:
+            with self._opener.open(req, timeout=timeout) as resp:
+                raw = resp.read(4 << 20)
+                status, hdrs = resp.status, dict(resp.headers.items())
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = _error_detail(exc.read(65536))
+            except Exception:  # the body itself may fail to arrive
+                detail = ""
+            return exc.code, None, dict(exc.headers.items()), _redact(detail or exc.reason)
+        except (urllib.error.URLError, socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return None, None, {}, _redact("connection refused" if isinstance(reason, ConnectionRefusedError)
+                                           else "timed out" if "timed out" in str(reason) else reason)
+        try:
+            return status, json.loads(raw.decode("utf-8")), hdrs, ""
+        except ValueError:
+            return status, None, hdrs, "not JSON"
+
+
+def _server_root(base_url: str) -> str:
+    """The server's own root (llama.cpp's /props, TGI's /info): the base URL without its /v1."""
+    return re.sub(r"/v1$", "", base_url)
+
+
+def _served_count(value: Any) -> Optional[int]:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def probe_endpoint(config: ClientConfig, *, check_model: bool = True, flag: str = "--model") -> Dict[str, Any]:
+    """The pre-flight, before the first sample: what the endpoint serves (GET /models, bounded, once).
+
+    Raises ConfigError when the run cannot work: a model that is not in a non-empty list (naming the served
+    ones; ``check_model`` False skips that), an API path that answers 404 (for /models and for a one-token chat),
+    a key the endpoint refuses. An endpoint that does not answer is not an error here: the run's outage rules
+    decide. Returns what the server says about itself: served model ids, server kind, context length (and where
+    it came from), for run.json and the report."""
+    base_url = _normalize_base_url(config.base_url)
+    probe = _Probe(config)
+    info: Dict[str, Any] = {"models": None, "kind": None, "context_len": None, "context_from": None,
+                            "model_checked": False}
+    status, data, headers, error = probe(base_url + "/models")
+    if status in (401, 403):
+        raise ConfigError("HTTP %d from %s/models: the endpoint refused the API key%s (set $%s to a valid key, or "
+                          "name another variable with --api-key-env): %s"
+                          % (status, base_url, "" if probe._api_key else " (none was sent)", config.api_key_env,
+                             error))
+    if status == 404:  # no model list here: a one-token chat tells a wrong path from a server that lists nothing
+        status, _, _, chat_error = probe(base_url + "/chat/completions", {
+            "model": config.model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1})
+        if status == 404 and re.search(r"model", chat_error, re.I):  # vLLM's "The model `x` does not exist."
+            raise ConfigError("%s %r: %s/chat/completions answers HTTP 404: %s" % (flag, config.model, base_url,
+                                                                                    chat_error))
+        if status == 404:
+            raise ConfigError("%s/models and %s/chat/completions answer HTTP 404: the path of --base-url looks wrong "
+                              "(OpenAI-compatible servers answer under /v1, e.g. --base-url http://HOST:PORT/v1)"
+                              % (base_url, base_url))
+        info["note"] = "the server lists no models (GET /models: HTTP 404)"
+        return info
+    if status is None or status >= 500 or not isinstance(data, dict):
+        info["note"] = ("GET %s/models: %s" % (base_url, error or "HTTP %s" % status))
+        _log.debug("pre-flight: %s; the run starts anyway (the outage rules apply)", info["note"])
+        return info
+    entries = [e for e in (data.get("data") or []) if isinstance(e, dict) and e.get("id") is not None]
+    ids = [str(e["id"]) for e in entries]
+    info["models"] = ids
+    if check_model and ids and config.model not in ids:
+        shown = ", ".join(ids[:MODEL_LIST_SHOWN]) + (" and %d more" % (len(ids) - MODEL_LIST_SHOWN)
+                                                      if len(ids) > MODEL_LIST_SHOWN else "")
+        raise ConfigError("%s %r is not served by %s; it serves: %s (pass one of these to %s, or "
+                          "--no-model-check if this server's list is not what it serves)"
+                          % (flag, config.model, base_url, shown, flag))
+    info["model_checked"] = bool(check_model and ids)
+    entry = next((e for e in entries if str(e["id"]) == config.model), entries[0] if entries else {})
+    owner = str(entry.get("owned_by") or "").lower()
+    kind = _SERVER_OWNERS.get(owner)
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    if kind is None and host.endswith("openai.com"):
+        kind = "OpenAI"
+    if kind is None and "llama.cpp" in (headers.get("Server") or "").lower():
+        kind = "llama.cpp"
+    info["kind"] = kind
+    ctx, where = _served_count(entry.get("max_model_len")), "max_model_len (/models)"
+    if kind == "llama.cpp" or isinstance(entry.get("meta"), dict):
+        info["kind"] = kind = kind or "llama.cpp"
+        p_status, props, _, _ = probe(_server_root(base_url) + "/props")
+        settings = props.get("default_generation_settings") if p_status == 200 and isinstance(props, dict) else None
+        n_ctx = _served_count(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        if n_ctx:
+            ctx, where = n_ctx, "n_ctx (/props)"
+        elif ctx is None:
+            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            ctx, where = ((_served_count(meta.get("n_ctx")), "meta.n_ctx (/models)") if _served_count(meta.get("n_ctx"))
+                          else (_served_count(meta.get("n_ctx_train")), "meta.n_ctx_train (/models)"))
+    if kind is None and ctx is None:
+        t_status, tgi, _, _ = probe(_server_root(base_url) + "/info")
+        if t_status == 200 and isinstance(tgi, dict) and _served_count(tgi.get("max_total_tokens")):
+            info["kind"] = "TGI"
+            ctx, where = _served_count(tgi.get("max_total_tokens")), "max_total_tokens (/info)"
+    if ctx is not None:
+        info["context_len"], info["context_from"] = ctx, where
+    return info
+
+
+def _context_warning(info: Dict[str, Any], max_tokens: Optional[int], prompts: Iterable[str]) -> Optional[str]:
+    """One warning, up front, when prompt plus --max-tokens is longer than the served context (prompt tokens
+    estimated at ~4 characters a token: the harness has no tokenizer), else None."""
+    ctx = info.get("context_len")
+    if not ctx or not max_tokens:
+        return None
+    over = total = 0
+    for text in prompts:
+        total += 1
+        if _estimate_tokens(text) + max_tokens > ctx:
+            over += 1
+    if not over:
+        return None
+    return ("--max-tokens %d plus the prompt is longer than the served context of %d tokens (%s%s) for %d of %d "
+            "requests (prompts estimated at ~4 characters a token): the server will cut those answers short or "
+            "refuse them; lower --max-tokens" % (max_tokens, ctx, info.get("kind") + " " if info.get("kind") else "",
+                                                  info.get("context_from"), over, total))
+
 class _EndpointHealth:
     """Whether an endpoint is answering, shared by every request of a run: an outage is not a result.
 
@@ -2600,6 +2758,18 @@ class ModelClient:
         self._rng_lock = threading.Lock()  # guards _rng (jitter draws from worker threads)
         handlers: List[Any] = [] if config.use_proxy else [urllib.request.ProxyHandler({})]
         self._opener = urllib.request.build_opener(*handlers)
+        self._served_lock = threading.Lock()  # guards served_other
+        self.served_other: Optional[str] = None  # the first other model name a reply gave (warned about once)
+
+    def _check_served(self, served: Optional[str]) -> None:
+        if not served or served == self.config.model or self.served_other is not None:
+            return
+        with self._served_lock:
+            if self.served_other is not None:
+                return
+            self.served_other = served
+        _log.warning("the endpoint's replies name the model %r, not %r (--model): an alias of the same model, or "
+                     "another model; each sample records the name as served_model", served, self.config.model)
 
     # -- one attempt -------------------------------------------------------------------------------------
     def _request(self, messages: Sequence[Dict[str, Any]], timeout_s: float,
@@ -2694,7 +2864,7 @@ class ModelClient:
                            "arguments": c["function"].get("arguments") or ""}
                           for i, c in enumerate(message.get("tool_calls") or []))
             return self._result(text, reasoning, choice.get("finish_reason"), usage, latency, None,
-                                tool_calls=calls)
+                                tool_calls=calls, model=data.get("model"))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelAPIError("malformed response from %s (%s: %s): %r" % (
                 self.url, type(exc).__name__, exc, raw[:200]), kind="malformed") from None
@@ -2715,6 +2885,7 @@ class ModelClient:
         finish = None
         ttft = None
         done = False
+        model = None
         calls: Dict[int, Dict[str, str]] = {}  # tool calls arrive in pieces keyed by index
         for line in self._lines(resp, t0 + timeout_s):
             line = line.strip()
@@ -2735,6 +2906,8 @@ class ModelClient:
                 detail = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
                 raise ModelAPIError("error event in stream from %s: %s" % (self.url, detail), kind="transient")
             try:
+                if model is None:
+                    model = chunk.get("model")
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 for choice in chunk.get("choices") or ():
@@ -2763,12 +2936,12 @@ class ModelClient:
             raise ModelAPIError("stream from %s ended before [DONE] and before a finish_reason" % self.url,
                                 kind="overload", error_class="connection")
         return self._result("".join(parts), "".join(reasoning), finish, usage, time.monotonic() - t0, ttft,
-                            n_chunks=len(parts) + len(reasoning),
+                            n_chunks=len(parts) + len(reasoning), model=model,
                             tool_calls=tuple(dict(calls[i], id=calls[i]["id"] or "call_%d" % i) for i in sorted(calls)))
 
     def _result(self, text: str, reasoning: str, finish: Optional[str], usage: Any, latency: float,
                 ttft: Optional[float], n_chunks: Optional[int] = None,
-                tool_calls: Tuple[Dict[str, str], ...] = ()) -> ChatResult:
+                tool_calls: Tuple[Dict[str, str], ...] = (), model: Any = None) -> ChatResult:
         completion = _token_count(usage, "completion_tokens")
         estimated = completion is None
         if estimated:
@@ -2781,7 +2954,8 @@ class ModelClient:
         details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
         return ChatResult(text=text, reasoning=reasoning, finish_reason=finish, prompt_tokens=prompt,
                           completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft,
-                          tool_calls=tool_calls, reasoning_tokens=_token_count(details, "reasoning_tokens"))
+                          tool_calls=tool_calls, reasoning_tokens=_token_count(details, "reasoning_tokens"),
+                          model=str(model) if model is not None else None)
 
     # -- retries -----------------------------------------------------------------------------------------
     def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
@@ -2834,6 +3008,7 @@ class ModelClient:
                 outcome, tokens = "ok", result.completion_tokens
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
+                self._check_served(result.model)
                 if self.health is not None:
                     self.health.success()
                 return result
@@ -2894,6 +3069,40 @@ class MockConfig:
     send_usage: bool = True
     api_key: Optional[str] = None      # when set, requests without "Bearer <api_key>" get 401
     swe_policy: str = "oracle"         # SWE instances: oracle | noop | sleepy | chatty (see _swe_mock_reply)
+    served: Tuple[str, ...] = ()       # more model ids /v1/models lists after ``model``
+    server_kind: str = "mock"          # how /v1/models (and /props, /info) look: one of MOCK_SERVER_KINDS
+    context_len: int = 0               # the served context in tokens (listed as the kind does; enforced); 0 = none
+    reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
+
+
+# What each server kind's GET /v1/models (and llama.cpp's /props, TGI's /info) looks like, as the real ones do;
+# "nolist" answers 404 there (servers with no model list).
+MOCK_SERVER_KINDS = ("mock", "vllm", "sglang", "llama.cpp", "tgi", "openai", "nolist")
+
+
+def _mock_models(cfg: MockConfig) -> Optional[Dict[str, Any]]:
+    """The /v1/models body of ``cfg.server_kind`` (None: a 404)."""
+    kind, ctx = cfg.server_kind, cfg.context_len or None
+    if kind == "nolist":
+        return None
+    data = []
+    for mid in (cfg.model,) + tuple(cfg.served):
+        entry: Dict[str, Any] = {"id": mid, "object": "model", "created": 0}
+        if kind in ("vllm", "sglang"):
+            entry.update(owned_by=kind, root=mid, parent=None, max_model_len=ctx)
+        elif kind == "llama.cpp":
+            entry.update(owned_by="llamacpp", meta={"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": 4 * (ctx or 1024),
+                                                    "n_embd": 64, "n_params": 1000000})
+        elif kind == "tgi":
+            entry.update(owned_by=mid)
+        elif kind == "openai":
+            entry.update(owned_by="system")
+        else:
+            entry.update(owned_by="evalharness-mock")
+            if ctx:
+                entry["max_model_len"] = ctx
+        data.append(entry)
+    return {"object": "list", "data": data}
 
 
 def parse_faults(spec: str) -> Tuple[Tuple[str, float], ...]:
@@ -3028,9 +3237,17 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         st = self.state
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
-            self._json(200, {"object": "list", "data": [{"id": st.config.model, "object": "model",
-                                                         "owned_by": "evalharness-mock"}]})
+        cfg = st.config
+        if self.path.startswith(("/v1/", "/props", "/info")) and not self._authorized():
+            return
+        if self.path.rstrip("/") in ("/v1/models", "/models") and _mock_models(cfg) is not None:
+            self._json(200, _mock_models(cfg))
+        elif self.path == "/props" and cfg.server_kind == "llama.cpp":
+            self._json(200, {"default_generation_settings": {"n_ctx": cfg.context_len or 1024, "n_predict": -1},
+                             "total_slots": 1, "model_path": cfg.model})
+        elif self.path == "/info" and cfg.server_kind == "tgi":
+            self._json(200, {"model_id": cfg.model, "max_total_tokens": cfg.context_len or 4096,
+                             "max_input_tokens": (cfg.context_len or 4096) - 1, "router": "text-generation-router"})
         elif self.path == "/health":
             self._json(200, {"status": "ok"})
         elif self.path == "/stats":
@@ -3038,6 +3255,16 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                 self._json(200, {"active": st.active, "max_active": st.max_active, "counters": dict(st.counters)})
         else:
             self._error(404, "no route %s" % self.path)
+
+    def _authorized(self) -> bool:
+        """Whether the request carries the configured key; answers 401 when it does not."""
+        key = self.state.config.api_key
+        auth = self.headers.get("Authorization", "")
+        if key is None or auth == "Bearer " + key:
+            return True
+        # like a real provider, echo what was sent: the client must scrub it
+        self._error(401, "Incorrect API key provided: %s" % auth.replace("Bearer ", ""))
+        return False
 
     def _reset(self) -> None:
         import struct
@@ -3051,12 +3278,8 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._error(404, "no route %s" % self.path)
             return
-        if cfg.api_key is not None:
-            auth = self.headers.get("Authorization", "")
-            if auth != "Bearer " + cfg.api_key:
-                # like a real provider, echo what was sent: the client must scrub it
-                self._error(401, "Incorrect API key provided: %s" % auth.replace("Bearer ", ""))
-                return
+        if not self._authorized():
+            return
         try:
             length = int(self.headers.get("Content-Length") or 0)
             req = json.loads(self.rfile.read(length).decode("utf-8"))
@@ -3157,6 +3380,15 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         pieces += [("content", t) for t in _TOKEN_RE.findall(text)]
         prompt_tokens = sum(len(_TOKEN_RE.findall(str(m.get("content", "")))) for m in messages)
         max_tokens = req.get("max_tokens")
+        if cfg.context_len and prompt_tokens + (max_tokens if isinstance(max_tokens, int) else 0) > cfg.context_len:
+            if cfg.server_kind == "llama.cpp" and prompt_tokens < cfg.context_len:
+                max_tokens = cfg.context_len - prompt_tokens  # llama.cpp cuts the answer at the slot's end
+            else:
+                self._error(400, "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                            "(%d in the messages, %s in the completion). Please reduce the length of the messages "
+                            "or completion." % (cfg.context_len, prompt_tokens + (max_tokens or 0), prompt_tokens,
+                                                max_tokens or 0))
+                return
         finish = "stop"
         if isinstance(max_tokens, int) and 0 < max_tokens < len(pieces):
             pieces, finish = pieces[:max_tokens], "length"
@@ -3164,6 +3396,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                  "total_tokens": prompt_tokens + len(pieces),
                  "completion_tokens_details": {"reasoning_tokens": min(n_thought, len(pieces))}}
         rid = "chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48)
+        served = cfg.reply_model if cfg.reply_model is not None else req.get("model")
 
         def token_delay() -> float:
             if cfg.decode_tok_s <= 0:
@@ -3194,7 +3427,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
                 finish = "tool_calls"
             if reasoning:
                 message["reasoning_content"] = "".join(t for k, t in pieces if k == "reasoning_content")
-            out = {"id": rid, "object": "chat.completion", "created": 0, "model": cfg.model,
+            out = {"id": rid, "object": "chat.completion", "created": 0, "model": served,
                    "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
             if include_usage:
                 out["usage"] = usage
@@ -3211,7 +3444,7 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         def event(obj: Any) -> None:
             self.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
 
-        base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": cfg.model}
+        base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": served}
         event(dict(base, choices=[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]))
         self.wfile.flush()
         wait(ttft)
@@ -3269,6 +3502,9 @@ class MockServer:
 
     def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
                  oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None):
+        if config.server_kind not in MOCK_SERVER_KINDS:
+            raise ConfigError("--server-kind must be one of %s, got %r" % (", ".join(MOCK_SERVER_KINDS),
+                                                                            config.server_kind))
         if config.swe_policy not in SWE_MOCK_POLICIES:
             raise ConfigError("--swe-policy must be one of %s, got %r" % (", ".join(SWE_MOCK_POLICIES),
                                                                            config.swe_policy))
@@ -5192,21 +5428,28 @@ def _active_seconds(intervals: List[Tuple[float, float]]) -> float:
     return total
 
 
+# What summarize keeps of each sample record (the latest per id): a tuple, not the record, so a 100,000-row run
+# stays small in memory; named so that a field added to it is added in one place.
+_Kept = collections.namedtuple("_Kept", "status score cat scorer eclass ptok ctok est latency t1 t_start t_end rtok "
+                                        "no_ans row_id epoch extracted judged error finish served")
+
+
 def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None) -> Dict[str, Any]:
     """Metrics of a run computed from its sample records alone (so it works on a killed run).
 
     Everything outside ``performance`` depends only on what was answered, not on timing: two runs that produced
     the same answers have equal summaries apart from ``performance``.
     """
-    latest: Dict[str, Tuple] = {}
+    latest: Dict[str, _Kept] = {}
     for rec in records:
-        latest[rec["id"]] = (rec.get("status"), rec.get("score"), rec.get("category") or "uncategorized",
+        latest[rec["id"]] = _Kept(rec.get("status"), rec.get("score"), rec.get("category") or "uncategorized",
                              rec.get("scorer") or "", rec.get("error_class"), rec.get("prompt_tokens") or 0,
                              rec.get("completion_tokens") or 0, bool(rec.get("usage_estimated")),
                              rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"),
                              rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")),
                              rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"),
-                             rec.get("judge") or {}, rec.get("error"), rec.get("finish_reason"))
+                             rec.get("judge") or {}, rec.get("error"), rec.get("finish_reason"),
+                             rec.get("served_model"))
     scores: List[float] = []
     by_cat: Dict[str, List[float]] = collections.defaultdict(list)
     by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
@@ -5215,15 +5458,18 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
     tok_p = tok_c = n_est = tok_r = n_no_answer = tok_jp = tok_jc = 0
     repeats: Dict[str, List[Tuple]] = collections.defaultdict(list)  # row id -> its samples (--epochs)
     finishes: Dict[str, int] = collections.Counter()                 # finish_reason of the answered samples
+    served_as: Dict[str, int] = collections.Counter()                # the replies' model field
     examples: Dict[str, str] = {}                                   # error class -> its first error
     lat: List[float] = []
     ttft: List[float] = []
     spans: List[Tuple[float, float]] = []
     for sid in sorted(latest):
         (status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans, row_id,
-         epoch, extracted, judged, error, finish) = latest[sid]
+         epoch, extracted, judged, error, finish, served) = latest[sid]
         if status == "ok" and finish:
             finishes[str(finish)] += 1
+        if status == "ok" and served:
+            served_as[str(served)] += 1
         tok_jp += judged.get("prompt_tokens") or 0
         tok_jc += judged.get("completion_tokens") or 0
         if row_id is not None:
@@ -5276,6 +5522,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
         "errors": dict(sorted(errors.items())),
         "error_examples": dict(sorted(examples.items())),
         "finish_reasons": dict(sorted(finishes.items())),
+        "served_models": dict(sorted(served_as.items())),
         "tokens": {"prompt": tok_p, "completion": tok_c, "reasoning": tok_r, "estimated_samples": n_est,
                    "judge": {"prompt": tok_jp, "completion": tok_jc}},
         "no_answer": n_no_answer,   # replies whose reasoning used the whole budget (scored wrong)
@@ -5403,6 +5650,11 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
     if cut:
         lines.append("cut: %d of %d answers stopped at the token limit (finish_reason length; --max-tokens or the "
                      "server's own limit)" % (cut, answered))
+    other = {m: n for m, n in (summary.get("served_models") or {}).items() if m != summary.get("model")}
+    if other and summary.get("model"):
+        lines.append("served as: %s (the replies' model field; --model was %s)" % (
+            ", ".join("%s in %d answers" % kv for kv in sorted(other.items(), key=lambda kv: -kv[1])),
+            summary["model"]))
     if summary.get("no_answer"):
         lines.append("no answer: %d reply(ies) spent the whole token budget reasoning (scored wrong)"
                      % summary["no_answer"])
@@ -5709,6 +5961,7 @@ class RunConfig:
     restart: bool = False         # a run directory holding other settings is started over (results moved aside)
     rescore: bool = False         # re-score every stored answer with the current scorers (no model calls)
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
+    model_check: bool = True      # the pre-flight refuses a model the endpoint's non-empty /v1/models does not list
     seed: Optional[int] = None
     epochs: int = 1               # each row this many times (distinct seeds): mean@K, pass@k, maj@K
     judge_model: Optional[str] = None       # the grader of the judge scorer (default: the evaluated model)
@@ -5834,7 +6087,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
                 "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
                 "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
                 "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
-                "finish_reason": res.finish_reason,
+                "finish_reason": res.finish_reason, "served_model": res.model,
                 "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                 "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
                 "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
@@ -6089,17 +6342,43 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
         dataset = _Epochs(dataset, cfg.epochs, cfg.seed)  # type: ignore[assignment]
     out = cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
                                   _fingerprint(_qa_settings(cfg)))
+    server = _preflight(cfg, client_cfg, (_prompt_of(item, cfg.system_prompt) for item in dataset.iter_items()))
+    if "judge" in dataset.scorers and (cfg.judge_base_url or cfg.judge_model):
+        probe_endpoint(dataclasses.replace(client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
+                                           model=cfg.judge_model or cfg.model,
+                                           api_key_env=cfg.judge_api_key_env or cfg.api_key_env),
+                       check_model=cfg.model_check, flag="--judge-model")
 
     # 2. the run directory
     store = RunStore(out).open()
     try:
-        return _run_qa_in_store(cfg, client_cfg, base_url, dataset, store, stdout, progress_stream, cancel)
+        return _run_qa_in_store(cfg, client_cfg, base_url, dataset, store, stdout, progress_stream, cancel,
+                                server)
     finally:
         store.close()
 
 
+def _prompt_of(item: QAItem, system_prompt: Optional[str]) -> str:
+    return (system_prompt or "") + "".join(_content_text(m.get("content")) for m in item.messages)
+
+
+def _preflight(cfg: RunConfig, client_cfg: ClientConfig, prompts: Iterable[str]) -> Dict[str, Any]:
+    """probe_endpoint, a line saying what the endpoint is, and the context warning (once, before any sample)."""
+    server = probe_endpoint(client_cfg, check_model=cfg.model_check)
+    if server.get("models") is not None:
+        _log.debug("endpoint: %s serving %s%s", server.get("kind") or "a server", ", ".join(server["models"][:5]) or
+                  "no model it lists", " (context %d tokens, %s)" % (server["context_len"], server["context_from"])
+                  if server.get("context_len") else "")
+    warning = _context_warning(server, cfg.max_tokens, prompts)
+    if warning:
+        _log.warning("%s", warning)
+        server["context_warning"] = warning
+    return server
+
+
 def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, dataset: Dataset, store: RunStore,
-                     stdout: Any, progress_stream: Any, cancel: Optional[threading.Event]) -> Tuple[int, str]:
+                     stdout: Any, progress_stream: Any, cancel: Optional[threading.Event],
+                     server: Optional[Dict[str, Any]] = None) -> Tuple[int, str]:
     for note in store.notes:
         _log.warning("%s: %s", store.dir, note)
     previous = store.read_json(RunStore.RUN)
@@ -6134,6 +6413,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         "evalharness_version": __version__, "python": sys.version.split()[0], "task": cfg.task,
         "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(),
         "endpoint": {"base_url": base_url, "model": cfg.model},
+        "server": server,
         "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset) if cfg.dataset else None, "name": dataset.name,
                     "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids),
@@ -6181,10 +6461,11 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
 
 def _bad_request_cause(summary: Dict[str, Any]) -> str:
     """What a 4xx says about its cause, from the first one's text: a context overflow, or the server's words."""
-    text = (summary.get("error_examples") or {}).get("bad_request") or ""
+    text = " ".join(((summary.get("error_examples") or {}).get("bad_request") or "").split())
+    text = text if len(text) <= 240 else text[:237] + "..."  # one line, a message's worth
     if re.search(r"context|too long|maximum.*(length|tokens)|max_model_len|n_ctx", text, re.I):
-        return "; the prompt plus --max-tokens is longer than the model's context: %s" % _truncate_output(text, 160)
-    return "; e.g. %s" % _truncate_output(text, 160) if text else ""
+        return "; the prompt plus --max-tokens is longer than the model's context: %s" % text
+    return "; e.g. %s" % text if text else ""
 
 
 def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
@@ -6201,7 +6482,7 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
     cut = (summary.get("finish_reasons") or {}).get("length", 0)
     if c["ok"] and cut > TRUNCATED_WARN_SHARE * c["ok"]:
         _log.warning("%d of %d answers were cut at the token limit (finish_reason length): the score measures "
-                     "truncated answers; raise --max-tokens if the server allows", cut, c["ok"])
+                     "truncated answers; raise --max-tokens if the model's context allows", cut, c["ok"])
     if runner.status == "aborted":
         raise CircuitOpenError("%s; fix the cause, then %s" % (_redact(runner.stop_reason), hint))
     if runner.status == "interrupted":
@@ -6790,6 +7071,7 @@ def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEO
     t0 = time.monotonic()
     tokens = {"prompt": 0, "completion": 0}
     format_errors, exit_reason, error = 0, None, None
+    served: Optional[str] = None
     while exit_reason is None:
         if cancel.is_set():
             raise _Cancelled()
@@ -6812,6 +7094,7 @@ def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEO
             break
         tokens["prompt"] += res.prompt_tokens or 0
         tokens["completion"] += res.completion_tokens or 0
+        served = res.model or served
         reply: Dict[str, Any] = {"role": "assistant", "content": res.text}
         if opts.tool_mode and res.tool_calls:
             reply["tool_calls"] = [{"id": c["id"], "type": "function",
@@ -6856,7 +7139,8 @@ def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEO
             messages.append({"role": "user", "content": observation})
     return {"messages": messages, "steps": steps, "exit_reason": exit_reason, "error": error,
             "agent_s": round(time.monotonic() - t0, 3), "prompt_tokens": tokens["prompt"],
-            "completion_tokens": tokens["completion"], "model_calls": sum(1 for s in steps if "model_s" in s)}
+            "completion_tokens": tokens["completion"], "model_calls": sum(1 for s in steps if "model_s" in s),
+            "served_model": served}
 
 
 _DIFF_CMD = ("git add -A >/dev/null 2>&1; git -c core.fileMode=false diff --cached --binary %s "
@@ -7029,6 +7313,7 @@ def _swe_record(inst: SWEInstance, model: str, patch: str, scored: Dict[str, Any
            "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
     if traj is not None:
         rec.update({"exit_reason": traj["exit_reason"], "steps": len(traj["steps"]),
+                    "served_model": traj.get("served_model"),
                     "model_calls": traj["model_calls"], "agent_s": traj["agent_s"],
                     "prompt_tokens": traj["prompt_tokens"], "completion_tokens": traj["completion_tokens"],
                     "format_errors": sum(1 for s in traj["steps"] if "format_error" in s),
@@ -7259,6 +7544,7 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
     preds: Dict[str, str] = {}
     model = cfg.model
     client_cfg = None
+    server: Optional[Dict[str, Any]] = None
     if cfg.score_only:
         preds, pred_model = load_predictions(cfg.score_only, dataset)
         model = model or pred_model or "unknown"
@@ -7272,6 +7558,7 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
                                   request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body,
                                   stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy,
                                   seed=cfg.seed)
+        server = _preflight(cfg, client_cfg, ())
     docker = DockerCLI(cfg.engine, host=cfg.docker_host)
     out = cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
         [_swe_settings(cfg, "score-only" if cfg.score_only else "agent"),
@@ -7279,14 +7566,14 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
     store = RunStore(out).open()
     try:
         return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, docker, store, stdout, progress_stream,
-                                 cancel)
+                                 cancel, server)
     finally:
         store.close()
 
 
 def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], model: str, dataset: SWEDataset,
                       preds: Dict[str, str], docker: DockerCLI, store: RunStore, stdout: Any, progress_stream: Any,
-                      cancel: Optional[threading.Event]) -> Tuple[int, str]:
+                      cancel: Optional[threading.Event], server: Optional[Dict[str, Any]] = None) -> Tuple[int, str]:
     opts = cfg.swe
     for note in store.notes:
         _log.warning("%s: %s", store.dir, note)
@@ -7342,6 +7629,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         "evalharness_version": __version__, "python": sys.version.split()[0], "task": "swe", "mode": mode,
         "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(), "run_id": run_id,
         "endpoint": {"base_url": _normalize_base_url(cfg.base_url) if client_cfg else None, "model": model},
+        "server": server,
         "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
                     "rows": dataset.count, "ids": sorted(dataset.ids)},
@@ -7506,7 +7794,9 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
                             "model": (info.get("endpoint") or {}).get("model"),
                             "dataset": (info.get("dataset") or {}).get("name"), "summary": summary,
                             "discovered_limit": info.get("discovered_limit"),
-                            "concurrency": info.get("concurrency")}
+                            "concurrency": info.get("concurrency"), "server": info.get("server"),
+                            "base_url": (info.get("endpoint") or {}).get("base_url")}
+    summary["model"] = data["model"]
     failures: Dict[str, Dict[str, Any]] = {}
     for rec in records:
         if rec.get("status") != "ok":
@@ -7610,6 +7900,20 @@ def _downsample_steps(points: List[Tuple[float, int]], limit: int) -> List[Tuple
     return [out[b] for b in sorted(out)]
 
 
+def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
+    """What the pre-flight learnt of the endpoint, in one line."""
+    models = server.get("models")
+    parts = ["%s at %s" % (server.get("kind") or "server of unknown kind", base_url or "?")]
+    if models is not None:
+        parts.append("serving %s" % (", ".join(models[:5]) + (" and %d more" % (len(models) - 5)
+                                                              if len(models) > 5 else "") if models else "no model"))
+    if server.get("context_len"):
+        parts.append("context %d tokens (%s)" % (server["context_len"], server.get("context_from")))
+    if server.get("note"):
+        parts.append(server["note"])
+    return "; ".join(parts)
+
+
 def format_report(data: Dict[str, Any]) -> str:
     """The text report: the run's summary table (the same numbers the run printed) plus failures by class,
     the discovered concurrency and, for SWE runs, SWE-bench's counts."""
@@ -7620,6 +7924,8 @@ def format_report(data: Dict[str, Any]) -> str:
         lines.append(_swe_line(data["swebench"]))
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
+    if data.get("server"):
+        lines.append("endpoint: %s" % _server_line(data["server"], data.get("base_url")))
     if data["failures"]:
         lines.append("failures by class:")
         for cls, f in data["failures"].items():
@@ -7843,6 +8149,11 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         cards.append(("answers cut at the token limit", "%d of %d" % (cut, counts.get("ok", 0))))
     if data.get("discovered_limit") is not None:
         cards.append(("discovered concurrency", _esc(data["discovered_limit"])))
+    if data.get("server"):
+        cards.append(("endpoint", _esc(_server_line(data["server"], data.get("base_url")))))
+    other = {m: n for m, n in (s.get("served_models") or {}).items() if m != data.get("model")}
+    if other:
+        cards.append(("replies named another model", _esc(", ".join("%s (%d)" % kv for kv in sorted(other.items())))))
     tokens = s.get("tokens") or {}
     cards.append(("tokens in / out", "%s / %s" % (format(tokens.get("prompt", 0), ","),
                                                   format(tokens.get("completion", 0), ","))))
@@ -8154,6 +8465,9 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--outage-budget", dest="outage_budget_s", type=float, default=DEFAULT_OUTAGE_BUDGET_S,
                    metavar="SECONDS", help="abort (exit 3) when the endpoint has given no success for this long "
                                            "while requests fail (default %(default)s)")
+    g.add_argument("--no-model-check", dest="model_check", action="store_false",
+                   help="start even when the endpoint's GET /v1/models does not list --model (for servers whose "
+                        "list is not what they serve); the pre-flight still checks the API path")
     g.add_argument("--seed", type=int, default=None, help="sampling seed sent with every request (part of the "
                                                           "run's identity)")
     g.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
@@ -8540,7 +8854,15 @@ def _build_parser() -> argparse.ArgumentParser:
                                  "--decode-tok-s 40 --knee 16 --faults 429=0.05,reset=0.01\n")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
-    mock.add_argument("--model", default="mock-model")
+    mock.add_argument("--model", default="mock-model", help="the model it serves (default %(default)s)")
+    mock.add_argument("--served", default="", metavar="ID,ID",
+                      help="more model ids GET /v1/models lists (it answers to any name, as llama.cpp does)")
+    mock.add_argument("--server-kind", default="mock", choices=list(MOCK_SERVER_KINDS),
+                      help="answer GET /v1/models (and /props, /info) as this server does; nolist: 404 there")
+    mock.add_argument("--context-len", type=int, default=0, metavar="TOKENS",
+                      help="served context length, listed as the kind does and enforced (0 = none)")
+    mock.add_argument("--reply-model", default=None, metavar="ID",
+                      help="the replies' model field (default: the model the request names)")
     mock.add_argument("--oracle", default=None, metavar="DATASET",
                       help="answer from this dataset's references ('demo' = the embedded set)")
     mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1]")
@@ -8724,6 +9046,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
+                    model_check=args.model_check,
                     epochs=args.epochs, judge_model=args.judge_model, judge_base_url=args.judge_base_url,
                     judge_api_key_env=args.judge_api_key_env,
                     scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
@@ -8772,7 +9095,9 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      overload_status=args.overload_status, retry_after_s=args.retry_after,
                      faults=parse_faults(args.faults), hang_s=args.hang_s, reasoning_tokens=args.reasoning_tokens,
                      reasoning_style=args.reasoning_style,
-                     skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy)
+                     skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy,
+                     served=tuple(m.strip() for m in args.served.split(",") if m.strip()),
+                     server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model)
     swe = SWEDataset(args.swe).validate() if args.swe else None
     server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)

@@ -46,7 +46,7 @@ def main():
         for i in range(args.rows):
             fh.write(json.dumps({"id": "q%d" % i, "prompt": "What is %d plus %d?" % (i, i + 1),
                                  "answer": str(2 * i + 1), "scorer": "numeric"}) + "\n")
-    mock = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0", "--oracle", ds, "--skill", "0.9",
+    mock = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0", "--model", "mock", "--oracle", ds, "--skill", "0.9",
                              "--decode-tok-s", str(args.decode_tok_s), "--knee", str(args.knee), "--thrash",
                              str(args.thrash), "--reasoning-tokens", str(args.reasoning_tokens)],
                             stdout=subprocess.PIPE, universal_newlines=True, env=env)

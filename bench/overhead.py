@@ -2,9 +2,13 @@
 """Harness overhead: samples/s and harness-process CPU ms per sample through the whole path (client, runner,
 scoring, store), against `serve-mock` in another process with zero latency; and peak RSS for a 100,000-row run.
 
-Usage: python3 bench/overhead.py [--samples 3000] [--rss-rows 100000] [--concurrency 8]
-Targets (issue 2): <= 2 ms harness CPU per sample (a bare urllib POST loop costs ~0.5 ms here); peak RSS for
-100,000 rows < 150 MB. The machine is shared and noisy: compare the ratios printed in one run, not across runs.
+Usage: python3 bench/overhead.py [--samples 3000] [--rss-rows 100000] [--concurrency 8] [--reply-tokens 64]
+                                 [--base-url URL --model NAME]
+Targets (issues 2 and 22): <= 2 ms harness CPU per sample, streamed or not (a bare urllib POST loop costs ~0.5 ms
+here); peak RSS for 100,000 rows < 150 MB. Each reply carries --reply-tokens tokens (the mock streams one event per
+token, as llama.cpp and vLLM do; they go out as reasoning_content, which the client reads on the same path as
+content). --base-url measures against a real server instead (e.g. llama-server; --max-tokens = --reply-tokens).
+The machine is shared and noisy: compare the ratios printed in one run, not across runs.
 """
 import argparse
 import json
@@ -20,9 +24,10 @@ MODULE = os.path.join(ROOT, "evalharness.py")
 
 BARE_LOOP = r"""
 import json, sys, urllib.request
-url, n = sys.argv[1], int(sys.argv[2])
+url, n, model, max_tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "What is 1 plus 2?"}]}).encode()
+body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is 1 plus 2?"}],
+                   "max_tokens": max_tokens}).encode()
 for _ in range(n):
     req = urllib.request.Request(url + "/chat/completions", data=body, headers={"Content-Type": "application/json"})
     with opener.open(req, timeout=30) as resp:
@@ -57,32 +62,42 @@ def main():
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--rss-rows", type=int, default=100000)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--reply-tokens", type=int, default=64)
+    ap.add_argument("--base-url", default=None, help="a real server to measure against instead of the mock")
+    ap.add_argument("--model", default="m")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="evalharness-bench-")
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["EVALHARNESS_PROGRESS_S"] = "30"
-    mock = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0"], stdout=subprocess.PIPE,
+    mock = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0", "--model", args.model,
+                             "--reasoning-tokens", str(args.reply_tokens)], stdout=subprocess.PIPE,
                             universal_newlines=True, env=env)
     try:
         url = mock.stdout.readline().strip().rsplit(" ", 1)[-1]
+        if args.base_url:
+            url = args.base_url
         n = args.samples
         ds = os.path.join(tmp, "qa.jsonl")
         write_rows(ds, n)
-        wall_b, cpu_b, _, _ = measure([sys.executable, "-c", BARE_LOOP, url, str(n)], env)
+        wall_b, cpu_b, _, _ = measure([sys.executable, "-c", BARE_LOOP, url, str(n), args.model, str(args.reply_tokens)], env)
         cpu_b_ms = 1000 * cpu_b / n
         print("bare urllib POST loop:   %7.1f req/s   %6.3f ms CPU per request" % (n / wall_b, cpu_b_ms))
         results = {}
         for label, extra in (("harness (streaming)", []), ("harness (--no-stream)", ["--no-stream"])):
             out = os.path.join(tmp, "run-" + str(len(results)))
-            wall, cpu, rss, rc = measure([sys.executable, MODULE, "run", "--dataset", ds, "--model", "m",
+            wall, cpu, rss, rc = measure([sys.executable, MODULE, "run", "--dataset", ds, "--model", args.model,
                                           "--base-url", url, "--out", out, "--fixed-concurrency", str(args.concurrency),
-                                          "--no-progress"] + extra, env)
+                                          "--no-progress", "--max-tokens", str(args.reply_tokens)] + extra, env)
             # startup (interpreter + module import) is paid once per run, not per sample: measure it separately
             results[label] = (wall, cpu)
             print("%-24s %7.1f samples/s %6.3f ms CPU per sample (%.1fx the bare loop), exit %d"
                   % (label + ":", n / wall, 1000 * cpu / n, (1000 * cpu / n) / cpu_b_ms, rc))
         _, cpu_start, _, _ = measure([sys.executable, MODULE, "--version"], env)
         print("interpreter start + import: %.0f ms CPU (once per run)" % (1000 * cpu_start))
+        for label, (wall, cpu) in results.items():
+            print("%-24s %6.3f ms CPU per sample without the start-up" % (label + ":", 1000 * (cpu - cpu_start) / n))
+        if args.base_url:
+            return
         rows = args.rss_rows
         big = os.path.join(tmp, "big.jsonl")
         write_rows(big, rows)

@@ -87,7 +87,7 @@ def main():
             for row in dataset_rows:
                 fh.write(json.dumps(row) + "\n")
         dataset = eh.SWEDataset(ds).validate()
-        mock = eh.MockServer(eh.MockConfig(ttft_s=args.reply_s), swe=dataset).start()
+        mock = eh.MockServer(eh.MockConfig(model="m", ttft_s=args.reply_s), swe=dataset).start()
         env = dict(os.environ, EVALHARNESS_TAR_INDEX=os.path.join(work, "index.json"),
                    EVALHARNESS_IMAGE_STATE=os.path.join(work, "state.json"), EVALHARNESS_PROGRESS_S="5")
         subprocess.run([sys.executable, MODULE, "images", "index", tars], env=env, stdout=subprocess.DEVNULL,

@@ -560,5 +560,89 @@ class TestGateInterplay(unittest.TestCase):
         self.assertEqual(srv.stats()["counters"]["requests"], 1)
 
 
+class TestPreflight(unittest.TestCase):
+    """probe_endpoint against the mock dressed as each server kind (its /v1/models, /props, /info as the real
+    servers lay them out; llama.cpp's as recorded from llama-server b1-0c1e570)."""
+
+    def probe(self, srv, model="m", **kw):
+        return eh.probe_endpoint(eh.ClientConfig(base_url=srv.url, model=model), **kw)
+
+    def test_kind_and_context_are_read_where_each_server_states_them(self):
+        cases = [("vllm", 4096, "vLLM", 4096, "max_model_len (/models)"),
+                 ("sglang", 8192, "SGLang", 8192, "max_model_len (/models)"),
+                 ("llama.cpp", 512, "llama.cpp", 512, "n_ctx (/props)"),
+                 ("tgi", 2048, "TGI", 2048, "max_total_tokens (/info)"),
+                 ("openai", 0, "OpenAI", None, None),
+                 ("mock", 0, "evalharness mock", None, None)]
+        for kind, ctx, want_kind, want_ctx, where in cases:
+            with self.subTest(kind=kind):
+                info = self.probe(start_mock(self, server_kind=kind, context_len=ctx, served=("other",)))
+                self.assertEqual((info["kind"], info["context_len"], info["context_from"]),
+                                 (want_kind, want_ctx, where))
+                self.assertEqual(info["models"], ["m", "other"])
+                self.assertTrue(info["model_checked"])
+
+    def test_a_model_not_listed_is_refused_naming_the_served_ones_unless_the_check_is_off(self):
+        srv = start_mock(self, model="served-a", served=("served-b",))
+        with self.assertRaises(eh.ConfigError) as cm:
+            self.probe(srv, model="no-such-model")
+        self.assertIn("--model 'no-such-model' is not served by %s; it serves: served-a, served-b" % srv.url,
+                      str(cm.exception))
+        self.assertIn("--no-model-check", str(cm.exception))
+        info = self.probe(srv, model="no-such-model", check_model=False)
+        self.assertFalse(info["model_checked"])
+        self.assertEqual(srv.stats()["counters"].get("requests", 0), 0)  # no chat was sent for any of it
+
+    def test_a_wrong_path_is_refused_when_models_and_chat_both_answer_404(self):
+        srv = start_mock(self)
+        with self.assertRaises(eh.ConfigError) as cm:
+            eh.probe_endpoint(eh.ClientConfig(base_url=srv.url.replace("/v1", "/v2"), model="m"))
+        self.assertIn("/v2/models and ", str(cm.exception))
+        self.assertIn("the path of --base-url looks wrong", str(cm.exception))
+
+    def test_a_server_without_a_model_list_passes_when_its_chat_answers(self):
+        srv = start_mock(self, server_kind="nolist")
+        info = self.probe(srv, model="anything")
+        self.assertIsNone(info["models"])
+        self.assertIn("lists no models", info["note"])
+        self.assertEqual(srv.stats()["counters"]["requests"], 1)  # the one-token chat that proved the path
+
+    def test_an_unreachable_endpoint_is_left_to_the_outage_rules(self):
+        info = eh.probe_endpoint(eh.ClientConfig(base_url="http://127.0.0.1:%d/v1" % dead_port(), model="m"))
+        self.assertIsNone(info["models"])
+        self.assertIn("connection refused", info["note"])
+
+    def test_a_refused_key_is_a_configuration_error_that_never_shows_the_key(self):
+        srv = start_mock(self, api_key="sk-right-key-0000000000000000")
+        key = "sk-wrong-key-preflight-1234567890"
+        with mock.patch.dict(os.environ, {"PREFLIGHT_KEY": key}):
+            with self.assertRaises(eh.ConfigError) as cm:
+                eh.probe_endpoint(eh.ClientConfig(base_url=srv.url, model="m", api_key_env="PREFLIGHT_KEY"))
+        self.assertIn("HTTP 401", str(cm.exception))
+        self.assertNotIn(key, str(cm.exception))
+
+    def test_the_reply_model_field_is_kept_streamed_or_not(self):
+        srv = start_mock(self, reply_model="org/served-name")
+        for stream in (True, False):
+            c = eh.ModelClient(eh.ClientConfig(base_url=srv.url, model="m", stream=stream, max_retries=0))
+            with self.assertLogs(eh._log, "WARNING") as logs:
+                self.assertEqual([c.chat(MESSAGES).model for _ in range(3)], ["org/served-name"] * 3)
+            self.assertEqual(len(logs.output), 1, logs.output)  # flagged once, not per reply
+            self.assertIn("name the model 'org/served-name', not 'm'", logs.output[0])
+
+    def test_a_base_url_ending_in_chat_completions_means_its_base(self):
+        self.assertEqual(eh._normalize_base_url("http://h:8000/v1/chat/completions/"), "http://h:8000/v1")
+        self.assertEqual(eh._normalize_base_url("http://h:8000/chat/completions"), "http://h:8000/v1")
+
+    def test_the_context_warning_counts_requests_over_the_context_once(self):
+        info = {"context_len": 100, "context_from": "max_model_len (/models)", "kind": "vLLM"}
+        text = eh._context_warning(info, 90, ["x" * 20, "x" * 60, "short"])  # ~5, ~15, ~2 tokens
+        self.assertIn("for 1 of 3 requests", text)
+        self.assertIn("context of 100 tokens (vLLM max_model_len (/models))", text)
+        self.assertIsNone(eh._context_warning(info, 50, ["x" * 20]))
+        self.assertIsNone(eh._context_warning(info, None, ["x" * 2000]))
+        self.assertIsNone(eh._context_warning({"context_len": None}, 5000, ["x"]))
+
+
 if __name__ == "__main__":
     unittest.main()

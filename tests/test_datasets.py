@@ -529,7 +529,7 @@ class TestCliLimit(unittest.TestCase):
         mock = start_mock(self, oracle_rows=rows, skill=1.0)
         path = write_jsonl(os.path.join(d, "qa.jsonl"), rows + ["{broken"])
         out = os.path.join(d, "out")
-        proc = run_cli(["run", "--dataset", path, "--limit", "2", "--model", "mock-model", "--base-url", mock.url,
+        proc = run_cli(["run", "--dataset", path, "--limit", "2", "--model", "m", "--base-url", mock.url,
                         "--out", out, "--no-progress", "--concurrency", "1"], timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)

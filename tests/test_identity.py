@@ -110,7 +110,7 @@ class TestRunIdentity(IdentityCase):
         self.assertEqual({r["id"]: r["score"] for r in read_samples(out)}, before)
 
     def test_each_changed_generation_setting_refuses_to_resume_naming_it(self):
-        mock = start_mock(self, oracle_rows=self.rows)
+        mock = start_mock(self, oracle_rows=self.rows, served=("m2",))
         ds = self.dataset(self.rows[:4])
         out = os.path.join(self.dir, "run")
         self.assertEqual(run_cli(self.args(mock.url, out, ds)).returncode, 0)
@@ -167,7 +167,7 @@ class TestRunIdentity(IdentityCase):
         self.assertEqual(deterministic(summary_of(out)), deterministic(summary_of(fresh)))
 
     def test_the_same_command_without_out_resumes_and_another_model_gets_its_own_directory(self):
-        mock = start_mock(self, oracle_rows=self.rows)
+        mock = start_mock(self, oracle_rows=self.rows, served=("m2",))
         ds = self.dataset(self.rows[:5])
         cwd = tempdir(self)
         first = run_cli(self.args(mock.url, None, ds), cwd=cwd)
@@ -191,7 +191,7 @@ class TestOutages(IdentityCase):
     """The endpoint is a `serve-mock` process killed with SIGKILL (a crashed server) and started again."""
 
     def serve(self, port, oracle):
-        proc = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", str(port), "--oracle", oracle,
+        proc = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", str(port), "--model", "m", "--oracle", oracle,
                                  "--decode-tok-s", "60", "--reasoning-tokens", "20"], env=clean_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
         self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
@@ -351,7 +351,7 @@ class TestJudge(IdentityCase):
         ds = self.dataset([{k: v for k, v in r.items() if k != "scorer"} for r in self.plain])
         ref = os.path.join(self.dir, "includes")
         self.assertEqual(run_cli(self.args(mock.url, ref, ds, "--scorer", "includes")).returncode, 0)
-        grader = start_mock(self, model="grader")
+        grader = start_mock(self, model="grader", served=("grader2",))
         out = os.path.join(self.dir, "judge")
         res = run_cli(self.args(mock.url, out, ds, "--scorer", "judge", "--judge-model", "grader",
                                 "--judge-base-url", grader.url))
@@ -391,7 +391,7 @@ class TestJudge(IdentityCase):
         self.assertTrue(failed)
         self.assertEqual({r["error_class"] for r in failed}, {"judge"})
         self.assertTrue(all(r["error"].startswith("judge: connection refused") for r in failed), failed[0])
-        grader = eh.MockServer(eh.MockConfig(model="grader"), port=port).start()
+        grader = eh.MockServer(eh.MockConfig(model="m"), port=port).start()  # grades as the evaluated model
         self.addCleanup(grader.close)
         again = run_cli(args)
         self.assertEqual(again.returncode, 0, again.stderr)

@@ -38,7 +38,7 @@ class RunCase(unittest.TestCase):
 
 class TestResume(RunCase):
     def test_resuming_with_another_model_is_refused_and_changes_nothing(self):
-        mock = start_mock(self, oracle_rows=self.rows)
+        mock = start_mock(self, oracle_rows=self.rows, served=("m2",))
         out = os.path.join(self.dir, "run")
         self.assertEqual(run_cli(self.args(mock.url, out, "--limit", "5")).returncode, 0)
         before = read_samples(out)
@@ -291,12 +291,84 @@ class TestSecrets(RunCase):
         wrong = start_mock(self, oracle_rows=self.rows, api_key="sk-some-other-key-000000000000")
         out2 = os.path.join(self.dir, "denied")
         res2 = run_cli(self.args(wrong.url, out2), env=env)
-        self.assertEqual(res2.returncode, 3, res2.stderr)
+        self.assertEqual(res2.returncode, 2, res2.stderr)  # the pre-flight's GET /v1/models is refused
         self.assertIn("HTTP 401", res2.stderr)
+        self.assertIn("refused the API key", res2.stderr)
+        self.assertFalse(os.path.exists(out2))
         for text in (res.stdout, res.stderr, res2.stdout, res2.stderr, tree_text(out), tree_text(out2)):
             self.assertNotIn(self.KEY, text)
             self.assertNotIn(self.KEY[:8], text)
             self.assertNotIn(self.KEY[-6:], text)
+
+
+class TestPreflight(RunCase):
+    """What the endpoint serves, checked before the first sample (issue 22), end to end through `run`."""
+
+    def test_a_model_the_endpoint_does_not_list_exits_2_naming_the_served_ones_and_writes_nothing(self):
+        mock = start_mock(self, oracle_rows=self.rows, model="llama-3-8b", served=("qwen-7b",))
+        out = os.path.join(self.dir, "run")
+        res = run_cli(self.args(mock.url, out))
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertEqual(res.stderr.strip().splitlines(), [
+            "evalharness: --model 'm' is not served by %s; it serves: llama-3-8b, qwen-7b (pass one of these to "
+            "--model, or --no-model-check if this server's list is not what it serves)" % mock.url])
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual(mock.stats()["counters"].get("requests", 0), 0)
+
+    def test_a_wrong_api_path_exits_2_before_any_sample_is_written(self):
+        mock = start_mock(self, oracle_rows=self.rows)
+        out = os.path.join(self.dir, "run")
+        url = mock.url.replace("/v1", "/v2")
+        res = run_cli(self.args(url, out))
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertIn("%s/models and %s/chat/completions answer HTTP 404" % (url, url), res.stderr)
+        self.assertIn("--base-url http://HOST:PORT/v1", res.stderr)
+        self.assertFalse(os.path.exists(out))
+        # the endpoint's own URL, as pasted from a curl example, is understood
+        res = run_cli(self.args(mock.url + "/chat/completions", out, "--limit", "3"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+
+    def test_replies_under_another_model_name_are_recorded_and_flagged_once(self):
+        mock = start_mock(self, oracle_rows=self.rows, model="/models/tiny.gguf", reply_model="/models/tiny.gguf")
+        out = os.path.join(self.dir, "run")
+        res = run_cli(self.args(mock.url, out, "--limit", "12", "--no-model-check"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        flagged = [line for line in res.stderr.splitlines() if "replies name the model" in line]
+        self.assertEqual(len(flagged), 1, res.stderr)
+        self.assertEqual({r["served_model"] for r in read_samples(out)}, {"/models/tiny.gguf"})
+        self.assertIn("served as: /models/tiny.gguf in 12 answers (the replies' model field; --model was m)",
+                      res.stdout)
+        with open(os.path.join(out, "run.json")) as fh:
+            server = json.load(fh)["server"]
+        self.assertEqual((server["models"], server["model_checked"]), (["/models/tiny.gguf"], False))
+        self.assertIn("replies named another model", open(os.path.join(out, "report.html")).read())
+
+    def test_a_request_longer_than_the_served_context_is_warned_about_once_and_cut_answers_counted(self):
+        mock = start_mock(self, oracle_rows=self.rows, server_kind="llama.cpp", context_len=40, reasoning_tokens=50)
+        out = os.path.join(self.dir, "run")
+        res = run_cli(self.args(mock.url, out, "--limit", "10", "--max-tokens", "100"))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        warned = [line for line in res.stderr.splitlines() if "longer than the served context" in line]
+        self.assertEqual(warned, ["evalharness: --max-tokens 100 plus the prompt is longer than the served context of "
+                                  "40 tokens (llama.cpp n_ctx (/props)) for 10 of 10 requests (prompts estimated at "
+                                  "~4 characters a token): the server will cut those answers short or refuse them; "
+                                  "lower --max-tokens"])
+        self.assertIn("cut: 10 of 10 answers stopped at the token limit", res.stdout)
+        report = run_cli(["report", out]).stdout
+        self.assertIn("endpoint: llama.cpp at %s; serving m; context 40 tokens (n_ctx (/props))" % mock.url, report)
+        fits = run_cli(self.args(mock.url, os.path.join(self.dir, "fits"), "--limit", "10", "--max-tokens", "20"))
+        self.assertNotIn("served context", fits.stderr)
+
+    def test_a_context_overflow_refused_by_the_server_names_the_cause_and_offers_no_retry(self):
+        mock = start_mock(self, oracle_rows=self.rows, server_kind="vllm", context_len=40)
+        out = os.path.join(self.dir, "run")
+        res = run_cli(self.args(mock.url, out, "--limit", "4", "--max-tokens", "100"))
+        self.assertEqual(res.returncode, 1, res.stderr)
+        last = res.stderr.strip().splitlines()[-1]
+        self.assertIn("4 failed because the endpoint rejected the request (HTTP 4xx; the prompt plus --max-tokens is "
+                      "longer than the model's context: HTTP 400", last)
+        self.assertIn("maximum context length is 40 tokens", last)
+        self.assertNotIn("--retry-failed", res.stderr)
 
 
 if __name__ == "__main__":

@@ -231,7 +231,7 @@ class _SWEBed(unittest.TestCase):
         if mock is None and score_only is None:
             mock = start_mock(self, swe=self.ds, swe_policy=policy)
         swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3), **opts))
-        cfg = eh.RunConfig(dataset=self.dataset, model="mock-agent", base_url=mock.url if mock else None, task="swe",
+        cfg = eh.RunConfig(dataset=self.dataset, model="m", base_url=mock.url if mock else None, task="swe",
                            out=out, progress=False, swe=swe, score_only=score_only, fixed_concurrency=4,
                            keep_images=True, stream=stream)
         import io
@@ -498,7 +498,7 @@ class TestSWEResume(_SWEBed):
 
     def run_one(self, dataset, out, mock, **opts):
         swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=1), **opts))
-        cfg = eh.RunConfig(dataset=dataset, model="mock-agent", base_url=mock.url, task="swe", out=out,
+        cfg = eh.RunConfig(dataset=dataset, model="m", base_url=mock.url, task="swe", out=out,
                            progress=False, swe=swe, fixed_concurrency=2, keep_images=True)
         import io
         return eh.run_swe(cfg, stdout=io.StringIO())[0]
@@ -549,7 +549,7 @@ class TestSWEResume(_SWEBed):
         self.assertEqual(self.run_one(dataset, out, mock, eval_timeout_s=3), 1)  # kept: the patch's own outcome
         self.assertEqual(self.samples(out)[row["instance_id"]], first)
         import io
-        cfg = eh.RunConfig(dataset=dataset, model="mock-agent", base_url=mock.url, task="swe", out=out,
+        cfg = eh.RunConfig(dataset=dataset, model="m", base_url=mock.url, task="swe", out=out,
                            progress=False, swe=eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=3, max_sessions=1),
                            fixed_concurrency=2, keep_images=True, retry_failed=True)
         self.assertEqual(eh.run_swe(cfg, stdout=io.StringIO())[0], 1)
