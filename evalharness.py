@@ -6511,8 +6511,8 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
 # =============================================================================
 # SWE data and scoring
 # =============================================================================
-# Multi-turn agents in task containers, scored as SWE-bench scores (v4.1.0 steps plus the 5.x fixes: a skipped
-# FAIL_TO_PASS test fails; a non-zero test exit code with no failure in the log is rejected).
+# Multi-turn agents in task containers, scored as the official SWE-bench harness scores: the eval script as 4.1.0
+# builds it (its per-version spec table), the patch-apply chain, log parsers and grading of 5.0.2 (README: SWE tasks).
 
 SWE_STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL")
 START_MARKER = ">>>>> Start Test Output"
@@ -6521,21 +6521,70 @@ _BAD_LOG_MARKERS = (">>>>> Patch Apply Failed", ">>>>> Reset Failed", ">>>>> Tes
 _HEREDOC = "EOF_114329324912"
 _NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
-# Test commands by repository (SWE-bench's constants; the last entry of a spec list is the graded one).
-_SWE_TEST_CMDS = {
-    "django/django": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
-    "sympy/sympy": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
-    "sphinx-doc/sphinx": "tox --current-env -epy39 -v --",
-    "mwaskom/seaborn": "pytest --no-header -rA",
-}
-_SWE_DEFAULT_TEST_CMD = "pytest -rA"
-# (repo, versions) whose test command differs from the repository's default
-_SWE_TEST_CMDS_BY_VERSION = {
-    ("django/django", ("1.9",)): "./tests/runtests.py --verbosity 2",
-    ("astropy/astropy", ("0.1", "0.2", "0.3", "0.4", "1.1", "1.2", "1.3")):
-        "pytest -rA -vv -o console_output_style=classic --tb=no",
-}
-_SWE_PARSER_OF_REPO = {"django/django": "django", "sympy/sympy": "sympy"}
+# SWE-bench's per-repository, per-version specs as far as scoring needs them (swebench 4.1.0,
+# harness/constants/python.py MAP_REPO_VERSION_TO_SPECS_PY): the test command, the `install` step the eval script
+# re-runs after the patch (a non-editable install or a native build would otherwise test the old code) and the
+# `eval_commands` run first. One row per (repository, versions) group; a row's own test_cmd / install / eval_script
+# overrides the table. Facts, not code: compare with the public table when SWE-bench adds versions.
+_T_PYTEST = "pytest -rA"
+_T_DJANGO = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1"
+_DJANGO_ENV = ("export LANG=en_US.UTF-8", "export LC_ALL=en_US.UTF-8", "export PYTHONIOENCODING=utf8",
+               "export LANGUAGE=en_US:en")
+_DJANGO_LOCALE = ("sed -i '/en_US.UTF-8/s/^# //g' /etc/locale.gen && locale-gen", "export LANG=en_US.UTF-8",
+                  "export LANGUAGE=en_US:en", "export LC_ALL=en_US.UTF-8")
+_PIP_E = "python -m pip install -e ."
+_SWE_SPECS: Tuple[Tuple[str, str, str, Optional[str], Tuple[str, ...]], ...] = (
+    # (repository, versions, test command, install, eval_commands)
+    ("astropy/astropy", "3.0 3.1 3.2 4.1 4.2 4.3 5.0 5.1 5.2 v5.3", _T_PYTEST,
+     "python -m pip install -e .[test] --verbose", ()),
+    ("astropy/astropy", "0.1 0.2 0.3 0.4 1.1 1.2 1.3", "pytest -rA -vv -o console_output_style=classic --tb=no",
+     "python -m pip install -e .[test] --verbose", ()),
+    ("django/django", "1.7 1.8 1.10 1.11 2.0 2.1 2.2", _T_DJANGO, "python setup.py install", _DJANGO_ENV),
+    ("django/django", "1.9", "./tests/runtests.py --verbosity 2", "python setup.py install", _DJANGO_ENV),
+    ("django/django", "1.4 1.5 1.6", _T_DJANGO, "python setup.py install", ()),
+    ("django/django", "3.0 3.1 3.2", _T_DJANGO, _PIP_E, _DJANGO_LOCALE),
+    ("django/django", "4.0 4.1 4.2 5.0 5.1 5.2", _T_DJANGO, _PIP_E, ()),
+    ("matplotlib/matplotlib", "3.0 3.1 3.2 3.3 3.4 3.5 3.6 3.7", _T_PYTEST, _PIP_E, ()),
+    ("matplotlib/matplotlib", "3.8 3.9", _T_PYTEST, 'python -m pip install --no-build-isolation -e ".[dev]"', ()),
+    ("matplotlib/matplotlib", "1.0 1.1 1.2 1.3 1.4 1.5 2.0 2.1 2.2", _T_PYTEST,
+     "python setup.py build; python setup.py install", ()),
+    ("marshmallow-code/marshmallow", "2.18 2.19 2.20 3.0 3.1 3.2 3.4 3.8 3.9 3.10 3.11 3.12 3.13 3.15 3.16 3.19",
+     _T_PYTEST, "python -m pip install -e '.[dev]'", ()),
+    ("mwaskom/seaborn", "0.11", "pytest --no-header -rA", _PIP_E, ()),
+    ("mwaskom/seaborn", "0.12 0.13 0.14", "pytest --no-header -rA", "python -m pip install -e .[dev]", ()),
+    ("pallets/flask", "2.0 2.1 2.2 2.3 3.0 3.1", _T_PYTEST, _PIP_E, ()),
+    ("psf/requests", "0.7 0.8 0.9 0.11 0.13 0.14 1.1 1.2 2.0 2.2 2.3 2.4 2.5 2.7 2.8 2.9 2.10 2.11 2.12 2.17 2.18 "
+     "2.19 2.22 2.25 2.26 2.27 2.31 3.0", _T_PYTEST, "python -m pip install .", ()),
+    ("pvlib/pvlib-python", "0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9", _T_PYTEST, "python -m pip install -e .[all]", ()),
+    ("pydata/xarray", "0.12 0.18 0.19 0.20 2022.03 2022.06 2022.09 2023.07 2024.05", _T_PYTEST, _PIP_E, ()),
+    ("pydicom/pydicom", "1.0 1.1 1.2 1.3 1.4 2.0 2.1 2.2 2.3 2.4 3.0", _T_PYTEST, _PIP_E, ()),
+    ("pylint-dev/astroid", "2.5 2.6 2.7 2.8 2.9 2.10 2.12 2.13 2.14 2.15 2.16 3.0", _T_PYTEST, _PIP_E, ()),
+    ("pylint-dev/pylint", "2.8 2.9 2.10 2.11 2.13 2.14 2.15 2.16 2.17 3.0 3.1 3.2 3.3 4.0", _T_PYTEST, _PIP_E, ()),
+    ("pytest-dev/pytest", "4.4 4.5 4.6 5.0 5.1 5.2 5.3 5.4 6.0 6.2 6.3 7.0 7.1 7.2 7.4 8.0 8.1 8.2 8.3 8.4",
+     _T_PYTEST, _PIP_E, ()),
+    ("pyvista/pyvista", " ".join("0.%d" % v for v in range(20, 44)), _T_PYTEST, _PIP_E, ()),
+    ("scikit-learn/scikit-learn", "0.20 0.21 0.22 1.3 1.4 1.5 1.6", _T_PYTEST,
+     "python -m pip install -v --no-use-pep517 --no-build-isolation -e .", ()),
+    ("sphinx-doc/sphinx", "1.5 1.6 1.7 1.8 2.0 2.1 2.2 2.3 2.4 3.0 3.1 3.2 3.3 3.4 3.5 4.0 4.1 4.2 4.3 4.4 4.5 5.0 "
+     "5.1 5.2 5.3 6.0 6.2 7.0 7.1 7.2 7.3 7.4 8.0 8.1", "tox --current-env -epy39 -v --",
+     "python -m pip install -e .[test]", ()),
+    ("sqlfluff/sqlfluff", "0.4 0.5 0.6 0.8 0.9 0.10 0.11 0.12 0.13 1.0 1.1 1.2 1.3 1.4 2.0 2.1 2.2", _T_PYTEST,
+     _PIP_E, ()),
+    ("sympy/sympy", "0.7 1.0 1.1 1.2 1.4 1.5 1.6 1.7 1.8 1.9 1.10 1.11 1.12 1.13 1.14",
+     "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose", _PIP_E, ()),
+)
+_SWE_SPEC_OF = {(repo, v): (cmd, install, evals) for repo, versions, cmd, install, evals in _SWE_SPECS
+                for v in versions.split()}
+# a version the table does not know: the repository's usual test command, and no install step (none can be guessed)
+_SWE_TEST_CMD_OF_REPO = {repo: cmd for repo, _v, cmd, _i, _e in reversed(_SWE_SPECS)}
+_SWE_TEST_CMD_OF_REPO["django/django"] = _T_DJANGO
+_SWE_DEFAULT_TEST_CMD = _T_PYTEST
+# SWE-bench 5.0.2's log parser of each repository (harness/log_parsers/python.py); others: pytest
+_SWE_PARSER_OF_REPO = {
+    "django/django": "django", "sympy/sympy": "sympy", "mwaskom/seaborn": "seaborn",
+    "matplotlib/matplotlib": "matplotlib", "psf/requests": "pytest_options", "pydicom/pydicom": "pytest_options",
+    "pylint-dev/pylint": "pytest_options", "astropy/astropy": "pytest_v2", "scikit-learn/scikit-learn": "pytest_v2",
+    "sphinx-doc/sphinx": "pytest_v2"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -6657,221 +6706,249 @@ class SWEDataset:
 
 
 # ----------------------------------------------------------------------------- log parsing and grading
+# As SWE-bench 5.0.2 parses and grades (harness/log_parsers/python.py, harness/grading.py), rule for rule, so a
+# verdict here is the official one, quirks included: a parser's key is what the dataset's ids were made from.
+# One documented choice where 4.1.0 and 5.0.2 disagree: pytest_v2 (astropy, scikit-learn, sphinx) keys an
+# `XFAIL id - reason` line by the id, as 4.1.0 does (5.0.2 keys `id - reason`, which no dataset id can match).
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_PYTEST_STATUS_RE = re.compile(r"^(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.+)$")
-_PYTEST_VERBOSE_RE = re.compile(r"^(\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?: \(.*\))?(?: +\[ *\d+%\])?\s*$")
-
-
-def _pytest_id(rest: str, status: str) -> str:
-    """The test id at the start of a ``-rA`` summary line's remainder. Lines other than PASSED may carry
-    `` - message`` after the id; a parametrized id may itself hold spaces, brackets and `` - ``, so the id ends
-    where its first bracket group closes (when the rest of the line is empty or a message)."""
-    rest = rest.strip()
-    if status == "PASSED":
-        return rest
-    open_at = rest.find("[")
-    dash_at = rest.find(" - ")
-    if open_at != -1 and (dash_at == -1 or open_at < dash_at):
-        depth = 0
-        for i in range(open_at, len(rest)):
-            if rest[i] == "[":
-                depth += 1
-            elif rest[i] == "]":
-                depth -= 1
-                if depth == 0 and (i + 1 == len(rest) or rest.startswith(" - ", i + 1)):
-                    return rest[:i + 1]
-        last = rest.rfind("]")  # unbalanced brackets inside the id: fall back to the last one
-        if last != -1:
-            return rest[:last + 1]
-    return rest[:dash_at] if dash_at != -1 else rest
+_STATUS_PREFIXES = ("FAILED", "PASSED", "SKIPPED", "ERROR", "XFAIL")
+_SKIP_COUNT_RE = re.compile(r"^\[\d+\]$")
+_V2_COLOUR_RE = re.compile(r"\[(\d+)m")
+_V2_CONTROL = str.maketrans("", "", "".join(chr(c) for c in range(1, 32)))
+_OPTION_RE = re.compile(r"(.*?)\[(.*)\]")
 
 
-_PATH_PARAM_REPOS = ("pydicom/pydicom", "psf/requests", "pylint-dev/pylint")
-
-
-def _normalize_path_param(test: str) -> str:
-    """SWE-bench's rule for pydicom, requests and pylint: a ``[/abs/path/x]`` parameter becomes ``[/x]`` (left
-    alone when it holds ``//`` or ``*``)."""
-    m = re.match(r"^(.*?)\[(/.*)\]$", test)
-    if not m or "//" in m.group(2) or "*" in m.group(2):
-        return test
-    return "%s[/%s]" % (m.group(1), m.group(2).split("/")[-1])
+def _pytest_pairs(log: str, rewrite: Optional[Callable[[str], str]] = None) -> Iterator[Tuple[str, str]]:
+    """(status, id) of pytest -rA summary lines: the status word starts the line, the id is the next word
+    (FAILED lines lose their ' - '), pytest's `SKIPPED [N] file:line` summaries are no test."""
+    for line in log.split("\n"):
+        if rewrite is not None:
+            line = rewrite(line)
+        if not line.startswith(_STATUS_PREFIXES):
+            continue
+        if line.startswith("FAILED"):
+            line = line.replace(" - ", " ")
+        words = line.split()
+        if len(words) <= 1 or (words[0] == "SKIPPED" and _SKIP_COUNT_RE.match(words[1])):
+            continue
+        yield words[0], words[1]
 
 
 def parse_log_pytest(log: str, repo: str = "") -> Dict[str, str]:
-    """pytest ``-rA`` summary lines (status first) and verbose lines (status last); ANSI colour removed.
-    Per repository as SWE-bench does: path parameters of pydicom/requests/pylint cut to ``[/basename]``,
-    matplotlib's ``MouseButton.LEFT/RIGHT`` written ``1``/``3``. XPASS is not a SWE-bench status."""
-    statuses: Dict[str, str] = {}
-    for raw in log.splitlines():
-        line = _ANSI_RE.sub("", raw).rstrip()
-        m = _PYTEST_STATUS_RE.match(line)
+    """pytest -rA: ``STATUS id`` summary lines (most repositories)."""
+    return {test: status for status, test in _pytest_pairs(log)}
+
+
+def parse_log_pytest_options(log: str, repo: str = "") -> Dict[str, str]:
+    """pytest -rA with path parameters cut to their last part (requests, pydicom, pylint): ``t[/a/b/c]`` is
+    keyed ``t[/c]`` (left alone when the parameter holds ``//`` or ``*``)."""
+    out = {}
+    for status, test in _pytest_pairs(log):
+        m = _OPTION_RE.search(test)
         if m:
-            status, rest = m.group(1), m.group(2)
-            if status == "SKIPPED" and rest.startswith("["):
-                continue  # "SKIPPED [1] file.py:12: reason" names a location, not a test
-            test = _pytest_id(rest, status)
-        else:
-            m = _PYTEST_VERBOSE_RE.match(line)
-            if not m or "::" not in m.group(1):
-                continue
-            test, status = m.group(1).strip(), m.group(2)
-        if status == "XPASS":
+            main, option = m.groups()
+            if option.startswith("/") and not option.startswith("//") and "*" not in option:
+                option = "/" + option.split("/")[-1]
+            test = "%s[%s]" % (main, option)
+        out[test] = status
+    return out
+
+
+def parse_log_matplotlib(log: str, repo: str = "") -> Dict[str, str]:
+    """pytest -rA with ``MouseButton.LEFT``/``RIGHT`` written ``1``/``3`` (as matplotlib's dataset ids are)."""
+    return {test: status for status, test in _pytest_pairs(
+        log, lambda line: line.replace("MouseButton.LEFT", "1").replace("MouseButton.RIGHT", "3"))}
+
+
+def parse_log_pytest_v2(log: str, repo: str = "") -> Dict[str, str]:
+    """pytest with colour codes removed (astropy, scikit-learn, sphinx): ``STATUS id ...`` keyed by the rest of
+    the line (FAILED and XFAIL lines without their `` - message``), or an older pytest's ``id STATUS``."""
+    out = {}
+    for line in log.split("\n"):
+        line = _V2_COLOUR_RE.sub("", line).translate(_V2_CONTROL)
+        if line.startswith(_STATUS_PREFIXES):
+            if line.startswith(("FAILED", "XFAIL")):
+                line = line.split(" - ", 1)[0]
+            words = line.split()
+            if len(words) >= 2 and not (words[0] == "SKIPPED" and _SKIP_COUNT_RE.match(words[1])):
+                out[" ".join(words[1:])] = words[0]
+        elif line.endswith(_STATUS_PREFIXES):
+            words = line.split()
+            if len(words) >= 2:
+                out[" ".join(words[:-1])] = words[-1]
+    return out
+
+
+def parse_log_seaborn(log: str, repo: str = "") -> Dict[str, str]:
+    """seaborn: FAILED and PASSED lines only (an XFAIL or SKIPPED test is not in the map, so it fails)."""
+    out = {}
+    for line in log.split("\n"):
+        words = line.split()
+        if len(words) < 2:
             continue
-        if repo in _PATH_PARAM_REPOS:
-            test = _normalize_path_param(test)
-        elif repo == "matplotlib/matplotlib":
-            test = test.replace("MouseButton.LEFT", "1").replace("MouseButton.RIGHT", "3")
-        statuses[test] = status
-    return statuses
+        if line.startswith("FAILED"):
+            out[words[1]] = "FAILED"
+        elif " PASSED " in line:
+            if words[1] == "PASSED":
+                out[words[0]] = "PASSED"
+        elif line.startswith("PASSED"):
+            out[words[1]] = "PASSED"
+    return out
 
 
-_DJANGO_LINE_RE = re.compile(r"^(.*?) \.\.\. ?(.*)$")
-_DJANGO_ID_RE = re.compile(r"^(\w+) \(([\w.]+)\)")
-
-
-def _django_ids(text: str) -> List[str]:
-    """The test id as printed, plus its other spelling: Python 3.11+ writes ``name (module.Class.name)`` where
-    older ones wrote ``name (module.Class)``; datasets hold whichever their image printed, so both are kept."""
-    text = text.strip()
-    m = _DJANGO_ID_RE.match(text)
-    if not m or m.end() != len(text):
-        return [text]
-    name, where = m.group(1), m.group(2)
-    if where.endswith("." + name):
-        return [text, "%s (%s)" % (name, where[:-len(name) - 1])]
-    return [text, "%s (%s.%s)" % (name, where, name)]
-
-
-def _django_status(word: str) -> Optional[str]:
-    word = word.strip()
-    if word in ("ok", "OK"):
-        return "PASSED"
-    if word.startswith("skipped"):
-        return "SKIPPED"
-    if word == "FAIL":
-        return "FAILED"
-    if word == "ERROR":
-        return "ERROR"
-    if word == "expected failure":
-        return "XFAIL"
-    if word == "unexpected success":
-        return "FAILED"
-    return None
+_DJANGO_PASS_SUFFIXES = (" ... ok", " ... OK", " ...  OK")
+# django's logger sometimes prints a long message between a test's "..." and its "ok" (SWE-bench's three forms)
+_DJANGO_SPLIT_RES = tuple(re.compile(p, re.M) for p in (
+    r"^(.*?)\s\.\.\.\sTesting\ against\ Django\ installed\ in\ ((?s:.*?))\ silenced\)\.\nok$",
+    r"^(.*?)\s\.\.\.\sInternal\ Server\ Error:\ \/(.*)\/\nok$",
+    r"^(.*?)\s\.\.\.\sSystem check identified no issues \(0 silenced\)\nok$"))
 
 
 def parse_log_django(log: str, repo: str = "") -> Dict[str, str]:
-    """Django's test runner at verbosity 2 (unittest's verbose format): ``name (module.Class) ... ok``, a bare
-    ``ok`` completing an earlier ``...`` line, other output landing in between, ``FAIL:``/``ERROR:`` headers."""
-    statuses: Dict[str, str] = {}
-    pending: Optional[List[str]] = None
+    """django's runner at verbosity 2: ``name (module.Class) ... ok|FAIL|ERROR|skipped``, a later line starting
+    ``ok`` completing the last ``...`` line, ``FAIL:``/``ERROR:`` headers (keyed by the name alone). An ``expected
+    failure`` or ``unexpected success`` is not in the map (it fails), and an id is kept as printed (Python 3.11's
+    ``name (module.Class.name)`` does not match a dataset's ``name (module.Class)``)."""
+    out: Dict[str, str] = {}
+    prev = None
+    for line in log.split("\n"):
+        line = line.strip()
+        if "--version is equivalent to version" in line:
+            out["--version is equivalent to version"] = "PASSED"
+        if " ... " in line:
+            prev = line.split(" ... ")[0]
+        for suffix in _DJANGO_PASS_SUFFIXES:
+            if line.endswith(suffix):
+                if line.startswith("Applying sites.0002_alter_domain_unique...test_no_migrations"):
+                    line = line.split("...", 1)[-1].strip()  # SWE-bench's fix for django__django-7188
+                out[line.rsplit(suffix, 1)[0]] = "PASSED"
+                break
+        if " ... skipped" in line:
+            out[line.split(" ... skipped")[0]] = "SKIPPED"
+        if line.endswith(" ... FAIL"):
+            out[line.split(" ... FAIL")[0]] = "FAILED"
+        if line.startswith("FAIL:"):
+            out[line.split()[1].strip()] = "FAILED"
+        if line.endswith(" ... ERROR"):
+            out[line.split(" ... ERROR")[0]] = "ERROR"
+        if line.startswith("ERROR:"):
+            out[line.split()[1].strip()] = "ERROR"
+        if line.lstrip().startswith("ok") and prev is not None:
+            out[prev] = "PASSED"
+    for pattern in _DJANGO_SPLIT_RES:
+        for m in pattern.finditer(log):
+            out[m.group(1)] = "PASSED"
+    return out
 
-    def put(ids: List[str], status: str) -> None:
-        for test in ids:
-            statuses[test] = status
 
-    for raw in log.splitlines():
-        line = _ANSI_RE.sub("", raw).rstrip()
-        m = _DJANGO_LINE_RE.match(line)
-        if m and m.group(1).strip():
-            ids = _django_ids(m.group(1))
-            status = _django_status(m.group(2))
-            if status:
-                put(ids, status)
-                pending = None
-            else:
-                pending = ids  # the status comes on a later line
-            continue
-        m = re.match(r"^(FAIL|ERROR): (.+)$", line)
-        if m:
-            put(_django_ids(m.group(2)), "FAILED" if m.group(1) == "FAIL" else "ERROR")
-            continue
-        if pending is not None:
-            status = _django_status(line)
-            if status:
-                put(pending, status)
-                pending = None
-    return statuses
+_SYMPY_BANNER_RE = re.compile(r"(_*) (.*)\.py:(.*) (_*)")
 
 
 def parse_log_sympy(log: str, repo: str = "") -> Dict[str, str]:
-    """sympy's ``bin/test --verbose``: ``test_x ok|F|E|f|s`` lines; a banner ``___ path.py:test_x ___`` is a
-    failure."""
-    statuses: Dict[str, str] = {}
-    word = {"ok": "PASSED", "F": "FAILED", "E": "ERROR", "f": "XFAIL", "s": "SKIPPED"}
-    for raw in log.splitlines():
-        line = _ANSI_RE.sub("", raw).strip()
-        m = re.match(r"^_+ (\S+?\.py):(\S+) _+$", line)
-        if m:
-            statuses[m.group(2)] = "FAILED"
-            continue
-        m = re.match(r"^(test_\w+) (ok|F|E|f|s)\b", line)
-        if m and not (m.group(1) in statuses and statuses[m.group(1)] == "FAILED" and m.group(2) == "ok"):
-            statuses[m.group(1)] = word[m.group(2)]
-    return statuses
+    """sympy's ``bin/test --verbose``: ``___ path.py:test_x ___`` banners are failures, ``test_x ok|F|E`` lines
+    their status (an ``f``, expected failure, is not in the map: it fails)."""
+    out = {"%s.py:%s" % (m[1], m[2]): "FAILED" for m in _SYMPY_BANNER_RE.findall(log)}
+    for line in log.split("\n"):
+        line = line.strip()
+        if line.startswith("test_"):
+            if line.endswith(" E"):
+                out[line.split()[0]] = "ERROR"
+            if line.endswith(" F"):
+                out[line.split()[0]] = "FAILED"
+            if line.endswith(" ok"):
+                out[line.split()[0]] = "PASSED"
+    return out
 
 
-_LOG_PARSERS = {"pytest": parse_log_pytest, "django": parse_log_django, "sympy": parse_log_sympy}
-
-
-def _test_region(log: str) -> Optional[str]:
-    """The text between the start and end markers; None when a marker is missing or a failure marker appears."""
-    if any(bad in log for bad in _BAD_LOG_MARKERS):
-        return None
-    start, end = log.find(START_MARKER), log.find(END_MARKER)
-    if start == -1 or end == -1 or end < start:
-        return None
-    return log[log.index("\n", start) + 1 if "\n" in log[start:] else start:end]
+_LOG_PARSERS = {"pytest": parse_log_pytest, "pytest_options": parse_log_pytest_options,
+                "pytest_v2": parse_log_pytest_v2, "matplotlib": parse_log_matplotlib, "seaborn": parse_log_seaborn,
+                "django": parse_log_django, "sympy": parse_log_sympy}
+# Evidence that a runner ran although nothing parsed (SWE-bench 5.0.2's SUITE_RAN, for the runners it knows)
+_SUITE_RAN_RE = re.compile(
+    r"Executed [1-9]\d* of \d+|TOTAL: [1-9]\d* (?:SUCCESS|FAILED)|[1-9]\d* passing|Tests:\s+[1-9]\d*"
+    r"|Test Suites:\s+(?:\d+ \w+, )*[1-9]\d* total|^# tests [1-9]\d*|[1-9]\d* specs?, \d+ failures?|': ok$", re.M)
+_EXIT_CODE_RE = re.compile(r">>>>> Test Exit Code:\s*(-?\d+)")
 
 
 def parse_test_log(log: str, parser: str, repo: str = "") -> Tuple[Optional[Dict[str, str]], Optional[int]]:
-    """(test statuses, test exit code) of an eval log; statuses None when the log shows the tests did not run
-    properly (missing markers, apply/timeout failure markers). The exit code is the last one printed after the
-    end marker: text before it (the model's own diff is printed) cannot fake it."""
-    region = _test_region(log)
+    """(test statuses, test exit code) of an eval log, as SWE-bench 5.0.2's get_logs_eval reads it: statuses None
+    when a failure marker appears (patch apply, reset, errored, timed out), a start or end marker is missing, or
+    nothing parsed and nothing shows a runner ran. The statuses come from the text between the markers, else (as
+    when a runner wrote outside them) from the whole log. The exit code is what the eval script printed."""
     code = None
-    end = log.rfind(END_MARKER)
-    codes = re.findall(r">>>>> Test Exit Code: (-?\d+)", log[end:]) if end != -1 else []
-    if codes:
-        code = int(codes[-1])
-    if region is None:
+    m = _EXIT_CODE_RE.search(log)  # the first one, as 5.0.2 reads it
+    if m:
+        code = int(m.group(1))
+    if any(bad in log for bad in _BAD_LOG_MARKERS) or START_MARKER not in log or END_MARKER not in log:
         return None, code
     fn = _LOG_PARSERS[parser]
-    statuses = fn(region, repo)
+    statuses = fn(log.split(START_MARKER)[1].split(END_MARKER)[0], repo)
     if not statuses:
-        statuses = fn(log, repo)  # SWE-bench 4.1's fallback: parse the whole log
+        statuses = fn(log, repo)
+    if not statuses and not _SUITE_RAN_RE.search(log):
+        return None, code
     return statuses, code
 
 
-def _lookup_status(statuses: Dict[str, str], test: str) -> Optional[str]:
-    if test in statuses:
-        return statuses[test]
-    if "[" in test and not test.endswith("]"):  # ids cut short in the dataset (SWE-bench #290): prefix match
-        hits = [s for t, s in statuses.items() if t.startswith(test)]
-        if hits:
-            return "FAILED" if any(h in ("FAILED", "ERROR") for h in hits) else hits[0]
+_PASSING = ("PASSED", "XFAIL")
+
+
+def _resolve_case(case: str, statuses: Dict[str, str]) -> Optional[str]:
+    """The status-map key of a dataset test id: the id itself, or for an id cut short inside its parameters
+    (more ``[`` than ``]``, SWE-bench #290) the first key it starts, when all such keys agree on pass or fail."""
+    if case in statuses:
+        return case
+    if case.count("[") > case.count("]"):
+        hits = [k for k in statuses if k.startswith(case)]
+        if hits and len({statuses[k] in _PASSING for k in hits}) == 1:
+            return hits[0]
     return None
 
 
 def grade_tests(statuses: Optional[Dict[str, str]], f2p: Sequence[str], p2p: Sequence[str],
-                test_exit_code: Optional[int]) -> Dict[str, Any]:
-    """SWE-bench's verdict. A FAIL_TO_PASS test passes only as PASSED or XFAIL (SKIPPED fails it); a PASS_TO_PASS
-    test passes as PASSED, XFAIL or SKIPPED; a test missing from the log fails. resolved ⇔ all pass. A non-zero
-    test exit code with no FAILED/ERROR anywhere is rejected (a patch cannot pass by printing PASSED lines)."""
+                test_exit_code: Optional[int], *, exit_code_rule: bool = False) -> Dict[str, Any]:
+    """SWE-bench 5.0.2's verdict. A FAIL_TO_PASS test succeeds as PASSED or XFAIL and fails when missing, FAILED,
+    ERROR or SKIPPED; a PASS_TO_PASS test succeeds as PASSED, XFAIL or SKIPPED and fails when missing, FAILED or
+    ERROR; any other status counts for neither. resolved ⇔ nothing failed (and something succeeded, or the list
+    is empty). ``exit_code_rule`` (a row's own eval script printed the exit code, as 5.x scripts do): a non-zero
+    exit with no FAILED/ERROR in the map is rejected, as 5.0.2 does; otherwise it is only reported as
+    ``warning`` (SWE-bench's own scripts print no exit code, so the official verdict never sees it)."""
     statuses = statuses or {}
     report: Dict[str, Any] = {}
-    for key, tests, good in (("FAIL_TO_PASS", f2p, ("PASSED", "XFAIL")),
-                             ("PASS_TO_PASS", p2p, ("PASSED", "XFAIL", "SKIPPED"))):
-        ok = [t for t in tests if _lookup_status(statuses, t) in good]
-        report[key] = {"success": ok, "failure": [t for t in tests if t not in ok]}
+    for key, tests, good in (("FAIL_TO_PASS", f2p, _PASSING), ("PASS_TO_PASS", p2p, _PASSING + ("SKIPPED",))):
+        ok, bad = [], []
+        for test in tests:
+            k = _resolve_case(test, statuses)
+            status = statuses[k] if k is not None else None
+            if status in good:
+                ok.append(test)
+            elif status is None or status in ("FAILED", "ERROR", "SKIPPED"):
+                bad.append(test)
+        report[key] = {"success": ok, "failure": bad}
     report["FAIL_TO_FAIL"] = {"success": [], "failure": []}
     report["PASS_TO_FAIL"] = {"success": [], "failure": []}
     all_pass = not report["FAIL_TO_PASS"]["failure"] and not report["PASS_TO_PASS"]["failure"]
-    rejected = None
-    if all_pass and test_exit_code not in (None, 0) and not any(s in ("FAILED", "ERROR") for s in statuses.values()):
-        rejected = "the test command exited %d but the log shows no failure" % test_exit_code
-    return {"tests_status": report, "resolved": all_pass and rejected is None, "rejected": rejected}
+    odd = None
+    if test_exit_code not in (None, 0) and statuses and not any(s in ("FAILED", "ERROR") for s in statuses.values()):
+        odd = "the test command exited %d but the log shows no failure" % test_exit_code
+    rejected = odd if exit_code_rule else None
+    return {"tests_status": report, "resolved": all_pass and rejected is None, "rejected": rejected,
+            "warning": odd if not exit_code_rule else None}
+
+
+def swe_verdict(inst: "SWEInstance", log: str) -> Dict[str, Any]:
+    """The official verdict on one eval log: resolved, found (the log has results: SWE-bench's
+    patch_successfully_applied), tests_status, statuses, test_exit_code, rejected and warning."""
+    parser = inst.log_parser or _SWE_PARSER_OF_REPO.get(inst.repo, "pytest")
+    statuses, code = parse_test_log(log, parser, inst.repo)
+    if statuses is None:
+        return {"resolved": False, "found": False, "tests_status": None, "statuses": None, "test_exit_code": code,
+                "rejected": None, "warning": None}
+    verdict = grade_tests(statuses, inst.fail_to_pass, inst.pass_to_pass, code,
+                          exit_code_rule=inst.eval_script is not None)
+    if verdict["rejected"]:
+        return dict(verdict, resolved=False, found=False, statuses=statuses, test_exit_code=code)
+    return dict(verdict, found=True, statuses=statuses, test_exit_code=code)
 
 
 def _patch_files(patch: str) -> List[Tuple[str, str]]:
@@ -6898,37 +6975,44 @@ def _test_directives(inst: SWEInstance) -> List[str]:
     return paths
 
 
+def swe_spec(inst: SWEInstance) -> Dict[str, Any]:
+    """What scoring runs for an instance: the spec table's row for its (repo, version), with the row's own
+    test_cmd and install taking precedence; ``known`` says whether the table had the version."""
+    row = _SWE_SPEC_OF.get((inst.repo, inst.version))
+    cmd, install, evals = row or (_SWE_TEST_CMD_OF_REPO.get(inst.repo, _SWE_DEFAULT_TEST_CMD), None, ())
+    return {"test_cmd": inst.test_cmd or cmd, "install": inst.install if inst.install is not None else install,
+            "eval_commands": list(evals), "known": row is not None}
+
+
 def swe_test_command(inst: SWEInstance) -> str:
+    """The graded test command: a row's test_cmd as given, else the spec's command and the test directives."""
     if inst.test_cmd:
         return inst.test_cmd
-    base = _SWE_TEST_CMDS.get(inst.repo, _SWE_DEFAULT_TEST_CMD)
-    for (repo, versions), cmd in _SWE_TEST_CMDS_BY_VERSION.items():
-        if inst.repo == repo and inst.version in versions:
-            base = cmd
-    return " ".join([base] + [shlex.quote(d) for d in _test_directives(inst)])
+    return " ".join([swe_spec(inst)["test_cmd"]] + _test_directives(inst))
 
 
 def swe_eval_script(inst: SWEInstance) -> str:
-    """The eval script, shaped like SWE-bench's: no ``-e`` (the final revert always runs), xtrace markers, test
-    files reset to the base commit and the test patch applied from a quoted heredoc, test exit code printed."""
+    """The eval script in the official builder's order (SWE-bench 4.1.0 make_eval_script_list_py): activate the
+    testbed environment, cd, the spec's eval_commands, informational git output, activate again, the spec's
+    install step (so a non-editable install or a native build sees the patch), reset the test files to the base
+    commit, the test patch from a quoted heredoc, the markers around the test command, the reset again. No ``-e``:
+    the final reset always runs. Two additions change no verdict: the activation runs only where
+    /opt/miniconda3/bin/activate exists (images without conda keep working), and the test command's exit code is
+    printed after the end marker (reported, see grade_tests). A row's own eval_script is used as given."""
     if inst.eval_script:
         return inst.eval_script
+    spec = swe_spec(inst)
+    wd = inst.workdir
     existing = [old for old, _ in _patch_files(inst.test_patch) if old != "/dev/null"]
-    reset = "git checkout %s %s" % (shlex.quote(inst.base_commit), " ".join(shlex.quote(f) for f in existing)) \
-        if existing else ":"
-    lines = ["#!/bin/bash", "set -uxo pipefail",
-             "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
-             "conda activate testbed; fi",
-             "cd %s" % shlex.quote(inst.workdir),
-             "git config --global --add safe.directory %s" % shlex.quote(inst.workdir)]
-    if inst.repo == "django/django":
-        lines.append("export LANG=en_US.UTF-8 LC_ALL=en_US.UTF-8 PYTHONIOENCODING=utf8")
-    lines += ["git status", "git -c core.fileMode=false diff %s" % shlex.quote(inst.base_commit)]
-    if inst.install:
-        lines.append(inst.install)
-    lines += [reset,
-              "git apply -v - <<'%s'\n%s%s%s" % (_HEREDOC, inst.test_patch,
-                                                "" if inst.test_patch.endswith("\n") else "\n", _HEREDOC),
+    reset = "git checkout %s %s" % (inst.base_commit, " ".join(existing))
+    activate = "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; " \
+               "conda activate testbed; fi"
+    lines = ["#!/bin/bash", "set -uxo pipefail", activate, "cd %s" % wd] + spec["eval_commands"] + [
+        "git config --global --add safe.directory %s" % wd, "cd %s" % wd, "git status", "git show",
+        "git -c core.fileMode=false diff %s" % inst.base_commit, activate]
+    if spec["install"]:
+        lines.append(spec["install"])
+    lines += [reset, "git apply -v - <<'%s'\n%s\n%s" % (_HEREDOC, inst.test_patch, _HEREDOC),
               ": '%s'" % START_MARKER, swe_test_command(inst), "rc=$?", ": '%s'" % END_MARKER,
               "echo '>>>>> Test Exit Code: '$rc", reset]
     return "\n".join(lines) + "\n"
@@ -7167,10 +7251,20 @@ def collect_patch(container: Container) -> str:
 # ----------------------------------------------------------------------------- scoring
 
 
+# SWE-bench 5.0.2's patch-apply chain (harness/constants GIT_APPLY_CMDS, run_evaluation.py): each try starts from a
+# pristine tree (a failed --reject leaves hunks behind), and a chain that failed throughout still counts as applied
+# when the patch turns out to be in the tree (it reverses cleanly). The patch goes in as written: one without its
+# final newline is a corrupt patch there, so it is here.
+SWE_APPLY_CMDS = ("git apply --verbose", "git apply --verbose --3way", "git apply --verbose --reject",
+                  "patch --batch --forward --fuzz=5 -p1 -i")
+SWE_APPLY_RESET = "git checkout -- . ; git clean -fd"
+_PATCH_PATH = "/tmp/patch.diff"
+
+
 def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: str, *, run_id: str,
                 opts: SWEOptions) -> Dict[str, Any]:
-    """Score one patch in a fresh container of the instance's image: apply (git apply, then --reject, then
-    patch --fuzz), reset test files, apply the test patch, run the tests between markers, parse, grade.
+    """Score one patch in a fresh container of the instance's image: apply it (SWE_APPLY_CMDS), run the eval
+    script (swe_eval_script: install, test patch, tests between markers), parse and grade as SWE-bench 5.0.2.
     Returns outcome (resolved | unresolved | empty_patch | apply_failed | error) with the details."""
     t0 = time.monotonic()
     if not patch.strip():
@@ -7179,16 +7273,23 @@ def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: st
     box = Container(docker, pool, inst.image, run_id=run_id, instance_id=inst.id, role="eval",
                     config=opts.sandbox).start()
     try:
-        box.write_file("/tmp/patch.diff", patch.encode("utf-8") if patch.endswith("\n") else
-                       (patch + "\n").encode("utf-8"))
+        box.write_file(_PATCH_PATH, patch.encode("utf-8"))
         applied_with, apply_log = None, []
-        for cmd in ("git apply --verbose /tmp/patch.diff", "git apply --verbose --reject /tmp/patch.diff",
-                    "patch --batch --fuzz=5 -p1 -i /tmp/patch.diff"):
+        for attempt, apply in enumerate(SWE_APPLY_CMDS):
+            if attempt:
+                box.exec(SWE_APPLY_RESET, timeout_s=120)
+            cmd = "%s %s" % (apply, _PATCH_PATH)
             res = box.exec(cmd, timeout_s=120)
             apply_log.append("$ %s (exit %d)\n%s" % (cmd, res.returncode, res.output))
             if res.returncode == 0:
                 applied_with = cmd
                 break
+        if applied_with is None:
+            cmd = "git apply --check --reverse %s" % _PATCH_PATH
+            res = box.exec(cmd, timeout_s=120)
+            apply_log.append("$ %s (exit %d)\n%s" % (cmd, res.returncode, res.output))
+            if res.returncode == 0:
+                applied_with = cmd  # the chain left the patch applied although each command exited non-zero
         if applied_with is None:
             return {"outcome": "apply_failed", "resolved": False, "patch_applied": False,
                     "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": None,
@@ -7201,18 +7302,22 @@ def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: st
             return {"outcome": "error", "resolved": False, "patch_applied": True, "applied_with": applied_with,
                     "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": None,
                     "test_output": log, "error": "tests timed out after %d s" % int(opts.eval_timeout_s)}
-        parser = inst.log_parser or _SWE_PARSER_OF_REPO.get(inst.repo, "pytest")
-        statuses, code = parse_test_log(log, parser, inst.repo)
-        if statuses is None:
+        verdict = swe_verdict(inst, log)
+        code = verdict["test_exit_code"]
+        if verdict["rejected"]:
+            return {"outcome": "unresolved", "resolved": False, "patch_applied": True, "applied_with": applied_with,
+                    "tests_status": verdict["tests_status"], "rejected": verdict["rejected"], "test_exit_code": code,
+                    "test_statuses": verdict["statuses"], "eval_s": round(time.monotonic() - t0, 3),
+                    "test_output": log}
+        if not verdict["found"]:
             return {"outcome": "error", "resolved": False, "patch_applied": True, "applied_with": applied_with,
                     "eval_s": round(time.monotonic() - t0, 3), "tests_status": None, "test_exit_code": code,
-                    "test_output": log, "error": "the eval log lacks its markers (the test patch did not apply or "
-                                                 "the script broke)"}
-        verdict = grade_tests(statuses, inst.fail_to_pass, inst.pass_to_pass, code)
+                    "test_output": log, "error": "the eval log has no test results (a marker is missing, the test "
+                                                 "patch did not apply, or the script broke)"}
         return {"outcome": "resolved" if verdict["resolved"] else "unresolved", "resolved": verdict["resolved"],
                 "patch_applied": True, "applied_with": applied_with, "tests_status": verdict["tests_status"],
-                "rejected": verdict["rejected"], "test_exit_code": code, "test_statuses": statuses,
-                "eval_s": round(time.monotonic() - t0, 3), "test_output": log}
+                "rejected": None, "warning": verdict["warning"], "test_exit_code": code,
+                "test_statuses": verdict["statuses"], "eval_s": round(time.monotonic() - t0, 3), "test_output": log}
     finally:
         box.remove()
 
@@ -7305,7 +7410,8 @@ def _swe_record(inst: SWEInstance, model: str, patch: str, scored: Dict[str, Any
            "category": inst.repo, "repo": inst.repo, "scorer": "swebench", "image": inst.image,
            "outcome": scored["outcome"], "resolved": bool(scored.get("resolved")),
            "patch_applied": scored.get("patch_applied"), "applied_with": scored.get("applied_with"),
-           "rejected": scored.get("rejected"), "test_exit_code": scored.get("test_exit_code"),
+           "rejected": scored.get("rejected"), "eval_warning": scored.get("warning"),
+           "test_exit_code": scored.get("test_exit_code"),
            "f2p": [len(f2p.get("success", [])), len(inst.fail_to_pass)],
            "p2p": [len(p2p.get("success", [])), len(inst.pass_to_pass)], "tests_status": ts or None,
            "model_name_or_path": model, "model_patch": patch, "patch_bytes": len(patch.encode("utf-8")),
@@ -7700,6 +7806,11 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     _auto_report(store.dir)
     title = "evalharness swe%s | model %s | dataset %s | %s" % (" (score only)" if cfg.score_only else "", model,
                                                                 dataset.name, status)
+    odd = [r["id"] for r in records if r.get("eval_warning")]
+    if odd:
+        _log.warning("%d instance(s) resolved although their test command exited non-zero with no failure in the "
+                     "log (the official verdict; 'eval_warning' in %s), e.g. %s", len(odd),
+                     store.path(RunStore.SAMPLES), odd[0])
     return _end_run(cfg, summary, title, _swe_line(report) + "\n", store, runner, stdout, "instance")
 
 # =============================================================================
