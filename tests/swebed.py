@@ -1,6 +1,10 @@
 """SWE test bed: a Debian base image with bash, git, python3 and pytest built offline-capable with debootstrap, and
 three small task images with a git repo at /testbed and a real failing test each (pytest, django-style and
-sympy-style output), plus their SWE-bench instance rows (gold, test, skip and broken patches).
+sympy-style output), plus their SWE-bench instance rows (gold, test, skip and broken patches): `build_task_images`.
+`build_layout_images` builds two more in SWE-bench's own image layout (a conda-style env at
+/opt/miniconda3/envs/testbed), where the official eval script must re-run the install step for the fix to count:
+"djsetup" (django 2.2, ``python setup.py install``) and "xtbuild" (xarray 2022.03, ``python -m pip install -e .``
+with a build step).
 
 Images are built once per machine and reused: the base image is cached as a tarball under
 ``$EVALHARNESS_TESTBED_CACHE`` (default /var/cache/evalharness-testbed, or ~/.cache/evalharness-testbed when that
@@ -179,7 +183,8 @@ def _calc() -> dict:
             "skip": {"conftest.py": "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
                                     "    for item in items:\n        if item.name.startswith('test_mul'):\n"
                                     "            item.add_marker(pytest.mark.skip(reason='not today'))\n"},
-            "f2p": ["tests/test_calc.py::test_mul[two times three]", "tests/test_calc.py::test_mul[zero [edge]]"],
+            # as SWE-bench's pytest parser keys them (the word after the status): cut at the first space, #290
+            "f2p": ["tests/test_calc.py::test_mul[two", "tests/test_calc.py::test_mul[zero"],
             "p2p": ["tests/test_calc.py::test_add"]}
 
 
@@ -235,8 +240,9 @@ def _djangoish() -> dict:
             "gold": {"shop/pricing.py": files["shop/pricing.py"].replace("/ 10", "/ 100")},
             "test": {"tests/pricing/tests.py": tests_after},
             "skip": {"tests/runtests.py": skip_runner},
-            "f2p": ["test_ten_percent (pricing.tests.PricingTests)"],
-            "p2p": ["test_no_discount (pricing.tests.PricingTests)"]}
+            # Python 3.11's unittest spelling, which this image's runner prints (SWE-bench keys ids as printed)
+            "f2p": ["test_ten_percent (pricing.tests.PricingTests.test_ten_percent)"],
+            "p2p": ["test_no_discount (pricing.tests.PricingTests.test_no_discount)"]}
 
 
 _BIN_TEST = '''#!/usr/bin/env python3
@@ -337,46 +343,65 @@ def _diff(repo: str, changes: Dict[str, str], executable=()) -> str:
     return patch
 
 
+def _commit(repo: str, spec: dict) -> dict:
+    """Commit ``spec["files"]`` as the base commit of a new repository at ``repo``; return the base commit and the
+    gold, test, skip and broken patches against it."""
+    os.makedirs(repo)
+    _git(repo, "init", "-q", "-b", "main")
+    execs = spec.get("executable", ())
+    _write(repo, spec["files"], execs)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "initial commit")
+    out = {"base_commit": _git(repo, "rev-parse", "HEAD").strip(), "gold": _diff(repo, spec["gold"], execs),
+           "test": _diff(repo, spec["test"], execs), "skip": _diff(repo, spec["skip"], execs)}
+    # the first removed line of the gold patch changed, so its hunk no longer matches the file
+    out["broken"] = re.sub(r"^(-(?!--).*)$", r"\1  # not in the file", out["gold"], count=1, flags=re.M)
+    return out
+
+
+def _build_image(ref: str, digest: str, work: str, dockerfile: str, log) -> None:
+    """Build ``ref`` from the context ``work`` unless the image there already carries ``digest``."""
+    if _image_label(ref) == digest:
+        return
+    with open(os.path.join(work, "Dockerfile"), "w") as fh:
+        fh.write(dockerfile + "LABEL %s=%s\nCMD [\"/bin/bash\"]\n" % (LABEL, digest))
+    t0 = time.monotonic()
+    _run(["docker", "build", "-q", "-t", ref, work], env=dict(os.environ, DOCKER_BUILDKIT="0"))
+    log("swebed: built %s in %.1f s" % (ref, time.monotonic() - t0))
+
+
+def _base_id(log) -> str:
+    base = ensure_base_image(log)
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", base], stdout=subprocess.PIPE,
+                          universal_newlines=True).stdout.strip()
+
+
+def _row(spec: dict, made: dict, ref: str, version: str) -> dict:
+    return {"instance_id": "evh__%s-1" % spec["key"], "repo": spec["repo"], "base_commit": made["base_commit"],
+            "problem_statement": spec["problem"], "patch": made["gold"], "test_patch": made["test"],
+            "FAIL_TO_PASS": json.dumps(spec["f2p"]), "PASS_TO_PASS": json.dumps(spec["p2p"]),
+            "version": version, "image": ref, "_skip_patch": made["skip"], "_broken_patch": made["broken"]}
+
+
 def build_task_images(log=print) -> List[dict]:
     """Build (or reuse) the three task images; return their SWE-bench instance rows plus extra patches under
     "_skip_patch" and "_broken_patch"."""
-    base = ensure_base_image(log)
-    base_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", base], stdout=subprocess.PIPE,
-                             universal_newlines=True).stdout.strip()
+    base_id = _base_id(log)
     rows = []
     with _Lock("tasks"):
         for make in TASKS:
             spec = make()
             work = tempfile.mkdtemp(prefix="swe-task-")
             try:
-                repo = os.path.join(work, "testbed")
-                os.makedirs(repo)
-                _git(repo, "init", "-q", "-b", "main")
-                _write(repo, spec["files"], spec.get("executable", ()))
-                _git(repo, "add", "-A")
-                _git(repo, "commit", "-q", "-m", "initial commit")
-                base_commit = _git(repo, "rev-parse", "HEAD").strip()
-                execs = spec.get("executable", ())
-                gold = _diff(repo, spec["gold"], execs)
-                test_patch = _diff(repo, spec["test"], execs)
-                skip = _diff(repo, spec["skip"], execs)
-                broken = gold.replace("-    return", "-    return  # not in the file", 1)
+                made = _commit(os.path.join(work, "testbed"), spec)
                 ref = "%s:%s" % (TASK_REPO, spec["key"])
-                digest = hashlib.sha256(json.dumps([base_id, base_commit, sorted(spec["files"].items())])
+                digest = hashlib.sha256(json.dumps([base_id, made["base_commit"], sorted(spec["files"].items())])
                                         .encode()).hexdigest()[:16]
-                if _image_label(ref) != digest:
-                    with open(os.path.join(work, "Dockerfile"), "w") as fh:
-                        fh.write("FROM %s\nCOPY testbed/ /testbed/\nWORKDIR /testbed\nLABEL %s=%s\n"
-                                 "CMD [\"/bin/bash\"]\n" % (base, LABEL, digest))
-                    t0 = time.monotonic()
-                    _run(["docker", "build", "-q", "-t", ref, work], env=dict(os.environ, DOCKER_BUILDKIT="0"))
-                    log("swebed: built %s in %.1f s" % (ref, time.monotonic() - t0))
+                _build_image(ref, digest, work, "FROM %s\nCOPY testbed/ /testbed/\nWORKDIR /testbed\n" % BASE_IMAGE,
+                             log)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-            rows.append({"instance_id": "evh__%s-1" % spec["key"], "repo": spec["repo"], "base_commit": base_commit,
-                         "problem_statement": spec["problem"], "patch": gold, "test_patch": test_patch,
-                         "FAIL_TO_PASS": json.dumps(spec["f2p"]), "PASS_TO_PASS": json.dumps(spec["p2p"]),
-                         "version": "1.0", "image": ref, "_skip_patch": skip, "_broken_patch": broken})
+            rows.append(_row(spec, made, ref, "1.0"))
     return rows
 
 
@@ -385,10 +410,363 @@ def instance_rows(rows: List[dict]) -> List[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
 
 
+# ----------------------------------------------------------------------------- two images in SWE-bench's layout
+# SWE-bench's images hold a conda env at /opt/miniconda3/envs/testbed that the official eval script activates
+# (`source /opt/miniconda3/bin/activate`, `conda activate testbed`) before it re-runs the repository's install
+# step, which a test of a non-editable install or of a compiled extension depends on. These two images have
+# that layout without conda or network: a venv with Debian's pytest visible, a shell-function `conda`, a stand-in
+# pip, and a repository whose tests see a fix only once the install step has run again.
+
+_CONDA_SH = r'''# Stand-in for conda's shell hook (there is no conda in this image): `conda activate NAME`
+# puts the env's bin first on PATH in place of the active env's, `conda deactivate` takes it off.
+conda() {
+    local name prefix p
+    case "${1:-}" in
+    activate)
+        name="${2:-base}"
+        if [ "$name" = base ]; then prefix=/opt/miniconda3; else prefix="/opt/miniconda3/envs/$name"; fi
+        if [ ! -d "$prefix/bin" ]; then
+            echo "EnvironmentNameNotFound: Could not find conda environment: $name" >&2
+            return 1
+        fi
+        conda deactivate
+        export PATH="$prefix/bin:$PATH" CONDA_PREFIX="$prefix" CONDA_DEFAULT_ENV="$name" CONDA_SHLVL=1
+        ;;
+    deactivate)
+        if [ -n "${CONDA_PREFIX:-}" ]; then
+            p=":$PATH:"
+            p="${p//":$CONDA_PREFIX/bin:"/:}"
+            p="${p#:}"
+            export PATH="${p%:}" CONDA_SHLVL=0
+            unset CONDA_PREFIX CONDA_DEFAULT_ENV
+        fi
+        ;;
+    *)
+        echo "conda: this stand-in knows only 'conda activate [NAME]' and 'conda deactivate'" >&2
+        return 2
+        ;;
+    esac
+}
+'''
+
+_ACTIVATE = '''# Stand-in for conda's bin/activate: defines the conda shell function and activates NAME (default base).
+. /opt/miniconda3/etc/profile.d/conda.sh
+conda activate "${1:-base}"
+'''
+
+_PIP_INIT = '''"""Stand-in for pip in the offline SWE test bed (no network, no setuptools): only
+``python -m pip install -e DIR``, which runs ``setup.py develop`` in DIR as pip does for a legacy editable
+install."""
+__version__ = "0+swebed"
+'''
+
+_PIP_MAIN = '''import os
+import subprocess
+import sys
+
+import pip
+
+QUIET = {"-v", "--verbose", "-q", "--quiet", "--no-build-isolation", "--no-use-pep517", "--no-deps"}
+
+
+def main(argv):
+    args = [a for a in argv if a not in QUIET]
+    if args == ["--version"]:
+        print("pip %s from %s (python %d.%d)" % ((pip.__version__, os.path.dirname(pip.__file__))
+                                                 + sys.version_info[:2]))
+        return 0
+    if len(args) != 3 or args[:2] not in (["install", "-e"], ["install", "--editable"]):
+        print("ERROR: this stand-in pip (offline test bed) does only 'pip install -e DIR', not: pip %s"
+              % " ".join(argv), file=sys.stderr)
+        return 1
+    path = os.path.abspath(args[2].split("[", 1)[0])
+    print("Obtaining file://%s" % path)
+    name = subprocess.run([sys.executable, "setup.py", "--name"], cwd=path, stdout=subprocess.PIPE,
+                          universal_newlines=True).stdout.strip()
+    print("Installing collected packages: %s\\n  Running setup.py develop for %s" % (name, name), flush=True)
+    if subprocess.call([sys.executable, "setup.py", "develop"], cwd=path) != 0:
+        print("error: subprocess-exited-with-error", file=sys.stderr)
+        return 1
+    print("Successfully installed %s" % name)
+    return 0
+
+
+sys.exit(main(sys.argv[1:]))
+'''
+
+_MAKE_ENV = '''#!/bin/bash
+# The testbed env of SWE-bench's images without conda: a venv that sees Debian's pytest, the stand-in pip in its
+# site-packages, a pytest launcher on the env's python (Debian's /usr/bin/pytest runs /usr/bin/python3, which
+# would not see the env's site-packages), and ~/.bashrc activating it for login shells as SWE-bench's do.
+set -euo pipefail
+env=/opt/miniconda3/envs/testbed
+python3 -m venv --without-pip --system-site-packages "$env"
+site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cp -r /tmp/swebed/pip "$site/pip"
+printf '%s\\n' "#!$env/bin/python" "import sys" "from pytest import console_main" "sys.exit(console_main())" \\
+    > "$env/bin/pytest"
+chmod 755 "$env/bin/pytest"
+echo "source /opt/miniconda3/etc/profile.d/conda.sh && conda activate testbed" > /root/.bashrc
+'''
+
+_RUNTESTS_22 = '''#!/usr/bin/env python
+"""A tiny stand-in for django 2.2's tests/runtests.py: unittest at verbosity 2 over test labels, in the output
+format of the Pythons django 2.2 ran on (``test_x (app.tests.Class)``). As in django, sys.path[0] is tests/ and
+the code under test is the installed copy (``python setup.py install``), not the checkout."""
+import argparse
+import importlib
+import os
+import sys
+import unittest
+import unittest.util
+
+
+class _Result(unittest.TextTestResult):
+    def getDescription(self, test):
+        name = str(test)
+        if isinstance(test, unittest.TestCase):  # Python 3.11+ would print "name (module.Class.name)"
+            name = "%s (%s)" % (test._testMethodName, unittest.util.strclass(type(test)))
+        doc = test.shortDescription() if self.descriptions else None
+        return "%s\\n%s" % (name, doc) if doc else name
+
+
+ap = argparse.ArgumentParser(description="Run the test suite.")
+ap.add_argument("modules", nargs="*", metavar="module")
+ap.add_argument("-v", "--verbosity", type=int, default=1, choices=[0, 1, 2, 3])
+ap.add_argument("--settings")
+ap.add_argument("--parallel", type=int, nargs="?", default=0, const=1)
+args = ap.parse_args()
+here = os.path.dirname(os.path.abspath(__file__))
+importlib.import_module(args.settings or os.environ.get("DJANGO_SETTINGS_MODULE", "test_sqlite"))
+import shop  # noqa: E402
+if args.verbosity >= 1:
+    print("Testing against Django installed in '%s'" % os.path.dirname(shop.__file__))
+loader = unittest.defaultTestLoader
+suite = loader.loadTestsFromNames(args.modules) if args.modules else loader.discover(here, top_level_dir=here)
+print("System check identified no issues (0 silenced).")
+sys.stdout.flush()
+result = unittest.TextTestRunner(stream=sys.stdout, verbosity=args.verbosity, resultclass=_Result).run(suite)
+sys.exit(bool(result.failures or result.errors))
+'''
+
+_SETUP_INSTALL = '''"""Build script of shop, standard library only (the test bed has no setuptools or distutils):
+``python setup.py install`` copies shop/ into this Python's site-packages, a non-editable install as in
+SWE-bench's django images."""
+import os
+import shutil
+import sys
+import sysconfig
+
+NAME, VERSION = "shop", "2.2"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def install():
+    src, dest = os.path.join(HERE, NAME), os.path.join(sysconfig.get_paths()["purelib"], NAME)
+    print("running install\\nrunning build_py")
+    shutil.rmtree(dest, ignore_errors=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        out = os.path.normpath(os.path.join(dest, os.path.relpath(dirpath, src)))
+        os.makedirs(out, exist_ok=True)
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            shutil.copyfile(os.path.join(dirpath, name), os.path.join(out, name))  # a new mtime: no stale .pyc
+            print("copying %s -> %s" % (os.path.relpath(os.path.join(dirpath, name), HERE), out))
+    print("Installed %s\\nFinished processing dependencies for %s==%s" % (dest, NAME, VERSION))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["install"]:
+        install()
+    elif sys.argv[1:] in (["--name"], ["--version"]):
+        print(NAME if sys.argv[1] == "--name" else VERSION)
+    else:
+        sys.exit("usage: setup.py install | --name | --version (a stand-in for setuptools)")
+'''
+
+
+def _djsetup() -> dict:
+    """django <= 2.2: tests import the package installed in site-packages, so only ``python setup.py install``
+    after the patch puts the fix under test."""
+    files = {
+        "setup.py": _SETUP_INSTALL,
+        "shop/__init__.py": "",
+        "shop/pricing.py": "def discount(price, pct):\n    return price - price * pct / 10\n",
+        "tests/runtests.py": _RUNTESTS_22,
+        "tests/test_sqlite.py": "# The settings the official test command names; the stand-in runner imports them.\n"
+                                "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3'}}\n"
+                                "SECRET_KEY = 'django_tests_secret_key'\n",
+        "tests/pricing/__init__.py": "",
+        "tests/pricing/tests.py": textwrap.dedent('''\
+            import unittest
+
+            from shop.pricing import discount
+
+
+            class PricingTests(unittest.TestCase):
+                def test_no_discount(self):
+                    self.assertEqual(discount(100, 0), 100)
+            '''),
+    }
+    tests_after = files["tests/pricing/tests.py"] + "\n    def test_ten_percent(self):\n" \
+        "        self.assertEqual(discount(200, 10), 180)\n"
+    skip_runner = _RUNTESTS_22.replace("result = unittest", textwrap.dedent('''\
+        def _skip(s):
+            for t in s:
+                if isinstance(t, unittest.TestSuite):
+                    _skip(t)
+                elif t._testMethodName == "test_ten_percent":
+                    setattr(type(t), "test_ten_percent", unittest.skip("not today")(lambda self: None))
+        _skip(suite)
+        result = unittest'''))
+    return {"key": "djsetup", "repo": "django/django", "version": "2.2", "install": "python setup.py install",
+            "files": files, "executable": ["tests/runtests.py"],
+            "problem": "shop.pricing.discount(200, 10) gives 0 instead of 180: the percentage is divided by 10.",
+            "gold": {"shop/pricing.py": files["shop/pricing.py"].replace("/ 10", "/ 100")},
+            "test": {"tests/pricing/tests.py": tests_after},
+            "skip": {"tests/runtests.py": skip_runner},
+            "f2p": ["test_ten_percent (pricing.tests.PricingTests)"],
+            "p2p": ["test_no_discount (pricing.tests.PricingTests)"]}
+
+
+_SETUP_DEVELOP = '''"""Build script of xtk, standard library only (the test bed has no setuptools or distutils).
+``build_ext --inplace`` "compiles" the kernels in xtk/_ext.src to xtk/_ext.py (untracked, as a C extension's .so
+would be); ``develop`` builds them and puts this checkout on sys.path with a .pth, which ``pip install -e .``
+runs."""
+import os
+import re
+import sys
+import sysconfig
+
+NAME, VERSION = "xtk", "2022.3.0"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build_ext():
+    src, dest = os.path.join(HERE, NAME, "_ext.src"), os.path.join(HERE, NAME, "_ext.py")
+    print("running build_ext\\nbuilding '%s._ext' extension" % NAME)
+    out = ["# Generated from _ext.src by `python setup.py build_ext --inplace`: do not edit.\\n"]
+    with open(src, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            m = re.match(r"kernel\\s+(\\w+\\(.*?\\))\\s+=\\s+(.+)$", line)
+            if not m:
+                sys.exit("%s:%d: error: expected 'kernel NAME(ARGS) = EXPR', got %r" % (src, n, line))
+            out.append("\\n\\ndef %s:\\n    return %s\\n" % m.groups())
+    with open(dest + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write("".join(out))
+    os.replace(dest + ".tmp", dest)
+    print("writing %s" % os.path.relpath(dest, HERE))
+
+
+def develop():
+    build_ext()
+    pth = os.path.join(sysconfig.get_paths()["purelib"], "__editable__.%s-%s.pth" % (NAME, VERSION))
+    with open(pth, "w", encoding="utf-8") as fh:
+        fh.write(HERE + "\\n")
+    print("running develop\\nCreating %s (link to .)" % pth)
+
+
+if __name__ == "__main__":
+    commands = {("build_ext", "--inplace"): build_ext, ("build_ext", "-i"): build_ext, ("develop",): develop}
+    if tuple(sys.argv[1:]) in commands:
+        commands[tuple(sys.argv[1:])]()
+    elif sys.argv[1:] in (["--name"], ["--version"]):
+        print(NAME if sys.argv[1] == "--name" else VERSION)
+    else:
+        sys.exit("usage: setup.py build_ext --inplace | develop | --name | --version (a stand-in for setuptools)")
+'''
+
+
+def _xtbuild() -> dict:
+    """An editable install with a native build (xarray, scikit-learn, matplotlib): the fix is in a source that
+    only ``python -m pip install -e .`` compiles, so without the rebuild the tests run the old build."""
+    src = ("# xtk's native kernels: `python -m pip install -e .` (setup.py build_ext --inplace) compiles them to\n"
+           "# xtk/_ext.py.\n"
+           "kernel nansum(values) = sum(v for v in values if v == v)\n"
+           "kernel nanmean(values) = sum(v for v in values if v == v) / len(values)\n")
+    files = {
+        ".gitignore": "__pycache__/\n*.egg-info/\n/build/\n/xtk/_ext.py\n",
+        "setup.py": _SETUP_DEVELOP,
+        "xtk/__init__.py": '"""xtk: reductions that skip NaN; the kernels are built from _ext.src."""\n'
+                           "from xtk._ext import nanmean, nansum\n\n__all__ = ['nanmean', 'nansum']\n",
+        "xtk/_ext.src": src,
+        "tests/test_reduce.py": textwrap.dedent('''\
+            import math
+
+            import xtk
+
+
+            def test_nansum_skips_nan():
+                assert xtk.nansum([1.0, math.nan, 3.0]) == 4.0
+
+
+            def test_nanmean_without_nan():
+                assert xtk.nanmean([1.0, 2.0, 3.0]) == 2.0
+            '''),
+    }
+    tests_after = files["tests/test_reduce.py"] + \
+        "\n\ndef test_nanmean_skips_nan():\n    assert xtk.nanmean([1.0, math.nan, 3.0]) == 2.0\n"
+    return {"key": "xtbuild", "repo": "pydata/xarray", "version": "2022.03", "install": "python -m pip install -e .",
+            "files": files,
+            "problem": "xtk.nanmean([1.0, nan, 3.0]) returns 1.33 instead of 2.0: NaNs are counted in the divisor.",
+            "gold": {"xtk/_ext.src": src.replace("/ len(values)", "/ len([v for v in values if v == v])")},
+            "test": {"tests/test_reduce.py": tests_after},
+            "skip": {"tests/conftest.py": "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
+                                          "    for item in items:\n"
+                                          "        if item.name == 'test_nanmean_skips_nan':\n"
+                                          "            item.add_marker(pytest.mark.skip(reason='not today'))\n"},
+            "f2p": ["tests/test_reduce.py::test_nanmean_skips_nan"],
+            "p2p": ["tests/test_reduce.py::test_nansum_skips_nan", "tests/test_reduce.py::test_nanmean_without_nan"]}
+
+
+LAYOUT_TASKS = (_djsetup, _xtbuild)
+_LAYOUT_CONTEXT = {"opt/miniconda3/etc/profile.d/conda.sh": _CONDA_SH, "opt/miniconda3/bin/activate": _ACTIVATE,
+                   "swebed/pip/__init__.py": _PIP_INIT, "swebed/pip/__main__.py": _PIP_MAIN,
+                   "swebed/make-env.sh": _MAKE_ENV}
+# the install step runs once at build time, so the image holds the base commit's build, and must leave the
+# checkout clean (the generated module is ignored, nothing else is written to /testbed)
+_LAYOUT_DOCKERFILE = """FROM %s
+COPY opt/ /opt/
+COPY swebed/ /tmp/swebed/
+RUN bash /tmp/swebed/make-env.sh && rm -rf /tmp/swebed
+COPY testbed/ /testbed/
+WORKDIR /testbed
+RUN bash -c 'source /opt/miniconda3/bin/activate && conda activate testbed && %s && test -z "$(git status --porcelain)"'
+"""
+
+
+def build_layout_images(log=print) -> List[dict]:
+    """Build (or reuse) the two images in SWE-bench's layout (conda env at /opt/miniconda3/envs/testbed, install
+    step re-run by the official eval script); return their rows as `build_task_images` does, the official install
+    command under "_install"."""
+    base_id = _base_id(log)
+    rows = []
+    with _Lock("tasks"):
+        for make in LAYOUT_TASKS:
+            spec = make()
+            work = tempfile.mkdtemp(prefix="swe-task-")
+            try:
+                made = _commit(os.path.join(work, "testbed"), spec)
+                _write(work, _LAYOUT_CONTEXT, ["opt/miniconda3/bin/activate", "swebed/make-env.sh"])
+                ref = "%s:%s" % (TASK_REPO, spec["key"])
+                dockerfile = _LAYOUT_DOCKERFILE % (BASE_IMAGE, spec["install"])
+                digest = hashlib.sha256(json.dumps([base_id, made["base_commit"], sorted(spec["files"].items()),
+                                                    sorted(_LAYOUT_CONTEXT.items()), dockerfile]).encode()
+                                        ).hexdigest()[:16]
+                _build_image(ref, digest, work, dockerfile, log)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            rows.append(dict(_row(spec, made, ref, spec["version"]), _install=spec["install"]))
+    return rows
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["build"]:
         t0 = time.monotonic()
-        built = build_task_images()
+        built = build_task_images() + build_layout_images()
         print("swebed: %d task images ready in %.1f s: %s" % (len(built), time.monotonic() - t0,
                                                                ", ".join(r["image"] for r in built)))
     else:

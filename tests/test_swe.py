@@ -429,6 +429,73 @@ class TestScoringParity(_SWEBed):
             self.assertEqual((rec["outcome"], rec["patch_applied"], rec["resolved"]), ("apply_failed", False, False))
 
 
+    FUZZ_PATCH = ("diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
+                  "@@ -1,6 +1,6 @@\n def add(a, b):\n     return a + b  # sum\n-\n+# helpers\n \n def mul(a, b):\n"
+                  "-    return a * b + 1\n+    return a * b\n"
+                  "diff --git a/setup.cfg b/setup.cfg\n--- a/setup.cfg\n+++ b/setup.cfg\n@@ -1,2 +1,3 @@\n"
+                  " [tool:pytest]\n testpaths = tests\n+addopts = -p no:cacheprovider\n")
+
+    def test_a_two_file_patch_needing_fuzz_resolves_after_the_trees_reset_as_officially(self):
+        """git apply (plain, --3way, --reject) refuses the first file's hunk (a context line differs); --reject
+        applies the second file's, so without the reset `patch --forward` would find that one applied and fail."""
+        calc = next(r["instance_id"] for r in self.rows if r["instance_id"].startswith("evh__calc"))
+        _, got, _ = self._score({calc: self.FUZZ_PATCH}, "fuzz")
+        rec = got[calc]
+        self.assertEqual((rec["outcome"], rec["patch_applied"]), ("resolved", True), rec)
+        self.assertTrue((rec.get("applied_with") or "").startswith("patch --batch --forward --fuzz=5"), rec)
+
+    def test_a_patch_without_its_final_newline_is_corrupt_as_officially(self):
+        calc = next(r for r in self.rows if r["instance_id"].startswith("evh__calc"))
+        gold = calc["patch"]
+        self.assertTrue(gold.endswith("\n"))
+        _, got, _ = self._score({calc["instance_id"]: gold.rstrip("\n")}, "nonl")
+        rec = got[calc["instance_id"]]
+        self.assertEqual((rec["outcome"], rec["patch_applied"]), ("apply_failed", False), rec)
+
+
+class TestSWEBenchLayout(_SWEBed):
+    """Images in SWE-bench's own layout (tests/swebed.py build_layout_images): /opt/miniconda3 with a testbed
+    environment, the repository at /testbed, the package installed into the environment. djsetup (django 2.2)
+    installs with `python setup.py install`, so the tests import a copy only the spec's install step refreshes;
+    xtbuild (xarray 2022.03, `pip install -e .`) builds a generated module (a compiled extension's stand-in) that
+    only the install step rebuilds. Neither row has an install field: the spec table supplies it."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        from tests import swebed
+        cls.rows = swebed.build_layout_images(log=lambda *a: None)
+        cls.dataset = write_jsonl(os.path.join(cls.dir, "layout.jsonl"), swebed.instance_rows(cls.rows))
+        cls.ids = sorted(r["instance_id"] for r in cls.rows)
+
+    def _score(self, patches, name, dataset=None):
+        d = tempdir(self)
+        preds = write_jsonl(os.path.join(d, name + ".jsonl"), [
+            {"instance_id": iid, "model_name_or_path": name, "model_patch": p} for iid, p in patches.items()])
+        if dataset:
+            self.dataset = dataset
+        code, run_dir, _ = self.run_swe(os.path.join(d, "run"), score_only=preds)
+        return self.samples(run_dir)
+
+    def test_gold_resolves_and_empty_or_skipping_patches_do_not(self):
+        gold = self._score({r["instance_id"]: r["patch"] for r in self.rows}, "gold")
+        self.assertEqual({i: r["outcome"] for i, r in gold.items()}, {i: "resolved" for i in self.ids})
+        for rec in gold.values():
+            self.assertEqual(rec["tests_status"]["PASS_TO_PASS"]["failure"], [], rec)
+        empty = self._score({i: "" for i in self.ids}, "empty")
+        self.assertEqual({r["outcome"] for r in empty.values()}, {"empty_patch"})
+        skip = self._score({r["instance_id"]: r["_skip_patch"] for r in self.rows}, "skip")
+        self.assertEqual({r["outcome"] for r in skip.values()}, {"unresolved"})
+
+    def test_without_the_spec_install_step_the_gold_patch_does_not_resolve(self):
+        """The mutation that issue 17 found: a row-level install of ':' (nothing) stands for the missing step."""
+        from tests import swebed
+        rows = [dict(r, install=":") for r in swebed.instance_rows(self.rows)]
+        ds = write_jsonl(os.path.join(tempdir(self), "noinstall.jsonl"), rows)
+        gold = self._score({r["instance_id"]: r["patch"] for r in self.rows}, "gold", dataset=ds)
+        self.assertEqual({i: r["outcome"] for i, r in gold.items()}, {i: "unresolved" for i in self.ids})
+
+
 class TestContainersAndCrashes(_SWEBed):
 
     def test_a_command_that_never_ends_is_killed_inside_the_container(self):
