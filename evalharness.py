@@ -6572,6 +6572,7 @@ _SWE_SPECS: Tuple[Tuple[str, str, str, Optional[str], Tuple[str, ...]], ...] = (
      _PIP_E, ()),
     ("sympy/sympy", "0.7 1.0 1.1 1.2 1.4 1.5 1.6 1.7 1.8 1.9 1.10 1.11 1.12 1.13 1.14",
      "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose", _PIP_E, ()),
+    ("swe-bench/humaneval", "1.0", "python", None, ()),  # its one test directive is always test.py
 )
 _SWE_SPEC_OF = {(repo, v): (cmd, install, evals) for repo, versions, cmd, install, evals in _SWE_SPECS
                 for v in versions.split()}
@@ -6964,6 +6965,8 @@ def _patch_files(patch: str) -> List[Tuple[str, str]]:
 
 
 def _test_directives(inst: SWEInstance) -> List[str]:
+    if inst.repo == "swe-bench/humaneval":
+        return ["test.py"]
     paths = [new for _, new in _patch_files(inst.test_patch) if not new.endswith(_NON_TEST_SUFFIXES)]
     if inst.repo == "django/django":
         out = []
