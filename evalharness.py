@@ -7258,6 +7258,9 @@ def collect_patch(container: Container) -> str:
 # pristine tree (a failed --reject leaves hunks behind), and a chain that failed throughout still counts as applied
 # when the patch turns out to be in the tree (it reverses cleanly). The patch goes in as written: one without its
 # final newline is a corrupt patch there, so it is here.
+# What scoring follows; part of every SWE record's score fingerprint, so a resume under a harness that scores
+# differently scores the saved patches again (no agent runs) instead of reporting the old verdicts as new ones.
+SWE_SCORING = "eval script swebench 4.1.0, apply/parse/grade swebench 5.0.2 (evalharness choices 1)"
 SWE_APPLY_CMDS = ("git apply --verbose", "git apply --verbose --3way", "git apply --verbose --reject",
                   "patch --batch --forward --fuzz=5 -p1 -i")
 SWE_APPLY_RESET = "git checkout -- . ; git clean -fd"
@@ -7579,7 +7582,8 @@ def _swe_fps(inst: SWEInstance, opts: SWEOptions, patch: Optional[str]) -> Tuple
     seen = [inst.image, inst.workdir, inst.repo, inst.base_commit, inst.problem_statement] if patch is None else \
         [inst.image, inst.workdir, patch]
     return (_fingerprint(seen), _fingerprint([inst.test_patch, inst.fail_to_pass, inst.pass_to_pass, inst.test_cmd,
-                                              inst.eval_script, inst.install, inst.log_parser, opts.eval_timeout_s]))
+                                              inst.eval_script, inst.install, inst.log_parser, opts.eval_timeout_s,
+                                              swe_eval_script(inst), SWE_SCORING]))
 
 
 def load_predictions(path: str, dataset: SWEDataset) -> Tuple[Dict[str, str], str]:
@@ -7669,6 +7673,11 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
                                   seed=cfg.seed)
         server = _preflight(cfg, client_cfg, ())
     docker = DockerCLI(cfg.engine, host=cfg.docker_host)
+    try:  # a run that cannot work at all says so once, up front (a daemon lost mid-run is an outage instead)
+        docker.server_version(timeout_s=15.0)
+    except DockerError as exc:
+        raise ConfigError("the container engine does not answer: %s; start it (or name another with --engine / "
+                          "--docker-host), then run again" % exc) from None
     out = cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
         [_swe_settings(cfg, "score-only" if cfg.score_only else "agent"),
          os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold" else cfg.score_only]))

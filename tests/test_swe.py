@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import unittest
+from unittest import mock
 
 from tests import dockerbed as bed
 from tests.support import MODULE, clean_env, eh, start_mock, tempdir, wait_until, write_jsonl
@@ -248,6 +249,18 @@ class TestEvalScript(unittest.TestCase):
                 seen.add((repo, v))
         # 4.1.0's table: 20 repositories and 300 (repo, version) pairs, less dbt-core's 17 (no test command)
         self.assertEqual((len({r for r, *_ in eh._SWE_SPECS}), len(seen)), (19, 283))
+
+    def test_a_scoring_change_changes_the_score_fingerprint_so_a_resume_rescores(self):
+        inst = eh._validate_swe_row(_row(repo="django/django", version="2.2"), "x:1", None)
+        opts = eh.SWEOptions()
+        before = eh._swe_fps(inst, opts, None)
+        with mock.patch.object(eh, "SWE_SCORING", "another"):
+            self.assertEqual(eh._swe_fps(inst, opts, None)[0], before[0])
+            self.assertNotEqual(eh._swe_fps(inst, opts, None)[1], before[1])
+        table = dict(eh._SWE_SPEC_OF)
+        table[("django/django", "2.2")] = (eh._T_DJANGO, "python -m pip install -e .", ())
+        with mock.patch.object(eh, "_SWE_SPEC_OF", table):  # the spec table's install step changed
+            self.assertNotEqual(eh._swe_fps(inst, opts, None)[1], before[1])
 
     def test_instance_test_cmd_wins_over_the_repo_default(self):
         inst = eh._validate_swe_row(_row(test_cmd="make check"), "x:1", None)
@@ -589,20 +602,24 @@ class TestContainersAndCrashes(_SWEBed):
         self.assertEqual(sorted(reaped), sorted(killed))
         self.assert_no_containers(proc.pid)
 
-    def test_an_unreachable_daemon_fails_each_sample_with_the_docker_error(self):
+    def test_an_unreachable_daemon_exits_2_at_once_in_one_line_with_the_engines_error_and_leaves_nothing(self):
         dead = bed.dead_docker_host(self)
         d = tempdir(self)
         mock = start_mock(self, swe=self.ds, swe_policy="oracle")
+        out = os.path.join(d, "run")
+        t0 = time.monotonic()
         proc = subprocess.run([sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset,
-                               "--model", "m", "--base-url", mock.url, "--out", os.path.join(d, "run"),
+                               "--model", "m", "--base-url", mock.url, "--out", out,
                                "--docker-host", dead, "--no-progress"], env=clean_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
-        self.assertEqual(proc.returncode, 1, proc.stderr)
-        samples = self.samples(os.path.join(d, "run"))
-        self.assertEqual(sorted(samples), self.ids)
-        for rec in samples.values():
-            self.assertEqual(rec["status"], "failed")
-            self.assertIn("Cannot connect to the Docker daemon", rec["error"])
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertLess(time.monotonic() - t0, 20)
+        lines = proc.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertIn("the container engine does not answer", lines[0])
+        self.assertIn("Cannot connect to the Docker daemon", lines[0])
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual(mock.stats()["counters"].get("requests", 0), 0)
 
 
 class TestSWEResume(_SWEBed):
