@@ -250,11 +250,12 @@ def _redact(text: Any) -> str:
 
 
 def _redact_config(obj: Any) -> Any:
-    """A copy of a JSON-like config with values under secret-looking keys replaced."""
+    """A copy of a JSON-like config with text values under secret-looking keys replaced (a secret is text: a
+    number or a flag under such a name, like a token budget, is a setting and stays)."""
     if isinstance(obj, dict):
         # "*_env" fields name an environment variable, "*tokens" fields count tokens: neither holds a secret
         return {k: ("[REDACTED]" if SECRET_FIELD_RE.search(str(k)) and not str(k).endswith(("_env", "tokens"))
-                    and v not in (None, "") else _redact_config(v)) for k, v in obj.items()}
+                    and isinstance(v, str) and v else _redact_config(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_redact_config(v) for v in obj]
     if isinstance(obj, str):
@@ -8571,14 +8572,17 @@ def _json_object(text: str) -> Dict[str, Any]:
 def _add_client_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("endpoint")
     g.add_argument("--model", default=None, help="model name sent to the endpoint (required, except for "
-                                                 "--score-only)")
+                                                 "--score-only) (no default)")
     g.add_argument("--base-url", default=None,
                    help="endpoint base URL, e.g. http://127.0.0.1:8000/v1 (default: $OPENAI_BASE_URL)")
     g.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="environment variable holding the API key (default OPENAI_API_KEY; none is fine for "
                         "local servers); the key is never written anywhere")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--max-tokens", type=_positive_int, default=None)
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature sent with every request"
+                                                                  " (default %(default)s)")
+    g.add_argument("--max-tokens", type=_positive_int, default=None, help="max_tokens sent with every request"
+                                                                          " (default: none sent, so the server's"
+                                                                          " own limit)")
     g.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help="limit for one request, first byte to last (default %(default)s)")
     g.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
@@ -8590,11 +8594,12 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                                            "while requests fail (default %(default)s)")
     g.add_argument("--no-model-check", dest="model_check", action="store_false",
                    help="start even when the endpoint's GET /v1/models does not list --model (for servers whose "
-                        "list is not what they serve); the pre-flight still checks the API path")
+                        "list is not what they serve); the pre-flight still checks the API path (default: the model"
+                        " is checked)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed sent with every request (part of the "
-                                                          "run's identity)")
+                                                          "run's identity) (default: none sent)")
     g.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
-                   help="JSON object merged into every request body, e.g. '{\"top_p\": 0.95}'")
+                   help="JSON object merged into every request body, e.g. '{\"top_p\": 0.95}' (default: none)")
     g.add_argument("--no-stream", dest="stream", action="store_false",
                    help="use non-streaming requests (default: stream, which also measures time to first token)")
     g.add_argument("--use-proxy", action="store_true",
@@ -8606,16 +8611,17 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("SWE tasks (--task swe)")
     g.add_argument("--score-only", default=None, metavar="PREDS",
                    help="score an existing SWE-bench predictions file (.jsonl, .json list or dict) without agents; "
-                        "'gold' scores the dataset's own patches")
+                        "'gold' scores the dataset's own patches (default: agents make the patches)")
     g.add_argument("--image-template", default=None, metavar="TEMPLATE",
                    help="image name from instance_id (default %s; a row's 'image' wins)" % SWE_IMAGE_TEMPLATE)
-    g.add_argument("--step-limit", type=int, default=d.step_limit, metavar="N", help="model calls per instance")
+    g.add_argument("--step-limit", type=int, default=d.step_limit, metavar="N", help="model calls per instance"
+                                                                                     " (default %(default)s)")
     g.add_argument("--exec-timeout", type=float, default=d.exec_timeout_s, metavar="SECONDS",
                    help="one bash action, enforced inside the container (default %(default)s)")
     g.add_argument("--sample-timeout", type=float, default=d.sample_timeout_s, metavar="SECONDS",
                    help="wall time of one agent session (default %(default)s)")
     g.add_argument("--max-sample-tokens", type=int, default=0, metavar="N",
-                   help="prompt+completion tokens per session; 0 = no limit")
+                   help="prompt+completion tokens per session; 0 = no limit (default %(default)s)")
     g.add_argument("--eval-timeout", type=float, default=d.eval_timeout_s, metavar="SECONDS",
                    help="the scoring test run (default %(default)s)")
     g.add_argument("--image-timeout", type=float, default=d.image_timeout_s, metavar="SECONDS",
@@ -8625,17 +8631,20 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N",
                    help="cap on concurrent agent sessions; below it the session gate follows the model's "
                         "discovered concurrency (default %(default)s)")
-    g.add_argument("--system-template", default=None, metavar="FILE", help="system prompt template file")
+    g.add_argument("--system-template", default=None, metavar="FILE", help="system prompt template file (default:"
+                                                                           " the built-in template)")
     g.add_argument("--instance-template", default=None, metavar="FILE",
                    help="instance prompt template file ({problem_statement}, {workdir}, {instance_id}, {repo}, "
-                        "{exec_timeout})")
-    g.add_argument("--memory", default=None, help="container memory limit, e.g. 4g")
-    g.add_argument("--cpus", default=None, help="container CPU limit, e.g. 2")
-    g.add_argument("--pids-limit", type=int, default=None, metavar="N")
-    g.add_argument("--network-none", action="store_true", help="task containers get no network")
+                        "{exec_timeout}) (default: the built-in template)")
+    g.add_argument("--memory", default=None, help="container memory limit, e.g. 4g (default: no limit)")
+    g.add_argument("--cpus", default=None, help="container CPU limit, e.g. 2 (default: no limit)")
+    g.add_argument("--pids-limit", type=int, default=None, metavar="N", help="container process limit (default: the"
+                                                                             " engine's)")
+    g.add_argument("--network-none", action="store_true", help="task containers get no network (default: off, the"
+                                                               " engine's default network)")
     g.add_argument("--tool-mode", action="store_true",
                    help="act through one `bash` function (tool calling) instead of fenced blocks, for endpoints "
-                        "that support tools")
+                        "that support tools (default: off)")
     g.add_argument("--no-pull-ahead", dest="pull_ahead", action="store_false",
                    help="deliver each image only when its sample starts (for comparison; default: all pending "
                         "images are delivered in the background from the start)")
@@ -8670,14 +8679,16 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "runs/demo-<time>)")
     g = p.add_argument_group("concurrency (adaptive by default: the gate finds the endpoint's best level)")
     g.add_argument("--fixed-concurrency", "--concurrency", dest="fixed_concurrency", type=_positive_int,
-                   default=None, metavar="N", help="pin N requests in flight (no adaptation)")
+                   default=None, metavar="N", help="pin N requests in flight (no adaptation) (default: adaptive)")
     g.add_argument("--initial-concurrency", default="auto", metavar="N|auto",
                    help="first limit of the adaptive gate; auto (default) starts from the limit this run or an "
                         "earlier run on the same endpoint and model discovered, else %d" % DEFAULT_INITIAL_CONCURRENCY)
     g.add_argument("--max-concurrency", type=_positive_int, default=DEFAULT_MAX_CONCURRENCY, metavar="N",
                    help="cap of the adaptive gate (default %(default)s)")
-    p.add_argument("--json", dest="json_out", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    p.add_argument("--json", dest="json_out", action="store_true", help="print the summary as JSON on stdout"
+                                                                        " (default: the table)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr"
+                                                                                " (default: a progress line)")
 
 
 def _add_image_options(p: argparse.ArgumentParser) -> None:
@@ -8688,12 +8699,15 @@ def _add_image_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tar-index", default=None, metavar="PATH",
                    help="the tar index cache (default $EVALHARNESS_TAR_INDEX or %s)" % DEFAULT_TAR_INDEX)
     g.add_argument("--image-store", default=None, metavar="URL|DIR",
-                   help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory)")
+                   help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory)"
+                        " (default: none)")
     g.add_argument("--image-mirrors", default=None, metavar="HOST:PORT,...",
-                   help="registry mirrors tried in order (docker pull MIRROR/NAME, then tagged to NAME)")
+                   help="registry mirrors tried in order (docker pull MIRROR/NAME, then tagged to NAME) (default:"
+                        " none)")
     g.add_argument("--mirror-timeout", type=float, default=DEFAULT_MIRROR_TIMEOUT_S, metavar="SECONDS",
                    help="limit for one pull from one mirror (default %(default)s)")
-    g.add_argument("--allow-pull", action="store_true", help="last resort: plain docker pull of the image name")
+    g.add_argument("--allow-pull", action="store_true", help="last resort: plain docker pull of the image name"
+                                                             " (default: off)")
     g.add_argument("--engine", default=None, choices=["docker", "podman"],
                    help="container engine (default $EVALHARNESS_ENGINE or docker)")
     g.add_argument("--docker-host", default=None, metavar="URL", help="engine socket (default $DOCKER_HOST)")
@@ -8930,14 +8944,15 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--task", default="qa", choices=["qa", "swe"], help="task kind (default %(default)s)")
     run.add_argument("--dataset", required=True, metavar="PATH",
                      help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows, or SWE-bench "
-                          "instances (.jsonl/.json) for --task swe")
+                          "instances (.jsonl/.json) for --task swe (required)")
     run.add_argument("--format", default="auto", choices=["auto", "none"] + list(FORMATS),
                      help="a built-in benchmark layout with its prompt template and scorer: " + "; ".join(
                          "%s (%s)" % (k, f.columns) for k, f in FORMATS.items()).replace("%", "%%") +
                      "; auto (default) takes the one whose columns the first row has, and says so")
     run.add_argument("--prompt-template", default=None, metavar="FILE|TEXT",
                      help="the user message: {question}, {choices} ('A) ...' lines), {letters} ('A, B, C, D') and "
-                          "any row field, e.g. 'Q: {question}'; a file's path or the text itself")
+                          "any row field, e.g. 'Q: {question}'; a file's path or the text itself (default: the"
+                          " format's template)")
     run.add_argument("--scorer", default=None, choices=sorted(SCORERS),
                      help="scorer for rows that name none (default: the format's, else " + DEFAULT_SCORER + ": the "
                           "reference occurs in the reply word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' does not "
@@ -8951,21 +8966,24 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="environment variable holding the grader's key (default: --api-key-env)")
     run.add_argument("--field", dest="fields", action="append", type=_field_mapping, default=[],
                      metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
-                                                 "from the file's column COLUMN; repeatable")
-    run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
+                                                 "from the file's column COLUMN; repeatable (default: none;"
+                                                 " repeatable)")
+    run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows"
+                                                                                    " (default: all rows)")
     run.add_argument("--epochs", type=_positive_int, default=1, metavar="K",
                      help="run each row K times with distinct seeds (the run's --seed, or 0, plus 1..K); the summary "
-                          "adds mean@K with a 95%% CI clustered by row, pass@k (unbiased) and maj@K")
-    run.add_argument("--system-prompt", default=None, help="system message for rows that have none")
+                          "adds mean@K with a 95%% CI clustered by row, pass@k (unbiased) and maj@K (default"
+                          " %(default)s)")
+    run.add_argument("--system-prompt", default=None, help="system message for rows that have none (default: none)")
     run.add_argument("--retry-failed", action="store_true",
                      help="when resuming, also run again the samples that failed because of the request (e.g. HTTP "
-                          "400); infrastructure failures are always run again")
+                          "400); infrastructure failures are always run again (default: off)")
     run.add_argument("--restart", action="store_true",
                      help="start the run directory over (its results move to DIR/superseded/<time>/), e.g. after "
-                          "changing a generation setting")
+                          "changing a generation setting (default: off)")
     run.add_argument("--rescore", action="store_true",
                      help="score every stored answer again with the current scorers, without model calls (a "
-                          "changed scorer or reference is re-scored anyway)")
+                          "changed scorer or reference is re-scored anyway) (default: off)")
     _add_client_options(run)
     _add_run_options(run)
     _add_swe_options(run)

@@ -2,6 +2,7 @@
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -369,6 +370,26 @@ class TestPreflight(RunCase):
                       "longer than the model's context: HTTP 400", last)
         self.assertIn("maximum context length is 40 tokens", last)
         self.assertNotIn("--retry-failed", res.stderr)
+
+
+class TestHelp(unittest.TestCase):
+    def test_every_run_option_says_its_default_or_that_it_is_required(self):
+        parser = eh._build_parser()
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        silent = [a.option_strings[-1] for a in sub.choices["run"]._actions
+                  if a.option_strings and a.dest != "help"
+                  and not re.search(r"default|required", a.help or "", re.I)]
+        self.assertEqual(silent, [])
+        text = sub.choices["run"].format_help()  # %(default)s expands: none is left raw
+        self.assertNotIn("%(", text)
+        self.assertIn("(default 0.0)", " ".join(text.split()))
+
+    def test_numbers_under_secret_looking_names_are_kept_and_secrets_are_not(self):
+        cfg = eh._redact_config({"max_sample_tokens": 5000, "token_budget": 7, "swe": {"max_sample_tokens": 3},
+                                 "api_key": "sk-abc", "auth_token": "t0k3n", "password": "", "use_key": True})
+        self.assertEqual(cfg, {"max_sample_tokens": 5000, "token_budget": 7, "swe": {"max_sample_tokens": 3},
+                               "api_key": "[REDACTED]", "auth_token": "[REDACTED]", "password": "",
+                               "use_key": True})
 
 
 if __name__ == "__main__":
