@@ -365,11 +365,22 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "x"
 
 
+def _fit_line(parts: Sequence[Tuple[str, int]], width: int) -> str:
+    """The parts joined with " | ", dropping the lowest-ranked ones until the line fits ``width`` columns (the
+    last one left is cut): a progress line must never wrap, or each redraw leaves a line behind."""
+    kept = list(parts)
+    while len(kept) > 1 and len(" | ".join(t for t, _ in kept)) > width:
+        kept.remove(min(kept, key=lambda p: p[1]))
+    return " | ".join(t for t, _ in kept)[:max(1, width)]
+
+
 class _Progress:
     """One progress line: redrawn in place on a terminal, printed as plain periodic lines otherwise (cron).
 
-    ``render`` is a callable returning the line's text; printing other lines goes through ``message`` so the
-    redrawn line is cleared first and never interleaves with them.
+    ``render`` is a callable returning the line's text, or its parts as (text, rank) pairs: on a terminal the line
+    is fitted to the current width at every redraw (so a resize is followed), dropping the lowest ranks first;
+    plain lines carry every part and start with a UTC timestamp. Printing other lines goes through ``message`` so
+    the redrawn line is cleared first and never interleaves with them.
     """
 
     def __init__(self, render: Callable[[], str], *, stream: Any = None, interval_s: Optional[float] = None,
@@ -399,15 +410,23 @@ class _Progress:
     def draw(self) -> None:
         if not self._enabled:
             return
-        line = self._render()
+        rendered = self._render()
+        parts = [(rendered, 9)] if isinstance(rendered, str) else list(rendered)
         with self._lock:
             if self._tty:
-                width = 120
-                self._stream.write("\r\x1b[K" + line[:width])
+                width = self._columns() - 1  # the last column would wrap on some terminals
+                self._stream.write("\r\x1b[K" + _fit_line(parts, width))
                 self._drawn = True
             else:
-                self._stream.write(line + "\n")
+                self._stream.write("%s %s\n" % (_utc_iso(), " | ".join(t for t, _ in parts)))
             self._stream.flush()
+
+    def _columns(self) -> int:
+        """The width of the terminal this line is drawn on (stderr's own, even when stdout is redirected)."""
+        try:
+            return os.get_terminal_size(self._stream.fileno()).columns
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return shutil.get_terminal_size((80, 24)).columns
 
     def message(self, text: str) -> None:
         """Print a full line above the progress line."""
@@ -5768,21 +5787,23 @@ class _Runner:
             for t in alive:
                 t.join(0.2)
 
-    def _render(self) -> str:
+    def _render(self) -> List[Tuple[str, int]]:
+        """The progress line's parts with their ranks (the lowest is dropped first on a narrow terminal).
+        "in flight" is requests at the endpoint (the gate's permits), not samples holding a worker."""
         with self._lock:
-            done, failed, in_flight = self.done, self.failed, self.in_flight
+            done, failed = self.done, self.failed
         elapsed = time.monotonic() - self.t0
         rate = (done - self.done_before) / elapsed if elapsed > 0 else 0.0
         left = self.total - done
         eta = left / rate if rate > 0 else None
-        parts = ["%s %d/%d done" % (self.label, done, self.total), "%d failed" % failed,
-                 "%.1f/s" % rate, "ETA %s" % (_fmt_duration(eta) if left else "0s")]
+        parts = [("%s %d/%d done" % (self.label, done, self.total), 9), ("%d failed" % failed, 8),
+                 ("%.1f/s" % rate, 3), ("ETA %s" % (_fmt_duration(eta) if left else "0s"), 7)]
         if self.gate is not None:
-            parts.append("limit %d" % self.gate.limit)
-        parts.append("in flight %d" % in_flight)
+            parts += [("limit %d" % self.gate.limit, 5), ("in flight %d" % self.gate.in_flight, 4)]
         if self.status_extra is not None:
-            parts.append(self.status_extra())
-        return " | ".join(parts)
+            extra = self.status_extra()
+            parts += [(extra, 2)] if isinstance(extra, str) else list(extra)
+        return parts
 
     def _worker(self, inbox: "queue.Queue[Any]") -> None:
         while True:
@@ -7758,15 +7779,15 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     store.write_json(RunStore.RUN, run_info)
     store.event("run_start", pending=len(pending), finished=len(done_ids), pid=os.getpid(), mode=mode)
 
-    def extra() -> str:
+    def extra() -> List[Tuple[str, int]]:
         sts = images.statuses()
         ready = sum(1 for s in sts if s.state == "ready")
-        parts = ["images %d/%d ready" % (ready, len(sts))]
+        parts = [("images %d/%d ready" % (ready, len(sts)), 2)]
         if sessions is not None:
-            parts.insert(0, "sessions %d/%d" % (sessions.active, sessions.capacity))
+            parts.insert(0, ("sessions %d/%d" % (sessions.active, sessions.capacity), 6))
         if gate is not None:
-            parts.append("limit %d" % gate.limit)
-        return " | ".join(parts)
+            parts += [("limit %d" % gate.limit, 5), ("in flight %d" % gate.in_flight, 1)]
+        return parts
 
     def after_append(rec: Dict[str, Any]) -> None:
         pred = _pred_line(rec)

@@ -3,6 +3,8 @@ import json
 import os
 import random
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -390,6 +392,59 @@ class TestHelp(unittest.TestCase):
         self.assertEqual(cfg, {"max_sample_tokens": 5000, "token_budget": 7, "swe": {"max_sample_tokens": 3},
                                "api_key": "[REDACTED]", "auth_token": "[REDACTED]", "password": "",
                                "use_key": True})
+
+
+class TestProgressLine(RunCase):
+    """The progress line on a real terminal (tmux), and plain lines without one."""
+
+    def tmux_captures(self, width, url, out):
+        if not shutil.which("tmux"):
+            self.skipTest("tmux is not installed")
+        sock = "evh-%d-%d" % (os.getpid(), width)
+        self.addCleanup(subprocess.run, ["tmux", "-L", sock, "kill-server"], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+        cmd = " ".join(shlex.quote(a) for a in [sys.executable, MODULE] + self.args(url, out, "--fixed-concurrency",
+                                                                                    "2", "--limit", "24"))
+        env = clean_env(EVALHARNESS_PROGRESS_S="0.1", TERM="xterm")
+        subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-x", str(width), "-y", "30", "-s", "p",
+                        cmd + " > /dev/null; sleep 60"], env=env, check=True)
+        shots = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not os.path.exists(os.path.join(out, "summary.json")):
+            shot = subprocess.run(["tmux", "-L", sock, "capture-pane", "-p", "-t", "p"], stdout=subprocess.PIPE,
+                                  universal_newlines=True).stdout
+            if "done" in shot:
+                shots.append(shot)
+            time.sleep(0.3)
+        self.assertTrue(os.path.exists(os.path.join(out, "summary.json")), "the run did not finish")
+        self.assertGreater(len(shots), 3)
+        return shots
+
+    def test_the_terminal_holds_one_progress_line_fitted_to_60_and_200_columns(self):
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=10)
+        for width in (60, 200):
+            shots = self.tmux_captures(width, mock.url, os.path.join(self.dir, "run-%d" % width))
+            for shot in shots:
+                lines = [line for line in shot.splitlines() if line.strip()]
+                progress = [line for line in lines if " done" in line]
+                self.assertEqual(len(progress), 1, shot)  # one line redrawn, never a stack of wrapped ones
+                self.assertLessEqual(len(progress[0]), width - 1, shot)
+            rate = [re.search(r"\| [\d.]+/s \|", s) is not None for s in shots]
+            if width == 200:
+                self.assertTrue(all(rate), shots[-1])  # room for every part
+                self.assertIn("in flight", shots[-1])
+            else:
+                self.assertFalse(any(rate), shots[-1])  # the rate goes first; the counts stay
+                self.assertRegex(shots[-1], r"qa \d+/24 done \| 0 failed")
+
+    def test_plain_lines_start_with_a_utc_timestamp(self):
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=10)
+        res = run_cli(self.args(mock.url, os.path.join(self.dir, "run"), "--limit", "12", "--fixed-concurrency", "2"),
+                      env=clean_env(EVALHARNESS_PROGRESS_S="0.2"))
+        plain = [line for line in res.stderr.splitlines() if " done" in line]
+        self.assertTrue(plain, res.stderr)
+        for line in plain:
+            self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ qa \d+/12 done \| ")
 
 
 if __name__ == "__main__":
