@@ -5947,10 +5947,28 @@ def _epoch_fields(item: Any) -> Dict[str, Any]:
     return {"row_id": item.row_id, "epoch": item.epoch} if getattr(item, "epoch", 0) else {}
 
 
+QUESTION_KEEP_CHARS = 4000  # of a QA sample's question in its record (question_chars says how long it was)
+
+
+def _question_fields(item: Any) -> Dict[str, Any]:
+    """A QA item's question (its last user message) for the record, so a wrong answer can be read without the
+    dataset: cut at QUESTION_KEEP_CHARS, with its full length."""
+    messages = getattr(item, "messages", None)
+    if not messages:
+        return {}
+    text = next((_content_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+    out: Dict[str, Any] = {"question": text[:QUESTION_KEEP_CHARS]}
+    if len(text) > QUESTION_KEEP_CHARS:
+        out["question_chars"] = len(text)
+    return out
+
+
 def _failed_record(item: Any, started: float, error: str, error_class: str) -> Dict[str, Any]:
     return {"id": item.id, "status": "failed", "score": None, "error": error, "error_class": error_class,
             **_epoch_fields(item),
             "category": getattr(item, "category", None), "scorer": getattr(item, "scorer", None),
+            **({"answer": item.answer} if isinstance(getattr(item, "answer", None), str) else {}),
+            **_question_fields(item),
             "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
 
 
@@ -6105,7 +6123,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
         else:
             score, extracted = score_response(item, answer)
         return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
-                **_epoch_fields(item), **graded,
+                **_epoch_fields(item), **graded, **_question_fields(item),
                 "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
                 "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
                 "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
@@ -7940,7 +7958,8 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
                             "dataset": (info.get("dataset") or {}).get("name"), "summary": summary,
                             "discovered_limit": info.get("discovered_limit"),
                             "concurrency": info.get("concurrency"), "server": info.get("server"),
-                            "base_url": (info.get("endpoint") or {}).get("base_url")}
+                            "base_url": (info.get("endpoint") or {}).get("base_url"),
+                            "config_rows": _config_rows(info)}
     summary["model"] = data["model"]
     failures: Dict[str, Dict[str, Any]] = {}
     for rec in records:
@@ -8045,6 +8064,37 @@ def _downsample_steps(points: List[Tuple[float, int]], limit: int) -> List[Tuple
     return [out[b] for b in sorted(out)]
 
 
+def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """The run's configuration from run.json, as (label, value) rows for the text and HTML reports: model,
+    endpoint host, generation settings, dataset and its sha256, scorer, harness and Python, when it ran."""
+    rows: List[Tuple[str, str]] = []
+    ep = info.get("endpoint") or {}
+    settings = (info.get("identity") or {}).get("settings") or {}
+    cfg = info.get("config") or {}
+    ds = info.get("dataset") or {}
+    host = urllib.parse.urlsplit(ep.get("base_url") or "").hostname
+    rows.append(("model", "%s%s" % (ep.get("model") or "?", " at %s" % host if host else "")))
+    gen = ["%s %s" % (k, json.dumps(settings[k])) for k in ("temperature", "max_tokens", "seed", "epochs", "stream")
+           if k in settings and settings[k] is not None]
+    if settings.get("extra_body"):
+        gen.append("extra_body %s" % json.dumps(settings["extra_body"], sort_keys=True))
+    if settings.get("system_prompt"):
+        gen.append("system prompt of %d chars" % len(str(settings["system_prompt"])))
+    if gen:
+        rows.append(("generation", ", ".join(gen)))
+    if ds:
+        rows.append(("dataset", "%s (%s rows, sha256 %s)" % (ds.get("name"), ds.get("rows"), ds.get("sha256"))))
+    if cfg.get("scorer") or cfg.get("format"):
+        rows.append(("scorer", "%s (format %s)" % (cfg.get("scorer") or "the format's", cfg.get("format") or "auto")))
+    rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
+    history = info.get("history") or []
+    if history:
+        start, end = history[0].get("started_at"), history[-1].get("ended_at")
+        rows.append(("ran", "%s to %s, %d attempt(s): %s" % (start, end or "(running)", len(history), "; ".join(
+            "%s %s–%s" % (h.get("status"), h.get("started_at"), h.get("ended_at") or "") for h in history))))
+    return rows
+
+
 def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
     """What the pre-flight learnt of the endpoint, in one line."""
     models = server.get("models")
@@ -8071,6 +8121,8 @@ def format_report(data: Dict[str, Any]) -> str:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
         lines.append("endpoint: %s" % _server_line(data["server"], data.get("base_url")))
+    for label, value in data.get("config_rows") or ():
+        lines.append("%s: %s" % (label, value))
     if data["failures"]:
         lines.append("failures by class:")
         for cls, f in data["failures"].items():
@@ -8309,6 +8361,9 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     h.append('<div class=cards>%s</div>' % "".join('<div class=card><div class=muted>%s</div><div class=big>%s'
                                                     '</div></div>' % (_esc(k), v) for k, v in cards))
     by_cat = s.get("by_category") or {}
+    if data.get("config_rows"):
+        h.append("<h2>Run configuration</h2><table id=config><tbody>%s</tbody></table>" % "".join(
+            "<tr><th>%s</th><td>%s</td></tr>" % (_esc(k), _esc(v)) for k, v in data["config_rows"]))
     h.append("<h2>By %s</h2>" % ("repository" if data["task"] == "swe" else "category"))
     h.append('<table class=sortable id=breakdown><thead><tr><th>%s</th><th>n</th><th>mean [95%% CI]</th><th>failed'
              '</th></tr></thead><tbody>' % ("repository" if data["task"] == "swe" else "category"))
@@ -8409,18 +8464,44 @@ def _swe_table(run: Dict[str, Any], budget: int, trajectories: Dict[str, Dict[st
     return "".join(h)
 
 
+QUESTION_SHOWN_CHARS = 300  # of a question in the report's table; the whole stored text is one click away
+
+
+def _cut_details(text: str, shown: int, css: str = "") -> str:
+    """``text`` escaped, cut at ``shown`` characters with the whole text in a <details> (no script needed)."""
+    text = text or ""
+    if len(text) <= shown:
+        return "<span%s>%s</span>" % (css, _esc(text))
+    return "<details%s><summary>%s…</summary><pre>%s</pre></details>" % (css, _esc(text[:shown]), _esc(text))
+
+
 def _qa_samples_html(run: Dict[str, Any], limit: int = 200) -> str:
-    """Wrong and failed samples (up to ``limit``), each with its answer and response."""
+    """Wrong and failed samples (up to ``limit``): the question, the reference, the extracted answer, the response
+    (its reasoning collapsed), the score, and for a failure its error class and message."""
     bad = [r for r in run["samples"].values() if r.get("status") != "ok" or (r.get("score") or 0) < 1]
     h = ["<h2>Wrong or failed samples</h2>"]
     if not bad:
         return "".join(h) + "<p class=muted>Every sample scored 1.</p>"
-    h.append("<table class=sortable id=samples><thead><tr><th>id</th><th>category</th><th>score</th><th>reference"
-             "</th><th>response / error</th></tr></thead><tbody>")
+    h.append("<table class=sortable id=samples><thead><tr><th>id</th><th>category</th><th>score</th><th>question"
+             "</th><th>reference</th><th>extracted</th><th>response / error</th></tr></thead><tbody>")
     for r in sorted(bad, key=lambda r: str(r.get("id")))[:limit]:
-        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td>%s</td><td>%s</td></tr>" % (
-            _esc(r.get("id")), _esc(r.get("category") or ""), _esc(r.get("score")), _esc(r.get("answer") or ""),
-            _esc(_truncate_output(str(r.get("response") if r.get("status") == "ok" else r.get("error")), 400))))
+        ok = r.get("status") == "ok"
+        if ok:
+            said = _cut_details(str(r.get("response") or ""), 400)
+            if r.get("reasoning"):
+                said += "<details class=muted><summary>reasoning (%d chars)</summary><pre>%s</pre></details>" % (
+                    r.get("reasoning_chars") or len(r["reasoning"]), _esc(r["reasoning"]))
+        else:
+            said = "<b class=bad>%s</b> %s" % (_esc(r.get("error_class") or "failed"),
+                                                _cut_details(str(r.get("error") or ""), 400))
+        question = str(r.get("question") or "")
+        if r.get("question_chars"):
+            question += "\n[… %d characters in all; the dataset has the rest]" % r["question_chars"]
+        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s"
+                 "</td></tr>" % (
+                     _esc(r.get("id")), _esc(r.get("category") or ""),
+                     _esc(r.get("score")) if ok else "–", _cut_details(question, QUESTION_SHOWN_CHARS),
+                     _esc(r.get("answer") or ""), _esc(r.get("extracted") or "") if ok else "–", said))
     h.append("</tbody></table>")
     if len(bad) > limit:
         h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>" % (len(bad) - limit))
@@ -8475,6 +8556,16 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
     if a["task"] == "swe" or b["task"] == "swe":
         out["resolved_only_in_a"] = [sid for sid, ra, rb in pairs if ra.get("resolved") and not rb.get("resolved")]
         out["resolved_only_in_b"] = [sid for sid, ra, rb in pairs if rb.get("resolved") and not ra.get("resolved")]
+    out["a_model"] = ((a["run"].get("endpoint") or {}).get("model"))
+    out["b_model"] = ((b["run"].get("endpoint") or {}).get("model"))
+    by_cat: Dict[str, List[float]] = collections.defaultdict(list)
+    for sid, x, y in scored:
+        by_cat[str(b["samples"][sid].get("category") or "uncategorized")].append(y - x)
+    out["by_category"] = {}
+    for cat, d in sorted(by_cat.items()):
+        lo_c, hi_c = _paired_bootstrap(d)
+        out["by_category"][cat] = {"n": len(d), "diff": round(sum(d) / len(d), 6),
+                                   "ci95": [round(lo_c, 6), round(hi_c, 6)]}
     # the other per-sample metrics, each over the samples that have it in both runs
     out["metrics"] = {}
     for key in ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s"):
@@ -8493,12 +8584,16 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
 
 def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
     sc = c["score"]
-    lines = ["compare  A = %s" % c["a"], "         B = %s" % c["b"],
+    lines = ["compare  A = %s (model %s)" % (c["a"], c.get("a_model")), "         B = %s (model %s)" % (
+        c["b"], c.get("b_model")),
              "samples: %d in both (%d scored in both), %d only in A, %d only in B"
              % (c["common"], c["paired_scored"], c["only_in_a"], c["only_in_b"])]
     if sc["diff"] is not None:
         lines.append("score: A %.4f  B %.4f  B−A %+.4f  95%% CI [%+.4f, %+.4f] (%s)"
                      % (sc["a"], sc["b"], sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["method"]))
+    for cat, m in (c.get("by_category") or {}).items():
+        lines.append("  %-20s B−A %+.4f  95%% CI [%+.4f, %+.4f] (n=%d)" % (cat, m["diff"], m["ci95"][0],
+                                                                           m["ci95"][1], m["n"]))
     for key, m in sorted((c.get("metrics") or {}).items()):
         lines.append("%s: A %.4g  B %.4g  B−A %+.4g  95%% CI [%+.4g, %+.4g] (n=%d)"
                      % (key, m["a"], m["b"], m["diff"], m["ci95"][0], m["ci95"][1], m["n"]))
@@ -9060,7 +9155,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                    "runs/a runs/b --json\n")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     report.add_argument("--html", nargs="?", const="", default=None, metavar="PATH",
-                        help="write the self-contained HTML report (default RUN_DIR/report.html)")
+                        help="write the self-contained HTML report (default RUN_DIR/report.html; comparing two runs: "
+                             "A/comparison.html)")
     report.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout")
 
     images = sub.add_parser("images", help="index, plan, pre-load, push/pull and release container images",
@@ -9104,7 +9200,8 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _comparison_html(c: Dict[str, Any]) -> str:
+def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: Optional[Dict[str, Any]] = None,
+                     limit: int = 100) -> str:
     rows = "".join("<tr><td>%s</td><td class=n>%d</td><td>%s</td></tr>" % (
         _esc(label), len(c[key]), _esc(", ".join(map(str, c[key][:200])))) for key, label in (
         ("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
@@ -9115,10 +9212,32 @@ def _comparison_html(c: Dict[str, Any]) -> str:
             "%d samples scored in both (%s)</p>" % (sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["a"], sc["b"],
                                                       c["paired_scored"], _esc(sc["method"]))
             if sc["diff"] is not None else "<p>No sample was scored in both runs.</p>")
+    cats = "".join("<tr><td>%s</td><td class=n>%d</td><td class=n>%+.4f</td><td class=n>[%+.4f, %+.4f]</td></tr>" % (
+        _esc(cat), m["n"], m["diff"], m["ci95"][0], m["ci95"][1]) for cat, m in (c.get("by_category") or {}).items())
+    if cats:
+        cats = ("<h2>By category</h2><table class=sortable id=categories><thead><tr><th>category</th><th>n</th>"
+                "<th>B − A</th><th>95%% CI (paired bootstrap)</th></tr></thead><tbody>%s</tbody></table>" % cats)
+    flipped = ""
+    if a is not None and b is not None:
+        rows_f = []
+        for key, label in (("regressed", "worse in B"), ("improved", "better in B")):
+            for sid in c.get(key, [])[:limit]:
+                ra, rb = a["samples"][sid], b["samples"][sid]
+                rows_f.append("<tr><td>%s</td><td>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+                    _esc(label), _esc(sid), _cut_details(str(rb.get("question") or ra.get("question") or ""),
+                                                         QUESTION_SHOWN_CHARS),
+                    _esc(rb.get("answer") or ""), _cut_details(str(ra.get("response") or ra.get("error") or ""), 300),
+                    _cut_details(str(rb.get("response") or rb.get("error") or ""), 300)))
+        if rows_f:
+            flipped = ("<h2>Flipped samples</h2><table class=sortable id=flipped><thead><tr><th>change</th><th>id</th>"
+                       "<th>question</th><th>reference</th><th>A's response</th><th>B's response</th></tr></thead>"
+                       "<tbody>%s</tbody></table>" % "".join(rows_f))
+    warn = ("<p class=warn><b>The two runs share no sample</b>: nothing is compared.</p>" if not c["common"] else "")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness comparison</title>"
-            "<style>%s</style></head><body><h1>A = %s<br>B = %s</h1>%s<table><thead><tr><th>change</th>"
-            "<th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table><script>%s</script></body></html>"
-            % (_CSS, _esc(c["a"]), _esc(c["b"]), head, rows, _SORT_JS))
+            "<style>%s</style></head><body><h1>A = %s (model %s)<br>B = %s (model %s)</h1>%s%s%s<table><thead><tr>"
+            "<th>change</th><th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table>%s<script>%s</script>"
+            "</body></html>" % (_CSS, _esc(c["a"]), _esc(c.get("a_model")), _esc(c["b"]), _esc(c.get("b_model")),
+                                warn, head, cats, rows, flipped, _SORT_JS))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -9129,13 +9248,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if len(runs) == 2:
         comparison = compare_runs(runs[0], runs[1])
         if args.html is not None:
-            path = args.html or "comparison.html"
-            _atomic_write(path, _comparison_html(comparison))
+            path = args.html or os.path.join(runs[0]["dir"], "comparison.html")
+            _atomic_write(path, _redact(_comparison_html(comparison, runs[0], runs[1])))
             _log.info("comparison written to %s", path)
         if args.json_out:
-            sys.stdout.write(json.dumps(comparison, indent=2, sort_keys=True) + "\n")
+            sys.stdout.write(_redact(json.dumps(comparison, indent=2, sort_keys=True)) + "\n")
         else:
             sys.stdout.write(_redact(format_comparison(comparison)) + "\n")
+        if not comparison["common"]:
+            _log.warning("%s and %s share no sample id: nothing was compared (two runs of different datasets?)",
+                         runs[0]["dir"], runs[1]["dir"])
+            return EXIT_FAILURE
         return EXIT_OK
     data = report_data(runs[0])
     if args.html is not None:

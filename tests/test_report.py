@@ -18,25 +18,40 @@ ARTIFACTS = os.environ.get("EVALHARNESS_TEST_ARTIFACTS") or os.path.join(tempfil
                                                                          "evalharness-test-artifacts")
 
 
-def qa_fixture(d: str, *, scores=(1, 1, 1, 0, 1, 0, 0, 1), evil_response=None) -> str:
-    """Eight scored samples (a: 1 1 1 0, b: 1 0 0 1 → 5/8), two failed (overload, fatal), latencies 0.1..0.8 s."""
+EVIL = "<script>alert('evil')</script>"
+
+
+def qa_fixture(d: str, *, scores=(1, 1, 1, 0, 1, 0, 0, 1), evil_response=None, model="m", evil_text=False,
+               prefix="s") -> str:
+    """Eight scored samples (a: 1 1 1 0, b: 1 0 0 1 → 5/8), two failed (overload, fatal), latencies 0.1..0.8 s.
+    Each has a question ("Question N?"); ``evil_text`` puts a <script> in s4's question, response and reference."""
     run = os.path.join(d, "run-qa")
     os.makedirs(run)
     recs = []
     for i, score in enumerate(scores, 1):
-        recs.append({"id": "s%d" % i, "status": "ok", "score": float(score), "error": None, "error_class": None,
-                     "category": "a" if i <= 4 else "b", "scorer": "exact", "answer": "x", "response":
-                     evil_response if (evil_response and i == 4) else "resp %d" % i, "prompt_tokens": 10,
+        evil = evil_text and i == 4
+        recs.append({"id": "%s%d" % (prefix, i), "status": "ok", "score": float(score), "error": None,
+                     "error_class": None, "question": "Question %d? %s" % (i, EVIL if evil else ""),
+                     "extracted": "extracted-%d" % i,
+                     "category": "a" if i <= 4 else "b", "scorer": "exact", "answer": EVIL if evil else "x",
+                     "response": evil_response if (evil_response and i == 4) else
+                     ("resp %d %s" % (i, EVIL if evil else "")), "prompt_tokens": 10,
                      "completion_tokens": i, "latency_s": i / 10.0, "ttft_s": 0.01, "started_at": T0 + i,
                      "finished_at": T0 + i + i / 10.0})
-    recs.append({"id": "s9", "status": "failed", "score": None, "error": "HTTP 429 from http://x/v1 (overload; 6 "
+    recs.append({"id": prefix + "9", "status": "failed", "question": "Question 9?", "score": None, "error": "HTTP 429 from http://x/v1 (overload; 6 "
                  "attempts)", "error_class": "overload", "category": "a", "started_at": T0 + 9, "finished_at": T0 + 10})
-    recs.append({"id": "s10", "status": "failed", "score": None, "error": "HTTP 401: bad key %s" % SECRET,
+    recs.append({"id": prefix + "10", "status": "failed", "score": None, "error": "HTTP 401: bad key %s" % SECRET,
                  "error_class": "fatal", "category": "b", "started_at": T0 + 10, "finished_at": T0 + 10.5})
     write_jsonl(os.path.join(run, "samples.jsonl"), recs)
     with open(os.path.join(run, "run.json"), "w") as fh:
-        json.dump({"task": "qa", "status": "finished", "endpoint": {"model": "m"}, "dataset": {"name": "fx.jsonl",
-                   "rows": 10}, "discovered_limit": 7, "concurrency": {"initial": 4}}, fh)
+        json.dump({"task": "qa", "status": "finished", "endpoint": {"model": model, "base_url": "http://gpu7:8000/v1"},
+                   "dataset": {"name": "fx.jsonl", "rows": 10, "sha256": "ab" * 32}, "discovered_limit": 7,
+                   "concurrency": {"initial": 4}, "evalharness_version": "0.1.0", "python": "3.11.7",
+                   "identity": {"settings": {"temperature": 0.0, "max_tokens": 256}},
+                   "history": [{"status": "killed", "started_at": "2027-01-15T08:00:00Z",
+                                "ended_at": "2027-01-15T08:00:05Z"},
+                               {"status": "finished", "started_at": "2027-01-15T08:01:00Z",
+                                "ended_at": "2027-01-15T08:01:09Z"}]}, fh)
     write_jsonl(os.path.join(run, "events.jsonl"), [
         {"t": T0 + 1, "type": "run_start"}, {"t": T0 + 3, "type": "limit", "limit": 9, "previous": 4},
         {"t": T0 + 5, "type": "drain", "limit": 6, "drain_s": 2.0}, {"t": T0 + 8, "type": "limit", "limit": 7}])
@@ -217,7 +232,82 @@ class TestHtmlReport(unittest.TestCase):
             self.assertGreater(os.path.getsize(shot), 10_000)
 
 
+    def dom(self, path):
+        exe = chromium()
+        if not exe:
+            if os.environ.get("EVALHARNESS_REQUIRE_DOCKER") == "1":
+                self.fail("EVALHARNESS_REQUIRE_DOCKER=1 (CI) but chromium is not installed")
+            self.skipTest("chromium is not installed (Debian package chromium)")
+        flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--user-data-dir=" + tempdir(self), "--enable-logging=stderr",
+                 "--v=0", "--dump-dom", "file://" + path]
+        dom = subprocess.run(flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                             timeout=120)
+        self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
+        self.assertEqual([line for line in dom.stderr.splitlines() if "CONSOLE" in line], [])
+        return dom.stdout
+
+    def test_samples_show_question_extracted_answer_and_error_class_and_hostile_text_stays_text(self):
+        d = tempdir(self)
+        page = self.dom(self._page(qa_fixture(d, evil_text=True))[0])
+        samples = page[page.index('id="samples"'):]
+        samples = samples[:samples.index("</table>")]
+        self.assertIn("Question 6?", samples)        # a wrong sample: its question, extracted answer, response
+        self.assertIn("extracted-6", samples)
+        self.assertIn("resp 6", samples)
+        self.assertIn("Question 9?", samples)        # a failed one: its class and message
+        self.assertIn("overload", samples)
+        self.assertIn("HTTP 429 from http://x/v1", samples)
+        self.assertEqual(samples.count("&lt;script&gt;alert('evil')&lt;/script&gt;"), 3)  # question, reference, reply
+        self.assertNotIn("alert('evil')</script>", page)
+        config = page[page.index('id="config"'):]
+        for text in ("m at gpu7", "temperature 0.0, max_tokens 256", "sha256 " + "ab" * 32, "evalharness 0.1.0",
+                     "2 attempt(s): killed"):
+            self.assertIn(text, config[:config.index("</table>")])
+
+    def test_comparison_page_names_the_models_and_shows_a_flipped_samples_question(self):
+        d = tempdir(self)
+        os.makedirs(os.path.join(d, "a"))
+        os.makedirs(os.path.join(d, "b"))
+        a = qa_fixture(os.path.join(d, "a"), model="llama-3-8b")
+        b = qa_fixture(os.path.join(d, "b"), scores=(1, 1, 1, 1, 1, 1, 0, 0), model="qwen-7b")
+        proc = subprocess.run([sys.executable, MODULE, "report", a, b, "--html"], env=clean_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
+                              cwd=d)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertFalse(os.path.exists(os.path.join(d, "comparison.html")))  # not into the current directory
+        page = self.dom(os.path.join(a, "comparison.html"))
+        self.assertIn("(model llama-3-8b)", page)
+        self.assertIn("(model qwen-7b)", page)
+        flipped = page[page.index('id="flipped"'):]
+        self.assertIn("worse in B", flipped)
+        self.assertIn("Question 8?", flipped)  # s8 regressed: its question and both responses
+        self.assertIn("resp 8", flipped)
+        self.assertIn('id="categories"', page)
+
+
 class TestComparison(unittest.TestCase):
+
+    def test_two_runs_that_share_no_sample_exit_1_with_a_warning(self):
+        d = tempdir(self)
+        os.makedirs(os.path.join(d, "a"))
+        os.makedirs(os.path.join(d, "b"))
+        a = qa_fixture(os.path.join(d, "a"))
+        b = qa_fixture(os.path.join(d, "b"), prefix="other")
+        proc = subprocess.run([sys.executable, MODULE, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn("share no sample id: nothing was compared", proc.stderr)
+
+    def test_per_category_deltas_with_paired_intervals(self):
+        d = tempdir(self)
+        os.makedirs(os.path.join(d, "a"))
+        os.makedirs(os.path.join(d, "b"))
+        a = qa_fixture(os.path.join(d, "a"))
+        b = qa_fixture(os.path.join(d, "b"), scores=(1, 1, 1, 1, 1, 1, 0, 0))
+        cats = eh.compare_runs(eh.load_run(a), eh.load_run(b))["by_category"]
+        self.assertEqual({k: (v["n"], v["diff"]) for k, v in cats.items()}, {"a": (4, 0.25), "b": (4, 0.0)})
+        self.assertLessEqual(cats["a"]["ci95"][0], 0.25)
 
     def test_paired_difference_flips_and_resolved_only_in_one(self):
         d = tempdir(self)
