@@ -9196,7 +9196,16 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("--timeout", type=float, default=DEFAULT_IMAGE_WAIT_S, metavar="SECONDS",
                            help="limit per image (default %(default)s)")
             p.add_argument("--no-progress", dest="progress", action="store_false")
-        p.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout (index, plan)")
+        if action in ("index", "plan"):
+            p.add_argument("--json", dest="json_out", action="store_true",
+                           help="the %s as JSON on stdout (default: text)" % action)
+        else:
+            p.set_defaults(json_out=False)
+    # -v after the subcommand too (`run ... -v`); SUPPRESS keeps a -v given before it
+    for name, p in list(sub.choices.items()) + list(isub.choices.items()):
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="debug logging on stderr: requests retried, the endpoint's pre-flight, engine commands "
+                            "(default: off)")
     return parser
 
 
