@@ -8037,7 +8037,9 @@ def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
     if limit:
         limit.append((round(t_end - t0, 3), limit[-1][1]))
     limit = _downsample_steps(sorted(limit), 600)
-    n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1))
+    # about eight completions a bin on average (bursty completions in one-second bins read as a comb of spikes),
+    # at most 120 bins and none shorter than a second
+    n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1, len(spans) // 8))
     width = max((t_end - t0) / n_bins, 1e-9)
     done = [0] * n_bins
     toks = [0] * n_bins
@@ -8045,7 +8047,17 @@ def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
         i = min(n_bins - 1, int((e - t0) / width))
         done[i] += 1
         toks[i] += tok
+    marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
+    starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
+    for t in sorted(starts)[1:]:
+        if t >= t0:
+            marks.append((round(t - t0, 3), "resume"))
+    for ev in events:
+        if ev.get("t") is not None and float(ev["t"]) >= t0 and (
+                ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and ev.get("status") == "aborted")):
+            marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else "aborted"))
     return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit, "drains": drains,
+            "marks": sorted(marks),
             "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
             "tokens": [round(c / width, 2) for c in toks]}
 
@@ -8175,15 +8187,20 @@ document.body.dataset.ready = '1';
 
 def _svg_chart(title: str, series: Sequence[Tuple[str, str, Sequence[Tuple[float, float]], bool]], *,
                x_label: str, y_label: str, shaded: Sequence[Tuple[float, float]] = (), width: int = 1100,
-               height: int = 260, chart_id: str = "") -> str:
-    """A line chart as inline SVG: ``series`` = (name, colour, points, step?) ; ``shaded`` x ranges (drains)."""
+               height: int = 260, chart_id: str = "", integer: bool = False,
+               marks: Sequence[Tuple[float, str]] = ()) -> str:
+    """A line chart as inline SVG: ``series`` = (name, colour, points, step?) ; ``shaded`` x ranges (drains);
+    ``marks`` labelled vertical lines (a resume, a breaker trip); ``integer`` y ticks for counts."""
     pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
     pts = [p for _, _, ps, _ in series for p in ps]
     if not pts:
         return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
                 'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
-    x_max = max(max(x for x, _ in pts), max((b for _, b in shaded), default=0), 1e-9)
+    x_max = max(max(x for x, _ in pts), max((b for _, b in shaded), default=0),
+                max((x for x, _ in marks), default=0), 1e-9)
     y_max = max(max(y for _, y in pts), 1e-9) * 1.08
+    if integer:
+        y_max = float(max(4, int(math.ceil(y_max / 4.0)) * 4))  # four equal integer steps
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
 
     def sx(x: float) -> float:
@@ -8198,11 +8215,15 @@ def _svg_chart(title: str, series: Sequence[Tuple[str, str, Sequence[Tuple[float
     for a, b in shaded:
         out.append('<rect class="drain" x="%.1f" y="%d" width="%.1f" height="%d" fill="#ffebe9" opacity="0.8">'
                    '<title>drain %.1f–%.1f s</title></rect>' % (sx(a), pad_t, max(1.0, sx(b) - sx(a)), h, a, b))
+    for xm, label in marks:
+        out.append('<line class="mark" x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#57606a" stroke-dasharray="4 3"/>'
+                   '<text x="%.1f" y="%d" style="fill:#57606a">%s</text>' % (sx(xm), sx(xm), pad_t, pad_t + h,
+                                                                              sx(xm) + 3, pad_t + 10, _esc(label)))
     for i in range(5):
         yv = y_max * i / 4
         out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eaeef2"/><text x="%d" y="%.1f" '
                    'text-anchor="end">%s</text>' % (pad_l, width - pad_r, sy(yv), sy(yv), pad_l - 6, sy(yv) + 4,
-                                                    _fmt_num(yv)))
+                                                    "%d" % round(yv) if integer else _fmt_num(yv)))
         xv = x_max * i / 4
         out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (sx(xv), height - 18, _fmt_num(xv)))
     out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + w / 2, height - 4, _esc(x_label)))
@@ -8380,22 +8401,25 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append("</tbody></table>")
     ser = data["series"]
     h.append("<h2>Load over time</h2>")
+    marks = ser.get("marks") or ()
     h.append(_svg_chart("concurrency limit and samples in flight", [
         ("in flight", "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
         x_label="seconds since the first sample started", y_label="concurrent", shaded=ser["drains"],
-        chart_id="chart-concurrency"))
+        chart_id="chart-concurrency", integer=True, marks=marks))
     bins = ser.get("bin_s") or 1
 
     def binned(values: Sequence[float]) -> List[Tuple[float, float]]:
         pts = [(i * bins, v) for i, v in enumerate(values)]
         return pts + [(len(values) * bins, values[-1])] if values else pts
 
-    h.append(_svg_chart("completed samples per second", [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
+    h.append(_svg_chart("completed samples per second (%s s bins)" % _fmt_num(bins),
+                        [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
                         x_label="seconds since the first sample started", y_label="samples/s",
-                        chart_id="chart-throughput"))
-    h.append(_svg_chart("output tokens per second", [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
+                        chart_id="chart-throughput", marks=marks))
+    h.append(_svg_chart("output tokens per second (%s s bins)" % _fmt_num(bins),
+                        [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
                         x_label="seconds since the first sample started", y_label="tokens/s",
-                        chart_id="chart-tokens"))
+                        chart_id="chart-tokens", marks=marks))
     h.append(_svg_bars("%s histogram" % data["latency_label"], data["latency_hist"], x_label="seconds",
                        chart_id="chart-latency"))
     h.append("<h2>Failures</h2>")

@@ -120,6 +120,22 @@ class TestReportNumbers(unittest.TestCase):
         self.assertEqual(ser["drains"], [(4.0, 6.0)])
         self.assertAlmostEqual(sum(ser["rate"]) * ser["bin_s"], 10, places=2)
 
+    def test_resumes_and_a_breaker_trip_are_marked_counts_get_integer_ticks_and_bursts_wider_bins(self):
+        run = qa_fixture(tempdir(self))
+        with open(os.path.join(run, "events.jsonl"), "a") as fh:
+            for ev in ({"t": T0 + 6, "type": "breaker_open"}, {"t": T0 + 7, "type": "run_start"}):
+                fh.write(json.dumps(ev) + "\n")
+        data = eh.report_data(eh.load_run(run))
+        self.assertEqual(data["series"]["marks"], [(5.0, "breaker"), (6.0, "resume")])
+        page = eh.render_html(data, eh.load_run(run))
+        chart = page[page.index('id="chart-concurrency"'):]
+        chart = chart[:chart.index("</svg>")]
+        self.assertEqual(chart.count('class="mark"'), 2)
+        ticks = re.findall(r'text-anchor="end">([^<]+)<', chart)
+        self.assertTrue(ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks)  # no 1.62 on a count axis
+        # 10 completions: one bin (about eight completions a bin), not ten one-second spikes
+        self.assertEqual(len(data["series"]["rate"]), 1)
+
     def test_a_pause_that_ended_early_is_shaded_only_until_it_ended(self):
         # a refusal without Retry-After pauses for at most 30 s but ends at the next success: the gate says so
         run = qa_fixture(tempdir(self))
