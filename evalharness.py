@@ -8769,8 +8769,8 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exec-workers", type=int, default=d.exec_workers, metavar="N",
                    help="threads through which every container call runs (default %(default)s)")
     g.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N",
-                   help="cap on concurrent agent sessions; below it the session gate follows the model's "
-                        "discovered concurrency (default %(default)s)")
+                   help="cap on concurrent agent sessions; below it the session gate finds the count that gets "
+                        "the most done (default %(default)s)")
     g.add_argument("--system-template", default=None, metavar="FILE", help="system prompt template file (default:"
                                                                            " the built-in template)")
     g.add_argument("--instance-template", default=None, metavar="FILE",
