@@ -6,8 +6,11 @@
 # (evalharness.cpython-38.pyc ... evalharness.cpython-313.pyc: optimize=0, unchecked-hash, so the bytes do not
 # depend on file times), compiled by that version's own interpreter: the highest X.Y.Z of `pyenv versions --bare`,
 # else pythonX.Y on PATH; a version not found is skipped with a note on stderr. __main__.py loads the one whose
-# magic number matches the running interpreter and imports the source for any other (EVALHARNESS_DEBUG_LOADER=1
-# makes it say which on stderr). PYC_VERSIONS="3.8 3.13" limits the bytecode to those versions ("none": source only).
+# magic number matches the running interpreter and compiles the archive's source for any other, and under -O
+# (EVALHARNESS_DEBUG_LOADER=1 makes it say which on stderr). PYC_VERSIONS="3.8 3.13" limits the bytecode to
+# those versions ("none": source only).
+# So the bytes depend on the interpreters found as well as on the sources: to reproduce an archive on another
+# machine, build with the same X.Y.Z releases (the build lists them on stderr) or the same PYC_VERSIONS.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
@@ -29,11 +32,12 @@ if unknown:
              % (os.environ["PYC_VERSIONS"], " ".join(unknown), " ".join(SUPPORTED)))
 
 # __main__.py: syntax any Python parses (no f-strings), so an old interpreter gets a clear message, not a traceback.
-# zipimport never uses bytecode from __pycache__ and would compile the ~9k-line module on every start, so this
-# loads the archive's evalharness.<cache_tag>.pyc itself, the way importlib's SourceFileLoader loads a pyc: the
-# module is registered in sys.modules before its code runs (pickle, dataclasses and `import evalharness` find it),
-# with the __file__, __spec__ and code file names a source import from the archive gives, so tracebacks name
-# evalharness.pyz/evalharness.py and linecache gets the lines from the archive's source through __loader__.
+# zipimport uses no cached bytecode and compiles the ~9k-line module twice per start (once for get_filename, once
+# for get_code), so __main__.py makes the module itself, the way importlib's SourceFileLoader does: code from the
+# archive's evalharness.<cache_tag>.pyc when it fits this interpreter, else compiled once from the archive's
+# source; registered in sys.modules before it runs (pickle, dataclasses and `import evalharness` find it); the
+# __file__, __spec__ and code file names a plain import from the archive gives, so tracebacks name
+# evalharness.pyz/evalharness.py and linecache reads the lines from the archive through __loader__.
 main = r'''# evalharness zipapp entry point, written by build_zipapp.sh.
 import sys
 if sys.version_info < (3, 8):
@@ -62,40 +66,47 @@ def _bytecode(loader, name):
     return code, None
 
 
-def _load():
-    """The evalharness module, from this interpreter's bytecode in the archive or else from the source."""
+def _from_archive(loader, archive):
+    """The module made from the archive (a zipimporter's), the way SourceFileLoader makes one; and how."""
     import os
-    loader = globals().get('__loader__')
-    archive = getattr(loader, 'archive', None)  # a zipimporter when run from the .pyz
-    tag = sys.implementation.cache_tag
-    if archive is None or tag is None:
-        code, why = None, 'not run from a zip archive, or no bytecode cache tag'
-    else:
-        pyc = 'evalharness.%s.pyc' % tag
-        code, why = _bytecode(loader, pyc)
-    debug = os.environ.get('EVALHARNESS_DEBUG_LOADER', '') not in ('', '0')
-    if code is None:
-        import evalharness
-        if debug:
-            sys.stderr.write('evalharness loader: source %s (%s)\n' % (evalharness.__file__, why))
-        return evalharness
-    import _imp
     import importlib.util
     from importlib.machinery import ModuleSpec
     origin = os.path.join(archive, 'evalharness.py')
     spec = ModuleSpec('evalharness', loader, origin=origin)
     spec.has_location = True
-    spec.cached = os.path.join(archive, pyc)
+    tag = sys.implementation.cache_tag
+    pyc = 'evalharness.%s.pyc' % tag
+    code, why = _bytecode(loader, pyc) if tag else (None, 'no bytecode cache tag')
+    if code is None:
+        code = compile(loader.get_data('evalharness.py'), origin, 'exec', dont_inherit=True)
+        how = 'source %s (%s)' % (origin, why)
+    else:
+        import _imp
+        _imp._fix_co_filename(code, origin)  # every nested code object too, as SourceFileLoader does
+        spec.cached = os.path.join(archive, pyc)
+        how = 'bytecode %s' % spec.cached
     module = importlib.util.module_from_spec(spec)
-    _imp._fix_co_filename(code, origin)  # every nested code object too, as SourceFileLoader does
     sys.modules['evalharness'] = module
     try:
         exec(code, module.__dict__)
     except BaseException:
         sys.modules.pop('evalharness', None)  # as the import system does: no half-made module left behind
         raise
-    if debug:
-        sys.stderr.write('evalharness loader: bytecode %s\n' % spec.cached)
+    return module, how
+
+
+def _load():
+    """The evalharness module; EVALHARNESS_DEBUG_LOADER=1: say on stderr where it came from."""
+    import os
+    loader = globals().get('__loader__')
+    archive = getattr(loader, 'archive', None)  # a zipimporter when run from the .pyz
+    if archive is None:
+        import evalharness as module  # run from a folder: the usual import, with its __pycache__
+        how = 'import %s' % module.__file__
+    else:
+        module, how = _from_archive(loader, archive)
+    if os.environ.get('EVALHARNESS_DEBUG_LOADER', '') not in ('', '0'):
+        sys.stderr.write('evalharness loader: %s\n' % how)
     return module
 
 
@@ -153,7 +164,9 @@ try:
             jobs.append((version, exe, cfile, subprocess.Popen(
                 [exe, "-S", "-c", COMPILE, source, cfile], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 universal_newlines=True, env=env, cwd=tmpdir)))
-        done = [job + proc.communicate(timeout=300) for job in jobs for proc in job[-1:]]  # all, then check
+        done = []
+        for job in jobs:  # wait for all of them before checking, so none is left running
+            done.append(job + job[-1].communicate(timeout=300))
         built = []
         for version, exe, cfile, proc, stdout, stderr in done:
             tag, _, release = stdout.strip().partition(" ")

@@ -211,22 +211,25 @@ sys.exit(0 if result.wasSuccessful() else 1)
 '''
 
 
+_PRICING_TESTS = textwrap.dedent('''\
+    import unittest
+
+    from shop.pricing import discount
+
+
+    class PricingTests(unittest.TestCase):
+        def test_no_discount(self):
+            self.assertEqual(discount(100, 0), 100)
+    ''')  # the django-style images' test module at the base commit
+
+
 def _djangoish() -> dict:
     files = {
         "shop/__init__.py": "",
         "shop/pricing.py": "def discount(price, pct):\n    return price - price * pct / 10\n",
         "tests/runtests.py": _RUNTESTS,
         "tests/pricing/__init__.py": "",
-        "tests/pricing/tests.py": textwrap.dedent('''\
-            import unittest
-
-            from shop.pricing import discount
-
-
-            class PricingTests(unittest.TestCase):
-                def test_no_discount(self):
-                    self.assertEqual(discount(100, 0), 100)
-            '''),
+        "tests/pricing/tests.py": _PRICING_TESTS,
     }
     tests_after = files["tests/pricing/tests.py"] + "\n    def test_ten_percent(self):\n        " \
         "self.assertEqual(discount(200, 10), 180)\n"
@@ -597,16 +600,7 @@ def _djsetup() -> dict:
                                 "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3'}}\n"
                                 "SECRET_KEY = 'django_tests_secret_key'\n",
         "tests/pricing/__init__.py": "",
-        "tests/pricing/tests.py": textwrap.dedent('''\
-            import unittest
-
-            from shop.pricing import discount
-
-
-            class PricingTests(unittest.TestCase):
-                def test_no_discount(self):
-                    self.assertEqual(discount(100, 0), 100)
-            '''),
+        "tests/pricing/tests.py": _PRICING_TESTS,
     }
     tests_after = files["tests/pricing/tests.py"] + "\n    def test_ten_percent(self):\n" \
         "        self.assertEqual(discount(200, 10), 180)\n"

@@ -3,11 +3,14 @@ import ast
 import glob
 import hashlib
 import importlib.util
+import json
+import marshal
 import os
 import subprocess
 import sys
 import sysconfig
 import unittest
+import zipfile
 
 from tests.support import MODULE, ROOT, clean_env, tempdir
 
@@ -44,11 +47,93 @@ def find_python(version: str):
     return None
 
 
-def build(out_path: str) -> str:
+def build(out_path: str, **env) -> str:
+    """Build the zipapp at out_path (env: e.g. PYC_VERSIONS="3.8"); returns what the build printed on stdout."""
     res = subprocess.run(["bash", os.path.join(ROOT, "build_zipapp.sh"), out_path], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=clean_env())
+                         stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=clean_env(**env))
     assert res.returncode == 0, res.stderr
     return res.stdout
+
+
+SUPPORTED = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
+
+
+def supported_pythons(test):
+    """[(X.Y, interpreter)] for each supported Python pyenv has here (the build finds those too); skips if none."""
+    found = [(v, find_python(v)) for v in SUPPORTED]
+    found = [(v, exe) for v, exe in found if exe]
+    if not found:
+        test.skipTest("no pyenv Python %s-%s on this machine" % (SUPPORTED[0], SUPPORTED[-1]))
+    return found
+
+
+# Run with a zipapp's path: runs it as `python PYZ --version` does (runpy), with builtins.compile watched, then
+# prints (last line) JSON on the module it made. The zipapp compiles through builtins.compile (its __main__.py
+# and zipimport's frozen code both call it), so "compiled" lists every compile of evalharness.py.
+PROBE = r"""
+import builtins, json, linecache, pickle, runpy, sys
+pyz = sys.argv[1]
+compiled = []
+real_compile = builtins.compile
+def spy(source, filename, *args, **kwargs):
+    compiled.append(str(filename))
+    return real_compile(source, filename, *args, **kwargs)
+builtins.compile = spy
+sys.argv = [pyz, "--version"]
+try:
+    runpy.run_path(pyz, run_name="__main__")
+except SystemExit as exc:
+    status = exc.code
+finally:
+    builtins.compile = real_compile
+eh = sys.modules["evalharness"]
+import evalharness
+main = eh.main.__code__
+error = pickle.loads(pickle.dumps(eh.HarnessError("boom")))
+print(json.dumps({
+    "exit": status, "tag": sys.implementation.cache_tag, "version": eh.__version__,
+    "compiled": [f for f in compiled if f.endswith("evalharness.py")],
+    "file": eh.__file__, "cached": getattr(eh, "__cached__", None), "origin": eh.__spec__.origin,
+    "spec_name": eh.__spec__.name, "import_gives_it": evalharness is eh, "co_filename": main.co_filename,
+    "line": linecache.getline(main.co_filename, main.co_firstlineno, eh.__dict__).strip(),
+    "unpickled": type(error) is eh.HarnessError and str(error) == "boom"}))
+"""
+
+# Run with a zipapp's path: what this interpreter's pyc in it holds, against the archive's own source.
+CHECK_PYC = r"""
+import importlib.util, json, marshal, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as zf:
+    source = zf.read("evalharness.py")
+    data = zf.read("evalharness.%s.pyc" % sys.implementation.cache_tag)
+code = marshal.loads(data[16:])
+print(json.dumps({
+    "magic": data[:4] == importlib.util.MAGIC_NUMBER, "flags": int.from_bytes(data[4:8], "little"),
+    "source_hash": data[8:16] == importlib.util.source_hash(source),
+    "optimize": [level for level in (0, 1, 2)
+                 if code == compile(source, "evalharness.py", "exec", dont_inherit=True, optimize=level)]}))
+"""
+
+
+def run_python(exe, args, **env):
+    return subprocess.run([exe] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                          env=clean_env(**env), timeout=120)
+
+
+def probe(test, exe, pyz, *flags):
+    """(the PROBE's JSON for pyz under exe, the loader line __main__.py wrote on stderr, the first stdout line)."""
+    res = run_python(exe, list(flags) + ["-c", PROBE, pyz], EVALHARNESS_DEBUG_LOADER="1")
+    test.assertEqual(res.returncode, 0, "%s: %s" % (exe, res.stderr))
+    lines = res.stdout.splitlines()
+    return json.loads(lines[-1]), res.stderr.strip(), lines[0]
+
+
+def rewrite(pyz, out, **replace):
+    """A copy of the zipapp pyz at out with the entries in replace (name=bytes) replaced."""
+    with zipfile.ZipFile(pyz) as src, open(out, "wb") as raw:
+        raw.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                dst.writestr(info, replace.get(info.filename, src.read(info.filename)))
 
 
 class TestStdlibOnly(unittest.TestCase):
@@ -81,9 +166,13 @@ class TestZipapp(unittest.TestCase):
             da, db = fa.read(), fb.read()
         self.assertEqual(hashlib.sha256(da).hexdigest(), hashlib.sha256(db).hexdigest())
         self.assertIn(hashlib.sha256(da).hexdigest(), printed)
-        import zipfile
         with zipfile.ZipFile(a) as zf:
-            self.assertEqual(sorted(zf.namelist()), ["__main__.py", "evalharness.py"])
+            names = zf.namelist()
+        self.assertEqual(names, sorted(names))
+        self.assertEqual([n for n in names if not n.endswith(".pyc")], ["__main__.py", "evalharness.py"])
+        self.assertTrue(names[1:-1], "no bytecode in the archive")
+        for name in names[1:-1]:
+            self.assertRegex(name, r"^evalharness\.cpython-3\d+\.pyc$")
 
     def test_pyz_and_module_behave_the_same(self):
         d = tempdir(self)
@@ -122,6 +211,93 @@ class TestZipapp(unittest.TestCase):
                              universal_newlines=True, env=clean_env(), timeout=60)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("requires Python >= 3.8", res.stderr)
+
+
+class TestZipappBytecode(unittest.TestCase):
+    """The zipapp starts from the bytecode built for the running Python, else from the source."""
+
+    def test_archive_holds_bytecode_of_its_source_at_optimize_0_for_each_python_found(self):
+        d = tempdir(self)
+        pyz = os.path.join(d, "e.pyz")
+        build(pyz)
+        with zipfile.ZipFile(pyz) as zf:
+            names = set(zf.namelist())
+        pythons = supported_pythons(self)
+        for version, exe in pythons:
+            res = run_python(exe, ["-c", CHECK_PYC, pyz])
+            self.assertEqual(res.returncode, 0, "%s: %s" % (version, res.stderr))
+            pyc = json.loads(res.stdout)
+            self.assertEqual((pyc["magic"], pyc["flags"], pyc["source_hash"]), (True, 1, True), version)
+            self.assertIn(0, pyc["optimize"], version)
+            self.assertNotIn(2, pyc["optimize"], version)  # -OO drops docstrings: the check tells levels apart
+        tags = {run_python(exe, ["-c", "import sys; print(sys.implementation.cache_tag)"]).stdout.strip()
+                for _, exe in pythons}
+        self.assertEqual(tags - {n[len("evalharness."):-len(".pyc")] for n in names if n.endswith(".pyc")}, set())
+
+    def test_each_python_runs_the_zipapp_from_its_bytecode_without_compiling_the_module(self):
+        d = tempdir(self)
+        pyz = os.path.join(d, "e.pyz")
+        build(pyz)
+        for version, exe in supported_pythons(self):
+            got, loader, first = probe(self, exe, pyz)
+            pyc = os.path.join(pyz, "evalharness.%s.pyc" % got["tag"])
+            source = os.path.join(pyz, "evalharness.py")
+            self.assertEqual(loader, "evalharness loader: bytecode " + pyc, version)
+            self.assertEqual(got["compiled"], [], version)
+            self.assertEqual((got["exit"], first), (0, "evalharness " + got["version"]), version)
+            self.assertEqual((got["file"], got["origin"], got["cached"], got["spec_name"]),
+                             (source, source, pyc, "evalharness"), version)
+            self.assertTrue(got["import_gives_it"] and got["unpickled"], version)
+            self.assertEqual(got["co_filename"], source, version)  # tracebacks name the archive's source
+            self.assertTrue(got["line"].startswith("def main("), version)
+            res = run_python(exe, [pyz, "--version"], EVALHARNESS_DEBUG_LOADER="1")  # as a user runs it
+            self.assertEqual((res.returncode, res.stdout.strip()), (0, first), version)
+            self.assertIn("evalharness loader: bytecode ", res.stderr, version)
+
+    def test_a_python_without_bytecode_in_the_archive_compiles_the_source_once(self):
+        pythons = [(v, find_python(v)) for v in SUPPORTED]
+        pythons = [(v, exe) for v, exe in pythons if exe]
+        d = tempdir(self)
+        cases = [(sys.executable, os.path.join(d, "none.pyz"), "none")]
+        if len(pythons) > 1:  # built with one Python's bytecode only, run by another
+            cases.append((pythons[-1][1], os.path.join(d, "one.pyz"), pythons[0][0]))
+            cases.append((pythons[0][1], os.path.join(d, "other.pyz"), pythons[-1][0]))
+        for exe, pyz, only in cases:
+            build(pyz, PYC_VERSIONS=only)
+            got, loader, first = probe(self, exe, pyz)
+            source = os.path.join(pyz, "evalharness.py")
+            self.assertEqual(loader, "evalharness loader: source %s (no evalharness.%s.pyc in the archive)"
+                             % (source, got["tag"]), (exe, only))
+            self.assertEqual(got["compiled"], [source], (exe, only))  # once: zipimport alone would compile twice
+            self.assertEqual((got["exit"], first), (0, "evalharness " + got["version"]))
+            self.assertEqual((got["file"], got["origin"], got["co_filename"]), (source, source, source))
+            self.assertTrue(got["import_gives_it"] and got["unpickled"] and got["line"].startswith("def main("))
+
+    def test_damaged_or_foreign_bytecode_and_python_O_fall_back_to_the_source(self):
+        d = tempdir(self)
+        pyz = os.path.join(d, "e.pyz")
+        build(pyz)
+        name = "evalharness.%s.pyc" % sys.implementation.cache_tag
+        with zipfile.ZipFile(pyz) as zf:
+            if name not in zf.namelist():
+                self.skipTest("the build found no Python %d.%d for bytecode" % sys.version_info[:2])
+            good = zf.read(name)
+        bad = [("not unchecked-hash bytecode", b"\0\0\0\0" + good[4:]),   # another Python's magic number
+               ("not unchecked-hash bytecode", good[:4] + b"\3\0\0\0" + good[8:]),  # checked hash
+               ("damaged", good[:1000]),                                    # cut short
+               ("damaged", good[:16] + marshal.dumps(12345))]               # not a code object
+        cases = []
+        for i, (why, data) in enumerate(bad):
+            cases.append((os.path.join(d, "bad%d.pyz" % i), why, []))
+            rewrite(pyz, cases[-1][0], **{name: data})
+        cases += [(pyz, "python -O", ["-O"]), (pyz, "python -O", ["-OO"])]
+        for path, why, flags in cases:
+            got, loader, first = probe(self, sys.executable, path, *flags)
+            self.assertTrue(loader.startswith("evalharness loader: source %s (" % os.path.join(path, "evalharness.py")),
+                            loader)
+            self.assertIn(why, loader)
+            self.assertEqual(len(got["compiled"]), 1, why)
+            self.assertEqual((got["exit"], first), (0, "evalharness " + got["version"]), why)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,14 @@ def swe_fixture(d: str, n: int = 3, traj_chars: int = 300) -> str:
     return run
 
 
+def two_runs(test, a_kw=None, **b_kw):
+    """Two fixture runs in a temp dir: A as qa_fixture makes it (``a_kw``), B with ``b_kw``; (dir, A, B)."""
+    d = tempdir(test)
+    os.makedirs(os.path.join(d, "a"))
+    os.makedirs(os.path.join(d, "b"))
+    return d, qa_fixture(os.path.join(d, "a"), **(a_kw or {})), qa_fixture(os.path.join(d, "b"), **b_kw)
+
+
 def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)
@@ -282,11 +290,7 @@ class TestHtmlReport(unittest.TestCase):
             self.assertIn(text, config[:config.index("</table>")])
 
     def test_comparison_page_names_the_models_and_shows_a_flipped_samples_question(self):
-        d = tempdir(self)
-        os.makedirs(os.path.join(d, "a"))
-        os.makedirs(os.path.join(d, "b"))
-        a = qa_fixture(os.path.join(d, "a"), model="llama-3-8b")
-        b = qa_fixture(os.path.join(d, "b"), scores=(1, 1, 1, 1, 1, 1, 0, 0), model="qwen-7b")
+        d, a, b = two_runs(self, a_kw=dict(model="llama-3-8b"), scores=(1, 1, 1, 1, 1, 1, 0, 0), model="qwen-7b")
         proc = subprocess.run([sys.executable, MODULE, "report", a, b, "--html"], env=clean_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
                               cwd=d)
@@ -305,32 +309,20 @@ class TestHtmlReport(unittest.TestCase):
 class TestComparison(unittest.TestCase):
 
     def test_two_runs_that_share_no_sample_exit_1_with_a_warning(self):
-        d = tempdir(self)
-        os.makedirs(os.path.join(d, "a"))
-        os.makedirs(os.path.join(d, "b"))
-        a = qa_fixture(os.path.join(d, "a"))
-        b = qa_fixture(os.path.join(d, "b"), prefix="other")
+        d, a, b = two_runs(self, prefix="other")
         proc = subprocess.run([sys.executable, MODULE, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(proc.returncode, 1, proc.stderr)
         self.assertIn("share no sample id: nothing was compared", proc.stderr)
 
     def test_per_category_deltas_with_paired_intervals(self):
-        d = tempdir(self)
-        os.makedirs(os.path.join(d, "a"))
-        os.makedirs(os.path.join(d, "b"))
-        a = qa_fixture(os.path.join(d, "a"))
-        b = qa_fixture(os.path.join(d, "b"), scores=(1, 1, 1, 1, 1, 1, 0, 0))
+        d, a, b = two_runs(self, scores=(1, 1, 1, 1, 1, 1, 0, 0))
         cats = eh.compare_runs(eh.load_run(a), eh.load_run(b))["by_category"]
         self.assertEqual({k: (v["n"], v["diff"]) for k, v in cats.items()}, {"a": (4, 0.25), "b": (4, 0.0)})
         self.assertLessEqual(cats["a"]["ci95"][0], 0.25)
 
     def test_paired_difference_flips_and_resolved_only_in_one(self):
-        d = tempdir(self)
-        os.makedirs(os.path.join(d, "a"))
-        os.makedirs(os.path.join(d, "b"))
-        a = qa_fixture(os.path.join(d, "a"))
-        b = qa_fixture(os.path.join(d, "b"), scores=(1, 1, 1, 1, 1, 1, 0, 0))
+        d, a, b = two_runs(self, scores=(1, 1, 1, 1, 1, 1, 0, 0))
         c = eh.compare_runs(eh.load_run(a), eh.load_run(b))
         self.assertEqual((c["common"], c["paired_scored"]), (10, 8))
         self.assertEqual((c["improved"], c["regressed"]), (["s4", "s6"], ["s8"]))
