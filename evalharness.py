@@ -8831,8 +8831,37 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                                                                                 " (default: a progress line)")
 
 
-def _add_image_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("images (each option wins over its environment variable)")
+class _OnlySome:
+    """An argument group that adds only the options named in ``only`` (all when None) and gives the others their
+    defaults, so a subcommand's help lists what it uses while its code reads every attribute."""
+
+    def __init__(self, parser: argparse.ArgumentParser, group: Any, only: Optional[Sequence[str]]):
+        self.parser, self.group, self.only = parser, group, only
+
+    def add_argument(self, *flags: str, **kw: Any) -> None:
+        if self.only is None or flags[0] in self.only:
+            self.group.add_argument(*flags, **kw)
+        else:
+            dest = kw.get("dest") or flags[0].lstrip("-").replace("-", "_")
+            default = kw.get("default")
+            if default is None and kw.get("action") == "store_true" and "default" not in kw:
+                default = False
+            self.parser.set_defaults(**{dest: default})
+
+
+# the image options each images action uses (run and load use them all)
+_IMAGE_ACTION_OPTIONS = {
+    "index": ("--image-tars", "--tar-index"),
+    "plan": ("--image-tars", "--tar-index", "--image-store", "--image-mirrors", "--mirror-timeout", "--allow-pull",
+             "--engine", "--docker-host"),
+    "push": ("--image-store", "--engine", "--docker-host", "--image-workers"),
+    "pull": ("--image-store", "--engine", "--docker-host", "--image-workers"),
+    "release": ("--engine", "--docker-host"),
+}
+
+
+def _add_image_options(p: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
+    g = _OnlySome(p, p.add_argument_group("images (each option wins over its environment variable)"), only)
     g.add_argument("--image-tars", default=None, metavar="DIR,...",
                    help="directories of image tarballs (.tar/.tar.gz/.tgz; single images or batches, docker-save or "
                         "OCI layout) (default $EVALHARNESS_IMAGE_TARS)")
@@ -9203,7 +9232,7 @@ def _build_parser() -> argparse.ArgumentParser:
              "release": "remove images evalharness loaded and left (after a crash or --keep-images)"}
     for action, text in helps.items():
         p = isub.add_parser(action, help=text, description=text)
-        _add_image_options(p)
+        _add_image_options(p, _IMAGE_ACTION_OPTIONS.get(action))
         if action == "index":
             p.add_argument("dirs", nargs="*", metavar="DIR", help="directories (default --image-tars)")
         elif action == "release":

@@ -386,6 +386,23 @@ class TestHelp(unittest.TestCase):
         self.assertNotIn("%(", text)
         self.assertIn("(default 0.0)", " ".join(text.split()))
 
+    def test_each_images_action_lists_only_the_options_it_uses(self):
+        parser = eh._build_parser()
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        isub = next(a for a in sub.choices["images"]._actions if a.__class__.__name__ == "_SubParsersAction")
+        for action, want in (("release", {"--engine", "--docker-host", "--all"}),
+                             ("index", {"--image-tars", "--tar-index", "--json"}),
+                             ("push", {"--image-store", "--engine", "--docker-host", "--image-workers", "--dataset",
+                                       "--image-template"})):
+            p = isub.choices[action]
+            got = {a.option_strings[-1] for a in p._actions if a.option_strings} - {"--help", "--verbose"}
+            self.assertEqual(got, want, action)
+            args = parser.parse_args(["images", action])
+            for dest in ("image_tars", "image_store", "keep_images", "allow_pull", "mirror_timeout", "json_out"):
+                self.assertTrue(hasattr(args, dest), (action, dest))  # what the code reads has its default
+        load = {a.option_strings[-1] for a in isub.choices["load"]._actions if a.option_strings}
+        self.assertIn("--image-mirrors", load)
+
     def test_numbers_under_secret_looking_names_are_kept_and_secrets_are_not(self):
         cfg = eh._redact_config({"max_sample_tokens": 5000, "token_budget": 7, "swe": {"max_sample_tokens": 3},
                                  "api_key": "sk-abc", "auth_token": "t0k3n", "password": "", "use_key": True})
