@@ -8007,8 +8007,13 @@ def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
         return {"t0": None, "in_flight": [], "limit": [], "drains": [], "rate": [], "tokens": []}
     t0 = min(s for s, _, _ in spans)
     t_end = max(e for _, e, _ in spans)
+    # in flight: a QA sample's request (its successful attempt: latency_s before it finished, so retries' backoff
+    # waits do not count), a SWE instance's whole session
+    flights = [(max(float(r["finished_at"]) - float(r["latency_s"]), float(r["started_at"])), float(r["finished_at"]))
+               if isinstance(r.get("latency_s"), (int, float)) else (float(r["started_at"]), float(r["finished_at"]))
+               for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
     steps: List[Tuple[float, int]] = []
-    for s, e, _ in spans:
+    for s, e in flights:
         steps.append((s - t0, 1))
         steps.append((e - t0, -1))
     steps.sort()
@@ -8402,8 +8407,9 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     ser = data["series"]
     h.append("<h2>Load over time</h2>")
     marks = ser.get("marks") or ()
-    h.append(_svg_chart("concurrency limit and samples in flight", [
-        ("in flight", "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
+    flying = "sessions" if data["task"] == "swe" else "requests in flight"
+    h.append(_svg_chart("concurrency limit and %s" % flying, [
+        (flying, "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
         x_label="seconds since the first sample started", y_label="concurrent", shaded=ser["drains"],
         chart_id="chart-concurrency", integer=True, marks=marks))
     bins = ser.get("bin_s") or 1

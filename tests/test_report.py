@@ -144,6 +144,16 @@ class TestReportNumbers(unittest.TestCase):
         # 10 completions: one bin (about eight completions a bin), not ten one-second spikes
         self.assertEqual(len(data["series"]["rate"]), 1)
 
+    def test_in_flight_counts_requests_at_the_endpoint_not_samples_waiting_out_a_backoff(self):
+        recs = [{"id": "slow", "status": "ok", "score": 1.0, "started_at": T0, "finished_at": T0 + 10,
+                 "latency_s": 1.0},  # nine seconds of retries and backoff, then a one-second request
+                {"id": "quick", "status": "ok", "score": 1.0, "started_at": T0 + 1, "finished_at": T0 + 3,
+                 "latency_s": 2.0}]
+        ser = eh._timeline(recs, [], {})
+        self.assertEqual(max(v for _, v in ser["in_flight"]), 1)
+        swe = [dict(r, latency_s=None) for r in recs]  # SWE records: the whole session is in flight
+        self.assertEqual(max(v for _, v in eh._timeline(swe, [], {})["in_flight"]), 2)
+
     def test_a_pause_that_ended_early_is_shaded_only_until_it_ended(self):
         # a refusal without Retry-After pauses for at most 30 s but ends at the next success: the gate says so
         run = qa_fixture(tempdir(self))
@@ -245,7 +255,7 @@ class TestHtmlReport(unittest.TestCase):
                 m = re.search(r'<svg id="%s" class="chart" [^>]*data-points="(\d+)"' % chart, dom.stdout)
                 self.assertIsNotNone(m, "%s: %s missing or empty" % (kind, chart))
                 self.assertGreater(int(m.group(1)), 0)
-            self.assertRegex(dom.stdout, r'<polyline class="series" data-name="in flight" [^>]*points="[\d.]+,')
+            self.assertRegex(dom.stdout, r'<polyline class="series" data-name="(requests in flight|sessions)" [^>]*points="[\d.]+,')
             if kind == "swe":
                 self.assertEqual(dom.stdout.count("<details>"), 3)
                 self.assertIn('<ins>+a = 2  # &lt;b&gt;bold?&lt;/b&gt;</ins>', dom.stdout)
