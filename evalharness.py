@@ -424,9 +424,10 @@ class _Progress:
     def _columns(self) -> int:
         """The width of the terminal this line is drawn on (stderr's own, even when stdout is redirected)."""
         try:
-            return os.get_terminal_size(self._stream.fileno()).columns
+            columns = os.get_terminal_size(self._stream.fileno()).columns
         except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-            return shutil.get_terminal_size((80, 24)).columns
+            columns = 0
+        return columns if columns > 0 else shutil.get_terminal_size((80, 24)).columns  # a 0x0 pty: unknown
 
     def message(self, text: str) -> None:
         """Print a full line above the progress line."""
@@ -2633,6 +2634,9 @@ def probe_endpoint(config: ClientConfig, *, check_model: bool = True, flag: str 
     info: Dict[str, Any] = {"models": None, "kind": None, "context_len": None, "context_from": None,
                             "model_checked": False}
     status, data, headers, error = probe(base_url + "/models")
+    if status in (401, 403) and not check_model:  # a key that may chat but not list: the run's own calls decide
+        info["note"] = "GET /models: HTTP %d (not listed; --no-model-check)" % status
+        return info
     if status in (401, 403):
         raise ConfigError("HTTP %d from %s/models: the endpoint refused the API key%s (set $%s to a valid key, or "
                           "name another variable with --api-key-env): %s"
@@ -2654,10 +2658,12 @@ def probe_endpoint(config: ClientConfig, *, check_model: bool = True, flag: str 
         info["note"] = ("GET %s/models: %s" % (base_url, error or "HTTP %s" % status))
         _log.debug("pre-flight: %s; the run starts anyway (the outage rules apply)", info["note"])
         return info
-    entries = [e for e in (data.get("data") or []) if isinstance(e, dict) and e.get("id") is not None]
+    listed = data.get("data")
+    entries = [e for e in (listed if isinstance(listed, list) else []) if isinstance(e, dict)
+               and e.get("id") is not None]
     ids = [str(e["id"]) for e in entries]
     info["models"] = ids
-    if check_model and ids and config.model not in ids:
+    if check_model and ids and config.model not in ids and config.model + ":latest" not in ids:  # Ollama's tags
         shown = ", ".join(ids[:MODEL_LIST_SHOWN]) + (" and %d more" % (len(ids) - MODEL_LIST_SHOWN)
                                                       if len(ids) > MODEL_LIST_SHOWN else "")
         raise ConfigError("%s %r is not served by %s; it serves: %s (pass one of these to %s, or "
@@ -6689,6 +6695,7 @@ def _validate_swe_row(row: Any, where: str, template: Optional[str]) -> SWEInsta
                            "must fix" % where)
     image = _row_image(row, where, template)
     parser = row.get("log_parser")
+    parser = _PARSER_ALIASES.get(parser, parser) if isinstance(parser, str) else parser
     if parser is not None and parser not in _LOG_PARSERS:
         raise DatasetError("%s: field 'log_parser' %r is not one of %s" % (where, parser, ", ".join(_LOG_PARSERS)))
     for opt in ("test_cmd", "eval_script", "workdir", "install"):
@@ -6904,6 +6911,13 @@ def parse_log_sympy(log: str, repo: str = "") -> Dict[str, str]:
 _LOG_PARSERS = {"pytest": parse_log_pytest, "pytest_options": parse_log_pytest_options,
                 "pytest_v2": parse_log_pytest_v2, "matplotlib": parse_log_matplotlib, "seaborn": parse_log_seaborn,
                 "django": parse_log_django, "sympy": parse_log_sympy}
+# SWE-bench 5.x rows name their parser by its registry name (harness/log_parsers PARSER_REGISTRY)
+_PARSER_ALIASES = dict([("parse_log_" + k, k) for k in ("pytest", "pytest_options", "pytest_v2", "matplotlib",
+                                                          "seaborn", "django", "sympy")] +
+                       [("parse_log_" + k, "pytest") for k in ("astroid", "flask", "marshmallow", "pvlib", "pyvista",
+                                                                "sqlfluff", "xarray")] +
+                       [("parse_log_" + k, "pytest_options") for k in ("pydicom", "requests", "pylint")] +
+                       [("parse_log_" + k, "pytest_v2") for k in ("astropy", "scikit", "sphinx")])
 # Evidence that a runner ran although nothing parsed (SWE-bench 5.0.2's SUITE_RAN, for the runners it knows)
 _SUITE_RAN_RE = re.compile(
     r"Executed [1-9]\d* of \d+|TOTAL: [1-9]\d* (?:SUCCESS|FAILED)|[1-9]\d* passing|Tests:\s+[1-9]\d*"
@@ -6916,6 +6930,7 @@ def parse_test_log(log: str, parser: str, repo: str = "") -> Tuple[Optional[Dict
     when a failure marker appears (patch apply, reset, errored, timed out), a start or end marker is missing, or
     nothing parsed and nothing shows a runner ran. The statuses come from the text between the markers, else (as
     when a runner wrote outside them) from the whole log. The exit code is what the eval script printed."""
+    log = log.replace("\r\n", "\n").replace("\r", "\n")  # as the official harness reads its log back (text mode)
     code = None
     m = _EXIT_CODE_RE.search(log)  # the first one, as 5.0.2 reads it
     if m:
@@ -6986,7 +7001,7 @@ def swe_verdict(inst: "SWEInstance", log: str) -> Dict[str, Any]:
         return {"resolved": False, "found": False, "tests_status": None, "statuses": None, "test_exit_code": code,
                 "rejected": None, "warning": None}
     verdict = grade_tests(statuses, inst.fail_to_pass, inst.pass_to_pass, code,
-                          exit_code_rule=inst.eval_script is not None)
+                          exit_code_rule=bool(inst.eval_script))
     if verdict["rejected"]:
         return dict(verdict, resolved=False, found=False, statuses=statuses, test_exit_code=code)
     return dict(verdict, found=True, statuses=statuses, test_exit_code=code)
@@ -7042,8 +7057,14 @@ def swe_eval_script(inst: SWEInstance) -> str:
     the final reset always runs. Two additions change no verdict: the activation runs only where
     /opt/miniconda3/bin/activate exists (images without conda keep working), and the test command's exit code is
     printed after the end marker (reported, see grade_tests). A row's own eval_script is used as given."""
-    if inst.eval_script:
-        return inst.eval_script
+    if inst.eval_script:  # as 5.0.2's record_test_exit_code: the test command's status, printed after the end marker
+        lines = inst.eval_script.split("\n")
+        for i, line in enumerate(lines):
+            if END_MARKER in line:
+                lines[i:i + 1] = ["SWEBENCH_TEST_EXIT_CODE=$?", line,
+                                  'echo ">>>>> Test Exit Code: $SWEBENCH_TEST_EXIT_CODE"']
+                break
+        return "\n".join(lines)
     spec = swe_spec(inst)
     wd = inst.workdir
     existing = [old for old, _ in _patch_files(inst.test_patch) if old != "/dev/null"]
@@ -7313,7 +7334,7 @@ def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: st
     script (swe_eval_script: install, test patch, tests between markers), parse and grade as SWE-bench 5.0.2.
     Returns outcome (resolved | unresolved | empty_patch | apply_failed | error) with the details."""
     t0 = time.monotonic()
-    if not patch.strip():
+    if not patch:  # as officially: only an empty patch is empty (whitespace goes through the apply chain)
         return {"outcome": "empty_patch", "resolved": False, "patch_applied": None, "eval_s": 0.0,
                 "tests_status": None, "test_exit_code": None, "test_output": ""}
     box = Container(docker, pool, inst.image, run_id=run_id, instance_id=inst.id, role="eval",
@@ -8740,8 +8761,8 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                                            "while requests fail (default %(default)s)")
     g.add_argument("--no-model-check", dest="model_check", action="store_false",
                    help="start even when the endpoint's GET /v1/models does not list --model (for servers whose "
-                        "list is not what they serve); the pre-flight still checks the API path (default: the model"
-                        " is checked)")
+                        "list is not what they serve, or a key that may chat but not list models); the pre-flight "
+                        "still checks the API path (default: the model is checked)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed sent with every request (part of the "
                                                           "run's identity) (default: none sent)")
     g.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",

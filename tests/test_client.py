@@ -621,6 +621,32 @@ class TestPreflight(unittest.TestCase):
         self.assertIn("HTTP 401", str(cm.exception))
         self.assertNotIn(key, str(cm.exception))
 
+    def test_odd_lists_ollama_tags_and_a_key_that_may_not_list(self):
+        srv = start_mock(self, model="llama3:latest")
+        self.assertTrue(self.probe(srv, model="llama3")["model_checked"])  # Ollama serves a bare name as :latest
+        keyed = start_mock(self, api_key="sk-right-key-0000000000000000")
+        info = eh.probe_endpoint(eh.ClientConfig(base_url=keyed.url, model="m"), check_model=False)
+        self.assertIn("HTTP 401", info["note"])  # --no-model-check: the run's own calls decide
+
+    def test_a_models_body_of_the_wrong_shape_is_no_list_not_a_crash(self):
+        class Odd(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b'{"data": 5}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        httpd = http.server.HTTPServer(("127.0.0.1", 0), Odd)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.addCleanup(httpd.server_close)
+        self.addCleanup(httpd.shutdown)
+        info = eh.probe_endpoint(eh.ClientConfig(base_url="http://127.0.0.1:%d/v1" % httpd.server_port, model="m"))
+        self.assertEqual(info["models"], [])
+        self.assertFalse(info["model_checked"])
+
     def test_the_reply_model_field_is_kept_streamed_or_not(self):
         srv = start_mock(self, reply_model="org/served-name")
         for stream in (True, False):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import unittest
+import unittest.mock
 
 from tests.support import MODULE, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, tree_text, \
     write_jsonl
@@ -455,6 +456,17 @@ class TestProgressLine(RunCase):
             else:
                 self.assertFalse(any(rate), shots[-1])  # the rate goes first; the counts stay
                 self.assertRegex(shots[-1], r"qa \d+/24 done \| 0 failed")
+
+    def test_a_terminal_that_reports_no_size_gets_the_default_width_not_one_column(self):
+        import pty
+        master, slave = pty.openpty()  # a new pty is 0x0 until someone sets its size (CI ptys, `script`)
+        self.addCleanup(os.close, master)
+        stream = os.fdopen(slave, "w")
+        self.addCleanup(stream.close)
+        parts = [("qa 1/9 done", 9), ("0 failed", 8), ("ETA 3s", 7)]
+        with unittest.mock.patch.dict(os.environ, {"COLUMNS": "100"}):
+            eh._Progress(lambda: parts, stream=stream).draw()
+        self.assertIn(b"qa 1/9 done | 0 failed | ETA 3s", os.read(master, 4096))
 
     def test_plain_lines_start_with_a_utc_timestamp(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=10)

@@ -136,6 +136,25 @@ class TestGrading(unittest.TestCase):
         self.assertFalse(eh.grade_tests(st, ["t.py::test_g[log(photon"], ["t.py::test_h[a"], 0)["resolved"])
         self.assertFalse(eh.grade_tests(st, ["t.py::test_g"], [], 0)["resolved"])  # no open bracket: exact only
 
+    def test_5x_rows_name_parsers_by_registry_name_and_their_own_script_records_the_exit_code(self):
+        inst = eh._validate_swe_row(_row(repo="astropy/astropy", log_parser="parse_log_astropy", eval_script=(
+            "#!/bin/bash\n: '>>>>> Start Test Output'\npytest -rA t/test_a.py\n: '>>>>> End Test Output'\n")),
+            "x:1", None)
+        self.assertEqual(inst.log_parser, "pytest_v2")
+        script = eh.swe_eval_script(inst)
+        self.assertIn("pytest -rA t/test_a.py\nSWEBENCH_TEST_EXIT_CODE=$?\n: '>>>>> End Test Output'\n"
+                      "echo \">>>>> Test Exit Code: $SWEBENCH_TEST_EXIT_CODE\"", script)
+        log = "+ : '>>>>> Start Test Output'\nPASSED t/test_a.py::test_x\n+ : '>>>>> End Test Output'\n" \
+              ">>>>> Test Exit Code: 1\n"
+        self.assertFalse(eh.swe_verdict(inst, log)["resolved"])  # rejected, as 5.0.2 rejects it
+        plain = eh._validate_swe_row(_row(repo="astropy/astropy"), "x:1", None)
+        self.assertTrue(eh.swe_verdict(plain, log)["resolved"])  # SWE-bench's own script: resolved, flagged
+        self.assertIn("exited 1", eh.swe_verdict(plain, log)["warning"])
+
+    def test_a_lone_carriage_return_breaks_the_line_as_the_official_log_reader_does(self):
+        log = "+ : '>>>>> Start Test Output'\ncollecting\rPASSED t.py::test_x\r\n+ : '>>>>> End Test Output'\n"
+        self.assertEqual(eh.parse_test_log(log, "pytest_v2")[0], {"t.py::test_x": "PASSED"})
+
     def test_an_unknown_status_counts_for_neither_list(self):
         g = eh.grade_tests({"a": "PASSED", "b": "PASSEDx"}, ["a", "b"], [], 0)
         self.assertEqual(g["tests_status"]["FAIL_TO_PASS"], {"success": ["a"], "failure": []})
