@@ -6560,7 +6560,7 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
 # Multi-turn agents in task containers, scored as the official SWE-bench harness scores: the eval script as 4.1.0
 # builds it (its per-version spec table), the patch-apply chain, log parsers and grading of 5.0.2 (README: SWE tasks).
 
-SWE_STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL")
+SWE_STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL")  # SWE-bench's TestStatus: what a log line opens with
 START_MARKER = ">>>>> Start Test Output"
 END_MARKER = ">>>>> End Test Output"
 _BAD_LOG_MARKERS = (">>>>> Patch Apply Failed", ">>>>> Reset Failed", ">>>>> Tests Errored", ">>>>> Tests Timed Out")
@@ -6759,7 +6759,6 @@ class SWEDataset:
 # One documented choice where 4.1.0 and 5.0.2 disagree: pytest_v2 (astropy, scikit-learn, sphinx) keys an
 # `XFAIL id - reason` line by the id, as 4.1.0 does (5.0.2 keys `id - reason`, which no dataset id can match).
 
-_STATUS_PREFIXES = ("FAILED", "PASSED", "SKIPPED", "ERROR", "XFAIL")
 _SKIP_COUNT_RE = re.compile(r"^\[\d+\]$")
 _V2_COLOUR_RE = re.compile(r"\[(\d+)m")
 _V2_CONTROL = str.maketrans("", "", "".join(chr(c) for c in range(1, 32)))
@@ -6772,7 +6771,7 @@ def _pytest_pairs(log: str, rewrite: Optional[Callable[[str], str]] = None) -> I
     for line in log.split("\n"):
         if rewrite is not None:
             line = rewrite(line)
-        if not line.startswith(_STATUS_PREFIXES):
+        if not line.startswith(SWE_STATUSES):
             continue
         if line.startswith("FAILED"):
             line = line.replace(" - ", " ")
@@ -6814,13 +6813,13 @@ def parse_log_pytest_v2(log: str, repo: str = "") -> Dict[str, str]:
     out = {}
     for line in log.split("\n"):
         line = _V2_COLOUR_RE.sub("", line).translate(_V2_CONTROL)
-        if line.startswith(_STATUS_PREFIXES):
+        if line.startswith(SWE_STATUSES):
             if line.startswith(("FAILED", "XFAIL")):
                 line = line.split(" - ", 1)[0]
             words = line.split()
             if len(words) >= 2 and not (words[0] == "SKIPPED" and _SKIP_COUNT_RE.match(words[1])):
                 out[" ".join(words[1:])] = words[0]
-        elif line.endswith(_STATUS_PREFIXES):
+        elif line.endswith(SWE_STATUSES):
             words = line.split()
             if len(words) >= 2:
                 out[" ".join(words[:-1])] = words[-1]
