@@ -18,46 +18,98 @@ Sections, lowest layer first (``grep -n '^# ===' evalharness.py`` prints them wi
 
 from __future__ import annotations
 
-import argparse
-import atexit
-import base64
-import collections
-import csv
-import dataclasses
-import difflib
-import email.utils
-import gzip
-import hashlib
-import html
-import http.client
-import http.server
+import _thread
 import io
-import itertools
-import json
-import logging
-import math
 import os
 import posixpath
-import queue
-import random
-import re
-import shlex
-import shutil
-import signal
-import socket
-import string
-import subprocess
 import sys
-import tarfile
-import tempfile
-import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import weakref
-import zlib
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+TYPE_CHECKING = False  # typing's names are for the annotations only (strings: PEP 563); see _LazyModule
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+
+class _LazyModule:
+    """A standard-library module imported where it is first used, not at start: `--version` and `report` then pay
+    only for what they use (importing all of these took ~45 ms of an 80 ms start, more than the module itself).
+    The first attribute read imports it and puts the real module in this module's globals in the proxy's place;
+    `pkg.sub` on a package's proxy imports the submodule `pkg.sub`. A name used while the module itself loads
+    (a base class, a default value) would import at start, so nothing at the top level touches these."""
+
+    def __init__(self, name: str, submodules: Tuple[str, ...] = ()) -> None:
+        self.__dict__.update(_name=name, _submodules=submodules)
+
+    def __getattr__(self, attr: str) -> Any:
+        name = self._name
+        if attr in self._submodules:
+            __import__(name + "." + attr)
+            module = sys.modules[name + "." + attr]
+            self.__dict__[attr] = module  # the package's proxy stays: its other submodules may not be loaded
+            return module
+        __import__(name)
+        module = sys.modules[name]
+        if not self._submodules and globals().get(name) is self:
+            globals()[name] = module
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return "<lazy module %r>" % self._name
+
+
+class _LazyPattern:
+    """``re.compile(pattern)`` made at its first use (compiling the module's patterns, and importing re, cost a few
+    ms of every start). Flags go inline: ``(?i)``, ``(?s)``, ``(?m)``. After the first use its methods are the
+    compiled pattern's own."""
+
+    def __init__(self, pattern: str) -> None:
+        self.__dict__["pattern"] = pattern
+
+    def __getattr__(self, attr: str) -> Any:
+        compiled = re.compile(self.pattern)
+        for name in ("match", "fullmatch", "search", "sub", "subn", "split", "findall", "finditer", "flags",
+                     "groups", "groupindex"):
+            self.__dict__[name] = getattr(compiled, name)
+        return getattr(compiled, attr)
+
+
+class _LazyLogger:
+    """The module's logger, made (and logging imported) at its first use."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(logging.getLogger("evalharness"), attr)
+
+
+argparse = _LazyModule("argparse")
+atexit = _LazyModule("atexit")
+base64 = _LazyModule("base64")
+collections = _LazyModule("collections")
+csv = _LazyModule("csv")
+difflib = _LazyModule("difflib")
+email = _LazyModule("email", ("utils",))
+gzip = _LazyModule("gzip")
+hashlib = _LazyModule("hashlib")
+html = _LazyModule("html")
+http = _LazyModule("http", ("client", "server"))
+itertools = _LazyModule("itertools")
+json = _LazyModule("json")
+logging = _LazyModule("logging")
+math = _LazyModule("math")
+queue = _LazyModule("queue")
+random = _LazyModule("random")
+re = _LazyModule("re")
+shlex = _LazyModule("shlex")
+shutil = _LazyModule("shutil")
+signal = _LazyModule("signal")
+socket = _LazyModule("socket")
+string = _LazyModule("string")
+subprocess = _LazyModule("subprocess")
+tarfile = _LazyModule("tarfile")
+tempfile = _LazyModule("tempfile")
+threading = _LazyModule("threading")
+urllib = _LazyModule("urllib", ("error", "parse", "request"))
+weakref = _LazyModule("weakref")
+zlib = _LazyModule("zlib")
 
 __version__ = "0.1.0"
 
@@ -81,10 +133,14 @@ __all__ = [
 # =============================================================================
 # Every difference between Python 3.8 and 3.13 that the module relies on lives here.
 
-try:  # POSIX advisory locks; the run lock falls back to a pid file where fcntl is missing.
-    import fcntl as _fcntl
-except ImportError:  # pragma: no cover - not Linux
-    _fcntl = None
+def _fcntl() -> Any:
+    """The fcntl module (POSIX advisory locks), imported at first use; None where it is missing (the run lock then
+    falls back to a pid file)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not Linux
+        return None
+    return fcntl
 
 if sys.version_info >= (3, 9):
     def _randbytes(rng: random.Random, n: int) -> bytes:
@@ -129,9 +185,9 @@ DEFAULT_IMAGE_WORKERS = 2           # EVALHARNESS_IMAGE_WORKERS
 DEFAULT_IMAGE_WAIT_S = 1800.0       # wait_ready() default
 DEFAULT_TAR_INDEX = "/tmp/evalharness_tar_index.json"          # EVALHARNESS_TAR_INDEX
 DEFAULT_IMAGE_STATE = "/tmp/evalharness_loaded_images.json"    # EVALHARNESS_IMAGE_STATE: images a run loaded
-SECRET_FIELD_RE = re.compile(r"(key|token|secret|password|passwd|authorization|credential)", re.I)
+SECRET_FIELD_RE = _LazyPattern(r"(?i)(key|token|secret|password|passwd|authorization|credential)")
 
-_log = logging.getLogger("evalharness")
+_log = _LazyLogger()
 
 # =============================================================================
 # Errors
@@ -222,8 +278,90 @@ class _Cancelled(Exception):
 # Utilities
 # =============================================================================
 
-_secrets_lock = threading.Lock()  # guards _secrets
+_secrets_lock = _thread.allocate_lock()  # guards _secrets (threading.Lock is this; threading imports at first use)
 _secrets: List[str] = []
+
+
+_NO_DEFAULT = object()
+
+
+class _Factory:
+    """A record field's default made per instance: ``field: list = _Factory(list)`` (dataclasses' default_factory)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+def _record(cls: Any = None, frozen: bool = True) -> Any:
+    """A small dataclass: the class's annotated names in order are its fields (a class attribute is the default, a
+    _Factory makes one per instance); it gets keyword-or-positional __init__, __repr__, __eq__ and, when frozen (the
+    default) immutability and __hash__. The dataclasses module cost ~12 ms of every start (its import and the code
+    it compiles per class), more than the rest of this module; _replace and _asdict stand in for its helpers."""
+    def make(cls: Any) -> Any:
+        fields = tuple((name, cls.__dict__.get(name, _NO_DEFAULT)) for name in cls.__dict__.get("__annotations__", {}))
+        for name, default in fields:
+            if isinstance(default, _Factory):
+                delattr(cls, name)
+        names = tuple(name for name, _ in fields)
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if len(args) > len(fields):
+                raise TypeError("%s() takes %d arguments, %d were given" % (cls.__name__, len(fields), len(args)))
+            for key in kwargs:
+                if key not in names or names.index(key) < len(args):
+                    raise TypeError("%s() got an unexpected or repeated argument %r" % (cls.__name__, key))
+            for i, (name, default) in enumerate(fields):
+                if i < len(args):
+                    value = args[i]
+                elif name in kwargs:
+                    value = kwargs[name]
+                elif default is _NO_DEFAULT:
+                    raise TypeError("%s() missing argument %r" % (cls.__name__, name))
+                else:
+                    value = default.make() if isinstance(default, _Factory) else default
+                object.__setattr__(self, name, value)
+
+        def __repr__(self: Any) -> str:
+            return "%s(%s)" % (cls.__qualname__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in names))
+
+        def __eq__(self: Any, other: Any) -> Any:
+            if other.__class__ is not self.__class__:
+                return NotImplemented
+            return all(getattr(self, n) == getattr(other, n) for n in names)
+
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            raise AttributeError("cannot assign to field %r of a frozen %s" % (name, cls.__name__))
+
+        cls._record_fields = names
+        cls.__init__, cls.__repr__, cls.__eq__ = __init__, __repr__, __eq__
+        if frozen:
+            cls.__setattr__ = cls.__delattr__ = __setattr__
+            cls.__hash__ = lambda self: hash(tuple(getattr(self, n) for n in names))
+        else:
+            cls.__hash__ = None
+        return cls
+    return make if cls is None else make(cls)
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    """A copy of the record OBJ with CHANGES (dataclasses.replace)."""
+    unknown = set(changes) - set(obj._record_fields)
+    if unknown:
+        raise TypeError("%s has no field %s" % (type(obj).__name__, ", ".join(sorted(unknown))))
+    return type(obj)(**dict({n: getattr(obj, n) for n in obj._record_fields}, **changes))
+
+
+def _asdict(obj: Any) -> Any:
+    """OBJ with every record in it (nested in lists, tuples and dicts too) made a dict (dataclasses.asdict)."""
+    if hasattr(type(obj), "_record_fields"):
+        return {n: _asdict(getattr(obj, n)) for n in obj._record_fields}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*[_asdict(v) for v in obj])
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_asdict(v) for v in obj)
+    if isinstance(obj, dict):
+        return {_asdict(k): _asdict(v) for k, v in obj.items()}
+    return obj
 
 
 def _register_secret(value: Optional[str]) -> None:
@@ -460,7 +598,7 @@ class _Progress:
 _ROW_FIELDS = ("id", "prompt", "messages", "answer", "choices", "scorer", "pattern", "category", "tolerance")
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class QAItem:
     """One validated QA dataset row. ``messages`` is what is sent; ``source`` is ``file:line`` for messages."""
 
@@ -574,7 +712,7 @@ def _choice_letter(answer: Any, choices: Tuple[str, ...], labels: Tuple[str, ...
               % (", ".join(letters), (" (or the labels %s)" % ", ".join(labels)) if labels else "", answer))
 
 
-_TEMPLATE_FIELD_RE = re.compile(r"\{([A-Za-z_][\w ]*)\}")
+_TEMPLATE_FIELD_RE = _LazyPattern(r"\{([A-Za-z_][\w ]*)\}")
 
 
 def _prompt_text(question: str, choices: Sequence[str], template: Optional[str], row: Dict[str, Any],
@@ -747,7 +885,7 @@ def _has(row: Dict[str, Any], *keys: str) -> bool:
     return all(row.get(k) not in (None, "") for k in keys)
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class _Format:
     columns: str                                   # for --help and the README
     detect: Callable[[Dict[str, Any]], bool]
@@ -1005,7 +1143,7 @@ class Dataset:
             if item.auto_id:
                 repeats[item.id] += 1
                 if repeats[item.id] > 1:
-                    item = dataclasses.replace(item, id="%s-%d" % (item.id, repeats[item.id]))
+                    item = _replace(item, id="%s-%d" % (item.id, repeats[item.id]))
             yield where, row, item
 
     def _near_misses(self, row: Dict[str, Any], where: str, unknown: set) -> None:
@@ -1050,8 +1188,8 @@ class _Epochs:
     def iter_items(self) -> Iterator[QAItem]:
         for item in self.dataset.iter_items():
             for e in range(1, self.epochs + 1):
-                yield dataclasses.replace(item, id=self.sample_id(item.id, e), row_id=item.id, epoch=e,
-                                          seed=self.base_seed + e)
+                yield _replace(item, id=self.sample_id(item.id, e), row_id=item.id, epoch=e,
+                               seed=self.base_seed + e)
 
 
 def _file_sha256(path: str) -> str:
@@ -1156,10 +1294,11 @@ def demo_dataset() -> List[Dict[str, Any]]:
 # Scoring
 # =============================================================================
 
-_ARTICLES_RE = re.compile(r"\b(a|an|the)\b", re.I)
-_PUNCT_TABLE = str.maketrans({c: " " for c in string.punctuation})
-_NUMBER_RE = re.compile(r"(?:(?<![\d.])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
-                        r"|(?:(?<![\d.])[-+])?\.\d+")
+_ARTICLES_RE = _LazyPattern(r"(?i)\b(a|an|the)\b")
+_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"  # string.punctuation (the string module imports re)
+_PUNCT_TABLE = str.maketrans({c: " " for c in _PUNCTUATION})
+_NUMBER_RE = _LazyPattern(r"(?:(?<![\d.])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+                          r"|(?:(?<![\d.])[-+])?\.\d+")
 _DEFAULT_REGEX = r"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*(.+)"
 
 
@@ -1238,7 +1377,7 @@ def _score_numeric(item: QAItem, response: str) -> Tuple[float, str]:
     return (1.0 if abs(got - want) <= tol else 0.0), repr(got)
 
 
-_TOKEN_WORD_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[^\W_]+", re.UNICODE)
+_TOKEN_WORD_RE = _LazyPattern(r"[-+]?\d[\d,]*(?:\.\d+)?|[^\W_]+")
 
 
 def _answer_tokens(text: str) -> List[str]:
@@ -1285,8 +1424,8 @@ def _score_f1(item: QAItem, response: str) -> Tuple[float, str]:
 # with the reference after LaTeX normalisation, numerically when both sides evaluate (fractions, roots, pi), and
 # element by element for tuples and intervals. No computer algebra: 2x+2 and 2(x+1) are different answers.
 
-_STANDALONE_NUMBER_RE = re.compile(r"(?<![A-Za-z\d.])[-+]?\d[\d,]*(?:\.\d+)?(?![A-Za-z\d])")  # not in AZYUK2A
-_ANSWER_IS_RE = re.compile(r"(?i)(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)")
+_STANDALONE_NUMBER_RE = _LazyPattern(r"(?<![A-Za-z\d.])[-+]?\d[\d,]*(?:\.\d+)?(?![A-Za-z\d])")  # not in AZYUK2A
+_ANSWER_IS_RE = _LazyPattern(r"(?i)(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)")
 
 
 def _last_boxed(text: str) -> Optional[str]:
@@ -1365,7 +1504,7 @@ class _MathValue:
     """The value of a normalised answer built from numbers, + - * / ^, \\frac, \\sqrt, \\pi and brackets
     (implicit products too: 2\\sqrt{3}); ValueError for anything else (letters, sets, …)."""
 
-    _TOKENS = re.compile(r"\d+\.?\d*|\.\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*/^(){}]|\S")
+    _TOKENS = _LazyPattern(r"\d+\.?\d*|\.\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*/^(){}]|\S")
 
     def __init__(self, text: str):
         self.toks = self._TOKENS.findall(text)
@@ -2427,7 +2566,7 @@ class SessionGate:
 # =============================================================================
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class ClientConfig:
     """How to reach one OpenAI-compatible endpoint. The API key is never part of it (see ModelClient)."""
 
@@ -2444,7 +2583,7 @@ class ClientConfig:
     seed: Optional[int] = None       # sent as the request's "seed" when set
 
 
-@dataclasses.dataclass
+@_record(frozen=False)
 class ChatResult:
     """One successful chat completion and how it went."""
 
@@ -2774,7 +2913,7 @@ class ModelClient:
                  cancel: Optional[threading.Event] = None, rng: Optional[random.Random] = None,
                  health: Optional[_EndpointHealth] = None):
         self.health = health  # None: plain bounded retries (no outage riding)
-        self.config = dataclasses.replace(config, base_url=_normalize_base_url(config.base_url))
+        self.config = _replace(config, base_url=_normalize_base_url(config.base_url))
         self.url = self.config.base_url + "/chat/completions"
         self._api_key = os.environ.get(config.api_key_env) or None
         _register_secret(self._api_key)
@@ -3071,10 +3210,10 @@ class ModelClient:
 # never passes answers to it.
 
 _MOCK_FAULTS = ("429", "503", "500", "400", "reset", "hang", "malformed", "truncate")
-_TOKEN_RE = re.compile(r"\S+\s*|\s+")
+_TOKEN_RE = _LazyPattern(r"\S+\s*|\s+")
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class MockConfig:
     """Behaviour of the mock model server. Times in seconds; speeds in tokens per second."""
 
@@ -3235,7 +3374,10 @@ class _MockState:
         return max(1.0, active / max(1, c.knee)) * (1.0 + c.thrash * over)
 
 
-class _MockHandler(http.server.BaseHTTPRequestHandler):
+class _MockHandler:
+    """The mock's request handler: mixed before http.server.BaseHTTPRequestHandler when a server starts (so that
+    http.server, and the http.client and email it imports, load only for a mock)."""
+
     server_version = "evalharness-mock/" + __version__
     state: _MockState  # set on the per-server subclass
 
@@ -3509,7 +3651,9 @@ class _MockHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class _MockHTTPServer(http.server.ThreadingHTTPServer):
+class _MockHTTPServer:
+    """Mixed before http.server.ThreadingHTTPServer when a server starts (see _MockHandler)."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 512
@@ -3541,9 +3685,10 @@ class MockServer:
                 user = [m["content"] for m in item.messages if m["role"] == "user"]
                 table[user[-1]] = item
         self.state = _MockState(config, table, swe.items if swe is not None else ())
-        handler = type("_BoundMockHandler", (_MockHandler,), {"state": self.state})
+        handler = type("_BoundMockHandler", (_MockHandler, http.server.BaseHTTPRequestHandler), {"state": self.state})
+        server = type("_BoundMockHTTPServer", (_MockHTTPServer, http.server.ThreadingHTTPServer), {})
         try:
-            self._httpd = _MockHTTPServer((host, port), handler)
+            self._httpd = server((host, port), handler)
         except OSError as exc:
             raise ConfigError("cannot listen on %s:%d: %s" % (host, port, exc.strerror or exc)) from None
         self.host, self.port = self._httpd.server_address[:2]
@@ -4165,13 +4310,15 @@ class _FileLock:
 
     def __enter__(self) -> "_FileLock":
         self._fh = open(self.path, "a")
-        if _fcntl is not None:
-            _fcntl.flock(self._fh.fileno(), _fcntl.LOCK_EX)
+        fcntl = _fcntl()
+        if fcntl is not None:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if _fcntl is not None:
-            _fcntl.flock(self._fh.fileno(), _fcntl.LOCK_UN)
+        fcntl = _fcntl()
+        if fcntl is not None:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
         self._fh.close()
 
 
@@ -4428,7 +4575,7 @@ def _registry_has(mirror: str, ref: str, timeout_s: float = 5.0) -> Optional[boo
 # ----------------------------------------------------------------------------- image service
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class ImageStatus:
     """Where one image stands: ``state`` is checking | pending | delivering | ready | failed; ``source`` says
     what delivered it (local, tar:PATH, store, mirror:HOST, pull, optimistic)."""
@@ -4455,12 +4602,20 @@ class _ImageEntry:
         self.done = threading.Event()
 
 
-_live_services: "weakref.WeakSet[ImageService]" = weakref.WeakSet()
+_live_services: "Optional[weakref.WeakSet[ImageService]]" = None  # made with the first service
 
 
-@atexit.register
+def _track_service(service: "ImageService") -> None:
+    """Close SERVICE at interpreter exit if it is still open then (the first one registers the exit hook)."""
+    global _live_services
+    if _live_services is None:
+        _live_services = weakref.WeakSet()
+        atexit.register(_close_live_services)
+    _live_services.add(service)
+
+
 def _close_live_services() -> None:
-    for service in list(_live_services):
+    for service in list(_live_services or ()):
         try:
             service.close()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
@@ -4521,7 +4676,7 @@ class ImageService:
         self._sources_lock = threading.Lock()  # guards the lazily built tar index and store index
         self._tar_ready = False
         self._store_index: Optional[Dict[str, Any]] = None
-        _live_services.add(self)
+        _track_service(self)
 
     def __enter__(self) -> "ImageService":
         return self
@@ -4822,7 +4977,8 @@ class ImageService:
             if not entry.done.is_set():
                 self._finish(entry, "failed", error="image %s: the image service closed first" % entry.ref)
         self.release()
-        _live_services.discard(self)
+        if _live_services is not None:
+            _live_services.discard(self)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -5033,7 +5189,7 @@ def reap_leftover_containers(docker: DockerCLI) -> List[str]:
     return [name for _, name in dead]
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class SandboxConfig:
     """How task containers are started."""
 
@@ -5048,7 +5204,7 @@ class SandboxConfig:
                                         ("GIT_HTTP_LOW_SPEED_LIMIT", "1000"), ("GIT_HTTP_LOW_SPEED_TIME", "30"))
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class ExecResult:
     returncode: int
     output: str
@@ -5238,9 +5394,10 @@ class RunStore:
             raise ConfigError("cannot write the lock file %r: %s" % (path, exc.strerror or exc)) from None
         fh.seek(0)
         previous = fh.read().strip()
-        if _fcntl is not None:
+        fcntl = _fcntl()
+        if fcntl is not None:
             try:
-                _fcntl.flock(fh.fileno(), _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 fh.close()
                 holder = previous or "another process"
@@ -5421,8 +5578,9 @@ class RunStore:
             try:
                 self._lock_fh.seek(0)
                 self._lock_fh.truncate()
-                if _fcntl is not None:
-                    _fcntl.flock(self._lock_fh.fileno(), _fcntl.LOCK_UN)
+                fcntl = _fcntl()
+                if fcntl is not None:
+                    fcntl.flock(self._lock_fh.fileno(), fcntl.LOCK_UN)
             finally:
                 self._lock_fh.close()
                 self._lock_fh = None
@@ -5455,9 +5613,18 @@ def _active_seconds(intervals: List[Tuple[float, float]]) -> float:
 
 
 # What summarize keeps of each sample record (the latest per id): a tuple, not the record, so a 100,000-row run
-# stays small in memory; named so that a field added to it is added in one place.
-_Kept = collections.namedtuple("_Kept", "status score cat scorer eclass ptok ctok est latency t1 t_start t_end rtok "
-                                        "no_ans row_id epoch extracted judged error finish served")
+# stays small in memory; named so that a field added to it is added in one place. A namedtuple made at first use
+# (making one compiles code: a cost at every start).
+_KEPT_FIELDS = ("status score cat scorer eclass ptok ctok est latency t1 t_start t_end rtok no_ans row_id epoch "
+                "extracted judged error finish served")
+_kept_type: Any = None
+
+
+def _Kept(*values: Any) -> Any:
+    global _kept_type
+    if _kept_type is None:
+        _kept_type = collections.namedtuple("_Kept", _KEPT_FIELDS)
+    return _kept_type(*values)
 
 
 def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None) -> Dict[str, Any]:
@@ -5983,7 +6150,7 @@ def _failed_record(item: Any, started: float, error: str, error_class: str) -> D
 # =============================================================================
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class RunConfig:
     """Everything a `run` needs, as given on the command line (validated by run_qa)."""
 
@@ -6025,7 +6192,7 @@ class RunConfig:
     progress: bool = True
     remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
-    swe: "SWEOptions" = dataclasses.field(default_factory=lambda: SWEOptions())
+    swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
     image_tars: Tuple[str, ...] = ()
     image_store: Optional[str] = None
@@ -6072,7 +6239,7 @@ JUDGE_TEMPLATE = """You are grading a response to a question against the referen
 Does the response give the same final answer as the reference? Ignore style, length and reasoning; judge only \
 whether its final answer agrees with the reference. End your reply with one line: GRADE: C if it agrees (correct), \
 or GRADE: I if it does not (incorrect)."""
-_GRADE_RE = re.compile(r"GRADE:\s*\**\s*([CI])\b")
+_GRADE_RE = _LazyPattern(r"GRADE:\s*\**\s*([CI])\b")
 
 
 def _judge(judge: ModelClient, item: QAItem, response: str) -> Dict[str, Any]:
@@ -6151,8 +6318,8 @@ def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
         raise ConfigError("--judge-api-key-env %s: that environment variable is not set" % key_env)
     if not cfg.use_proxy:
         exclude_from_proxy([base_url])
-    judge_cfg = dataclasses.replace(client_cfg, base_url=base_url, model=cfg.judge_model or cfg.model,
-                                    api_key_env=key_env, temperature=0.0, max_tokens=None, extra_body=None, seed=None)
+    judge_cfg = _replace(client_cfg, base_url=base_url, model=cfg.judge_model or cfg.model,
+                         api_key_env=key_env, temperature=0.0, max_tokens=None, extra_body=None, seed=None)
     gate = AdaptiveGate(8, 1, 64, deadline_s=cfg.request_timeout_s)
     gate.on_event = lambda ev: store.event("judge_" + ev.pop("type"), **ev)
     _log.info("judge: %s at %s (its own gate, starting at 8)", judge_cfg.model, base_url)
@@ -6390,9 +6557,9 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
                                   _fingerprint(_qa_settings(cfg)))
     server = _preflight(cfg, client_cfg, (_prompt_of(item, cfg.system_prompt) for item in dataset.iter_items()))
     if "judge" in dataset.scorers and (cfg.judge_base_url or cfg.judge_model):
-        probe_endpoint(dataclasses.replace(client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
-                                           model=cfg.judge_model or cfg.model,
-                                           api_key_env=cfg.judge_api_key_env or cfg.api_key_env),
+        probe_endpoint(_replace(client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
+                                model=cfg.judge_model or cfg.model,
+                                api_key_env=cfg.judge_api_key_env or cfg.api_key_env),
                        check_model=cfg.model_check, flag="--judge-model")
 
     # 2. the run directory
@@ -6464,7 +6631,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         "dataset": {"path": os.path.abspath(cfg.dataset) if cfg.dataset else None, "name": dataset.name,
                     "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids),
                     "epochs": cfg.epochs},
-        "config": _redact_config(dict(dataclasses.asdict(cfg), base_url=base_url)),
+        "config": _redact_config(dict(_asdict(cfg), base_url=base_url)),
         "history": _attempts(store),
     }
     run_info["config"].pop("api_key_env_explicit", None)
@@ -6634,7 +6801,7 @@ _SWE_PARSER_OF_REPO = {
     "sphinx-doc/sphinx": "pytest_v2"}
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class SWEInstance:
     """One SWE-bench task. ``patch`` (the gold patch) is used only by ``--score-only gold``; it never reaches the
     model."""
@@ -6759,10 +6926,10 @@ class SWEDataset:
 # One documented choice where 4.1.0 and 5.0.2 disagree: pytest_v2 (astropy, scikit-learn, sphinx) keys an
 # `XFAIL id - reason` line by the id, as 4.1.0 does (5.0.2 keys `id - reason`, which no dataset id can match).
 
-_SKIP_COUNT_RE = re.compile(r"^\[\d+\]$")
-_V2_COLOUR_RE = re.compile(r"\[(\d+)m")
+_SKIP_COUNT_RE = _LazyPattern(r"^\[\d+\]$")
+_V2_COLOUR_RE = _LazyPattern(r"\[(\d+)m")
 _V2_CONTROL = str.maketrans("", "", "".join(chr(c) for c in range(1, 32)))
-_OPTION_RE = re.compile(r"(.*?)\[(.*)\]")
+_OPTION_RE = _LazyPattern(r"(.*?)\[(.*)\]")
 
 
 def _pytest_pairs(log: str, rewrite: Optional[Callable[[str], str]] = None) -> Iterator[Tuple[str, str]]:
@@ -6845,7 +7012,7 @@ def parse_log_seaborn(log: str, repo: str = "") -> Dict[str, str]:
 
 _DJANGO_PASS_SUFFIXES = (" ... ok", " ... OK", " ...  OK")
 # django's logger sometimes prints a long message between a test's "..." and its "ok" (SWE-bench's three forms)
-_DJANGO_SPLIT_RES = tuple(re.compile(p, re.M) for p in (
+_DJANGO_SPLIT_RES = tuple(_LazyPattern("(?m)" + p) for p in (
     r"^(.*?)\s\.\.\.\sTesting\ against\ Django\ installed\ in\ ((?s:.*?))\ silenced\)\.\nok$",
     r"^(.*?)\s\.\.\.\sInternal\ Server\ Error:\ \/(.*)\/\nok$",
     r"^(.*?)\s\.\.\.\sSystem check identified no issues \(0 silenced\)\nok$"))
@@ -6888,7 +7055,7 @@ def parse_log_django(log: str, repo: str = "") -> Dict[str, str]:
     return out
 
 
-_SYMPY_BANNER_RE = re.compile(r"(_*) (.*)\.py:(.*) (_*)")
+_SYMPY_BANNER_RE = _LazyPattern(r"(_*) (.*)\.py:(.*) (_*)")
 
 
 def parse_log_sympy(log: str, repo: str = "") -> Dict[str, str]:
@@ -6918,10 +7085,10 @@ _PARSER_ALIASES = dict([("parse_log_" + k, k) for k in ("pytest", "pytest_option
                        [("parse_log_" + k, "pytest_options") for k in ("pydicom", "requests", "pylint")] +
                        [("parse_log_" + k, "pytest_v2") for k in ("astropy", "scikit", "sphinx")])
 # Evidence that a runner ran although nothing parsed (SWE-bench 5.0.2's SUITE_RAN, for the runners it knows)
-_SUITE_RAN_RE = re.compile(
-    r"Executed [1-9]\d* of \d+|TOTAL: [1-9]\d* (?:SUCCESS|FAILED)|[1-9]\d* passing|Tests:\s+[1-9]\d*"
-    r"|Test Suites:\s+(?:\d+ \w+, )*[1-9]\d* total|^# tests [1-9]\d*|[1-9]\d* specs?, \d+ failures?|': ok$", re.M)
-_EXIT_CODE_RE = re.compile(r">>>>> Test Exit Code:\s*(-?\d+)")
+_SUITE_RAN_RE = _LazyPattern(
+    r"(?m)Executed [1-9]\d* of \d+|TOTAL: [1-9]\d* (?:SUCCESS|FAILED)|[1-9]\d* passing|Tests:\s+[1-9]\d*"
+    r"|Test Suites:\s+(?:\d+ \w+, )*[1-9]\d* total|^# tests [1-9]\d*|[1-9]\d* specs?, \d+ failures?|': ok$")
+_EXIT_CODE_RE = _LazyPattern(r">>>>> Test Exit Code:\s*(-?\d+)")
 
 
 def parse_test_log(log: str, parser: str, repo: str = "") -> Tuple[Optional[Dict[str, str]], Optional[int]]:
@@ -7089,7 +7256,7 @@ def swe_eval_script(inst: SWEInstance) -> str:
 
 
 
-@dataclasses.dataclass(frozen=True)
+@_record
 class SWEOptions:
     """Agent and sandbox settings of a SWE run."""
 
@@ -7173,7 +7340,7 @@ def _tool_action(res: ChatResult) -> Tuple[Optional[str], str]:
     return args["command"], ""
 
 
-_ACTION_RE = re.compile(r"^```bash[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+_ACTION_RE = _LazyPattern(r"(?sm)^```bash[ \t]*\n(.*?)^```[ \t]*$")
 _FORMAT_ERROR_MSG = ("Your reply must contain EXACTLY ONE fenced code block that starts with a line ```bash and ends "
                      "with a line ```; found %d. If you are done, run `echo %s` in that block." % (0, SUBMIT_SENTINEL))
 
@@ -7540,8 +7707,8 @@ class _Prepared:
             ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
             self.image_wait_s = time.monotonic() - t0
             self._box = Container(ctx.docker, ctx.pool, inst.image, run_id=ctx.run_id, instance_id=inst.id,
-                                  role="agent", config=dataclasses.replace(ctx.opts.sandbox,
-                                                                           workdir=inst.workdir)).start()
+                                  role="agent", config=_replace(ctx.opts.sandbox,
+                                                                workdir=inst.workdir)).start()
         except BaseException as exc:  # noqa: BLE001 - handed to the session's thread by get()
             self._error = exc
 
@@ -7625,7 +7792,7 @@ def _swe_score_work(ctx: _SWEContext, prior: Dict[str, Dict[str, Any]]) -> Calla
 def _swe_settings(cfg: "RunConfig", mode: str) -> Dict[str, Any]:
     """The settings that make a SWE run what it is (its identity: a change refuses to resume)."""
     o = cfg.swe
-    settings: Dict[str, Any] = {"task": "swe", "mode": mode, "sandbox": dataclasses.asdict(o.sandbox)}
+    settings: Dict[str, Any] = {"task": "swe", "mode": mode, "sandbox": _asdict(o.sandbox)}
     if mode == "agent":
         settings.update(model=cfg.model, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                         extra_body=cfg.extra_body, stream=cfg.stream, seed=cfg.seed, tool_mode=o.tool_mode,
@@ -7811,7 +7978,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         "identity": {"gen": gen, "settings": _redact_config(settings)},
         "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
                     "rows": dataset.count, "ids": sorted(dataset.ids)},
-        "config": _redact_config(dataclasses.asdict(cfg)), "history": _attempts(store),
+        "config": _redact_config(_asdict(cfg)), "history": _attempts(store),
     }
     run_info["config"].pop("api_key_env_explicit", None)
     store.write_json(RunStore.RUN, run_info)
@@ -8665,7 +8832,7 @@ def _auto_report(run_dir: str) -> None:
         _log.warning("could not write %s: %s", os.path.join(run_dir, REPORT_HTML), exc)
 
 
-_SECRET_ENV_RE = re.compile(r"(API_?KEY|_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$", re.I)
+_SECRET_ENV_RE = _LazyPattern(r"(?i)(API_?KEY|_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
 
 
 def _register_env_secrets() -> None:
@@ -8703,9 +8870,30 @@ _MAIN_HELP = """examples:
 """ + _EXIT_CODES_HELP
 
 
-class _ArgumentParser(argparse.ArgumentParser):
+class _ArgumentParser:
+    """Mixed before argparse.ArgumentParser by _build_parser (argparse loads only for the command line)."""
+
     def error(self, message: str) -> None:  # one line on stderr, exit 2 (argparse's own code for usage errors)
         self.exit(EXIT_USAGE, "%s: error: %s (see --help)\n" % (self.prog, message))
+
+    def _get_formatter(self) -> Any:
+        """argparse's, with the width shutil.get_terminal_size would give (argparse makes one per option and
+        imports shutil for it, which imports the compression modules: ~2 ms of every start)."""
+        return self.formatter_class(prog=self.prog, width=_stdout_columns() - 2)
+
+
+def _stdout_columns() -> int:
+    """shutil.get_terminal_size((80, 24)).columns, without importing shutil: $COLUMNS, else stdout's terminal."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
 
 
 def _positive_int(text: str) -> int:
@@ -9112,26 +9300,20 @@ def _images_release(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if failed else EXIT_OK
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(
-        prog="evalharness", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Evaluate LLM endpoints (OpenAI-compatible) on QA sets; one file, standard library only.",
-        epilog=_MAIN_HELP)
-    parser.add_argument("--version", action="version", version="evalharness " + __version__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    demo = sub.add_parser("demo", help="run the embedded demo set against an in-process mock model",
+def _parser_demo(sub: Any, text: str) -> Any:
+    demo = sub.add_parser("demo", help=text,
                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXIT_CODES_HELP,
                           description="Start the mock model on 127.0.0.1 (a free port), run the embedded demo set "
                                       "(%d questions, all scorers) with progress, print the summary table." %
                                       len(_DEMO_ROWS))
     _add_run_options(demo)
     demo.add_argument("--skill", type=float, default=0.8, help="the mock's accuracy (default %(default)s)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="the mock's random seed (default %(default)s)")
+    return demo, []
 
-    run = sub.add_parser("run", help="evaluate a model on a dataset (resumable)",
+
+def _parser_run(sub: Any, text: str) -> Any:
+    run = sub.add_parser("run", help=text,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog="examples:\n  evalharness run --dataset qa.jsonl --model m --base-url "
                                 "http://127.0.0.1:8000/v1\n  evalharness run --dataset qa.jsonl --model m --out "
@@ -9183,48 +9365,70 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_run_options(run)
     _add_swe_options(run)
     _add_image_options(run)
+    return run, []
 
-    mock = sub.add_parser("serve-mock", help="serve the mock OpenAI-compatible model (for tests and load checks)",
+
+def _parser_mock(sub: Any, text: str) -> Any:
+    mock = sub.add_parser("serve-mock", help=text,
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           epilog="example:\n  evalharness serve-mock --port 8001 --oracle qa.jsonl --skill 0.8 "
                                  "--decode-tok-s 40 --knee 16 --faults 429=0.05,reset=0.01\n")
-    mock.add_argument("--host", default="127.0.0.1")
-    mock.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    mock.add_argument("--port", type=int, default=0, help="0 picks a free port, printed on stdout (default 0)")
     mock.add_argument("--model", default="mock-model", help="the model it serves (default %(default)s)")
     mock.add_argument("--served", default="", metavar="ID,ID",
-                      help="more model ids GET /v1/models lists (it answers to any name, as llama.cpp does)")
+                      help="more model ids GET /v1/models lists (it answers to any name, as llama.cpp does) "
+                           "(default: none)")
     mock.add_argument("--server-kind", default="mock", choices=list(MOCK_SERVER_KINDS),
-                      help="answer GET /v1/models (and /props, /info) as this server does; nolist: 404 there")
+                      help="answer GET /v1/models (and /props, /info) as this server does; nolist: 404 there "
+                           "(default %(default)s)")
     mock.add_argument("--context-len", type=int, default=0, metavar="TOKENS",
-                      help="served context length, listed as the kind does and enforced (0 = none)")
+                      help="served context length, listed as the kind does and enforced (default 0: none)")
     mock.add_argument("--reply-model", default=None, metavar="ID",
                       help="the replies' model field (default: the model the request names)")
     mock.add_argument("--oracle", default=None, metavar="DATASET",
-                      help="answer from this dataset's references ('demo' = the embedded set)")
-    mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1]")
+                      help="answer from this dataset's references ('demo' = the embedded set; default: none, "
+                           "every answer is a filler sentence)")
+    mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1] (default %(default)s)")
     mock.add_argument("--swe", default=None, metavar="DATASET",
-                      help="act as an agent on these SWE-bench instances (policy: --swe-policy)")
+                      help="act as an agent on these SWE-bench instances (policy: --swe-policy; default: none)")
     mock.add_argument("--swe-policy", default="oracle", choices=list(SWE_MOCK_POLICIES),
                       help="oracle applies the gold patch and submits; noop submits at once; sleepy first runs a "
-                           "command past the exec timeout; chatty never uses the action format")
-    mock.add_argument("--seed", type=int, default=0)
-    mock.add_argument("--decode-tok-s", type=float, default=0.0, help="per-stream speed below the knee; 0 = instant")
-    mock.add_argument("--knee", type=_positive_int, default=8, help="streams past which per-stream speed falls")
-    mock.add_argument("--thrash", type=float, default=0.0, help="extra slowdown per stream past the knee")
-    mock.add_argument("--ttft-ms", type=float, default=0.0)
-    mock.add_argument("--reasoning-tokens", type=int, default=0, help="filler reasoning tokens before each answer")
+                           "command past the exec timeout; chatty never uses the action format (default "
+                           "%(default)s)")
+    mock.add_argument("--seed", type=int, default=0, help="random seed of skill and faults (default %(default)s)")
+    mock.add_argument("--decode-tok-s", type=float, default=0.0,
+                      help="per-stream speed below the knee (default 0: instant)")
+    mock.add_argument("--knee", type=_positive_int, default=8,
+                      help="streams past which per-stream speed falls (default %(default)s)")
+    mock.add_argument("--thrash", type=float, default=0.0,
+                      help="extra slowdown per stream past the knee (default %(default)s)")
+    mock.add_argument("--ttft-ms", type=float, default=0.0,
+                      help="time to first token, milliseconds (default %(default)s)")
+    mock.add_argument("--reasoning-tokens", type=int, default=0,
+                      help="filler reasoning tokens before each answer (default %(default)s)")
     mock.add_argument("--reasoning-style", default="field", choices=["field", "think"],
                       help="reasoning as the reasoning_content field (default) or as <think>...</think> in the content")
-    mock.add_argument("--max-concurrency", type=int, default=0, help="hard cap; 0 = none")
-    mock.add_argument("--overload-status", type=int, choices=[429, 503], default=429)
-    mock.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS")
-    mock.add_argument("--faults", default="", help="e.g. 429=0.1,503=0.05,500=0.02,reset=0.02,hang=0.01,"
-                                                   "malformed=0.02,truncate=0.02")
-    mock.add_argument("--hang-s", type=float, default=3600.0)
-    mock.add_argument("--no-usage", dest="send_usage", action="store_false", help="never send usage")
+    mock.add_argument("--max-concurrency", type=int, default=0,
+                      help="requests in flight past which it answers --overload-status (default 0: no cap)")
+    mock.add_argument("--overload-status", type=int, choices=[429, 503], default=429,
+                      help="the status past --max-concurrency (default %(default)s)")
+    mock.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS",
+                      help="the Retry-After of an overload answer (default %(default)s)")
+    mock.add_argument("--faults", default="", help="fault rates, e.g. 429=0.1,503=0.05,500=0.02,reset=0.02,"
+                                                   "hang=0.01,malformed=0.02,truncate=0.02 (default: none)")
+    mock.add_argument("--hang-s", type=float, default=3600.0,
+                      help="how long a hang fault holds the request (default %(default)s)")
+    mock.add_argument("--no-usage", dest="send_usage", action="store_false",
+                      help="never send usage (default: usage is sent)")
     mock.add_argument("--require-api-key-env", default=None, metavar="VAR",
-                      help="answer 401 unless requests carry the key in this environment variable")
-    report = sub.add_parser("report", help="summary table, HTML report, or a comparison of two runs",
+                      help="answer 401 unless requests carry the key in this environment variable (default: no "
+                           "key needed)")
+    return mock, []
+
+
+def _parser_report(sub: Any, text: str) -> Any:
+    report = sub.add_parser("report", help=text,
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             description="Recompute a run's results from samples.jsonl (works on a killed run). With "
                                         "two run directories: the same samples side by side (B − A with a paired "
@@ -9236,9 +9440,13 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--html", nargs="?", const="", default=None, metavar="PATH",
                         help="write the self-contained HTML report (default RUN_DIR/report.html; comparing two runs: "
                              "A/comparison.html)")
-    report.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout")
+    report.add_argument("--json", dest="json_out", action="store_true",
+                        help="JSON on stdout (default: the text table)")
+    return report, []
 
-    images = sub.add_parser("images", help="index, plan, pre-load, push/pull and release container images",
+
+def _parser_images(sub: Any, text: str) -> Any:
+    images = sub.add_parser("images", help=text,
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             description="Images for hosts with no registry: tar shipments (indexed once), an image "
                                         "store with sha256 verification, a chain of registry mirrors.",
@@ -9263,25 +9471,58 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("dirs", nargs="*", metavar="DIR", help="directories (default --image-tars)")
         elif action == "release":
             p.add_argument("--all", action="store_true",
-                           help="also images whose loading process is still running")
+                           help="also images whose loading process is still running (default: off)")
         else:
             p.add_argument("images", nargs="*", metavar="IMAGE")
             p.add_argument("--dataset", default=None, metavar="PATH",
                            help="take the images from a dataset (row field 'image', or the official name from "
-                                "'instance_id')")
+                                "'instance_id') (default: only the IMAGEs named)")
             p.add_argument("--image-template", default=None, metavar="TEMPLATE",
                            help="image name from instance_id (default %s)" % SWE_IMAGE_TEMPLATE)
         if action in ("load", "pull"):
             p.add_argument("--timeout", type=float, default=DEFAULT_IMAGE_WAIT_S, metavar="SECONDS",
                            help="limit per image (default %(default)s)")
-            p.add_argument("--no-progress", dest="progress", action="store_false")
+            p.add_argument("--no-progress", dest="progress", action="store_false",
+                           help="no progress line (default: progress on stderr)")
         if action in ("index", "plan"):
             p.add_argument("--json", dest="json_out", action="store_true",
                            help="the %s as JSON on stdout (default: text)" % action)
         else:
             p.set_defaults(json_out=False)
+    return images, list(isub.choices.values())
+
+
+_COMMANDS = (
+    ("demo", "run the embedded demo set against an in-process mock model", _parser_demo),
+    ("run", "evaluate a model on a dataset (resumable)", _parser_run),
+    ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock),
+    ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
+    ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
+)
+
+
+def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The command line. ONLY names the one subcommand whose options are built (the others are their name and
+    help, enough for --help, --version and a mistyped command): argparse costs milliseconds per hundred options,
+    paid at every start. None builds them all (the tests' view)."""
+    parser = type("_ArgumentParser", (_ArgumentParser, argparse.ArgumentParser), {})(
+        prog="evalharness", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Evaluate LLM endpoints (OpenAI-compatible) on QA sets; one file, standard library only.",
+        epilog=_MAIN_HELP)
+    parser.add_argument("--version", action="version", version="evalharness " + __version__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    built = []
+    for name, text, build in _COMMANDS:
+        if only is None or only == name:
+            p, nested = build(sub, text)
+            built += [p] + nested
+        else:
+            sub.add_parser(name, help=text)
     # -v after the subcommand too (`run ... -v`); SUPPRESS keeps a -v given before it
-    for name, p in list(sub.choices.items()) + list(isub.choices.items()):
+    for p in built:
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                        help="debug logging on stderr: requests retried, the endpoint's pre-flight, engine commands "
                             "(default: off)")
@@ -9365,9 +9606,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _configure_logging(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("evalharness: %(message)s"))
-    _log.handlers[:] = [handler]
-    _log.setLevel(logging.DEBUG if verbose else logging.INFO)
-    _log.propagate = False
+    logger = logging.getLogger("evalharness")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
 
 
 def _initial_arg(args: argparse.Namespace) -> Optional[int]:
@@ -9437,12 +9679,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          instance_template=_read_template(args.instance_template, "--instance-template"),
                          image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox)
         tars = args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS")
-        cfg = dataclasses.replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(_split_list(tars)),
-                                  image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
-                                  allow_pull=args.allow_pull, engine=args.engine, docker_host=args.docker_host,
-                                  image_workers=args.image_workers, tar_index=args.tar_index,
-                                  mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images,
-                                  pull_ahead=args.pull_ahead)
+        cfg = _replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(_split_list(tars)),
+                       image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
+                       allow_pull=args.allow_pull, engine=args.engine, docker_host=args.docker_host,
+                       image_workers=args.image_workers, tar_index=args.tar_index,
+                       mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images,
+                       pull_ahead=args.pull_ahead)
         code, _ = run_swe(cfg)
         return code
     code, _ = run_qa(cfg)
@@ -9493,7 +9735,9 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit code (see --help)."""
-    parser = _build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")  # the top-level options take no value
+    parser = _build_parser(command if command in [c[0] for c in _COMMANDS] else "")
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images,

@@ -651,7 +651,7 @@ class TestPreflight(unittest.TestCase):
         srv = start_mock(self, reply_model="org/served-name")
         for stream in (True, False):
             c = eh.ModelClient(eh.ClientConfig(base_url=srv.url, model="m", stream=stream, max_retries=0))
-            with self.assertLogs(eh._log, "WARNING") as logs:
+            with self.assertLogs("evalharness", "WARNING") as logs:
                 self.assertEqual([c.chat(MESSAGES).model for _ in range(3)], ["org/served-name"] * 3)
             self.assertEqual(len(logs.output), 1, logs.output)  # flagged once, not per reply
             self.assertIn("name the model 'org/served-name', not 'm'", logs.output[0])

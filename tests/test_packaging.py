@@ -12,6 +12,7 @@ import sysconfig
 import unittest
 import zipfile
 
+import evalharness as eh
 from tests.support import MODULE, ROOT, clean_env, tempdir
 
 
@@ -146,6 +147,8 @@ class TestStdlibOnly(unittest.TestCase):
                 imported.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_LazyModule":
+                imported.add(node.args[0].value.split(".")[0])  # imported at first use (the fast start)
         imported.discard("__future__")
         self.assertIn("urllib", imported)  # the walk found the imports at all
         outside = sorted(m for m in imported if not is_stdlib(m))
@@ -154,6 +157,90 @@ class TestStdlibOnly(unittest.TestCase):
     def test_checker_rejects_a_third_party_module(self):
         self.assertFalse(is_stdlib("requests_not_installed_anywhere"))
         self.assertTrue(is_stdlib("json"))
+
+
+# Run by a Python with the project on sys.path: the modules importing evalharness adds, and what each proxy names.
+IMPORT_COST = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+before = set(sys.modules)
+import evalharness
+added = sorted(set(sys.modules) - before)
+lazy = {k: [v._name, list(v._submodules)] for k, v in vars(evalharness).items() if type(v).__name__ == "_LazyModule"}
+print(json.dumps({"added": added, "lazy": lazy}))
+"""
+
+
+class TestFastStart(unittest.TestCase):
+    """The module imports no standard-library module when it loads (they load at first use, a fast start)."""
+
+    def test_importing_the_module_loads_nothing_but_itself(self):
+        res = run_python(sys.executable, ["-c", IMPORT_COST, ROOT])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        found = json.loads(res.stdout)
+        self.assertEqual([m for m in found["added"] if m not in ("evalharness", "__future__")], [])
+        self.assertIn("json", found["lazy"])  # the probe saw the proxies at all
+        for name, submodules in found["lazy"].values():  # each proxy names a module that imports
+            for full in [name] + ["%s.%s" % (name, s) for s in submodules]:
+                self.assertIsNotNone(importlib.util.find_spec(full), full)
+
+    def test_a_lazy_module_becomes_the_real_module_at_first_use(self):
+        proxy = eh._LazyModule("json")
+        self.assertEqual(proxy.dumps([1]), "[1]")
+        self.assertIsInstance(eh.__dict__["_LazyModule"]("email", ("utils",)).utils, type(sys))
+        eh.json.dumps([1])  # the module's own proxy, used: replaced by the real module in the module's globals
+        self.assertIs(eh.__dict__["json"], sys.modules["json"])
+        self.assertIsInstance(eh.__dict__["urllib"], eh._LazyModule)  # a package's proxy stays ...
+        self.assertIs(eh.urllib.parse, sys.modules["urllib.parse"])  # ... and hands out its submodules
+
+    def test_lazy_patterns_keep_their_inline_flags(self):
+        self.assertTrue(eh.SECRET_FIELD_RE.search("OPENAI_API_KEY"))
+        self.assertEqual(eh._ACTION_RE.findall("x\n```bash\nls\n```\n"), ["ls\n"])
+        self.assertEqual(eh._PUNCTUATION, __import__("string").punctuation)
+
+
+class TestRecord(unittest.TestCase):
+    """_record, the module's small stand-in for dataclasses (whose import and code generation slowed every start)."""
+
+    def setUp(self):
+        @eh._record
+        class Point:
+            x: int
+            y: int = 0
+            tags: list = eh._Factory(list)
+        self.Point = Point
+
+    def test_fields_defaults_factories_and_errors(self):
+        p = self.Point(1)
+        self.assertEqual((p.x, p.y, p.tags), (1, 0, []))
+        self.assertIsNot(p.tags, self.Point(2).tags)  # a new list per instance
+        self.assertEqual(self.Point(1, y=2), self.Point(x=1, y=2, tags=[]))
+        self.assertEqual(repr(self.Point(1)), "%s(x=1, y=0, tags=[])" % self.Point.__qualname__)
+        for bad in (lambda: self.Point(), lambda: self.Point(1, x=2), lambda: self.Point(1, z=2),
+                    lambda: self.Point(1, 2, [], 4)):
+            self.assertRaises(TypeError, bad)
+
+    def test_frozen_hashable_replace_and_asdict(self):
+        p = self.Point(1, 2, ())
+        with self.assertRaises(AttributeError):
+            p.x = 3
+        self.assertEqual(hash(p), hash(self.Point(1, 2, ())))
+        q = eh._replace(p, y=5)
+        self.assertEqual((q.x, q.y, p.y), (1, 5, 2))
+        self.assertRaises(TypeError, eh._replace, p, z=1)
+        nested = self.Point(self.Point(1), [self.Point(2)], {"k": (self.Point(3),)})
+        self.assertEqual(eh._asdict(nested), {"x": {"x": 1, "y": 0, "tags": []},
+                                              "y": [{"x": 2, "y": 0, "tags": []}],
+                                              "tags": {"k": ({"x": 3, "y": 0, "tags": []},)}})
+
+    def test_a_record_that_is_not_frozen_can_change_and_is_not_hashable(self):
+        @eh._record(frozen=False)
+        class Box:
+            v: int
+        box = Box(1)
+        box.v = 2
+        self.assertEqual(box, Box(2))
+        self.assertRaises(TypeError, hash, box)
 
 
 class TestZipapp(unittest.TestCase):

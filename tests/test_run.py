@@ -376,16 +376,33 @@ class TestPreflight(RunCase):
 
 
 class TestHelp(unittest.TestCase):
-    def test_every_run_option_says_its_default_or_that_it_is_required(self):
+    def test_every_option_of_every_command_says_its_default_or_that_it_is_required(self):
         parser = eh._build_parser()
         sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-        silent = [a.option_strings[-1] for a in sub.choices["run"]._actions
-                  if a.option_strings and a.dest != "help"
-                  and not re.search(r"default|required", a.help or "", re.I)]
+        isub = next(a for a in sub.choices["images"]._actions if a.__class__.__name__ == "_SubParsersAction")
+        commands = dict(sub.choices, **{"images " + k: v for k, v in isub.choices.items()})
+        self.assertEqual(len(commands), 11)
+        silent = ["%s %s" % (name, a.option_strings[-1]) for name, p in commands.items() for a in p._actions
+                  if a.option_strings and a.dest != "help" and not re.search(r"default|required", a.help or "", re.I)]
         self.assertEqual(silent, [])
-        text = sub.choices["run"].format_help()  # %(default)s expands: none is left raw
-        self.assertNotIn("%(", text)
-        self.assertIn("(default 0.0)", " ".join(text.split()))
+        for name in ("run", "serve-mock"):
+            text = sub.choices[name].format_help()  # %(default)s expands: none is left raw
+            self.assertNotIn("%(", text)
+        self.assertIn("(default 0.0)", " ".join(sub.choices["run"].format_help().split()))
+
+    def test_main_builds_only_the_command_it_runs_and_still_knows_the_others(self):
+        sub_of = lambda parser: next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        report = sub_of(eh._build_parser("report")).choices
+        self.assertEqual(list(report), ["demo", "run", "serve-mock", "report", "images"])
+        self.assertEqual([a.dest for a in report["run"]._actions], ["help"])  # a name and its help only
+        self.assertIn("--html", {s for a in report["report"]._actions for s in a.option_strings})
+        full = {s for a in sub_of(eh._build_parser()).choices["run"]._actions for s in a.option_strings}
+        self.assertIn("--max-sample-tokens", full)
+        res = subprocess.run([sys.executable, MODULE, "--version"], stdout=subprocess.PIPE, timeout=60)
+        self.assertEqual(res.stdout.decode().strip(), "evalharness " + eh.__version__)
+        res = subprocess.run([sys.executable, MODULE, "-v", "rn"], stderr=subprocess.PIPE, timeout=60)
+        self.assertEqual(res.returncode, 2)
+        self.assertIn("invalid choice: 'rn' (choose from 'demo', 'run'", res.stderr.decode())
 
     def test_each_images_action_lists_only_the_options_it_uses(self):
         parser = eh._build_parser()
