@@ -1192,6 +1192,71 @@ class _Epochs:
                                seed=self.base_seed + e)
 
 
+# ----------------------------------------------------------------------------- shards (run --shard I/N)
+SHARD_DIR_FORMAT = "shard-%d-of-%d"  # each shard's run directory, under the run's --out
+_SHARD_DIR_RE = _LazyPattern(r"^shard-(\d+)-of-(\d+)$")
+
+
+def shard_of(row_id: str, count: int) -> int:
+    """The shard (0 .. count-1) of a row: a hash of its id alone, so a row keeps its shard when the dataset grows,
+    shrinks or is re-ordered (the epochs of a row share it)."""
+    return int(hashlib.sha256(row_id.encode("utf-8")).hexdigest()[:15], 16) % count
+
+
+def parse_shard(text: Optional[str], environ: Optional[Dict[str, str]] = None) -> Optional[Tuple[int, int]]:
+    """(index, count) of --shard: I/N; auto (a Slurm array task: SLURM_ARRAY_TASK_ID counted from
+    SLURM_ARRAY_TASK_MIN, with SLURM_ARRAY_TASK_COUNT or MIN..MAX tasks); auto/N (the count given, the index
+    SLURM_ARRAY_TASK_ID or a Kubernetes Indexed Job's JOB_COMPLETION_INDEX as it is). None without --shard."""
+    if text is None:
+        return None
+    env = os.environ if environ is None else environ
+    head, _, tail = text.partition("/")
+    try:
+        if head == "auto":
+            if tail:
+                count = int(tail)
+                raw = env.get("SLURM_ARRAY_TASK_ID", env.get("JOB_COMPLETION_INDEX"))
+                if raw is None:
+                    raise ConfigError("--shard auto/%s: neither SLURM_ARRAY_TASK_ID (a Slurm array job) nor "
+                                      "JOB_COMPLETION_INDEX (a Kubernetes Indexed Job) is set; give --shard I/N"
+                                      % tail)
+                index = int(raw)
+            else:
+                if "SLURM_ARRAY_TASK_ID" not in env:
+                    raise ConfigError("--shard auto: SLURM_ARRAY_TASK_ID is not set (not a Slurm array task); give "
+                                      "--shard I/N, or auto/N under a Kubernetes Indexed Job")
+                low = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+                index = int(env["SLURM_ARRAY_TASK_ID"]) - low
+                count = int(env.get("SLURM_ARRAY_TASK_COUNT") or int(env["SLURM_ARRAY_TASK_MAX"]) - low + 1)
+        else:
+            index, count = int(head), int(tail)
+    except (KeyError, ValueError):
+        raise ConfigError("--shard must be I/N (0 <= I < N, e.g. 0/4), auto or auto/N, got %r%s" % (
+            text, " (from the environment)" if head == "auto" else "")) from None
+    if not 0 <= index < count:
+        raise ConfigError("--shard %s: the index must be 0 .. %d, got %d" % (text, count - 1, index))
+    return index, count
+
+
+class _Shard:
+    """The rows of a QA dataset in one shard (shard_of their id); name, path and sha256 stay the whole file's: the
+    shards of one run share its identity."""
+
+    def __init__(self, dataset: Dataset, index: int, count: int):
+        self.dataset, self.index, self.shard_count = dataset, index, count
+        self.name, self.path, self.sha256, self.scorers = dataset.name, dataset.path, dataset.sha256, dataset.scorers
+        self.rows_total = dataset.count
+        self.ids = {i for i in dataset.ids if shard_of(i, count) == index}
+        self.count = len(self.ids)
+        self.fps = {i: fp for i, fp in dataset.fps.items() if i in self.ids}
+
+    def iter_items(self) -> Iterator[QAItem]:
+        return (item for item in self.dataset.iter_items() if item.id in self.ids)
+
+    def __getattr__(self, name: str) -> Any:  # the format, template and the rest: the whole dataset's
+        return getattr(self.dataset, name)
+
+
 def _file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -6191,6 +6256,7 @@ class RunConfig:
     json_out: bool = False
     progress: bool = True
     remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
+    shard: Optional[Tuple[int, int]] = None  # (index, count): this process runs one shard, in OUT/shard-I-of-N
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
@@ -6397,6 +6463,18 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
     return os.path.join("runs", "%s-%s-%s-%s" % (task, _slug(model or "model")[:40], _slug(stem)[:40], key))
 
 
+
+def _shard_out(cfg: RunConfig, out: str) -> str:
+    """The run directory of this process: OUT itself, or OUT/shard-I-of-N for --shard (merge OUT gathers them)."""
+    return out if cfg.shard is None else os.path.join(out, SHARD_DIR_FORMAT % cfg.shard)
+
+
+def _shard_info(cfg: RunConfig, samples: int, samples_total: int) -> Dict[str, Any]:
+    """run.json's "shard": which one, how many samples it runs and the whole run has (merge checks both)."""
+    index, count = cfg.shard or (0, 1)
+    return {"index": index, "count": count, "samples": samples, "samples_total": samples_total,
+            "slurm_job": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
+
 def _qa_settings(cfg: RunConfig) -> Dict[str, Any]:
     """The generation settings that make a QA run what it is (its identity: a change refuses to resume)."""
     settings = {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt, "temperature": cfg.temperature,
@@ -6551,10 +6629,12 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
                                format=cfg.format, template=cfg.prompt_template)
     if cfg.epochs < 1:
         raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
+    if cfg.shard is not None:
+        dataset = _Shard(dataset, *cfg.shard)  # type: ignore[assignment]
     if cfg.epochs > 1:
         dataset = _Epochs(dataset, cfg.epochs, cfg.seed)  # type: ignore[assignment]
-    out = cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
-                                  _fingerprint(_qa_settings(cfg)))
+    out = _shard_out(cfg, cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
+                                                  _fingerprint(_qa_settings(cfg))))
     server = _preflight(cfg, client_cfg, (_prompt_of(item, cfg.system_prompt) for item in dataset.iter_items()))
     if "judge" in dataset.scorers and (cfg.judge_base_url or cfg.judge_model):
         probe_endpoint(_replace(client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
@@ -6634,6 +6714,9 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         "config": _redact_config(dict(_asdict(cfg), base_url=base_url)),
         "history": _attempts(store),
     }
+    if cfg.shard is not None:
+        run_info["shard"] = _shard_info(cfg, dataset.count, dataset.dataset.dataset.count * cfg.epochs
+                                        if isinstance(dataset, _Epochs) else dataset.dataset.count)
     run_info["config"].pop("api_key_env_explicit", None)
     store.write_json(RunStore.RUN, run_info)
     store.event("run_start", pending=dataset.count - len(done_ids), finished=len(done_ids), pid=os.getpid(),
@@ -6892,6 +6975,7 @@ class SWEDataset:
         self.ids: set = set()
         self.count = 0
         self.sha256 = ""
+        self.samples_total = 0  # set by run_swe: the whole run's instances (a shard runs some of them)
 
     def validate(self, limit: Optional[int] = None) -> "SWEDataset":
         if not os.path.isfile(self.path):
@@ -6918,6 +7002,14 @@ class SWEDataset:
 
     def iter_items(self) -> Iterator[SWEInstance]:
         return iter(self.items)
+
+    def shard(self, index: int, count: int) -> "SWEDataset":
+        """Keep only the instances of shard INDEX of COUNT (shard_of their id); sha256 stays the whole file's."""
+        self.items = [inst for inst in self.items if shard_of(inst.id, count) == index]
+        self.by_id = {i.id: i for i in self.items}
+        self.ids = set(self.by_id)
+        self.count = len(self.items)
+        return self
 
 
 # ----------------------------------------------------------------------------- log parsing and grading
@@ -7888,6 +7980,10 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
     if cfg.score_only:
         preds, pred_model = load_predictions(cfg.score_only, dataset)
         model = model or pred_model or "unknown"
+    dataset.samples_total = len(preds) if cfg.score_only else dataset.count  # the whole run's, for a shard
+    if cfg.shard is not None:
+        dataset.shard(*cfg.shard)
+        preds = {i: p for i, p in preds.items() if i in dataset.ids}
     else:
         if not cfg.base_url:
             raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
@@ -7905,9 +8001,9 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
     except DockerError as exc:
         raise ConfigError("the container engine does not answer: %s; start it (or name another with --engine / "
                           "--docker-host), then run again" % exc) from None
-    out = cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
+    out = _shard_out(cfg, cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
         [_swe_settings(cfg, "score-only" if cfg.score_only else "agent"),
-         os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold" else cfg.score_only]))
+         os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold" else cfg.score_only])))
     store = RunStore(out).open()
     try:
         return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, docker, store, stdout, progress_stream,
@@ -7980,6 +8076,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                     "rows": dataset.count, "ids": sorted(dataset.ids)},
         "config": _redact_config(_asdict(cfg)), "history": _attempts(store),
     }
+    if cfg.shard is not None:
+        run_info["shard"] = _shard_info(cfg, len(ids), dataset.samples_total)
     run_info["config"].pop("api_key_env_explicit", None)
     store.write_json(RunStore.RUN, run_info)
     store.event("run_start", pending=len(pending), finished=len(done_ids), pid=os.getpid(), mode=mode)
@@ -8051,6 +8149,208 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                      "log (the official verdict; 'eval_warning' in %s), e.g. %s", len(odd),
                      store.path(RunStore.SAMPLES), odd[0])
     return _end_run(cfg, summary, title, _swe_line(report) + "\n", store, runner, stdout, "instance")
+
+# =============================================================================
+# Scale-out
+# =============================================================================
+# `run --shard I/N` runs one part of a dataset in OUT/shard-I-of-N (the partition: shard_of, in Datasets);
+# `merge OUT` makes one run of the shards, as one host would have written it.
+
+SWE_OUTPUT_DIRS = (TRAJ_DIR, "reports", "logs")  # a SWE run's per-instance files, copied by merge
+
+
+def _shard_dirs(out: str, sources: Sequence[str]) -> List[str]:
+    """The shard run directories named by SOURCES (each a shard, or a directory holding shard-I-of-N folders);
+    none given: the ones under OUT."""
+    dirs: List[str] = []
+    for src in sources or [out]:
+        if os.path.isfile(os.path.join(src, RunStore.RUN)) and _SHARD_DIR_RE.match(os.path.basename(
+                os.path.normpath(src))):
+            dirs.append(src)
+        elif os.path.isdir(src):
+            found = sorted(os.path.join(src, n) for n in os.listdir(src) if _SHARD_DIR_RE.match(n))
+            if not found and os.path.isfile(os.path.join(src, RunStore.RUN)):
+                dirs.append(src)  # a run directory under another name: checked below
+            dirs.extend(found)
+        else:
+            raise ConfigError("merge: %s is not a directory" % src)
+    if not dirs:
+        raise ConfigError("merge: no shard directories (shard-I-of-N) in %s; run with --shard I/N --out %s first"
+                          % (", ".join(sources or [out]), out))
+    return dirs
+
+
+def _latest_records(run_dir: str, ids: set) -> Dict[str, Dict[str, Any]]:
+    """The last record of each id of IDS in a run directory's samples.jsonl (a torn last line is no record)."""
+    latest: Dict[str, Dict[str, Any]] = {}
+    for rec in _read_jsonl_tolerant(os.path.join(run_dir, RunStore.SAMPLES)):
+        if rec.get("id") in ids:
+            latest[rec["id"]] = rec
+    return latest
+
+
+def merge_runs(out: str, sources: Sequence[str] = (), *, partial: bool = False) -> Tuple[int, Dict[str, Any]]:
+    """Merge the shards of one run into OUT: samples.jsonl, summary.json, run.json, events.jsonl (each event with
+    its shard), report.html and for SWE preds.jsonl, swebench_report.json and the per-instance files, as one host
+    would have written them (samples in id order). Refuses shards of different runs, overlapping shards, and
+    missing or incomplete ones unless PARTIAL (then merges what is there, flagged "partial", exit 1). Every file
+    is replaced atomically from the shards alone, so a merge killed at any point and run again gives the same
+    output. Returns (exit code, summary)."""
+    dirs = _shard_dirs(out, sources)
+    shards: Dict[int, Tuple[str, Dict[str, Any]]] = {}
+    ref: Optional[Tuple[str, Dict[str, Any]]] = None
+    for d in dirs:
+        info = _read_json_file(os.path.join(d, RunStore.RUN))
+        if not info:
+            raise ConfigError("merge: %s has no readable run.json: not a run directory" % d)
+        shard = info.get("shard")
+        if not isinstance(shard, dict):
+            raise ConfigError("merge: %s is not a shard (it was run without --shard)" % d)
+        if ref is None:
+            ref = (d, info)
+        else:
+            _same_run(ref, (d, info))
+        index = shard["index"]
+        if index in shards:
+            raise ConfigError("merge: %s and %s are both shard %d of %d (overlapping shards); keep one"
+                              % (shards[index][0], d, index, shard["count"]))
+        shards[index] = (d, info)
+    assert ref is not None
+    count, total = ref[1]["shard"]["count"], ref[1]["shard"]["samples_total"]
+    task = ref[1].get("task") or "qa"
+    records: Dict[str, Dict[str, Any]] = {}
+    where: Dict[str, str] = {}
+    incomplete, missing = [], [i for i in range(count) if i not in shards]
+    for index in sorted(shards):
+        d, info = shards[index]
+        ids = set(info.get("dataset", {}).get("ids") or ())
+        latest = _latest_records(d, ids)
+        for sid, rec in latest.items():
+            if sid in records:
+                raise ConfigError("merge: sample %r is in both %s and %s (overlapping shards)" % (sid, where[sid], d))
+            records[sid], where[sid] = rec, d
+        want = info["shard"].get("samples", len(ids))
+        if len(latest) < want:
+            incomplete.append("shard %d (%s: %d of %d samples)" % (index, d, len(latest), want))
+    gaps = ["shard %d of %d missing" % (i, count) for i in missing] + ["%s incomplete" % s for s in incomplete]
+    if gaps and not partial:
+        raise ConfigError("merge: %s; run them again (the same command resumes each), or add --partial to merge "
+                          "what is there (flagged partial)" % "; ".join(gaps))
+    here = _read_json_file(os.path.join(out, RunStore.RUN))
+    if here and "merged_from" not in here:
+        raise ConfigError("merge: %s holds a run of its own (not a merge); merge into another directory" % out)
+    os.makedirs(out, exist_ok=True)
+    with _FileLock(os.path.join(out, ".merge.lock")):
+        _remove_merge_litter(out)
+        summary = _write_merge(out, shards, records, total, task, gaps)
+    if gaps:
+        _log.warning("merged a partial run into %s: %s", out, "; ".join(gaps))
+    return (EXIT_FAILURE if gaps else EXIT_OK), summary
+
+
+def _same_run(a: Tuple[str, Dict[str, Any]], b: Tuple[str, Dict[str, Any]]) -> None:
+    """Refuse two shards of different runs, naming what differs."""
+    (da, ia), (db, ib) = a, b
+    checks = (("settings", (ia.get("identity") or {}).get("gen"), (ib.get("identity") or {}).get("gen")),
+              ("task", ia.get("task"), ib.get("task")), ("mode", ia.get("mode"), ib.get("mode")),
+              ("dataset (sha256)", (ia.get("dataset") or {}).get("sha256"), (ib.get("dataset") or {}).get("sha256")),
+              ("shard count", ia["shard"].get("count"), ib["shard"].get("count")),
+              ("samples in the run", ia["shard"].get("samples_total"), ib["shard"].get("samples_total")))
+    for what, x, y in checks:
+        if x != y:
+            detail = ""
+            if what == "settings":
+                was = _flat_settings((ia.get("identity") or {}).get("settings") or {})
+                now = _flat_settings((ib.get("identity") or {}).get("settings") or {})
+                detail = ": " + ", ".join("%s %s -> %s" % (k, _show_setting(was.get(k)), _show_setting(now.get(k)))
+                                          for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
+            elif x is not None and y is not None:
+                detail = ": %s vs %s" % (_show_setting(x), _show_setting(y))
+            raise ConfigError("merge: %s and %s are shards of different runs (the %s differ%s); merge each run's "
+                              "shards on their own" % (da, db, what, detail))
+
+
+def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], records: Dict[str, Dict[str, Any]],
+                 total: int, task: str, gaps: List[str]) -> Dict[str, Any]:
+    first = shards[min(shards)][1]
+    ordered = [records[k] for k in sorted(records)]
+    _atomic_write(os.path.join(out, RunStore.SAMPLES),
+                  "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in ordered))
+    events = []
+    for index in sorted(shards):
+        for ev in _read_jsonl_tolerant(os.path.join(shards[index][0], RunStore.EVENTS)):
+            events.append(dict(ev, shard=index))
+    events.sort(key=lambda ev: (ev.get("t") or 0, ev["shard"]))
+    _atomic_write(os.path.join(out, RunStore.EVENTS),
+                  "".join(json.dumps(ev, ensure_ascii=False, sort_keys=True) + "\n" for ev in events))
+    status = "partial" if gaps else "finished"
+    infos = [shards[i][1] for i in sorted(shards)]
+    summary = summarize(ordered, total=total)
+    summary.update({"task": task, "model": (first.get("endpoint") or {}).get("model"),
+                    "dataset": (first.get("dataset") or {}).get("name"), "status": status,
+                    "shards": {"count": first["shard"]["count"], "merged": sorted(shards), "gaps": gaps}})
+    if task == "swe":
+        summary["mode"] = first.get("mode")
+        ids = sorted({i for info in infos for i in (info.get("dataset") or {}).get("ids") or ()})
+        report = swebench_report(ordered, ids)
+        summary["swebench"] = {k: v for k, v in report.items() if not k.endswith("_ids")}
+        _write_json(os.path.join(out, SWE_REPORT_FILE), report)
+        preds = [p for p in (_pred_line(r) for r in ordered) if p]
+        _atomic_write(os.path.join(out, PREDS_FILE),
+                      "".join(json.dumps(p, ensure_ascii=False, sort_keys=True) + "\n" for p in preds))
+        for index in sorted(shards):
+            _copy_tree_atomic(shards[index][0], out, SWE_OUTPUT_DIRS)
+    _write_json(os.path.join(out, RunStore.SUMMARY), summary)
+    run_info = {k: v for k, v in first.items() if k not in ("shard", "pid", "stop_reason")}
+    starts = [i.get("started_at") for i in infos if i.get("started_at")]
+    ends = [i.get("ended_at") for i in infos if i.get("ended_at")]
+    run_info.update({
+        "status": status, "started_at": min(starts) if starts else None, "ended_at": max(ends) if ends else None,
+        "dataset": dict(first.get("dataset") or {}, rows=total,
+                        ids=sorted({i for info in infos for i in (info.get("dataset") or {}).get("ids") or ()})),
+        "history": sorted((dict(h, shard=i["shard"]["index"]) for i in infos for h in i.get("history") or ()),
+                          key=lambda h: (h.get("started_at") or "", h["shard"])),
+        "merged_from": [{"shard": i["shard"]["index"], "dir": os.path.abspath(shards[i["shard"]["index"]][0]),
+                         "status": i.get("status"), "host": i["shard"].get("host"),
+                         "slurm_job": i["shard"].get("slurm_job"), "discovered_limit": i.get("discovered_limit")}
+                        for i in infos],
+    })
+    if gaps:
+        run_info["gaps"] = gaps
+    _write_json(os.path.join(out, RunStore.RUN), run_info)
+    _auto_report(out)
+    return summary
+
+
+def _remove_merge_litter(out: str) -> None:
+    """The temporary files a killed merge left in OUT (written under a temporary name, never renamed)."""
+    for root, dirs, files in os.walk(out):
+        dirs[:] = [d for d in dirs if os.path.relpath(os.path.join(root, d), out).split(os.sep)[0] in
+                   SWE_OUTPUT_DIRS]
+        for name in files:
+            if ".tmp." in name or (name.startswith(".") and ".merge." in name and name != ".merge.lock"):
+                try:
+                    os.unlink(os.path.join(root, name))
+                except OSError:
+                    pass
+
+
+def _copy_tree_atomic(src_dir: str, out: str, subdirs: Sequence[str]) -> None:
+    """Copy SUBDIRS of SRC_DIR into OUT, each file through a temporary name (a killed merge leaves whole files)."""
+    for sub in subdirs:
+        top = os.path.join(src_dir, sub)
+        if not os.path.isdir(top):
+            continue
+        for root, _, files in os.walk(top):
+            dest_root = os.path.join(out, os.path.relpath(root, src_dir))
+            os.makedirs(dest_root, exist_ok=True)
+            for name in files:
+                if ".tmp." in name:
+                    continue
+                tmp = os.path.join(dest_root, ".%s.merge.%d" % (name, os.getpid()))
+                shutil.copyfile(os.path.join(root, name), tmp)
+                os.replace(tmp, os.path.join(dest_root, name))
+
 
 # =============================================================================
 # Report
@@ -9361,6 +9661,11 @@ def _parser_run(sub: Any, text: str) -> Any:
     run.add_argument("--rescore", action="store_true",
                      help="score every stored answer again with the current scorers, without model calls (a "
                           "changed scorer or reference is re-scored anyway) (default: off)")
+    run.add_argument("--shard", default=None, metavar="I/N|auto|auto/N",
+                     help="run only shard I of N (a stable hash of each row's id), in OUT/shard-I-of-N; `merge OUT` "
+                          "makes one run of them. auto: from a Slurm array task (SLURM_ARRAY_TASK_ID, _MIN, _COUNT); "
+                          "auto/N: N shards, the index from SLURM_ARRAY_TASK_ID or a Kubernetes Indexed Job's "
+                          "JOB_COMPLETION_INDEX (default: the whole dataset)")
     _add_client_options(run)
     _add_run_options(run)
     _add_swe_options(run)
@@ -9492,12 +9797,33 @@ def _parser_images(sub: Any, text: str) -> Any:
     return images, list(isub.choices.values())
 
 
+def _parser_merge(sub: Any, text: str) -> Any:
+    merge = sub.add_parser("merge", help=text, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Make one run of the shards of a run (`run --shard I/N --out OUT`): samples, "
+                                       "summary, events, report (and preds.jsonl, swebench_report.json for SWE), as "
+                                       "one host would have written them. Refuses shards of different runs and "
+                                       "overlapping shards; names missing or incomplete ones. Safe to run again.",
+                           epilog="examples:\n  evalharness merge runs/big            # the shards under runs/big\n"
+                                  "  evalharness merge runs/big /scratch/a/shard-0-of-2 /scratch/b/shard-1-of-2\n\n"
+                                  + _EXIT_CODES_HELP)
+    merge.add_argument("out", metavar="OUT", help="where the merged run is written (required)")
+    merge.add_argument("shard_dirs", nargs="*", metavar="SHARD_DIR",
+                       help="shard directories, or directories holding shard-I-of-N folders (default: OUT's)")
+    merge.add_argument("--partial", action="store_true",
+                       help="merge what is there when shards are missing or incomplete: the result says so and the "
+                            "exit code is 1 (default: refuse, exit 2)")
+    merge.add_argument("--json", dest="json_out", action="store_true",
+                       help="the merged summary as JSON on stdout (default: the text table)")
+    return merge, []
+
+
 _COMMANDS = (
     ("demo", "run the embedded demo set against an in-process mock model", _parser_demo),
     ("run", "evaluate a model on a dataset (resumable)", _parser_run),
     ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock),
     ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
     ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
+    ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge),
 )
 
 
@@ -9667,7 +9993,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
-                    progress=args.progress)
+                    progress=args.progress, shard=parse_shard(args.shard))
     if args.task == "swe":
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
                                 network_none=args.network_none)
@@ -9688,6 +10014,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         code, _ = run_swe(cfg)
         return code
     code, _ = run_qa(cfg)
+    return code
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    code, summary = merge_runs(args.out, args.shard_dirs, partial=args.partial)
+    if args.json_out:
+        sys.stdout.write(_redact(json.dumps(summary, indent=2, sort_keys=True)) + "\n")
+    else:
+        sys.stdout.write(_redact(format_report(report_data(load_run(args.out)))) + "\n")
+        sys.stdout.write("merged %d of %d shard(s) into %s%s\n" % (len(summary["shards"]["merged"]),
+                         summary["shards"]["count"], args.out, " (partial: %s)" % "; ".join(summary["shards"]["gaps"])
+                         if summary["shards"]["gaps"] else ""))
     return code
 
 
@@ -9741,7 +10079,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images,
-                "report": _cmd_report}
+                "report": _cmd_report, "merge": _cmd_merge}
     interrupts = [0]
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -1,0 +1,216 @@
+"""Beyond one machine: `run --shard I/N` and `merge`, end to end against the mock model over real loopback HTTP
+(shards as separate `run` processes), compared with a single-process run of the same dataset."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+from tests.support import MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
+
+TIMING = ("started_at", "finished_at", "latency_s", "ttft_s")
+
+
+def by_id(run_dir):
+    """{id: record without its wall-clock fields}; fails on a duplicate id."""
+    out = {}
+    for rec in read_samples(run_dir):
+        assert rec["id"] not in out, "duplicate id %s in %s" % (rec["id"], run_dir)
+        out[rec["id"]] = {k: v for k, v in rec.items() if k not in TIMING}
+    return out
+
+
+def summary_of(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as fh:
+        summary = json.load(fh)
+    return {k: v for k, v in summary.items() if k not in ("performance", "status", "shards")}
+
+
+def output_bytes(run_dir):
+    names = ("samples.jsonl", "summary.json", "run.json", "events.jsonl", "report.html")
+    out = {}
+    for name in names:
+        with open(os.path.join(run_dir, name), "rb") as fh:
+            out[name] = fh.read()
+    return out
+
+
+class ShardCase(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempdir(self)
+        self.rows = qa_rows(60)
+        self.mock = start_mock(self, oracle_rows=self.rows, seed=3, skill=0.6)
+        self.ds = write_jsonl(os.path.join(self.dir, "qa.jsonl"), self.rows)
+
+    def run_args(self, out, *extra, dataset=None):
+        return ["run", "--dataset", dataset or self.ds, "--model", "m", "--base-url", self.mock.url, "--out", out,
+                "--no-progress"] + list(extra)
+
+    def run_ok(self, args, **kw):
+        res = run_cli(args, **kw)
+        self.assertIn(res.returncode, (0, 1), res.stderr)  # 1: wrong answers only, never a failure here
+        return res
+
+    def sharded(self, out, count, *extra):
+        for i in range(count):
+            self.run_ok(self.run_args(out, "--shard", "%d/%d" % (i, count), *extra))
+
+
+class TestShards(ShardCase):
+    def test_shards_partition_the_dataset_stably_when_it_is_reordered_or_grows(self):
+        ids = [r["id"] for r in self.rows]
+        parts = [{i for i in ids if eh.shard_of(i, 4) == k} for k in range(4)]
+        self.assertEqual(set().union(*parts), set(ids))
+        self.assertEqual(sum(len(p) for p in parts), len(ids))
+        self.assertTrue(all(5 <= len(p) <= 25 for p in parts), [len(p) for p in parts])  # a hash, not a range
+        out = os.path.join(self.dir, "a")
+        self.run_ok(self.run_args(out, "--shard", "1/4"))
+        self.assertEqual(set(by_id(os.path.join(out, "shard-1-of-4"))), parts[1])
+        grown = write_jsonl(os.path.join(self.dir, "grown.jsonl"), list(reversed(self.rows)) + qa_rows(10, "new"))
+        out2 = os.path.join(self.dir, "b")
+        self.run_ok(self.run_args(out2, "--shard", "1/4", dataset=grown))
+        got = set(by_id(os.path.join(out2, "shard-1-of-4")))
+        self.assertEqual(got & set(ids), parts[1])  # every old row stays in its shard
+        with open(os.path.join(out2, "shard-1-of-4", "run.json")) as fh:
+            shard = json.load(fh)["shard"]
+        self.assertEqual((shard["index"], shard["count"], shard["samples"], shard["samples_total"]),
+                         (1, 4, len(got), 70))
+
+    def test_shard_auto_reads_slurm_and_kubernetes_variables_and_refuses_without_them(self):
+        self.assertEqual(eh.parse_shard("auto", {"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "4",
+                                                 "SLURM_ARRAY_TASK_COUNT": "3"}), (2, 3))
+        self.assertEqual(eh.parse_shard("auto", {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "0",
+                                                 "SLURM_ARRAY_TASK_MAX": "4"}), (1, 5))
+        self.assertEqual(eh.parse_shard("auto/8", {"JOB_COMPLETION_INDEX": "7"}), (7, 8))
+        self.assertEqual(eh.parse_shard("auto/8", {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "3"}),
+                         (3, 8))  # the count given: the task id as it is (a resubmitted single task keeps its shard)
+        for text, env in (("auto", {}), ("auto/4", {}), ("3/3", {}), ("x/2", {}), ("auto/2", {"JOB_COMPLETION_INDEX":
+                                                                                               "5"})):
+            with self.assertRaises(eh.ConfigError, msg=text):
+                eh.parse_shard(text, env)
+        res = run_cli(self.run_args(os.path.join(self.dir, "c"), "--shard", "auto"))
+        self.assertEqual(res.returncode, 2)
+        self.assertEqual(len(res.stderr.strip().splitlines()), 1, res.stderr)
+        self.assertIn("SLURM_ARRAY_TASK_ID is not set", res.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "c")))
+
+
+class TestMerge(ShardCase):
+    def test_a_merged_run_equals_a_single_process_run_sample_for_sample(self):
+        single, out = os.path.join(self.dir, "single"), os.path.join(self.dir, "sharded")
+        self.run_ok(self.run_args(single, "--epochs", "2"))
+        self.sharded(out, 3, "--epochs", "2")
+        res = run_cli(["merge", out])
+        self.assertIn(res.returncode, (0,), res.stderr)
+        self.assertIn("merged 3 of 3 shard(s)", res.stdout)
+        merged, one = by_id(out), by_id(single)
+        self.assertEqual(len(merged), 120)
+        self.assertEqual(merged, one)
+        self.assertEqual(summary_of(out), summary_of(single))
+        with open(os.path.join(out, "run.json")) as fh:
+            info = json.load(fh)
+        self.assertEqual((info["status"], info["dataset"]["rows"], len(info["merged_from"])), ("finished", 120, 3))
+        events = eh._read_jsonl_tolerant(os.path.join(out, "events.jsonl"))
+        self.assertEqual(sorted({e["shard"] for e in events if e["type"] == "run_start"}), [0, 1, 2])
+        self.assertEqual([e["t"] for e in events], sorted(e["t"] for e in events))
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            self.assertIn("120", fh.read())
+        report = run_cli(["report", out, "--json"])
+        self.assertEqual(report.returncode, 0, report.stderr)
+
+    def test_merge_refuses_mixed_runs_and_overlapping_shards_with_one_line_each(self):
+        a, b = os.path.join(self.dir, "a"), os.path.join(self.dir, "b")
+        self.sharded(a, 2)
+        self.run_ok(self.run_args(b, "--shard", "1/2", "--temperature", "0.5"))
+        cases = ((["merge", os.path.join(self.dir, "m1"), os.path.join(a, "shard-0-of-2"),
+                   os.path.join(b, "shard-1-of-2")], "shards of different runs (the settings differ: temperature"),
+                 (["merge", os.path.join(self.dir, "m2"), a, os.path.join(b, "shard-1-of-2")],
+                  "shards of different runs"),
+                 (["merge", os.path.join(self.dir, "m3"), os.path.join(a, "shard-1-of-2"),
+                   os.path.join(a, "shard-1-of-2")], "both shard 1 of 2 (overlapping shards)"))
+        for args, want in cases:
+            res = run_cli(args)
+            self.assertEqual(res.returncode, 2, res.stderr)
+            self.assertEqual(len(res.stderr.strip().splitlines()), 1, res.stderr)
+            self.assertIn(want, res.stderr)
+            self.assertFalse(os.path.exists(args[1]), args)  # nothing written
+        three = os.path.join(self.dir, "three")
+        self.run_ok(self.run_args(three, "--shard", "0/3"))
+        res = run_cli(["merge", os.path.join(self.dir, "m4"), os.path.join(a, "shard-0-of-2"),
+                       os.path.join(three, "shard-0-of-3")])
+        self.assertEqual(res.returncode, 2)
+        self.assertIn("the shard count differ: 2 vs 3", res.stderr)
+
+    def test_missing_and_incomplete_shards_are_named_and_partial_merges_what_is_there(self):
+        out = os.path.join(self.dir, "out")
+        self.sharded(out, 3)
+        os.rename(os.path.join(out, "shard-2-of-3"), os.path.join(self.dir, "away"))
+        path = os.path.join(out, "shard-1-of-3", "samples.jsonl")
+        with open(path) as fh:
+            lines = fh.readlines()
+        with open(path, "w") as fh:
+            fh.writelines(lines[:3])
+        res = run_cli(["merge", out])
+        self.assertEqual(res.returncode, 2)
+        self.assertIn("shard 2 of 3 missing", res.stderr)
+        self.assertIn("shard 1 (%s: 3 of %d samples) incomplete" % (os.path.join(out, "shard-1-of-3"), len(lines)),
+                      res.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "samples.jsonl")))
+        res = run_cli(["merge", out, "--partial"])
+        self.assertEqual(res.returncode, 1, res.stderr)
+        self.assertIn("partial", res.stdout)
+        with open(os.path.join(out, "summary.json")) as fh:
+            summary = json.load(fh)
+        self.assertEqual(summary["status"], "partial")
+        self.assertEqual(summary["counts"]["total"], 60)
+        self.assertEqual(summary["counts"]["pending"], 60 - len(by_id(out)))
+        self.assertEqual(len(summary["shards"]["gaps"]), 2)
+        # the missing shard comes back, the incomplete one resumes: the merge is whole again
+        os.rename(os.path.join(self.dir, "away"), os.path.join(out, "shard-2-of-3"))
+        self.run_ok(self.run_args(out, "--shard", "1/3"))
+        res = run_cli(["merge", out])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(len(by_id(out)), 60)
+
+    def test_a_merge_killed_with_sigkill_and_run_again_gives_the_same_output(self):
+        rows = qa_rows(3000)
+        mock = start_mock(self, oracle_rows=rows, seed=1, skill=0.5)
+        ds = write_jsonl(os.path.join(self.dir, "big.jsonl"), rows)
+        out = os.path.join(self.dir, "big")
+        for i in range(2):
+            res = run_cli(["run", "--dataset", ds, "--model", "m", "--base-url", mock.url, "--out", out,
+                           "--no-progress", "--shard", "%d/2" % i], timeout=300)
+            self.assertIn(res.returncode, (0, 1), res.stderr)
+        whole = os.path.join(self.dir, "whole")
+        t0 = time.monotonic()
+        res = run_cli(["merge", whole, out])
+        took = time.monotonic() - t0
+        self.assertEqual(res.returncode, 0, res.stderr)
+        want = output_bytes(whole)
+        midway = 0
+        for share in (0.5, 0.65, 0.8, 0.9, 0.95):  # of a whole merge's time, start-up included
+            target = os.path.join(self.dir, "killed-%s" % share)
+            proc = subprocess.Popen([sys.executable, MODULE, "merge", target, out], env=clean_env(),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(took * share)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+            left = os.listdir(target) if os.path.isdir(target) else []
+            if proc.returncode == -signal.SIGKILL and not set(want) <= set(left) and left:
+                midway += 1  # killed with some of the output written
+            res = run_cli(["merge", target, out])
+            self.assertEqual(res.returncode, 0, res.stderr)
+            got = output_bytes(target)
+            self.assertEqual(sorted(got), sorted(want))
+            for name in want:  # the report names its own directory
+                self.assertEqual(got[name].replace(target.encode(), b"OUT"), want[name].replace(whole.encode(),
+                                                                                             b"OUT"), name)
+            self.assertEqual([n for n in os.listdir(target) if ".tmp." in n], [])  # no temporary file left
+        self.assertGreater(midway, 0, "no merge was killed with part of its output written: nothing was tested")
+
+
+if __name__ == "__main__":
+    unittest.main()
