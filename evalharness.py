@@ -5201,6 +5201,7 @@ class _ExecPool:
 LABEL_RUN = "evalharness.run"
 LABEL_OWNER = "evalharness.owner"      # "<host>:<pid>:<process start time>": alive or not, unambiguously
 LABEL_INSTANCE = "evalharness.instance"
+LABEL_SLURM_JOB = "slurm.job"          # the Slurm job a container belongs to (SLURM_JOB_ID), when run by one
 SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 TIMEOUT_EXIT_CODES = (124, 137)        # timeout(1): TERM sent (124), or KILL after the grace (-k) period (137)
 
@@ -5311,6 +5312,8 @@ class Container:
         args = ["run", "-d", "--name", self.name, "--label", "%s=%s" % (LABEL_RUN, self.run_id),
                 "--label", "%s=%s" % (LABEL_OWNER, _owner_label()),
                 "--label", "%s=%s" % (LABEL_INSTANCE, self.instance_id), "-w", c.workdir]
+        if os.environ.get("SLURM_JOB_ID"):  # a Slurm Epilog removes what a killed job left (README)
+            args += ["--label", "%s=%s" % (LABEL_SLURM_JOB, os.environ["SLURM_JOB_ID"])]
         if c.memory:
             args += ["--memory", c.memory]
         if c.cpus:
@@ -7980,10 +7983,6 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
     if cfg.score_only:
         preds, pred_model = load_predictions(cfg.score_only, dataset)
         model = model or pred_model or "unknown"
-    dataset.samples_total = len(preds) if cfg.score_only else dataset.count  # the whole run's, for a shard
-    if cfg.shard is not None:
-        dataset.shard(*cfg.shard)
-        preds = {i: p for i, p in preds.items() if i in dataset.ids}
     else:
         if not cfg.base_url:
             raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
@@ -7995,6 +7994,10 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
                                   stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy,
                                   seed=cfg.seed)
         server = _preflight(cfg, client_cfg, ())
+    dataset.samples_total = len(preds) if cfg.score_only else dataset.count  # the whole run's, for a shard
+    if cfg.shard is not None:
+        dataset.shard(*cfg.shard)
+        preds = {i: p for i, p in preds.items() if i in dataset.ids}
     docker = DockerCLI(cfg.engine, host=cfg.docker_host)
     try:  # a run that cannot work at all says so once, up front (a daemon lost mid-run is an outage instead)
         docker.server_version(timeout_s=15.0)
@@ -8350,6 +8353,191 @@ def _copy_tree_atomic(src_dir: str, out: str, subdirs: Sequence[str]) -> None:
                 tmp = os.path.join(dest_root, ".%s.merge.%d" % (name, os.getpid()))
                 shutil.copyfile(os.path.join(root, name), tmp)
                 os.replace(tmp, os.path.join(dest_root, name))
+
+
+# ----------------------------------------------------------------------------- Slurm (slurm submit / status)
+# The same program as an sbatch array of `run --shard auto/N` tasks, then a merge job (afterany). Scripts, the
+# tasks' output and jobs.json (what was submitted) go to OUT/slurm/. Secrets never reach a script: a task reads
+# its key from the environment sbatch hands it (the submitter's, by default).
+SLURM_DIR = "slurm"
+SLURM_JOBS = "jobs.json"
+
+
+def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
+    """The run options of `slurm submit ... -- RUN OPTIONS`, checked as `run` checks them; and the absolute OUT."""
+    args = list(run_args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args[:1] == ["run"]:
+        args = args[1:]
+    parsed = _build_parser("run").parse_args(["run"] + args)  # a bad option fails here, not in N jobs
+    if parsed.shard is not None:
+        raise ConfigError("slurm submit sets --shard itself (auto/N with N = --shards); remove it")
+    if not parsed.out:
+        raise ConfigError("slurm submit needs the run's --out: a directory on the filesystem every node shares")
+    out = os.path.abspath(parsed.out)
+    fixed: List[str] = []
+    skip = False
+    for i, a in enumerate(args):  # --out made absolute: the jobs may start elsewhere
+        if skip:
+            skip = False
+            continue
+        if a == "--out":
+            skip = True
+            continue
+        if a.startswith("--out="):
+            continue
+        fixed.append(a)
+    return fixed + ["--out", out], out
+
+
+def _sbatch_lines(opts: Dict[str, Any]) -> List[str]:
+    lines = []
+    for flag, key in (("--partition", "partition"), ("--time", "time"), ("--cpus-per-task", "cpus"),
+                      ("--mem", "mem")):
+        if opts.get(key):
+            lines.append("#SBATCH %s=%s" % (flag, opts[key]))
+    lines += ["#SBATCH %s" % extra for extra in opts.get("sbatch_options") or ()]
+    return lines
+
+
+def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional[int] = None,
+                 partition: Optional[str] = None, time_limit: Optional[str] = None, cpus: Optional[int] = None,
+                 mem: Optional[str] = None, sbatch_options: Sequence[str] = (), python: Optional[str] = None,
+                 program: Optional[str] = None, dry_run: bool = False) -> Dict[str, Any]:
+    """Write OUT/slurm/array.sh (an sbatch --array=0-(N-1)%M of `run ... --shard auto/N`) and merge.sh (`merge OUT
+    --partial`, after all tasks whatever their end) and submit both; returns what was submitted (jobs.json's
+    entry). Submitting the same command again resumes every shard."""
+    if shards < 1:
+        raise ConfigError("--shards must be >= 1, got %d" % shards)
+    args, out = _slurm_run_args(run_args)
+    python = python or sys.executable
+    program = os.path.abspath(program or sys.argv[0])
+    if not os.path.isfile(program):
+        raise ConfigError("slurm submit: cannot find the program to run (%r); give --program PATH" % program)
+    if not dry_run and shutil.which("sbatch") is None:
+        raise ConfigError("slurm submit: sbatch is not on PATH (submit from a Slurm login node, or use --dry-run)")
+    sdir = os.path.join(out, SLURM_DIR)
+    os.makedirs(sdir, exist_ok=True)
+    name = "evalharness-" + _slug(os.path.basename(out))[:40]
+    opts = {"partition": partition, "time": time_limit, "cpus": cpus, "mem": mem, "sbatch_options": sbatch_options}
+    array = "0-%d" % (shards - 1) + ("%%%d" % max_parallel if max_parallel else "")
+    command = [python, program, "run"] + args + ["--shard", "auto/%d" % shards]
+    here = "#SBATCH --chdir=%s" % os.getcwd()  # relative paths of the command mean what they meant here
+    task = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array, here,
+                      "#SBATCH --output=%s" % os.path.join(sdir, "%A_%a.out")] + _sbatch_lines(opts) + [
+        "# one shard of the run; the same script again resumes it (written by evalharness slurm submit)",
+        "exec " + " ".join(shlex.quote(a) for a in command), ""])
+    merge_cmd = [python, program, "merge", out, "--partial"]
+    merge = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s-merge" % name, here,
+                       "#SBATCH --output=%s" % os.path.join(sdir, "merge-%j.out")]
+                      + _sbatch_lines({"partition": partition, "sbatch_options": sbatch_options}) + [
+        "# the shards of the run made one (missing or incomplete ones named, exit 1)",
+        "exec " + " ".join(shlex.quote(a) for a in merge_cmd), ""])
+    paths = {k: os.path.join(sdir, k + ".sh") for k in ("array", "merge")}
+    for key, text in (("array", task), ("merge", merge)):
+        _atomic_write(paths[key], text)
+        os.chmod(paths[key], 0o755)
+    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
+                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out}
+    if dry_run:
+        return entry
+    entry["array_job"] = _sbatch(["--parsable", paths["array"]])
+    entry["merge_job"] = _sbatch(["--parsable", "--dependency=afterany:%s" % entry["array_job"], paths["merge"]])
+    jobs_path = os.path.join(sdir, SLURM_JOBS)
+    history = _read_json_file(jobs_path).get("submissions") or []
+    _write_json(jobs_path, {"submissions": history + [entry]})
+    return entry
+
+
+def _sbatch(args: List[str]) -> str:
+    try:
+        res = subprocess.run(["sbatch"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError("sbatch did not run: %s" % exc) from None
+    if res.returncode != 0:
+        raise ConfigError("sbatch refused the job: %s" % (res.stderr.strip().splitlines() or ["exit %d" %
+                                                                                             res.returncode])[-1])
+    return res.stdout.strip().split(";")[0]
+
+
+def _slurm_states(job_ids: Sequence[str]) -> Dict[str, Dict[str, str]]:
+    """{job id or ARRAY_TASK: {"state", "exit", "node"}} from squeue (queued, running) and scontrol (ended jobs
+    Slurm still remembers); sacct where accounting is on."""
+    states: Dict[str, Dict[str, str]] = {}
+    ids = [j for j in job_ids if j]
+    if not ids:
+        return states
+    for job in ids:
+        res = _slurm_cmd(["scontrol", "show", "job", "-o", job])
+        for line in res.splitlines():
+            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            if not f.get("JobId"):
+                continue
+            key = ("%s_%s" % (f["ArrayJobId"], f["ArrayTaskId"]) if f.get("ArrayTaskId") and
+                   f.get("ArrayJobId") else f["JobId"])
+            states[key] = {"state": f.get("JobState", "?"), "exit": f.get("ExitCode", ""),
+                           "node": f.get("NodeList", "") if f.get("NodeList") != "(null)" else ""}
+    res = _slurm_cmd(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i|%T|%N"])
+    for line in res.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3:
+            states.setdefault(parts[0], {}).update(state=parts[1], node=parts[2])
+    return states
+
+
+def _slurm_cmd(cmd: List[str]) -> str:
+    try:
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout if res.returncode == 0 else ""
+
+
+def slurm_status(out: str) -> Dict[str, Any]:
+    """Each shard's Slurm state (squeue, scontrol) and progress (its run directory), and the merge job's."""
+    sdir = os.path.join(out, SLURM_DIR)
+    subs = _read_json_file(os.path.join(sdir, SLURM_JOBS)).get("submissions") or []
+    if not subs:
+        raise ConfigError("%s: no Slurm submission (%s); submit with: evalharness slurm submit --shards N -- "
+                          "--out %s ..." % (out, os.path.join(sdir, SLURM_JOBS), out))
+    last = subs[-1]
+    count = last["shards"]
+    states = _slurm_states([last.get("array_job"), last.get("merge_job")])
+    rows = []
+    for i in range(count):
+        d = os.path.join(out, SHARD_DIR_FORMAT % (i, count))
+        info = _read_json_file(os.path.join(d, RunStore.RUN))
+        done = len({r.get("id") for r in _read_jsonl_tolerant(os.path.join(d, RunStore.SAMPLES))})
+        st = states.get("%s_%d" % (last.get("array_job"), i), {})
+        rows.append({"shard": i, "slurm": st.get("state", "unknown"), "node": st.get("node", ""),
+                     "exit": st.get("exit", ""), "run": _live_status(d, info.get("status", "not started"))
+                     if info else "not started", "done": done, "samples": (info.get("shard") or {}).get("samples")})
+    merged = _read_json_file(os.path.join(out, RunStore.SUMMARY))
+    return {"out": out, "array_job": last.get("array_job"), "merge_job": last.get("merge_job"),
+            "submissions": len(subs), "shards": rows,
+            "merge": dict(states.get(str(last.get("merge_job")), {}), result=merged.get("status")
+                          if merged.get("shards") else None)}
+
+
+def format_slurm_status(st: Dict[str, Any]) -> str:
+    lines = ["%s: array job %s, merge job %s (submission %d)" % (st["out"], st["array_job"], st["merge_job"],
+                                                                 st["submissions"]),
+             "  shard  slurm        node   run          samples"]
+    done = total = 0
+    for r in st["shards"]:
+        n = r["samples"]
+        done += r["done"]
+        total += n or 0
+        lines.append("  %5d  %-11s  %-5s  %-11s  %s" % (r["shard"], r["slurm"], r["node"] or "-", r["run"],
+                                                       "%d/%s" % (r["done"], n if n is not None else "?")))
+    m = st["merge"]
+    lines.append("  merge  %-11s  %s" % (m.get("state", "unknown"), "result: %s" % m["result"] if m.get("result")
+                                         else "not merged yet"))
+    lines.append("  %d of %s samples finished" % (done, total or "?"))
+    return "\n".join(lines)
 
 
 # =============================================================================
@@ -9817,6 +10005,48 @@ def _parser_merge(sub: Any, text: str) -> Any:
     return merge, []
 
 
+def _parser_slurm(sub: Any, text: str) -> Any:
+    slurm = sub.add_parser("slurm", help=text, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Run a run as a Slurm array job of shards (run --shard auto/N), then a merge "
+                                       "job; submitting the same command again resumes every shard.",
+                           epilog="examples:\n  evalharness slurm submit --shards 8 --max-parallel 4 --partition gpu "
+                                  "--time 2:00:00 -- \\\n      --dataset qa.jsonl --model m --base-url "
+                                  "http://node1:8000/v1 --out /shared/runs/nightly\n"
+                                  "  evalharness slurm status /shared/runs/nightly\n")
+    ssub = slurm.add_subparsers(dest="action", metavar="ACTION")
+    ssub.required = True
+    submit = ssub.add_parser("submit", help="write and submit the array job and its merge job",
+                             description="Write OUT/slurm/array.sh and merge.sh and submit them (sbatch); everything "
+                                         "after -- is the run's options (--out required: a shared directory).")
+    submit.add_argument("--shards", type=_positive_int, required=True, metavar="N",
+                        help="array tasks, one shard each (required)")
+    submit.add_argument("--max-parallel", type=_positive_int, default=None, metavar="M",
+                        help="tasks running at once (sbatch --array=...%%M; default: no limit)")
+    submit.add_argument("--partition", default=None, help="sbatch --partition (default: the cluster's)")
+    submit.add_argument("--time", dest="time_limit", default=None, metavar="LIMIT",
+                        help="sbatch --time per task, e.g. 2:00:00 (default: the partition's)")
+    submit.add_argument("--cpus-per-task", dest="cpus", type=_positive_int, default=None, metavar="N",
+                        help="sbatch --cpus-per-task (default: the cluster's)")
+    submit.add_argument("--mem", default=None, help="sbatch --mem per task, e.g. 8G (default: the cluster's)")
+    submit.add_argument("--sbatch-option", dest="sbatch_options", action="append", default=[], metavar="OPT",
+                        help="one more #SBATCH line for both jobs, e.g. --sbatch-option=--qos=high; repeatable "
+                             "(default: none)")
+    submit.add_argument("--python", default=None, metavar="PATH",
+                        help="the Python the jobs run (default: this one, %s)" % sys.executable)
+    submit.add_argument("--program", default=None, metavar="PATH",
+                        help="the evalharness file the jobs run (default: this one)")
+    submit.add_argument("--dry-run", action="store_true",
+                        help="write the scripts and print them, submit nothing (default: submit)")
+    submit.add_argument("run_args", nargs=argparse.REMAINDER, metavar="-- RUN OPTIONS",
+                        help="the run's options, as for `run` (required: --dataset, --out; --shard is set here)")
+    status = ssub.add_parser("status", help="each shard's Slurm state and progress, and the merge's",
+                             description="Each shard's state in Slurm (squeue, scontrol) and progress (its run "
+                                         "directory), and the merge job's.")
+    status.add_argument("out", metavar="OUT", help="the run's --out (required)")
+    status.add_argument("--json", dest="json_out", action="store_true", help="JSON on stdout (default: a table)")
+    return slurm, list(ssub.choices.values())
+
+
 _COMMANDS = (
     ("demo", "run the embedded demo set against an in-process mock model", _parser_demo),
     ("run", "evaluate a model on a dataset (resumable)", _parser_run),
@@ -9824,6 +10054,7 @@ _COMMANDS = (
     ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
     ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
     ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge),
+    ("slurm", "run a run as a Slurm array job of shards and a merge job; their status", _parser_slurm),
 )
 
 
@@ -10029,6 +10260,28 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_slurm(args: argparse.Namespace) -> int:
+    if args.action == "status":
+        st = slurm_status(args.out)
+        sys.stdout.write((json.dumps(st, indent=2, sort_keys=True) if args.json_out else format_slurm_status(st))
+                         + "\n")
+        return EXIT_OK
+    entry = slurm_submit(args.run_args, shards=args.shards, max_parallel=args.max_parallel,
+                         partition=args.partition, time_limit=args.time_limit, cpus=args.cpus, mem=args.mem,
+                         sbatch_options=args.sbatch_options, python=args.python, program=args.program,
+                         dry_run=args.dry_run)
+    if args.dry_run:
+        for key in ("array_script", "merge_script"):
+            with open(entry[key], encoding="utf-8") as fh:
+                sys.stdout.write("# %s\n%s\n" % (entry[key], fh.read()))
+        return EXIT_OK
+    sys.stdout.write("submitted array job %s (%d shards%s) and merge job %s (after all of them)\nstatus: %s slurm "
+                     "status %s\n" % (entry["array_job"], entry["shards"], ", at most %d at once" %
+                                      entry["max_parallel"] if entry["max_parallel"] else "", entry["merge_job"],
+                                      os.path.basename(sys.argv[0]) or "evalharness", entry["out"]))
+    return EXIT_OK
+
+
 def _cmd_serve_mock(args: argparse.Namespace) -> int:
     if not 0 <= args.skill <= 1:
         raise ConfigError("--skill must be in [0, 1], got %r" % args.skill)
@@ -10079,7 +10332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images,
-                "report": _cmd_report, "merge": _cmd_merge}
+                "report": _cmd_report, "merge": _cmd_merge, "slurm": _cmd_slurm}
     interrupts = [0]
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -2,12 +2,14 @@
 (shards as separate `run` processes), compared with a single-process run of the same dataset."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import unittest
 
+from tests import slurmbed
 from tests.support import MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
 
 TIMING = ("started_at", "finished_at", "latency_s", "ttft_s")
@@ -210,6 +212,106 @@ class TestMerge(ShardCase):
                                                                                              b"OUT"), name)
             self.assertEqual([n for n in os.listdir(target) if ".tmp." in n], [])  # no temporary file left
         self.assertGreater(midway, 0, "no merge was killed with part of its output written: nothing was tested")
+
+
+class TestSlurm(ShardCase):
+    """A real Slurm 22.05 cluster (munged, slurmctld, two slurmd on this host: tests/slurmbed.py); the array tasks
+    run `evalharness.py run --shard auto/4` against the mock in this process over loopback."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = slurmbed.SlurmCluster(nodes=2)
+        cls.cluster.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.__exit__(None, None, None)
+
+    def setUp(self):
+        super().setUp()
+        self.rows = qa_rows(200)
+        self.ds = write_jsonl(os.path.join(self.dir, "qa200.jsonl"), self.rows)
+        self.env = clean_env(SLURM_CONF=self.cluster.env()["SLURM_CONF"])
+
+    def slurm(self, *args):
+        res = run_cli(["slurm"] + list(args), env=self.env)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        return res
+
+    def submit(self, mock, out, *extra):
+        res = self.slurm("submit", "--shards", "4", "--time", "0:05:00", "--", "--dataset", self.ds, "--model", "m",
+                         "--base-url", mock.url, "--out", out, "--no-progress", *extra)
+        self.assertRegex(res.stdout, r"submitted array job \d+ \(4 shards\) and merge job \d+")
+        return res
+
+    def status(self, out):
+        return json.loads(self.slurm("status", out, "--json").stdout)
+
+    def wait_merge(self, out, timeout_s=240):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            st = self.status(out)
+            if st["merge"].get("state") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                return st
+            time.sleep(0.5)
+        self.fail("the merge job did not end in %d s: %s\n%s" % (timeout_s, st, self.cluster.log_tail()))
+
+    def single(self, mock):
+        single = os.path.join(self.dir, "single")
+        self.run_ok(["run", "--dataset", self.ds, "--model", "m", "--base-url", mock.url, "--out", single,
+                     "--no-progress"])
+        return by_id(single), summary_of(single)
+
+    def test_a_200_row_run_as_a_4_task_array_then_its_merge_job_equals_one_process(self):
+        mock = start_mock(self, oracle_rows=self.rows, seed=5, skill=0.6)
+        out = os.path.join(self.dir, "cluster")
+        self.submit(mock, out)
+        st = self.wait_merge(out)
+        self.assertEqual(st["merge"]["state"], "COMPLETED", st)
+        self.assertEqual(st["merge"]["result"], "finished")
+        self.assertEqual({r["slurm"] for r in st["shards"]}, {"COMPLETED"})
+        self.assertEqual(sum(r["done"] for r in st["shards"]), 200)
+        one, one_summary = self.single(mock)
+        merged = by_id(out)  # fails on an id twice
+        self.assertEqual(merged, one)
+        self.assertEqual(summary_of(out), one_summary)
+        nodes = {r["node"] for r in st["shards"]}
+        self.assertEqual(nodes, {"n1", "n2"})  # the array spread over both nodes
+        with open(os.path.join(out, "slurm", "array.sh")) as fh:
+            script = fh.read()
+        self.assertIn("#SBATCH --array=0-3", script)
+        self.assertIn("--shard auto/4", script)
+        self.assertEqual(len([n for n in os.listdir(os.path.join(out, "slurm")) if n.endswith(".out")]), 5)
+
+    def test_a_task_cancelled_mid_run_then_a_resubmit_is_still_exactly_once_and_complete(self):
+        mock = start_mock(self, oracle_rows=self.rows, seed=6, skill=0.6, ttft_s=0.12)
+        out = os.path.join(self.dir, "cancelled")
+        res = self.submit(mock, out, "--fixed-concurrency", "1")
+        array = re.search(r"array job (\d+)", res.stdout).group(1)
+        shard0 = os.path.join(out, "shard-0-of-4", "samples.jsonl")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(eh._read_jsonl_tolerant(shard0)) < 3:
+            time.sleep(0.2)
+        cancel = subprocess.run(["scancel", "%s_0" % array], env=self.env, stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(cancel.returncode, 0, cancel.stderr)
+        st = self.wait_merge(out)
+        rows0 = next(r for r in st["shards"] if r["shard"] == 0)
+        self.assertEqual(rows0["slurm"], "CANCELLED", st)
+        self.assertLess(rows0["done"], rows0["samples"])
+        self.assertEqual(st["merge"]["result"], "partial")  # the merge job ran, said so, and exited 1
+        with open(os.path.join(out, "shard-0-of-4", "run.json")) as fh:
+            history = json.load(fh)["history"]
+        self.assertIn(history[-1]["status"], ("interrupted", "killed"))
+        self.submit(mock, out, "--fixed-concurrency", "1")  # the same command again
+        st = self.wait_merge(out)
+        self.assertEqual(st["merge"]["state"], "COMPLETED", st)
+        self.assertEqual(st["merge"]["result"], "finished")
+        self.assertEqual(st["submissions"], 2)
+        one, _ = self.single(mock)
+        self.assertEqual(by_id(out), one)  # each id once, all 200
+        for r in st["shards"]:
+            self.assertEqual(len(read_samples(os.path.join(out, "shard-%d-of-4" % r["shard"]))),
+                             len(by_id(os.path.join(out, "shard-%d-of-4" % r["shard"]))))  # no duplicate line
 
 
 if __name__ == "__main__":

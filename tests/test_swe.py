@@ -3,6 +3,7 @@ end to end on real Docker with the mock's agent policies (tests/swebed.py builds
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -639,6 +640,60 @@ class TestContainersAndCrashes(_SWEBed):
         self.assertIn("Cannot connect to the Docker daemon", lines[0])
         self.assertFalse(os.path.exists(out))
         self.assertEqual(mock.stats()["counters"].get("requests", 0), 0)
+
+
+class TestSWEShards(_SWEBed):
+    """SWE runs as shards (run --shard I/N) merged, and a shard stopped by SIGTERM (scancel, a time limit)."""
+
+    def test_two_shards_merged_give_the_single_host_verdicts_and_predictions(self):
+        d = tempdir(self)
+        mock = start_mock(self, swe=self.ds, swe_policy="oracle")
+        code, single, _ = self.run_swe(os.path.join(d, "single"), mock=mock)
+        self.assertEqual(code, 0)
+        out = os.path.join(d, "sharded")
+        for i in range(2):
+            swe = eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3)
+            cfg = eh.RunConfig(dataset=self.dataset, model="m", base_url=mock.url, task="swe", out=out,
+                               progress=False, swe=swe, fixed_concurrency=4, keep_images=True, shard=(i, 2))
+            code, shard_dir = eh.run_swe(cfg, stdout=__import__("io").StringIO())
+            self.assertEqual(shard_dir, os.path.join(out, "shard-%d-of-2" % i))
+        code, summary = eh.merge_runs(out)
+        self.assertEqual(code, 0)
+        merged, one = self.samples(out), self.samples(single)
+        self.assertEqual(sorted(merged), self.ids)
+        self.assertEqual({k: r["status"] for k, r in merged.items()}, {k: r["status"] for k, r in one.items()})
+        self.assertEqual({k: r.get("resolved") for k, r in merged.items()},
+                         {k: r.get("resolved") for k, r in one.items()})
+        self.assertEqual(sorted(self.preds(out), key=lambda p: p["instance_id"]),
+                         sorted(self.preds(single), key=lambda p: p["instance_id"]))
+        with open(os.path.join(out, "swebench_report.json")) as fh, \
+                open(os.path.join(single, "swebench_report.json")) as gh:
+            self.assertEqual(json.load(fh), json.load(gh))
+        self.assertEqual(summary["swebench"]["resolved_instances"], len(self.ids))
+        for sub in ("trajectories", "reports", "logs"):
+            self.assertEqual(sorted(os.listdir(os.path.join(out, sub))), sorted(os.listdir(os.path.join(single,
+                                                                                                         sub))))
+
+    def test_a_shard_stopped_by_sigterm_mid_instance_leaves_no_container(self):
+        d = tempdir(self)
+        mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
+        out = os.path.join(d, "run")
+        argv = [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
+                "--base-url", mock.url, "--out", out, "--exec-timeout", "30", "--max-sessions", "2",
+                "--keep-images", "--no-progress", "--shard", "0/1"]
+        proc = subprocess.Popen(argv, env=clean_env(SLURM_JOB_ID="4242"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        labelled = lambda: bed.docker("ps", "-a", "--filter", "label=slurm.job=4242", "--format",
+                                      "{{.Names}}").stdout.split()
+        self.assertTrue(wait_until(lambda: len(labelled()) >= 1, 90), "no container carries the job's label")
+        time.sleep(1.0)  # mid-instance: the sleepy agent's command runs inside the container
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        self.assertEqual(proc.returncode, eh.EXIT_INTERRUPTED, err.decode()[-2000:])
+        self.assertEqual(labelled(), [])
+        self.assert_no_containers(proc.pid)
+        with open(os.path.join(out, "shard-0-of-1", "run.json")) as fh:
+            self.assertEqual(json.load(fh)["history"][-1]["status"], "interrupted")
 
 
 class TestSWEResume(_SWEBed):
