@@ -6260,6 +6260,7 @@ class RunConfig:
     progress: bool = True
     remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
     shard: Optional[Tuple[int, int]] = None  # (index, count): this process runs one shard, in OUT/shard-I-of-N
+    shared_gate: bool = True      # shards under one OUT share the endpoint's limit (OUT/.gate/)
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
@@ -6269,6 +6270,7 @@ class RunConfig:
     allow_pull: bool = False
     engine: Optional[str] = None
     docker_host: Optional[str] = None
+    docker_hosts: Tuple[str, ...] = ()   # several engines for SWE containers (--docker-host repeated)
     image_workers: Optional[int] = None
     tar_index: Optional[str] = None
     mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S
@@ -6436,7 +6438,8 @@ def _save_limit(base_url: str, model: str, limit: int) -> None:
         _log.debug("could not save the discovered limit to %s: %s", path, exc)
 
 
-def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]) -> Tuple[AdaptiveGate, str]:
+def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]],
+               out: Optional[str] = None) -> Tuple[AdaptiveGate, str]:
     """The run's model gate: pinned by --fixed-concurrency, else adaptive from --initial-concurrency or auto (this
     run directory's last discovered limit, then the endpoint's from the limits cache, then the default)."""
     if cfg.fixed_concurrency is not None:
@@ -6454,6 +6457,14 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
     initial = max(1, min(cap, initial))
     # streams too slow for a longest answer to finish within the request timeout: the limit does not grow (no
     # floor when the server decides the length)
+    if cfg.shard is not None and cfg.shared_gate:  # the shards of one run share the endpoint (Scale-out)
+        def make(start: int) -> GradientLimit:
+            return GradientLimit(start, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s)
+        shared = _SharedLimit(os.path.join(_shard_parent(cfg, out), SHARED_GATE_DIR), cfg.shard[0], make, initial)
+        gate = AdaptiveGate(initial, 1, cap, algorithm=shared)
+        gate.shared = shared  # type: ignore[attr-defined]  # closed by the run at its end
+        return gate, origin + (", shared by the run's shards" if shared.leader else
+                               ", then the lowest live shard's limit: the run's shards share the endpoint")
     return AdaptiveGate(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s), origin
 
 
@@ -6470,6 +6481,11 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
 def _shard_out(cfg: RunConfig, out: str) -> str:
     """The run directory of this process: OUT itself, or OUT/shard-I-of-N for --shard (merge OUT gathers them)."""
     return out if cfg.shard is None else os.path.join(out, SHARD_DIR_FORMAT % cfg.shard)
+
+
+def _shard_parent(cfg: RunConfig, run_dir: Optional[str]) -> str:
+    """OUT of a shard's run directory OUT/shard-I-of-N."""
+    return os.path.dirname(os.path.abspath(run_dir)) if run_dir else os.path.abspath(".")
 
 
 def _shard_info(cfg: RunConfig, samples: int, samples_total: int) -> Dict[str, Any]:
@@ -6697,7 +6713,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
         exclude_from_proxy([base_url])
 
     cancel = cancel or threading.Event()
-    gate, initial_from = _make_gate(cfg, base_url, previous)
+    gate, initial_from = _make_gate(cfg, base_url, previous, store.dir)
     gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
     _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
               "adaptive, starting at %d (%s), at most %d" % (gate.limit, initial_from, gate.max_limit))
@@ -6735,7 +6751,11 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     health.on_trip = runner.abort
     gate_initial = gate.limit
     pending = (item for item in dataset.iter_items() if item.id not in done_ids)
-    status = runner.run(pending)
+    try:
+        status = runner.run(pending)
+    finally:
+        if getattr(gate, "shared", None) is not None:
+            gate.shared.close()  # type: ignore[attr-defined]
 
     summary = summarize((r for r in store.iter_samples() if r.get("id") in dataset.ids), total=dataset.count)
     summary.update({"task": cfg.task, "model": cfg.model, "dataset": dataset.name, "status": status})
@@ -6744,8 +6764,8 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     run_info.update({"status": status, "ended_at": _utc_iso(ended), "discovered_limit": gate.discovered_limit,
                      "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial, "initial_from": initial_from,
                                      "final": gate.limit, "max": gate.max_limit}})
-    if gate.adaptive and status != "aborted" and cfg.remember_limit:
-        _save_limit(base_url, cfg.model, gate.discovered_limit)
+    if gate.adaptive and status != "aborted" and cfg.remember_limit and getattr(gate, "shared", None) is None:
+        _save_limit(base_url, cfg.model, gate.discovered_limit)  # (a shard's limit is its share: not kept)
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                                   "status": status, "pid": os.getpid()}]
     if runner.stop_reason:
@@ -7370,6 +7390,7 @@ class SWEOptions:
     image_template: Optional[str] = None
     tool_mode: bool = False
     sandbox: SandboxConfig = SandboxConfig()
+    max_containers: Optional[int] = None  # per engine host: instances at once (each holds one container)
 
 
 SWE_SYSTEM_TEMPLATE = """You are a helpful assistant that can interact with a computer shell to solve programming tasks.
@@ -7755,6 +7776,108 @@ def _swe_record(inst: SWEInstance, model: str, patch: str, scored: Dict[str, Any
     return rec
 
 
+# ----------------------------------------------------------------------------- several engine hosts
+class _EngineHost:
+    """One container engine a SWE run places instances on (--docker-host, repeatable): its CLI, image service and
+    exec pool, how many of the run's instances it holds and has finished, and why it is down once it stopped
+    answering."""
+
+    def __init__(self, name: str, docker: DockerCLI, images: "ImageService", pool: _ExecPool,
+                 max_containers: Optional[int], down: Optional[str] = None):
+        self.name, self.docker, self.images, self.pool = name, docker, images, pool
+        self.max_containers = max_containers  # instances at once (each holds one container at a time); None: any
+        self.active = self.ran = 0
+        self.down = down
+
+    def answers(self) -> bool:
+        try:
+            self.docker.server_version(timeout_s=10.0)
+        except HarnessError:
+            return False
+        return True
+
+
+class _Placement:
+    """Instances over the live engine hosts: each goes to the one with the fewest of the run's instances for its
+    cap (the first on ties), waiting while every host is at its --max-containers. An engine failure on a host
+    that then does not answer marks it down, and the instance runs again on another host: an infrastructure
+    failure, never a result. With every host down the failure is the instance's (a resume runs it again)."""
+
+    _ENGINE_CLASSES = ("docker", "sandbox", "image")
+
+    def __init__(self, hosts: List[_EngineHost], on_event: Optional[Callable[..., None]] = None):
+        self.hosts, self.on_event = hosts, on_event
+        self._cond = threading.Condition()  # guards each host's active, ran and down
+
+    def _acquire(self, cancel: threading.Event) -> _EngineHost:
+        with self._cond:
+            while True:
+                live = [h for h in self.hosts if h.down is None]
+                if not live:
+                    raise SandboxError("no container engine answers any more: %s" % "; ".join(
+                        "%s (%s)" % (h.name, h.down) for h in self.hosts))
+                free = [h for h in live if h.max_containers is None or h.active < h.max_containers]
+                if free:
+                    host = min(free, key=lambda h: (h.active / float(h.max_containers or 1 << 20),
+                                                    self.hosts.index(h)))
+                    host.active += 1
+                    return host
+                if cancel.is_set():
+                    raise _Cancelled()
+                self._cond.wait(0.5)
+
+    def _release(self, host: _EngineHost, finished: bool) -> None:
+        with self._cond:
+            host.active -= 1
+            host.ran += int(finished)
+            self._cond.notify_all()
+
+    def mark_down(self, host: _EngineHost, why: str) -> None:
+        with self._cond:
+            if host.down is not None:
+                return
+            host.down = _last_lines(_redact(why), 1)[:300]
+            self._cond.notify_all()
+        _log.warning("container engine %s stopped answering (%s): its instances run on the other hosts", host.name,
+                     host.down)
+        if self.on_event is not None:
+            self.on_event("engine_down", host=host.name, error=host.down)
+
+    def run(self, ctx: "_SWEContext", inst: SWEInstance, fn: Callable[["_SWEContext"], Dict[str, Any]]
+            ) -> Dict[str, Any]:
+        moved: List[str] = []
+        while True:
+            host = self._acquire(ctx.cancel)
+            try:
+                rec = fn(ctx.on(host))
+            except HarnessError as exc:
+                self._release(host, False)
+                if _error_class_of(exc) in self._ENGINE_CLASSES and len(self.hosts) > 1 and not host.answers():
+                    self.mark_down(host, str(exc))
+                    moved.append(host.name)
+                    continue
+                raise
+            except BaseException:
+                self._release(host, False)
+                raise
+            self._release(host, True)
+            if (rec.get("error_class") in self._ENGINE_CLASSES and len(self.hosts) > 1 and
+                    (rec.get("status") == "failed" or rec.get("outcome") == "error") and not host.answers()):
+                self.mark_down(host, str(rec.get("error") or "engine failure"))
+                moved.append(host.name)
+                continue
+            if len(self.hosts) > 1:
+                rec["docker_host"] = host.name
+                if moved:
+                    rec["moved_from"] = moved
+            return rec
+
+    def summary(self) -> List[Dict[str, Any]]:
+        with self._cond:
+            return [{"host": h.name, "instances": h.ran, "max_containers": h.max_containers, "down": h.down}
+                    for h in self.hosts]
+
+
 class _SWEContext:
     """What every SWE sample of one run shares."""
 
@@ -7764,6 +7887,12 @@ class _SWEContext:
         self.store, self.docker, self.pool, self.images = store, docker, pool, images
         self.client, self.sessions, self.opts, self.model = client, sessions, opts, model
         self.run_id, self.cancel, self.preds = run_id, cancel, preds
+
+    def on(self, host: _EngineHost) -> "_SWEContext":
+        """This context with HOST's engine, exec pool and image service (an instance placed there)."""
+        placed = object.__new__(_SWEContext)
+        placed.__dict__.update(self.__dict__, docker=host.docker, pool=host.pool, images=host.images)
+        return placed
 
     def save_artifacts(self, inst: SWEInstance, patch: str, scored: Dict[str, Any],
                        traj: Optional[Dict[str, Any]]) -> None:
@@ -7823,29 +7952,28 @@ class _Prepared:
             self._box.remove()
 
 
-def _swe_agent_work(ctx: _SWEContext) -> Callable[[SWEInstance], Dict[str, Any]]:
-    def work(inst: SWEInstance) -> Dict[str, Any]:
-        started = time.time()
-        slot = ctx.sessions.enter(cancel=ctx.cancel)
-        traj: Optional[Dict[str, Any]] = None
-        prep = _Prepared(ctx, inst)  # image and container come up while the first model call runs
-        try:
-            traj = run_agent(ctx.client, prep.get, inst, ctx.opts, ctx.cancel)
-            patch = "" if traj["exit_reason"] == "model_error" else collect_patch(prep.get())
-        finally:
-            prep.close()
-            ctx.sessions.leave(slot)
-        image_wait_s = prep.image_wait_s
-        if traj["exit_reason"] == "model_error":
-            exc = traj["error"]
-            ctx.save_artifacts(inst, "", {"outcome": "error"}, traj)
-            rec = _failed_record(inst, started, _redact(exc), _error_class_of(exc))
-            rec.update({"exit_reason": "model_error", "steps": len(traj["steps"]), "repo": inst.repo})
-            return rec
-        scored = _score_keeping_patch(ctx, inst, patch)
-        ctx.save_artifacts(inst, patch, scored, traj)
-        return _swe_record(inst, ctx.model, patch, scored, started, traj, image_wait_s)
-    return work
+def _swe_agent_one(ctx: _SWEContext, inst: SWEInstance) -> Dict[str, Any]:
+    """One instance: the agent in a container, then its patch scored (the record)."""
+    started = time.time()
+    slot = ctx.sessions.enter(cancel=ctx.cancel)
+    traj: Optional[Dict[str, Any]] = None
+    prep = _Prepared(ctx, inst)  # image and container come up while the first model call runs
+    try:
+        traj = run_agent(ctx.client, prep.get, inst, ctx.opts, ctx.cancel)
+        patch = "" if traj["exit_reason"] == "model_error" else collect_patch(prep.get())
+    finally:
+        prep.close()
+        ctx.sessions.leave(slot)
+    image_wait_s = prep.image_wait_s
+    if traj["exit_reason"] == "model_error":
+        exc = traj["error"]
+        ctx.save_artifacts(inst, "", {"outcome": "error"}, traj)
+        rec = _failed_record(inst, started, _redact(exc), _error_class_of(exc))
+        rec.update({"exit_reason": "model_error", "steps": len(traj["steps"]), "repo": inst.repo})
+        return rec
+    scored = _score_keeping_patch(ctx, inst, patch)
+    ctx.save_artifacts(inst, patch, scored, traj)
+    return _swe_record(inst, ctx.model, patch, scored, started, traj, image_wait_s)
 
 
 def _score_keeping_patch(ctx: _SWEContext, inst: SWEInstance, patch: str) -> Dict[str, Any]:
@@ -7865,23 +7993,21 @@ _AGENT_FIELDS = ("exit_reason", "steps", "model_calls", "agent_s", "prompt_token
                  "format_errors", "timeouts")
 
 
-def _swe_score_work(ctx: _SWEContext, prior: Dict[str, Dict[str, Any]]) -> Callable[[SWEInstance], Dict[str, Any]]:
+def _swe_score_one(ctx: _SWEContext, inst: SWEInstance, prior: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """Score the patch of ``ctx.preds`` (--score-only, or a re-score on resume: then the agent's figures of the
     ``prior`` record are kept)."""
-    def work(inst: SWEInstance) -> Dict[str, Any]:
-        started = time.time()
-        t_img = time.monotonic()
-        ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
-        image_wait_s = time.monotonic() - t_img
-        patch = ctx.preds[inst.id]
-        scored = _score_keeping_patch(ctx, inst, patch)
-        ctx.save_artifacts(inst, patch, scored, None)
-        rec = _swe_record(inst, ctx.model, patch, scored, started, None, image_wait_s)
-        if inst.id in prior:
-            rec.update({k: prior[inst.id][k] for k in _AGENT_FIELDS if k in prior[inst.id]})
-            rec["rescored_at"] = round(time.time(), 3)
-        return rec
-    return work
+    started = time.time()
+    t_img = time.monotonic()
+    ctx.images.wait_ready(inst.image, timeout_s=ctx.opts.image_timeout_s, cancel=ctx.cancel)
+    image_wait_s = time.monotonic() - t_img
+    patch = ctx.preds[inst.id]
+    scored = _score_keeping_patch(ctx, inst, patch)
+    ctx.save_artifacts(inst, patch, scored, None)
+    rec = _swe_record(inst, ctx.model, patch, scored, started, None, image_wait_s)
+    if inst.id in prior:
+        rec.update({k: prior[inst.id][k] for k in _AGENT_FIELDS if k in prior[inst.id]})
+        rec["rescored_at"] = round(time.time(), 3)
+    return rec
 
 
 def _swe_settings(cfg: "RunConfig", mode: str) -> Dict[str, Any]:
@@ -7998,25 +8124,36 @@ def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None
     if cfg.shard is not None:
         dataset.shard(*cfg.shard)
         preds = {i: p for i, p in preds.items() if i in dataset.ids}
-    docker = DockerCLI(cfg.engine, host=cfg.docker_host)
-    try:  # a run that cannot work at all says so once, up front (a daemon lost mid-run is an outage instead)
-        docker.server_version(timeout_s=15.0)
-    except DockerError as exc:
+    engines = []  # (name, CLI, why it is down): a run that cannot work at all says so once, up front
+    for host in cfg.docker_hosts or (cfg.docker_host,):
+        docker = DockerCLI(cfg.engine, host=host)
+        try:
+            docker.server_version(timeout_s=15.0)
+            engines.append((host or "default", docker, None))
+        except DockerError as exc:
+            engines.append((host or "default", docker, _last_lines(str(exc), 1)))
+    if all(why for _, _, why in engines):
         raise ConfigError("the container engine does not answer: %s; start it (or name another with --engine / "
-                          "--docker-host), then run again" % exc) from None
+                          "--docker-host), then run again" % "; ".join(
+                              why if len(engines) == 1 else "%s: %s" % (name, why) for name, _, why in engines)) \
+            from None
+    for name, _, why in engines:
+        if why:
+            _log.warning("container engine %s does not answer (%s): the run goes on without it", name, why)
     out = _shard_out(cfg, cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
         [_swe_settings(cfg, "score-only" if cfg.score_only else "agent"),
          os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold" else cfg.score_only])))
     store = RunStore(out).open()
     try:
-        return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, docker, store, stdout, progress_stream,
+        return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, engines, store, stdout, progress_stream,
                                  cancel, server)
     finally:
         store.close()
 
 
 def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], model: str, dataset: SWEDataset,
-                      preds: Dict[str, str], docker: DockerCLI, store: RunStore, stdout: Any, progress_stream: Any,
+                      preds: Dict[str, str], engines: List[Tuple[str, DockerCLI, Optional[str]]], store: RunStore,
+                      stdout: Any, progress_stream: Any,
                       cancel: Optional[threading.Event], server: Optional[Dict[str, Any]] = None) -> Tuple[int, str]:
     opts = cfg.swe
     for note in store.notes:
@@ -8042,15 +8179,21 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     _log_plan(store, plan, len(done_ids), len(ids), "instance")
     cancel = cancel or threading.Event()
     run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
-    reaped = reap_leftover_containers(docker)
-    if reaped:
-        _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped), ", ".join(reaped[:5]))
-        store.event("containers_reaped", names=reaped)
+    hosts: List[_EngineHost] = []
+    for name, docker, why in engines:
+        reaped = reap_leftover_containers(docker) if why is None else []
+        if reaped:
+            _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped), ", ".join(reaped[:5]))
+            store.event("containers_reaped", names=reaped, **({"host": name} if len(engines) > 1 else {}))
+        images = ImageService(docker, tar_dirs=cfg.image_tars, store=cfg.image_store, mirrors=cfg.image_mirrors,
+                              allow_pull=cfg.allow_pull, workers=cfg.image_workers, index_path=cfg.tar_index,
+                              keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
+                              on_event=lambda kind, _h=name, **f: store.event(kind, **(
+                                  dict(f, host=_h) if len(engines) > 1 else f)))
+        hosts.append(_EngineHost(name, docker, images, _ExecPool(opts.exec_workers), opts.max_containers, why))
+    placement = _Placement(hosts, on_event=lambda kind, **f: store.event(kind, **f))
+    docker, images = hosts[0].docker, hosts[0].images
     pending = [inst for inst in dataset.items if inst.id in ids and inst.id not in done_ids]
-    images = ImageService(docker, tar_dirs=cfg.image_tars, store=cfg.image_store, mirrors=cfg.image_mirrors,
-                          allow_pull=cfg.allow_pull, workers=cfg.image_workers, index_path=cfg.tar_index,
-                          keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
-                          on_event=lambda kind, **f: store.event(kind, **f))
     gate = sessions = client = None
     initial_from = None
     health = _EndpointHealth(cfg.outage_budget_s)
@@ -8058,13 +8201,13 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         base_url = _normalize_base_url(cfg.base_url)
         if not cfg.use_proxy:
             exclude_from_proxy([base_url])
-        gate, initial_from = _make_gate(cfg, base_url, previous)
+        gate, initial_from = _make_gate(cfg, base_url, previous, store.dir)
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         sessions = SessionGate(gate)
         sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
     gate_initial = gate.limit if gate is not None else None
-    pool = _ExecPool(opts.exec_workers)
+    pool = hosts[0].pool
     preds_file = _AppendFile(store.path(PREDS_FILE))
     ctx = _SWEContext(store=store, docker=docker, pool=pool, images=images, client=client, sessions=sessions,
                       opts=opts, model=model, run_id=run_id, cancel=cancel, preds=preds)
@@ -8086,7 +8229,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     store.event("run_start", pending=len(pending), finished=len(done_ids), pid=os.getpid(), mode=mode)
 
     def extra() -> List[Tuple[str, int]]:
-        sts = images.statuses()
+        sts = [s for h in hosts for s in h.images.statuses()]
         ready = sum(1 for s in sts if s.state == "ready")
         parts = [("images %d/%d ready" % (ready, len(sts)), 2)]
         if sessions is not None:
@@ -8100,10 +8243,10 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         if pred is not None:
             preds_file.append(pred)
 
-    score_work, agent_work = _swe_score_work(ctx, prior), _swe_agent_work(ctx)
-
     def work(inst: SWEInstance) -> Dict[str, Any]:
-        return score_work(inst) if inst.id in preds else agent_work(inst)
+        if inst.id in preds:
+            return placement.run(ctx, inst, lambda c: _swe_score_one(c, inst, prior))
+        return placement.run(ctx, inst, lambda c: _swe_agent_one(c, inst))
 
     def fingerprint(inst: SWEInstance) -> Dict[str, str]:
         return {"gen": gen, "input": fps[inst.id][0], "score": fps[inst.id][1]}
@@ -8114,13 +8257,16 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                      after_append=after_append, fingerprint=fingerprint)
     health.on_trip = runner.abort
     try:
-        if cfg.pull_ahead:  # deliveries overlap generation; without it a sample registers its image at its start
-            images.register([inst.image for inst in pending])
+        if cfg.pull_ahead and len(hosts) == 1:  # deliveries overlap generation; without it (and over several
+            images.register([inst.image for inst in pending])  # hosts) an instance registers its image where placed
         status = runner.run(iter(pending))
     finally:
         preds_file.close()
-        pool.close()
-        images.close()
+        for host in hosts:
+            host.pool.close()
+            host.images.close()
+        if getattr(gate, "shared", None) is not None:
+            gate.shared.close()  # type: ignore[union-attr]
     if store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves the file
         store.rewrite(lambda rec: rec)
     _rewrite_preds(store, ids)
@@ -8133,6 +8279,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     store.write_json(SWE_REPORT_FILE, report)
     ended = time.time()
     run_info.update({"status": status, "ended_at": _utc_iso(ended)})
+    if len(hosts) > 1:
+        run_info["docker_hosts"] = placement.summary()
     if gate is not None:
         run_info.update({"discovered_limit": gate.discovered_limit,
                          "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial,
@@ -8353,6 +8501,117 @@ def _copy_tree_atomic(src_dir: str, out: str, subdirs: Sequence[str]) -> None:
                 tmp = os.path.join(dest_root, ".%s.merge.%d" % (name, os.getpid()))
                 shutil.copyfile(os.path.join(root, name), tmp)
                 os.replace(tmp, os.path.join(dest_root, name))
+
+
+# ----------------------------------------------------------------------------- one endpoint, many shards
+# The shards of a run under one OUT coordinate their model gates through OUT/.gate/ (one small file per live
+# shard, rewritten every HEARTBEAT_S): the lowest live shard leads, adapting its limit as a lone run does, and
+# every shard runs at the leader's limit, so together they hold (live shards) x (leader's limit). When the count
+# of live shards changes, the leader scales its limit by old/new count, keeping the total; a follower's overload
+# reaches the leader's controller through its file. A shard whose file is older than STALE_S (killed) no longer
+# counts; when the leader goes, the next lowest leads from the limit it had.
+SHARED_GATE_DIR = ".gate"
+SHARED_GATE_HEARTBEAT_S = 0.5
+SHARED_GATE_STALE_S = 5.0
+
+
+class _SharedLimit:
+    """A gate algorithm (GradientLimit's interface) shared by the shards of one run: see the comment above."""
+
+    adaptive = True
+
+    def __init__(self, gate_dir: str, index: int, make_inner: Callable[[int], Any], initial: int, *,
+                 clock: Callable[[], float] = time.time, heartbeat: bool = True):
+        self.dir, self.index, self._make_inner, self._clock = gate_dir, index, make_inner, clock
+        self._inner = make_inner(initial)
+        self.limit = float(initial)
+        self.leader = True
+        self.live = 1
+        self._overloads = 0               # this shard's, published
+        self._seen: Dict[str, int] = {}   # the leader's view of the followers' overload counts
+        self._lock = threading.Lock()     # guards the fields above (the heartbeat thread and the gate)
+        self._stop = threading.Event()
+        os.makedirs(gate_dir, exist_ok=True)
+        self._path = os.path.join(gate_dir, "shard-%d.json" % index)
+        self.beat()
+        if heartbeat:  # (the tests beat by hand)
+            threading.Thread(target=self._run, name="evalharness-shared-gate-0", daemon=True).start()
+
+    @property
+    def discovered(self) -> Optional[float]:
+        return getattr(self._inner, "discovered", None) if self.leader else self.limit
+
+    def window_stamp(self) -> int:
+        return self._inner.window_stamp()
+
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> float:
+        with self._lock:
+            if self.leader:
+                self.limit = float(self._inner.on_sample(now, stamp, speed, load, elapsed_s))
+            return self.limit
+
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
+                    rate_limited: bool = False, refused: bool = False) -> float:
+        with self._lock:
+            self._overloads += 1
+            if self.leader:
+                self.limit = float(self._inner.on_overload(now, pause_s, level, rate_limited=rate_limited,
+                                                           refused=refused))
+            else:  # until the leader has cut (it reads this overload from our file)
+                self.limit = max(1.0, self.limit * getattr(self._inner, "backoff_ratio", 0.7))
+            return self.limit
+
+    def _run(self) -> None:
+        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
+            try:
+                self.beat()
+            except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: keep the last view
+                _log.debug("shared gate: %s", exc)
+
+    def beat(self) -> None:
+        """Read the live shards' files, take the leader's role or limit, and write this shard's file."""
+        now = self._clock()
+        peers: Dict[int, Dict[str, Any]] = {}
+        for name in os.listdir(self.dir):
+            m = re.match(r"shard-(\d+)\.json$", name)
+            if not m or int(m.group(1)) == self.index:
+                continue
+            peer = _read_json_file(os.path.join(self.dir, name))
+            if peer and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
+                peers[int(m.group(1))] = peer
+        with self._lock:
+            live = 1 + len(peers)
+            leader = min([self.index] + list(peers)) == self.index
+            if leader and not self.leader:  # promoted: adapt on from the limit it was following
+                self._inner = self._make_inner(max(1, int(round(self.limit))))
+                self._inner.limit = self.limit
+            if leader and live != self.live:  # shards came or went: the same total over the new count
+                self._inner.limit = max(float(getattr(self._inner, "min_limit", 1)),
+                                        min(float(getattr(self._inner, "max_limit", 1e9)),
+                                            self._inner.limit * self.live / live))
+                self.limit = self._inner.limit
+            if leader:
+                for i, peer in peers.items():
+                    count, before = int(peer.get("overloads") or 0), self._seen.get(str(i))
+                    if before is not None and count > before:  # a follower met an overload since the last beat
+                        self.limit = float(self._inner.on_overload(time.monotonic(), 0.0, None))
+                    self._seen[str(i)] = count
+            else:  # the leader's limit, over this count of shards until the leader has seen it
+                head = peers[min(peers)]
+                share = float(head.get("limit") or self.limit) * int(head.get("live") or live) / live
+                self.limit = max(1.0, share)
+            self.leader, self.live = leader, live
+            state = {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(), "t": now,
+                     "limit": self.limit, "leader": leader, "live": live, "overloads": self._overloads}
+        _write_json(self._path, state)
+
+    def close(self) -> None:
+        """Stop the heartbeat and remove this shard's file (the others stop counting it at once)."""
+        self._stop.set()
+        try:
+            os.unlink(self._path)
+        except OSError:
+            pass
 
 
 # ----------------------------------------------------------------------------- Slurm (slurm submit / status)
@@ -8779,6 +9038,14 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
     if cfg.get("scorer") or cfg.get("format"):
         rows.append(("scorer", "%s (format %s)" % (cfg.get("scorer") or "the format's", cfg.get("format") or "auto")))
     rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
+    if info.get("docker_hosts"):
+        rows.append(("engines", "; ".join("%s: %d instance(s)%s" % (h.get("host"), h.get("instances") or 0,
+                                                                    ", down (%s)" % h["down"] if h.get("down") else "")
+                                          for h in info["docker_hosts"])))
+    if info.get("merged_from"):
+        rows.append(("shards", "; ".join("%s on %s%s" % (m.get("shard"), m.get("host") or "?", ", Slurm job %s" %
+                                                         m["slurm_job"] if m.get("slurm_job") else "")
+                                         for m in info["merged_from"])))
     history = info.get("history") or []
     if history:
         start, end = history[0].get("started_at"), history[-1].get("ended_at")
@@ -9164,7 +9431,8 @@ def _swe_table(run: Dict[str, Any], budget: int, trajectories: Dict[str, Dict[st
         h.append('<tr><td>%s<td class=%s>%s<td>%s<td class=n>%d/%d<td class=n>%d/%d<td class=n>%s<td>%s</tr>' % (
             detail, "ok" if ok else "bad", "yes" if ok else "no", _esc(rec.get("outcome") or rec.get("status")),
             f2p[0], f2p[1], p2p[0], p2p[1], _esc(rec.get("steps", "–")),
-            _esc(rec.get("exit_reason") or rec.get("error_class") or "")))
+            _esc((rec.get("exit_reason") or rec.get("error_class") or "") + (" · on %s" % rec["docker_host"] if
+                                                                            rec.get("docker_host") else ""))))
     h.append("</tbody></table>")
     return "".join(h)
 
@@ -9468,6 +9736,9 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
                    help="the scoring test run (default %(default)s)")
     g.add_argument("--image-timeout", type=float, default=d.image_timeout_s, metavar="SECONDS",
                    help="how long a sample waits for its image (default %(default)s)")
+    g.add_argument("--max-containers", type=_positive_int, default=None, metavar="N",
+                   help="instances at once on each engine host (--docker-host), each holding one container (default:"
+                        " no cap below --max-sessions)")
     g.add_argument("--exec-workers", type=int, default=d.exec_workers, metavar="N",
                    help="threads through which every container call runs (default %(default)s)")
     g.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N",
@@ -9581,12 +9852,28 @@ def _add_image_options(p: argparse.ArgumentParser, only: Optional[Sequence[str]]
                                                              " (default: off)")
     g.add_argument("--engine", default=None, choices=["docker", "podman"],
                    help="container engine (default $EVALHARNESS_ENGINE or docker)")
-    g.add_argument("--docker-host", default=None, metavar="URL", help="engine socket (default $DOCKER_HOST)")
+    g.add_argument("--docker-host", action="append", default=None, metavar="URL",
+                   help="engine socket; repeat it (or a comma list in $EVALHARNESS_DOCKER_HOSTS) to spread a SWE "
+                        "run's containers over several engines (default $DOCKER_HOST)")
     g.add_argument("--image-workers", type=_positive_int, default=None, metavar="N",
                    help="parallel deliveries (default $EVALHARNESS_IMAGE_WORKERS or %d)" % DEFAULT_IMAGE_WORKERS)
     g.add_argument("--keep-images", action="store_true", default=None,
                    help="keep the images this process loads (default: removed at exit unless "
                         "$EVALHARNESS_KEEP_SWE_IMAGES is set)")
+
+
+def _docker_hosts(args: argparse.Namespace) -> List[str]:
+    """--docker-host, repeated or comma-separated, else $EVALHARNESS_DOCKER_HOSTS (empty: the default engine)."""
+    given = args.docker_host or [os.environ.get("EVALHARNESS_DOCKER_HOSTS", "")]
+    return [h for text in given for h in _split_list(text)]
+
+
+def _one_docker_host(args: argparse.Namespace) -> Optional[str]:
+    hosts = _docker_hosts(args)
+    if len(hosts) > 1:
+        raise ConfigError("images %s works on one engine at a time; run it once per --docker-host (got %s)"
+                          % (args.action, ", ".join(hosts)))
+    return hosts[0] if hosts else None
 
 
 def _split_list(text: Optional[str]) -> List[str]:
@@ -9595,7 +9882,7 @@ def _split_list(text: Optional[str]) -> List[str]:
 
 def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[bool] = None,
                              on_event: Optional[Callable[..., None]] = None, sources: bool = True) -> ImageService:
-    docker = DockerCLI(args.engine, host=args.docker_host)
+    docker = DockerCLI(args.engine, host=_one_docker_host(args))
     tars = _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
     keep = keep_images if keep_images is not None else args.keep_images
     return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
@@ -9654,7 +9941,7 @@ def _cmd_images(args: argparse.Namespace) -> int:
         if not args.image_store:
             raise ConfigError("images push needs --image-store URL|DIR")
         store = ImageStore(args.image_store)
-        docker = DockerCLI(args.engine, host=args.docker_host)
+        docker = DockerCLI(args.engine, host=_one_docker_host(args))
         failed = 0
         for i, ref in enumerate(images, 1):
             t0 = time.monotonic()
@@ -9705,7 +9992,7 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 
 def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
-    docker = DockerCLI(args.engine, host=args.docker_host)
+    docker = DockerCLI(args.engine, host=_one_docker_host(args))
     try:
         local: Optional[Dict[str, str]] = docker.list_images()
     except DockerError as exc:
@@ -9761,7 +10048,7 @@ def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
 
 
 def _images_release(args: argparse.Namespace) -> int:
-    docker = DockerCLI(args.engine, host=args.docker_host)
+    docker = DockerCLI(args.engine, host=_one_docker_host(args))
     path = os.environ.get("EVALHARNESS_IMAGE_STATE") or DEFAULT_IMAGE_STATE
     state = _read_image_state(path)
     removed, kept, failed = [], [], 0
@@ -9849,6 +10136,9 @@ def _parser_run(sub: Any, text: str) -> Any:
     run.add_argument("--rescore", action="store_true",
                      help="score every stored answer again with the current scorers, without model calls (a "
                           "changed scorer or reference is re-scored anyway) (default: off)")
+    run.add_argument("--no-shared-gate", dest="shared_gate", action="store_false",
+                     help="shards of one run do not share the endpoint's limit through OUT/.gate/ (each adapts on "
+                          "its own; default: shared)")
     run.add_argument("--shard", default=None, metavar="I/N|auto|auto/N",
                      help="run only shard I of N (a stable hash of each row's id), in OUT/shard-I-of-N; `merge OUT` "
                           "makes one run of them. auto: from a Slurm array task (SLURM_ARRAY_TASK_ID, _MIN, _COUNT); "
@@ -10224,7 +10514,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
-                    progress=args.progress, shard=parse_shard(args.shard))
+                    progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate)
     if args.task == "swe":
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
                                 network_none=args.network_none)
@@ -10234,11 +10524,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          exec_workers=args.exec_workers, max_sessions=args.max_sessions,
                          system_template=_read_template(args.system_template, "--system-template"),
                          instance_template=_read_template(args.instance_template, "--instance-template"),
-                         image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox)
+                         image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox,
+                         max_containers=args.max_containers)
         tars = args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS")
+        hosts = _docker_hosts(args)
         cfg = _replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(_split_list(tars)),
                        image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
-                       allow_pull=args.allow_pull, engine=args.engine, docker_host=args.docker_host,
+                       allow_pull=args.allow_pull, engine=args.engine, docker_host=hosts[0] if hosts else None,
+                       docker_hosts=tuple(hosts) if len(hosts) > 1 else (),
                        image_workers=args.image_workers, tar_index=args.tar_index,
                        mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images,
                        pull_ahead=args.pull_ahead)

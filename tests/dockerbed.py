@@ -980,3 +980,112 @@ def start_second_dockerd(test: unittest.TestCase) -> str:
         time.sleep(0.05)
     test.fail("second dockerd did not answer within 20 s: %s" % _log_tail(log))
     return ""  # not reached
+
+
+class NetnsDockerd:
+    """A dockerd in a network namespace of its own, reached over plain TCP from the host (scaleout.md section 3):
+    ``host`` is "tcp://10.214.N.2:2375". ``kill()`` SIGKILLs it and its containerd mid-test (a host that stops
+    answering; its containers die with their shims in cleanup). Cleanup stops it, its containerd
+    and shims, deletes the namespace (the veth goes with it) and the cgroup folders, and removes the directory."""
+
+    def __init__(self, test: unittest.TestCase):
+        require_docker(test)
+        self.test = test
+        self.exe = _require_binary(test, "dockerd")
+        ip = _require_binary(test, "ip")
+        _require_binary(test, "nsenter")
+        used = subprocess.run([ip, "-4", "route", "show", "table", "all"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, universal_newlines=True).stdout
+        used += subprocess.run([ip, "-4", "addr"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               universal_newlines=True).stdout
+        start = os.getpid() % 256
+        net = next((n for n in ((start + i) % 256 for i in range(256)) if "10.214.%d." % n not in used), None)
+        if net is None:
+            test.fail("no free 10.214.N.0/24 for a dockerd in a network namespace")
+        self.ns = "evhns%dx%d" % (os.getpid() % 100000, next(_COUNTER))
+        self.leg = "evhv%dx%d" % (os.getpid() % 100000, next(_COUNTER))
+        self.addr = "10.214.%d.2" % net
+        self.host = "tcp://%s:2375" % self.addr
+        self.dir = tempfile.mkdtemp(prefix="evhn-", dir="/tmp")
+        self.sock = "unix://" + os.path.join(self.dir, "d.sock")
+        self.proc: Optional[subprocess.Popen] = None
+        test.addCleanup(self.cleanup)
+        steps = [[ip, "netns", "add", self.ns], [ip, "-n", self.ns, "link", "set", "lo", "up"],
+                 [ip, "link", "add", self.leg, "type", "veth", "peer", "name", "eth0", "netns", self.ns],
+                 [ip, "addr", "add", "10.214.%d.1/24" % net, "dev", self.leg], [ip, "link", "set", self.leg, "up"],
+                 [ip, "-n", self.ns, "addr", "add", self.addr + "/24", "dev", "eth0"],
+                 [ip, "-n", self.ns, "link", "set", "eth0", "up"]]
+        for step in steps:
+            res = subprocess.run(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+            if res.returncode != 0:
+                _unavailable(test, "cannot set up a network namespace (%s: %s)" % (" ".join(step),
+                                                                                  res.stdout.strip()))
+        self.start()
+
+    def start(self) -> None:
+        config = os.path.join(self.dir, "daemon.json")
+        with open(config, "w") as fh:
+            fh.write("{}\n")
+        self.log = os.path.join(self.dir, "dockerd.log")
+        with open(self.log, "ab") as logfh:
+            self.proc = subprocess.Popen(
+                ["nsenter", "--net=/run/netns/" + self.ns, self.exe, "--config-file", config,
+                 "--data-root", os.path.join(self.dir, "data"), "--exec-root", os.path.join(self.dir, "exec"),
+                 "--pidfile", os.path.join(self.dir, "d.pid"), "--cgroup-parent", "/" + self.ns,
+                 "--shutdown-timeout", "2", "-H", self.sock, "--tls=false", "-H", "tcp://%s:2375" % self.addr],
+                stdin=subprocess.DEVNULL, stdout=logfh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.test.fail("dockerd in %s exited (%s): %s" % (self.ns, self.proc.returncode, _log_tail(self.log)))
+            try:
+                if docker("info", "--format", "{{.ServerVersion}}", host=self.host, timeout=10).returncode == 0:
+                    return
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(0.1)
+        self.test.fail("dockerd in %s did not answer on %s within 30 s: %s" % (self.ns, self.host,
+                                                                              _log_tail(self.log)))
+
+    def _containerd_pids(self) -> List[int]:
+        pids = []
+        for line in subprocess.run(["ps", "-eo", "pid=,args="], stdout=subprocess.PIPE,
+                                   universal_newlines=True).stdout.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            if self.dir in args and ("containerd" in args):
+                pids.append(int(pid))
+        return pids
+
+    def kill(self) -> None:
+        """SIGKILL dockerd and its containerd (the shims and their containers go in cleanup)."""
+        for pid in [self.proc.pid] + self._containerd_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.wait(timeout=30)
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _stop_process(self.proc, signal.SIGTERM, 20.0)
+        for pid in self._containerd_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.2)
+        for point in _mounts_under(self.dir):
+            subprocess.run(["umount", "-l", point], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(["ip", "netns", "del", self.ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for d in glob_cgroups(self.ns):
+            subprocess.run(["find", d, "-depth", "-type", "d", "-exec", "rmdir", "{}", ";"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(self.dir, True)
+
+
+def glob_cgroups(name: str) -> List[str]:
+    base = "/sys/fs/cgroup"
+    try:
+        return [os.path.join(base, c, name) for c in os.listdir(base) if os.path.isdir(os.path.join(base, c, name))]
+    except OSError:
+        return []

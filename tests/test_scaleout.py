@@ -214,6 +214,94 @@ class TestMerge(ShardCase):
         self.assertGreater(midway, 0, "no merge was killed with part of its output written: nothing was tested")
 
 
+class TestSharedGate(unittest.TestCase):
+    """The shards of one run share the endpoint's limit through OUT/.gate/ (the files are real, the heartbeat is
+    driven by hand, the clock injected)."""
+
+    def setUp(self):
+        self.dir = os.path.join(tempdir(self), ".gate")
+        self.now = [1000.0]
+
+    def shard(self, index, initial=16):
+        make = lambda start: eh.GradientLimit(start, 1, 256)
+        s = eh._SharedLimit(self.dir, index, make, initial, clock=lambda: self.now[0], heartbeat=False)
+        self.addCleanup(s.close)
+        return s
+
+    def test_the_lowest_live_shard_leads_and_the_total_stays_when_shards_come_and_go(self):
+        a = self.shard(0)
+        self.assertTrue(a.leader)
+        self.assertEqual(a.limit, 16)
+        b = self.shard(1)  # joins: takes its share of the leader's total at once
+        self.assertFalse(b.leader)
+        self.assertEqual(b.limit, 8)
+        a.beat()  # the leader sees two live shards: 16 over 2
+        self.assertEqual((a.limit, a.live), (8, 2))
+        b.beat()
+        self.assertEqual(b.limit, 8)
+        c = self.shard(2)
+        a.beat(), b.beat(), c.beat()
+        self.assertAlmostEqual(a.limit * 3, 16, delta=0.01)
+        self.assertEqual(b.limit, a.limit)
+        self.assertEqual(b.on_sample(1.0, b.window_stamp(), 1.0, 1.0), a.limit)  # a follower does not adapt
+        a.close()  # the leader finished: the next lowest leads, with the total over the two left
+        b.beat(), c.beat()
+        self.assertTrue(b.leader)
+        self.assertAlmostEqual(b.limit * 2, 16, delta=0.1)
+        c.beat()
+        self.assertEqual(c.limit, b.limit)
+
+    def test_a_killed_shard_stops_counting_once_its_file_is_stale(self):
+        a, b = self.shard(0), self.shard(1)
+        a.beat()
+        self.assertEqual(a.live, 2)
+        self.now[0] += eh.SHARED_GATE_STALE_S + 1  # b was killed: its file is no longer rewritten
+        a.beat()
+        self.assertEqual((a.live, a.limit), (1, 16))
+        b.close()
+
+    def test_a_followers_overload_reaches_the_leaders_controller(self):
+        a, b = self.shard(0), self.shard(1)
+        a.beat(), b.beat()
+        before = a.limit
+        b.on_overload(5.0, 0.0, None)
+        self.assertLess(b.limit, before)  # backs off at once ...
+        b.beat()
+        a.beat()  # ... and the leader cuts the shared limit
+        self.assertLess(a.limit, before)
+        b.beat()
+        self.assertEqual(b.limit, a.limit)
+
+    def test_two_shard_processes_share_the_limit_while_they_run_and_leave_no_file(self):
+        d = tempdir(self)
+        rows = qa_rows(80)
+        mock = start_mock(self, oracle_rows=rows, ttft_s=0.2)
+        ds = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        out = os.path.join(d, "out")
+        procs = [subprocess.Popen([sys.executable, MODULE, "run", "--dataset", ds, "--model", "m", "--base-url",
+                                   mock.url, "--out", out, "--no-progress", "--initial-concurrency", "2",
+                                   "--shard", "%d/2" % i], env=clean_env(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE) for i in range(2)]
+        seen = []
+        gate_dir = os.path.join(out, ".gate")
+        while any(p.poll() is None for p in procs):
+            files = [eh._read_json_file(os.path.join(gate_dir, n)) for n in
+                     (os.listdir(gate_dir) if os.path.isdir(gate_dir) else [])]
+            files = [f for f in files if f]
+            if len(files) == 2 and all(f["live"] == 2 for f in files):
+                seen.append(sorted((f["index"], f["leader"], f["limit"]) for f in files))
+            time.sleep(0.05)
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            self.assertIn(p.returncode, (0, 1), err)
+        self.assertTrue(seen, "the two shards never ran at the same time")
+        self.assertTrue(all([x[1] for x in s] == [True, False] for s in seen))  # shard 0 leads
+        self.assertTrue(any(s[0][2] == s[1][2] for s in seen), seen)  # the follower runs at the leader's limit
+        self.assertEqual(os.listdir(gate_dir), [])  # each removed its file at its end
+        self.assertEqual(len(by_id(os.path.join(out, "shard-0-of-2"))) + len(by_id(os.path.join(out,
+                                                                                              "shard-1-of-2"))), 80)
+
+
 class TestSlurm(ShardCase):
     """A real Slurm 22.05 cluster (munged, slurmctld, two slurmd on this host: tests/slurmbed.py); the array tasks
     run `evalharness.py run --shard auto/4` against the mock in this process over loopback."""

@@ -696,6 +696,92 @@ class TestSWEShards(_SWEBed):
             self.assertEqual(json.load(fh)["history"][-1]["status"], "interrupted")
 
 
+class TestSeveralEngines(_SWEBed):
+    """SWE containers over two real Docker daemons: this machine's and one in a network namespace over TCP
+    (tests/dockerbed.NetnsDockerd), which gets the images its instances need from a tarball directory."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tars = os.path.join(cls.dir, "tars")
+        os.makedirs(cls.tars)
+        refs = sorted({r["image"] for r in cls.rows})
+        res = bed.docker("save", "-o", os.path.join(cls.tars, "swe-tasks.tar"), *refs, timeout=600)
+        if res.returncode != 0:
+            raise AssertionError("docker save: %s" % res.stderr)
+
+    def args(self, mock, out, second, *extra):
+        local = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        return [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
+                "--base-url", mock.url, "--out", out, "--docker-host", local, "--docker-host", second.host,
+                "--max-containers", "2", "--image-tars", self.tars, "--tar-index", os.path.join(out + ".idx"),
+                "--no-progress"] + list(extra)
+
+    def ours_on(self, host, out):
+        run_id = __import__("hashlib").sha1(os.path.abspath(out).encode()).hexdigest()[:12]
+        res = bed.docker("ps", "-a", "--filter", "label=evalharness.run=%s" % run_id, "--format", "{{.Names}}",
+                         host=host, timeout=30)
+        return res.stdout.split() if res.returncode == 0 else None
+
+    def test_instances_spread_over_both_engines_and_resolve_as_on_one(self):
+        second = bed.NetnsDockerd(self)
+        d = tempdir(self)
+        mock = start_mock(self, swe=self.ds, swe_policy="oracle")
+        out = os.path.join(d, "run")
+        res = subprocess.run(self.args(mock, out, second), env=clean_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+        self.assertEqual(res.returncode, 0, res.stderr[-3000:])
+        samples = self.samples(out)
+        self.assertEqual(sorted(samples), self.ids)
+        self.assertTrue(all(r.get("resolved") for r in samples.values()), samples)
+        hosts = {r["docker_host"] for r in samples.values()}
+        self.assertEqual(len(hosts), 2, hosts)  # spread: at most 2 at once on each
+        with open(os.path.join(out, "run.json")) as fh:
+            engines = json.load(fh)["docker_hosts"]
+        self.assertEqual(sum(e["instances"] for e in engines), len(self.ids))
+        self.assertEqual([e["down"] for e in engines], [None, None])
+        with open(os.path.join(out, "events.jsonl")) as fh:
+            events = list(map(json.loads, fh))
+        there = [e for e in events if e["type"] == "image_ready" and e.get("host") == second.host]
+        self.assertTrue(there and all(e["source"].startswith("tar:") for e in there), there)  # from the tarballs
+        self.assertTrue(any(e["type"] == "image_released" and e.get("host") == second.host for e in events))
+        self.assertEqual(self.ours_on(None, out), [])
+        self.assertEqual(self.ours_on(second.host, out), [])
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            self.assertIn("on " + second.host, fh.read())  # which host ran what
+
+    def test_a_killed_engine_s_instances_finish_on_the_other(self):
+        second = bed.NetnsDockerd(self)
+        d = tempdir(self)
+        mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
+        out = os.path.join(d, "run")
+        proc = subprocess.Popen(self.args(mock, out, second, "--exec-timeout", "6"), env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        self.assertTrue(wait_until(lambda: bool(self.ours_on(second.host, out)), 180),
+                        "no container of the run on the second engine")
+        time.sleep(1.0)  # mid-instance: the sleepy agent's command runs there
+        second.kill()
+        _, err = proc.communicate(timeout=600)
+        self.assertEqual(proc.returncode, 0, err[-3000:])
+        samples = self.samples(out)
+        self.assertEqual(sorted(samples), self.ids)  # each once
+        self.assertTrue(all(r.get("resolved") for r in samples.values()), samples)
+        moved = [r for r in samples.values() if r.get("moved_from")]
+        self.assertTrue(moved, "no instance was moved off the killed engine")
+        for r in moved:
+            self.assertEqual(r["moved_from"], [second.host])
+            self.assertNotEqual(r["docker_host"], second.host)
+        self.assertIn("stopped answering", err)
+        with open(os.path.join(out, "events.jsonl")) as fh:
+            downs = [e for e in map(json.loads, fh) if e["type"] == "engine_down"]
+        self.assertEqual([e["host"] for e in downs], [second.host])
+        with open(os.path.join(out, "run.json")) as fh:
+            engines = {e["host"]: e for e in json.load(fh)["docker_hosts"]}
+        self.assertIsNotNone(engines[second.host]["down"])
+        self.assertEqual(self.ours_on(None, out), [])  # nothing left on the engine that lived
+
+
 class TestSWEResume(_SWEBed):
     """Run identity and resume for --task swe: infrastructure failures run again, saved patches are re-scored."""
 
