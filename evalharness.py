@@ -5309,7 +5309,9 @@ class Container:
 
     def start(self) -> "Container":
         c = self.config
-        args = ["run", "-d", "--name", self.name, "--label", "%s=%s" % (LABEL_RUN, self.run_id),
+        # --rm: an engine that died with our containers removes them when it comes back (a stopped container
+        # of ours is never wanted: every result is taken out while it runs)
+        args = ["run", "-d", "--rm", "--name", self.name, "--label", "%s=%s" % (LABEL_RUN, self.run_id),
                 "--label", "%s=%s" % (LABEL_OWNER, _owner_label()),
                 "--label", "%s=%s" % (LABEL_INSTANCE, self.instance_id), "-w", c.workdir]
         if os.environ.get("SLURM_JOB_ID"):  # a Slurm Epilog removes what a killed job left (README)
@@ -6462,7 +6464,7 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
             return GradientLimit(start, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s)
         shared = _SharedLimit(os.path.join(_shard_parent(cfg, out), SHARED_GATE_DIR), cfg.shard[0], make, initial)
         gate = AdaptiveGate(initial, 1, cap, algorithm=shared)
-        gate.shared = shared  # type: ignore[attr-defined]  # closed by the run at its end
+        gate.shared, shared.gate = shared, gate  # type: ignore[attr-defined]  # closed by the run at its end
         return gate, origin + (", shared by the run's shards" if shared.leader else
                                ", then the lowest live shard's limit: the run's shards share the endpoint")
     return AdaptiveGate(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s), origin
@@ -8504,29 +8506,35 @@ def _copy_tree_atomic(src_dir: str, out: str, subdirs: Sequence[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- one endpoint, many shards
-# The shards of a run under one OUT coordinate their model gates through OUT/.gate/ (one small file per live
-# shard, rewritten every HEARTBEAT_S): the lowest live shard leads, adapting its limit as a lone run does, and
-# every shard runs at the leader's limit, so together they hold (live shards) x (leader's limit). When the count
-# of live shards changes, the leader scales its limit by old/new count, keeping the total; a follower's overload
-# reaches the leader's controller through its file. A shard whose file is older than STALE_S (killed) no longer
-# counts; when the leader goes, the next lowest leads from the limit it had.
+# The shards of a run under one OUT share the endpoint through OUT/.gate/: one small file per live shard, rewritten
+# every HEARTBEAT_S, with its requests in flight. The lowest live shard leads: its controller (the same
+# GradientLimit a lone run has) adapts the total concurrency of all shards, reading each of its requests' load as
+# the load the endpoint had (its own in flight plus the followers', from their files), and every shard runs at
+# the total over the live shards. So the shards together hold what one process would, and a shard that comes or
+# goes changes only the shares. A follower's overload cuts its own share at once and reaches the leader's
+# controller through its file. A shard whose file is older than STALE_S (killed) no longer counts; when the
+# leader goes, the next lowest leads from the total it was part of.
 SHARED_GATE_DIR = ".gate"
 SHARED_GATE_HEARTBEAT_S = 0.5
 SHARED_GATE_STALE_S = 5.0
 
 
 class _SharedLimit:
-    """A gate algorithm (GradientLimit's interface) shared by the shards of one run: see the comment above."""
+    """A gate algorithm (GradientLimit's interface) shared by the shards of one run: see the comment above.
+    ``limit`` is this shard's share; the leader's controller works in the total."""
 
     adaptive = True
 
     def __init__(self, gate_dir: str, index: int, make_inner: Callable[[int], Any], initial: int, *,
                  clock: Callable[[], float] = time.time, heartbeat: bool = True):
         self.dir, self.index, self._make_inner, self._clock = gate_dir, index, make_inner, clock
-        self._inner = make_inner(initial)
+        self._inner = make_inner(initial)  # the leader's controller of the total
+        self.total = float(initial)
         self.limit = float(initial)
         self.leader = True
         self.live = 1
+        self.gate: Any = None             # this shard's gate (set by _make_gate): its in-flight goes in the file
+        self._others = 0.0                # the leader's view: the followers' requests in flight
         self._overloads = 0               # this shard's, published
         self._seen: Dict[str, int] = {}   # the leader's view of the followers' overload counts
         self._lock = threading.Lock()     # guards the fields above (the heartbeat thread and the gate)
@@ -8539,15 +8547,21 @@ class _SharedLimit:
 
     @property
     def discovered(self) -> Optional[float]:
-        return getattr(self._inner, "discovered", None) if self.leader else self.limit
+        found = getattr(self._inner, "discovered", None) if self.leader else None
+        return found / self.live if found else self.limit
 
     def window_stamp(self) -> int:
         return self._inner.window_stamp()
 
+    def _share(self, total: float) -> float:
+        self.total = float(total)
+        self.limit = max(1.0, self.total / self.live)
+        return self.limit
+
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> float:
         with self._lock:
             if self.leader:
-                self.limit = float(self._inner.on_sample(now, stamp, speed, load, elapsed_s))
+                self._share(self._inner.on_sample(now, stamp, speed, load + self._others, elapsed_s))
             return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
@@ -8555,9 +8569,9 @@ class _SharedLimit:
         with self._lock:
             self._overloads += 1
             if self.leader:
-                self.limit = float(self._inner.on_overload(now, pause_s, level, rate_limited=rate_limited,
-                                                           refused=refused))
-            else:  # until the leader has cut (it reads this overload from our file)
+                self._share(self._inner.on_overload(now, pause_s, None if level is None else level + self._others,
+                                                    rate_limited=rate_limited, refused=refused))
+            else:  # at once; the leader cuts the total when it reads this overload from our file
                 self.limit = max(1.0, self.limit * getattr(self._inner, "backoff_ratio", 0.7))
             return self.limit
 
@@ -8569,7 +8583,7 @@ class _SharedLimit:
                 _log.debug("shared gate: %s", exc)
 
     def beat(self) -> None:
-        """Read the live shards' files, take the leader's role or limit, and write this shard's file."""
+        """Read the live shards' files, take the leader's role or its total, and write this shard's file."""
         now = self._clock()
         peers: Dict[int, Dict[str, Any]] = {}
         for name in os.listdir(self.dir):
@@ -8580,29 +8594,24 @@ class _SharedLimit:
             if peer and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
                 peers[int(m.group(1))] = peer
         with self._lock:
-            live = 1 + len(peers)
             leader = min([self.index] + list(peers)) == self.index
-            if leader and not self.leader:  # promoted: adapt on from the limit it was following
-                self._inner = self._make_inner(max(1, int(round(self.limit))))
-                self._inner.limit = self.limit
-            if leader and live != self.live:  # shards came or went: the same total over the new count
-                self._inner.limit = max(float(getattr(self._inner, "min_limit", 1)),
-                                        min(float(getattr(self._inner, "max_limit", 1e9)),
-                                            self._inner.limit * self.live / live))
-                self.limit = self._inner.limit
+            if leader and not self.leader:  # promoted: adapt on from the total it was part of
+                self._inner = self._make_inner(max(1, int(round(self.total))))
+                self._inner.limit = self.total
+            self.leader, self.live = leader, 1 + len(peers)
             if leader:
+                self._others = sum(float(p.get("in_flight") or 0) for p in peers.values())
                 for i, peer in peers.items():
                     count, before = int(peer.get("overloads") or 0), self._seen.get(str(i))
                     if before is not None and count > before:  # a follower met an overload since the last beat
-                        self.limit = float(self._inner.on_overload(time.monotonic(), 0.0, None))
+                        self._inner.on_overload(time.monotonic(), 0.0, None)
                     self._seen[str(i)] = count
-            else:  # the leader's limit, over this count of shards until the leader has seen it
-                head = peers[min(peers)]
-                share = float(head.get("limit") or self.limit) * int(head.get("live") or live) / live
-                self.limit = max(1.0, share)
-            self.leader, self.live = leader, live
+                self._share(self._inner.limit)
+            else:
+                self._share(float(peers[min(peers)].get("total") or self.total))
             state = {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(), "t": now,
-                     "limit": self.limit, "leader": leader, "live": live, "overloads": self._overloads}
+                     "limit": self.limit, "total": self.total, "leader": leader, "live": self.live,
+                     "overloads": self._overloads, "in_flight": self.gate.in_flight if self.gate else 0}
         _write_json(self._path, state)
 
     def close(self) -> None:

@@ -120,7 +120,7 @@ def main():
                 rows[label].append(goodput)
                 print("%-8s run %d: goodput %6.1f correct/s  wall %6.1fs  limit in force (summed over the shards "
                       "while all ran) p25/median/p75 %s; discovered limit(s) at the end %s"
-                      % (label, r, goodput, wall, total, limits))
+                      % (label, r, goodput, wall, total, limits), flush=True)
         single = statistics.median(rows["single"])
         for label in ("shared", "separate"):
             ratio = statistics.median(rows[label]) / single

@@ -893,18 +893,25 @@ def _mounts_under(path: str) -> List[str]:
     return sorted(out, key=len, reverse=True)
 
 
-def _make_bridge(test: unittest.TestCase) -> str:
-    """Create a bridge link with an IPv4 /24 of 10.213.0.0/16 no host address or route uses; deleted in cleanup."""
+def _free_net(test: unittest.TestCase, prefix: str, what: str) -> int:
+    """N of a PREFIX.N.0/24 that no host address or route uses (tried from one that depends on the pid)."""
     ip = _require_binary(test, "ip")
-    name = "evh%dx%d" % (os.getpid(), next(_COUNTER))  # < 16 chars (IFNAMSIZ)
     used = subprocess.run([ip, "-4", "route", "show", "table", "all"], stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, universal_newlines=True).stdout
     used += subprocess.run([ip, "-4", "addr"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                            universal_newlines=True).stdout
     start = os.getpid() % 256
-    net = next((n for n in ((start + i) % 256 for i in range(256)) if "10.213.%d." % n not in used), None)
+    net = next((n for n in ((start + i) % 256 for i in range(256)) if "%s.%d." % (prefix, n) not in used), None)
     if net is None:
-        test.fail("no free 10.213.N.0/24 for a second dockerd's bridge")
+        test.fail("no free %s.N.0/24 for %s" % (prefix, what))
+    return net
+
+
+def _make_bridge(test: unittest.TestCase) -> str:
+    """Create a bridge link with an IPv4 /24 of 10.213.0.0/16 no host address or route uses; deleted in cleanup."""
+    ip = _require_binary(test, "ip")
+    name = "evh%dx%d" % (os.getpid(), next(_COUNTER))  # < 16 chars (IFNAMSIZ)
+    net = _free_net(test, "10.213", "a second dockerd's bridge")
     proc = subprocess.run([ip, "link", "add", name, "type", "bridge"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True)
     if proc.returncode != 0:
@@ -985,7 +992,7 @@ def start_second_dockerd(test: unittest.TestCase) -> str:
 class NetnsDockerd:
     """A dockerd in a network namespace of its own, reached over plain TCP from the host (scaleout.md section 3):
     ``host`` is "tcp://10.214.N.2:2375". ``kill()`` SIGKILLs it and its containerd mid-test (a host that stops
-    answering; its containers die with their shims in cleanup). Cleanup stops it, its containerd
+    answering); ``start()`` brings it back on the same data root. Cleanup stops it, its containerd
     and shims, deletes the namespace (the veth goes with it) and the cgroup folders, and removes the directory."""
 
     def __init__(self, test: unittest.TestCase):
@@ -994,14 +1001,7 @@ class NetnsDockerd:
         self.exe = _require_binary(test, "dockerd")
         ip = _require_binary(test, "ip")
         _require_binary(test, "nsenter")
-        used = subprocess.run([ip, "-4", "route", "show", "table", "all"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, universal_newlines=True).stdout
-        used += subprocess.run([ip, "-4", "addr"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               universal_newlines=True).stdout
-        start = os.getpid() % 256
-        net = next((n for n in ((start + i) % 256 for i in range(256)) if "10.214.%d." % n not in used), None)
-        if net is None:
-            test.fail("no free 10.214.N.0/24 for a dockerd in a network namespace")
+        net = _free_net(test, "10.214", "a dockerd in a network namespace")
         self.ns = "evhns%dx%d" % (os.getpid() % 100000, next(_COUNTER))
         self.leg = "evhv%dx%d" % (os.getpid() % 100000, next(_COUNTER))
         self.addr = "10.214.%d.2" % net

@@ -228,28 +228,41 @@ class TestSharedGate(unittest.TestCase):
         self.addCleanup(s.close)
         return s
 
-    def test_the_lowest_live_shard_leads_and_the_total_stays_when_shards_come_and_go(self):
+    def test_the_lowest_live_shard_leads_and_every_shard_runs_at_the_total_over_the_live_count(self):
         a = self.shard(0)
         self.assertTrue(a.leader)
-        self.assertEqual(a.limit, 16)
+        self.assertEqual((a.limit, a.total), (16, 16))
         b = self.shard(1)  # joins: takes its share of the leader's total at once
         self.assertFalse(b.leader)
         self.assertEqual(b.limit, 8)
         a.beat()  # the leader sees two live shards: 16 over 2
         self.assertEqual((a.limit, a.live), (8, 2))
-        b.beat()
-        self.assertEqual(b.limit, 8)
         c = self.shard(2)
         a.beat(), b.beat(), c.beat()
         self.assertAlmostEqual(a.limit * 3, 16, delta=0.01)
-        self.assertEqual(b.limit, a.limit)
+        self.assertEqual((b.limit, c.limit), (a.limit, a.limit))
         self.assertEqual(b.on_sample(1.0, b.window_stamp(), 1.0, 1.0), a.limit)  # a follower does not adapt
-        a.close()  # the leader finished: the next lowest leads, with the total over the two left
+        a.close()  # the leader finished: the next lowest leads the same total, over the two left
         b.beat(), c.beat()
         self.assertTrue(b.leader)
-        self.assertAlmostEqual(b.limit * 2, 16, delta=0.1)
-        c.beat()
+        self.assertAlmostEqual(b.limit * 2, 16, delta=0.01)
         self.assertEqual(c.limit, b.limit)
+
+    def test_the_leader_reads_its_requests_load_as_the_endpoint_had_it_with_the_followers(self):
+        a, b = self.shard(0), self.shard(1)
+        gate_b = eh.AdaptiveGate(8, 1, 256, algorithm=b)
+        b.gate = gate_b
+        permits = [gate_b.try_acquire() for _ in range(5)]
+        self.assertTrue(all(permits))
+        b.beat()
+        a.beat()
+        self.assertEqual(a._others, 5)  # from b's file
+        seen = []
+        inner_on_sample = a._inner.on_sample
+        a._inner.on_sample = lambda now, stamp, speed, load, elapsed: seen.append(load) or inner_on_sample(
+            now, stamp, speed, load, elapsed)
+        a.on_sample(1.0, a.window_stamp(), 10.0, 3.0, 0.5)
+        self.assertEqual(seen, [8.0])  # 3 of its own and b's 5
 
     def test_a_killed_shard_stops_counting_once_its_file_is_stale(self):
         a, b = self.shard(0), self.shard(1)
@@ -267,7 +280,8 @@ class TestSharedGate(unittest.TestCase):
         b.on_overload(5.0, 0.0, None)
         self.assertLess(b.limit, before)  # backs off at once ...
         b.beat()
-        a.beat()  # ... and the leader cuts the shared limit
+        a.beat()  # ... and the leader cuts the total
+        self.assertLess(a.total, 2 * before)
         self.assertLess(a.limit, before)
         b.beat()
         self.assertEqual(b.limit, a.limit)
@@ -289,14 +303,14 @@ class TestSharedGate(unittest.TestCase):
                      (os.listdir(gate_dir) if os.path.isdir(gate_dir) else [])]
             files = [f for f in files if f]
             if len(files) == 2 and all(f["live"] == 2 for f in files):
-                seen.append(sorted((f["index"], f["leader"], f["limit"]) for f in files))
+                seen.append(sorted((f["index"], f["leader"], f["limit"], f["total"]) for f in files))
             time.sleep(0.05)
         for p in procs:
             _, err = p.communicate(timeout=60)
             self.assertIn(p.returncode, (0, 1), err)
         self.assertTrue(seen, "the two shards never ran at the same time")
         self.assertTrue(all([x[1] for x in s] == [True, False] for s in seen))  # shard 0 leads
-        self.assertTrue(any(s[0][2] == s[1][2] for s in seen), seen)  # the follower runs at the leader's limit
+        self.assertTrue(any(s[0][2] == s[1][2] and s[0][3] == s[1][3] for s in seen), seen)  # at the leader's share
         self.assertEqual(os.listdir(gate_dir), [])  # each removed its file at its end
         self.assertEqual(len(by_id(os.path.join(out, "shard-0-of-2"))) + len(by_id(os.path.join(out,
                                                                                               "shard-1-of-2"))), 80)

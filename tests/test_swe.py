@@ -779,7 +779,9 @@ class TestSeveralEngines(_SWEBed):
         with open(os.path.join(out, "run.json")) as fh:
             engines = {e["host"]: e for e in json.load(fh)["docker_hosts"]}
         self.assertIsNotNone(engines[second.host]["down"])
-        self.assertEqual(self.ours_on(None, out), [])  # nothing left on the engine that lived
+        self.assertEqual(self.ours_on(None, out), [])  # nothing left on the engine that lived ...
+        second.start()  # ... nor on the killed one once it is back (the containers were --rm)
+        self.assertEqual(self.ours_on(second.host, out), [])
 
 
 class TestSWEResume(_SWEBed):
