@@ -7809,6 +7809,7 @@ class _Placement:
 
     def __init__(self, hosts: List[_EngineHost], on_event: Optional[Callable[..., None]] = None):
         self.hosts, self.on_event = hosts, on_event
+        self.closed = False  # the run is over: the cancel watcher ends
         self._cond = threading.Condition()  # guards each host's active, ran and down
 
     def _acquire(self, cancel: threading.Event) -> _EngineHost:
@@ -7854,6 +7855,8 @@ class _Placement:
                 rec = fn(ctx.on(host))
             except HarnessError as exc:
                 self._release(host, False)
+                if ctx.cancel.is_set():  # the run is stopping (its containers were removed under the instance)
+                    raise _Cancelled() from None
                 if _error_class_of(exc) in self._ENGINE_CLASSES and len(self.hosts) > 1 and not host.answers():
                     self.mark_down(host, str(exc))
                     moved.append(host.name)
@@ -7863,6 +7866,8 @@ class _Placement:
                 self._release(host, False)
                 raise
             self._release(host, True)
+            if rec.get("error_class") in self._ENGINE_CLASSES and ctx.cancel.is_set():
+                raise _Cancelled()  # scored while the run stopped: not a result, the resume runs it
             if (rec.get("error_class") in self._ENGINE_CLASSES and len(self.hosts) > 1 and
                     (rec.get("status") == "failed" or rec.get("outcome") == "error") and not host.answers()):
                 self.mark_down(host, str(rec.get("error") or "engine failure"))
@@ -7878,6 +7883,26 @@ class _Placement:
         with self._cond:
             return [{"host": h.name, "instances": h.ran, "max_containers": h.max_containers, "down": h.down}
                     for h in self.hosts]
+
+    def remove_on_cancel(self, cancel: threading.Event, run_id: str) -> None:
+        """When CANCEL is set (Ctrl-C, SIGTERM from scancel or a time limit, an abort), remove this process's
+        containers of the run on every live host at once: a command running inside ends now, not at its exec
+        timeout, so a job's grace period (Slurm's KillWait) is enough to leave nothing behind."""
+        def watch() -> None:
+            while not cancel.wait(0.5):
+                if self.closed:
+                    return
+            for host in self.hosts:
+                if host.down is not None:
+                    continue
+                try:
+                    ids = host.docker.text(["ps", "-aq", "--filter", "label=%s=%s" % (LABEL_RUN, run_id),
+                                            "--filter", "label=%s=%s" % (LABEL_OWNER, _owner_label())],
+                                           timeout_s=30).split()
+                    host.docker.rm(ids)
+                except HarnessError as exc:
+                    _log.debug("removing the run's containers on %s: %s", host.name, exc)
+        threading.Thread(target=watch, name="evalharness-swe-cancel-0", daemon=True).start()
 
 
 class _SWEContext:
@@ -8194,6 +8219,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
                                   dict(f, host=_h) if len(engines) > 1 else f)))
         hosts.append(_EngineHost(name, docker, images, _ExecPool(opts.exec_workers), opts.max_containers, why))
     placement = _Placement(hosts, on_event=lambda kind, **f: store.event(kind, **f))
+    placement.remove_on_cancel(cancel, run_id)
     docker, images = hosts[0].docker, hosts[0].images
     pending = [inst for inst in dataset.items if inst.id in ids and inst.id not in done_ids]
     gate = sessions = client = None
@@ -8264,6 +8290,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         status = runner.run(iter(pending))
     finally:
         preds_file.close()
+        placement.closed = True
         for host in hosts:
             host.pool.close()
             host.images.close()

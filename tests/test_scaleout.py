@@ -386,7 +386,7 @@ class TestSlurm(ShardCase):
         self.assertEqual(len([n for n in os.listdir(os.path.join(out, "slurm")) if n.endswith(".out")]), 5)
 
     def test_a_task_cancelled_mid_run_then_a_resubmit_is_still_exactly_once_and_complete(self):
-        mock = start_mock(self, oracle_rows=self.rows, seed=6, skill=0.6, ttft_s=0.12)
+        mock = start_mock(self, oracle_rows=self.rows, seed=6, skill=0.6, ttft_s=0.08)
         out = os.path.join(self.dir, "cancelled")
         res = self.submit(mock, out, "--fixed-concurrency", "1")
         array = re.search(r"array job (\d+)", res.stdout).group(1)

@@ -679,7 +679,7 @@ class TestSWEShards(_SWEBed):
         mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
         out = os.path.join(d, "run")
         argv = [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
-                "--base-url", mock.url, "--out", out, "--exec-timeout", "30", "--max-sessions", "2",
+                "--base-url", mock.url, "--out", out, "--exec-timeout", "60", "--max-sessions", "2",
                 "--keep-images", "--no-progress", "--shard", "0/1"]
         proc = subprocess.Popen(argv, env=clean_env(SLURM_JOB_ID="4242"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
@@ -688,8 +688,12 @@ class TestSWEShards(_SWEBed):
         self.assertTrue(wait_until(lambda: len(labelled()) >= 1, 90), "no container carries the job's label")
         time.sleep(1.0)  # mid-instance: the sleepy agent's command runs inside the container
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=90)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=120)
         self.assertEqual(proc.returncode, eh.EXIT_INTERRUPTED, err.decode()[-2000:])
+        # the command inside (the sleepy agent's, 60 s limit) did not hold the exit: the containers were removed
+        # under it, within a job's grace period (Slurm's KillWait, 30 s by default)
+        self.assertLess(time.monotonic() - t0, 30)
         self.assertEqual(labelled(), [])
         self.assert_no_containers(proc.pid)
         with open(os.path.join(out, "shard-0-of-1", "run.json")) as fh:
@@ -755,7 +759,7 @@ class TestSeveralEngines(_SWEBed):
         d = tempdir(self)
         mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
         out = os.path.join(d, "run")
-        proc = subprocess.Popen(self.args(mock, out, second, "--exec-timeout", "6"), env=clean_env(),
+        proc = subprocess.Popen(self.args(mock, out, second, "--exec-timeout", "4"), env=clean_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         self.assertTrue(wait_until(lambda: bool(self.ours_on(second.host, out)), 180),
