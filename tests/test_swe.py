@@ -694,6 +694,8 @@ class TestSWEShards(_SWEBed):
         # the command inside (the sleepy agent's, 60 s limit) did not hold the exit: the containers were removed
         # under it, within a job's grace period (Slurm's KillWait, 30 s by default)
         self.assertLess(time.monotonic() - t0, 30)
+        # removal was asked for before the exit; the engine may still be finishing a --rm container's own removal
+        wait_until(lambda: labelled() == [], 15)
         self.assertEqual(labelled(), [])
         self.assert_no_containers(proc.pid)
         with open(os.path.join(out, "shard-0-of-1", "run.json")) as fh:
