@@ -6485,6 +6485,11 @@ def _shard_out(cfg: RunConfig, out: str) -> str:
     return out if cfg.shard is None else os.path.join(out, SHARD_DIR_FORMAT % cfg.shard)
 
 
+def _shard_label(shard: Optional[Tuple[int, int]]) -> str:
+    """" (shard I of N: a part of the run)" for a shard's titles, so its score is never read as the run's."""
+    return "" if shard is None else " (shard %d of %d: a part of the run; merge OUT for the whole)" % shard
+
+
 def _shard_parent(cfg: RunConfig, run_dir: Optional[str]) -> str:
     """OUT of a shard's run directory OUT/shard-I-of-N."""
     return os.path.dirname(os.path.abspath(run_dir)) if run_dir else os.path.abspath(".")
@@ -6776,7 +6781,8 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=dataset.count)
     _auto_report(store.dir)
 
-    title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model, dataset.name, status)
+    title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model,
+                                                              dataset.name + _shard_label(cfg.shard), status)
     return _end_run(cfg, summary, title, "", store, runner, stdout, "sample")
 
 
@@ -8322,7 +8328,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=len(ids))
     _auto_report(store.dir)
     title = "evalharness swe%s | model %s | dataset %s | %s" % (" (score only)" if cfg.score_only else "", model,
-                                                                dataset.name, status)
+                                                                dataset.name + _shard_label(cfg.shard), status)
     odd = [r["id"] for r in records if r.get("eval_warning")]
     if odd:
         _log.warning("%d instance(s) resolved although their test command exited non-zero with no failure in the "
@@ -8925,7 +8931,9 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
     data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"],
                             "status": _live_status(run["dir"], info.get("status", "unknown")),
                             "model": (info.get("endpoint") or {}).get("model"),
-                            "dataset": (info.get("dataset") or {}).get("name"), "summary": summary,
+                            "dataset": ((info.get("dataset") or {}).get("name") or "?") + _shard_label(
+                                (info["shard"]["index"], info["shard"]["count"]) if info.get("shard") else None),
+                            "summary": summary,
                             "discovered_limit": info.get("discovered_limit"),
                             "concurrency": info.get("concurrency"), "server": info.get("server"),
                             "base_url": (info.get("endpoint") or {}).get("base_url"),

@@ -68,8 +68,10 @@ class TestShards(ShardCase):
         self.assertEqual(sum(len(p) for p in parts), len(ids))
         self.assertTrue(all(5 <= len(p) <= 25 for p in parts), [len(p) for p in parts])  # a hash, not a range
         out = os.path.join(self.dir, "a")
-        self.run_ok(self.run_args(out, "--shard", "1/4"))
+        res = self.run_ok(self.run_args(out, "--shard", "1/4"))
+        self.assertIn("(shard 1 of 4: a part of the run", res.stdout)  # its score is never read as the run's
         self.assertEqual(set(by_id(os.path.join(out, "shard-1-of-4"))), parts[1])
+        self.assertIn("(shard 1 of 4", run_cli(["report", os.path.join(out, "shard-1-of-4")]).stdout)
         grown = write_jsonl(os.path.join(self.dir, "grown.jsonl"), list(reversed(self.rows)) + qa_rows(10, "new"))
         out2 = os.path.join(self.dir, "b")
         self.run_ok(self.run_args(out2, "--shard", "1/4", dataset=grown))
