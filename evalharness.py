@@ -6462,7 +6462,7 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
     if cfg.shard is not None and cfg.shared_gate:  # the shards of one run share the endpoint (Scale-out)
         def make(start: int) -> GradientLimit:
             return GradientLimit(start, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s)
-        shared = _SharedLimit(os.path.join(_shard_parent(cfg, out), SHARED_GATE_DIR), cfg.shard[0], make, initial)
+        shared = _SharedLimit(os.path.join(_shard_parent(out), SHARED_GATE_DIR), cfg.shard[0], make, initial)
         gate = AdaptiveGate(initial, 1, cap, algorithm=shared)
         gate.shared, shared.gate = shared, gate  # type: ignore[attr-defined]  # closed by the run at its end
         return gate, origin + (", shared by the run's shards" if shared.leader else
@@ -6490,7 +6490,7 @@ def _shard_label(shard: Optional[Tuple[int, int]]) -> str:
     return "" if shard is None else " (shard %d of %d: a part of the run; merge OUT for the whole)" % shard
 
 
-def _shard_parent(cfg: RunConfig, run_dir: Optional[str]) -> str:
+def _shard_parent(run_dir: Optional[str]) -> str:
     """OUT of a shard's run directory OUT/shard-I-of-N."""
     return os.path.dirname(os.path.abspath(run_dir)) if run_dir else os.path.abspath(".")
 
@@ -8487,7 +8487,11 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
         for index in sorted(shards):
             _copy_tree_atomic(shards[index][0], out, SWE_OUTPUT_DIRS)
     _write_json(os.path.join(out, RunStore.SUMMARY), summary)
-    run_info = {k: v for k, v in first.items() if k not in ("shard", "pid", "stop_reason")}
+    # a shard's own figures (its limit is its share of the endpoint, its config names its shard) are not the
+    # run's: they stay in merged_from, per shard
+    run_info = {k: v for k, v in first.items()
+                if k not in ("shard", "pid", "stop_reason", "discovered_limit", "concurrency")}
+    run_info["config"] = dict(first.get("config") or {}, shard=None)
     starts = [i.get("started_at") for i in infos if i.get("started_at")]
     ends = [i.get("ended_at") for i in infos if i.get("ended_at")]
     run_info.update({
@@ -8679,7 +8683,7 @@ def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
     out = os.path.abspath(parsed.out)
     fixed: List[str] = []
     skip = False
-    for i, a in enumerate(args):  # --out made absolute: the jobs may start elsewhere
+    for a in args:  # --out made absolute: the jobs may start elsewhere
         if skip:
             skip = False
             continue

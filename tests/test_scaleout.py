@@ -116,6 +116,9 @@ class TestMerge(ShardCase):
         with open(os.path.join(out, "run.json")) as fh:
             info = json.load(fh)
         self.assertEqual((info["status"], info["dataset"]["rows"], len(info["merged_from"])), ("finished", 120, 3))
+        self.assertNotIn("discovered_limit", info)  # a shard's limit is its share: per shard, in merged_from only
+        self.assertEqual(len([m for m in info["merged_from"] if "discovered_limit" in m]), 3)
+        self.assertIsNone(info["config"]["shard"])
         events = eh._read_jsonl_tolerant(os.path.join(out, "events.jsonl"))
         self.assertEqual(sorted({e["shard"] for e in events if e["type"] == "run_start"}), [0, 1, 2])
         self.assertEqual([e["t"] for e in events], sorted(e["t"] for e in events))
