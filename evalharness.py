@@ -2211,12 +2211,13 @@ class GradientLimit:
 
 
 class Permit:
-    """Proof of admission; carries the admission time, window stamp and cut epoch used to judge its outcome."""
+    """Proof of admission; carries the admission time, window stamp and cut epoch used to judge its outcome, and
+    when it was asked for (``acquire``'s start; a caller polling ``try_acquire`` may set it)."""
 
-    __slots__ = ("admitted_at", "stamp", "epoch", "inflight_at_admit", "area_at_admit", "released")
+    __slots__ = ("admitted_at", "asked_at", "stamp", "epoch", "inflight_at_admit", "area_at_admit", "released")
 
     def __init__(self, admitted_at: float, stamp: int, epoch: int, inflight_at_admit: int, area_at_admit: float):
-        self.admitted_at = admitted_at
+        self.admitted_at = self.asked_at = admitted_at
         self.stamp = stamp
         self.epoch = epoch
         self.inflight_at_admit = inflight_at_admit
@@ -2262,7 +2263,8 @@ class AdaptiveGate:
 
     def add_listener(self, fn: Callable[[float, str, int, float], None]) -> None:
         """Call ``fn(now, outcome, output_tokens, latency_s)`` after every release (outside the lock): the session
-        gate measures what its sessions get done through this."""
+        gate measures what its sessions get done through this. latency_s counts from when the permit was asked
+        for: time queued at this gate is the model's share of a turn, not the caller's (its tools)."""
         self._listeners.append(fn)
 
     @property
@@ -2307,10 +2309,12 @@ class AdaptiveGate:
 
     def acquire(self, timeout_s: Optional[float] = None, *, cancel: Optional[threading.Event] = None) -> Permit:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        asked = self._clock()
         with self._cond:
             while True:
                 permit = self._try_locked()
                 if permit is not None:
+                    permit.asked_at = asked
                     return permit
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
@@ -2383,7 +2387,7 @@ class AdaptiveGate:
             for ev in events:
                 self.on_event(ev)
         for fn in self._listeners:
-            fn(now, outcome, output_tokens if outcome == "ok" else 0, now - permit.admitted_at)
+            fn(now, outcome, output_tokens if outcome == "ok" else 0, now - permit.asked_at)
 
 
 class SessionLimit:
@@ -2407,9 +2411,10 @@ class SessionLimit:
     """
 
     def __init__(self, initial: int = 4, min_limit: int = 1, max_limit: int = 10 ** 6, *,
-                 turns_per_session: int = 6, min_turns: int = 24, memory_windows: int = 48,
-                 smoothing: float = 0.3):
+                 turns_per_session: int = 3, min_turns: int = 36, memory_windows: int = 96,
+                 smoothing: float = 0.3, probe_windows: int = 6, margin: float = 0.1):
         self.smoothing = smoothing
+        self.probe, self.margin = probe_windows, margin
         self.limit = max(min_limit, min(max_limit, initial))
         self.min_limit, self.max_limit = min_limit, max_limit
         self.turns_per_session, self.min_turns, self.memory = turns_per_session, min_turns, memory_windows
@@ -2478,7 +2483,12 @@ class SessionLimit:
         best = max(scores, key=lambda c: (scores[c], -c))
 
         def stale(c: int) -> bool:
-            return c not in self._theta or self._n - self._theta[c][1] > self.memory
+            if c not in self._theta:
+                return True
+            age = self._n - self._theta[c][1]
+            # a count measured within noise of the best is worth measuring again soon
+            close = scores[c] >= (1.0 - self.margin) * scores[best]
+            return age > (self.probe if close else self.memory)
 
         if old < best:
             step = 1 if saturated else 0

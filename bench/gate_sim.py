@@ -439,18 +439,41 @@ def workload_w1(seed, n=3000, bimodal=False):
     return jobs
 
 
-def workload_w2(seed, n=300):
-    rng = random.Random("w2-%d" % seed)
+def workload_w2(seed, n=300, wait="base", growth="base", lengths="base", max_ctx=131072):
+    """Agent sessions: a start context, then turns (context, output, tool wait after it); the context grows by the
+    reply and a tool observation each turn, and a session ends early when its next context would not fit the
+    model's window (max_ctx). wait: base (log-normal median 2 s, 5% 30-120 s), zero (~50 ms), exp (mean 5 s), heavy
+    (log-normal median 3 s, sigma 2: a few percent take minutes, capped at 15 min); growth: the observation's median
+    (base 1000, small 250, large 3000 tokens); lengths: turns per session (base 10-40 uniform, fixed 25, variable
+    log-normal median 15, 2-200). The base settings draw exactly the original W2."""
+    tag = "" if (wait, growth, lengths) == ("base", "base", "base") else "-%s-%s-%s" % (wait, growth, lengths)
+    rng = random.Random("w2-%d%s" % (seed, tag))
+    obs_median = {"base": 1000, "small": 250, "large": 3000}[growth]
     sessions = []
     for _ in range(n):
         ctx = rng.randint(2000, 4000)
+        if lengths == "base":
+            count = rng.randint(10, 40)
+        elif lengths == "fixed":
+            count = 25
+        else:
+            count = int(min(200, max(2, lognormal(rng, 15, 1.0))))
         turns = []
-        for _t in range(rng.randint(10, 40)):
+        for _t in range(count):
             out = int(max(5, lognormal(rng, 200, 0.7)))
-            wait = rng.uniform(30, 120) if rng.random() < 0.05 else lognormal(rng, 2.0, 1.0)
-            obs = int(lognormal(rng, 1000, 0.7))
-            turns.append((ctx, out, wait))
+            if wait == "base":
+                w = rng.uniform(30, 120) if rng.random() < 0.05 else lognormal(rng, 2.0, 1.0)
+            elif wait == "zero":
+                w = lognormal(rng, 0.05, 0.5)
+            elif wait == "exp":
+                w = rng.expovariate(1.0 / 5.0)
+            else:
+                w = min(900.0, lognormal(rng, 3.0, 2.0))
+            obs = int(lognormal(rng, obs_median, 0.7))
+            turns.append((ctx, out, w))
             ctx = ctx + out + obs
+            if ctx + 4096 > max_ctx:
+                break
         sessions.append(turns)
     return sessions
 
@@ -771,27 +794,36 @@ class Run:
         self.pump()
 
     # --- agentic sessions --------------------------------------------------------------------------------------
-    def run_sessions(self, sessions, mode):
-        """mode: ('fixed', S) | ('all',) | ('gate',) | ('inspect',)"""
+    def run_sessions(self, sessions, mode, arrivals=None):
+        """mode: ('fixed', S) | ('all',) | ('gate',) | ('inspect',); arrivals: each session's arrival time (s) at
+        the door (None: all at once)."""
         self.sessions = sessions
         self.max_tokens = max_tokens_of(self.scenario)
         self.mode = mode
         self.n_left = len(sessions)
-        self.door = collections.deque(range(len(sessions)))
+        self.door = collections.deque(range(len(sessions)) if arrivals is None else ())
+        self.session_trace = []  # (t, session count allowed) whenever it changes
         self.active = {}
         self.s_start, self.s_end, self.s_ideal = {}, {}, {}
         self.turn_idx = collections.Counter()
         self.waiting_turns = collections.deque()
+        self.t_ready = {}  # session -> when its waiting turn became ready
         if mode[0] == "gate":
             self.session_gate = eh.SessionGate(self.limiter.gate, clock=self.loop.clock)
-        self.loop.at(0, self.admit_sessions)
+        if arrivals is None:
+            self.loop.at(0, self.admit_sessions)
+        else:
+            for sid, t in enumerate(arrivals):
+                self.loop.at(int(t * US), self._arrive, sid)
         self.loop.run(self.finished)
         self.t_end = self.loop.clock()
         res = self.result()
+        res["sessions_trace"] = self.session_trace
         slowdowns = []
         for s, turns in enumerate(sessions):
             ideal = sum(t[1] * PROFILES[self.profile].get("tau0", 0.02) + t[2] for t in turns)
-            start = self.s_start.get(s, self.t_end)  # a cut run: unfinished sessions count up to the cut
+            # a cut run: unfinished sessions count up to the cut; a session's time starts at its arrival
+            start = self.s_start.get(s, self.t_end) if arrivals is None else min(arrivals[s], self.t_end)
             slowdowns.append(max(self.s_end.get(s, self.t_end) - start, ideal) / ideal)
         res["fairness"] = (sum(slowdowns) ** 2) / (len(slowdowns) * sum(x * x for x in slowdowns))
         hits, misses = self.stats["cache_hits"], self.stats["cache_misses"]
@@ -808,7 +840,22 @@ class Run:
             return self.limiter.limit + 5
         return None
 
+    def _arrive(self, sid):
+        self.door.append(sid)
+        self.admit_sessions()
+
+    def trace_sessions(self):
+        if self.mode[0] == "gate":
+            lim = self.session_gate.capacity
+        elif self.mode[0] == "inspect":
+            lim = self.session_capacity()
+        else:
+            lim = min(self.session_capacity(), len(self.sessions))
+        if not self.session_trace or self.session_trace[-1][1] != lim:
+            self.session_trace.append((self.loop.clock(), lim))
+
     def admit_sessions(self):
+        self.trace_sessions()
         while self.door:
             if self.mode[0] == "gate":
                 slot = self.session_gate.try_enter()
@@ -821,6 +868,7 @@ class Run:
             s = self.door.popleft()
             self.active[s] = slot
             self.s_start[s] = self.loop.clock()
+            self.t_ready[s] = self.loop.clock()
             self.waiting_turns.append(s)
         self.pump_turns()
 
@@ -831,6 +879,7 @@ class Run:
                 break
             self.trace()
             s = self.waiting_turns.popleft()
+            permit.asked_at = self.t_ready.pop(s, permit.asked_at)  # (the sim polls try_acquire)
             ctx, out, _wait = self.sessions[s][self.turn_idx[s]]
             self.send(s, ctx, out, s, permit, self.on_turn_done)
         until = getattr(self.limiter, "draining_until", lambda: None)()
@@ -853,6 +902,7 @@ class Run:
         self.credit(req, out)
         self.stats["good_tokens"] += out
         self.release(state, kind, out, retry_after)
+        self.trace_sessions()
         self.turn_idx[s] += 1
         if self.turn_idx[s] >= len(self.sessions[s]):
             self.s_end[s] = self.loop.clock()
@@ -868,6 +918,7 @@ class Run:
         self.pump_turns()
 
     def _retry_turn(self, s):
+        self.t_ready[s] = self.loop.clock()
         self.waiting_turns.append(s)
         if self.session_gate is not None:
             self.admit_sessions()
@@ -893,9 +944,53 @@ def best_of(sweep):
     return min(k for k, r in sweep.items() if r["goodput"] >= 0.99 * top)
 
 
+# S4, the agentic family: each variant is a server profile (a PROFILES key) and a workload; its best fixed session
+# count comes from its own sweep. arrive: sessions reach the door over time (exponential gaps of that mean, seconds)
+# instead of all at once.
+PROFILES["P1-K90k"] = dict(PROFILES["P1"], K=90000)      # prefix cache smaller than a few sessions' contexts
+PROFILES["P1-K600k"] = dict(PROFILES["P1"], K=600000)    # about the working set at the compute knee
+PROFILES["P1-K8M"] = dict(PROFILES["P1"], K=8000000)     # larger than every session's context at once
+FAMILY = collections.OrderedDict([
+    ("small-base", dict(profile="P1")),
+    ("small-tools-zero", dict(profile="P1", wait="zero")),
+    ("small-tools-exp", dict(profile="P1", wait="exp")),
+    ("small-tools-heavy", dict(profile="P1", wait="heavy")),
+    ("small-growth-small", dict(profile="P1", growth="small")),
+    ("small-growth-large", dict(profile="P1", growth="large")),
+    ("small-length-fixed", dict(profile="P1", lengths="fixed")),
+    ("small-length-variable", dict(profile="P1", lengths="variable")),
+    ("small-cache-smaller", dict(profile="P1-K90k")),
+    ("small-cache-equal", dict(profile="P1-K600k")),
+    ("small-cache-larger", dict(profile="P1-K8M")),
+    ("small-queue-barely", dict(profile="P1", n=8)),
+    ("small-arrivals", dict(profile="P1", arrive=8.0)),
+    ("large-base", dict(profile="P2")),
+    ("large-tools-heavy", dict(profile="P2", wait="heavy")),
+    ("large-growth-large", dict(profile="P2", growth="large")),
+    ("large-queue-barely", dict(profile="P2", n=40)),
+    ("large-arrivals", dict(profile="P2", arrive=1.5)),
+])
+
+
+def family_workload(variant, seed):
+    v = FAMILY[variant]
+    sessions = workload_w2(seed, n=v.get("n", 300), wait=v.get("wait", "base"), growth=v.get("growth", "base"),
+                           lengths=v.get("lengths", "base"))
+    arrivals = None
+    if v.get("arrive"):
+        rng, t, arrivals = random.Random("arrive-%d-%s" % (seed, variant)), 0.0, []
+        for _ in sessions:
+            arrivals.append(t)
+            t += rng.expovariate(1.0 / v["arrive"])
+    return sessions, arrivals
+
+
 def run_one(args):
     scenario, profile, limiter, seed, T, mode, horizon = args
     r = Run(scenario, profile, limiter, seed, T=T, horizon=horizon)
+    if scenario.startswith("S4:"):
+        sessions, arrivals = family_workload(scenario[3:], seed)
+        return r.run_sessions(sessions, mode, arrivals)
     if scenario == "S4":
         return r.run_sessions(workload_w2(seed), mode)
     jobs = workload_w1(seed, bimodal=(scenario == "S5"))
@@ -1062,6 +1157,86 @@ def evaluate(scenarios, seeds, jobs, log):
     return rows, time.time() - t_start
 
 
+FAMILY_SWEEP = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
+FAMILY_AT = (0.1, 0.25, 0.5, 0.75, 0.9)  # shares of the run at which the chosen session count is shown
+
+
+def count_at(trace, t):
+    """The session count in force at time t of a run's (t, count) trace."""
+    lim = trace[0][1] if trace else 0
+    for u, c in trace:
+        if u > t:
+            break
+        lim = c
+    return lim
+
+
+def evaluate_family(variants, seeds, jobs, log, contender="adaptive"):
+    """S4's family: per variant and seed a fixed-session sweep (each run capped at HORIZON x the REF_S run) and
+    the session gate; returns one row per variant (medians over seeds, and the worst seed's efficiency)."""
+    t_start = time.time()
+    by = {}
+
+    def run_all(tasks):
+        todo = [t for t in tasks if t not in by]
+        for task, r in zip(todo, pool_map(run_one, todo, jobs)):
+            by[task] = r
+
+    refs = {(v, seed): ("S4:" + v, FAMILY[v]["profile"], "unlimited", seed, None, ("fixed", REF_S), None)
+            for v in variants for seed in seeds}
+    run_all(list(refs.values()))
+
+    def sweep_task(v, seed, s):
+        ref = refs[(v, seed)]
+        return ref if s == REF_S else ref[:5] + (("fixed", s), HORIZON * by[ref]["makespan"])
+
+    def gate_task(v, seed):
+        ref = refs[(v, seed)]
+        return ref[:2] + (contender, seed, None, ("gate",), HORIZON * by[ref]["makespan"])
+
+    run_all([sweep_task(v, seed, s) for v in variants for seed in seeds for s in FAMILY_SWEEP]
+            + [gate_task(v, seed) for v in variants for seed in seeds])
+    log("family runs done (%.0fs, %d runs)" % (time.time() - t_start, len(by)))
+    rows = []
+    for v in variants:
+        m = collections.defaultdict(list)
+        for seed in seeds:
+            sweep = {s: by[sweep_task(v, seed, s)] for s in FAMILY_SWEEP}
+            best = best_of(sweep)
+            oracle, r = sweep[best], by[gate_task(v, seed)]
+            m["eff"].append(r["goodput"] / oracle["goodput"])
+            m["best"].append(best)
+            m["hit"].append(r["hit_rate"])
+            m["oracle_hit"].append(oracle["hit_rate"])
+            m["fair"].append(r["fairness"])
+            m["oracle_fair"].append(oracle["fairness"])
+            m["cut"].append(1 if r["cut"] else 0)
+            for i, share in enumerate(FAMILY_AT):
+                m["at%d" % i].append(count_at(r["sessions_trace"], share * r["makespan"]))
+        row = {"variant": v, "profile": FAMILY[v]["profile"], "worst_eff": round(min(m["eff"]), 4),
+               "cut": sum(m["cut"]), "counts": [median(m["at%d" % i]) for i in range(len(FAMILY_AT))]}
+        for k in ("eff", "best", "hit", "oracle_hit", "fair", "oracle_fair"):
+            row[k] = round(median(m[k]), 4)
+        rows.append(row)
+    return rows, time.time() - t_start
+
+
+def print_family(rows, seeds, out):
+    out.write("S4 family (agent sessions): eff = session gate goodput / best fixed session count's (same seed), "
+              "median of %d seeds; worst = the lowest seed; counts = the session count in force at %s of the run\n"
+              % (seeds, "/".join("%d%%" % (100 * a) for a in FAMILY_AT)))
+    out.write("%-22s %-8s %5s %5s %5s  %-24s %5s %5s %5s %5s %3s\n" % (
+        "variant", "profile", "best", "eff", "worst", "counts", "hit", "hit*", "fair", "fair*", "cut"))
+    for r in rows:
+        out.write("%-22s %-8s %5s %5.3f %5.3f  %-24s %5.2f %5.2f %5.2f %5.2f %3d\n" % (
+            r["variant"], r["profile"], fmt(r["best"]), r["eff"], r["worst_eff"],
+            "-".join(fmt(c) for c in r["counts"]), r["hit"], r["oracle_hit"], r["fair"], r["oracle_fair"],
+            r["cut"]))
+    effs = [r["eff"] for r in rows]
+    out.write("family: min %.3f (%s), median %.3f over %d variants (* = the best fixed count's)\n" % (
+        min(effs), rows[effs.index(min(effs))]["variant"], median(effs), len(rows)))
+
+
 def fmt(v, pct=False):
     if v is None:
         return "-"
@@ -1098,13 +1273,28 @@ def main():
                     help="comma list of SCENARIO-PROFILE, e.g. S1-P1,S4-P1")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None, help="write the result rows as JSON here")
+    ap.add_argument("--variants", default=",".join(FAMILY),
+                    help="comma list of S4 family variants (with S4 in --scenarios): " + ", ".join(FAMILY))
     args = ap.parse_args()
     scenarios = [tuple(x.split("-")) for x in args.scenarios.split(",") if x]
-    rows, took = evaluate(scenarios, list(range(1, args.seeds + 1)), args.jobs,
-                          lambda m: sys.stderr.write("gate_sim: %s\n" % m))
-    print("gate_sim: medians over %d seeds; eff = goodput / oracle goodput (same seed); conv/rec = share of the run"
-          % args.seeds)
-    print_table(rows, sys.stdout)
+    single = [sp for sp in scenarios if sp[0] != "S4"]
+    seeds = list(range(1, args.seeds + 1))
+    log = lambda m: sys.stderr.write("gate_sim: %s\n" % m)  # noqa: E731
+    rows, took = evaluate(single, seeds, args.jobs, log) if single else ([], 0.0)
+    if single:
+        print("gate_sim: medians over %d seeds; eff = goodput / oracle goodput (same seed); conv/rec = share of "
+              "the run" % args.seeds)
+        print_table(rows, sys.stdout)
+    if len(single) < len(scenarios):
+        variants = [v for v in args.variants.split(",") if v]
+        unknown = [v for v in variants if v not in FAMILY]
+        if unknown:
+            ap.error("unknown variant(s) %s; known: %s" % (", ".join(unknown), ", ".join(FAMILY)))
+        family, took_f = evaluate_family(variants, seeds, args.jobs, log)
+        took += took_f
+        print_family(family, args.seeds, sys.stdout)
+        rows = rows + family
+    sys.stdout.flush()
     blob = json.dumps(rows, sort_keys=True).encode()
     print("result sha256 %s (same seeds => same hash)" % hashlib.sha256(blob).hexdigest())
     sys.stderr.write("gate_sim: %.0fs wall\n" % took)
