@@ -173,6 +173,8 @@ RETRY_CAP_S = 60.0               # longest single backoff
 RETRY_AFTER_CAP_S = 300.0        # longest Retry-After honoured
 REFUSED_RETRIES = 2              # refused by an endpoint never reached in this run: a dead endpoint must cost seconds
 REFUSED_BACKOFF_S = 0.25
+TURNED_AWAY_S = 5.0              # a connection reset before any response, this soon: turned away (a full accept
+                                 # queue answers a SYN retransmit 1 or 3 s later), not a collapse
 PROGRESS_TTY_S = 0.2             # redraw interval on a terminal
 PROGRESS_PLAIN_S = 10.0          # plain-line interval when stderr is not a terminal (cron); EVALHARNESS_PROGRESS_S
 DEFAULT_DOCKER_TIMEOUT_S = 120.0    # any engine call without a longer limit of its own
@@ -1736,7 +1738,8 @@ class FixedLimit:
     def window_stamp(self) -> int:
         return 0
 
-    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> int:
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
+                  ttft_s: Optional[float] = None) -> int:
         return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
@@ -1829,10 +1832,19 @@ class GradientLimit:
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
                  significance: float = 2.0, same_level: float = 0.15, max_hold_mult: float = 4.0,
                  shock_windows: int = 16, early_samples: int = 3, settle_ratio: float = 2.0,
-                 max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
+                 plateau_windows: int = 3, server_headroom: float = 0.125, queue_share: float = 0.25,
+                 warm: bool = False, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
+        self.plateau_windows, self.server_headroom, self.queue_share = plateau_windows, server_headroom, queue_share
+        self._queue_cap: Optional[float] = None  # what the server runs, read from time to first token (see _queue)
+        self._ttft_min = math.inf
+        self._flat = 0  # consecutive judged windows whose throughput did not grow with load (e below target)
+        self._server_cap: Optional[float] = None  # what the server runs of ours, plus a few, while it queues
+        self._no_queue = 0  # readings of the server's metrics in a row without a queue
+        self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
         self._overloaded_at: Optional[float] = None
+        self._refused = False  # the last overload was a refusal on arrival (its level is a cap)
         self._hold_mult = 1.0
         self._longest_s: Optional[float] = None
         self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
@@ -1890,8 +1902,8 @@ class GradientLimit:
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
         self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "tt": 0.0, "tts": 0.0, "ttss": 0.0, "kk": 0.0,
-                                    "kt": 0.0, "closed": False, "opened": now}}
+                                    "tt": 0.0, "tts": 0.0, "ttss": 0.0, "kk": 0.0, "kt": 0.0,
+                                    "qn": 0, "qt": 0.0, "qe": 0.0, "closed": False, "opened": now}}
 
     def window_stamp(self) -> int:
         if self._settle > 0:
@@ -1908,7 +1920,8 @@ class GradientLimit:
             w["closed"] = True
         return self._stamp
 
-    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> float:
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
+                  ttft_s: Optional[float] = None) -> float:
         cur = self._open.get(self._stamp)
         if cur is not None and cur["opened"] is None:
             cur["opened"] = now - elapsed_s if stamp == self._stamp else now
@@ -1928,6 +1941,11 @@ class GradientLimit:
         tokens = speed * elapsed_s  # and for latency against length (the speed floor)
         w["kk"] += tokens * tokens
         w["kt"] += tokens * elapsed_s
+        if ttft_s is not None and 0.0 <= ttft_s <= elapsed_s:  # and for the server's queue (_queue)
+            w["qn"] += 1
+            w["qt"] += ttft_s
+            w["qe"] += elapsed_s
+            self._ttft_min = min(self._ttft_min, ttft_s)
         n = w["n"]
         if (not w["closed"] or n < max(self.early_samples, self._judge_at * w["admitted"])
                 or (n < self.min_samples and not self._decisive(w))):
@@ -1987,6 +2005,7 @@ class GradientLimit:
             return self.limit
         self._var = self._variance(w)
         self._longest_s = self._longest_time(w)
+        self._queue(w, c)
         step = self._step(now, c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take; the limit
@@ -2047,8 +2066,8 @@ class GradientLimit:
             del self._points[:]
             self._pair_e = None
             self._shift = dy
-            if dy > 0:  # faster: an overload of the slower endpoint is no reason to wait before probing past it
-                self._hold_until = -math.inf
+            if dy > 0 and not self._refused:  # faster: an overload of the slower endpoint is no reason to wait
+                self._hold_until = -math.inf    # before probing past it (a refusal's level is a cap, not a speed)
             return None
         self._learn_shock(pts[-2], pts[-1])
         fit = self._fit(pts)
@@ -2121,7 +2140,9 @@ class GradientLimit:
         if self._shift is not None:
             step = math.copysign(self.min_step, self._shift)
         elif e is None:
-            step = self.first_step  # the first window: a modest probe upward (a cached start may already be high)
+            # the first window: a modest probe, upward from a cold start; downward from a warm one (an earlier
+            # run's limit is a hint to verify: forgotten when less does as well)
+            step = -self.first_step if self._warm else self.first_step
         else:
             step = self._gradient_step(e)
         return self._bounded(now, s, step)
@@ -2129,12 +2150,17 @@ class GradientLimit:
     def _gradient_step(self, e: float) -> float:
         e = max(-5.0, min(5.0, e))
         pair_e, z = self._pair_e, self.significance
+        self._flat = self._flat + 1 if e < self.target else 0
         if pair_e is not None and self._pair_se is not None and abs(pair_e - self.target) <= z * self._pair_se:
             pair_e = None  # the last pair alone is no evidence either way
         if self._e_se is not None and abs(e - self.target) <= z * self._e_se:
             # nor is the fit: a probe step the way it leans, no knee remembered (noise must not fence the limit in);
-            # under a remembered level the probe is upward (bounded by that level), or noise would walk it down
+            # under a remembered level the probe is upward (bounded by that level), or noise would walk it down;
+            # but a plateau that persists (``plateau_windows`` windows in a row whose throughput did not grow with
+            # their load: a server queueing what it cannot run) walks it down: a limit must buy throughput
             lean = 1.0 if self._ceiling is not None else e - self.target
+            if self._flat >= self.plateau_windows:
+                lean = -1.0
             return math.copysign(self.min_step, lean)
         if e > self.target and pair_e is not None:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
@@ -2159,7 +2185,10 @@ class GradientLimit:
         self._ceiling, self._creep, self._creep_from = self.limit, 0.0, self.min_creep
 
     def _bounded(self, now: float, s: float, step: float) -> float:
-        """A step up, held back by a remembered level and by the speed floor."""
+        """A step up, held back by a remembered level, by what a queueing server runs and by the speed floor."""
+        caps = [cap for cap in (self._server_cap, self._queue_cap) if cap is not None]
+        if caps and self.limit * math.exp(step) > min(caps):  # (down, too, to what a queueing server runs)
+            step = math.log(max(min(caps), float(self.min_limit)) / self.limit)
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
@@ -2174,6 +2203,45 @@ class GradientLimit:
         if step > 0 and self._longest_s is not None and self._longest_s > self.deadline_s:
             step = 0.0  # streams already too slow for a longest answer to finish before the client's timeout
         return step
+
+    def _queue(self, w: Dict[str, Any], c: float) -> None:
+        """What a queue does, read from the window's streamed answers: a request the server keeps waiting has its
+        wait in its time to first token, while its decode runs as fast as the others'. So the share of the
+        window's request time spent waiting for a first token beyond the fastest one seen (``_ttft_min``: no
+        queue, a short prompt) is the share of its load the server only queued; from ``queue_share`` of it on,
+        the limit is held at the rest (what the server runs) plus ``server_headroom``, as with the server's own
+        metrics (``on_server``), and a plateau of throughput is not climbed. No streams (no first tokens): no
+        reading."""
+        if w["qn"] < max(3, 0.5 * w["n"]) or w["qe"] <= 0:
+            return
+        share = max(0.0, w["qt"] - w["qn"] * self._ttft_min) / w["qe"]
+        if share < self.queue_share:
+            self._queue_cap = None
+            return
+        served = c * (1.0 - share)
+        self._queue_cap = max(float(self.min_limit), served + max(1.0, self.server_headroom * served))
+
+    def on_server(self, now: float, served: float, waiting: float) -> float:
+        """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting``
+        in its queue. While it queues, every stream past what it runs only waits there (time to first token grows,
+        throughput does not), so the limit is held at ``served`` plus ``server_headroom`` of it (at least one: the
+        next request is ready when a slot frees) and no window takes it past that; with no queue, nothing
+        changes. After 4 readings in a row without a queue the hold moves up by a quarter (at least one): a full
+        server is not queueing at every instant, and a server given more slots is found this way, while a limit
+        that only fell below the slots does not leap past them at once."""
+        if waiting < 1:
+            self._no_queue += 1
+            if self._server_cap is not None and self._no_queue >= 4:
+                self._no_queue = 0
+                self._server_cap = max(self._server_cap + 1.0, 1.25 * self._server_cap)
+            return self.limit
+        self._no_queue = 0
+        self._server_cap = max(float(self.min_limit), served + max(1.0, self.server_headroom * served))
+        if self.limit > self._server_cap:
+            if self.limit > 1.1 * self._server_cap:  # (a few streams' difference is the next window's to judge)
+                self._new_window(now)
+            self.limit = self._server_cap
+        return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
                     rate_limited: bool = False, refused: bool = False) -> float:
@@ -2192,6 +2260,7 @@ class GradientLimit:
         limit waits out only the pause and creeps from a probe's step (``min_step``) rather than from
         ``min_creep``."""
         previous = self._overloaded_at
+        self._refused = refused
         top = self.limit if level is None else min(self.limit, float(level))
         self._ceiling = top if refused else max(self.backoff_ratio * self.limit, top)
         self._overloaded_at = self._ceiling
@@ -2285,6 +2354,22 @@ class AdaptiveGate:
         found = getattr(self._algorithm, "discovered", None)
         return int(round(found)) if found else self._limit
 
+    def on_server(self, running: float, waiting: float) -> None:
+        """The server's own count of the requests it runs and keeps waiting (its Prometheus metrics): while it
+        queues, the adaptive limit is held near what it runs of ours (our in-flight requests less the queue).
+        A fixed limit ignores it."""
+        fn = getattr(self._algorithm, "on_server", None)
+        if fn is None or not self._algorithm.adaptive:
+            return
+        with self._cond:
+            old = self._limit
+            served = max(1.0, min(float(running), self._in_flight - float(waiting)))
+            self._limit = max(self.min_limit, min(self.max_limit, int(fn(self._clock(), served, float(waiting)))))
+            event = {"type": "limit", "limit": self._limit, "previous": old, "cause": "server_queue",
+                     "running": running, "waiting": waiting} if self._limit != old else None
+        if event is not None and self.on_event is not None:
+            self.on_event(event)
+
     def draining_until(self) -> Optional[float]:
         """Clock time at which the current drain pause ends, or None when not draining."""
         with self._cond:
@@ -2331,13 +2416,18 @@ class AdaptiveGate:
                 self._cond.wait(max(wait_s, 0.001))
 
     def release(self, permit: Permit, outcome: str = "ok", output_tokens: int = 0, *,
-                retry_after_s: Optional[float] = None) -> None:
+                retry_after_s: Optional[float] = None, turned_away: bool = False,
+                ttft_s: Optional[float] = None) -> None:
         """Return a permit with its outcome, once per epoch for an ``overload``: failures of permits admitted
         before the last one do not count again. An overload that came back far sooner than requests are served
         was refused on arrival (a stream cap's or quota's 429, a full queue's 503): the limit goes just under the
         load it met, and admission pauses until ``retry_after_s`` or, without one, until a request succeeds (at
-        most ``drain_s``). Any other overload (a timeout, a failure after the server worked) cuts the limit by
-        ``backoff_ratio`` and pauses admission for ``drain_s`` (or ``retry_after_s`` if sooner)."""
+        most ``drain_s``). ``turned_away``: the caller knows the server never took the request (a connection
+        reset before any response, soon: a full accept queue): a refusal too, with no pause at all (the lower
+        limit is the whole answer; the retry's backoff spaces it). Any other overload (a timeout, a failure after
+        the server worked) cuts the limit by ``backoff_ratio`` and pauses admission for ``drain_s`` (or
+        ``retry_after_s`` if sooner). ``ttft_s``: a success's time to first token (streamed), which shows a
+        server's own queue (GradientLimit._queue)."""
         if outcome not in ("ok", "overload", "ignore"):
             raise ValueError("outcome must be ok, overload or ignore, got %r" % (outcome,))
         events = []
@@ -2358,15 +2448,17 @@ class AdaptiveGate:
                 self._drain_to_ok = False
                 speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
                 load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
-                new = self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed)
+                new = self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed, ttft_s=ttft_s)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
-            elif outcome == "overload" and self._algorithm.adaptive and permit.epoch == self._epoch:
-                # once per epoch: failures of permits admitted before this cut do not cut again
+            elif outcome == "overload" and self._algorithm.adaptive and (
+                    permit.epoch == self._epoch or (turned_away and permit.inflight_at_admit <= self._limit)):
+                # once per epoch: failures of permits admitted before this cut do not cut again (a request turned
+                # away at a load the limit still allows lowers it further: it is no cut, only a level)
                 self._epoch += 1
                 lived = now - permit.admitted_at
                 # refused: turned away far sooner than a request is served (or within a second, before any was),
                 # so the server did no work and the load it met on arrival is exactly what it takes now
-                refused = lived < self.refusal_share * (self._ok_latency or 4.0)
+                refused = turned_away or lived < self.refusal_share * (self._ok_latency or 4.0)
                 level = float(permit.inflight_at_admit)
                 if lived > 1e-6 and not refused:
                     # a collapse: the load it met on arrival, or lived under if less (a burst admitted after it
@@ -2376,12 +2468,14 @@ class AdaptiveGate:
                 new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
                                                   refused=refused)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
-                self._drain_until = now + drain
-                # a refusal without Retry-After pauses only until a request finishes and frees its slot
-                self._drain_to_ok = refused and retry_after_s is None
-                events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
+                if not turned_away:
+                    self._drain_until = now + drain
+                    # a refusal without Retry-After pauses only until a request finishes and frees its slot
+                    self._drain_to_ok = refused and retry_after_s is None
+                    events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
             if self._limit != old:
-                events.append({"type": "limit", "limit": self._limit, "previous": old, "cause": outcome})
+                events.append({"type": "limit", "limit": self._limit, "previous": old,
+                               "cause": "turned_away" if turned_away and outcome == "overload" else outcome})
             self._cond.notify_all()
         if self.on_event is not None:
             for ev in events:
@@ -2976,6 +3070,158 @@ class _EndpointHealth:
         return tripped
 
 
+SERVER_METRICS = (  # (server, the gauge of requests it runs, the gauge of requests it keeps waiting) at /metrics
+    ("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting"),
+    ("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    ("llama.cpp", "llamacpp:requests_processing", "llamacpp:requests_deferred"),
+)
+METRICS_POLL_S = 0.5
+METRICS_TIMEOUT_S = 3.0
+
+
+def parse_prometheus(text: str) -> Dict[str, float]:
+    """Samples of a Prometheus text exposition, summed per metric name over their label sets (a server with two
+    engines or models reports one line each). Comments, blank lines, NaN and lines that do not parse are skipped;
+    labels may hold quoted braces, spaces and escaped quotes; a timestamp after the value is ignored."""
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        head = _METRIC_HEAD.match(line)
+        if head is None:
+            continue
+        name, rest = head.group(1), line[head.end():]
+        if head.group(2):  # labels: up to the closing brace outside quotes
+            quoted = escaped = False
+            end = -1
+            for i, ch in enumerate(rest):
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    quoted = not quoted
+                elif ch == "}" and not quoted:
+                    end = i
+                    break
+            if end < 0:
+                continue
+            rest = rest[end + 1:]
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if value == value:  # (NaN is no count)
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+_METRIC_HEAD = _LazyPattern(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{?)")
+
+
+def server_load(text: str) -> Optional[Tuple[str, float, float]]:
+    """(server, requests running, requests waiting) from a /metrics page of vLLM, SGLang or llama.cpp; None when
+    it has neither pair of gauges."""
+    samples = parse_prometheus(text)
+    for server, running, waiting in SERVER_METRICS:
+        if running in samples and waiting in samples:
+            return server, samples[running], samples[waiting]
+    return None
+
+
+def metrics_url(base_url: str) -> str:
+    """The /metrics URL served next to an OpenAI-compatible base URL (http://h:8000/v1 -> http://h:8000/metrics)."""
+    parsed = urllib.parse.urlsplit(base_url)
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path + "/metrics", "", ""))
+
+
+class _ServerMetrics:
+    """Reads the endpoint's Prometheus /metrics every ``interval`` seconds on a daemon thread and tells the gate how
+    many requests the server runs and keeps waiting (``AdaptiveGate.on_server``). ``probe`` fetches it once: None
+    when it is absent or has none of the known gauges. After ``max_failures`` failed polls in a row it stops (a
+    gate holding to stale numbers would be worse than none) and says so once."""
+
+    def __init__(self, url: str, server: str, gate: AdaptiveGate, *, api_key: Optional[str] = None,
+                 use_proxy: bool = False, interval: float = METRICS_POLL_S, max_failures: int = 20):
+        self.url, self.server, self.gate = url, server, gate
+        self._headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+        self._opener = urllib.request.build_opener(*([] if use_proxy else [urllib.request.ProxyHandler({})]))
+        self.interval, self.max_failures = interval, max_failures
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.polls = 0
+
+    def fetch(self) -> Optional[Tuple[str, float, float]]:
+        req = urllib.request.Request(self.url, headers=dict(self._headers, Accept="text/plain"))
+        with self._opener.open(req, timeout=METRICS_TIMEOUT_S) as resp:
+            return server_load(resp.read(4 << 20).decode("utf-8", "replace"))
+
+    @classmethod
+    def probe(cls, base_url: str, gate: AdaptiveGate, **kw: Any) -> Optional["_ServerMetrics"]:
+        poller = cls(metrics_url(base_url), "", gate, **kw)
+        try:
+            found = poller.fetch()
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        if found is None:
+            return None
+        poller.server = found[0]
+        return poller
+
+    def start(self) -> "_ServerMetrics":
+        self._thread = threading.Thread(target=self._loop, name="evalharness-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.wait(self.interval):
+            try:
+                found = self.fetch()
+            except (OSError, ValueError, http.client.HTTPException):
+                found = None
+            if found is None:
+                failures += 1
+                if failures >= self.max_failures:
+                    _log.warning("%s: no server metrics for %d polls in a row; the gate goes on without them",
+                                 self.url, failures)
+                    return
+                continue
+            failures = 0
+            self.polls += 1
+            self.gate.on_server(found[1], found[2])
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(METRICS_TIMEOUT_S + 1.0)
+
+
+def _start_server_metrics(cfg: Any, gate: AdaptiveGate, base_url: str) -> Optional[_ServerMetrics]:
+    """--server-metrics: auto probes once (off, silently, when the endpoint serves none of the known gauges), on
+    requires them (a one-line error otherwise), off never asks. Only an adaptive gate reads them."""
+    if cfg.server_metrics == "off" or not gate.adaptive:
+        return None
+    key = os.environ.get(cfg.api_key_env) or None
+    poller = _ServerMetrics.probe(base_url, gate, api_key=key, use_proxy=cfg.use_proxy)
+    if poller is None:
+        if cfg.server_metrics == "on":
+            raise ConfigError("--server-metrics on: %s serves no running/waiting gauges of vLLM, SGLang or llama.cpp "
+                              "(start llama-server with --metrics, or pass --server-metrics auto)"
+                              % metrics_url(base_url))
+        return None
+    _log.info("server metrics: %s (%s); the gate holds near what the server runs while it queues", poller.url,
+              poller.server)
+    return poller.start()
+
+
 class ModelClient:
     """OpenAI-compatible ``/v1/chat/completions`` over urllib, streaming (SSE) or not, with bounded retries.
 
@@ -3045,9 +3291,9 @@ class ModelClient:
             raise ModelAPIError("HTTP %d from %s: %s" % (exc.code, self.url, detail or exc.reason), kind=kind,
                                 status=exc.code, retry_after_s=_retry_after_s(exc.headers.get("Retry-After")))
         except urllib.error.URLError as exc:
-            raise self._network_error(exc.reason) from None
+            raise self._network_error(exc.reason, before_response=True) from None
         except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
-            raise self._network_error(exc) from None
+            raise self._network_error(exc, before_response=True) from None
         try:
             with resp:
                 if cfg.stream and "text/event-stream" in (resp.headers.get("Content-Type") or ""):
@@ -3058,7 +3304,7 @@ class ModelClient:
         except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
             raise self._network_error(exc) from None
 
-    def _network_error(self, reason: Any) -> ModelAPIError:
+    def _network_error(self, reason: Any, before_response: bool = False) -> ModelAPIError:
         if isinstance(reason, (socket.timeout, TimeoutError)) or "timed out" in str(reason):
             what = "timed out after %.0fs" % self.config.request_timeout_s
         elif isinstance(reason, ConnectionRefusedError):
@@ -3075,6 +3321,8 @@ class ModelClient:
         err = ModelAPIError("%s to %s" % (what, self.url), kind="overload",
                             error_class="timeout" if timed_out else "connection")
         err.refused = isinstance(reason, ConnectionRefusedError)  # type: ignore[attr-defined]
+        # reset or closed before the status line: the server never took the request (its accept queue was full)
+        err.turned_away = before_response and what.startswith("connection reset")  # type: ignore[attr-defined]
         return err
 
     def _chunks(self, resp: Any, deadline: float) -> Iterator[bytes]:
@@ -3201,7 +3449,8 @@ class ModelClient:
     def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
         with self._rng_lock:
             jitter = 0.5 + 0.5 * self._rng.random()
-        if getattr(err, "refused", False):
+        if getattr(err, "refused", False) or getattr(err, "turned_away", False):
+            # nothing listened, or the server never took it: nothing to wait out but the gate's lower limit
             base = REFUSED_BACKOFF_S * (2 ** (n_failed - 1))
         else:
             base = min(RETRY_CAP_S, RETRY_BASE_S * (2 ** (n_failed - 1)))
@@ -3242,10 +3491,11 @@ class ModelClient:
             attempts += 1
             err = None
             permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
-            outcome, tokens = "ignore", 0
+            t_attempt = time.monotonic()
+            outcome, tokens, ttft = "ignore", 0, None
             try:
                 result = self._request(messages, cfg.request_timeout_s, tools, seed)
-                outcome, tokens = "ok", result.completion_tokens
+                outcome, tokens, ttft = "ok", result.completion_tokens, result.ttft_s
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
                 self._check_served(result.model)
@@ -3258,8 +3508,11 @@ class ModelClient:
                 outcome = "overload" if exc.kind == "overload" and not getattr(exc, "refused", False) else "ignore"
             finally:
                 if permit is not None:
-                    self.gate.release(permit, outcome, tokens,
-                                      retry_after_s=err.retry_after_s if outcome == "overload" else None)
+                    turned_away = (outcome == "overload" and getattr(err, "turned_away", False)
+                                   and time.monotonic() - t_attempt < TURNED_AWAY_S)
+                    self.gate.release(permit, outcome, tokens, turned_away=turned_away,
+                                      retry_after_s=err.retry_after_s if outcome == "overload" else None,
+                                      ttft_s=ttft)
             err.attempts = attempts
             if self.health is not None:
                 if successes_then < 0:
@@ -3299,6 +3552,8 @@ class MockConfig:
     thrash: float = 0.0                # extra slowdown per stream past the knee (aggregate then falls: KV thrashing)
     ttft_s: float = 0.0                # time to first token at low load (grows past the knee too)
     max_concurrency: int = 0           # hard cap on concurrent requests; 0 = none
+    slots: int = 0                     # requests run at once, the rest wait in the server's queue (llama-server -np)
+                                       # and /metrics says so for vllm/sglang/llama.cpp kinds; 0 = all run
     overload_status: int = 429         # answer past the cap: 429 (with Retry-After) or 503
     retry_after_s: float = 1.0
     faults: Tuple[Tuple[str, float], ...] = ()   # (kind, probability) pairs, kinds in _MOCK_FAULTS
@@ -3318,6 +3573,28 @@ class MockConfig:
 # What each server kind's GET /v1/models (and llama.cpp's /props, TGI's /info) looks like, as the real ones do;
 # "nolist" answers 404 there (servers with no model list).
 MOCK_SERVER_KINDS = ("mock", "vllm", "sglang", "llama.cpp", "tgi", "openai", "nolist")
+# GET /metrics of the kinds that serve one, in their Prometheus text format (their gauges of running and waiting
+# requests, with the labels they carry; the real pages have many more metrics)
+_MOCK_METRICS = {
+    "vllm": ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
+             '# TYPE vllm:num_requests_running gauge\n'
+             'vllm:num_requests_running{engine="0",model_name="%(model)s"} %(running)d.0\n'
+             '# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n'
+             '# TYPE vllm:num_requests_waiting gauge\n'
+             'vllm:num_requests_waiting{engine="0",model_name="%(model)s"} %(waiting)d.0\n'),
+    "sglang": ('# HELP sglang:num_running_reqs The number of running requests.\n'
+               '# TYPE sglang:num_running_reqs gauge\n'
+               'sglang:num_running_reqs{model_name="%(model)s"} %(running)d.0\n'
+               '# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n'
+               '# TYPE sglang:num_queue_reqs gauge\n'
+               'sglang:num_queue_reqs{model_name="%(model)s"} %(waiting)d.0\n'),
+    "llama.cpp": ('# HELP llamacpp:requests_processing Number of requests processing\n'
+                  '# TYPE llamacpp:requests_processing gauge\n'
+                  'llamacpp:requests_processing %(running)d\n'
+                  '# HELP llamacpp:requests_deferred Number of requests deferred\n'
+                  '# TYPE llamacpp:requests_deferred gauge\n'
+                  'llamacpp:requests_deferred %(waiting)d\n'),
+}
 
 
 def _mock_models(cfg: MockConfig) -> Optional[Dict[str, Any]]:
@@ -3436,9 +3713,11 @@ class _MockState:
         self.config = config
         self.oracle = oracle
         self.swe = list(swe)  # SWE instances the mock plays an agent for
-        self.lock = threading.Lock()  # guards active, counters, seen
+        self.lock = threading.Lock()  # guards active, waiting, counters, seen
         self.active = 0
         self.max_active = 0
+        self.waiting = 0  # requests queued for a slot (config.slots)
+        self.slots = threading.Semaphore(config.slots) if config.slots > 0 else None
         self.counters: Dict[str, int] = collections.Counter()
         self.seen: Dict[str, int] = collections.Counter()
         self.closing = threading.Event()
@@ -3493,6 +3772,16 @@ class _MockHandler:
                              "max_input_tokens": (cfg.context_len or 4096) - 1, "router": "text-generation-router"})
         elif self.path == "/health":
             self._json(200, {"status": "ok"})
+        elif self.path == "/metrics" and cfg.server_kind in _MOCK_METRICS:
+            with st.lock:
+                body = _MOCK_METRICS[cfg.server_kind] % {"model": cfg.model, "running": st.active,
+                                                         "waiting": st.waiting}
+            raw = body.encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
         elif self.path == "/stats":
             with st.lock:
                 self._json(200, {"active": st.active, "max_active": st.max_active, "counters": dict(st.counters)})
@@ -3537,6 +3826,17 @@ class _MockHandler:
         include_usage = cfg.send_usage and (not stream or bool((req.get("stream_options") or {})
                                                                  .get("include_usage")))
         key = str(last_user)
+        if st.slots is not None:  # the server's own queue: wait for a slot (counted as waiting, not running)
+            with st.lock:
+                st.waiting += 1
+            while not st.slots.acquire(timeout=0.5):
+                if st.closing.is_set():
+                    with st.lock:
+                        st.waiting -= 1
+                    return
+            with st.lock:
+                st.waiting -= 1
+            self._slot_held = True
         with st.lock:
             st.seen[key] += 1
             nth = st.seen[key]
@@ -3546,6 +3846,7 @@ class _MockHandler:
                 st.active += 1
                 st.max_active = max(st.max_active, st.active)
         if over_cap:
+            self._uncount()  # (its slot, if it waited for one)
             with st.lock:
                 st.counters["over_cap"] += 1
             self._error(cfg.overload_status, "server at capacity", {"Retry-After": "%g" % cfg.retry_after_s})
@@ -3574,6 +3875,9 @@ class _MockHandler:
             self._active_counted = False
             with self.state.lock:
                 self.state.active -= 1
+        if getattr(self, "_slot_held", False):
+            self._slot_held = False
+            self.state.slots.release()
 
     def _reply_text(self, key: str, messages: Sequence[Any] = (), seed: Any = None) -> str:
         st = self.state
@@ -6244,6 +6548,7 @@ class RunConfig:
     fixed_concurrency: Optional[int] = None      # pins the limit (no adaptation)
     initial_concurrency: Optional[int] = None    # None = auto: this run's or the endpoint's last discovered limit
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    server_metrics: str = "auto"                 # auto | on | off: the endpoint's Prometheus /metrics
     temperature: float = 0.0
     max_tokens: Optional[int] = None
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
@@ -6477,7 +6782,12 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
         gate.shared, shared.gate = shared, gate  # type: ignore[attr-defined]  # closed by the run at its end
         return gate, origin + (", shared by the run's shards" if shared.leader else
                                ", then the lowest live shard's limit: the run's shards share the endpoint")
-    return AdaptiveGate(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s), origin
+    # a limit an earlier run discovered is a hint: verified in the first windows (a probe down), forgotten when it
+    # does not buy throughput
+    warm = cfg.initial_concurrency is None and origin != "default"
+    algorithm = GradientLimit(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s,
+                              warm=warm)
+    return AdaptiveGate(initial, 1, cap, algorithm=algorithm), origin
 
 
 def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -> str:
@@ -6732,6 +7042,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     cancel = cancel or threading.Event()
     gate, initial_from = _make_gate(cfg, base_url, previous, store.dir)
     gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+    metrics = _start_server_metrics(cfg, gate, base_url)
     _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
               "adaptive, starting at %d (%s), at most %d" % (gate.limit, initial_from, gate.max_limit))
     health = _EndpointHealth(cfg.outage_budget_s)
@@ -6771,6 +7082,8 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     try:
         status = runner.run(pending)
     finally:
+        if metrics is not None:
+            metrics.close()
         if getattr(gate, "shared", None) is not None:
             gate.shared.close()  # type: ignore[attr-defined]
 
@@ -6780,7 +7093,8 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     ended = time.time()
     run_info.update({"status": status, "ended_at": _utc_iso(ended), "discovered_limit": gate.discovered_limit,
                      "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial, "initial_from": initial_from,
-                                     "final": gate.limit, "max": gate.max_limit}})
+                                     "final": gate.limit, "max": gate.max_limit,
+                                     "server_metrics": metrics.server if metrics is not None else None}})
     if gate.adaptive and status != "aborted" and cfg.remember_limit and getattr(gate, "shared", None) is None:
         _save_limit(base_url, cfg.model, gate.discovered_limit)  # (a shard's limit is its share: not kept)
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
@@ -8238,7 +8552,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     placement.remove_on_cancel(cancel, run_id)
     docker, images = hosts[0].docker, hosts[0].images
     pending = [inst for inst in dataset.items if inst.id in ids and inst.id not in done_ids]
-    gate = sessions = client = None
+    gate = sessions = client = metrics = None
     initial_from = None
     health = _EndpointHealth(cfg.outage_budget_s)
     if client_cfg is not None:
@@ -8247,6 +8561,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
             exclude_from_proxy([base_url])
         gate, initial_from = _make_gate(cfg, base_url, previous, store.dir)
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+        metrics = _start_server_metrics(cfg, gate, base_url)
         sessions = SessionGate(gate)
         sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
@@ -8310,6 +8625,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         for host in hosts:
             host.pool.close()
             host.images.close()
+        if metrics is not None:
+            metrics.close()
         if getattr(gate, "shared", None) is not None:
             gate.shared.close()  # type: ignore[union-attr]
     if store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves the file
@@ -8329,7 +8646,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     if gate is not None:
         run_info.update({"discovered_limit": gate.discovered_limit,
                          "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial,
-                                         "initial_from": initial_from, "final": gate.limit, "max": gate.max_limit}})
+                                         "initial_from": initial_from, "final": gate.limit, "max": gate.max_limit,
+                                         "server_metrics": metrics.server if metrics is not None else None}})
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                                   "status": status, "pid": os.getpid()}]
     if runner.stop_reason:
@@ -8605,7 +8923,8 @@ class _SharedLimit:
         self.limit = max(1.0, self.total / self.live)
         return self.limit
 
-    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0) -> float:
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
+                  ttft_s: Optional[float] = None) -> float:
         with self._lock:
             if self.leader:
                 self._share(self._inner.on_sample(now, stamp, speed, load + self._others, elapsed_s))
@@ -9856,6 +10175,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "earlier run on the same endpoint and model discovered, else %d" % DEFAULT_INITIAL_CONCURRENCY)
     g.add_argument("--max-concurrency", type=_positive_int, default=DEFAULT_MAX_CONCURRENCY, metavar="N",
                    help="cap of the adaptive gate (default %(default)s)")
+    g.add_argument("--server-metrics", choices=("auto", "on", "off"), default="auto",
+                   help="read the server's Prometheus /metrics (vLLM, SGLang, llama.cpp --metrics): while it "
+                        "queues requests, the adaptive limit stays near what it runs; auto probes once and stays "
+                        "off when there are none, on requires them (default %(default)s)")
     p.add_argument("--json", dest="json_out", action="store_true", help="print the summary as JSON on stdout"
                                                                         " (default: the table)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr"
@@ -10244,6 +10567,10 @@ def _parser_mock(sub: Any, text: str) -> Any:
                       help="streams past which per-stream speed falls (default %(default)s)")
     mock.add_argument("--thrash", type=float, default=0.0,
                       help="extra slowdown per stream past the knee (default %(default)s)")
+    mock.add_argument("--slots", type=int, default=0, metavar="N",
+                      help="run N requests at once and queue the rest, as llama-server -np does (its /metrics, "
+                           "for --server-kind vllm, sglang or llama.cpp, says how many run and wait) (default: "
+                           "all run)")
     mock.add_argument("--ttft-ms", type=float, default=0.0,
                       help="time to first token, milliseconds (default %(default)s)")
     mock.add_argument("--reasoning-tokens", type=int, default=0,
@@ -10561,7 +10888,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     api_key_env=args.api_key_env or DEFAULT_API_KEY_ENV,
                     api_key_env_explicit=args.api_key_env is not None, out=args.out,
                     fixed_concurrency=args.fixed_concurrency, initial_concurrency=_initial_arg(args),
-                    max_concurrency=args.max_concurrency,
+                    max_concurrency=args.max_concurrency, server_metrics=args.server_metrics,
                     temperature=args.temperature, max_tokens=args.max_tokens,
                     request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
@@ -10648,7 +10975,8 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
             raise ConfigError("--require-api-key-env %s: that environment variable is not set"
                               % args.require_api_key_env)
     cfg = MockConfig(model=args.model, seed=args.seed, decode_tok_s=args.decode_tok_s, knee=args.knee,
-                     thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0, max_concurrency=args.max_concurrency,
+                     slots=args.slots, thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0,
+                     max_concurrency=args.max_concurrency,
                      overload_status=args.overload_status, retry_after_s=args.retry_after,
                      faults=parse_faults(args.faults), hang_s=args.hang_s, reasoning_tokens=args.reasoning_tokens,
                      reasoning_style=args.reasoning_style,

@@ -18,7 +18,11 @@ Scenarios  S1 steady, S2 capacity halved at T/3 and restored at 2T/3, S3 hosted 
            stream cap stays).
 Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed session count for S4), fixed 10,
            inspect-style, Netflix Gradient2 (defaults, 1 s windows), admit-all sessions (S4), evalharness
-           AdaptiveGate / SessionGate.
+           AdaptiveGate / SessionGate. The evalharness gate sees each answer's time to first token (it streams) and,
+           with --server-metrics on (the default), engine A's running / waiting gauges every 0.5 s.
+S4         a family of agent workloads (FAMILY: tool waits, context growth, session lengths, prefix cache against
+           the working set, small box and large node, a queue much larger or barely larger than the best count,
+           all at once or arriving over time), each against its own best fixed session count.
 
 A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sessions) is cut there and flagged
 `cut` (only settings far behind the oracle are; their goodput up to the cut is reported). All scenarios, 10 seeds,
@@ -42,6 +46,8 @@ sys.path.insert(0, ROOT)
 import evalharness as eh  # noqa: E402
 
 US = 1000000
+SERVER_METRICS = True  # the engine model serves running / waiting gauges to the adaptive gate (--server-metrics)
+METRICS_POLL_S = 0.5
 C_SWEEP = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 S_SWEEP = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
 
@@ -507,7 +513,7 @@ class InspectStyle:
     def nice_down(x):
         return int(math.floor(x / 5.0) * 5) if x >= 10 else int(x)
 
-    def release(self, permit, outcome="ok", output_tokens=0, rate_limited=False, retry_after=None):
+    def release(self, permit, outcome="ok", output_tokens=0, rate_limited=False, retry_after=None, **_):
         self.in_flight -= 1
         now = self.clock()
         if rate_limited:
@@ -605,8 +611,8 @@ class GateAdapter:
     def try_acquire(self):
         return self.gate.try_acquire()
 
-    def release(self, permit, outcome="ok", output_tokens=0, retry_after=None, **_):
-        self.gate.release(permit, outcome, output_tokens, retry_after_s=retry_after)
+    def release(self, permit, outcome="ok", output_tokens=0, retry_after=None, ttft_s=None, **_):
+        self.gate.release(permit, outcome, output_tokens, retry_after_s=retry_after, ttft_s=ttft_s)
 
     def draining_until(self):
         return self.gate.draining_until()
@@ -665,6 +671,8 @@ class Run:
         self.timeout_s = prof["timeout_s"]
         self.limiter_name = limiter_name
         self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario), self.timeout_s)
+        if SERVER_METRICS and limiter_name == "adaptive" and isinstance(self.server, EngineA):
+            self.loop.at(int(METRICS_POLL_S * US), self.poll_metrics)
         self.limit_trace = []    # (t_s, limit)
         self.goodput_bins = collections.defaultdict(float)  # 1 s bins of output tokens of successful requests
         self.n_left = 0
@@ -762,9 +770,21 @@ class Run:
 
     def release(self, state, kind, out, retry_after):
         self.stats["n_" + kind] += 1
+        req = state.get("req")
+        ttft = None  # what a streamed answer shows: its time to first token
+        if kind == "ok" and req is not None and req.t_first is not None:
+            ttft = max(0.0, (req.t_first - req.t_submit) / US)
         self.limiter.release(state["permit"], self.outcome_of(kind), out if kind == "ok" else 0,
-                             rate_limited=(kind == "429"), retry_after=retry_after)
+                             rate_limited=(kind == "429"), retry_after=retry_after, ttft_s=ttft)
         self.trace()
+
+    def poll_metrics(self):
+        """The engine's Prometheus-style gauges, read every METRICS_POLL_S as evalharness --server-metrics does:
+        requests it runs (admitted to its batch) and keeps waiting in its queue."""
+        if self.n_left == 0:
+            return
+        self.limiter.gate.on_server(len(self.server.running), len(self.server.waiting))
+        self.loop.after(METRICS_POLL_S, self.poll_metrics)
 
     def backoff(self, job, kind, retry_after):
         self.retries[job] += 1
@@ -1273,17 +1293,21 @@ def main():
                     help="comma list of SCENARIO-PROFILE, e.g. S1-P1,S4-P1")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None, help="write the result rows as JSON here")
+    ap.add_argument("--server-metrics", choices=("on", "off"), default="on",
+                    help="engine A serves running / waiting gauges that the adaptive gate reads (default on)")
     ap.add_argument("--variants", default=",".join(FAMILY),
                     help="comma list of S4 family variants (with S4 in --scenarios): " + ", ".join(FAMILY))
     args = ap.parse_args()
+    global SERVER_METRICS
+    SERVER_METRICS = args.server_metrics == "on"
     scenarios = [tuple(x.split("-")) for x in args.scenarios.split(",") if x]
     single = [sp for sp in scenarios if sp[0] != "S4"]
     seeds = list(range(1, args.seeds + 1))
     log = lambda m: sys.stderr.write("gate_sim: %s\n" % m)  # noqa: E731
     rows, took = evaluate(single, seeds, args.jobs, log) if single else ([], 0.0)
     if single:
-        print("gate_sim: medians over %d seeds; eff = goodput / oracle goodput (same seed); conv/rec = share of "
-              "the run" % args.seeds)
+        print("gate_sim: medians over %d seeds; server metrics %s; eff = goodput / oracle goodput (same seed); "
+              "conv/rec = share of the run" % (args.seeds, args.server_metrics))
         print_table(rows, sys.stdout)
     if len(single) < len(scenarios):
         variants = [v for v in args.variants.split(",") if v]
