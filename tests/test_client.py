@@ -523,6 +523,22 @@ class TestGateInterplay(unittest.TestCase):
         self.assertEqual(srv.stats()["max_active"], 2)
         self.assertEqual(gate.in_flight, 0)
 
+    def test_a_reset_before_any_response_is_turned_away_and_one_mid_stream_pauses(self):
+        fast_retries(self)
+        for stream, cause, drains in ((False, "turned_away", False), (True, "overload", True)):
+            srv = start_mock(self, faults=(("reset", 1.0),), decode_tok_s=1000)
+            gate = eh.AdaptiveGate(16, 1, 64)
+            events = []
+            gate.on_event = events.append
+            permits = [gate.try_acquire() for _ in range(9)]  # the failing request meets 10 in flight
+            with self.assertRaises(eh.ModelAPIError):
+                client(srv.url, gate=gate, max_retries=0, stream=stream).chat(MESSAGES)
+            for p in permits:
+                gate.release(p, "ignore")
+            self.assertEqual([e["cause"] for e in events if e["type"] == "limit"], [cause], stream)
+            self.assertEqual(any(e["type"] == "drain" for e in events), drains, stream)
+            self.assertEqual(gate.limit, 9, stream)  # just under the load it met (both back at once)
+
     def test_gate_permits_are_returned_when_attempts_fail(self):
         fast_retries(self)
         srv = start_mock(self, faults=(("503", 1.0),), retry_after_s=0.01)

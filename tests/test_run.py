@@ -183,7 +183,7 @@ class TestAdaptiveConcurrency(RunCase):
         self.assertIn("concurrency: fixed at 3", pinned.stderr)
         with open(os.path.join(self.dir, "pinned", "run.json")) as fh:
             self.assertEqual(json.load(fh)["concurrency"], {"adaptive": False, "initial": 3, "initial_from": "fixed",
-                                                            "final": 3, "max": 3})
+                                                            "final": 3, "max": 3, "server_metrics": None})
 
 
 class TestFailures(RunCase):
