@@ -2210,13 +2210,15 @@ class GradientLimit:
         window's request time spent waiting for a first token beyond the fastest one seen (``_ttft_min``: no
         queue, a short prompt) is the share of its load the server only queued; from ``queue_share`` of it on,
         the limit is held at the rest (what the server runs) plus ``server_headroom``, as with the server's own
-        metrics (``on_server``), and a plateau of throughput is not climbed. No streams (no first tokens): no
-        reading."""
+        metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
+        queue moves the hold up by a quarter (at least one), so it lapses by steps, not at once. No streams (no
+        first tokens): no reading."""
         if w["qn"] < max(3, 0.5 * w["n"]) or w["qe"] <= 0:
             return
         share = max(0.0, w["qt"] - w["qn"] * self._ttft_min) / w["qe"]
         if share < self.queue_share:
-            self._queue_cap = None
+            if self._queue_cap is not None and self.limit >= 0.9 * self._queue_cap:  # (at the hold, no queue)
+                self._queue_cap = max(self._queue_cap + 1.0, 1.25 * self._queue_cap)
             return
         served = c * (1.0 - share)
         self._queue_cap = max(float(self.min_limit), served + max(1.0, self.server_headroom * served))
@@ -2226,12 +2228,12 @@ class GradientLimit:
         in its queue. While it queues, every stream past what it runs only waits there (time to first token grows,
         throughput does not), so the limit is held at ``served`` plus ``server_headroom`` of it (at least one: the
         next request is ready when a slot frees) and no window takes it past that; with no queue, nothing
-        changes. After 4 readings in a row without a queue the hold moves up by a quarter (at least one): a full
-        server is not queueing at every instant, and a server given more slots is found this way, while a limit
-        that only fell below the slots does not leap past them at once."""
+        changes. After 4 readings in a row without a queue, with the limit at the hold, the hold moves up by a
+        quarter (at least one): a full server is not queueing at every instant, and a server given more slots is
+        found this way, while a limit that only fell below the slots does not leap past them at once."""
         if waiting < 1:
             self._no_queue += 1
-            if self._server_cap is not None and self._no_queue >= 4:
+            if self._server_cap is not None and self._no_queue >= 4 and self.limit >= 0.9 * self._server_cap:
                 self._no_queue = 0
                 self._server_cap = max(self._server_cap + 1.0, 1.25 * self._server_cap)
             return self.limit
