@@ -2140,9 +2140,10 @@ class GradientLimit:
         if self._shift is not None:
             step = math.copysign(self.min_step, self._shift)
         elif e is None:
-            # the first window: a modest probe, upward from a cold start; downward from a warm one (an earlier
-            # run's limit is a hint to verify: forgotten when less does as well)
-            step = -self.first_step if self._warm else self.first_step
+            # the first window: a modest probe upward from a cold start; from a warm one a probe's step down (an
+            # earlier run's limit is a hint to verify: forgotten when less does as well; a hint far too high shows
+            # at once as a server's queue, see _queue)
+            step = -self.min_step if self._warm else self.first_step
         else:
             step = self._gradient_step(e)
         return self._bounded(now, s, step)

@@ -8,7 +8,8 @@ temporary directory: nothing of it reaches the program; MODEL_SHAPE sets its siz
 32 slots (`-np`, with `--metrics`), and for each runs `evalharness run` on 480 questions of 64 output tokens: a
 fixed sweep (1 ... 64 in flight) and the adaptive gate cold (no cached limit) and warm (the limit the cold run
 before it cached), three times each, alternating. Prints wall (first request to last answer), output tokens/s, time
-to first token p50/p95, the discovered limit and the ratios to the best fixed setting. Run by hand (about 35
+to first token p50/p95, the discovered limit and the ratios to the best fixed setting (the smallest concurrency
+within 2% of the fastest fixed wall; walls are compared with the fastest). Run by hand (about 35
 minutes), never by CI.
 
 Usage: python3 bench/real_server.py [--slots 4,16,32] [--sweep 1,2,4,8,16,32,64] [--repeats 3] [--rows 480]
@@ -151,6 +152,7 @@ def build_llama_server(cache):
     return binary
 
 
+PLATEAU = 0.02  # run-to-run noise of a wall here (2 cores shared by server and client)
 MODEL_SHAPE = (768, 4, 12, 2048, 4096)  # embedding, layers, heads, feed-forward, context: ~33 s at 16 slots here
 
 
@@ -274,7 +276,11 @@ def main():
                 fixed[c] = {k: median([r[k] for r in runs]) for k in runs[0]}
                 log("  fixed %3d: wall %.1fs, TTFT p50 %s, failed %d" % (c, fixed[c]["wall"], fixed[c]["ttft_p50"],
                                                                       fixed[c]["failed"]))
-            best_c = min(fixed, key=lambda c: fixed[c]["wall"])
+            # on a plateau several settings are within noise of the fastest: the best fixed concurrency is the
+            # smallest within PLATEAU of the fastest wall (as gate_sim's oracle takes the smallest within 1% of the
+            # best goodput); walls are compared with the fastest
+            fastest = min(f["wall"] for f in fixed.values())
+            best_c = min(c for c in fixed if fixed[c]["wall"] <= (1.0 + PLATEAU) * fastest)
             cold, warm = [], []
             for r in range(args.repeats):  # alternating: cold, then warm from what that cold run cached
                 if os.path.exists(limits):
@@ -288,13 +294,13 @@ def main():
                     warm[-1]["discovered"], warm[-1]["failed"]))
             for name, runs in (("cold", cold), ("warm", warm)):
                 m = {k: median([r[k] for r in runs]) for k in runs[0]}
-                rows.append({"slots": slots, "mode": name, "best_fixed": best_c, "best_wall": fixed[best_c]["wall"],
+                rows.append({"slots": slots, "mode": name, "best_fixed": best_c, "best_wall": fastest,
                              "best_ttft_p50": fixed[best_c]["ttft_p50"], "wall": m["wall"], "tok_s": m["tok_s"],
                              "ttft_p50": m["ttft_p50"], "ttft_p95": m["ttft_p95"], "discovered": m["discovered"],
                              "failed": sum(r["failed"] for r in runs),
                              "walls": [round(r["wall"], 1) for r in runs],
                              "discovered_all": [r["discovered"] for r in runs],
-                             "wall_ratio": m["wall"] / fixed[best_c]["wall"],
+                             "wall_ratio": m["wall"] / fastest,
                              "limit_ratio": (m["discovered"] or 0) / best_c,
                              "ttft_ratio": (m["ttft_p50"] or 0) / max(fixed[best_c]["ttft_p50"] or 1e-9, 1e-9),
                              "fixed": {c: round(f["wall"], 1) for c, f in fixed.items()}})
