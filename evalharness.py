@@ -2222,13 +2222,14 @@ class GradientLimit:
                 self._queue_cap = max(self._queue_cap + 1.0, 1.25 * self._queue_cap)
             return
         served = c * (1.0 - share)
-        self._queue_cap = max(float(self.min_limit), served + max(1.0, self.server_headroom * served))
+        self._queue_cap = max(float(self.min_limit), served * (1.0 + self.server_headroom))
 
     def on_server(self, now: float, served: float, waiting: float) -> float:
         """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting``
         in its queue. While it queues, every stream past what it runs only waits there (time to first token grows,
-        throughput does not), so the limit is held at ``served`` plus ``server_headroom`` of it (at least one: the
-        next request is ready when a slot frees) and no window takes it past that; with no queue, nothing
+        throughput does not), so the limit is held at ``served`` plus ``server_headroom`` of it (the next requests
+        ready when slots free; none below 8, where one more would wait in every answer's first token) and no window
+        takes it past that; with no queue, nothing
         changes. After 4 readings in a row without a queue, with the limit at the hold, the hold moves up by a
         quarter (at least one): a full server is not queueing at every instant, and a server given more slots is
         found this way, while a limit that only fell below the slots does not leap past them at once."""
@@ -2239,7 +2240,7 @@ class GradientLimit:
                 self._server_cap = max(self._server_cap + 1.0, 1.25 * self._server_cap)
             return self.limit
         self._no_queue = 0
-        self._server_cap = max(float(self.min_limit), served + max(1.0, self.server_headroom * served))
+        self._server_cap = max(float(self.min_limit), served * (1.0 + self.server_headroom))
         if self.limit > self._server_cap:
             if self.limit > 1.1 * self._server_cap:  # (a few streams' difference is the next window's to judge)
                 self._new_window(now)
