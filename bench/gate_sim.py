@@ -1061,6 +1061,13 @@ def pool_map(fn, tasks, jobs):
         return pool.map(fn, tasks, chunksize=1)
 
 
+def run_missing(by, tasks, jobs):
+    """Run the tasks not yet in BY (task -> result), in a pool of JOBS processes."""
+    todo = [t for t in tasks if t not in by]
+    for task, r in zip(todo, pool_map(run_one, todo, jobs)):
+        by[task] = r
+
+
 HORIZON = 4.0    # a run still going at HORIZON x the reference run's makespan is cut there (a thrashing setting)
 REF_C, REF_S = 32, 8  # the reference settings run to completion first (their makespans set the horizons)
 
@@ -1076,9 +1083,7 @@ def evaluate(scenarios, seeds, jobs, log):
     by = {}
 
     def run_all(tasks):
-        todo = [t for t in tasks if t not in by]
-        for task, r in zip(todo, pool_map(run_one, todo, jobs)):
-            by[task] = r
+        run_missing(by, tasks, jobs)
 
     def horizon(ref):
         return HORIZON * by[ref]["makespan"]
@@ -1198,9 +1203,7 @@ def evaluate_family(variants, seeds, jobs, log, contender="adaptive"):
     by = {}
 
     def run_all(tasks):
-        todo = [t for t in tasks if t not in by]
-        for task, r in zip(todo, pool_map(run_one, todo, jobs)):
-            by[task] = r
+        run_missing(by, tasks, jobs)
 
     refs = {(v, seed): ("S4:" + v, FAMILY[v]["profile"], "unlimited", seed, None, ("fixed", REF_S), None)
             for v in variants for seed in seeds}
