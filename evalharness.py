@@ -1837,7 +1837,8 @@ class GradientLimit:
         self.significance = significance
         self.plateau_windows, self.server_headroom, self.queue_share = plateau_windows, server_headroom, queue_share
         self._queue_cap: Optional[float] = None  # what the server runs, read from time to first token (see _queue)
-        self._ttft_min = math.inf
+        self._ttft_min = math.inf  # the fastest first token seen, and the lowest window mean of them (the base)
+        self._ttft_base: Optional[float] = None
         self._flat = 0  # consecutive judged windows whose throughput did not grow with load (e below target)
         self._server_cap: Optional[float] = None  # what the server runs of ours, plus a few, while it queues
         self._no_queue = 0  # readings of the server's metrics in a row without a queue
@@ -2208,15 +2209,19 @@ class GradientLimit:
     def _queue(self, w: Dict[str, Any], c: float) -> None:
         """What a queue does, read from the window's streamed answers: a request the server keeps waiting has its
         wait in its time to first token, while its decode runs as fast as the others'. So the share of the
-        window's request time spent waiting for a first token beyond the fastest one seen (``_ttft_min``: no
-        queue, a short prompt) is the share of its load the server only queued; from ``queue_share`` of it on,
+        window's request time spent waiting for a first token beyond the lowest window mean of them seen (the base:
+        no queue; a hosted API's first tokens differ from request to request, which is no queue) is the share of
+        its load the server only queued; from ``queue_share`` of it on,
         the limit is held at the rest (what the server runs) plus ``server_headroom``, as with the server's own
         metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
         queue moves the hold up by a quarter (at least one), so it lapses by steps, not at once. No streams (no
         first tokens): no reading."""
         if w["qn"] < max(3, 0.5 * w["n"]) or w["qe"] <= 0:
             return
-        share = max(0.0, w["qt"] - w["qn"] * self._ttft_min) / w["qe"]
+        mean = w["qt"] / w["qn"]
+        if self._ttft_base is None or mean < self._ttft_base:
+            self._ttft_base = mean
+        share = max(0.0, w["qt"] - w["qn"] * max(self._ttft_base, self._ttft_min)) / w["qe"]
         if share < self.queue_share:
             if self._queue_cap is not None and self.limit >= 0.9 * self._queue_cap:  # (at the hold, no queue)
                 self._queue_cap = max(self._queue_cap + 1.0, 1.25 * self._queue_cap)
