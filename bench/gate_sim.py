@@ -671,7 +671,9 @@ class Run:
         self.timeout_s = prof["timeout_s"]
         self.limiter_name = limiter_name
         self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario), self.timeout_s)
-        if SERVER_METRICS and limiter_name == "adaptive" and isinstance(self.server, EngineA):
+        # as evalharness: server metrics for single-turn runs only (agent runs do not read them)
+        if SERVER_METRICS and limiter_name == "adaptive" and isinstance(self.server, EngineA) and \
+                not scenario.startswith("S4"):
             self.loop.at(int(METRICS_POLL_S * US), self.poll_metrics)
         self.limit_trace = []    # (t_s, limit)
         self.goodput_bins = collections.defaultdict(float)  # 1 s bins of output tokens of successful requests
