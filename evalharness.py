@@ -6763,7 +6763,7 @@ def _save_limit(base_url: str, model: str, limit: int) -> None:
 
 
 def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]],
-               out: Optional[str] = None) -> Tuple[AdaptiveGate, str]:
+               out: Optional[str] = None, agents: bool = False) -> Tuple[AdaptiveGate, str]:
     """The run's model gate: pinned by --fixed-concurrency, else adaptive from --initial-concurrency or auto (this
     run directory's last discovered limit, then the endpoint's from the limits cache, then the default)."""
     if cfg.fixed_concurrency is not None:
@@ -6792,8 +6792,10 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
     # a limit an earlier run discovered is a hint: verified in the first windows (a probe down), forgotten when it
     # does not buy throughput
     warm = cfg.initial_concurrency is None and origin != "default"
+    # agents: no queue reading from first tokens (an agent's first token waits for its long context's prefill,
+    # which is no queue: in gate_sim's agent family the reading starved the turns, e.g. heavy tools 0.96 -> 0.51)
     algorithm = GradientLimit(initial, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s,
-                              warm=warm)
+                              warm=warm, queue_share=math.inf if agents else 0.25)
     return AdaptiveGate(initial, 1, cap, algorithm=algorithm), origin
 
 
@@ -8566,7 +8568,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         base_url = _normalize_base_url(cfg.base_url)
         if not cfg.use_proxy:
             exclude_from_proxy([base_url])
-        gate, initial_from = _make_gate(cfg, base_url, previous, store.dir)
+        gate, initial_from = _make_gate(cfg, base_url, previous, store.dir, agents=True)
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         # (no server metrics for agents: in gate_sim's agent family the hold at what the server runs starved the
         # turns, median 0.93 -> 0.54; the first-token reading alone left the family as it was)

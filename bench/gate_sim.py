@@ -671,6 +671,8 @@ class Run:
         self.timeout_s = prof["timeout_s"]
         self.limiter_name = limiter_name
         self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario), self.timeout_s)
+        if limiter_name == "adaptive" and scenario.startswith("S4"):  # as evalharness's agent runs: no queue
+            self.limiter.gate._algorithm.queue_share = math.inf       # reading from first tokens
         # as evalharness: server metrics for single-turn runs only (agent runs do not read them)
         if SERVER_METRICS and limiter_name == "adaptive" and isinstance(self.server, EngineA) and \
                 not scenario.startswith("S4"):
