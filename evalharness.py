@@ -2234,7 +2234,8 @@ class GradientLimit:
         in its queue. While it queues, every stream past what it runs only waits there (time to first token grows,
         throughput does not), so the limit is held at ``served`` plus ``server_headroom`` of it (the next requests
         ready when slots free; none below 8, where one more would wait in every answer's first token) and no window
-        takes it past that; with no queue, nothing changes. After 4 readings in a row without a queue, with the limit at the hold, the hold moves up by a
+        takes it past that; with no queue, nothing
+        changes. After 4 readings in a row without a queue, with the limit at the hold, the hold moves up by a
         quarter (at least one): a full server is not queueing at every instant, and a server given more slots is
         found this way, while a limit that only fell below the slots does not leap past them at once."""
         if waiting < 1:
@@ -2458,9 +2459,10 @@ class AdaptiveGate:
                 load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
                 new = self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed, ttft_s=ttft_s)
                 self._limit = max(self.min_limit, min(self.max_limit, int(new)))
-            elif outcome == "overload" and self._algorithm.adaptive and permit.epoch == self._epoch:
-                # once per epoch: failures of permits admitted before this cut do not cut again (nor lower it: the
-                # in-flight requests of a server that died would take the limit down to one)
+            elif outcome == "overload" and self._algorithm.adaptive and (
+                    permit.epoch == self._epoch or (turned_away and permit.inflight_at_admit <= self._limit)):
+                # once per epoch: failures of permits admitted before this cut do not cut again (a request turned
+                # away at a load the limit still allows lowers it further: it is no cut, only a level)
                 self._epoch += 1
                 lived = now - permit.admitted_at
                 # refused: turned away far sooner than a request is served (or within a second, before any was),
