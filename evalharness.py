@@ -3165,7 +3165,6 @@ class _ServerMetrics:
         self.interval, self.max_failures = interval, max_failures
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.polls = 0
 
     def fetch(self) -> Optional[Tuple[str, float, float]]:
         req = urllib.request.Request(self.url, headers=dict(self._headers, Accept="text/plain"))
@@ -3204,7 +3203,6 @@ class _ServerMetrics:
                     return
                 continue
             failures = 0
-            self.polls += 1
             self.gate.on_server(found[1], found[2])
 
     def close(self) -> None:
