@@ -1832,16 +1832,20 @@ class GradientLimit:
                  max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
                  significance: float = 2.0, same_level: float = 0.15, max_hold_mult: float = 4.0,
                  shock_windows: int = 16, early_samples: int = 3, settle_ratio: float = 2.0,
-                 plateau_windows: int = 3, server_headroom: float = 0.125, queue_share: float = 0.25,
-                 warm: bool = False, max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
+                 plateau_windows: int = 3, server_headroom: float = 0.125, min_ready: float = 2.0,
+                 queue_readings: int = 2, queue_share: float = 0.25, warm: bool = False,
+                 max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
         self.significance = significance
         self.plateau_windows, self.server_headroom, self.queue_share = plateau_windows, server_headroom, queue_share
+        self.min_ready, self.queue_readings = min_ready, queue_readings
         self._queue_cap: Optional[float] = None  # what the server runs, read from time to first token (see _queue)
         self._ttft_min = math.inf  # the fastest first token seen, and the lowest window mean of them (the base)
         self._ttft_base: Optional[float] = None
         self._flat = 0  # consecutive judged windows whose throughput did not grow with load (e below target)
         self._server_cap: Optional[float] = None  # what the server runs of ours, plus a few, while it queues
         self._no_queue = 0  # readings of the server's metrics in a row without a queue
+        self._queued = 0  # and with one
+        self._served: List[float] = []  # what the server ran of ours at its last readings with a queue
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
         self._overloaded_at: Optional[float] = None
@@ -2159,9 +2163,11 @@ class GradientLimit:
             # nor is the fit: a probe step the way it leans, no knee remembered (noise must not fence the limit in);
             # under a remembered level the probe is upward (bounded by that level), or noise would walk it down;
             # but a plateau that persists (``plateau_windows`` windows in a row whose throughput did not grow with
-            # their load: a server queueing what it cannot run) walks it down: a limit must buy throughput
-            lean = 1.0 if self._ceiling is not None else e - self.target
-            if self._flat >= self.plateau_windows:
+            # their load: a server queueing what it cannot run) walks it down: a limit must buy throughput. Unless
+            # the server's own metrics show its slots (``_slots``): the hold past them is then the remembered level
+            slots = self._slots() is not None
+            lean = 1.0 if self._ceiling is not None or slots else e - self.target
+            if self._flat >= self.plateau_windows and not slots:
                 lean = -1.0
             return math.copysign(self.min_step, lean)
         if e > self.target and pair_e is not None:
@@ -2191,6 +2197,11 @@ class GradientLimit:
         caps = [cap for cap in (self._server_cap, self._queue_cap) if cap is not None]
         if caps and self.limit * math.exp(step) > min(caps):  # (down, too, to what a queueing server runs)
             step = math.log(max(min(caps), float(self.min_limit)) / self.limit)
+        slots = self._slots()
+        if step < 0 and slots is not None and self.limit * math.exp(step) < self._hold(slots):
+            # a plateau past the slots is all the gradient sees; fewer than the hold leave a slot idle while the
+            # next request is on its way
+            step = min(0.0, math.log(self._hold(slots) / self.limit))
         if step > 0 and self._ceiling is not None and self.limit * math.exp(step) > self._ceiling:
             below = 0.95 * self._ceiling  # the level that overloaded did overload: aim just under it
             if self.limit < below:  # approach it with shrinking steps
@@ -2212,8 +2223,8 @@ class GradientLimit:
         window's request time spent waiting for a first token beyond the lowest window mean of them seen (the base:
         no queue; a hosted API's first tokens differ from request to request, which is no queue) is the share of
         its load the server only queued; from ``queue_share`` of it on,
-        the limit is held at the rest (what the server runs) plus ``server_headroom``, as with the server's own
-        metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
+        the limit is held at the rest (what the server runs) plus the next few (``_hold``), as with the server's
+        own metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
         queue moves the hold up by a quarter (at least one), so it lapses by steps, not at once. No streams (no
         first tokens): no reading."""
         if w["qn"] < max(3, 0.5 * w["n"]) or w["qe"] <= 0:
@@ -2226,26 +2237,44 @@ class GradientLimit:
             if self._queue_cap is not None and self.limit >= 0.9 * self._queue_cap:  # (at the hold, no queue)
                 self._queue_cap = max(self._queue_cap + 1.0, 1.25 * self._queue_cap)
             return
-        served = c * (1.0 - share)
-        self._queue_cap = max(float(self.min_limit), served * (1.0 + self.server_headroom))
+        self._queue_cap = self._hold(c * (1.0 - share))
+
+    def _slots(self) -> Optional[float]:
+        """The server's count of slots, when its metrics show one: the last 8 readings with a queue all ran the
+        same count of ours (a server whose batch is bounded by memory runs a count that moves from step to step,
+        and one that moves means no floor: the gradient decides there)."""
+        ran = self._served
+        return ran[-1] if len(ran) >= 8 and min(ran) == max(ran) else None
+
+    def _hold(self, served: float) -> float:
+        """The limit for a server that queues what it cannot run: what it runs, plus the next requests ready when
+        slots free (``server_headroom`` of them, at least ``min_ready``: with one slot's worth fewer the next
+        request is sent only once a slot is idle)."""
+        return max(float(self.min_limit), served + max(self.min_ready, self.server_headroom * served))
 
     def on_server(self, now: float, served: float, waiting: float) -> float:
         """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting``
-        in its queue. While it queues, every stream past what it runs only waits there (time to first token grows,
-        throughput does not), so the limit is held at ``served`` plus ``server_headroom`` of it (the next requests
-        ready when slots free; none below 8, where one more would wait in every answer's first token) and no window
-        takes it past that; with no queue, nothing
-        changes. After 4 readings in a row without a queue, with the limit at the hold, the hold moves up by a
-        quarter (at least one): a full server is not queueing at every instant, and a server given more slots is
-        found this way, while a limit that only fell below the slots does not leap past them at once."""
+        in its queue. A queue that lasts (``queue_readings`` in a row; a burst of new requests waits a step or two
+        for its prefills) means every stream past what it runs only waits there (time to first token grows,
+        throughput does not): the limit is held at the most it ran in the last 8 such readings plus the next few
+        requests (``_hold``), and no window's step takes it past that. When those readings all ran one count,
+        that is the server's slots (``_slots``) and no step takes the limit below the hold either: the gradient
+        sees only a plateau there, and fewer leave a slot idle while the next request is on its way. With no
+        queue, nothing changes; after 4 readings in a row without one, with the limit at the hold, the hold moves
+        up by a quarter (at least one): a full server is not queueing at every instant, and a server given more
+        slots is found this way, while a limit that only fell below the slots does not leap past them at once."""
         if waiting < 1:
+            self._queued = 0
             self._no_queue += 1
             if self._server_cap is not None and self._no_queue >= 4 and self.limit >= 0.9 * self._server_cap:
                 self._no_queue = 0
                 self._server_cap = max(self._server_cap + 1.0, 1.25 * self._server_cap)
             return self.limit
-        self._no_queue = 0
-        self._server_cap = max(float(self.min_limit), served * (1.0 + self.server_headroom))
+        self._no_queue, self._queued = 0, self._queued + 1
+        self._served = self._served[-7:] + [served]
+        if self._queued < self.queue_readings:
+            return self.limit
+        self._server_cap = self._hold(max(self._served))
         if self.limit > self._server_cap:
             if self.limit > 1.1 * self._server_cap:  # (a few streams' difference is the next window's to judge)
                 self._new_window(now)
@@ -2270,6 +2299,7 @@ class GradientLimit:
         ``min_creep``."""
         previous = self._overloaded_at
         self._refused = refused
+        self._served = []  # (what the server ran before is no longer known to be safe)
         top = self.limit if level is None else min(self.limit, float(level))
         self._ceiling = top if refused else max(self.backoff_ratio * self.limit, top)
         self._overloaded_at = self._ceiling
