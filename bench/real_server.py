@@ -5,12 +5,13 @@ Builds `llama-server` once into a cache directory (the C++ target only, from the
 source package llama-cpp-python 0.3.36: cmake + ninja, Release, static, about 9 minutes on 2 cores), writes a small
 random-weight LLaMA-architecture GGUF (with the PyPI `gguf` and `numpy` packages in a throwaway virtualenv in a
 temporary directory: nothing of it reaches the program; MODEL_SHAPE sets its size), starts servers with 4, 16 and
-32 slots (`-np`, with `--metrics`), and for each runs `evalharness run` on 480 questions of 64 output tokens: a
-fixed sweep (1 ... 64 in flight) and the adaptive gate cold (no cached limit) and warm (the limit the cold run
-before it cached), three times each, alternating. Prints wall (first request to last answer), output tokens/s, time
-to first token p50/p95, the discovered limit and the ratios to the best fixed setting (the smallest concurrency
-within 2% of the fastest fixed wall; walls are compared with the fastest). Run by hand (about 35
-minutes), never by CI.
+32 slots (`-np`, with `--metrics`), and for each runs `evalharness run` on 480 questions of 64 output tokens, in
+three rounds: each round runs a fixed sweep (1 ... 64 in flight) once, then the adaptive gate cold (no cached
+limit) and warm (the limit that cold run cached), so a shared machine's drift touches every setting alike. Prints
+medians over the rounds: wall (first request to last answer), output tokens/s, time to first token p50/p95, the
+discovered limit and the ratios to the best fixed setting (the smallest concurrency within 2% of the fastest
+median fixed wall; walls are compared with the fastest). Run by hand (about an hour with the default sweep; pass a
+shorter one per slot count, e.g. `--slots 4 --sweep 2,4,6,8,16`), never by CI.
 
 Usage: python3 bench/real_server.py [--slots 4,16,32] [--sweep 1,2,4,8,16,32,64] [--repeats 3] [--rows 480]
        [--max-tokens 64] [--llama-server PATH] [--model PATH] [--cache DIR] [--server-metrics auto|off]
@@ -247,7 +248,6 @@ def main():
     ap.add_argument("--slots", default="4,16,32")
     ap.add_argument("--sweep", default="1,2,4,8,16,32,64")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sweep-repeats", type=int, default=1, help="runs per fixed setting (default 1)")
     ap.add_argument("--rows", type=int, default=480)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--llama-server", default=None, help="an existing binary (default: build into --cache)")
@@ -269,29 +269,34 @@ def main():
         limits = os.path.join(work, "limits-%d.json" % slots)
         try:
             log("server with %d slots on %s" % (slots, server.url))
-            fixed = {}
-            for c in [int(x) for x in args.sweep.split(",")]:
-                runs = [one_run(server.url, dataset, work, "fixed%d-%d" % (c, r), ["--fixed-concurrency", str(c)],
-                                limits, args.max_tokens, args.server_metrics) for r in range(args.sweep_repeats)]
-                fixed[c] = {k: median([r[k] for r in runs]) for k in runs[0]}
-                log("  fixed %3d: wall %.1fs, TTFT p50 %s, failed %d" % (c, fixed[c]["wall"], fixed[c]["ttft_p50"],
-                                                                      fixed[c]["failed"]))
-            # on a plateau several settings are within noise of the fastest: the best fixed concurrency is the
-            # smallest within PLATEAU of the fastest wall (as gate_sim's oracle takes the smallest within 1% of the
-            # best goodput); walls are compared with the fastest
-            fastest = min(f["wall"] for f in fixed.values())
-            best_c = min(c for c in fixed if fixed[c]["wall"] <= (1.0 + PLATEAU) * fastest)
+            sweep = [int(x) for x in args.sweep.split(",")]
+            fixed_runs = {c: [] for c in sweep}
             cold, warm = [], []
-            for r in range(args.repeats):  # alternating: cold, then warm from what that cold run cached
+            for r in range(args.repeats):
+                # every round runs the whole sweep, then the gate cold and warm (from what that cold run cached):
+                # the drift of a shared machine touches them all alike
+                for c in sweep:
+                    fixed_runs[c].append(one_run(server.url, dataset, work, "fixed%d-%d" % (c, r),
+                                                 ["--fixed-concurrency", str(c)], limits, args.max_tokens,
+                                                 args.server_metrics))
+                    log("  round %d fixed %3d: wall %.1fs, TTFT p50 %s, failed %d" % (
+                        r + 1, c, fixed_runs[c][-1]["wall"], fixed_runs[c][-1]["ttft_p50"],
+                        fixed_runs[c][-1]["failed"]))
                 if os.path.exists(limits):
                     os.remove(limits)
                 cold.append(one_run(server.url, dataset, work, "cold-%d" % r, ["--initial-concurrency", "auto"],
                                     limits, args.max_tokens, args.server_metrics))
                 warm.append(one_run(server.url, dataset, work, "warm-%d" % r, ["--initial-concurrency", "auto"],
                                     limits, args.max_tokens, args.server_metrics))
-                log("  cold %.1fs (limit %s, failed %d), warm %.1fs (limit %s, failed %d)" % (
-                    cold[-1]["wall"], cold[-1]["discovered"], cold[-1]["failed"], warm[-1]["wall"],
+                log("  round %d cold %.1fs (limit %s, failed %d), warm %.1fs (limit %s, failed %d)" % (
+                    r + 1, cold[-1]["wall"], cold[-1]["discovered"], cold[-1]["failed"], warm[-1]["wall"],
                     warm[-1]["discovered"], warm[-1]["failed"]))
+            fixed = {c: {k: median([x[k] for x in runs]) for k in runs[0]} for c, runs in fixed_runs.items()}
+            # on a plateau several settings are within noise of the fastest: the best fixed concurrency is the
+            # smallest within PLATEAU of the fastest median wall (as gate_sim's oracle takes the smallest within
+            # 1% of the best goodput); walls are compared with the fastest
+            fastest = min(f["wall"] for f in fixed.values())
+            best_c = min(c for c in fixed if fixed[c]["wall"] <= (1.0 + PLATEAU) * fastest)
             for name, runs in (("cold", cold), ("warm", warm)):
                 m = {k: median([r[k] for r in runs]) for k in runs[0]}
                 rows.append({"slots": slots, "mode": name, "best_fixed": best_c, "best_wall": fastest,
@@ -303,7 +308,8 @@ def main():
                              "wall_ratio": m["wall"] / fastest,
                              "limit_ratio": (m["discovered"] or 0) / best_c,
                              "ttft_ratio": (m["ttft_p50"] or 0) / max(fixed[best_c]["ttft_p50"] or 1e-9, 1e-9),
-                             "fixed": {c: round(f["wall"], 1) for c, f in fixed.items()}})
+                             "fixed": {c: round(f["wall"], 1) for c, f in fixed.items()},
+                             "fixed_walls": {c: [round(x["wall"], 1) for x in runs] for c, runs in fixed_runs.items()}})
         finally:
             server.stop()
     print("real_server: llama-server, %d requests of %d tokens, medians of %d; wall = first start to last finish"
