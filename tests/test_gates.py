@@ -622,23 +622,22 @@ class TestServerQueue(unittest.TestCase):
             events = []
             gate.on_event = events.append
             seen = drive_slots(gate, clock, 8, 300, seed=seed, stream=False, metrics_every=0.5)
-            self.assertLessEqual(self.late_mean(seen), 10.5, seed)  # 8 and the next two ready: 10
+            self.assertLessEqual(self.late_mean(seen), 9.5, seed)  # 8 and an eighth: 9
             self.assertGreaterEqual(self.late_mean(seen), 7.0, seed)
             late = [(t1 - t0) for (t0, lim), (t1, _) in zip(seen, seen[1:]) if t0 > 30 and lim > 12]
             self.assertLess(sum(late), 0.05 * (seen[-1][0] - 30), seed)  # above 1.5x the slots: brief probes
             self.assertTrue(any(e.get("cause") == "server_queue" for e in events))
 
     def test_with_metrics_a_few_slots_are_never_left_idle(self):
-        # 4 slots: the limit's steps (a tenth of 4 is a whole stream) must not take it under what the server ran
-        # while it queued, and the next two requests stay ready so no slot waits for one to be sent
+        # 4 slots: the limit's steps (a tenth of 4 is a whole stream) must not take it under what the server runs
+        # while it queues (the plateau past the slots is all the gradient sees)
         for seed in (1, 2, 3):
             clock = Clock()
             gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
             seen = drive_slots(gate, clock, 4, 300, seed=seed, stream=False, metrics_every=0.5)
             under = sum(t1 - t0 for (t0, lim), (t1, _) in zip(seen, seen[1:]) if t0 > 30 and lim < 4)
             self.assertEqual(under, 0.0, seed)
-            self.assertGreaterEqual(self.late_mean(seen), 5.0, seed)
-            self.assertLessEqual(self.late_mean(seen), 7.0, seed)
+            self.assertLessEqual(self.late_mean(seen), 5.0, seed)
 
     def readings(self, gate, running, waiting=2):
         """The server's gauges, one reading per count in ``running``, with the gate holding that many and more."""
@@ -652,12 +651,12 @@ class TestServerQueue(unittest.TestCase):
     def test_a_fixed_count_of_slots_is_a_floor_and_a_moving_batch_is_not(self):
         # every stream past 4 slows the rest down (e = 0 past 4: the gradient walks the limit down toward 4); a
         # server that ran 10 of ours in each of its last 8 readings with a queue has 10 slots: the limit stays at
-        # them and the next two; one whose batch moved with its memory (9, 10, 11 ...) has no floor
-        for running, low, high in (([10] * 8, 12, 12), ([9, 10, 11, 10, 9, 11, 10, 10], 1, 8)):
+        # them and an eighth; one whose batch moved with its memory (9, 10, 11 ...) has no floor
+        for running, low, high in (([10] * 8, 11, 11.5), ([9, 10, 11, 10, 9, 11, 10, 10], 1, 8)):
             clock = Clock()
             gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
             self.readings(gate, running)
-            self.assertEqual(gate.limit, 12)  # (the second reading: 10 ran, and the next two)
+            self.assertEqual(gate.limit, 11)  # (the second reading: 10 ran, and an eighth)
             seen = drive(gate, clock, lambda c: 50.0 if c <= 4 else 200.0 / c, 300)
             late = seen[len(seen) // 2:]
             self.assertGreaterEqual(min(lim for _, lim in late), low, running)
@@ -669,8 +668,8 @@ class TestServerQueue(unittest.TestCase):
         permits = [gate.try_acquire() for _ in range(16)]
         gate.on_server(8, 8)  # a burst of new requests waits a step for its prefills
         self.assertEqual(gate.limit, 16)
-        gate.on_server(8, 8)  # a queue that lasts: held at what runs and the next two
-        self.assertEqual(gate.limit, 10)
+        gate.on_server(8, 8)  # a queue that lasts: held at what runs and an eighth
+        self.assertEqual(gate.limit, 9)
         self.assertIsNotNone(permits[-1])
 
     def test_an_overload_forgets_the_slots(self):
@@ -678,6 +677,7 @@ class TestServerQueue(unittest.TestCase):
         gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
         self.readings(gate, [10] * 8)
         self.assertEqual(gate._algorithm._slots(), 10)
+        self.assertEqual(gate.limit, 11)
         overload_when_full(gate, clock)
         self.assertIsNone(gate._algorithm._slots())
 
