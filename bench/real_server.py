@@ -6,12 +6,12 @@ source package llama-cpp-python 0.3.36: cmake + ninja, Release, static, about 9 
 random-weight LLaMA-architecture GGUF (with the PyPI `gguf` and `numpy` packages in a throwaway virtualenv in a
 temporary directory: nothing of it reaches the program; MODEL_SHAPE sets its size), starts servers with 4, 16 and
 32 slots (`-np`, with `--metrics`), and for each runs `evalharness run` on 480 questions of 64 output tokens, in
-three rounds: each round runs a fixed sweep (1 ... 64 in flight) once, then the adaptive gate cold (no cached
-limit) and warm (the limit that cold run cached), so a shared machine's drift touches every setting alike. Prints
-medians over the rounds: wall (first request to last answer), output tokens/s, time to first token p50/p95, the
-discovered limit and the ratios to the best fixed setting (the smallest concurrency within 2% of the fastest
-median fixed wall; walls are compared with the fastest). Run by hand (about an hour with the default sweep; pass a
-shorter one per slot count, e.g. `--slots 4 --sweep 2,4,6,8,16`), never by CI.
+three rounds: each round runs a fixed sweep (1 ... 64 in flight) once and the adaptive gate cold (no cached
+limit) and warm (the limit that cold run cached), in an order shuffled per round, so a shared machine's drift
+touches every setting alike. Prints medians over the rounds: wall (first request to last answer), output tokens/s,
+time to first token p50/p95, the discovered limit and the ratios to the best fixed setting (the smallest
+concurrency within 2% of the fastest median fixed wall; walls are compared with the fastest). Run by hand (about an
+hour with the default sweep; pass a shorter one per slot count, e.g. `--slots 4 --sweep 2,4,6,8,16`), never by CI.
 
 Usage: python3 bench/real_server.py [--slots 4,16,32] [--sweep 1,2,4,8,16,32,64] [--repeats 3] [--rows 480]
        [--max-tokens 64] [--llama-server PATH] [--model PATH] [--cache DIR] [--server-metrics auto|off]
@@ -19,6 +19,7 @@ Usage: python3 bench/real_server.py [--slots 4,16,32] [--sweep 1,2,4,8,16,32,64]
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -272,16 +273,8 @@ def main():
             sweep = [int(x) for x in args.sweep.split(",")]
             fixed_runs = {c: [] for c in sweep}
             cold, warm = [], []
-            for r in range(args.repeats):
-                # every round runs the whole sweep, then the gate cold and warm (from what that cold run cached):
-                # the drift of a shared machine touches them all alike
-                for c in sweep:
-                    fixed_runs[c].append(one_run(server.url, dataset, work, "fixed%d-%d" % (c, r),
-                                                 ["--fixed-concurrency", str(c)], limits, args.max_tokens,
-                                                 args.server_metrics))
-                    log("  round %d fixed %3d: wall %.1fs, TTFT p50 %s, failed %d" % (
-                        r + 1, c, fixed_runs[c][-1]["wall"], fixed_runs[c][-1]["ttft_p50"],
-                        fixed_runs[c][-1]["failed"]))
+
+            def run_gate(r):
                 if os.path.exists(limits):
                     os.remove(limits)
                 cold.append(one_run(server.url, dataset, work, "cold-%d" % r, ["--initial-concurrency", "auto"],
@@ -291,6 +284,23 @@ def main():
                 log("  round %d cold %.1fs (limit %s, failed %d), warm %.1fs (limit %s, failed %d)" % (
                     r + 1, cold[-1]["wall"], cold[-1]["discovered"], cold[-1]["failed"], warm[-1]["wall"],
                     warm[-1]["discovered"], warm[-1]["failed"]))
+
+            for r in range(args.repeats):
+                # every round runs the whole sweep and the gate cold then warm (from what that cold run cached), in
+                # an order shuffled per round: the drift of a shared machine touches them all alike
+                order = sweep + [None]
+                random.Random("round-%d-%d" % (slots, r)).shuffle(order)
+                for c in order:
+                    if c is None:
+                        run_gate(r)
+                        continue
+                    fixed_runs[c].append(one_run(server.url, dataset, work, "fixed%d-%d" % (c, r),
+                                                 ["--fixed-concurrency", str(c)], limits, args.max_tokens,
+                                                 args.server_metrics))
+                    log("  round %d fixed %3d: wall %.1fs, TTFT p50 %s, failed %d" % (
+                        r + 1, c, fixed_runs[c][-1]["wall"], fixed_runs[c][-1]["ttft_p50"],
+                        fixed_runs[c][-1]["failed"]))
+
             fixed = {c: {k: median([x[k] for x in runs]) for k in runs[0]} for c, runs in fixed_runs.items()}
             # on a plateau several settings are within noise of the fastest: the best fixed concurrency is the
             # smallest within PLATEAU of the fastest median wall (as gate_sim's oracle takes the smallest within
