@@ -1816,6 +1816,11 @@ class GradientLimit:
     quota's Retry-After, whose level moves), then creeps past it with steps that double after every clean window
     (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
 
+    Queueing is not capacity: a server that queues what it cannot run (slots) has a plateau past them, which the
+    gradient alone cannot tell from noise. Its own metrics (``on_server``: running and waiting, a queue that lasts
+    two readings) or, without them, first tokens that wait while decode keeps pace (``_queue``) hold the limit at
+    what it runs plus an eighth (``_hold``); a fixed count of slots seen in 8 readings is also a floor (``_slots``).
+
     ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while a max_tokens
     answer would take longer than deadline_s, predicted from the window (its latencies against its lengths: time
     to first token + tokens / decode speed). The answers seen cannot tell how long the longest will be (the ones
