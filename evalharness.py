@@ -2228,7 +2228,7 @@ class GradientLimit:
         window's request time spent waiting for a first token beyond the lowest window mean of them seen (the base:
         no queue; a hosted API's first tokens differ from request to request, which is no queue) is the share of
         its load the server only queued; from ``queue_share`` of it on,
-        the limit is held at the rest (what the server runs) plus the next few (``_hold``), as with the server's
+        the limit is held at the rest (what the server runs) plus an eighth (``_hold``), as with the server's
         own metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
         queue moves the hold up by a quarter (at least one), so it lapses by steps, not at once. No streams (no
         first tokens): no reading."""
@@ -2262,8 +2262,8 @@ class GradientLimit:
         """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting``
         in its queue. A queue that lasts (``queue_readings`` in a row; a burst of new requests waits a step or two
         for its prefills) means every stream past what it runs only waits there (time to first token grows,
-        throughput does not): the limit is held at the most it ran in the last 8 such readings plus the next few
-        requests (``_hold``), and no window's step takes it past that. When those readings all ran one count,
+        throughput does not): the limit is held at the most it ran in the last 8 such readings plus an eighth of
+        it (``_hold``), and no window's step takes it past that. When those readings all ran one count,
         that is the server's slots (``_slots``) and no step takes the limit below the hold either: the gradient
         sees only a plateau there, and fewer leave a slot idle while the next request is on its way. With no
         queue, nothing changes; after 4 readings in a row without one, with the limit at the hold, the hold moves
