@@ -1817,9 +1817,11 @@ class GradientLimit:
     (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
 
     Queueing is not capacity: a server that queues what it cannot run (slots) has a plateau past them, which the
-    gradient alone cannot tell from noise. Its own metrics (``on_server``: running and waiting, a queue that lasts
-    two readings) or, without them, first tokens that wait while decode keeps pace (``_queue``) hold the limit at
-    what it runs plus an eighth (``_hold``); a fixed count of slots seen in 8 readings is also a floor (``_slots``).
+    gradient alone cannot tell from noise. Its own metrics (``on_server``: running and waiting, a queue that lasts two
+    readings) or, without them, first tokens that wait while decode keeps pace (``_queue``) hold the limit at what it
+    runs plus a short queue (``_hold``); a fixed count of slots seen in 8 readings is also a floor (``_slots``). Until
+    such a server first queues, its metrics say it runs every request of ours: the limit doubles each window (a slow
+    start, ``_step``), not the gradient's noisy steps.
 
     ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while a max_tokens
     answer would take longer than deadline_s, predicted from the window (its latencies against its lengths: time
@@ -1851,6 +1853,10 @@ class GradientLimit:
         self._no_queue = 0  # readings of the server's metrics in a row without a queue
         self._queued = 0  # and with one
         self._served: List[float] = []  # what the server ran of ours at its last readings with a queue
+        self._on_way: List[float] = []  # ours in flight that the server neither ran nor queued, last 8 readings
+        self._latency: Optional[float] = None  # the last judged window's mean request latency
+        self._metrics = False  # the server's metrics were read (on_server): a slow start until it first queues
+        self._slow_start, self._falls = True, 0
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self.same_level, self.max_hold_mult = same_level, max_hold_mult
         self._overloaded_at: Optional[float] = None
@@ -2015,6 +2021,7 @@ class GradientLimit:
             return self.limit
         self._var = self._variance(w)
         self._longest_s = self._longest_time(w)
+        self._latency = w["time"] / w["n"] if w["n"] else self._latency
         self._queue(w, c)
         step = self._step(now, c, s)
         self._last_step = step
@@ -2147,7 +2154,21 @@ class GradientLimit:
     def _step(self, now: float, c: float, s: float) -> float:
         self._shift = None
         e = self._elasticity(c, s) if s > 0 else -5.0
-        if self._shift is not None:
+        slow = self._metrics and self._slow_start and self._shift is None
+        if slow:
+            # a slow start: the server's metrics show it runs every request of ours and queues none, so more
+            # streams only make its batch larger; the gradient of a batch on a shared machine is noisy (below 32
+            # slots it walked llama-server down from 29 to 20), so the limit doubles each window until the server
+            # queues (``on_server``: the hold takes over), an overload, or two windows in a row lost throughput;
+            # faster when the gradient says so (speed per stream holding: up to x5, as without metrics)
+            falling = e is not None and e + self.significance * (self._e_se or 0.0) < 0.0
+            self._falls = self._falls + 1 if falling else 0
+            slow = self._slow_start = self._falls < 2
+        if slow:
+            grow = -math.inf if e is None else self.gain * (min(e, e if self._pair_e is None else self._pair_e)
+                                                             - self.target)
+            step = max(math.log(2.0), min(self.max_up, grow))
+        elif self._shift is not None:
             step = math.copysign(self.min_step, self._shift)
         elif e is None:
             # the first window: a modest probe upward from a cold start; from a warm one a probe's step down (an
@@ -2228,7 +2249,7 @@ class GradientLimit:
         window's request time spent waiting for a first token beyond the lowest window mean of them seen (the base:
         no queue; a hosted API's first tokens differ from request to request, which is no queue) is the share of
         its load the server only queued; from ``queue_share`` of it on,
-        the limit is held at the rest (what the server runs) plus an eighth (``_hold``), as with the server's
+        the limit is held at the rest (what the server runs) plus a short queue (``_hold``), as with the server's
         own metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
         queue moves the hold up by a quarter (at least one), so it lapses by steps, not at once. No streams (no
         first tokens): no reading."""
@@ -2252,23 +2273,35 @@ class GradientLimit:
         return ran[-1] if len(ran) >= 8 and min(ran) == max(ran) else None
 
     def _hold(self, served: float) -> float:
-        """The limit for a server that queues what it cannot run: what it runs, plus ``server_headroom`` of it
-        ready when slots free (none below 8 slots, where one more waits in a first token of every few answers:
-        llama-server with 4 slots answers as fast at a fixed 4 as at 6, 8 or 12, first tokens 0.02 s against
-        0.25 s at 6)."""
-        return max(float(self.min_limit), served * (1.0 + self.server_headroom))
+        """The limit for a server that queues what it cannot run: what it runs, plus ours on their way to it or
+        back (the metrics' readings: in flight, neither run nor queued), plus a queue of its own so a slot that
+        frees finds the next request there: ``server_headroom`` of what runs (an eighth). Where the metrics show a
+        fixed count of slots (``_slots``), that queue costs each request a wait of its share of a request's time
+        (one of ``served`` slots frees every latency / served) and nothing else: it is kept to about one unqueued
+        first token's worth (served x first token / latency: a first token at most about twice as long), no more
+        than the eighth. A batch bound by memory (its count moves: gate_sim's engine A, vLLM) keeps the eighth (a
+        shorter queue left it unfilled when memory freed: S1-P2 0.951 -> 0.939).
+        llama-server with 32 slots: 34 (a queue of 1-2, first tokens 0.09 s -> ~0.15 s; at 36, 0.15-0.35 s), with 4
+        slots: 4 (first tokens 0.02 s against 0.25 s at 6: one more waits in every few answers), with 16: 17."""
+        share = self.server_headroom
+        if self._ttft_base is not None and self._latency and self._slots() is not None:
+            share = min(share, self._ttft_base / self._latency)
+        on_way = sum(self._on_way) / len(self._on_way) if self._on_way else 0.0
+        return max(float(self.min_limit), served * (1.0 + share) + on_way)
 
-    def on_server(self, now: float, served: float, waiting: float) -> float:
-        """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting``
-        in its queue. A queue that lasts (``queue_readings`` in a row; a burst of new requests waits a step or two
-        for its prefills) means every stream past what it runs only waits there (time to first token grows,
-        throughput does not): the limit is held at the most it ran in the last 8 such readings plus an eighth of
-        it (``_hold``), and no window's step takes it past that. When those readings all ran one count,
-        that is the server's slots (``_slots``) and no step takes the limit below the hold either: the gradient
-        sees only a plateau there, and fewer leave a slot idle while the next request is on its way. With no
-        queue, nothing changes; after 4 readings in a row without one, with the limit at the hold, the hold moves
-        up by a quarter (at least one): a full server is not queueing at every instant, and a server given more
-        slots is found this way, while a limit that only fell below the slots does not leap past them at once."""
+    def on_server(self, now: float, served: float, waiting: float, on_way: float = 0.0) -> float:
+        """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting`` in its
+        queue. A queue that lasts (``queue_readings`` in a row; a burst of new requests waits a step or two for its
+        prefills) means every stream past what it runs only waits there (time to first token grows, throughput does
+        not): the limit is held at the most it ran in the last 8 such readings plus a short queue and ``on_way``, ours
+        it neither runs nor queues (``_hold``), and no window's step takes it past that. When those readings all ran one
+        count, that is the server's slots (``_slots``) and no step takes the limit below the hold either: the gradient
+        sees only a plateau there, and fewer leave a slot idle while the next request is on its way. With no queue,
+        nothing changes; after 4 readings in a row without one, with the limit at the hold, the hold moves up by a
+        quarter (at least one): a full server is not queueing at every instant, and a server given more slots is found
+        this way, while a limit that only fell below the slots does not leap past them at once."""
+        self._metrics = True
+        self._on_way = self._on_way[-7:] + [max(0.0, on_way)]
         if waiting < 1:
             self._queued = 0
             self._no_queue += 1
@@ -2280,6 +2313,7 @@ class GradientLimit:
         self._served = self._served[-7:] + [served]
         if self._queued < self.queue_readings:
             return self.limit
+        self._slow_start = False
         self._server_cap = self._hold(max(self._served))
         if self.limit > self._server_cap:
             if self.limit > 1.1 * self._server_cap:  # (a few streams' difference is the next window's to judge)
@@ -2304,7 +2338,7 @@ class GradientLimit:
         limit waits out only the pause and creeps from a probe's step (``min_step``) rather than from
         ``min_creep``."""
         previous = self._overloaded_at
-        self._refused = refused
+        self._refused, self._slow_start = refused, False
         self._served = []  # (what the server ran before is no longer known to be safe)
         top = self.limit if level is None else min(self.limit, float(level))
         self._ceiling = top if refused else max(self.backoff_ratio * self.limit, top)
@@ -2409,7 +2443,9 @@ class AdaptiveGate:
         with self._cond:
             old = self._limit
             served = max(1.0, min(float(running), self._in_flight - float(waiting)))
-            self._limit = max(self.min_limit, min(self.max_limit, int(fn(self._clock(), served, float(waiting)))))
+            on_way = max(0.0, self._in_flight - float(running) - float(waiting))  # (sent or answered, not seen)
+            self._limit = max(self.min_limit, min(self.max_limit,
+                                                  int(fn(self._clock(), served, float(waiting), on_way))))
             event = {"type": "limit", "limit": self._limit, "previous": old, "cause": "server_queue",
                      "running": running, "waiting": waiting} if self._limit != old else None
         if event is not None and self.on_event is not None:

@@ -552,11 +552,13 @@ class TestOverloadAndDrain(unittest.TestCase):
 
 
 def drive_slots(gate, clock, slots, seconds, *, service=lambda rng: rng.uniform(0.3, 0.7), seed=1, ttft_s=0.01,
-                stream=True, metrics_every=None):
+                stream=True, metrics_every=None, batch_cost=0.0):
     """A server with ``slots`` that runs requests first come, first served, each for its own service time, and
     keeps the rest waiting in its queue (as llama-server -np does): a streamed answer's time to first token is its
     wait plus ``ttft_s``. With ``metrics_every``, the gate reads the server's running / waiting counts that often
-    (--server-metrics). Returns [(time, limit)] after each completion."""
+    (--server-metrics). ``batch_cost``: a request's service time grows as running ** batch_cost (its batch's
+    steps are slower, as llama-server's on 2 cores: 0.67 leaves throughput growing as running ** 0.33).
+    Returns [(time, limit)] after each completion."""
     rng = random.Random(seed)
     events, queue, seen = [], collections.deque(), []
     running = n = 0
@@ -573,7 +575,8 @@ def drive_slots(gate, clock, slots, seconds, *, service=lambda rng: rng.uniform(
         while running < slots and queue:
             permit, arrived = queue.popleft()
             running, n = running + 1, n + 1
-            heapq.heappush(events, (clock.t + service(rng), n, permit, clock.t - arrived + ttft_s))
+            took = service(rng) * running ** batch_cost
+            heapq.heappush(events, (clock.t + took, n, permit, clock.t - arrived + ttft_s))
 
     admit_and_start()
     while clock.t < end and events:
@@ -640,10 +643,11 @@ class TestServerQueue(unittest.TestCase):
             self.assertLessEqual(self.late_mean(seen), 5.0, seed)
 
     def readings(self, gate, running, waiting=2):
-        """The server's gauges, one reading per count in ``running``, with the gate holding that many and more."""
+        """The server's gauges, one reading per count in ``running``, with the gate holding that many and more:
+        the server runs or queues each of them (none on its way)."""
         permits = [gate.try_acquire() for _ in range(max(running) + waiting)]
         for ran in running:
-            gate.on_server(ran, waiting)
+            gate.on_server(ran, len(permits) - ran)
         for permit in permits:
             if permit is not None:
                 gate.release(permit, "ok", 64)
@@ -671,6 +675,44 @@ class TestServerQueue(unittest.TestCase):
         gate.on_server(8, 8)  # a queue that lasts: held at what runs and an eighth
         self.assertEqual(gate.limit, 9)
         self.assertIsNotNone(permits[-1])
+
+    def test_the_hold_counts_ours_on_their_way(self):
+        # 14 of ours in flight, the server runs 10 and queues 2: 2 are on their way (sent and not yet seen, or
+        # answered and not yet back) and would leave slots idle if the hold did not count them
+        for held, on_way, expected in ((12, 0, 11), (14, 2, 13)):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
+            permits = [gate.try_acquire() for _ in range(held)]
+            gate.on_server(10, 2)
+            gate.on_server(10, 2)
+            self.assertEqual(gate.limit, expected, on_way)
+            self.assertEqual(gate._algorithm._on_way[-1], on_way)
+            self.assertTrue(all(permits))
+
+    def test_fast_first_tokens_keep_the_server_s_queue_short(self):
+        # 32 slots whose first tokens take 0.01 s of a 0.5 s answer: a queue of an eighth (4) would make each first
+        # token wait 4 x 0.5 / 32 = 0.06 s, six unqueued ones; the hold keeps it to about one (32 x 0.01 / 0.5)
+        for seed in (1, 2):
+            clock = Clock()
+            gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
+            seen = drive_slots(gate, clock, 32, 200, seed=seed, metrics_every=0.5)
+            late = seen[len(seen) // 2:]
+            self.assertGreaterEqual(min(lim for _, lim in late), 32, seed)
+            self.assertLessEqual(time_mean(late), 34.0, seed)
+
+    def test_until_the_server_queues_the_limit_doubles(self):
+        # 32 slots, every stream slower the larger the batch (throughput grows only as running ** 0.33) and noisy:
+        # the gradient alone climbs by steps of about x1.4 and its noise walks it back; with the server's metrics
+        # (nothing of ours waits) the limit doubles each window until the server queues, then holds
+        for seed in (1, 2, 3):
+            clock = Clock()
+            gate = eh.AdaptiveGate(8, 1, 256, clock=clock)
+            seen = drive_slots(gate, clock, 32, 120, seed=seed, metrics_every=0.5, stream=False, batch_cost=0.67)
+            reached = min(t for t, lim in seen if lim >= 32)
+            self.assertLess(reached, 10.0, seed)
+            late = [(t, lim) for t, lim in seen if t > 20]
+            self.assertGreaterEqual(min(lim for _, lim in late), 32, seed)
+            self.assertLessEqual(time_mean(late), 38.0, seed)  # (32, an eighth: no first tokens to tell)
 
     def test_an_overload_forgets_the_slots(self):
         clock = Clock()
