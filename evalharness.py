@@ -1853,7 +1853,7 @@ class GradientLimit:
         self._no_queue = 0  # readings of the server's metrics in a row without a queue
         self._queued = 0  # and with one
         self._served: List[float] = []  # what the server ran of ours at its last readings with a queue
-        self._on_way: List[float] = []  # ours in flight that the server neither ran nor queued, last 8 readings
+        self._on_way: List[float] = []  # ours in flight the server neither ran nor queued, at those readings
         self._latency: Optional[float] = None  # the last judged window's mean request latency
         self._metrics = False  # the server's metrics were read (on_server): a slow start until it first queues
         self._slow_start, self._falls = True, 0
@@ -2161,12 +2161,12 @@ class GradientLimit:
             # slots it walked llama-server down from 29 to 20), so the limit doubles each window until the server
             # queues (``on_server``: the hold takes over), an overload, or two windows in a row lost throughput;
             # faster when the gradient says so (speed per stream holding: up to x5, as without metrics)
-            falling = e is not None and e + self.significance * (self._e_se or 0.0) < 0.0
+            pair_e, pair_se = self._pair_e, self._pair_se  # (the last doubling's own slope: a fit lags behind it)
+            falling = pair_e is not None and pair_e + (pair_se or 0.0) < 0.0  # (one standard error, twice)
             self._falls = self._falls + 1 if falling else 0
             slow = self._slow_start = self._falls < 2
         if slow:
-            grow = -math.inf if e is None else self.gain * (min(e, e if self._pair_e is None else self._pair_e)
-                                                             - self.target)
+            grow = -math.inf if e is None else self.gain * (min(e, e if pair_e is None else pair_e) - self.target)
             step = max(math.log(2.0), min(self.max_up, grow))
         elif self._shift is not None:
             step = math.copysign(self.min_step, self._shift)
@@ -2266,28 +2266,30 @@ class GradientLimit:
         self._queue_cap = self._hold(c * (1.0 - share))
 
     def _slots(self) -> Optional[float]:
-        """The server's count of slots, when its metrics show one: the last 8 readings with a queue all ran the
-        same count of ours (a server whose batch is bounded by memory runs a count that moves from step to step,
-        and one that moves means no floor: the gradient decides there)."""
+        """The server's count of slots, when its metrics show one: at least 6 of the last 8 readings with a queue
+        ran the same count of ours, and none ran more (a slot that just freed is refilled at the server's next step:
+        llama-server with 32 slots and a queue showed 31 running in 3-5% of its readings; a server whose batch is
+        bounded by memory runs a count that moves from step to step, and one that moves means no floor: the
+        gradient decides there)."""
         ran = self._served
-        return ran[-1] if len(ran) >= 8 and min(ran) == max(ran) else None
+        return max(ran) if len(ran) >= 8 and ran.count(max(ran)) >= 6 else None
 
     def _hold(self, served: float) -> float:
-        """The limit for a server that queues what it cannot run: what it runs, plus ours on their way to it or
-        back (the metrics' readings: in flight, neither run nor queued), plus a queue of its own so a slot that
-        frees finds the next request there: ``server_headroom`` of what runs (an eighth). Where the metrics show a
-        fixed count of slots (``_slots``), that queue costs each request a wait of its share of a request's time
-        (one of ``served`` slots frees every latency / served) and nothing else: it is kept to about one unqueued
-        first token's worth (served x first token / latency: a first token at most about twice as long), no more
-        than the eighth. A batch bound by memory (its count moves: gate_sim's engine A, vLLM) keeps the eighth (a
-        shorter queue left it unfilled when memory freed: S1-P2 0.951 -> 0.939).
-        llama-server with 32 slots: 34 (a queue of 1-2, first tokens 0.09 s -> ~0.15 s; at 36, 0.15-0.35 s), with 4
-        slots: 4 (first tokens 0.02 s against 0.25 s at 6: one more waits in every few answers), with 16: 17."""
-        share = self.server_headroom
-        if self._ttft_base is not None and self._latency and self._slots() is not None:
-            share = min(share, self._ttft_base / self._latency)
+        """The limit for a server that queues what it cannot run: what it runs, plus ours on their way to it or back
+        (the metrics' readings with a queue: in flight, neither run nor queued), plus a queue of its own so a slot that
+        frees finds the next request there: ``server_headroom`` of what runs (an eighth). Where the metrics show a fixed
+        count of slots (``_slots``), that queue costs each request a wait of its share of a request's time (one of
+        ``served`` slots frees every latency / served) and nothing else: it is kept to about one unqueued first token's
+        worth (served x first token / latency: a first token at most about twice as long), no more than the eighth, and
+        it and ours on their way are rounded to whole streams. A batch bound by memory (its count moves: gate_sim's
+        engine A, vLLM) keeps the eighth: how many it can take when memory frees is not known. llama-server with 32
+        slots: 33-34 (first tokens 0.09 s at a fixed 32, 0.11-0.13 s there; 0.15-0.35 s at 36), with 4 slots: 4
+        (first tokens 0.02 s against 0.12 s at 5 and 0.3 s at 6), with 16: 17."""
         on_way = sum(self._on_way) / len(self._on_way) if self._on_way else 0.0
-        return max(float(self.min_limit), served * (1.0 + share) + on_way)
+        if self._ttft_base is None or not self._latency or self._slots() is None:
+            return max(float(self.min_limit), served * (1.0 + self.server_headroom) + on_way)
+        extra = served * min(self.server_headroom, self._ttft_base / self._latency) + on_way
+        return max(float(self.min_limit), served + round(extra))  # (the limit is whole streams)
 
     def on_server(self, now: float, served: float, waiting: float, on_way: float = 0.0) -> float:
         """What the server's own metrics say: it runs ``served`` of this client's requests and keeps ``waiting`` in its
@@ -2301,7 +2303,6 @@ class GradientLimit:
         quarter (at least one): a full server is not queueing at every instant, and a server given more slots is found
         this way, while a limit that only fell below the slots does not leap past them at once."""
         self._metrics = True
-        self._on_way = self._on_way[-7:] + [max(0.0, on_way)]
         if waiting < 1:
             self._queued = 0
             self._no_queue += 1
@@ -2311,6 +2312,7 @@ class GradientLimit:
             return self.limit
         self._no_queue, self._queued = 0, self._queued + 1
         self._served = self._served[-7:] + [served]
+        self._on_way = self._on_way[-7:] + [max(0.0, on_way)]  # (during a ramp, new requests are still on their way)
         if self._queued < self.queue_readings:
             return self.limit
         self._slow_start = False
@@ -2339,7 +2341,7 @@ class GradientLimit:
         ``min_creep``."""
         previous = self._overloaded_at
         self._refused, self._slow_start = refused, False
-        self._served = []  # (what the server ran before is no longer known to be safe)
+        self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
         top = self.limit if level is None else min(self.limit, float(level))
         self._ceiling = top if refused else max(self.backoff_ratio * self.limit, top)
         self._overloaded_at = self._ceiling

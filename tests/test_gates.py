@@ -552,12 +552,12 @@ class TestOverloadAndDrain(unittest.TestCase):
 
 
 def drive_slots(gate, clock, slots, seconds, *, service=lambda rng: rng.uniform(0.3, 0.7), seed=1, ttft_s=0.01,
-                stream=True, metrics_every=None, batch_cost=0.0):
+                stream=True, metrics_every=None, batch=lambda running: 1.0):
     """A server with ``slots`` that runs requests first come, first served, each for its own service time, and
     keeps the rest waiting in its queue (as llama-server -np does): a streamed answer's time to first token is its
     wait plus ``ttft_s``. With ``metrics_every``, the gate reads the server's running / waiting counts that often
-    (--server-metrics). ``batch_cost``: a request's service time grows as running ** batch_cost (its batch's
-    steps are slower, as llama-server's on 2 cores: 0.67 leaves throughput growing as running ** 0.33).
+    (--server-metrics). ``batch``: a request's service time is multiplied by batch(running) (a larger batch's
+    steps are slower, as llama-server's on 2 cores: running ** 0.67 leaves throughput growing as running ** 0.33).
     Returns [(time, limit)] after each completion."""
     rng = random.Random(seed)
     events, queue, seen = [], collections.deque(), []
@@ -575,7 +575,7 @@ def drive_slots(gate, clock, slots, seconds, *, service=lambda rng: rng.uniform(
         while running < slots and queue:
             permit, arrived = queue.popleft()
             running, n = running + 1, n + 1
-            took = service(rng) * running ** batch_cost
+            took = service(rng) * batch(running)
             heapq.heappush(events, (clock.t + took, n, permit, clock.t - arrived + ttft_s))
 
     admit_and_start()
@@ -654,9 +654,11 @@ class TestServerQueue(unittest.TestCase):
 
     def test_a_fixed_count_of_slots_is_a_floor_and_a_moving_batch_is_not(self):
         # every stream past 4 slows the rest down (e = 0 past 4: the gradient walks the limit down toward 4); a
-        # server that ran 10 of ours in each of its last 8 readings with a queue has 10 slots: the limit stays at
-        # them and an eighth; one whose batch moved with its memory (9, 10, 11 ...) has no floor
-        for running, low, high in (([10] * 8, 11, 11.5), ([9, 10, 11, 10, 9, 11, 10, 10], 1, 8)):
+        # server that ran 10 of ours in its last 8 readings with a queue (or 9 in one: a slot just freed, refilled
+        # at its next step) has 10 slots: the limit stays at them and an eighth; one whose batch moved with its
+        # memory (9, 10, 11 ...) has no floor
+        for running, low, high in (([10] * 8, 11, 11.5), ([10, 10, 9, 10, 10, 10, 10, 10], 11, 11.5),
+                                   ([9, 10, 11, 10, 9, 11, 10, 10], 1, 8)):
             clock = Clock()
             gate = eh.AdaptiveGate(16, 1, 256, clock=clock)
             self.readings(gate, running)
@@ -707,12 +709,26 @@ class TestServerQueue(unittest.TestCase):
         for seed in (1, 2, 3):
             clock = Clock()
             gate = eh.AdaptiveGate(8, 1, 256, clock=clock)
-            seen = drive_slots(gate, clock, 32, 120, seed=seed, metrics_every=0.5, stream=False, batch_cost=0.67)
+            seen = drive_slots(gate, clock, 32, 120, seed=seed, metrics_every=0.5, stream=False,
+                               batch=lambda running: running ** 0.67)
             reached = min(t for t, lim in seen if lim >= 32)
             self.assertLess(reached, 10.0, seed)
             late = [(t, lim) for t, lim in seen if t > 20]
             self.assertGreaterEqual(min(lim for _, lim in late), 32, seed)
             self.assertLessEqual(time_mean(late), 38.0, seed)  # (32, an eighth: no first tokens to tell)
+
+    def test_a_slow_start_ends_where_throughput_falls(self):
+        # a server that runs all it is sent (256 slots, no queue ever) but whose throughput falls past 8 in flight
+        # (each step of a larger batch costs more than it serves): the doubling must stop and come back (from
+        # 130-160 in flight, where each window takes long: the way down is slow, and past the half it is under 24)
+        for seed in (1, 2):
+            clock = Clock()
+            gate = eh.AdaptiveGate(4, 1, 256, clock=clock)
+            seen = drive_slots(gate, clock, 256, 300, seed=seed, metrics_every=0.5, stream=False,
+                               batch=lambda running: max(1.0, running / 8.0) ** 1.5)
+            self.assertFalse(gate._algorithm._slow_start, seed)
+            self.assertLessEqual(time_mean(seen[len(seen) // 2:]), 24.0, seed)
+            self.assertLess(seen[-1][1], 16, seed)
 
     def test_an_overload_forgets_the_slots(self):
         clock = Clock()
