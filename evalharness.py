@@ -2296,12 +2296,12 @@ class GradientLimit:
         queue. A queue that lasts (``queue_readings`` in a row; a burst of new requests waits a step or two for its
         prefills) means every stream past what it runs only waits there (time to first token grows, throughput does
         not): the limit is held at the most it ran in the last 8 such readings plus a short queue and ``on_way``, ours
-        it neither runs nor queues (``_hold``), and no window's step takes it past that. When those readings all ran one
-        count, that is the server's slots (``_slots``) and no step takes the limit below the hold either: the gradient
-        sees only a plateau there, and fewer leave a slot idle while the next request is on its way. With no queue,
-        nothing changes; after 4 readings in a row without one, with the limit at the hold, the hold moves up by a
-        quarter (at least one): a full server is not queueing at every instant, and a server given more slots is found
-        this way, while a limit that only fell below the slots does not leap past them at once."""
+        it neither runs nor queues (``_hold``), and no window's step takes it past that. When those readings ran one
+        count (6 of 8, none more), that is the server's slots (``_slots``) and no step takes the limit below the hold
+        either: the gradient sees only a plateau there, and fewer leave a slot idle while the next request is on its
+        way. With no queue, nothing changes; after 4 readings in a row without one, with the limit at the hold, the hold
+        moves up by a quarter (at least one): a full server is not queueing at every instant, and a server given more
+        slots is found this way, while a limit that only fell below the slots does not leap past them at once."""
         self._metrics = True
         if waiting < 1:
             self._queued = 0
