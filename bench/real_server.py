@@ -207,6 +207,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)  # kept only when the server failed to start (the error names it)
 
 
 def percentile(xs, q):
