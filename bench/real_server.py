@@ -11,11 +11,12 @@ flight) once and the adaptive gate cold (no cached limit) and warm (the limit th
 shuffled per round, so a shared machine's drift touches every setting alike. Prints medians over the rounds: wall (first
 request to last answer), output tokens/s, time to first token p50/p95, the discovered limit and the ratios to the best
 fixed setting (the smallest concurrency within 2% of the fastest median fixed wall; walls are compared with the
-fastest). Run by hand (about an hour with the default sweep; pass a shorter one per slot count, e.g. `--slots 4 --sweep
-2,4,6,8,16`), never by CI.
+fastest). Each sweep also runs slots+1 and slots+2 (`--no-near-slots` drops them): a fixed count at the slots leaves
+a slot idle while its next request is on its way, so the best fixed is often just above them. Run by hand (over an
+hour with the default sweep; pass a shorter one per slot count, e.g. `--slots 4 --sweep 2,4,6,8,16`), never by CI.
 
-Usage: python3 bench/real_server.py [--slots 4,16,32] [--sweep 1,2,4,8,16,32,64] [--repeats 3] [--rows 480]
-       [--max-tokens 64] [--llama-server PATH] [--model PATH] [--cache DIR] [--server-metrics auto|off]
+Usage: python3 bench/real_server.py [--slots 4,16,32] [--sweep 1,2,4,8,16,32,64] [--no-near-slots] [--repeats 3]
+       [--rows 480] [--max-tokens 64] [--llama-server PATH] [--model PATH] [--cache DIR] [--server-metrics auto|off]
 """
 import argparse
 import json
@@ -251,6 +252,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slots", default="4,16,32")
     ap.add_argument("--sweep", default="1,2,4,8,16,32,64")
+    ap.add_argument("--no-near-slots", dest="near_slots", action="store_false",
+                    help="do not add slots+1 and slots+2 to each sweep")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=480)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -274,6 +277,8 @@ def main():
         try:
             log("server with %d slots on %s" % (slots, server.url))
             sweep = [int(x) for x in args.sweep.split(",")]
+            if args.near_slots:  # a fixed count at the slots leaves idle the slot whose request is on its way
+                sweep = sorted(set(sweep) | {slots + 1, slots + 2})
             fixed_runs = {c: [] for c in sweep}
             cold, warm = [], []
 
