@@ -29,6 +29,7 @@ A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sess
 2 jobs: about 11 minutes on a 2-core machine.
 
 Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1-P1,S4-P1,...] [--json OUT] [--jobs 2]
+       [--variants V,...] [--footprint-reference ALPHA]
 """
 import argparse
 import collections
@@ -862,7 +863,18 @@ class Run:
             return 10 ** 9
         if m == "inspect":
             return self.limiter.limit + 5
+        if m == "footprint":  # ('footprint', alpha): an oracle of memory, see evaluate_family
+            budget = self.mode[1] * PROFILES[self.profile]["K"]
+            held = sum(self.midlife(s) for s in self.active)
+            fits = not self.active or (self.door and held + self.midlife(self.door[0]) <= budget)
+            return len(self.active) + (1 if fits else 0)
         return None
+
+    def midlife(self, s):
+        """A session's context halfway from its next turn to its end (knows the future: the footprint oracle's)."""
+        turns = self.sessions[s]
+        ctx = turns[min(self.turn_idx[s], len(turns) - 1)][0]
+        return 0.5 * (ctx + turns[-1][0] + turns[-1][1])
 
     def _arrive(self, sid):
         self.door.append(sid)
@@ -1200,9 +1212,12 @@ def count_at(trace, t):
     return lim
 
 
-def evaluate_family(variants, seeds, jobs, log, contender="adaptive"):
+def evaluate_family(variants, seeds, jobs, log, contender="adaptive", footprint=None):
     """S4's family: per variant and seed a fixed-session sweep (each run capped at HORIZON x the REF_S run) and
-    the session gate; returns one row per variant (medians over seeds, and the worst seed's efficiency)."""
+    the session gate; returns one row per variant (medians over seeds, and the worst seed's efficiency).
+    footprint (alpha): also run a reference that knows the future, a session gate admitting while the admitted
+    sessions' contexts halfway to their ends add up to at most alpha x the engine's KV pool, under the same
+    adaptive model gate (row key "fp": its efficiency): what a memory-aware session gate could reach."""
     t_start = time.time()
     by = {}
 
@@ -1221,8 +1236,12 @@ def evaluate_family(variants, seeds, jobs, log, contender="adaptive"):
         ref = refs[(v, seed)]
         return ref[:2] + (contender, seed, None, ("gate",), HORIZON * by[ref]["makespan"])
 
+    def fp_task(v, seed):
+        return gate_task(v, seed)[:5] + (("footprint", footprint),) + gate_task(v, seed)[6:]
+
     run_all([sweep_task(v, seed, s) for v in variants for seed in seeds for s in FAMILY_SWEEP]
-            + [gate_task(v, seed) for v in variants for seed in seeds])
+            + [gate_task(v, seed) for v in variants for seed in seeds]
+            + ([fp_task(v, seed) for v in variants for seed in seeds] if footprint else []))
     log("family runs done (%.0fs, %d runs)" % (time.time() - t_start, len(by)))
     rows = []
     for v in variants:
@@ -1238,11 +1257,13 @@ def evaluate_family(variants, seeds, jobs, log, contender="adaptive"):
             m["fair"].append(r["fairness"])
             m["oracle_fair"].append(oracle["fairness"])
             m["cut"].append(1 if r["cut"] else 0)
+            if footprint:
+                m["fp"].append(by[fp_task(v, seed)]["goodput"] / oracle["goodput"])
             for i, share in enumerate(FAMILY_AT):
                 m["at%d" % i].append(count_at(r["sessions_trace"], share * r["makespan"]))
         row = {"variant": v, "profile": FAMILY[v]["profile"], "worst_eff": round(min(m["eff"]), 4),
                "cut": sum(m["cut"]), "counts": [median(m["at%d" % i]) for i in range(len(FAMILY_AT))]}
-        for k in ("eff", "best", "hit", "oracle_hit", "fair", "oracle_fair"):
+        for k in ("eff", "best", "hit", "oracle_hit", "fair", "oracle_fair") + (("fp",) if footprint else ()):
             row[k] = round(median(m[k]), 4)
         rows.append(row)
     return rows, time.time() - t_start
@@ -1252,16 +1273,23 @@ def print_family(rows, seeds, out):
     out.write("S4 family (agent sessions): eff = session gate goodput / best fixed session count's (same seed), "
               "median of %d seeds; worst = the lowest seed; counts = the session count in force at %s of the run\n"
               % (seeds, "/".join("%d%%" % (100 * a) for a in FAMILY_AT)))
-    out.write("%-22s %-8s %5s %5s %5s  %-24s %5s %5s %5s %5s %3s\n" % (
-        "variant", "profile", "best", "eff", "worst", "counts", "hit", "hit*", "fair", "fair*", "cut"))
+    fp = all("fp" in r for r in rows)
+    out.write("%-22s %-8s %5s %5s %5s  %-24s %5s %5s %5s %5s %3s%s\n" % (
+        "variant", "profile", "best", "eff", "worst", "counts", "hit", "hit*", "fair", "fair*", "cut",
+        "    fp" if fp else ""))
     for r in rows:
-        out.write("%-22s %-8s %5s %5.3f %5.3f  %-24s %5.2f %5.2f %5.2f %5.2f %3d\n" % (
+        out.write("%-22s %-8s %5s %5.3f %5.3f  %-24s %5.2f %5.2f %5.2f %5.2f %3d%s\n" % (
             r["variant"], r["profile"], fmt(r["best"]), r["eff"], r["worst_eff"],
             "-".join(fmt(c) for c in r["counts"]), r["hit"], r["oracle_hit"], r["fair"], r["oracle_fair"],
-            r["cut"]))
+            r["cut"], " %5.3f" % r["fp"] if fp else ""))
     effs = [r["eff"] for r in rows]
     out.write("family: min %.3f (%s), median %.3f over %d variants (* = the best fixed count's)\n" % (
         min(effs), rows[effs.index(min(effs))]["variant"], median(effs), len(rows)))
+    if fp:
+        fps = [r["fp"] for r in rows]
+        out.write("fp = the footprint oracle (admits while the sessions' contexts halfway to their ends fit the KV "
+                  "pool x alpha; knows the future): min %.3f (%s), median %.3f\n" % (
+                      min(fps), rows[fps.index(min(fps))]["variant"], median(fps)))
 
 
 def fmt(v, pct=False):
@@ -1302,6 +1330,9 @@ def main():
     ap.add_argument("--json", default=None, help="write the result rows as JSON here")
     ap.add_argument("--server-metrics", choices=("on", "off"), default="on",
                     help="engine A serves running / waiting gauges that the adaptive gate reads (default on)")
+    ap.add_argument("--footprint-reference", type=float, default=None, metavar="ALPHA",
+                    help="S4 family: also run the footprint oracle (a session gate that knows each session's future "
+                         "contexts and admits while their midlife sum fits ALPHA x the KV pool; column fp)")
     ap.add_argument("--variants", default=",".join(FAMILY),
                     help="comma list of S4 family variants (with S4 in --scenarios): " + ", ".join(FAMILY))
     args = ap.parse_args()
@@ -1321,7 +1352,7 @@ def main():
         unknown = [v for v in variants if v not in FAMILY]
         if unknown:
             ap.error("unknown variant(s) %s; known: %s" % (", ".join(unknown), ", ".join(FAMILY)))
-        family, took_f = evaluate_family(variants, seeds, args.jobs, log)
+        family, took_f = evaluate_family(variants, seeds, args.jobs, log, footprint=args.footprint_reference)
         took += took_f
         print_family(family, args.seeds, sys.stdout)
         rows = rows + family
