@@ -202,14 +202,19 @@ class Server:
         return "http://127.0.0.1:%d/v1" % self.port
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        died = self.proc.poll()  # it exited by itself: its log says why
+        if died is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.log.close()
-        os.unlink(self.log.name)  # kept only when the server failed to start (the error names it)
+        if died is None:
+            os.unlink(self.log.name)  # kept when the server failed to start (that error names it) or died
+        else:
+            log("llama-server exited by itself (%d) during the runs; its log: %s" % (died, self.log.name))
 
 
 def percentile(xs, q):
