@@ -83,6 +83,7 @@ class _LazyLogger:
 argparse = _LazyModule("argparse")
 atexit = _LazyModule("atexit")
 base64 = _LazyModule("base64")
+bisect = _LazyModule("bisect")
 collections = _LazyModule("collections")
 csv = _LazyModule("csv")
 difflib = _LazyModule("difflib")
@@ -118,7 +119,7 @@ __all__ = [
     "HarnessError", "ConfigError", "DatasetError", "ModelAPIError", "GateTimeoutError", "RunLockedError",
     "CircuitOpenError",
     "QAItem", "load_dataset", "demo_dataset", "score_response", "SCORERS",
-    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionLimit", "SessionGate",
+    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionLimit", "SessionCountLimit", "SessionGate",
     "ClientConfig", "ChatResult", "ModelClient", "exclude_from_proxy",
     "MockConfig", "MockServer",
     "RunStore", "summarize", "format_summary",
@@ -2568,7 +2569,168 @@ class AdaptiveGate:
 
 
 class SessionLimit:
-    """How many multi-turn sessions may be active: the count that gets the most done, learned while running.
+    """How many agent sessions may be active: as many as the server's prefix cache holds, its size known.
+
+    Sessions keep their contexts cached on the server while their tools run; past the pool's size the contexts
+    evict each other and every turn pays a full prefill. The rule: admit a newcomer while the admitted sessions'
+    projected footprint, counted at their occupancy, plus one standard deviation of it, fits the KV pool. A
+    session's projected footprint is its context halfway through the rest of its life: its context now plus its
+    growth per turn times half the turns it is expected to have left (the mean of the finished sessions that lived
+    longer than its age, with a prior of ``prior_turns`` until they exist). Occupancy is the share of a session's
+    time its cache must stay: its turns plus at most one mean turn of each tool wait (a cache idle longer than that
+    is the first the server evicts, and costs one prefill when its session comes back). The standard deviation of
+    the sum covers the swing of a few sessions' contexts. Admitted sessions keep their slots: when contexts outgrow
+    the pool, the count comes down as sessions finish and are not replaced. The limit rises only while agents wait
+    at the door.
+
+    Fed per turn by ``report`` (a session's prompt and completion tokens and the turn's seconds, counted from when
+    it asked for a model permit) and ``leave``; ``observe`` tells it the active count and the door.
+    """
+
+    prior_weight = 2.0  # the priors count as this many observations
+    event_interval_s = 5.0  # the count moves with every turn: events at most this often
+
+    def __init__(self, kv_tokens: int, initial: int = 4, min_limit: int = 1, max_limit: int = 10 ** 6, *,
+                 prior_turns: float = 30.0, prior_growth: float = 1500.0, prior_start: float = 4096.0,
+                 history: int = 1000):
+        if kv_tokens < 1:
+            raise ConfigError("the KV pool must hold at least one token, got %r" % (kv_tokens,))
+        self.kv_tokens = int(kv_tokens)
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.limit = max(min_limit, min(max_limit, initial))
+        self.prior_turns, self.prior_growth, self.prior_start = prior_turns, prior_growth, prior_start
+        # per admitted session: [first prompt, last prompt, context now, turns, end of its last turn]
+        self._sessions: Dict[object, List[float]] = {}
+        self._lengths: List[int] = []     # turns of the finished sessions, sorted
+        self._suffix: List[Tuple[float, float]] = [(0.0, 0.0)]  # sums of _lengths[i:] and of their squares
+        self._finished_growth = [0.0, 0]  # tokens grown and turns over which, of the finished sessions
+        self._finished_starts = [0.0, 0]  # first prompts of the finished sessions: sum, count
+        self._gaps: "collections.deque[Tuple[float, float]]" = collections.deque(maxlen=history)  # (turn, tool) s
+        self._occupancy = 1.0
+        self._n_gaps = 0
+        self._active, self._waiting = 0, False
+        self.trace: Optional[List[Tuple]] = None  # set to [] to record (now, active, limit, occupancy, footprint)
+
+    def observe(self, now: float, active: int, waiting: bool) -> None:
+        if (active, waiting) != (self._active, self._waiting):
+            self._active, self._waiting = active, waiting
+            self._update(now)
+
+    def on_turn(self, now: float, tokens: int, latency_s: float) -> int:
+        return self.limit  # (what a turn changes arrives through report)
+
+    def report(self, now: float, key: object, prompt_tokens: int, completion_tokens: int, turn_s: float) -> None:
+        """One turn of session ``key`` ended at ``now``: it sent ``prompt_tokens``, got ``completion_tokens``, and
+        took ``turn_s`` seconds from asking for a model permit."""
+        s = self._sessions.get(key)
+        if s is None:
+            s = self._sessions[key] = [float(prompt_tokens), 0.0, 0.0, 0, None]
+        elif s[4] is not None:
+            self._gaps.append((max(0.0, turn_s), max(0.0, now - turn_s - s[4])))
+            self._n_gaps += 1
+        s[1], s[2], s[3], s[4] = float(prompt_tokens), float(prompt_tokens + completion_tokens), s[3] + 1, now
+        if self._gaps and (self._n_gaps <= 64 or self._n_gaps % 16 == 0):  # (sums over the history: not every turn)
+            self._occupancy = self.occupancy(now)
+        self._update(now)
+
+    def occupancy(self, now: float) -> float:
+        """The share of the sessions' time their caches must stay: turns plus at most one mean turn of each tool
+        wait, over the last turns and the waits still running (a long wait ends last: without those, the first
+        minutes would see only the short ones), with a prior of 8 turns that did not wait."""
+        turns = sum(t for t, _ in self._gaps)
+        mean_turn = turns / len(self._gaps)
+        slowest = max(t for t, _ in self._gaps)
+        waits = [w for _, w in self._gaps]
+        for s in self._sessions.values():  # quiet for longer than any of 8+ turns took: in a wait
+            if len(waits) >= 8 and s[4] is not None and now - s[4] > slowest:
+                waits.append(now - s[4] - mean_turn)
+        held = (turns + 8 * mean_turn) + sum(min(w, mean_turn) for w in waits)
+        return held / max(1e-9, turns + 8 * mean_turn + sum(waits))
+
+    def leave(self, now: float, key: object) -> None:
+        s = self._sessions.pop(key, None)
+        if s is not None:
+            bisect.insort(self._lengths, int(s[3]))
+            self._suffix = [(0.0, 0.0)] * (len(self._lengths) + 1)
+            for i in range(len(self._lengths) - 1, -1, -1):
+                n = self._lengths[i]
+                self._suffix[i] = (self._suffix[i + 1][0] + n, self._suffix[i + 1][1] + n * n)
+            if s[3] >= 2:
+                self._finished_growth[0] += s[1] - s[0]
+                self._finished_growth[1] += s[3] - 1
+            self._finished_starts[0] += s[0]
+            self._finished_starts[1] += 1
+            self._update(now)
+
+    def turns_left(self, age: int) -> Tuple[float, float]:
+        """Turns a session ``age`` turns old has left: (mean, variance) of what the finished sessions that lived
+        longer had left at that age, with a prior of prior_turns - age (or, past it, half the age again) whose
+        standard deviation is its mean."""
+        i = bisect.bisect_right(self._lengths, age)
+        longer, w = len(self._lengths) - i, self.prior_weight
+        total, squares = self._suffix[i]
+        prior = max(self.prior_turns - age, 0.5 * age, 1.0)
+        mean = (total - longer * age + w * prior) / (longer + w)
+        second = (squares - 2 * age * total + longer * age * age + w * 2 * prior * prior) / (longer + w)
+        return mean, max(0.0, second - mean * mean)
+
+    def footprint(self) -> Tuple[float, float, float, float]:
+        """(the admitted sessions' projected footprint and its variance, a newcomer's and its variance), in
+        tokens: a session's growth per turn times half its turns left, on top of its context now."""
+        w = self.prior_weight
+        grown, turns = self._finished_growth[0] + w * self.prior_growth, self._finished_growth[1] + w
+        starts, n_starts = self._finished_starts[0] + w * self.prior_start, self._finished_starts[1] + w
+        for s in self._sessions.values():
+            starts, n_starts = starts + s[0], n_starts + 1
+            if s[3] >= 2:
+                grown, turns = grown + s[1] - s[0], turns + s[3] - 1
+        growth = grown / turns
+        left, var_left = self.turns_left(0)
+        newcomer, var_new = starts / n_starts + growth * left / 2, (growth / 2) ** 2 * var_left
+        total = var = 0.0
+        for s in self._sessions.values():
+            g = (s[1] - s[0] + w * growth) / (s[3] - 1 + w)  # its own growth, drawn toward all sessions' at first
+            left, var_left = self.turns_left(int(s[3]))
+            total, var = total + s[2] + g * left / 2, var + (g / 2) ** 2 * var_left
+        unreported = max(0, self._active - len(self._sessions))
+        return total + unreported * newcomer, var + unreported * var_new, newcomer, var_new
+
+    def _update(self, now: float) -> None:
+        held, var, newcomer, var_new = self.footprint()
+        budget = self.kv_tokens / max(self._occupancy, 1e-3)
+        active = self._active
+
+        def fits(count: int) -> bool:
+            if count >= active:
+                load, spread = held + (count - active) * newcomer, var + (count - active) * var_new
+            else:
+                load, spread = held * count / active, var * count / active
+            return load + math.sqrt(spread) <= budget
+
+        lo = active if fits(active) else 0
+        if lo == active:  # how many newcomers fit: double, then halve the gap
+            hi = max(1, 2 * active)
+            while fits(hi) and hi < self.max_limit:
+                lo, hi = hi, 2 * hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        else:  # over the pool: how many of those admitted would fit (the count comes down as they leave)
+            hi = active
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        new = max(self.min_limit, min(self.max_limit, lo))
+        if not self._waiting:
+            new = min(new, max(active, self.min_limit))  # no one at the door: no headroom banked
+        self.limit = new
+        if self.trace is not None:
+            self.trace.append((round(now, 1), active, new, round(self._occupancy, 3), int(held)))
+
+
+class SessionCountLimit:
+    """How many multi-turn sessions may be active when the server's memory size is unknown: the count that gets
+    the most done, learned while running (SessionLimit's fallback).
 
     Sessions hold server memory (their cached context) while they wait for tools, so past some count their
     contexts evict each other and turns pay full prefills: throughput falls off a cliff while the model gate,
@@ -2684,6 +2846,12 @@ class SessionLimit:
         self._t0, self._area, self._wait_area, self._busy, self._tokens, self._turns = now, 0.0, 0.0, 0.0, 0, 0
         return self.limit
 
+    def report(self, now: float, key: object, prompt_tokens: int, completion_tokens: int, turn_s: float) -> None:
+        pass  # (a count does not need the sessions' contexts)
+
+    def leave(self, now: float, key: object) -> None:
+        pass
+
 
 class SessionGate:
     """How many multi-turn sessions may be active. Interface pinned in DESIGN.md.
@@ -2693,12 +2861,14 @@ class SessionGate:
     model gate's limit can serve: sessions spend part of their time in tools, so the gate's limit L of model
     requests is filled by about L / duty sessions, where duty is the measured fraction of active sessions that hold
     a model request (in_flight / active, time-averaged); when the gate's limit falls, this falls too. (2) What the
-    server's memory can hold: a SessionLimit climbed on the sessions' throughput (see there), fed by every release
-    of the model gate. A fixed model gate (``--fixed-concurrency``) pins the first and switches the second off.
+    server's memory can hold: with its KV pool known (``kv_tokens``, from its metrics) a SessionLimit, which admits
+    by the sessions' projected contexts (fed by ``report`` after each turn); without, a SessionCountLimit climbed on
+    the sessions' throughput, fed by every release of the model gate. A fixed model gate (``--fixed-concurrency``)
+    pins the first and switches the second off.
     """
 
     def __init__(self, gate: AdaptiveGate, *, clock: Callable[[], float] = time.monotonic,
-                 algorithm: Optional[SessionLimit] = None):
+                 algorithm: Optional[Any] = None, kv_tokens: Optional[int] = None):
         self.gate = gate
         self._clock = clock
         self._cond = threading.Condition()  # guards _active, _door, _duty, _t_last, the algorithm
@@ -2709,8 +2879,10 @@ class SessionGate:
         self._turned_away = False  # a try_enter() was refused since the last admission: someone is waiting
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # session-limit changes, outside the lock
         if algorithm is None and gate.adaptive:
-            algorithm = SessionLimit()
+            algorithm = SessionLimit(kv_tokens) if kv_tokens else SessionCountLimit()
         self._algorithm = algorithm
+        self._told: Optional[int] = None if algorithm is None else int(algorithm.limit)  # last limit in an event
+        self._told_at = -math.inf
         if algorithm is not None:
             gate.add_listener(self._on_release)
 
@@ -2719,12 +2891,38 @@ class SessionGate:
             return
         with self._cond:
             self._observe()
-            old = self._algorithm.limit
-            new = self._algorithm.on_turn(now, output_tokens, latency_s)
-            if new > self._active:
-                self._cond.notify_all()
-        if new != old and self.on_event is not None:
-            self.on_event({"type": "session_limit", "limit": int(new), "previous": int(old)})
+            self._algorithm.on_turn(now, output_tokens, latency_s)
+            event = self._changed_locked()
+        self._tell(event)
+
+    def report(self, slot: object, prompt_tokens: int, completion_tokens: int, turn_s: float) -> None:
+        """A turn of the session in ``slot`` ended: its prompt and completion tokens (the usage the server sent) and
+        its seconds from asking for a model permit to the answer. The memory side reads the sessions' contexts."""
+        if self._algorithm is None:
+            return
+        with self._cond:
+            self._observe()
+            self._algorithm.report(self._clock(), slot, int(prompt_tokens or 0), int(completion_tokens or 0),
+                                   float(turn_s))
+            event = self._changed_locked()
+        self._tell(event)
+
+    def _changed_locked(self) -> Optional[Dict[str, Any]]:
+        """Wake the door when the memory side admits more; an event when the limit moved (at most one per the
+        algorithm's event_interval_s: what changed since the last one)."""
+        new = int(self._algorithm.limit)
+        if new > self._active:
+            self._cond.notify_all()
+        now = self._clock()
+        if new == self._told or now - self._told_at < getattr(self._algorithm, "event_interval_s", 0.0):
+            return None
+        event = {"type": "session_limit", "limit": new, "previous": self._told}
+        self._told, self._told_at = new, now
+        return event
+
+    def _tell(self, event: Optional[Dict[str, Any]]) -> None:
+        if event is not None and self.on_event is not None:
+            self.on_event(event)
 
     def _observe(self) -> None:
         now = self._clock()
@@ -2742,6 +2940,13 @@ class SessionGate:
         with self._cond:
             self._observe()
             return self._capacity_locked()
+
+    @property
+    def rule(self) -> Optional[str]:
+        """How the memory side counts: "footprint" (the KV pool known), "count" (climbed), None (fixed)."""
+        if self._algorithm is None:
+            return None
+        return "footprint" if isinstance(self._algorithm, SessionLimit) else "count"
 
     @property
     def session_limit(self) -> Optional[int]:
@@ -2767,8 +2972,9 @@ class SessionGate:
             self._observe()
             if self._door or self._active >= self._capacity_locked():
                 self._turned_away = True
-                self._observe()
-                return None  # someone is already waiting at the door: arrival order
+                self._observe()  # (the memory side sees someone at the door: it may make room)
+                if self._door or self._active >= self._capacity_locked():
+                    return None  # someone is already waiting at the door: arrival order
             self._active += 1
             self._turned_away = False
             self._observe()
@@ -2806,11 +3012,16 @@ class SessionGate:
                 raise
 
     def leave(self, slot: object) -> None:
+        event = None
         with self._cond:
             self._observe()
             self._active = max(0, self._active - 1)
             self._observe()
+            if self._algorithm is not None:
+                self._algorithm.leave(self._clock(), slot)
+                event = self._changed_locked()
             self._cond.notify_all()
+        self._tell(event)
 
 
 # =============================================================================
@@ -3167,6 +3378,15 @@ def parse_prometheus(text: str) -> Dict[str, float]:
     engines or models reports one line each). Comments, blank lines, NaN and lines that do not parse are skipped;
     labels may hold quoted braces, spaces and escaped quotes; a timestamp after the value is ignored."""
     out: Dict[str, float] = {}
+    for name, _labels, value in prometheus_samples(text):
+        if value == value:  # (NaN is no count)
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def prometheus_samples(text: str) -> Iterator[Tuple[str, Dict[str, str], float]]:
+    """Each sample line of a Prometheus text exposition as (name, labels, value); lines that do not parse are
+    skipped."""
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -3175,19 +3395,9 @@ def parse_prometheus(text: str) -> Dict[str, float]:
         if head is None:
             continue
         name, rest = head.group(1), line[head.end():]
-        if head.group(2):  # labels: up to the closing brace outside quotes
-            quoted = escaped = False
-            end = -1
-            for i, ch in enumerate(rest):
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    quoted = not quoted
-                elif ch == "}" and not quoted:
-                    end = i
-                    break
+        labels: Dict[str, str] = {}
+        if head.group(2):  # labels: key="value" pairs up to the closing brace outside quotes
+            end = _parse_labels(rest, labels)
             if end < 0:
                 continue
             rest = rest[end + 1:]
@@ -3198,9 +3408,33 @@ def parse_prometheus(text: str) -> Dict[str, float]:
             value = float(fields[0])
         except ValueError:
             continue
-        if value == value:  # (NaN is no count)
-            out[name] = out.get(name, 0.0) + value
-    return out
+        yield name, labels, value
+
+
+def _parse_labels(text: str, labels: Dict[str, str]) -> int:
+    """Fill ``labels`` from the text after a sample's opening brace; the index of its closing brace, or -1."""
+    key, value, quoted, escaped = "", "", False, False
+    for i, ch in enumerate(text):
+        if quoted:
+            if escaped:
+                value += {"n": "\n"}.get(ch, ch)
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+                labels[key.strip().lstrip(",").strip()] = value
+                key, value = "", ""
+            else:
+                value += ch
+        elif ch == '"':
+            quoted = True
+            key = key.rstrip().rstrip("=").rstrip()
+        elif ch == "}":
+            return i
+        else:
+            key += ch
+    return -1
 
 
 _METRIC_HEAD = _LazyPattern(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{?)")
@@ -3214,6 +3448,37 @@ def server_load(text: str) -> Optional[Tuple[str, float, float]]:
         if running in samples and waiting in samples:
             return server, samples[running], samples[waiting]
     return None
+
+
+def server_kv_pool(text: str) -> Optional[Tuple[str, int]]:
+    """(server, tokens its KV pool holds) from a /metrics page: vLLM's cache_config_info (its kv_cache_size_tokens,
+    else num_gpu_blocks x block_size), summed over engines; SGLang's max_total_num_tokens, summed over
+    data-parallel ranks (tensor-parallel ranks hold one pool between them). None when the page has neither."""
+    vllm, sglang = 0, {}  # type: int, Dict[Tuple[Tuple[str, str], ...], int]
+    for name, labels, value in prometheus_samples(text):
+        if name == "vllm:cache_config_info":
+            tokens = _int_label(labels, "kv_cache_size_tokens")
+            if tokens is None:
+                blocks, size = _int_label(labels, "num_gpu_blocks"), _int_label(labels, "block_size")
+                tokens = blocks * size if blocks and size else None
+            vllm += tokens or 0
+        elif name == "sglang:max_total_num_tokens" and value >= 1:
+            rank = tuple(sorted((k, v) for k, v in labels.items() if k != "tp_rank"))
+            sglang[rank] = max(sglang.get(rank, 0), int(value))
+    if vllm:
+        return "vllm", vllm
+    if sglang:
+        return "sglang", sum(sglang.values())
+    return None
+
+
+def _int_label(labels: Dict[str, str], key: str) -> Optional[int]:
+    """A label's value as a positive integer (vLLM writes "None" for what it does not know yet)."""
+    try:
+        value = int(float(labels.get(key, "")))
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def metrics_url(base_url: str) -> str:
@@ -3240,10 +3505,13 @@ class _ServerMetrics:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def fetch(self) -> Optional[Tuple[str, float, float]]:
+    def page(self) -> str:
         req = urllib.request.Request(self.url, headers=dict(self._headers, Accept="text/plain"))
         with self._opener.open(req, timeout=METRICS_TIMEOUT_S) as resp:
-            return server_load(resp.read(4 << 20).decode("utf-8", "replace"))
+            return resp.read(4 << 20).decode("utf-8", "replace")
+
+    def fetch(self) -> Optional[Tuple[str, float, float]]:
+        return server_load(self.page())
 
     @classmethod
     def probe(cls, base_url: str, gate: AdaptiveGate, **kw: Any) -> Optional["_ServerMetrics"]:
@@ -3301,6 +3569,30 @@ def _start_server_metrics(cfg: Any, gate: AdaptiveGate, base_url: str) -> Option
     _log.info("server metrics: %s (%s); the gate holds near what the server runs while it queues", poller.url,
               poller.server)
     return poller.start()
+
+
+def _probe_kv_pool(cfg: Any, base_url: str) -> Optional[Tuple[str, int]]:
+    """--server-metrics for an agent run: the server's KV pool, read once from /metrics, sizes the session gate.
+    auto: None when it is not served; on: a one-line error then; off: never asks."""
+    if cfg.server_metrics == "off":
+        return None
+    key = os.environ.get(cfg.api_key_env) or None
+    reader = _ServerMetrics(metrics_url(base_url), "", None, api_key=key, use_proxy=cfg.use_proxy)  # type: ignore
+    try:
+        pool = server_kv_pool(reader.page())
+    except (OSError, ValueError, http.client.HTTPException):
+        pool = None
+    if pool is None:
+        if cfg.server_metrics == "on":
+            raise ConfigError("--server-metrics on: %s serves no KV pool size (vLLM cache_config_info, SGLang "
+                              "max_total_num_tokens) for the session gate; pass --server-metrics auto to go without"
+                              % reader.url)
+        _log.info("no KV pool size at %s: the session gate climbs the count of agents on their throughput",
+                  reader.url)
+        return None
+    _log.info("server KV pool: %d tokens (%s); the session gate admits agents while their projected contexts fit",
+              pool[1], pool[0])
+    return pool
 
 
 class ModelClient:
@@ -7901,11 +8193,13 @@ def _observation(res: ExecResult, limit: int, timeout_s: float) -> str:
 
 
 def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEOptions,
-              cancel: threading.Event) -> Dict[str, Any]:
+              cancel: threading.Event, on_turn: Optional[Callable[[ChatResult, float], None]] = None
+              ) -> Dict[str, Any]:
     """The agent loop: one bash action per reply, run in the container, observation back, until the submit
     sentinel or a limit. Returns the trajectory (messages, steps, timings, exit reason). ``container`` is a
     Container, or a callable that returns one when the first action needs it (so the first model call overlaps
-    the image delivery and the container start)."""
+    the image delivery and the container start). ``on_turn(result, seconds)`` hears of each answer and how long
+    the call took (the session gate reads the contexts)."""
     fields = {"problem_statement": inst.problem_statement, "workdir": inst.workdir, "instance_id": inst.id,
               "repo": inst.repo, "exec_timeout": int(opts.exec_timeout_s)}
     default_system = SWE_TOOL_SYSTEM_TEMPLATE if opts.tool_mode else SWE_SYSTEM_TEMPLATE
@@ -7930,6 +8224,7 @@ def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEO
             exit_reason = "token_limit"
             break
         step: Dict[str, Any] = {"step": len(steps) + 1, "t": round(time.monotonic() - t0, 3)}
+        asked = time.monotonic()
         try:
             res = client.chat(messages, tools=tools)
         except ModelAPIError as exc:
@@ -7937,6 +8232,8 @@ def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEO
             steps.append(step)
             exit_reason, error = "model_error", exc
             break
+        if on_turn is not None:
+            on_turn(res, time.monotonic() - asked)
         tokens["prompt"] += res.prompt_tokens or 0
         tokens["completion"] += res.completion_tokens or 0
         served = res.model or served
@@ -8399,7 +8696,9 @@ def _swe_agent_one(ctx: _SWEContext, inst: SWEInstance) -> Dict[str, Any]:
     traj: Optional[Dict[str, Any]] = None
     prep = _Prepared(ctx, inst)  # image and container come up while the first model call runs
     try:
-        traj = run_agent(ctx.client, prep.get, inst, ctx.opts, ctx.cancel)
+        traj = run_agent(ctx.client, prep.get, inst, ctx.opts, ctx.cancel,
+                         on_turn=lambda res, turn_s: ctx.sessions.report(slot, res.prompt_tokens,
+                                                                         res.completion_tokens, turn_s))
         patch = "" if traj["exit_reason"] == "model_error" else collect_patch(prep.get())
     finally:
         prep.close()
@@ -8635,7 +8934,7 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
     placement.remove_on_cancel(cancel, run_id)
     docker, images = hosts[0].docker, hosts[0].images
     pending = [inst for inst in dataset.items if inst.id in ids and inst.id not in done_ids]
-    gate = sessions = client = metrics = None
+    gate = sessions = client = metrics = kv_pool = None
     initial_from = None
     health = _EndpointHealth(cfg.outage_budget_s)
     if client_cfg is not None:
@@ -8644,9 +8943,10 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
             exclude_from_proxy([base_url])
         gate, initial_from = _make_gate(cfg, base_url, previous, store.dir, agents=True)
         gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-        # (no server metrics for agents: in gate_sim's agent family the hold at what the server runs starved the
-        # turns, median 0.93 -> 0.54; the first-token reading alone left the family as it was)
-        sessions = SessionGate(gate)
+        # (the model gate of agents reads no server queue: in gate_sim's agent family the hold at what the server
+        # runs starved the turns, median 0.93 -> 0.54; the session gate reads the server's KV pool size, once)
+        kv_pool = _probe_kv_pool(cfg, base_url) if gate.adaptive else None
+        sessions = SessionGate(gate, kv_tokens=kv_pool[1] if kv_pool else None)
         sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
     gate_initial = gate.limit if gate is not None else None
@@ -8731,7 +9031,9 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
         run_info.update({"discovered_limit": gate.discovered_limit,
                          "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial,
                                          "initial_from": initial_from, "final": gate.limit, "max": gate.max_limit,
-                                         "server_metrics": metrics.server if metrics is not None else None}})
+                                         "server_metrics": metrics.server if metrics is not None else None,
+                                         "kv_pool": {"server": kv_pool[0], "tokens": kv_pool[1]} if kv_pool else None,
+                                         "sessions": sessions.rule if sessions is not None else None}})
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                                   "status": status, "pid": os.getpid()}]
     if runner.stop_reason:

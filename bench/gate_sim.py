@@ -89,13 +89,14 @@ class Loop:
 
 class Req:
     __slots__ = ("job", "ctx", "out", "max_tokens", "session", "cb", "t_submit", "t_first", "done", "cancelled",
-                 "seq")
+                 "seq", "cached")
 
     def __init__(self, job, ctx, out, max_tokens, session, cb):
         self.job, self.ctx, self.out, self.max_tokens, self.session, self.cb = job, ctx, out, max_tokens, session, cb
         self.t_submit = self.t_first = None
         self.done = self.cancelled = False
         self.seq = None
+        self.cached = None  # prompt tokens the engine found in its prefix cache (first admission), as usage reports
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -198,6 +199,8 @@ class EngineA:
             if free < need + watermark:
                 break
             self.waiting.popleft()
+            if req.cached is None:
+                req.cached = cached
             if req.session is not None:
                 if cached and req.session in self.cache:
                     self.cache_tokens -= self.cache.pop(req.session)
@@ -833,8 +836,9 @@ class Run:
         self.turn_idx = collections.Counter()
         self.waiting_turns = collections.deque()
         self.t_ready = {}  # session -> when its waiting turn became ready
-        if mode[0] == "gate":
-            self.session_gate = eh.SessionGate(self.limiter.gate, clock=self.loop.clock)
+        if mode[0] == "gate":  # with server metrics the session gate knows the KV pool (vLLM cache_config_info)
+            kv = PROFILES[self.profile].get("K") if SERVER_METRICS else None
+            self.session_gate = eh.SessionGate(self.limiter.gate, clock=self.loop.clock, kv_tokens=kv)
         if arrivals is None:
             self.loop.at(0, self.admit_sessions)
         else:
@@ -937,6 +941,8 @@ class Run:
         self.retries[s] = 0
         self.credit(req, out)
         self.stats["good_tokens"] += out
+        if self.session_gate is not None:  # as evalharness's agent loop: the turn's usage and seconds
+            self.session_gate.report(self.active[s], ctx, out, self.loop.clock() - state["permit"].asked_at)
         self.release(state, kind, out, retry_after)
         self.trace_sessions()
         self.turn_idx[s] += 1

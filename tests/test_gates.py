@@ -5,6 +5,7 @@ mechanics are also checked with real threads and bounded waits.
 """
 import collections
 import heapq
+import itertools
 import math
 import os
 import random
@@ -924,7 +925,7 @@ def drive_sessions(sessions, clock, theta_of, seconds, *, population=10 ** 6, wa
     return seen
 
 
-class TestSessionLimit(unittest.TestCase):
+class TestSessionCountLimit(unittest.TestCase):
     def test_finds_the_session_count_before_the_memory_cliff_and_holds_it(self):
         # up to 8 sessions fit in server memory; each one more makes every turn twice as slow: best count 8
         clock = Clock()
@@ -992,7 +993,7 @@ class TestSessionLimit(unittest.TestCase):
         # count ran away (36 by then, 80 at the end).
         clock = Clock()
         gate = eh.AdaptiveGate(2, 1, 2, clock=clock, algorithm=eh.FixedLimit(2))
-        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit())
+        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionCountLimit())
         sessions._capacity_locked = lambda: int(sessions._algorithm.limit)  # the memory side alone decides here
         seen = drive_sessions(sessions, clock, lambda s: 0.02, 20000, wait_s=2.0)
         late = [lim for t, _, lim in seen if t > 10000]
@@ -1021,7 +1022,7 @@ class TestSessionLimit(unittest.TestCase):
     def test_capacity_is_the_smaller_of_the_gate_side_and_the_memory_side(self):
         clock = Clock()
         gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
-        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit(initial=3))
+        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionCountLimit(initial=3))
         self.assertEqual(sessions.capacity, 3)
         self.assertEqual(sessions.session_limit, 3)
         fixed = eh.SessionGate(eh.AdaptiveGate(4, 1, 4, clock=clock, algorithm=eh.FixedLimit(4)), clock=clock)
@@ -1029,12 +1030,227 @@ class TestSessionLimit(unittest.TestCase):
         self.assertEqual(fixed.capacity, 4)
 
 
+
+def drive_agents(sessions, clock, seconds, *, kv_tokens, fixed=None, population=10 ** 6, start=2000, growth=1000,
+                 turns=(10, 30), tokens=200, decode_s=0.02, prefill_s=2.5e-4,
+                 wait=lambda rng: rng.expovariate(0.25), arrive_s=None, seed=1):
+    """Agents in virtual time against a server whose prefix cache holds ``kv_tokens``: the contexts of the turns
+    running and, least recently used first out, of the sessions in their tools. A session's context starts at
+    ``start`` tokens and grows each turn by the answer's ``tokens`` and a tool observation (log-normal, sigma 0.7,
+    of median ``growth`` - ``tokens``); it leaves after a number of turns drawn uniformly from ``turns``. A turn prefills what the cache lacks (its new tokens, or its whole context when it was evicted)
+    on the server's one prefill engine, first come first served, then decodes its answer (tokens x decode_s); a
+    miss is what makes a count past the pool fall off a cliff. ``fixed`` admits that many instead of asking the
+    gate; ``arrive_s`` spaces the agents' arrivals at the door (None: all there at the start). Each turn reports
+    its usage to the session gate (as the agent loop does). Returns a dict: tokens per second, the timeline
+    [(time, active, limit)], sessions admitted and finished, misses and turns, and the turns each admitted session
+    got (continuity)."""
+    rng = random.Random(seed)
+    heap, seq = [], itertools.count()
+    cache = collections.OrderedDict()  # idle sessions' cached contexts, least recently used first
+    state = {"running": 0, "prefill_free": clock.t, "tokens": 0, "misses": 0, "turns": 0, "arrived": 0, "admitted": 0}
+    ctx, length, done_turns, slots = {}, {}, collections.Counter(), {}
+    door = collections.deque()
+    timeline = []
+    end = clock.t + seconds
+
+    def evict():
+        while cache and sum(cache.values()) + state["running"] > kv_tokens:
+            cache.popitem(last=False)
+
+    def admit():
+        while door:
+            if fixed is not None:
+                slot = object() if len(slots) < fixed else None
+            else:
+                slot = sessions.try_enter()
+            if slot is None:
+                return
+            sid = door.popleft()
+            slots[sid], ctx[sid] = slot, start
+            length[sid] = rng.randint(*turns)
+            state["admitted"] += 1
+            heapq.heappush(heap, (clock.t, next(seq), "turn", sid, None))
+
+    def arrive():
+        door.append(state["arrived"])
+        state["arrived"] += 1
+        if arrive_s is not None and state["arrived"] < population:
+            heapq.heappush(heap, (clock.t + arrive_s, next(seq), "arrive", None, None))
+        admit()
+
+    if arrive_s is None:
+        door.extend(range(population if population < 10 ** 5 else 10 ** 5))
+        admit()
+    else:
+        heapq.heappush(heap, (clock.t, next(seq), "arrive", None, None))
+    while heap and heap[0][0] < end:
+        t, _, kind, sid, info = heapq.heappop(heap)
+        clock.t = t
+        if kind == "arrive":
+            arrive()
+            continue
+        admit()  # (agents at the door wait on the gate: any event may let one in)
+        if kind == "turn":
+            permit = sessions.gate.try_acquire() if fixed is None else None
+            cached = cache.pop(sid, None)
+            state["running"] += ctx[sid]
+            evict()
+            hit = cached is not None
+            work = (ctx[sid] - cached if hit else ctx[sid]) * prefill_s
+            state["prefill_free"] = max(t, state["prefill_free"]) + work
+            state["misses"] += 0 if hit else 1
+            heapq.heappush(heap, (state["prefill_free"] + tokens * decode_s, next(seq), "done", sid, (permit, t)))
+            continue
+        permit, asked = info
+        state["running"] -= ctx[sid]
+        state["tokens"] += tokens
+        state["turns"] += 1
+        done_turns[sid] += 1
+        if fixed is None:
+            sessions.gate.release(permit, "ok", tokens)
+            sessions.report(slots[sid], ctx[sid], tokens, t - asked)
+        cache[sid] = ctx[sid] + tokens
+        evict()
+        ctx[sid] += tokens + int(rng.lognormvariate(math.log(max(1, growth - tokens)), 0.7))
+        if done_turns[sid] >= length[sid]:
+            cache.pop(sid, None)
+            slot = slots.pop(sid)
+            if fixed is None:
+                sessions.leave(slot)
+            admit()
+        else:
+            heapq.heappush(heap, (t + wait(rng), next(seq), "turn", sid, None))
+        timeline.append((t, len(slots), None if fixed is not None else sessions.session_limit))
+    return {"rate": state["tokens"] / seconds, "timeline": timeline, "admitted": state["admitted"],
+            "finished": sum(1 for sid, n in done_turns.items() if n >= length[sid]), "misses": state["misses"],
+            "turns": state["turns"], "done_turns": done_turns, "lengths": length}
+
+
+def footprint_gate(clock, kv_tokens, **kw):
+    """A session gate with the memory side by footprint (the KV pool known) over a model gate that never binds."""
+    gate = eh.AdaptiveGate(10000, 1, 10000, clock=clock, algorithm=eh.FixedLimit(10000))
+    return eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit(kv_tokens, **kw))
+
+
+class TestSessionLimit(unittest.TestCase):
+    K = 100000
+
+    def test_gets_near_the_best_fixed_count_below_the_cliff(self):
+        # contexts from 2k growing ~1k a turn for 10-30 turns, a pool of 100k: past ~6 sessions their caches evict
+        # each other and the one prefill engine drowns in whole contexts (a fixed 7 does 0.7x a fixed 5, 12 0.5x)
+        rates = {n: drive_agents(None, Clock(), 6000, kv_tokens=self.K, fixed=n)["rate"] for n in range(3, 13)}
+        best = max(rates, key=rates.get)
+        self.assertLess(rates[12], 0.6 * rates[best])  # (there is a cliff to stay off)
+        clock = Clock()
+        run = drive_agents(footprint_gate(clock, self.K), clock, 6000, kv_tokens=self.K)
+        self.assertGreaterEqual(run["rate"], 0.85 * rates[best], (run["rate"], rates))
+        late = [a for t, a, _ in run["timeline"] if t > 1000]
+        self.assertLess(abs(sum(late) / len(late) - best), 0.3 * best, (sum(late) / len(late), best))
+
+    def test_grows_toward_a_large_best_count_at_once(self):
+        # a pool of 2M tokens holds ~150 such sessions: the count is there within the first minute, not climbed
+        clock = Clock()
+        run = drive_agents(footprint_gate(clock, 2000000), clock, 600, kv_tokens=2000000, prefill_s=1e-6)
+        early = [a for t, a, _ in run["timeline"] if 30 < t < 60]
+        self.assertGreaterEqual(min(early), 100)
+        self.assertLess(run["misses"], run["admitted"] * 1.1)  # (first turns only: the pool holds them all)
+
+    def test_backs_off_when_contexts_outgrow_what_it_expected(self):
+        # it expects contexts to grow 500 tokens a turn and they grow 2,500: it admits some 20 at first (when the
+        # best fixed count is 3-4), then lets the count come down as sessions finish, to what the pool holds
+        clock = Clock()
+        sessions = footprint_gate(clock, 2 * self.K, prior_growth=500.0, prior_turns=20.0)
+        run = drive_agents(sessions, clock, 6000, kv_tokens=2 * self.K, growth=2500)
+        timeline = run["timeline"]
+        self.assertGreaterEqual(max(a for t, a, _ in timeline if t < 60), 15)
+        under = [t for t, a, lim in timeline if lim < a]  # the limit under what was admitted: nobody comes in
+        self.assertGreater(len(under), 0.3 * len(timeline))
+        late = [a for t, a, _ in timeline if t > 4500]
+        self.assertLessEqual(max(late), 6)
+        self.assertLess(abs(sum(late) / len(late) - 3.5), 1.5, sum(late) / len(late))
+
+    def test_keeps_admitted_sessions_to_their_end(self):
+        # the same overshoot: every session admitted, however far over the pool, gets all its turns
+        clock = Clock()
+        sessions = footprint_gate(clock, 2 * self.K, prior_growth=500.0, prior_turns=20.0)
+        run = drive_agents(sessions, clock, 20000, kv_tokens=2 * self.K, growth=2500, population=30)
+        self.assertEqual(run["admitted"], 30)
+        self.assertEqual(run["finished"], 30)
+        self.assertEqual(run["done_turns"], run["lengths"])
+        self.assertEqual(sessions.active, 0)
+
+    def test_does_not_grow_without_waiting_agents(self):
+        # one agent a minute, each done in a few minutes: each gets in as it arrives, and with nobody at the door
+        # the limit is what runs (the pool would hold hundreds)
+        clock = Clock()
+        sessions = footprint_gate(clock, 10 ** 7)
+        run = drive_agents(sessions, clock, 3000, kv_tokens=10 ** 7, arrive_s=60.0, population=40)
+        self.assertEqual(run["admitted"], 40)
+        self.assertTrue(all(lim <= max(a, 1) for _, a, lim in run["timeline"]))
+        slot = sessions.try_enter()  # one more at the door: room at once
+        self.assertIsNotNone(slot)
+        self.assertGreater(sessions._algorithm.footprint()[0], 0)
+
+    def test_long_tool_waits_hold_more_sessions_in_the_same_pool(self):
+        # a cache idle longer than a turn is the first evicted and costs one prefill when its session comes back:
+        # sessions whose tools run a minute are counted at a fraction of their contexts
+        counts = {}
+        for name, wait in (("none", lambda rng: 0.05), ("minute", lambda rng: 60.0)):
+            clock = Clock()
+            run = drive_agents(footprint_gate(clock, self.K), clock, 4000, kv_tokens=self.K, wait=wait)
+            late = [a for t, a, _ in run["timeline"] if t > 1500]
+            counts[name] = sum(late) / len(late)
+        self.assertGreater(counts["minute"], 2 * counts["none"], counts)
+
+    def test_learns_the_sessions_lengths_from_those_that_finished(self):
+        limit = eh.SessionLimit(10 ** 6, prior_turns=30.0)
+        self.assertAlmostEqual(limit.turns_left(0)[0], 30.0)
+        for i, n in enumerate(range(10, 41)):  # lengths 10..40, mean 25
+            key = object()
+            for turn in range(n):
+                limit.report(float(turn), key, 1000 + 100 * turn, 10, 1.0)
+            limit.leave(float(n), key)
+        mean, var = limit.turns_left(0)
+        self.assertAlmostEqual(mean, (25 * 31 + 2 * 30) / 33, places=6)
+        self.assertAlmostEqual(limit.turns_left(30)[0], (sum(n - 30 for n in range(31, 41)) + 2 * 15) / 12,
+                               places=6)
+        self.assertGreater(var, 0)
+
+    def test_counts_contexts_and_reports_through_the_gate(self):
+        clock = Clock()
+        sessions = footprint_gate(clock, 100000)
+        self.assertEqual(sessions.rule, "footprint")
+        slots = [sessions.try_enter() for _ in range(3)]
+        self.assertEqual([s is not None for s in slots], [True, True, False])  # two sessions as expected fit
+        self.assertEqual(sessions.session_limit, 2)
+        for slot in slots[:2]:
+            sessions.report(slot, 30000, 100, 2.0)
+        held, var, newcomer, _ = sessions._algorithm.footprint()
+        self.assertGreater(held, 2 * 30100)  # two contexts of 30k, still growing
+        self.assertLess(sessions.session_limit, 2)  # they outgrow the pool: nobody comes in ...
+        self.assertIsNone(sessions.try_enter())
+        sessions.leave(slots[0])
+        self.assertEqual(sessions.active, 1)
+        self.assertEqual(sessions.session_limit, 1)  # ... until one leaves (the other keeps its slot)
+
+    def test_limit_events_at_most_every_five_seconds(self):
+        clock = Clock()
+        sessions = footprint_gate(clock, self.K)
+        events = []
+        sessions.on_event = lambda e: events.append((clock.t, e))
+        drive_agents(sessions, clock, 2000, kv_tokens=self.K)
+        self.assertGreater(len(events), 5)
+        self.assertEqual([e["previous"] for _, e in events[1:]], [e["limit"] for _, e in events[:-1]])
+        times = [t for t, _ in events]
+        self.assertTrue(all(b - a >= 5.0 for a, b in zip(times, times[1:])), times[:20])
+
+
 class TestSessionGate(unittest.TestCase):
     def test_capacity_tracks_the_gate_limit_up_and_down(self):
         clock = Clock()
         gate = eh.AdaptiveGate(10, 1, 100, clock=clock)
         # the memory-side count is measured on sessions' turns; with none yet, it must not be what binds here
-        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionLimit(initial=1000))
+        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionCountLimit(initial=1000))
         self.assertEqual(sessions.capacity, 10)  # duty starts at 1: one model request per session
         permit = gate.try_acquire()
         clock.t = 60.0  # a timeout: the limit is cut
