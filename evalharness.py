@@ -2588,6 +2588,8 @@ class SessionLimit:
     """
 
     prior_weight = 2.0  # the priors count as this many observations
+    min_occupancy = 0.25  # never plan on more than four pools' worth (turns far shorter than tools: misses are
+    # then cheap for the sessions, not for the server's prefill)
     event_interval_s = 5.0  # the count moves with every turn: events at most this often
 
     def __init__(self, kv_tokens: int, initial: int = 4, min_limit: int = 1, max_limit: int = 10 ** 6, *,
@@ -2636,7 +2638,7 @@ class SessionLimit:
     def occupancy(self, now: float) -> float:
         """The share of the sessions' time their caches must stay: turns plus at most one mean turn of each tool
         wait, over the last turns and the waits still running (a long wait ends last: without those, the first
-        minutes would see only the short ones), with a prior of 8 turns that did not wait."""
+        minutes would see only the short ones), with a prior of 8 turns that did not wait; at least min_occupancy."""
         turns = sum(t for t, _ in self._gaps)
         mean_turn = turns / len(self._gaps)
         slowest = max(t for t, _ in self._gaps)
@@ -2645,7 +2647,7 @@ class SessionLimit:
             if len(waits) >= 8 and s[4] is not None and now - s[4] > slowest:
                 waits.append(now - s[4] - mean_turn)
         held = (turns + 8 * mean_turn) + sum(min(w, mean_turn) for w in waits)
-        return held / max(1e-9, turns + 8 * mean_turn + sum(waits))
+        return max(self.min_occupancy, held / max(1e-9, turns + 8 * mean_turn + sum(waits)))
 
     def leave(self, now: float, key: object) -> None:
         s = self._sessions.pop(key, None)
@@ -3927,6 +3929,7 @@ class MockConfig:
     max_concurrency: int = 0           # hard cap on concurrent requests; 0 = none
     slots: int = 0                     # requests run at once, the rest wait in the server's queue (llama-server -np)
                                        # and /metrics says so for vllm/sglang/llama.cpp kinds; 0 = all run
+    kv_tokens: int = 0                 # the KV pool /metrics states (vllm and sglang kinds; the mock keeps no cache)
     overload_status: int = 429         # answer past the cap: 429 (with Retry-After) or 503
     retry_after_s: float = 1.0
     faults: Tuple[Tuple[str, float], ...] = ()   # (kind, probability) pairs, kinds in _MOCK_FAULTS
@@ -3967,6 +3970,18 @@ _MOCK_METRICS = {
                   '# HELP llamacpp:requests_deferred Number of requests deferred\n'
                   '# TYPE llamacpp:requests_deferred gauge\n'
                   'llamacpp:requests_deferred %(waiting)d\n'),
+}
+
+
+# and their statement of the KV pool's size (vLLM's info gauge carries it in labels, in blocks of 16 tokens)
+_MOCK_KV_POOL = {
+    "vllm": ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+             '# TYPE vllm:cache_config_info gauge\n'
+             'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+             'gpu_memory_utilization="0.9",num_gpu_blocks="%(blocks)d"} 1.0\n'),
+    "sglang": ('# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.\n'
+               '# TYPE sglang:max_total_num_tokens gauge\n'
+               'sglang:max_total_num_tokens{model_name="%(model)s",tp_rank="0"} %(tokens)d.0\n'),
 }
 
 
@@ -4149,6 +4164,9 @@ class _MockHandler:
             with st.lock:
                 body = _MOCK_METRICS[cfg.server_kind] % {"model": cfg.model, "running": st.active,
                                                          "waiting": st.waiting}
+            if cfg.kv_tokens > 0 and cfg.server_kind in _MOCK_KV_POOL:
+                body += _MOCK_KV_POOL[cfg.server_kind] % {"model": cfg.model, "blocks": cfg.kv_tokens // 16,
+                                                          "tokens": cfg.kv_tokens}
             raw = body.encode("utf-8")
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -10563,8 +10581,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="cap of the adaptive gate (default %(default)s)")
     g.add_argument("--server-metrics", choices=("auto", "on", "off"), default="auto",
                    help="read the server's Prometheus /metrics (vLLM, SGLang, llama.cpp --metrics): while it "
-                        "queues requests, the adaptive limit stays near what it runs; auto probes once and stays "
-                        "off when there are none, on requires them (default %(default)s)")
+                        "queues requests, the adaptive limit stays near what it runs; an agent run (--task swe) "
+                        "reads its KV pool size (vLLM, SGLang) and admits agents while their contexts fit it; auto "
+                        "probes once and stays off when there are none, on requires them (default %(default)s)")
     p.add_argument("--json", dest="json_out", action="store_true", help="print the summary as JSON on stdout"
                                                                         " (default: the table)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr"
@@ -10957,6 +10976,9 @@ def _parser_mock(sub: Any, text: str) -> Any:
                       help="run N requests at once and queue the rest, as llama-server -np does (its /metrics, "
                            "for --server-kind vllm, sglang or llama.cpp, says how many run and wait) (default: "
                            "all run)")
+    mock.add_argument("--kv-tokens", type=int, default=0, metavar="N",
+                      help="the KV pool /metrics states, for --server-kind vllm or sglang (agent runs size their "
+                           "session gate by it) (default: none)")
     mock.add_argument("--ttft-ms", type=float, default=0.0,
                       help="time to first token, milliseconds (default %(default)s)")
     mock.add_argument("--reasoning-tokens", type=int, default=0,
@@ -11361,7 +11383,7 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
             raise ConfigError("--require-api-key-env %s: that environment variable is not set"
                               % args.require_api_key_env)
     cfg = MockConfig(model=args.model, seed=args.seed, decode_tok_s=args.decode_tok_s, knee=args.knee,
-                     slots=args.slots, thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0,
+                     slots=args.slots, kv_tokens=args.kv_tokens, thrash=args.thrash, ttft_s=args.ttft_ms / 1000.0,
                      max_concurrency=args.max_concurrency,
                      overload_status=args.overload_status, retry_after_s=args.retry_after,
                      faults=parse_faults(args.faults), hang_s=args.hang_s, reasoning_tokens=args.reasoning_tokens,

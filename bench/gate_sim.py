@@ -19,7 +19,9 @@ Scenarios  S1 steady, S2 capacity halved at T/3 and restored at 2T/3, S3 hosted 
 Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed session count for S4), fixed 10,
            inspect-style, Netflix Gradient2 (defaults, 1 s windows), admit-all sessions (S4), evalharness
            AdaptiveGate / SessionGate. The evalharness gate sees each answer's time to first token (it streams) and,
-           with --server-metrics on (the default), engine A's running / waiting gauges every 0.5 s.
+           with --server-metrics on (the default), engine A's running / waiting gauges every 0.5 s (single-turn
+           runs) and its KV pool size (S4: the session gate admits by the sessions' contexts, which each turn's
+           usage reports, as an agent run does against vLLM or SGLang; off: it climbs the count of sessions).
 S4         a family of agent workloads (FAMILY: tool waits, context growth, session lengths, prefix cache against
            the working set, small box and large node, a queue much larger or barely larger than the best count,
            all at once or arriving over time), each against its own best fixed session count.
@@ -1276,9 +1278,11 @@ def evaluate_family(variants, seeds, jobs, log, contender="adaptive", footprint=
 
 
 def print_family(rows, seeds, out):
-    out.write("S4 family (agent sessions): eff = session gate goodput / best fixed session count's (same seed), "
-              "median of %d seeds; worst = the lowest seed; counts = the session count in force at %s of the run\n"
-              % (seeds, "/".join("%d%%" % (100 * a) for a in FAMILY_AT)))
+    out.write("S4 family (agent sessions; session gate %s): eff = session gate goodput / best fixed session "
+              "count's (same seed), median of %d seeds; worst = the lowest seed; counts = the session count in force "
+              "at %s of the run (with nobody at the door: those running)\n"
+              % ("by footprint, KV pool known" if SERVER_METRICS else "count climbed, no KV pool", seeds,
+                 "/".join("%d%%" % (100 * a) for a in FAMILY_AT)))
     fp = all("fp" in r for r in rows)
     out.write("%-22s %-8s %5s %5s %5s  %-24s %5s %5s %5s %5s %3s%s\n" % (
         "variant", "profile", "best", "eff", "worst", "counts", "hit", "hit*", "fair", "fair*", "cut",
@@ -1335,7 +1339,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None, help="write the result rows as JSON here")
     ap.add_argument("--server-metrics", choices=("on", "off"), default="on",
-                    help="engine A serves running / waiting gauges that the adaptive gate reads (default on)")
+                    help="engine A serves running / waiting gauges that the adaptive gate reads, and its KV pool "
+                         "size that the session gate reads (default on)")
     ap.add_argument("--footprint-reference", type=float, default=None, metavar="ALPHA",
                     help="S4 family: also run the footprint oracle (a session gate that knows each session's future "
                          "contexts and admits while their midlife sum fits ALPHA x the KV pool; column fp)")

@@ -793,6 +793,28 @@ class TestServerMetrics(unittest.TestCase):
         self.assertIsNone(eh.server_load("vllm:num_requests_running 3\n"))  # half a pair is no reading
         self.assertIsNone(eh.server_load("<html>404</html>"))
 
+    def test_the_kv_pool_each_server_states(self):
+        # vLLM: num_gpu_blocks x block_size in its cache_config_info labels (the page's 27456 blocks of 16)
+        self.assertEqual(eh.server_kv_pool(self.page("vllm.txt")), ("vllm", 439296))
+        newer = ('vllm:cache_config_info{block_size="832",kv_cache_size_tokens="619479",num_gpu_blocks="745"} 1.0\n'
+                 'vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="None",'
+                 'num_gpu_blocks="1000"} 1.0\n')
+        self.assertEqual(eh.server_kv_pool(newer), ("vllm", 619479 + 16000))  # its own count first; per engine
+        unknown = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+        self.assertIsNone(eh.server_kv_pool(unknown))
+        # SGLang: max_total_num_tokens per data-parallel rank; tensor-parallel ranks hold one pool between them
+        sglang = ('sglang:max_total_num_tokens{dp_rank="0",tp_rank="0"} 144870.0\n'
+                  'sglang:max_total_num_tokens{dp_rank="0",tp_rank="1"} 144870.0\n'
+                  'sglang:max_total_num_tokens{dp_rank="1",tp_rank="0"} 144870.0\n')
+        self.assertEqual(eh.server_kv_pool(sglang), ("sglang", 2 * 144870))
+        self.assertIsNone(eh.server_kv_pool(self.page("sglang.txt")))  # (that page does not state it)
+        self.assertIsNone(eh.server_kv_pool(self.page("llamacpp.txt")))  # llama-server states no pool
+        self.assertIsNone(eh.server_kv_pool("<html>404</html>"))
+
+    def test_labels_are_read_with_their_escapes(self):
+        text = 'a{x="1",y="q\\"}z",z="a\\\\b\\nc"} 3\n'
+        self.assertEqual(list(eh.prometheus_samples(text)), [("a", {"x": "1", "y": 'q"}z', "z": "a\\b\nc"}, 3.0)])
+
     def test_the_metrics_url_sits_next_to_the_api(self):
         self.assertEqual(eh.metrics_url("http://127.0.0.1:8000/v1"), "http://127.0.0.1:8000/metrics")
         self.assertEqual(eh.metrics_url("https://gw.example/llm/v1/"), "https://gw.example/llm/metrics")

@@ -790,6 +790,50 @@ class TestSeveralEngines(_SWEBed):
         self.assertEqual(self.ours_on(second.host, out), [])
 
 
+class TestSessionGateMemory(_SWEBed):
+    """An agent run reads the server's KV pool from /metrics once and admits agents by their contexts against it."""
+
+    def run_adaptive(self, mock, **cfg):
+        swe = eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3)
+        config = eh.RunConfig(**dict(dict(dataset=self.dataset, model="m", base_url=mock.url, task="swe",
+                                          out=os.path.join(tempdir(self), "run"), progress=False, swe=swe,
+                                          keep_images=True), **cfg))
+        import io
+        buf = io.StringIO()
+        code, run_dir = eh.run_swe(config, stdout=buf)
+        with open(os.path.join(run_dir, "run.json")) as fh:
+            return code, json.load(fh), buf.getvalue()
+
+    def stats(self, mock):
+        import urllib.request
+        with urllib.request.urlopen(mock.url.replace("/v1", "") + "/stats", timeout=10) as resp:
+            return json.load(resp)
+
+    def test_a_pool_that_holds_one_agent_runs_them_one_at_a_time(self):
+        # 4,800 tokens: one agent's expected context (a start of ~4k growing ~1.5k a turn for ~30 turns, until the
+        # run has seen its own) leaves no room for a second, however short its turns against its tools
+        mock = start_mock(self, swe=self.ds, swe_policy="oracle", server_kind="vllm", kv_tokens=4800)
+        code, run, text = self.run_adaptive(mock)
+        self.assertEqual(code, 0, text)
+        self.assertEqual(run["concurrency"]["kv_pool"], {"server": "vllm", "tokens": 4800})  # 300 blocks of 16
+        self.assertEqual(run["concurrency"]["sessions"], "footprint")
+        self.assertEqual(self.stats(mock)["max_active"], 1)
+        self.assertIn("SWE: resolved 3/3", text)
+
+    def test_without_a_pool_the_count_is_climbed_and_on_requires_one(self):
+        mock = start_mock(self, swe=self.ds, swe_policy="oracle", server_kind="sglang")
+        code, run, text = self.run_adaptive(mock)
+        self.assertEqual(code, 0, text)
+        self.assertIsNone(run["concurrency"]["kv_pool"])
+        self.assertEqual(run["concurrency"]["sessions"], "count")
+        sent = self.stats(mock)["counters"]["requests"]
+        with self.assertRaises(eh.ConfigError) as cm:
+            self.run_adaptive(mock, server_metrics="on")
+        self.assertIn("serves no KV pool size", str(cm.exception))
+        self.assertEqual(len(str(cm.exception).splitlines()), 1)
+        self.assertEqual(self.stats(mock)["counters"]["requests"], sent)  # nothing sent
+
+
 class TestSWEResume(_SWEBed):
     """Run identity and resume for --task swe: infrastructure failures run again, saved patches are re-scored."""
 
