@@ -2578,10 +2578,10 @@ class SessionLimit:
     growth per turn times half the turns it is expected to have left (the mean of the finished sessions that lived
     longer than its age, with a prior of ``prior_turns`` until they exist). Occupancy is the share of a session's
     time its cache must stay: its turns plus at most one mean turn of each tool wait (a cache idle longer than that
-    is the first the server evicts, and costs one prefill when its session comes back). The standard deviation of
-    the sum covers the swing of a few sessions' contexts. Admitted sessions keep their slots: when contexts outgrow
-    the pool, the count comes down as sessions finish and are not replaced. The limit rises only while agents wait
-    at the door.
+    is the first the server evicts, and costs one prefill when its session comes back; at least a quarter). The
+    standard deviation of the sum covers the swing of a few sessions' contexts. Admitted sessions keep their slots:
+    when contexts outgrow the pool, the count comes down as sessions finish and are not replaced. The limit rises
+    only while agents wait at the door.
 
     Fed per turn by ``report`` (a session's prompt and completion tokens and the turn's seconds, counted from when
     it asked for a model permit) and ``leave``; ``observe`` tells it the active count and the door.
