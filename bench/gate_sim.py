@@ -24,14 +24,15 @@ Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed sessi
            usage reports, as an agent run does against vLLM or SGLang; off: it climbs the count of sessions).
 S4         a family of agent workloads (FAMILY: tool waits, context growth, session lengths, prefix cache against
            the working set, small box and large node, a queue much larger or barely larger than the best count,
-           all at once or arriving over time), each against its own best fixed session count.
+           all at once or arriving over time), each against its own best fixed session count; --held-out runs ten
+           other workloads (HELD_OUT) the session gate was not tuned on.
 
 A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sessions) is cut there and flagged
 `cut` (only settings far behind the oracle are; their goodput up to the cut is reported). All scenarios, 10 seeds,
 2 jobs: about 11 minutes on a 2-core machine.
 
 Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1-P1,S4-P1,...] [--json OUT] [--jobs 2]
-       [--variants V,...] [--footprint-reference ALPHA]
+       [--variants V,...] [--held-out] [--footprint-reference ALPHA]
 """
 import argparse
 import collections
@@ -1015,9 +1016,31 @@ FAMILY = collections.OrderedDict([
     ("large-arrivals", dict(profile="P2", arrive=1.5)),
 ])
 
+# workloads the session gate was not tuned on (--held-out): other mixes of the same knobs, two more pools and a
+# slower prefill
+PROFILES["P1-K300k"] = dict(PROFILES["P1"], K=300000)
+PROFILES["P1-K2M"] = dict(PROFILES["P1"], K=2000000)
+PROFILES["P1-prefill3k"] = dict(PROFILES["P1"], P=3000.0)
+HELD_OUT = collections.OrderedDict([
+    ("large-tools-zero", dict(profile="P2", wait="zero")),
+    ("large-tools-exp", dict(profile="P2", wait="exp")),
+    ("small-heavy+growth-large", dict(profile="P1", wait="heavy", growth="large")),
+    ("large-length-variable", dict(profile="P2", lengths="variable")),
+    ("K300k-growth-small", dict(profile="P1-K300k", growth="small")),
+    ("large-arrivals-heavy", dict(profile="P2", arrive=1.5, wait="heavy")),
+    ("small-zero+variable", dict(profile="P1", wait="zero", lengths="variable")),
+    ("K2M-growth-large", dict(profile="P1-K2M", growth="large")),
+    ("small-slow-prefill", dict(profile="P1-prefill3k")),
+    ("queue20-exp", dict(profile="P1", n=20, wait="exp")),
+])
+
+
+def variant_of(name):
+    return FAMILY[name] if name in FAMILY else HELD_OUT[name]
+
 
 def family_workload(variant, seed):
-    v = FAMILY[variant]
+    v = variant_of(variant)
     sessions = workload_w2(seed, n=v.get("n", 300), wait=v.get("wait", "base"), growth=v.get("growth", "base"),
                            lengths=v.get("lengths", "base"))
     arrivals = None
@@ -1232,7 +1255,7 @@ def evaluate_family(variants, seeds, jobs, log, contender="adaptive", footprint=
     def run_all(tasks):
         run_missing(by, tasks, jobs)
 
-    refs = {(v, seed): ("S4:" + v, FAMILY[v]["profile"], "unlimited", seed, None, ("fixed", REF_S), None)
+    refs = {(v, seed): ("S4:" + v, variant_of(v)["profile"], "unlimited", seed, None, ("fixed", REF_S), None)
             for v in variants for seed in seeds}
     run_all(list(refs.values()))
 
@@ -1269,7 +1292,7 @@ def evaluate_family(variants, seeds, jobs, log, contender="adaptive", footprint=
                 m["fp"].append(by[fp_task(v, seed)]["goodput"] / oracle["goodput"])
             for i, share in enumerate(FAMILY_AT):
                 m["at%d" % i].append(count_at(r["sessions_trace"], share * r["makespan"]))
-        row = {"variant": v, "profile": FAMILY[v]["profile"], "worst_eff": round(min(m["eff"]), 4),
+        row = {"variant": v, "profile": variant_of(v)["profile"], "worst_eff": round(min(m["eff"]), 4),
                "cut": sum(m["cut"]), "counts": [median(m["at%d" % i]) for i in range(len(FAMILY_AT))]}
         for k in ("eff", "best", "hit", "oracle_hit", "fair", "oracle_fair") + (("fp",) if footprint else ()):
             row[k] = round(median(m[k]), 4)
@@ -1344,8 +1367,10 @@ def main():
     ap.add_argument("--footprint-reference", type=float, default=None, metavar="ALPHA",
                     help="S4 family: also run the footprint oracle (a session gate that knows each session's future "
                          "contexts and admits while their midlife sum fits ALPHA x the KV pool; column fp)")
-    ap.add_argument("--variants", default=",".join(FAMILY),
+    ap.add_argument("--variants", default=None,
                     help="comma list of S4 family variants (with S4 in --scenarios): " + ", ".join(FAMILY))
+    ap.add_argument("--held-out", action="store_true",
+                    help="S4: the workloads the session gate was not tuned on instead (%s)" % ", ".join(HELD_OUT))
     args = ap.parse_args()
     global SERVER_METRICS
     SERVER_METRICS = args.server_metrics == "on"
@@ -1359,10 +1384,11 @@ def main():
               "conv/rec = share of the run" % (args.seeds, args.server_metrics))
         print_table(rows, sys.stdout)
     if len(single) < len(scenarios):
-        variants = [v for v in args.variants.split(",") if v]
-        unknown = [v for v in variants if v not in FAMILY]
+        known = HELD_OUT if args.held_out else FAMILY
+        variants = [v for v in (args.variants or ",".join(known)).split(",") if v]
+        unknown = [v for v in variants if v not in known]
         if unknown:
-            ap.error("unknown variant(s) %s; known: %s" % (", ".join(unknown), ", ".join(FAMILY)))
+            ap.error("unknown variant(s) %s; known: %s" % (", ".join(unknown), ", ".join(known)))
         family, took_f = evaluate_family(variants, seeds, args.jobs, log, footprint=args.footprint_reference)
         took += took_f
         print_family(family, args.seeds, sys.stdout)
