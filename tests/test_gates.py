@@ -1196,12 +1196,7 @@ class TestSessionLimit(unittest.TestCase):
         # prior wrong by 2x would fill the pool twice over with sessions that keep their slots
         clock = Clock()
         sessions = footprint_gate(clock, 2000000)
-        slots = []
-        while True:
-            slot = sessions.try_enter()
-            if slot is None:
-                break
-            slots.append(slot)
+        slots = list(iter(sessions.try_enter, None))  # (admitted until one is refused)
         self.assertEqual(len(slots), 4)  # (the initial count)
         for n, slot in enumerate(slots, 1):
             clock.t += 5.0
