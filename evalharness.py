@@ -2725,7 +2725,7 @@ class SessionLimit:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        shown = self._finished_starts[1] + len(self._sessions)
+        shown = len(self._lengths) + len(self._sessions)  # (finished, and admitted that reported)
         lo = min(lo, max(self.initial, 2 * shown))  # at most twice the sessions that have shown a turn
         new = max(self.min_limit, min(self.max_limit, lo))
         if not self._waiting:

@@ -1368,7 +1368,8 @@ def main():
                     help="S4 family: also run the footprint oracle (a session gate that knows each session's future "
                          "contexts and admits while their midlife sum fits ALPHA x the KV pool; column fp)")
     ap.add_argument("--variants", default=None,
-                    help="comma list of S4 family variants (with S4 in --scenarios): " + ", ".join(FAMILY))
+                    help="comma list of S4 family variants (with S4 in --scenarios; with --held-out, of those): "
+                         + ", ".join(FAMILY))
     ap.add_argument("--held-out", action="store_true",
                     help="S4: the workloads the session gate was not tuned on instead (%s)" % ", ".join(HELD_OUT))
     args = ap.parse_args()

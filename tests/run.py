@@ -7,8 +7,8 @@ since the previous test ended (so a class's setUpClass counts with its first tes
 Usage: python3 tests/run.py [-q] [TEST_NAME_PREFIX ...]   e.g. python3 tests/run.py tests.test_scoring
 Exit status: 0 when nothing failed, 1 otherwise.
 """
-import os
 import collections
+import os
 import sys
 import time
 import unittest
