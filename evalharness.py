@@ -1726,7 +1726,48 @@ def score_response(item: QAItem, response: str) -> Tuple[float, str]:
 # the door, continuity).
 
 
-class FixedLimit:
+class Limit:
+    """What a limit algorithm is: a number (``limit``) within ``min_limit``..``max_limit``, updated from what the
+    gate tells it, with no threads and no clock of its own. The gate calls ``window_stamp`` at each admission,
+    ``on_sample`` at each success, ``on_overload`` at an overload (adaptive limits only) and ``on_server`` at each
+    reading of the server's own queue; each returns the new limit, which the gate clamps to its own bounds and
+    reports (``AdaptiveGate._set_limit``). The defaults here leave the limit alone. ``discovered`` is what the
+    algorithm found (None until it found something); ``shared`` says the limit is shared with other processes."""
+
+    adaptive = True
+    shared = False
+    discovered: Optional[float] = None
+
+    def __init__(self, initial: float, min_limit: float, max_limit: float):
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.limit = self.clamp(initial)
+
+    def clamp(self, value: float) -> float:
+        """``value`` within the algorithm's bounds (the one place a limit is bounded)."""
+        return max(self.min_limit, min(self.max_limit, value))
+
+    def attach(self, gate: "AdaptiveGate") -> None:
+        """The gate that admits by this limit (a shared limit publishes its in-flight count)."""
+
+    def window_stamp(self) -> int:
+        return 0
+
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
+                  ttft_s: Optional[float] = None) -> float:
+        return self.limit
+
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
+                    rate_limited: bool = False, refused: bool = False) -> float:
+        return self.limit
+
+    def on_server(self, now: float, served: float, waiting: float, on_way: float = 0.0) -> float:
+        return self.limit
+
+    def close(self) -> None:
+        """Release what the algorithm holds (a shared limit's heartbeat); idempotent."""
+
+
+class FixedLimit(Limit):
     """A limit that never moves: overloads neither cut it nor pause admission (retries already back off)."""
 
     adaptive = False
@@ -1734,18 +1775,7 @@ class FixedLimit:
     def __init__(self, limit: int):
         if limit < 1:
             raise ConfigError("concurrency must be >= 1, got %r" % (limit,))
-        self.limit = int(limit)
-
-    def window_stamp(self) -> int:
-        return 0
-
-    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
-                  ttft_s: Optional[float] = None) -> int:
-        return self.limit
-
-    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False, refused: bool = False) -> int:
-        return self.limit
+        super().__init__(int(limit), int(limit), int(limit))
 
 
 def weighted_median(pairs: List[Tuple[float, float]]) -> float:
@@ -1768,7 +1798,23 @@ def upper_median(values: Iterable[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-class GradientLimit:
+class _Window:
+    """One admission window of GradientLimit: how many it admits, and the sums over its requests that came back
+    (speed s, load c, elapsed time t and output tokens k = s t of each): work = sum k, time = sum t, load = sum c t;
+    the second moments for the variance of its speed (sum t^2, t^2 s, t^2 s^2) and for latency against length
+    (sum k^2, k t); and, of the streamed ones, the count, the sum of first-token times and of their elapsed times."""
+
+    __slots__ = ("stamp", "size", "admitted", "closed", "opened", "n", "work", "time", "load", "sum_t2", "sum_t2s",
+                 "sum_t2s2", "sum_k2", "sum_kt", "ttft_n", "ttft_sum", "ttft_life")
+
+    def __init__(self, stamp: int, size: int, opened: Optional[float]):
+        self.stamp, self.size, self.admitted, self.closed, self.opened = stamp, size, 0, False, opened
+        self.n = self.ttft_n = 0
+        self.work = self.time = self.load = self.sum_t2 = self.sum_t2s = self.sum_t2s2 = 0.0
+        self.sum_k2 = self.sum_kt = self.ttft_sum = self.ttft_life = 0.0
+
+
+class GradientLimit(Limit):
     """The adaptive limit: a window-vs-window gradient of per-stream speed that climbs throughput.
 
     A request's speed is its output tokens per second from admission to release (1/latency when it produced no
@@ -1830,22 +1876,37 @@ class GradientLimit:
     too long to finish never come back), so max_tokens it is; no floor when the server decides the length.
     """
 
-    adaptive = True
+    # the rule's settings (see the docstring); no caller sets them
+    target = 0.1            # e*, the elasticity of throughput where one more stream stops paying
+    gain = 1.5              # ln L moves by gain x (e - e*)
+    min_step = 0.1          # at least this in ln L (a probe), at most max_up up and max_down down
+    max_up, max_down = 1.6, 0.3
+    first_step = 0.35       # the first window's step from a cold start
+    min_window, max_window = 8, 64  # admissions in a window
+    window_share = 0.25     # a window admits this share of the limit (more near the optimum)
+    judge_fraction = 0.25   # and is judged once this share of its requests came back
+    time_cap = 3.0          # or once it took this many times the last window's duration
+    fit_windows = 4         # the windows the slope is read from
+    min_samples, early_samples = 5, 3  # answers a window needs (early: when they settle the way, _decisive)
+    settle_ratio = 2.0      # a step that at least doubles the limit: its burst belongs to no window
+    significance = 2.0      # standard errors within which an elasticity is no evidence
+    max_slope, noise_log = 1.5, 0.2  # a speed change steeper than this is the endpoint changing (_unexplained)
+    shock_windows = 16      # windows the shared shock is learned over (_learn_shock)
+    min_creep = 0.02        # the first creep step past a remembered level
+    hold_factor = 3.0       # pauses to sit under a level that overloaded, doubling up to max_hold_mult
+    max_hold_mult = 4.0
+    same_level = 0.15       # two overloads within this (in log) are the same level
+    plateau_windows = 3     # flat windows in a row that walk the limit down
+    server_headroom = 0.125  # the queue kept at a server that queues (an eighth of what it runs)
+    queue_readings = 2      # readings in a row that make a queue
+    _min_dx = 0.5 * min_step  # windows this far apart in load (half a probe) show a slope
 
-    def __init__(self, initial: int, min_limit: int, max_limit: int, *, target_elasticity: float = 0.1,
-                 gain: float = 1.5, min_step_log: float = 0.1, max_up_log: float = 1.6, max_down_log: float = 0.3,
-                 min_window: int = 8, max_window: int = 64, fit_windows: int = 4, judge_fraction: float = 0.25,
-                 window_share: float = 0.25, time_cap: float = 3.0, first_step_log: float = 0.35,
-                 min_samples: int = 5, backoff_ratio: float = 0.7, min_creep: float = 0.02,
-                 max_slope: float = 1.5, noise_log: float = 0.2, hold_factor: float = 3.0,
-                 significance: float = 2.0, same_level: float = 0.15, max_hold_mult: float = 4.0,
-                 shock_windows: int = 16, early_samples: int = 3, settle_ratio: float = 2.0,
-                 plateau_windows: int = 3, server_headroom: float = 0.125, queue_readings: int = 2,
-                 queue_share: float = 0.25, warm: bool = False,
-                 max_tokens: Optional[int] = None, deadline_s: Optional[float] = None):
-        self.significance = significance
-        self.plateau_windows, self.server_headroom, self.queue_share = plateau_windows, server_headroom, queue_share
-        self.queue_readings = queue_readings
+    def __init__(self, initial: int, min_limit: int, max_limit: int, *, backoff_ratio: float = 0.7,
+                 queue_share: float = 0.25, warm: bool = False, max_tokens: Optional[int] = None,
+                 deadline_s: Optional[float] = None):
+        super().__init__(float(initial), float(min_limit), float(max_limit))
+        self.limit = float(initial)
+        self.backoff_ratio, self.queue_share = backoff_ratio, queue_share
         self._queue_cap: Optional[float] = None  # what the server runs, read from time to first token (see _queue)
         self._ttft_min = math.inf  # the fastest first token seen, and the lowest window mean of them (the base)
         self._ttft_base: Optional[float] = None
@@ -1859,49 +1920,31 @@ class GradientLimit:
         self._metrics = False  # the server's metrics were read (on_server): a slow start until it first queues
         self._slow_start, self._falls = True, 0
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
-        self.same_level, self.max_hold_mult = same_level, max_hold_mult
         self._overloaded_at: Optional[float] = None
         self._refused = False  # the last overload was a refusal on arrival (its level is a cap)
         self._hold_mult = 1.0
         self._longest_s: Optional[float] = None
         self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
         self.deadline_s = deadline_s
-        self.hold_factor = hold_factor
         self._hold_until = -math.inf
-        self.min_creep = min_creep
-        self.max_slope, self.noise_log = max_slope, noise_log
         self._shift: Optional[float] = None
-        self._creep_from = min_creep  # the first creep step past a remembered level
-        self.limit = float(initial)
-        self.min_limit, self.max_limit = min_limit, max_limit
-        self.target, self.gain = target_elasticity, gain
-        self.min_step, self.max_up, self.max_down = min_step_log, max_up_log, max_down_log
-        self._min_dx = 0.5 * min_step_log  # windows this far apart in load (half a probe) show a slope
-        self.min_window, self.max_window = min_window, max_window
-        self.judge_fraction, self.window_share = judge_fraction, window_share
-        self.first_step = first_step_log
-        self.backoff_ratio = backoff_ratio
-        self.min_samples = min_samples
-        self.early_samples, self.settle_ratio = early_samples, settle_ratio
+        self._creep_from = self.min_creep  # the first creep step past a remembered level
         self._stamp = 0
-        self._open: Dict[int, Dict[str, Any]] = {}
+        self._window: _Window = _Window(0, 0, None)
         self._points: List[Tuple[float, float, float]] = []  # (ln C, ln s, variance of ln s) of the last windows
         self._var: Optional[float] = None  # the window being judged
         self._e_se: Optional[float] = None  # standard errors of the fitted and the last pair's elasticity
         self._pair_se: Optional[float] = None
-        self.fit_windows = fit_windows
-        self.shock_windows = shock_windows
         self._surprises: List[Tuple[float, float]] = []  # (squared surprise, its sampling variance) per window
         self._shock_var = 0.0  # variance of a shock shared by all of a window's requests (learned, see _learn_shock)
         self._found: List[float] = []  # the limits saturated windows chose (discovered: their median)
         self._last_e = 1.0
         self._pair_e: Optional[float] = None
         self._last_step = 1.0
-        self._judge_at = judge_fraction
+        self._judge_at = self.judge_fraction
         self.discovered: Optional[float] = None
         self._settle = 0
         self._prev_duration: Optional[float] = None
-        self.time_cap = time_cap
         self._first = True
         self._ceiling: Optional[float] = None  # a level that overloaded or stopped paying, while it still matters
         self._creep = 0.0  # log step past the ceiling; doubles with every clean window spent above it
@@ -1918,9 +1961,7 @@ class GradientLimit:
         size = int(max(self.min_window, min(self.max_window, round(self.limit * share))))
         if self._first:  # the cold-start burst admits the whole initial limit at once: judge it as one window
             size, self._first = max(size, int(self.limit)), False
-        self._open = {self._stamp: {"size": size, "admitted": 0, "work": 0.0, "time": 0.0, "load": 0.0, "n": 0,
-                                    "tt": 0.0, "tts": 0.0, "ttss": 0.0, "kk": 0.0, "kt": 0.0,
-                                    "qn": 0, "qt": 0.0, "qe": 0.0, "closed": False, "opened": now}}
+        self._window = _Window(self._stamp, size, now)
 
     def window_stamp(self) -> int:
         if self._settle > 0:
@@ -1928,48 +1969,48 @@ class GradientLimit:
             # it belongs to no window
             self._settle -= 1
             return 0
-        w = self._open.get(self._stamp)
-        if w is None or w["closed"]:
+        w = self._window
+        if w.closed:
             # admissions past a closed window (same limit, not yet judged) carry no information: stamp them 0
             return 0
-        w["admitted"] += 1
-        if w["admitted"] >= w["size"]:
-            w["closed"] = True
+        w.admitted += 1
+        if w.admitted >= w.size:
+            w.closed = True
         return self._stamp
 
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
                   ttft_s: Optional[float] = None) -> float:
-        cur = self._open.get(self._stamp)
-        if cur is not None and cur["opened"] is None:
-            cur["opened"] = now - elapsed_s if stamp == self._stamp else now
-        w = self._open.get(stamp)
-        if w is None:
+        cur = self._window
+        if cur.opened is None:
+            cur.opened = now - elapsed_s if stamp == cur.stamp else now
+        if stamp != cur.stamp:
             return self._time_cap(now, cur)
+        w = cur
         # the window's speed is a ratio of sums (tokens / stream-seconds): long, decode-dominated requests weigh
         # by their length, so a window's mix of short and long answers barely moves it
-        w["work"] += speed * elapsed_s
-        w["time"] += elapsed_s
-        w["load"] += load * elapsed_s
-        w["n"] += 1
+        w.work += speed * elapsed_s
+        w.time += elapsed_s
+        w.load += load * elapsed_s
+        w.n += 1
         tt = elapsed_s * elapsed_s  # second moments, for the variance of the window's speed
-        w["tt"] += tt
-        w["tts"] += tt * speed
-        w["ttss"] += tt * speed * speed
+        w.sum_t2 += tt
+        w.sum_t2s += tt * speed
+        w.sum_t2s2 += tt * speed * speed
         tokens = speed * elapsed_s  # and for latency against length (the speed floor)
-        w["kk"] += tokens * tokens
-        w["kt"] += tokens * elapsed_s
+        w.sum_k2 += tokens * tokens
+        w.sum_kt += tokens * elapsed_s
         if ttft_s is not None and 0.0 <= ttft_s <= elapsed_s:  # and for the server's queue (_queue)
-            w["qn"] += 1
-            w["qt"] += ttft_s
-            w["qe"] += elapsed_s
+            w.ttft_n += 1
+            w.ttft_sum += ttft_s
+            w.ttft_life += elapsed_s
             self._ttft_min = min(self._ttft_min, ttft_s)
-        n = w["n"]
-        if (not w["closed"] or n < max(self.early_samples, self._judge_at * w["admitted"])
+        n = w.n
+        if (not w.closed or n < max(self.early_samples, self._judge_at * w.admitted)
                 or (n < self.min_samples and not self._decisive(w))):
             return self._time_cap(now, w)
-        return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])
+        return self._judge(now, w, w.load / w.time, w.work / w.time)
 
-    def _decisive(self, w: Dict[str, Any]) -> bool:
+    def _decisive(self, w: _Window) -> bool:
         """Has a window whose share is back, but fewer than ``min_samples`` answers, already settled which way
         the limit goes? A sequential test: yes if the fit and the last pair both put e beyond e* by
         ``significance`` standard errors the same way (``_variance`` counts the window's as no less than the
@@ -1980,7 +2021,7 @@ class GradientLimit:
         var = self._variance(w)
         if not self._points or var is None:
             return False
-        c, s = w["load"] / w["time"], w["work"] / w["time"]
+        c, s = w.load / w.time, w.work / w.time
         if c < 0.5 * self.limit:
             return False
         pts = self._points + [(math.log(c), math.log(s), var)]
@@ -1995,24 +2036,24 @@ class GradientLimit:
         return ((e - self.target > z * e_se and pair_e - self.target > z * pair_se)
                 or (e - self.target < -z * e_se and pair_e - self.target < -z * pair_se))
 
-    def _time_cap(self, now: float, w: Optional[Dict[str, Any]]) -> float:
+    def _time_cap(self, now: float, w: Optional[_Window]) -> float:
         """Judge a window that takes ``time_cap`` times longer than the last one: its requests have slowed
         down at least that much, and waiting for them would leave a bad limit in force for minutes."""
-        if (w is None or not w["closed"] or w["opened"] is None or self._prev_duration is None
-                or not self._points or now - w["opened"] <= self.time_cap * self._prev_duration):
+        if (w is None or not w.closed or w.opened is None or self._prev_duration is None
+                or not self._points or now - w.opened <= self.time_cap * self._prev_duration):
             return self.limit
-        if w["n"] >= 2:  # the samples that did arrive are the evidence (a window can be slow to fill with
-            return self._judge(now, w, w["load"] / w["time"], w["work"] / w["time"])  # long requests alone)
+        if w.n >= 2:  # the samples that did arrive are the evidence (a window can be slow to fill with
+            return self._judge(now, w, w.load / w.time, w.work / w.time)  # long requests alone)
         # (almost) nothing came back: its requests run at most this much slower than the last window's
         s_prev = math.exp(self._points[-1][1])
-        s = s_prev * self._prev_duration / (now - w["opened"])
-        if w["n"]:
-            s = min(s, w["work"] / w["time"])
+        s = s_prev * self._prev_duration / (now - w.opened)
+        if w.n:
+            s = min(s, w.work / w.time)
         return self._judge(now, w, self.limit, s)
 
-    def _judge(self, now: float, w: Dict[str, Any], c: float, s: float) -> float:
-        if w["opened"] is not None:
-            self._prev_duration = max(now - w["opened"], 1e-6)
+    def _judge(self, now: float, w: _Window, c: float, s: float) -> float:
+        if w.opened is not None:
+            self._prev_duration = max(now - w.opened, 1e-6)
         if c < 0.5 * self.limit:
             # app-limited (the client used less than half the limit, e.g. agents mostly in tools): the window says
             # nothing about what the endpoint can take, and its speed moves with what the client does
@@ -2022,13 +2063,13 @@ class GradientLimit:
             return self.limit
         self._var = self._variance(w)
         self._longest_s = self._longest_time(w)
-        self._latency = w["time"] / w["n"] if w["n"] else self._latency
+        self._latency = w.time / w.n if w.n else self._latency
         self._queue(w, c)
         step = self._step(now, c, s)
         self._last_step = step
         if c >= 0.8 * self.limit:  # a saturated window: its outcome is what this endpoint can take; the limit
             # circles the optimum (probes either side), so what was found is the median of the last few outcomes
-            self._found.append(max(float(self.min_limit), min(float(self.max_limit), self.limit * math.exp(step))))
+            self._found.append(self.clamp(self.limit * math.exp(step)))
             del self._found[:-9]
             self.discovered = upper_median(self._found)
         new = self.limit * math.exp(step)
@@ -2037,22 +2078,22 @@ class GradientLimit:
         self._points.append((math.log(max(c, 1e-9)), math.log(s), self._window_var()))
         del self._points[:-self.fit_windows]
         old = self.limit
-        self.limit = max(float(self.min_limit), min(float(self.max_limit), new))
+        self.limit = self.clamp(new)
         # a burst that at least doubles the load (a wave of prefills at once) is a transient and belongs to no
         # window; a probe's few more streams are the next window's first requests
         self._settle = max(0, int(self.limit) - int(old)) if self.limit >= self.settle_ratio * old else 0
         self._new_window(now)
         return self.limit
 
-    def _variance(self, w: Dict[str, Any]) -> Optional[float]:
+    def _variance(self, w: _Window) -> Optional[float]:
         """The variance of a window's ln s, s = sum(work) / sum(time) (delta method: sum t_i^2 (s_i - s)^2 /
         (s sum t_i)^2), with fewer than ``min_samples`` answers no less than the remembered windows' (a few
         answers cannot tell their own spread); None when too few came back to tell."""
-        n, r = w["n"], w["work"] / w["time"] if w["time"] > 0 else 0.0
+        n, r = w.n, w.work / w.time if w.time > 0 else 0.0
         if n < 3 or r <= 0:
             return None
-        spread = w["ttss"] - 2.0 * r * w["tts"] + r * r * w["tt"]
-        var = max(0.0, spread) * n / (n - 1) / (r * w["time"]) ** 2
+        spread = w.sum_t2s2 - 2.0 * r * w.sum_t2s + r * r * w.sum_t2
+        var = max(0.0, spread) * n / (n - 1) / (r * w.time) ** 2
         if n < self.min_samples and self._points:
             var = max(var, self._remembered_var())
         return var
@@ -2130,21 +2171,21 @@ class GradientLimit:
             own = upper_median(v for _, v in self._surprises)
             self._shock_var = max(0.0, r2 - own) / 2.0
 
-    def _longest_time(self, w: Dict[str, Any]) -> Optional[float]:
+    def _longest_time(self, w: _Window) -> Optional[float]:
         """How long a max_tokens answer would take now: the window's latencies against its answers' lengths,
         latency = first token + tokens / decode speed (least squares; at the window's own pace when its answers are
         all alike); None when unknown (no max_tokens, too few answers, or a slope that is no decode speed: an
         agent's turns differ by their prompts more than by their answers)."""
-        n = w["n"]
+        n = w.n
         if not self.max_tokens or n < 3:
             return None
-        vx = w["kk"] - w["work"] ** 2 / n
-        if vx <= 1e-6 * w["kk"]:  # answers all alike: no telling first token from decode; at this window's pace
-            return self.max_tokens * w["time"] / w["work"] if w["work"] > 0 else None
-        slope = (w["kt"] - w["work"] * w["time"] / n) / vx
+        vx = w.sum_k2 - w.work ** 2 / n
+        if vx <= 1e-6 * w.sum_k2:  # answers all alike: no telling first token from decode; at this window's pace
+            return self.max_tokens * w.time / w.work if w.work > 0 else None
+        slope = (w.sum_kt - w.work * w.time / n) / vx
         if slope <= 0:
             return None
-        first = max(0.0, (w["time"] - slope * w["work"]) / n)
+        first = max(0.0, (w.time - slope * w.work) / n)
         return first + slope * self.max_tokens
 
     def _window_var(self) -> float:
@@ -2244,7 +2285,7 @@ class GradientLimit:
             step = 0.0  # streams already too slow for a longest answer to finish before the client's timeout
         return step
 
-    def _queue(self, w: Dict[str, Any], c: float) -> None:
+    def _queue(self, w: _Window, c: float) -> None:
         """What a queue does, read from the window's streamed answers: a request the server keeps waiting has its
         wait in its time to first token, while its decode runs as fast as the others'. So the share of the
         window's request time spent waiting for a first token beyond the lowest window mean of them seen (the base:
@@ -2254,12 +2295,12 @@ class GradientLimit:
         own metrics (``on_server``), and a plateau of throughput is not climbed; a window at the hold without such a
         queue moves the hold up by a quarter (at least one), so it lapses by steps, not at once. No streams (no
         first tokens): no reading."""
-        if w["qn"] < max(3, 0.5 * w["n"]) or w["qe"] <= 0:
+        if w.ttft_n < max(3, 0.5 * w.n) or w.ttft_life <= 0:
             return
-        mean = w["qt"] / w["qn"]
+        mean = w.ttft_sum / w.ttft_n
         if self._ttft_base is None or mean < self._ttft_base:
             self._ttft_base = mean
-        share = max(0.0, w["qt"] - w["qn"] * max(self._ttft_base, self._ttft_min)) / w["qe"]
+        share = max(0.0, w.ttft_sum - w.ttft_n * max(self._ttft_base, self._ttft_min)) / w.ttft_life
         if share < self.queue_share:
             if self._queue_cap is not None and self.limit >= 0.9 * self._queue_cap:  # (at the hold, no queue)
                 self._queue_cap = max(self._queue_cap + 1.0, 1.25 * self._queue_cap)
@@ -2361,6 +2402,32 @@ class GradientLimit:
         return self.limit
 
 
+def _wait_for(cond: threading.Condition, attempt: Callable[[], Any], *, timeout_s: Optional[float],
+              cancel: Optional[threading.Event], timeout: Callable[[], str],
+              soonest_s: Optional[Callable[[], float]] = None) -> Any:
+    """Wait on ``cond`` (held by the caller) until ``attempt()`` gives something, and return that: the one blocking
+    loop of both gates. Waits are bounded (0.5 s, or ``soonest_s()`` when that is sooner): what a gate waits for can
+    change without a notify (a drain's end, a limit that moved, a cancel). ``cancel`` set: ``_Cancelled``;
+    ``timeout_s`` passed: ``GateTimeoutError`` with the message ``timeout()``."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        got = attempt()
+        if got is not None:
+            return got
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled()
+        wait_s = 0.5
+        soon = soonest_s() if soonest_s is not None else 0.0
+        if soon > 0:
+            wait_s = min(wait_s, soon)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GateTimeoutError(timeout())
+            wait_s = min(wait_s, left)
+        cond.wait(max(wait_s, 0.001))
+
+
 class Permit:
     """Proof of admission; carries the admission time, window stamp and cut epoch used to judge its outcome, and
     when it was asked for (``acquire``'s start; a caller polling ``try_acquire`` may set it)."""
@@ -2396,12 +2463,11 @@ class AdaptiveGate:
         self.backoff_ratio, self.drain_s = float(backoff_ratio), float(drain_s)
         self._clock = clock
         if algorithm is None:
-            algorithm = GradientLimit(max(self.min_limit, min(self.max_limit, int(initial_limit))), self.min_limit,
-                                      self.max_limit, backoff_ratio=self.backoff_ratio, max_tokens=max_tokens,
-                                      deadline_s=deadline_s)
-        self._algorithm = algorithm
+            algorithm = GradientLimit(self._clamp(initial_limit), self.min_limit, self.max_limit,
+                                      backoff_ratio=self.backoff_ratio, max_tokens=max_tokens, deadline_s=deadline_s)
+        self._algorithm: Limit = algorithm
         self._cond = threading.Condition()  # guards _in_flight, _limit, _epoch, _drain_until, the algorithm
-        self._limit = max(self.min_limit, min(self.max_limit, int(self._algorithm.limit)))
+        self._limit = self._clamp(self._algorithm.limit)
         self._in_flight = 0
         self._area = 0.0           # ∫ in_flight dt since creation
         self._area_t: Optional[float] = None
@@ -2411,6 +2477,31 @@ class AdaptiveGate:
         self._ok_latency: Optional[float] = None  # smoothed latency of successful requests
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
         self._listeners: List[Callable[[float, str, int, float], None]] = []
+        algorithm.attach(self)
+
+    def _clamp(self, value: float) -> int:
+        return max(self.min_limit, min(self.max_limit, int(value)))
+
+    def _set_limit(self, new: float, cause: str, events: List[Dict[str, Any]], **fields: Any) -> None:
+        """The one door through which the limit changes (lock held): clamped to the gate's bounds, and a "limit"
+        event (delivered by the caller outside the lock, ``_tell``) when it moved."""
+        old, self._limit = self._limit, self._clamp(new)
+        if self._limit != old:
+            events.append(dict({"type": "limit", "limit": self._limit, "previous": old, "cause": cause}, **fields))
+
+    def _tell(self, events: List[Dict[str, Any]]) -> None:
+        if self.on_event is not None:
+            for ev in events:
+                self.on_event(ev)
+
+    @property
+    def shared(self) -> bool:
+        """The limit is shared with other processes (the shards of one run)."""
+        return self._algorithm.shared
+
+    def close(self) -> None:
+        """Release what the limit algorithm holds (a shared limit's heartbeat and file); idempotent."""
+        self._algorithm.close()
 
     def add_listener(self, fn: Callable[[float, str, int, float], None]) -> None:
         """Call ``fn(now, outcome, output_tokens, latency_s)`` after every release (outside the lock): the session
@@ -2433,26 +2524,22 @@ class AdaptiveGate:
     @property
     def discovered_limit(self) -> int:
         """The limit learned from saturated traffic (the current limit when none was judged yet)."""
-        found = getattr(self._algorithm, "discovered", None)
+        found = self._algorithm.discovered
         return int(round(found)) if found else self._limit
 
     def on_server(self, running: float, waiting: float) -> None:
         """The server's own count of the requests it runs and keeps waiting (its Prometheus metrics): while it
         queues, the adaptive limit is held near what it runs of ours (our in-flight requests less the queue).
         A fixed limit ignores it."""
-        fn = getattr(self._algorithm, "on_server", None)
-        if fn is None or not self._algorithm.adaptive:
+        if not self._algorithm.adaptive:
             return
+        events: List[Dict[str, Any]] = []
         with self._cond:
-            old = self._limit
             served = max(1.0, min(float(running), self._in_flight - float(waiting)))
             on_way = max(0.0, self._in_flight - float(running) - float(waiting))  # (sent or answered, not seen)
-            self._limit = max(self.min_limit, min(self.max_limit,
-                                                  int(fn(self._clock(), served, float(waiting), on_way))))
-            event = {"type": "limit", "limit": self._limit, "previous": old, "cause": "server_queue",
-                     "running": running, "waiting": waiting} if self._limit != old else None
-        if event is not None and self.on_event is not None:
-            self.on_event(event)
+            self._set_limit(self._algorithm.on_server(self._clock(), served, float(waiting), on_way), "server_queue",
+                            events, running=running, waiting=waiting)
+        self._tell(events)
 
     def draining_until(self) -> Optional[float]:
         """Clock time at which the current drain pause ends, or None when not draining."""
@@ -2477,27 +2564,14 @@ class AdaptiveGate:
             return self._try_locked()
 
     def acquire(self, timeout_s: Optional[float] = None, *, cancel: Optional[threading.Event] = None) -> Permit:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         asked = self._clock()
         with self._cond:
-            while True:
-                permit = self._try_locked()
-                if permit is not None:
-                    permit.asked_at = asked
-                    return permit
-                if cancel is not None and cancel.is_set():
-                    raise _Cancelled()
-                wait_s = 0.5  # bounded waits: a drain end or a cancel needs no notify to be seen
-                drain_left = self._drain_until - self._clock()
-                if drain_left > 0:
-                    wait_s = min(wait_s, drain_left)
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise GateTimeoutError("no concurrency permit within %.1fs (limit %d, in flight %d)"
-                                               % (timeout_s, self._limit, self._in_flight))
-                    wait_s = min(wait_s, left)
-                self._cond.wait(max(wait_s, 0.001))
+            permit = _wait_for(self._cond, self._try_locked, timeout_s=timeout_s, cancel=cancel,
+                               soonest_s=lambda: self._drain_until - self._clock(),
+                               timeout=lambda: "no concurrency permit within %.1fs (limit %d, in flight %d)"
+                               % (timeout_s, self._limit, self._in_flight))
+            permit.asked_at = asked
+            return permit
 
     def release(self, permit: Permit, outcome: str = "ok", output_tokens: int = 0, *,
                 retry_after_s: Optional[float] = None, turned_away: bool = False,
@@ -2514,7 +2588,7 @@ class AdaptiveGate:
         server's own queue (GradientLimit._queue)."""
         if outcome not in ("ok", "overload", "ignore"):
             raise ValueError("outcome must be ok, overload or ignore, got %r" % (outcome,))
-        events = []
+        events: List[Dict[str, Any]] = []
         with self._cond:
             if permit.released:
                 return  # idempotent: a double release must not leak capacity the other way
@@ -2522,7 +2596,7 @@ class AdaptiveGate:
             now = self._clock()
             self._advance_area(now)
             self._in_flight -= 1
-            old = self._limit
+            cause = "turned_away" if turned_away and outcome == "overload" else outcome
             if outcome == "ok":
                 elapsed = max(now - permit.admitted_at, 1e-6)
                 self._ok_latency = elapsed if self._ok_latency is None else 0.9 * self._ok_latency + 0.1 * elapsed
@@ -2532,8 +2606,8 @@ class AdaptiveGate:
                 self._drain_to_ok = False
                 speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
                 load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
-                new = self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed, ttft_s=ttft_s)
-                self._limit = max(self.min_limit, min(self.max_limit, int(new)))
+                self._set_limit(self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed,
+                                                          ttft_s=ttft_s), cause, events)
             elif outcome == "overload" and self._algorithm.adaptive and (
                     permit.epoch == self._epoch or (turned_away and permit.inflight_at_admit <= self._limit)):
                 # once per epoch: failures of permits admitted before this cut do not cut again (a request turned
@@ -2551,24 +2625,47 @@ class AdaptiveGate:
                 drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
                 new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
                                                   refused=refused)
-                self._limit = max(self.min_limit, min(self.max_limit, int(new)))
                 if not turned_away:
                     self._drain_until = now + drain
                     # a refusal without Retry-After pauses only until a request finishes and frees its slot
                     self._drain_to_ok = refused and retry_after_s is None
-                    events.append({"type": "drain", "limit": self._limit, "drain_s": round(drain, 3)})
-            if self._limit != old:
-                events.append({"type": "limit", "limit": self._limit, "previous": old,
-                               "cause": "turned_away" if turned_away and outcome == "overload" else outcome})
+                    events.append({"type": "drain", "limit": self._clamp(new), "drain_s": round(drain, 3)})
+                self._set_limit(new, cause, events)
             self._cond.notify_all()
-        if self.on_event is not None:
-            for ev in events:
-                self.on_event(ev)
+        self._tell(events)
         for fn in self._listeners:
             fn(now, outcome, output_tokens if outcome == "ok" else 0, now - permit.asked_at)
 
 
-class SessionLimit:
+class SessionRule:
+    """What a session-count algorithm is: a ``limit`` on the active sessions within ``min_limit``..``max_limit``,
+    told by the session gate when the count or the door changes (``observe``), after every model answer
+    (``on_turn``), after every agent turn with its tokens (``report``) and when a session leaves (``leave``). The
+    defaults ignore what a rule does not read; a rule moves its events at most every ``event_interval_s``."""
+
+    event_interval_s = 0.0
+
+    def __init__(self, initial: int, min_limit: int, max_limit: int):
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.limit = self.clamp(initial)
+
+    def clamp(self, value: int) -> int:
+        return max(self.min_limit, min(self.max_limit, value))
+
+    def observe(self, now: float, active: int, waiting: bool) -> None:
+        pass
+
+    def on_turn(self, now: float, tokens: int, latency_s: float) -> int:
+        return self.limit
+
+    def report(self, now: float, key: object, prompt_tokens: int, completion_tokens: int, turn_s: float) -> None:
+        pass
+
+    def leave(self, now: float, key: object) -> None:
+        pass
+
+
+class SessionLimit(SessionRule):
     """How many agent sessions may be active: as many as the server's prefix cache holds, its size known.
 
     Sessions keep their contexts cached on the server while their tools run; past the pool's size the contexts
@@ -2601,8 +2698,8 @@ class SessionLimit:
         if kv_tokens < 1:
             raise ConfigError("the KV pool must hold at least one token, got %r" % (kv_tokens,))
         self.kv_tokens = int(kv_tokens)
-        self.min_limit, self.max_limit = min_limit, max_limit
-        self.limit = self.initial = max(min_limit, min(max_limit, initial))
+        super().__init__(initial, min_limit, max_limit)
+        self.initial = self.limit
         self.prior_turns, self.prior_growth, self.prior_start = prior_turns, prior_growth, prior_start
         # per admitted session: [first prompt, last prompt, context now, turns, end of its last turn]
         self._sessions: Dict[object, List[float]] = {}
@@ -2620,9 +2717,6 @@ class SessionLimit:
         if (active, waiting) != (self._active, self._waiting):
             self._active, self._waiting = active, waiting
             self._update(now)
-
-    def on_turn(self, now: float, tokens: int, latency_s: float) -> int:
-        return self.limit  # (what a turn changes arrives through report)
 
     def report(self, now: float, key: object, prompt_tokens: int, completion_tokens: int, turn_s: float) -> None:
         """One turn of session ``key`` ended at ``now``: it sent ``prompt_tokens``, got ``completion_tokens``, and
@@ -2727,7 +2821,7 @@ class SessionLimit:
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         shown = len(self._lengths) + len(self._sessions)  # (finished, and admitted that reported)
         lo = min(lo, max(self.initial, 2 * shown))  # at most twice the sessions that have shown a turn
-        new = max(self.min_limit, min(self.max_limit, lo))
+        new = self.clamp(lo)
         if not self._waiting:
             new = min(new, max(active, self.min_limit))  # no one at the door: no headroom banked
         self.limit = new
@@ -2735,7 +2829,7 @@ class SessionLimit:
             self.trace.append((round(now, 1), active, new, round(self._occupancy, 3), int(held)))
 
 
-class SessionCountLimit:
+class SessionCountLimit(SessionRule):
     """How many multi-turn sessions may be active when the server's memory size is unknown: the count that gets
     the most done, learned while running (SessionLimit's fallback).
 
@@ -2761,8 +2855,7 @@ class SessionCountLimit:
                  smoothing: float = 0.3, probe_windows: int = 6, margin: float = 0.1):
         self.smoothing = smoothing
         self.probe, self.margin = probe_windows, margin
-        self.limit = max(min_limit, min(max_limit, initial))
-        self.min_limit, self.max_limit = min_limit, max_limit
+        super().__init__(initial, min_limit, max_limit)
         self.turns_per_session, self.min_turns, self.memory = turns_per_session, min_turns, memory_windows
         self._theta: Dict[int, Tuple[float, int]] = {}  # session count -> (ln theta, window number)
         self._n = 0
@@ -2846,18 +2939,13 @@ class SessionCountLimit:
             step = -1
         else:
             step = 0
-        self.limit = max(self.min_limit, min(self.max_limit, old + step))
+        self.limit = self.clamp(old + step)
         if self.trace is not None:
             self.trace.append((round(now, 1), round(s_mean, 2), round(theta * 1000, 1), round(duty, 2),
                                round(self._wait, 1), best, old, self.limit, saturated))
         self._t0, self._area, self._wait_area, self._busy, self._tokens, self._turns = now, 0.0, 0.0, 0.0, 0, 0
         return self.limit
 
-    def report(self, now: float, key: object, prompt_tokens: int, completion_tokens: int, turn_s: float) -> None:
-        pass  # (a count does not need the sessions' contexts)
-
-    def leave(self, now: float, key: object) -> None:
-        pass
 
 
 class SessionGate:
@@ -2875,7 +2963,7 @@ class SessionGate:
     """
 
     def __init__(self, gate: AdaptiveGate, *, clock: Callable[[], float] = time.monotonic,
-                 algorithm: Optional[Any] = None, kv_tokens: Optional[int] = None):
+                 algorithm: Optional[SessionRule] = None, kv_tokens: Optional[int] = None):
         self.gate = gate
         self._clock = clock
         self._cond = threading.Condition()  # guards _active, _door, _duty, _t_last, the algorithm
@@ -2921,7 +3009,7 @@ class SessionGate:
         if new > self._active:
             self._cond.notify_all()
         now = self._clock()
-        if new == self._told or now - self._told_at < getattr(self._algorithm, "event_interval_s", 0.0):
+        if new == self._told or now - self._told_at < self._algorithm.event_interval_s:
             return None
         event = {"type": "session_limit", "limit": new, "previous": self._told}
         self._told, self._told_at = new, now
@@ -2989,29 +3077,24 @@ class SessionGate:
 
     def enter(self, timeout_s: Optional[float] = None, *, cancel: Optional[threading.Event] = None) -> object:
         ticket = object()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def admit() -> Optional[object]:
+            self._observe()
+            if self._door[0] is not ticket or self._active >= self._capacity_locked():
+                return None  # (capacity follows the gate's limit, which changes without notifying us)
+            self._door.popleft()
+            self._active += 1
+            self._turned_away = False
+            self._observe()
+            self._cond.notify_all()
+            return ticket
+
         with self._cond:
             self._door.append(ticket)
             try:
-                while True:
-                    self._observe()
-                    if self._door[0] is ticket and self._active < self._capacity_locked():
-                        self._door.popleft()
-                        self._active += 1
-                        self._turned_away = False
-                        self._observe()
-                        self._cond.notify_all()
-                        return ticket
-                    if cancel is not None and cancel.is_set():
-                        raise _Cancelled()
-                    wait_s = 0.5  # capacity follows the gate's limit, which changes without notifying us
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise GateTimeoutError("no session slot within %.1fs (capacity %d, active %d)"
-                                                   % (timeout_s, self._capacity_locked(), self._active))
-                        wait_s = min(wait_s, left)
-                    self._cond.wait(wait_s)
+                return _wait_for(self._cond, admit, timeout_s=timeout_s, cancel=cancel,
+                                 timeout=lambda: "no session slot within %.1fs (capacity %d, active %d)"
+                                 % (timeout_s, self._capacity_locked(), self._active))
             except BaseException:
                 if ticket in self._door:
                     self._door.remove(ticket)
@@ -3564,6 +3647,11 @@ def _start_server_metrics(cfg: Any, gate: AdaptiveGate, base_url: str) -> Option
     """--server-metrics: auto probes once (off, silently, when the endpoint serves none of the known gauges), on
     requires them (a one-line error otherwise), off never asks. Only an adaptive gate reads them."""
     if cfg.server_metrics == "off" or not gate.adaptive:
+        return None
+    if gate.shared:  # (see _SharedLimit: the gauges count every shard's requests)
+        (_log.warning if cfg.server_metrics == "on" else _log.info)(
+            "server metrics: not read by a sharded run (the gauges count every shard's requests; the shards' "
+            "shared limit reads their answers and overloads)")
         return None
     key = os.environ.get(cfg.api_key_env) or None
     poller = _ServerMetrics.probe(base_url, gate, api_key=key, use_proxy=cfg.use_proxy)
@@ -7174,8 +7262,7 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
         def make(start: int) -> GradientLimit:
             return GradientLimit(start, 1, cap, max_tokens=cfg.max_tokens, deadline_s=cfg.request_timeout_s)
         shared = _SharedLimit(os.path.join(_shard_parent(out), SHARED_GATE_DIR), cfg.shard[0], make, initial)
-        gate = AdaptiveGate(initial, 1, cap, algorithm=shared)
-        gate.shared, shared.gate = shared, gate  # type: ignore[attr-defined]  # closed by the run at its end
+        gate = AdaptiveGate(initial, 1, cap, algorithm=shared)  # (closed by the run at its end: gate.close)
         return gate, origin + (", shared by the run's shards" if shared.leader else
                                ", then the lowest live shard's limit: the run's shards share the endpoint")
     # a limit an earlier run discovered is a hint: verified in the first windows (a probe down), forgotten when it
@@ -7482,8 +7569,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
     finally:
         if metrics is not None:
             metrics.close()
-        if getattr(gate, "shared", None) is not None:
-            gate.shared.close()  # type: ignore[attr-defined]
+        gate.close()
 
     summary = summarize((r for r in store.iter_samples() if r.get("id") in dataset.ids), total=dataset.count)
     summary.update({"task": cfg.task, "model": cfg.model, "dataset": dataset.name, "status": status})
@@ -7493,7 +7579,7 @@ def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, da
                      "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial, "initial_from": initial_from,
                                      "final": gate.limit, "max": gate.max_limit,
                                      "server_metrics": metrics.server if metrics is not None else None}})
-    if gate.adaptive and status != "aborted" and cfg.remember_limit and getattr(gate, "shared", None) is None:
+    if gate.adaptive and status != "aborted" and cfg.remember_limit and not gate.shared:
         _save_limit(base_url, cfg.model, gate.discovered_limit)  # (a shard's limit is its share: not kept)
     run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                                   "status": status, "pid": os.getpid()}]
@@ -9034,8 +9120,8 @@ def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], mode
             host.images.close()
         if metrics is not None:
             metrics.close()
-        if getattr(gate, "shared", None) is not None:
-            gate.shared.close()  # type: ignore[union-attr]
+        if gate is not None:
+            gate.close()
     if store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves the file
         store.rewrite(lambda rec: rec)
     _rewrite_preds(store, ids)
@@ -9293,11 +9379,14 @@ SHARED_GATE_HEARTBEAT_S = 0.5
 SHARED_GATE_STALE_S = 5.0
 
 
-class _SharedLimit:
-    """A gate algorithm (GradientLimit's interface) shared by the shards of one run: see the comment above.
-    ``limit`` is this shard's share; the leader's controller works in the total."""
+class _SharedLimit(Limit):
+    """A limit algorithm shared by the shards of one run: see the comment above. ``limit`` is this shard's share;
+    the leader's controller (a GradientLimit) works in the total. What it reads: every shard's successes (speed,
+    load plus the others' in flight, first tokens) and overloads. What it does not: the server's queue gauges
+    (``on_server`` is the base's no-op, and a sharded run starts no metrics poller): they count every shard's
+    requests at one instant, while a shard knows the others' in flight only as of their last heartbeat."""
 
-    adaptive = True
+    shared = True
 
     def __init__(self, gate_dir: str, index: int, make_inner: Callable[[int], Any], initial: int, *,
                  clock: Callable[[], float] = time.time, heartbeat: bool = True):
@@ -9307,7 +9396,7 @@ class _SharedLimit:
         self.limit = float(initial)
         self.leader = True
         self.live = 1
-        self.gate: Any = None             # this shard's gate (set by _make_gate): its in-flight goes in the file
+        self.gate: Optional[AdaptiveGate] = None  # this shard's gate (attach): its in-flight goes in the file
         self._others = 0.0                # the leader's view: the followers' requests in flight
         self._overloads = 0               # this shard's, published
         self._seen: Dict[str, int] = {}   # the leader's view of the followers' overload counts
@@ -9320,9 +9409,12 @@ class _SharedLimit:
             threading.Thread(target=self._run, name="evalharness-shared-gate-0", daemon=True).start()
 
     @property
-    def discovered(self) -> Optional[float]:
-        found = getattr(self._inner, "discovered", None) if self.leader else None
+    def discovered(self) -> Optional[float]:  # type: ignore[override]
+        found = self._inner.discovered if self.leader else None
         return found / self.live if found else self.limit
+
+    def attach(self, gate: AdaptiveGate) -> None:
+        self.gate = gate
 
     def window_stamp(self) -> int:
         return self._inner.window_stamp()
@@ -9336,7 +9428,7 @@ class _SharedLimit:
                   ttft_s: Optional[float] = None) -> float:
         with self._lock:
             if self.leader:
-                self._share(self._inner.on_sample(now, stamp, speed, load + self._others, elapsed_s))
+                self._share(self._inner.on_sample(now, stamp, speed, load + self._others, elapsed_s, ttft_s))
             return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
@@ -9347,7 +9439,7 @@ class _SharedLimit:
                 self._share(self._inner.on_overload(now, pause_s, None if level is None else level + self._others,
                                                     rate_limited=rate_limited, refused=refused))
             else:  # at once; the leader cuts the total when it reads this overload from our file
-                self.limit = max(1.0, self.limit * getattr(self._inner, "backoff_ratio", 0.7))
+                self.limit = max(1.0, self.limit * self._inner.backoff_ratio)
             return self.limit
 
     def _run(self) -> None:
