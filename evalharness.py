@@ -2199,8 +2199,8 @@ class GradientLimit(Limit):
         slow = self._metrics and self._slow_start and self._shift is None
         if slow:
             # a slow start: the server's metrics show it runs every request of ours and queues none, so more
-            # streams only make its batch larger; the gradient of a batch on a shared machine is noisy (below 32
-            # slots it walked llama-server down from 29 to 20), so the limit doubles each window until the server
+            # streams only make its batch larger; the gradient of a batch on a shared machine is noisy, so the
+            # limit doubles each window until the server
             # queues (``on_server``: the hold takes over), an overload, or two windows in a row lost throughput;
             # faster when the gradient says so (speed per stream holding: up to x5, as without metrics)
             pair_e, pair_se = self._pair_e, self._pair_se  # (the last doubling's own slope: a fit lags behind it)
@@ -2309,10 +2309,9 @@ class GradientLimit(Limit):
 
     def _slots(self) -> Optional[float]:
         """The server's count of slots, when its metrics show one: at least 6 of the last 8 readings with a queue
-        ran the same count of ours, and none ran more (a slot that just freed is refilled at the server's next step:
-        llama-server with 32 slots and a queue showed 31 running in 3-5% of its readings; a server whose batch is
-        bounded by memory runs a count that moves from step to step, and one that moves means no floor: the
-        gradient decides there)."""
+        ran the same count of ours, and none ran more (a slot that just freed is refilled at the server's next step,
+        so a reading or two shows one fewer; a server whose batch is bounded by memory runs a count that moves from
+        step to step, and one that moves means no floor: the gradient decides there)."""
         ran = self._served
         return max(ran) if len(ran) >= 8 and ran.count(max(ran)) >= 6 else None
 
@@ -2323,10 +2322,8 @@ class GradientLimit(Limit):
         count of slots (``_slots``), that queue costs each request a wait of its share of a request's time (one of
         ``served`` slots frees every latency / served) and nothing else: it is kept to about one unqueued first token's
         worth (served x first token / latency: a first token at most about twice as long), no more than the eighth, and
-        it and ours on their way are rounded to whole streams. A batch bound by memory (its count moves: gate_sim's
-        engine A, vLLM) keeps the eighth: how many it can take when memory frees is not known. llama-server with 32
-        slots: 33-34 (first tokens 0.09 s at a fixed 32, 0.11-0.13 s there; 0.15-0.35 s at 36), with 4 slots: 4
-        (first tokens 0.02 s against 0.12 s at 5 and 0.3 s at 6), with 16: 17."""
+        it and ours on their way are rounded to whole streams. A batch bound by memory (its count moves) keeps the
+        eighth: how many it can take when memory frees is not known (README: the gate on real servers)."""
         on_way = sum(self._on_way) / len(self._on_way) if self._on_way else 0.0
         if self._ttft_base is None or not self._latency or self._slots() is None:
             return max(float(self.min_limit), served * (1.0 + self.server_headroom) + on_way)
