@@ -198,9 +198,11 @@ _log = _LazyLogger()
 
 
 class HarnessError(Exception):
-    """Base of every error evalharness raises on purpose; ``exit_code`` is what main() returns for it."""
+    """Base of every error evalharness raises on purpose; ``exit_code`` is what main() returns for it and
+    ``error_class`` what a sample that failed with it records (see _FAILURE_RULES)."""
 
     exit_code = EXIT_FAILURE
+    error_class = "internal"
 
 
 class ConfigError(HarnessError):
@@ -226,6 +228,8 @@ class CircuitOpenError(HarnessError):
 class GateTimeoutError(HarnessError):
     """No concurrency permit became free within the timeout."""
 
+    error_class = "gate_timeout"
+
 
 class ModelAPIError(HarnessError):
     """A model request that failed. ``kind`` is one of:
@@ -235,42 +239,60 @@ class ModelAPIError(HarnessError):
     - ``malformed``: a response that could not be parsed (retried, then fatal)
     - ``fatal``: 400/401/403/404/422 and the like (not retried)
 
-    ``error_class`` is what a failed sample records and what decides whether a resume runs it again
-    (``_KEEP_ON_RESUME``): connection, timeout, overload, server_error, malformed, auth, not_found (the endpoint's
-    trouble) or bad_request (the request itself: an over-long prompt, a rejected parameter).
+    ``error_class`` is what a failed sample records (see _FAILURE_RULES). ``refused``: nothing listened (a refused
+    connection: retried, but it says nothing about load); ``turned_away``: the server never took the request (a
+    reset before any response: its accept queue was full).
     """
 
     def __init__(self, message: str, *, kind: str, status: Optional[int] = None,
-                 retry_after_s: Optional[float] = None, attempts: int = 1, error_class: Optional[str] = None):
+                 retry_after_s: Optional[float] = None, attempts: int = 1, error_class: Optional[str] = None,
+                 refused: bool = False, turned_away: bool = False):
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s
         self.attempts = attempts
-        self.error_class = error_class or _status_class(status, kind)
+        self.refused, self.turned_away = refused, turned_away
+        self.error_class = error_class or (_http_failure(status)[1] if status is not None else
+                                           _CLASS_OF_KIND.get(kind, "internal"))
 
 
-def _status_class(status: Optional[int], kind: str) -> str:
-    """The error class of an HTTP status (or, without one, of the failure's kind)."""
-    if status is None:
-        return {"overload": "timeout", "malformed": "malformed", "transient": "server_error"}.get(kind, "internal")
-    if status in (429, 503):
-        return "overload"
-    if status >= 500:
-        return "server_error"
-    if status in (401, 403):
-        return "auth"
-    if status == 404:
-        return "not_found"
-    return "bad_request"
+# One table of failure rules. A failure's *kind* says what the client does with the request: "overload" is
+# retried and cuts the adaptive limit (429, 503, timeouts, refused or reset connections), "transient" and
+# "malformed" are retried, "fatal" is not. Its *error class* is what a failed sample records, and says what a
+# resume and the breaker do with it.
+_HTTP_FAILURES: Tuple[Tuple[Tuple[int, int], str, str], ...] = (  # (status range, kind, error class)
+    ((429, 429), "overload", "overload"), ((503, 503), "overload", "overload"),
+    ((500, 599), "transient", "server_error"),
+    ((401, 401), "fatal", "auth"), ((403, 403), "fatal", "auth"), ((404, 404), "fatal", "not_found"),
+    ((400, 499), "fatal", "bad_request"))  # (the first row that holds the status; others: fatal, bad_request)
+_CLASS_OF_KIND = {"overload": "timeout", "malformed": "malformed", "transient": "server_error"}  # no status
+_FAILURE_RULES: Dict[str, Tuple[bool, bool]] = {  # error class: (kept on resume, trips the breaker)
+    # the endpoint's or the machine's trouble: a resume runs the sample again
+    "overload": (False, False), "timeout": (False, False), "connection": (False, False),
+    "server_error": (False, False), "malformed": (False, False), "judge": (False, False),
+    "image": (False, False), "sandbox": (False, False), "gate_timeout": (False, False), "internal": (False, False),
+    # the endpoint or engine is unusable (a wrong key, URL or model, never reached, a dead engine): a run of them
+    # trips the breaker at once, whatever the outage budget
+    "auth": (False, True), "not_found": (False, True), "unreachable": (False, True), "docker": (False, True),
+    # the request or the model's answer: a re-run repeats it, so a resume keeps it (--retry-failed runs it)
+    "bad_request": (True, False), "content_filter": (True, False), "eval_error": (True, False),
+}
+_KEEP_ON_RESUME = frozenset(c for c, (kept, _) in _FAILURE_RULES.items() if kept)
+_BREAKER_CLASSES = frozenset(c for c, (_, trips) in _FAILURE_RULES.items() if trips)
 
 
-# Failed samples whose cause is the request or the model's answer, not the infrastructure: a resume keeps them
-# (--retry-failed runs them again). Every other failure class is run again by a resume.
-_KEEP_ON_RESUME = frozenset({"bad_request", "content_filter", "eval_error"})
-# Failure classes that say the endpoint itself is unusable (wrong key, wrong URL or model): a run of them trips the
-# breaker at once, whatever the outage budget.
-_BREAKER_CLASSES = frozenset({"auth", "not_found", "unreachable", "docker"})
+def _http_failure(status: int) -> Tuple[str, str]:
+    """(kind, error class) of an HTTP status that is a failure (_HTTP_FAILURES)."""
+    for (low, high), kind, error_class in _HTTP_FAILURES:
+        if low <= status <= high:
+            return kind, error_class
+    return "fatal", "bad_request"
+
+
+def _error_class_of(exc: BaseException) -> str:
+    """The error class a failed sample records: the error's own (HarnessError.error_class), else internal."""
+    return exc.error_class if isinstance(exc, HarnessError) else "internal"
 
 
 class _Cancelled(Exception):
@@ -3230,14 +3252,6 @@ def _token_count(usage: Any, field: str) -> Optional[int]:
     return int(value)
 
 
-def _classify_status(status: int) -> str:
-    if status in (429, 503):
-        return "overload"
-    if status >= 500:
-        return "transient"
-    return "fatal"
-
-
 def _error_detail(body: bytes) -> str:
     try:
         data = json.loads(body.decode("utf-8", "replace"))
@@ -3752,7 +3766,7 @@ class ModelClient:
                 detail = _error_detail(exc.read())
             except Exception:  # the body itself may fail to arrive
                 detail = ""
-            kind = _classify_status(exc.code)
+            kind = _http_failure(exc.code)[0]
             raise ModelAPIError("HTTP %d from %s: %s" % (exc.code, self.url, detail or exc.reason), kind=kind,
                                 status=exc.code, retry_after_s=_retry_after_s(exc.headers.get("Retry-After")))
         except urllib.error.URLError as exc:
@@ -3783,12 +3797,11 @@ class ModelClient:
         else:
             what = "network error: %s" % (reason,)
         timed_out = what.startswith("timed out")
-        err = ModelAPIError("%s to %s" % (what, self.url), kind="overload",
-                            error_class="timeout" if timed_out else "connection")
-        err.refused = isinstance(reason, ConnectionRefusedError)  # type: ignore[attr-defined]
         # reset or closed before the status line: the server never took the request (its accept queue was full)
-        err.turned_away = before_response and what.startswith("connection reset")  # type: ignore[attr-defined]
-        return err
+        return ModelAPIError("%s to %s" % (what, self.url), kind="overload",
+                             error_class="timeout" if timed_out else "connection",
+                             refused=isinstance(reason, ConnectionRefusedError),
+                             turned_away=before_response and what.startswith("connection reset"))
 
     def _chunks(self, resp: Any, deadline: float) -> Iterator[bytes]:
         """The body as it arrives, checking the whole-request deadline between reads (a server that drips
@@ -3914,7 +3927,7 @@ class ModelClient:
     def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
         with self._rng_lock:
             jitter = 0.5 + 0.5 * self._rng.random()
-        if getattr(err, "refused", False) or getattr(err, "turned_away", False):
+        if err.refused or err.turned_away:
             # nothing listened, or the server never took it: nothing to wait out but the gate's lower limit
             base = REFUSED_BACKOFF_S * (2 ** (n_failed - 1))
         else:
@@ -3931,7 +3944,7 @@ class ModelClient:
         cfg, health = self.config, self.health
         if err.kind == "fatal":
             return True
-        refused = getattr(err, "refused", False)
+        refused = err.refused
         if health is None:
             return attempts > (min(REFUSED_RETRIES, cfg.max_retries) if refused else cfg.max_retries)
         if health.successes == 0 and refused:
@@ -3970,10 +3983,10 @@ class ModelClient:
             except ModelAPIError as exc:
                 err = exc
                 # a refused connection means nothing listens: retried, but it says nothing about load
-                outcome = "overload" if exc.kind == "overload" and not getattr(exc, "refused", False) else "ignore"
+                outcome = "overload" if exc.kind == "overload" and not exc.refused else "ignore"
             finally:
                 if permit is not None:
-                    turned_away = (outcome == "overload" and getattr(err, "turned_away", False)
+                    turned_away = (outcome == "overload" and err is not None and err.turned_away
                                    and time.monotonic() - t_attempt < TURNED_AWAY_S)
                     self.gate.release(permit, outcome, tokens, turned_away=turned_away,
                                       retry_after_s=err.retry_after_s if outcome == "overload" else None,
@@ -4595,6 +4608,8 @@ class MockServer:
 class DockerError(HarnessError):
     """A container-engine call that failed, timed out or could not start; the message carries its stderr."""
 
+    error_class = "docker"
+
     def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: Optional[int] = None,
                  stderr: str = ""):
         super().__init__(message)
@@ -4605,6 +4620,8 @@ class DockerError(HarnessError):
 
 class ImageError(HarnessError):
     """An image that could not be delivered, verified or found."""
+
+    error_class = "image"
 
 
 def _last_lines(text: str, n: int = 3, width: int = 400) -> str:
@@ -5941,6 +5958,8 @@ def dataset_images(path: str, template: Optional[str] = None) -> List[str]:
 class SandboxError(HarnessError):
     """A container that could not be started, reached or used."""
 
+    error_class = "sandbox"
+
 
 class _ExecPool:
     """A fixed pool of ``workers`` threads; ``call(fn, ...)`` runs fn on one of them and returns its result (or
@@ -6732,17 +6751,6 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
 # =============================================================================
 # Runner
 # =============================================================================
-
-
-def _error_class_of(exc: BaseException) -> str:
-    """The error class a failed sample records (see _KEEP_ON_RESUME and _BREAKER_CLASSES)."""
-    if isinstance(exc, ModelAPIError):
-        return exc.error_class
-    for cls, name in ((DockerError, "docker"), (ImageError, "image"), (SandboxError, "sandbox"),
-                      (GateTimeoutError, "gate_timeout")):
-        if isinstance(exc, cls):
-            return name
-    return "internal"
 
 
 class _CircuitBreaker:
