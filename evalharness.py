@@ -7311,18 +7311,6 @@ def _shard_info(cfg: RunConfig, samples: int, samples_total: int) -> Dict[str, A
     return {"index": index, "count": count, "samples": samples, "samples_total": samples_total,
             "slurm_job": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
 
-def _qa_settings(cfg: RunConfig) -> Dict[str, Any]:
-    """The generation settings that make a QA run what it is (its identity: a change refuses to resume)."""
-    settings = {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt, "temperature": cfg.temperature,
-                "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body, "stream": cfg.stream, "seed": cfg.seed}
-    if cfg.epochs > 1:
-        settings["epochs"] = cfg.epochs
-    if cfg.scorer == "judge" or cfg.judge_model or cfg.judge_base_url:
-        settings["judge"] = {"model": cfg.judge_model or cfg.model, "base_url": cfg.judge_base_url,
-                             "template": _fingerprint(JUDGE_TEMPLATE)}
-    return settings
-
-
 def _show_setting(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     if len(text) > 48:
@@ -7436,57 +7424,6 @@ def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Opt
                 category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
 
 
-def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = None,
-           progress_stream: Any = None, cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
-    """Run (or resume) a QA evaluation; return (exit code, run directory). Prints the summary on ``stdout``."""
-    stdout = stdout or sys.stdout
-    # 1. everything that can be checked without touching disk, so bad input leaves nothing behind
-    if cfg.task != "qa":
-        raise ConfigError("--task %r is not available in this version; use --task qa" % cfg.task)
-    client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
-                              temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                              request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body, stream=cfg.stream,
-                              max_retries=cfg.max_retries, use_proxy=cfg.use_proxy, seed=cfg.seed)
-    base_url = _normalize_base_url(cfg.base_url)
-    for name, value in (("--fixed-concurrency", cfg.fixed_concurrency), ("--initial-concurrency",
-                        cfg.initial_concurrency), ("--max-concurrency", cfg.max_concurrency)):
-        if value is not None and value < 1:
-            raise ConfigError("%s must be >= 1, got %d" % (name, value))
-    if cfg.request_timeout_s <= 0:
-        raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
-    if cfg.outage_budget_s <= 0:
-        raise ConfigError("--outage-budget must be > 0 seconds, got %r" % cfg.outage_budget_s)
-    if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
-        raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
-    if dataset is None:
-        if not cfg.dataset:
-            raise ConfigError("--dataset is required")
-        dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields),
-                               format=cfg.format, template=cfg.prompt_template)
-    if cfg.epochs < 1:
-        raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
-    if cfg.shard is not None:
-        dataset = _Shard(dataset, *cfg.shard)  # type: ignore[assignment]
-    if cfg.epochs > 1:
-        dataset = _Epochs(dataset, cfg.epochs, cfg.seed)  # type: ignore[assignment]
-    out = _shard_out(cfg, cfg.out or _default_out(cfg.task, cfg.model, cfg.dataset or dataset.name,
-                                                  _fingerprint(_qa_settings(cfg))))
-    server = _preflight(cfg, client_cfg, (_prompt_of(item, cfg.system_prompt) for item in dataset.iter_items()))
-    if "judge" in dataset.scorers and (cfg.judge_base_url or cfg.judge_model):
-        probe_endpoint(_replace(client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
-                                model=cfg.judge_model or cfg.model,
-                                api_key_env=cfg.judge_api_key_env or cfg.api_key_env),
-                       check_model=cfg.model_check, flag="--judge-model")
-
-    # 2. the run directory
-    store = RunStore(out).open()
-    try:
-        return _run_qa_in_store(cfg, client_cfg, base_url, dataset, store, stdout, progress_stream, cancel,
-                                server)
-    finally:
-        store.close()
-
-
 def _prompt_of(item: QAItem, system_prompt: Optional[str]) -> str:
     return (system_prompt or "") + "".join(_content_text(m.get("content")) for m in item.messages)
 
@@ -7505,98 +7442,360 @@ def _preflight(cfg: RunConfig, client_cfg: ClientConfig, prompts: Iterable[str])
     return server
 
 
-def _run_qa_in_store(cfg: RunConfig, client_cfg: ClientConfig, base_url: str, dataset: Dataset, store: RunStore,
-                     stdout: Any, progress_stream: Any, cancel: Optional[threading.Event],
-                     server: Optional[Dict[str, Any]] = None) -> Tuple[int, str]:
+# =============================================================================
+# Runs
+# =============================================================================
+# One lifecycle for every kind of evaluation (run_evaluation): options checked, rows read, the endpoint's pre-flight,
+# the run directory (identity, resume), the gates and the client, run.json, the runner (progress, breaker, events),
+# the summary, the report and the exit code. A kind (_Kind) says only what is its own: how its rows are read, what
+# it asks the endpoint, how it scores, what it adds to the summary. README: "Adding a kind of evaluation".
+
+_KINDS: Dict[str, type] = {}  # --task NAME -> its kind's class (filled by @_kind in each kind's section)
+
+
+def _kind(cls: type) -> type:
+    """Register a kind of evaluation under its ``name`` (the --task it answers to)."""
+    _KINDS[cls.name] = cls
+    return cls
+
+
+class _Kind:
+    """A kind of evaluation: the hooks run_evaluation calls, in its order (defaults do nothing). One object per
+    run: a kind keeps what it takes for the run (clients, containers, files) on itself."""
+
+    name = ""
+    noun = "sample"          # what one of its rows is called in messages
+    agents = False           # multi-turn sessions: a session gate, and a model gate that reads no server queue
+    remembers_limit = True   # the discovered limit is kept for later runs on the same endpoint
+
+    def check(self, cfg: "RunConfig") -> None:
+        """Its own options, checked before anything is read or written."""
+
+    def load(self, run: "_Run", dataset: Any) -> None:
+        """Read and validate the rows (``dataset`` given: use it), take this shard's part; set run.dataset (with
+        .name, .sha256, .count) and run.model."""
+        raise NotImplementedError
+
+    def uses_model(self, cfg: "RunConfig") -> bool:
+        return True
+
+    def prompts(self, run: "_Run") -> Iterable[str]:
+        """The prompts the pre-flight's context warning measures."""
+        return ()
+
+    def before_store(self, run: "_Run") -> None:
+        """Last checks of what the run needs (other endpoints, container engines), before the run directory."""
+
+    def settings(self, cfg: "RunConfig") -> Dict[str, Any]:
+        """What makes a run of this kind what it is: its identity (a change refuses to resume)."""
+        raise NotImplementedError
+
+    def default_out(self, run: "_Run") -> str:
+        return _default_out(run.cfg.task, run.model, run.cfg.dataset or run.dataset.name,
+                            _fingerprint(self.settings(run.cfg)))
+
+    def resume(self, run: "_Run") -> None:
+        """Plan the resume from the stored records (_plan_resume), rewrite what changes; set run.ids, run.total,
+        run.fps, run.plan, run.done_ids, run.failed_kept."""
+        raise NotImplementedError
+
+    def start(self, run: "_Run") -> None:
+        """Take the kind's resources (after the gate and the client, before run.json)."""
+
+    def dataset_info(self, run: "_Run") -> Dict[str, Any]:
+        d = run.dataset
+        return {"path": os.path.abspath(run.cfg.dataset) if run.cfg.dataset else None, "name": d.name,
+                "sha256": d.sha256, "rows": d.count, "ids": sorted(d.ids)}
+
+    def samples_total(self, run: "_Run") -> int:
+        """The whole run's samples, for a shard's run.json."""
+        return run.total
+
+    def work(self, run: "_Run") -> Callable[[Any], Dict[str, Any]]:
+        """One row -> its finished record: what the kind asks and how it scores."""
+        raise NotImplementedError
+
+    def runner_options(self, run: "_Run") -> Dict[str, Any]:
+        """How the runner dispatches (workers, gate, progress extras, after_append)."""
+        return {"workers": run.gate.max_limit if run.gate is not None else 1, "gate": run.gate}
+
+    def pending(self, run: "_Run") -> Iterator[Any]:
+        """The rows still to run, in order."""
+        raise NotImplementedError
+
+    def stop(self, run: "_Run") -> None:
+        """Release the kind's resources (always called once the runner is done)."""
+
+    def settle(self, run: "_Run") -> None:
+        """Put samples.jsonl in its final shape before the summary reads it (superseded records out)."""
+
+    def finish(self, run: "_Run", summary: Dict[str, Any]) -> str:
+        """Add to the summary (and write the kind's own files); return extra lines printed under the table."""
+        return ""
+
+    def concurrency(self, run: "_Run") -> Dict[str, Any]:
+        """What run.json's concurrency block adds for this kind."""
+        return {}
+
+    def title(self, run: "_Run", status: str) -> str:
+        return "evalharness %s | model %s | dataset %s | %s" % (run.cfg.task, run.model,
+                                                                 run.dataset.name + _shard_label(run.cfg.shard), status)
+
+
+class _Run:
+    """The state of one run, shared by the lifecycle and its kind's hooks."""
+
+    def __init__(self, cfg: "RunConfig", kind: _Kind, cancel: threading.Event):
+        self.cfg, self.kind, self.cancel = cfg, kind, cancel
+        self.dataset: Any = None
+        self.model = cfg.model
+        self.client_cfg: Optional[ClientConfig] = None
+        self.base_url: Optional[str] = None
+        self.server: Optional[Dict[str, Any]] = None
+        self.store: Optional[RunStore] = None
+        self.previous: Optional[Dict[str, Any]] = None
+        self.gen = ""
+        self.ids: set = set()
+        self.total = 0
+        self.fps: Dict[str, Tuple[str, str]] = {}
+        self.plan: Dict[str, set] = {}
+        self.done_ids: set = set()
+        self.failed_kept = 0
+        self.gate: Optional[AdaptiveGate] = None
+        self.initial_from: Optional[str] = None
+        self.metrics: Optional[_ServerMetrics] = None
+        self.health = _EndpointHealth(cfg.outage_budget_s)
+        self.client: Optional[ModelClient] = None
+        self.run_info: Dict[str, Any] = {}
+        self.run_info_extra: Dict[str, Any] = {}  # what the kind adds to run.json's head (set by its start)
+        self.runner: Optional[_Runner] = None
+
+    def fingerprint(self, item: Any) -> Dict[str, str]:
+        """A record's fingerprint: the run's generation settings, the row's input and what it is scored against."""
+        return {"gen": self.gen, "input": self.fps[item.id][0], "score": self.fps[item.id][1]}
+
+
+def _check_run_options(cfg: "RunConfig") -> None:
+    for name, value in (("--fixed-concurrency", cfg.fixed_concurrency), ("--initial-concurrency",
+                        cfg.initial_concurrency), ("--max-concurrency", cfg.max_concurrency)):
+        if value is not None and value < 1:
+            raise ConfigError("%s must be >= 1, got %d" % (name, value))
+    if cfg.request_timeout_s <= 0:
+        raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
+    if cfg.outage_budget_s <= 0:
+        raise ConfigError("--outage-budget must be > 0 seconds, got %r" % cfg.outage_budget_s)
+    if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
+        raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
+
+
+def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None, progress_stream: Any = None,
+                   cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
+    """Run (or resume) an evaluation of the kind ``cfg.task`` names; return (exit code, run directory). Prints the
+    summary on ``stdout``. Everything that can be checked is checked before the run directory is touched."""
+    if cfg.task not in _KINDS:
+        raise ConfigError("--task %r: no such kind of evaluation; use one of: %s" % (cfg.task, ", ".join(_KINDS)))
+    kind = _KINDS[cfg.task]()
+    run = _Run(cfg, kind, cancel or threading.Event())
+    _check_run_options(cfg)
+    kind.check(cfg)
+    kind.load(run, dataset)
+    if kind.uses_model(cfg):
+        if not cfg.base_url:
+            raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
+        run.client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
+                                      temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                      request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body,
+                                      stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy,
+                                      seed=cfg.seed)
+        run.base_url = _normalize_base_url(cfg.base_url)
+        run.server = _preflight(cfg, run.client_cfg, kind.prompts(run))
+    kind.before_store(run)
+    out = _shard_out(cfg, cfg.out or kind.default_out(run))
+    run.store = RunStore(out).open()
+    try:
+        return _run_in_store(run, stdout or sys.stdout, progress_stream)
+    finally:
+        run.store.close()
+
+
+def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, str]:
+    cfg, kind, store = run.cfg, run.kind, run.store
+    assert store is not None
     for note in store.notes:
         _log.warning("%s: %s", store.dir, note)
-    previous = store.read_json(RunStore.RUN)
-    settings = _qa_settings(cfg)
-    gen = _check_identity(store, previous, settings, restart=cfg.restart)
-    stray = [sid for sid in store.finished if sid not in dataset.ids]
-    if stray:
-        _log.warning("%d finished sample(s) in %s are not in the dataset (e.g. %r); they are kept but not counted",
-                     len(stray), store.dir, stray[0])
-    plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-    drop = plan["changed"] | plan["infra"] | plan["retry"]
-    items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]} if plan["rescore"] else {}
-    if drop or items or store.duplicates:
-        store.rewrite(lambda rec: None if rec["id"] in drop else
-                      _rescored_qa(rec, items[rec["id"]], dataset.fps[rec["id"]]) if rec["id"] in items else rec)
-    done_ids = {sid for sid in store.finished if sid in dataset.ids}
-    n_failed_kept = sum(1 for sid in done_ids if store.finished[sid] == "failed")
-    _log_plan(store, plan, len(done_ids) - len(items), dataset.count, "sample")
-    if not cfg.use_proxy:
-        exclude_from_proxy([base_url])
-
-    cancel = cancel or threading.Event()
-    gate, initial_from = _make_gate(cfg, base_url, previous, store.dir)
-    gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-    metrics = _start_server_metrics(cfg, gate, base_url)
-    _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
-              "adaptive, starting at %d (%s), at most %d" % (gate.limit, initial_from, gate.max_limit))
-    health = _EndpointHealth(cfg.outage_budget_s)
-    client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
-    judge = _judge_client(cfg, client_cfg, store, cancel) if "judge" in dataset.scorers else None
+    run.previous = store.read_json(RunStore.RUN)
+    settings = kind.settings(cfg)
+    run.gen = _check_identity(store, run.previous, settings, restart=cfg.restart)
+    kind.resume(run)
+    if run.client_cfg is not None:
+        assert run.base_url is not None
+        if not cfg.use_proxy:
+            exclude_from_proxy([run.base_url])
+        gate, run.initial_from = _make_gate(cfg, run.base_url, run.previous, store.dir, agents=kind.agents)
+        gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+        run.gate = gate
+        # (the model gate of agents reads no server queue: in gate_sim's agent family the hold at what the server
+        # runs starved the turns; their session gate reads the server's KV pool size instead, once)
+        run.metrics = None if kind.agents else _start_server_metrics(cfg, gate, run.base_url)
+        _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
+                  "adaptive, starting at %d (%s), at most %d" % (gate.limit, run.initial_from, gate.max_limit))
+        run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health)
+    gate_initial = run.gate.limit if run.gate is not None else None
     started = time.time()
-    run_info = {
-        "evalharness_version": __version__, "python": sys.version.split()[0], "task": cfg.task,
-        "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(),
-        "endpoint": {"base_url": base_url, "model": cfg.model},
-        "server": server,
-        "identity": {"gen": gen, "settings": _redact_config(settings)},
-        "dataset": {"path": os.path.abspath(cfg.dataset) if cfg.dataset else None, "name": dataset.name,
-                    "sha256": dataset.sha256, "rows": dataset.count, "ids": sorted(dataset.ids),
-                    "epochs": cfg.epochs},
-        "config": _redact_config(dict(_asdict(cfg), base_url=base_url)),
-        "history": _attempts(store),
-    }
-    if cfg.shard is not None:
-        run_info["shard"] = _shard_info(cfg, dataset.count, dataset.dataset.dataset.count * cfg.epochs
-                                        if isinstance(dataset, _Epochs) else dataset.dataset.count)
-    run_info["config"].pop("api_key_env_explicit", None)
-    store.write_json(RunStore.RUN, run_info)
-    store.event("run_start", pending=dataset.count - len(done_ids), finished=len(done_ids), pid=os.getpid(),
-                **{"resume_" + k: len(v) for k, v in plan.items() if v})
-
-    def fingerprint(item: QAItem) -> Dict[str, str]:
-        return {"gen": gen, "input": dataset.fps[item.id][0], "score": dataset.fps[item.id][1]}
-
-    runner = _Runner(store, _qa_work(client, cfg.system_prompt, judge), workers=gate.max_limit, total=dataset.count,
-                     label=cfg.task, cancel=cancel, gate=gate, progress_stream=progress_stream,
-                     progress=cfg.progress, done_before=len(done_ids), failed_before=n_failed_kept,
-                     fingerprint=fingerprint)
-    health.on_trip = runner.abort
-    gate_initial = gate.limit
-    pending = (item for item in dataset.iter_items() if item.id not in done_ids)
     try:
-        status = runner.run(pending)
+        kind.start(run)
+        run.run_info = {
+            "evalharness_version": __version__, "python": sys.version.split()[0], "task": cfg.task,
+            "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(),
+            "endpoint": {"base_url": run.base_url, "model": run.model},
+            "server": run.server,
+            "identity": {"gen": run.gen, "settings": _redact_config(settings)},
+            "dataset": kind.dataset_info(run),
+            "config": _redact_config(dict(_asdict(cfg), base_url=run.base_url or cfg.base_url)),
+            "history": _attempts(store),
+        }
+        run.run_info.update(run.run_info_extra)
+        if cfg.shard is not None:
+            run.run_info["shard"] = _shard_info(cfg, run.total, kind.samples_total(run))
+        run.run_info["config"].pop("api_key_env_explicit", None)
+        store.write_json(RunStore.RUN, run.run_info)
+        store.event("run_start", pending=run.total - len(run.done_ids), finished=len(run.done_ids),
+                    pid=os.getpid(), **{"resume_" + k: len(v) for k, v in run.plan.items() if v})
+        runner = run.runner = _Runner(store, kind.work(run), total=run.total, label=cfg.task, cancel=run.cancel,
+                                      progress_stream=progress_stream, progress=cfg.progress,
+                                      done_before=len(run.done_ids), failed_before=run.failed_kept,
+                                      fingerprint=run.fingerprint, **kind.runner_options(run))
+        run.health.on_trip = runner.abort
+        status = runner.run(kind.pending(run))
     finally:
-        if metrics is not None:
-            metrics.close()
-        gate.close()
+        kind.stop(run)
+        if run.metrics is not None:
+            run.metrics.close()
+        if run.gate is not None:
+            run.gate.close()
 
-    summary = summarize((r for r in store.iter_samples() if r.get("id") in dataset.ids), total=dataset.count)
-    summary.update({"task": cfg.task, "model": cfg.model, "dataset": dataset.name, "status": status})
+    kind.settle(run)
+    summary = summarize((r for r in store.iter_samples() if r.get("id") in run.ids), total=run.total)
+    summary.update({"task": cfg.task, "model": run.model, "dataset": run.dataset.name, "status": status})
+    extra = kind.finish(run, summary)
     store.write_json(RunStore.SUMMARY, summary)
     ended = time.time()
-    run_info.update({"status": status, "ended_at": _utc_iso(ended), "discovered_limit": gate.discovered_limit,
-                     "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial, "initial_from": initial_from,
-                                     "final": gate.limit, "max": gate.max_limit,
-                                     "server_metrics": metrics.server if metrics is not None else None}})
-    if gate.adaptive and status != "aborted" and cfg.remember_limit and not gate.shared:
-        _save_limit(base_url, cfg.model, gate.discovered_limit)  # (a shard's limit is its share: not kept)
-    run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
-                                                  "status": status, "pid": os.getpid()}]
+    info = run.run_info
+    info.update({"status": status, "ended_at": _utc_iso(ended)})
+    gate = run.gate
+    if gate is not None:
+        info.update({"discovered_limit": gate.discovered_limit,
+                     "concurrency": dict({"adaptive": gate.adaptive, "initial": gate_initial,
+                                          "initial_from": run.initial_from, "final": gate.limit,
+                                          "max": gate.max_limit,
+                                          "server_metrics": run.metrics.server if run.metrics is not None else None},
+                                         **kind.concurrency(run))})
+        if (kind.remembers_limit and gate.adaptive and status != "aborted" and cfg.remember_limit
+                and not gate.shared):  # (a shard's limit is its share: not kept)
+            _save_limit(run.base_url or "", cfg.model, gate.discovered_limit)
+    info["history"] = info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
+                                          "status": status, "pid": os.getpid()}]
     if runner.stop_reason:
-        run_info["stop_reason"] = _redact(runner.stop_reason)
-    store.write_json(RunStore.RUN, run_info)
-    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=dataset.count)
+        info["stop_reason"] = _redact(runner.stop_reason)
+    store.write_json(RunStore.RUN, info)
+    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total)
     _auto_report(store.dir)
+    return _end_run(cfg, summary, kind.title(run, status), extra, store, runner, stdout, kind.noun)
 
-    title = "evalharness %s | model %s | dataset %s | %s" % (cfg.task, cfg.model,
-                                                              dataset.name + _shard_label(cfg.shard), status)
-    return _end_run(cfg, summary, title, "", store, runner, stdout, "sample")
+
+@_kind
+class _QAKind(_Kind):
+    """Question answering: one chat request a row, scored by the row's scorer (or by a grader model)."""
+
+    name = "qa"
+
+    def __init__(self) -> None:
+        self.judge: Optional[ModelClient] = None
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.epochs < 1:
+            raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
+
+    def load(self, run: _Run, dataset: Optional[Dataset]) -> None:
+        cfg = run.cfg
+        if dataset is None:
+            if not cfg.dataset:
+                raise ConfigError("--dataset is required")
+            dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields),
+                                   format=cfg.format, template=cfg.prompt_template)
+        if cfg.shard is not None:
+            dataset = _Shard(dataset, *cfg.shard)  # type: ignore[assignment]
+        if cfg.epochs > 1:
+            dataset = _Epochs(dataset, cfg.epochs, cfg.seed)  # type: ignore[assignment]
+        run.dataset = dataset
+
+    def prompts(self, run: _Run) -> Iterable[str]:
+        return (_prompt_of(item, run.cfg.system_prompt) for item in run.dataset.iter_items())
+
+    def before_store(self, run: _Run) -> None:
+        cfg = run.cfg
+        if "judge" in run.dataset.scorers and (cfg.judge_base_url or cfg.judge_model):
+            assert run.client_cfg is not None
+            probe_endpoint(_replace(run.client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
+                                    model=cfg.judge_model or cfg.model,
+                                    api_key_env=cfg.judge_api_key_env or cfg.api_key_env),
+                           check_model=cfg.model_check, flag="--judge-model")
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        settings = {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt,
+                    "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
+                    "stream": cfg.stream, "seed": cfg.seed}
+        if cfg.epochs > 1:
+            settings["epochs"] = cfg.epochs
+        if cfg.scorer == "judge" or cfg.judge_model or cfg.judge_base_url:
+            settings["judge"] = {"model": cfg.judge_model or cfg.model, "base_url": cfg.judge_base_url,
+                                 "template": _fingerprint(JUDGE_TEMPLATE)}
+        return settings
+
+    def resume(self, run: _Run) -> None:
+        store, dataset, cfg = run.store, run.dataset, run.cfg
+        assert store is not None
+        stray = [sid for sid in store.finished if sid not in dataset.ids]
+        if stray:
+            _log.warning("%d finished sample(s) in %s are not in the dataset (e.g. %r); they are kept but not "
+                         "counted", len(stray), store.dir, stray[0])
+        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+        drop = plan["changed"] | plan["infra"] | plan["retry"]
+        items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]} if plan["rescore"] else {}
+        if drop or items or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in drop else
+                          _rescored_qa(rec, items[rec["id"]], dataset.fps[rec["id"]]) if rec["id"] in items else rec)
+        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids) - len(items), dataset.count, "sample")
+        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+
+    def start(self, run: _Run) -> None:
+        if "judge" in run.dataset.scorers:
+            assert run.client_cfg is not None and run.store is not None
+            self.judge = _judge_client(run.cfg, run.client_cfg, run.store, run.cancel)
+
+    def dataset_info(self, run: _Run) -> Dict[str, Any]:
+        return dict(super().dataset_info(run), epochs=run.cfg.epochs)
+
+    def samples_total(self, run: _Run) -> int:
+        d = run.dataset
+        return d.dataset.dataset.count * run.cfg.epochs if isinstance(d, _Epochs) else d.dataset.count
+
+    def work(self, run: _Run) -> Callable[[QAItem], Dict[str, Any]]:
+        assert run.client is not None
+        return _qa_work(run.client, run.cfg.system_prompt, self.judge)
+
+    def pending(self, run: _Run) -> Iterator[QAItem]:
+        return (item for item in run.dataset.iter_items() if item.id not in run.done_ids)
+
+
+def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = None,
+           progress_stream: Any = None, cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
+    """Run (or resume) a QA evaluation (run_evaluation with --task qa); return (exit code, run directory)."""
+    if cfg.task != "qa":
+        raise ConfigError("run_qa runs --task qa, not %r (run_evaluation runs every kind)" % cfg.task)
+    return run_evaluation(cfg, dataset=dataset, stdout=stdout, progress_stream=progress_stream, cancel=cancel)
 
 
 def _bad_request_cause(summary: Dict[str, Any]) -> str:
@@ -8938,231 +9137,227 @@ def _swe_line(report: Dict[str, Any]) -> str:
                len(report["incomplete_ids"])))
 
 
-def run_swe(cfg: "RunConfig", *, stdout: Any = None, progress_stream: Any = None,
-            cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
-    """Run (or resume) a SWE evaluation (agents in containers, SWE-bench scoring), or with ``cfg.score_only``
-    score an existing predictions file; return (exit code, run directory)."""
-    stdout = stdout or sys.stdout
-    opts = cfg.swe
-    for name, value in (("--step-limit", opts.step_limit), ("--exec-workers", opts.exec_workers),
-                        ("--max-sessions", opts.max_sessions)):
-        if value < 1:
-            raise ConfigError("%s must be >= 1, got %d" % (name, value))
-    for name, value in (("--exec-timeout", opts.exec_timeout_s), ("--sample-timeout", opts.sample_timeout_s),
-                        ("--eval-timeout", opts.eval_timeout_s), ("--image-timeout", opts.image_timeout_s)):
-        if value <= 0:
-            raise ConfigError("%s must be > 0 seconds, got %r" % (name, value))
-    if not cfg.dataset:
-        raise ConfigError("--dataset is required (SWE-bench instances, .jsonl or .json)")
-    dataset = SWEDataset(cfg.dataset, image_template=opts.image_template).validate(cfg.limit)
-    preds: Dict[str, str] = {}
-    model = cfg.model
-    client_cfg = None
-    server: Optional[Dict[str, Any]] = None
-    if cfg.score_only:
-        preds, pred_model = load_predictions(cfg.score_only, dataset)
-        model = model or pred_model or "unknown"
-    else:
-        if not cfg.base_url:
-            raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
-        if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
-            raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
-        client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
-                                  temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                  request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body,
-                                  stream=cfg.stream, max_retries=cfg.max_retries, use_proxy=cfg.use_proxy,
-                                  seed=cfg.seed)
-        server = _preflight(cfg, client_cfg, ())
-    dataset.samples_total = len(preds) if cfg.score_only else dataset.count  # the whole run's, for a shard
-    if cfg.shard is not None:
-        dataset.shard(*cfg.shard)
-        preds = {i: p for i, p in preds.items() if i in dataset.ids}
-    engines = []  # (name, CLI, why it is down): a run that cannot work at all says so once, up front
-    for host in cfg.docker_hosts or (cfg.docker_host,):
-        docker = DockerCLI(cfg.engine, host=host)
-        try:
-            docker.server_version(timeout_s=15.0)
-            engines.append((host or "default", docker, None))
-        except DockerError as exc:
-            engines.append((host or "default", docker, _last_lines(str(exc), 1)))
-    if all(why for _, _, why in engines):
-        raise ConfigError("the container engine does not answer: %s; start it (or name another with --engine / "
-                          "--docker-host), then run again" % "; ".join(
-                              why if len(engines) == 1 else "%s: %s" % (name, why) for name, _, why in engines)) \
-            from None
-    for name, _, why in engines:
-        if why:
-            _log.warning("container engine %s does not answer (%s): the run goes on without it", name, why)
-    out = _shard_out(cfg, cfg.out or _default_out("swe", model, cfg.dataset, _fingerprint(
-        [_swe_settings(cfg, "score-only" if cfg.score_only else "agent"),
-         os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold" else cfg.score_only])))
-    store = RunStore(out).open()
-    try:
-        return _run_swe_in_store(cfg, client_cfg, model, dataset, preds, engines, store, stdout, progress_stream,
-                                 cancel, server)
-    finally:
-        store.close()
+@_kind
+class _SWEKind(_Kind):
+    """SWE-bench: an agent session a row in the instance's container, its patch scored as the official harness
+    scores it; or, with --score-only, given patches scored (no model)."""
 
+    name = "swe"
+    noun = "instance"
+    agents = True
+    remembers_limit = False  # (an agent run's limit is its model gate's, read without the server's queue)
 
-def _run_swe_in_store(cfg: "RunConfig", client_cfg: Optional[ClientConfig], model: str, dataset: SWEDataset,
-                      preds: Dict[str, str], engines: List[Tuple[str, DockerCLI, Optional[str]]], store: RunStore,
-                      stdout: Any, progress_stream: Any,
-                      cancel: Optional[threading.Event], server: Optional[Dict[str, Any]] = None) -> Tuple[int, str]:
-    opts = cfg.swe
-    for note in store.notes:
-        _log.warning("%s: %s", store.dir, note)
-    previous = store.read_json(RunStore.RUN)
-    mode = "score-only" if cfg.score_only else "agent"
-    settings = _swe_settings(cfg, mode)
-    gen = _check_identity(store, previous, settings, restart=cfg.restart)
-    ids = set(preds) if cfg.score_only else set(dataset.ids)
-    fps = {i: _swe_fps(dataset.by_id[i], opts, preds[i] if cfg.score_only else None) for i in ids}
-    plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-    # the agent finished: its saved patch is scored again (a changed reference, or a scoring that failed)
-    rescore = plan["rescore"] | plan["patch"]
-    drop = (plan["changed"] | plan["infra"] | plan["retry"]) - rescore
-    if drop or store.duplicates:
-        store.rewrite(lambda rec: None if rec["id"] in drop else rec)
-    prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rescore} if rescore else {}
-    if not cfg.score_only:
-        preds = {i: r.get("model_patch") or "" for i, r in prior.items()}
-    _rewrite_preds(store, ids)
-    done_ids = {sid for sid in store.finished if sid in ids} - rescore
-    n_failed_kept = sum(1 for sid in done_ids if store.finished[sid] == "failed")
-    _log_plan(store, plan, len(done_ids), len(ids), "instance")
-    cancel = cancel or threading.Event()
-    run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
-    hosts: List[_EngineHost] = []
-    for name, docker, why in engines:
-        reaped = reap_leftover_containers(docker) if why is None else []
-        if reaped:
-            _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped), ", ".join(reaped[:5]))
-            store.event("containers_reaped", names=reaped, **({"host": name} if len(engines) > 1 else {}))
-        images = ImageService(docker, tar_dirs=cfg.image_tars, store=cfg.image_store, mirrors=cfg.image_mirrors,
-                              allow_pull=cfg.allow_pull, workers=cfg.image_workers, index_path=cfg.tar_index,
-                              keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
-                              on_event=lambda kind, _h=name, **f: store.event(kind, **(
-                                  dict(f, host=_h) if len(engines) > 1 else f)))
-        hosts.append(_EngineHost(name, docker, images, _ExecPool(opts.exec_workers), opts.max_containers, why))
-    placement = _Placement(hosts, on_event=lambda kind, **f: store.event(kind, **f))
-    placement.remove_on_cancel(cancel, run_id)
-    docker, images = hosts[0].docker, hosts[0].images
-    pending = [inst for inst in dataset.items if inst.id in ids and inst.id not in done_ids]
-    gate = sessions = client = metrics = kv_pool = None
-    initial_from = None
-    health = _EndpointHealth(cfg.outage_budget_s)
-    if client_cfg is not None:
-        base_url = _normalize_base_url(cfg.base_url)
-        if not cfg.use_proxy:
-            exclude_from_proxy([base_url])
-        gate, initial_from = _make_gate(cfg, base_url, previous, store.dir, agents=True)
-        gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-        # (the model gate of agents reads no server queue: in gate_sim's agent family the hold at what the server
-        # runs starved the turns, median 0.93 -> 0.54; the session gate reads the server's KV pool size, once)
-        kv_pool = _probe_kv_pool(cfg, base_url) if gate.adaptive else None
-        sessions = SessionGate(gate, kv_tokens=kv_pool[1] if kv_pool else None)
-        sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-        client = ModelClient(client_cfg, gate=gate, cancel=cancel, health=health)
-    gate_initial = gate.limit if gate is not None else None
-    pool = hosts[0].pool
-    preds_file = _AppendFile(store.path(PREDS_FILE))
-    ctx = _SWEContext(store=store, docker=docker, pool=pool, images=images, client=client, sessions=sessions,
-                      opts=opts, model=model, run_id=run_id, cancel=cancel, preds=preds)
-    started = time.time()
-    run_info = {
-        "evalharness_version": __version__, "python": sys.version.split()[0], "task": "swe", "mode": mode,
-        "status": "running", "started_at": _utc_iso(started), "pid": os.getpid(), "run_id": run_id,
-        "endpoint": {"base_url": _normalize_base_url(cfg.base_url) if client_cfg else None, "model": model},
-        "server": server,
-        "identity": {"gen": gen, "settings": _redact_config(settings)},
-        "dataset": {"path": os.path.abspath(cfg.dataset), "name": dataset.name, "sha256": dataset.sha256,
-                    "rows": dataset.count, "ids": sorted(dataset.ids)},
-        "config": _redact_config(_asdict(cfg)), "history": _attempts(store),
-    }
-    if cfg.shard is not None:
-        run_info["shard"] = _shard_info(cfg, len(ids), dataset.samples_total)
-    run_info["config"].pop("api_key_env_explicit", None)
-    store.write_json(RunStore.RUN, run_info)
-    store.event("run_start", pending=len(pending), finished=len(done_ids), pid=os.getpid(), mode=mode)
+    def __init__(self) -> None:
+        self.preds: Dict[str, str] = {}
+        self.engines: List[Tuple[str, DockerCLI, Optional[str]]] = []
+        self.prior: Dict[str, Dict[str, Any]] = {}
+        self.hosts: List[_EngineHost] = []
+        self.placement: Optional[_Placement] = None
+        self.sessions: Optional[SessionGate] = None
+        self.kv_pool: Optional[Tuple[str, int]] = None
+        self.ctx: Optional[_SWEContext] = None
+        self.preds_file: Optional[_AppendFile] = None
+        self.todo: List[SWEInstance] = []
 
-    def extra() -> List[Tuple[str, int]]:
-        sts = [s for h in hosts for s in h.images.statuses()]
-        ready = sum(1 for s in sts if s.state == "ready")
-        parts = [("images %d/%d ready" % (ready, len(sts)), 2)]
-        if sessions is not None:
-            parts.insert(0, ("sessions %d/%d" % (sessions.active, sessions.capacity), 6))
-        if gate is not None:
-            parts += [("limit %d" % gate.limit, 5), ("in flight %d" % gate.in_flight, 1)]
-        return parts
+    def check(self, cfg: RunConfig) -> None:
+        opts = cfg.swe
+        for name, value in (("--step-limit", opts.step_limit), ("--exec-workers", opts.exec_workers),
+                            ("--max-sessions", opts.max_sessions)):
+            if value < 1:
+                raise ConfigError("%s must be >= 1, got %d" % (name, value))
+        for name, value in (("--exec-timeout", opts.exec_timeout_s), ("--sample-timeout", opts.sample_timeout_s),
+                            ("--eval-timeout", opts.eval_timeout_s), ("--image-timeout", opts.image_timeout_s)):
+            if value <= 0:
+                raise ConfigError("%s must be > 0 seconds, got %r" % (name, value))
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (SWE-bench instances, .jsonl or .json)")
 
-    def after_append(rec: Dict[str, Any]) -> None:
-        pred = _pred_line(rec)
-        if pred is not None:
-            preds_file.append(pred)
+    def uses_model(self, cfg: RunConfig) -> bool:
+        return not cfg.score_only
 
-    def work(inst: SWEInstance) -> Dict[str, Any]:
-        if inst.id in preds:
-            return placement.run(ctx, inst, lambda c: _swe_score_one(c, inst, prior))
-        return placement.run(ctx, inst, lambda c: _swe_agent_one(c, inst))
+    def load(self, run: _Run, dataset: Any) -> None:
+        cfg = run.cfg
+        dataset = SWEDataset(cfg.dataset, image_template=cfg.swe.image_template).validate(cfg.limit)
+        if cfg.score_only:
+            self.preds, pred_model = load_predictions(cfg.score_only, dataset)
+            run.model = cfg.model or pred_model or "unknown"
+        dataset.samples_total = len(self.preds) if cfg.score_only else dataset.count  # the whole run's
+        if cfg.shard is not None:
+            dataset.shard(*cfg.shard)
+            self.preds = {i: p for i, p in self.preds.items() if i in dataset.ids}
+        run.dataset = dataset
 
-    def fingerprint(inst: SWEInstance) -> Dict[str, str]:
-        return {"gen": gen, "input": fps[inst.id][0], "score": fps[inst.id][1]}
+    def before_store(self, run: _Run) -> None:
+        cfg = run.cfg
+        for host in cfg.docker_hosts or (cfg.docker_host,):  # a run that cannot work at all says so once, up front
+            docker = DockerCLI(cfg.engine, host=host)
+            try:
+                docker.server_version(timeout_s=15.0)
+                self.engines.append((host or "default", docker, None))
+            except DockerError as exc:
+                self.engines.append((host or "default", docker, _last_lines(str(exc), 1)))
+        if all(why for _, _, why in self.engines):
+            raise ConfigError("the container engine does not answer: %s; start it (or name another with --engine / "
+                              "--docker-host), then run again" % "; ".join(
+                                  why if len(self.engines) == 1 else "%s: %s" % (name, why)
+                                  for name, _, why in self.engines)) from None
+        for name, _, why in self.engines:
+            if why:
+                _log.warning("container engine %s does not answer (%s): the run goes on without it", name, why)
 
-    runner = _Runner(store, work, workers=max(1, min(opts.max_sessions, len(pending))), total=len(ids), label="swe",
-                     cancel=cancel, gate=None, progress_stream=progress_stream, progress=cfg.progress,
-                     done_before=len(done_ids), failed_before=n_failed_kept, status_extra=extra,
-                     after_append=after_append, fingerprint=fingerprint)
-    health.on_trip = runner.abort
-    try:
-        if cfg.pull_ahead and len(hosts) == 1:  # deliveries overlap generation; without it (and over several
-            images.register([inst.image for inst in pending])  # hosts) an instance registers its image where placed
-        status = runner.run(iter(pending))
-    finally:
-        preds_file.close()
-        placement.closed = True
-        for host in hosts:
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        return _swe_settings(cfg, "score-only" if cfg.score_only else "agent")
+
+    def default_out(self, run: _Run) -> str:
+        cfg = run.cfg
+        return _default_out("swe", run.model, cfg.dataset, _fingerprint(
+            [self.settings(cfg), os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold"
+             else cfg.score_only]))
+
+    def resume(self, run: _Run) -> None:
+        cfg, store, dataset = run.cfg, run.store, run.dataset
+        assert store is not None
+        ids = set(self.preds) if cfg.score_only else set(dataset.ids)
+        fps = {i: _swe_fps(dataset.by_id[i], cfg.swe, self.preds[i] if cfg.score_only else None) for i in ids}
+        plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+        # the agent finished: its saved patch is scored again (a changed reference, or a scoring that failed)
+        rescore = plan["rescore"] | plan["patch"]
+        drop = (plan["changed"] | plan["infra"] | plan["retry"]) - rescore
+        if drop or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
+        self.prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rescore} if rescore else {}
+        if not cfg.score_only:
+            self.preds = {i: r.get("model_patch") or "" for i, r in self.prior.items()}
+        _rewrite_preds(store, ids)
+        run.done_ids = {sid for sid in store.finished if sid in ids} - rescore
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids), len(ids), "instance")
+        run.ids, run.total, run.fps, run.plan = ids, len(ids), fps, plan
+        self.todo = [inst for inst in dataset.items if inst.id in ids and inst.id not in run.done_ids]
+
+    def start(self, run: _Run) -> None:
+        cfg, store, opts = run.cfg, run.store, run.cfg.swe
+        assert store is not None
+        run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
+        run.run_info_extra = {"mode": "score-only" if cfg.score_only else "agent", "run_id": run_id}
+        several = len(self.engines) > 1
+        for name, docker, why in self.engines:
+            reaped = reap_leftover_containers(docker) if why is None else []
+            if reaped:
+                _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped),
+                          ", ".join(reaped[:5]))
+                store.event("containers_reaped", names=reaped, **({"host": name} if several else {}))
+            images = ImageService(docker, tar_dirs=cfg.image_tars, store=cfg.image_store, mirrors=cfg.image_mirrors,
+                                  allow_pull=cfg.allow_pull, workers=cfg.image_workers, index_path=cfg.tar_index,
+                                  keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
+                                  on_event=lambda kind, _h=name, **f: store.event(kind, **(
+                                      dict(f, host=_h) if several else f)))
+            self.hosts.append(_EngineHost(name, docker, images, _ExecPool(opts.exec_workers), opts.max_containers,
+                                          why))
+        self.placement = _Placement(self.hosts, on_event=lambda kind, **f: store.event(kind, **f))
+        self.placement.remove_on_cancel(run.cancel, run_id)
+        if run.gate is not None:
+            assert run.base_url is not None
+            self.kv_pool = _probe_kv_pool(cfg, run.base_url) if run.gate.adaptive else None
+            self.sessions = SessionGate(run.gate, kv_tokens=self.kv_pool[1] if self.kv_pool else None)
+            self.sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
+        self.preds_file = _AppendFile(store.path(PREDS_FILE))
+        first = self.hosts[0]
+        self.ctx = _SWEContext(store=store, docker=first.docker, pool=first.pool, images=first.images,
+                               client=run.client, sessions=self.sessions, opts=opts, model=run.model, run_id=run_id,
+                               cancel=run.cancel, preds=self.preds)
+
+    def dataset_info(self, run: _Run) -> Dict[str, Any]:
+        return dict(super().dataset_info(run), path=os.path.abspath(run.cfg.dataset))
+
+    def samples_total(self, run: _Run) -> int:
+        return run.dataset.samples_total
+
+    def work(self, run: _Run) -> Callable[[SWEInstance], Dict[str, Any]]:
+        ctx, placement, preds, prior = self.ctx, self.placement, self.preds, self.prior
+        assert ctx is not None and placement is not None
+
+        def work(inst: SWEInstance) -> Dict[str, Any]:
+            if inst.id in preds:
+                return placement.run(ctx, inst, lambda c: _swe_score_one(c, inst, prior))
+            return placement.run(ctx, inst, lambda c: _swe_agent_one(c, inst))
+        return work
+
+    def runner_options(self, run: _Run) -> Dict[str, Any]:
+        gate, sessions, hosts, preds_file = run.gate, self.sessions, self.hosts, self.preds_file
+        assert preds_file is not None
+
+        def extra() -> List[Tuple[str, int]]:
+            sts = [s for h in hosts for s in h.images.statuses()]
+            ready = sum(1 for s in sts if s.state == "ready")
+            parts = [("images %d/%d ready" % (ready, len(sts)), 2)]
+            if sessions is not None:
+                parts.insert(0, ("sessions %d/%d" % (sessions.active, sessions.capacity), 6))
+            if gate is not None:
+                parts += [("limit %d" % gate.limit, 5), ("in flight %d" % gate.in_flight, 1)]
+            return parts
+
+        def after_append(rec: Dict[str, Any]) -> None:
+            pred = _pred_line(rec)
+            if pred is not None:
+                preds_file.append(pred)
+
+        return {"workers": max(1, min(run.cfg.swe.max_sessions, len(self.todo))), "gate": None,
+                "status_extra": extra, "after_append": after_append}
+
+    def pending(self, run: _Run) -> Iterator[SWEInstance]:
+        if run.cfg.pull_ahead and len(self.hosts) == 1:  # deliveries overlap generation; without it (and over
+            self.hosts[0].images.register([inst.image for inst in self.todo])  # several hosts) an instance
+        return iter(self.todo)                                                 # registers its image where placed
+
+    def stop(self, run: _Run) -> None:
+        if self.preds_file is not None:
+            self.preds_file.close()
+        if self.placement is not None:
+            self.placement.closed = True
+        for host in self.hosts:
             host.pool.close()
             host.images.close()
-        if metrics is not None:
-            metrics.close()
-        if gate is not None:
-            gate.close()
-    if store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves the file
-        store.rewrite(lambda rec: rec)
-    _rewrite_preds(store, ids)
-    records = [r for r in store.iter_samples() if r.get("id") in ids]
-    summary = summarize(records, total=len(ids))
-    report = swebench_report(records, sorted(dataset.ids))  # SWE-bench counts every instance of the dataset
-    summary.update({"task": "swe", "mode": mode, "model": model, "dataset": dataset.name, "status": status,
-                    "swebench": {k: v for k, v in report.items() if not k.endswith("_ids")}})
-    store.write_json(RunStore.SUMMARY, summary)
-    store.write_json(SWE_REPORT_FILE, report)
-    ended = time.time()
-    run_info.update({"status": status, "ended_at": _utc_iso(ended)})
-    if len(hosts) > 1:
-        run_info["docker_hosts"] = placement.summary()
-    if gate is not None:
-        run_info.update({"discovered_limit": gate.discovered_limit,
-                         "concurrency": {"adaptive": gate.adaptive, "initial": gate_initial,
-                                         "initial_from": initial_from, "final": gate.limit, "max": gate.max_limit,
-                                         "server_metrics": metrics.server if metrics is not None else None,
-                                         "kv_pool": {"server": kv_pool[0], "tokens": kv_pool[1]} if kv_pool else None,
-                                         "sessions": sessions.rule if sessions is not None else None}})
-    run_info["history"] = run_info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
-                                                  "status": status, "pid": os.getpid()}]
-    if runner.stop_reason:
-        run_info["stop_reason"] = _redact(runner.stop_reason)
-    store.write_json(RunStore.RUN, run_info)
-    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=len(ids))
-    _auto_report(store.dir)
-    title = "evalharness swe%s | model %s | dataset %s | %s" % (" (score only)" if cfg.score_only else "", model,
-                                                                dataset.name + _shard_label(cfg.shard), status)
-    odd = [r["id"] for r in records if r.get("eval_warning")]
-    if odd:
-        _log.warning("%d instance(s) resolved although their test command exited non-zero with no failure in the "
-                     "log (the official verdict; 'eval_warning' in %s), e.g. %s", len(odd),
-                     store.path(RunStore.SAMPLES), odd[0])
-    return _end_run(cfg, summary, title, _swe_line(report) + "\n", store, runner, stdout, "instance")
+
+    def settle(self, run: _Run) -> None:
+        assert run.store is not None
+        if run.store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves
+            run.store.rewrite(lambda rec: rec)  # the file
+        _rewrite_preds(run.store, run.ids)
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        store = run.store
+        assert store is not None and self.placement is not None
+        records = [r for r in store.iter_samples() if r.get("id") in run.ids]
+        report = swebench_report(records, sorted(run.dataset.ids))  # SWE-bench counts every instance of the dataset
+        summary["mode"] = run.run_info_extra["mode"]
+        summary["swebench"] = {k: v for k, v in report.items() if not k.endswith("_ids")}
+        store.write_json(SWE_REPORT_FILE, report)
+        if len(self.hosts) > 1:
+            run.run_info["docker_hosts"] = self.placement.summary()
+        odd = [r["id"] for r in records if r.get("eval_warning")]
+        if odd:
+            _log.warning("%d instance(s) resolved although their test command exited non-zero with no failure in "
+                         "the log (the official verdict; 'eval_warning' in %s), e.g. %s", len(odd),
+                         store.path(RunStore.SAMPLES), odd[0])
+        return _swe_line(report) + "\n"
+
+    def concurrency(self, run: _Run) -> Dict[str, Any]:
+        kv = self.kv_pool
+        return {"kv_pool": {"server": kv[0], "tokens": kv[1]} if kv else None,
+                "sessions": self.sessions.rule if self.sessions is not None else None}
+
+    def title(self, run: _Run, status: str) -> str:
+        return "evalharness swe%s | model %s | dataset %s | %s" % (
+            " (score only)" if run.cfg.score_only else "", run.model,
+            run.dataset.name + _shard_label(run.cfg.shard), status)
+
+
+def run_swe(cfg: RunConfig, *, stdout: Any = None, progress_stream: Any = None,
+            cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
+    """Run (or resume) a SWE evaluation (agents in containers, SWE-bench scoring), or with ``cfg.score_only``
+    score an existing predictions file (run_evaluation with --task swe); return (exit code, run directory)."""
+    return run_evaluation(_replace(cfg, task="swe"), stdout=stdout, progress_stream=progress_stream, cancel=cancel)
 
 # =============================================================================
 # Scale-out
