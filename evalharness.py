@@ -537,19 +537,42 @@ def _fit_line(parts: Sequence[Tuple[str, int]], width: int) -> str:
     return " | ".join(t for t, _ in kept)[:max(1, width)]
 
 
+_DRAWN: List["_Progress"] = []  # the progress lines being drawn on a terminal (messages go above them)
+
+
+def _line_safe_handler(stream: Any) -> "logging.Handler":
+    """The module's log handler (made here, not at import: logging loads lazily): a message printed while a progress
+    line is drawn on the same stream goes through that line's ``message`` (the line is cleared first and drawn
+    again below the message), never onto it."""
+
+    class LineSafeHandler(logging.StreamHandler):
+        def emit(self, record: "logging.LogRecord") -> None:
+            for progress in list(_DRAWN):
+                if progress.stream is self.stream:
+                    try:
+                        progress.message(self.format(record))
+                    except Exception:  # noqa: BLE001 - logging must not raise
+                        self.handleError(record)
+                    return
+            super().emit(record)
+
+    return LineSafeHandler(stream)
+
+
 class _Progress:
     """One progress line: redrawn in place on a terminal, printed as plain periodic lines otherwise (cron).
 
     ``render`` is a callable returning the line's text, or its parts as (text, rank) pairs: on a terminal the line
     is fitted to the current width at every redraw (so a resize is followed), dropping the lowest ranks first;
-    plain lines carry every part and start with a UTC timestamp. Printing other lines goes through ``message`` so
-    the redrawn line is cleared first and never interleaves with them.
+    plain lines carry every part and start with a UTC timestamp. Other lines printed meanwhile go through
+    ``message`` (the log handler sends its messages there too): the line is cleared first and drawn again after,
+    so the screen shows each message on its own line and exactly one progress line below them.
     """
 
     def __init__(self, render: Callable[[], str], *, stream: Any = None, interval_s: Optional[float] = None,
                  enabled: bool = True):
         self._render = render
-        self._stream = stream or sys.stderr
+        self.stream = self._stream = stream or sys.stderr
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
         env_s = os.environ.get("EVALHARNESS_PROGRESS_S")
         self._interval_s = interval_s if interval_s is not None else (
@@ -557,10 +580,13 @@ class _Progress:
         self._enabled = enabled
         self._lock = threading.Lock()  # guards writes to the stream and _drawn
         self._drawn = False
+        self._last: List[Tuple[str, int]] = []  # the parts last drawn (redrawn after a message)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "_Progress":
+        if self._enabled and self._tty:
+            _DRAWN.append(self)
         if self._enabled:
             self._thread = threading.Thread(target=self._loop, name="evalharness-progress-0", daemon=True)
             self._thread.start()
@@ -576,13 +602,17 @@ class _Progress:
         rendered = self._render()
         parts = [(rendered, 9)] if isinstance(rendered, str) else list(rendered)
         with self._lock:
-            if self._tty:
-                width = self._columns() - 1  # the last column would wrap on some terminals
-                self._stream.write("\r\x1b[K" + _fit_line(parts, width))
-                self._drawn = True
-            else:
-                self._stream.write("%s %s\n" % (_utc_iso(), " | ".join(t for t, _ in parts)))
-            self._stream.flush()
+            self._write(parts)
+
+    def _write(self, parts: List[Tuple[str, int]]) -> None:
+        if self._tty:
+            width = self._columns() - 1  # the last column would wrap on some terminals
+            self._stream.write("\r\x1b[K" + _fit_line(parts, width))
+            self._drawn = True
+            self._last = parts
+        else:
+            self._stream.write("%s %s\n" % (_utc_iso(), " | ".join(t for t, _ in parts)))
+        self._stream.flush()
 
     def _columns(self) -> int:
         """The width of the terminal this line is drawn on (stderr's own, even when stdout is redirected)."""
@@ -593,19 +623,25 @@ class _Progress:
         return columns if columns > 0 else shutil.get_terminal_size((80, 24)).columns  # a 0x0 pty: unknown
 
     def message(self, text: str) -> None:
-        """Print a full line above the progress line."""
+        """Print a full line above the progress line (which is drawn again below it, as it was)."""
         with self._lock:
-            if self._drawn:
+            redraw = self._drawn
+            if redraw:
                 self._stream.write("\r\x1b[K")
                 self._drawn = False
             self._stream.write(text + "\n")
-            self._stream.flush()
+            if redraw and not self._stop.is_set():
+                self._write(self._last)
+            else:
+                self._stream.flush()
 
     def close(self) -> None:
         """Stop redrawing, print the final state once, leave the cursor on a fresh line. Idempotent."""
         if self._stop.is_set():
             return
         self._stop.set()
+        if self in _DRAWN:
+            _DRAWN.remove(self)
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._enabled:
@@ -11541,7 +11577,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _configure_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _line_safe_handler(sys.stderr)
     handler.setFormatter(logging.Formatter("evalharness: %(message)s"))
     logger = logging.getLogger("evalharness")
     logger.handlers[:] = [handler]

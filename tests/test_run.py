@@ -476,6 +476,25 @@ class TestProgressLine(RunCase):
                 self.assertFalse(any(rate), shots[-1])  # the rate goes first; the counts stay
                 self.assertRegex(shots[-1], r"qa \d+/24 done \| 0 failed")
 
+    def test_a_warning_printed_mid_run_goes_above_the_one_progress_line_on_60_columns(self):
+        """The replies name another model than --model: the client warns at the first reply, which comes after the
+        line was drawn (slow first tokens). The screen must show the warning from column 0 on lines of its own and
+        one progress line below it, never the warning glued to the line (issue 33's 'in flight 4evalharness: ...')."""
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=10, ttft_s=0.8,
+                          reply_model="another-name")
+        shots = self.tmux_captures(60, mock.url, os.path.join(self.dir, "run"))
+        warned = [shot for shot in shots if "replies name the model" in shot]
+        self.assertTrue(warned, shots[-1])
+        for shot in warned:
+            lines = [line for line in shot.splitlines() if line.strip()]
+            progress = [i for i, line in enumerate(lines) if " done" in line]
+            self.assertEqual(len(progress), 1, shot)
+            start = [i for i, line in enumerate(lines) if line.startswith("evalharness: the endpoint's replies")]
+            self.assertEqual(len(start), 1, shot)  # the warning begins a line of its own, once
+            self.assertLess(start[0], progress[0], shot)  # above the progress line
+            self.assertNotIn("evalharness", lines[progress[0]], shot)
+            self.assertRegex(lines[progress[0]], r"^qa \d+/24 done", shot)
+
     def test_a_terminal_that_reports_no_size_gets_the_default_width_not_one_column(self):
         import pty
         master, slave = pty.openpty()  # a new pty is 0x0 until someone sets its size (CI ptys, `script`)
