@@ -5755,6 +5755,28 @@ class ImageService:
         if self.allow_pull:
             yield "pull", lambda: self._plain_pull(ref)
 
+    def plan(self, images: Iterable[str]) -> List[Tuple[str, str, Optional[int]]]:
+        """(image, where it would come from, its bytes) for each image, by the delivery order of ``_chain``:
+        "present", "tar ARCHIVE", "store FILE", "mirror M" (asked whether it has the image), "pull (not
+        checked)", or "missing". Nothing is delivered; a source that cannot be read is warned about and skipped."""
+        local = self._local_images()
+        rows: List[Tuple[str, str, Optional[int]]] = []
+        for image in images:
+            ref = _normalize_ref(image)
+            if local is not None and ref in local:
+                rows.append((ref, "present", 0))
+                continue
+            tar, entry = self._tar_lookup(ref), self._store_lookup(ref)
+            if tar is not None:
+                rows.append((ref, "tar %s" % tar["archive"], tar["image_bytes"]))
+            elif entry is not None:
+                rows.append((ref, "store %s" % entry["file"], entry.get("image_bytes")))
+            else:
+                mirror = next((m for m in self.mirrors if _registry_has(m, ref)), None)
+                rows.append((ref, "mirror %s" % mirror if mirror else "pull (not checked)" if self.allow_pull
+                             else "missing", None))
+        return rows
+
     def _tar_lookup(self, ref: str) -> Optional[Dict[str, Any]]:
         if self.tar_index is None:
             return None
@@ -10694,6 +10716,47 @@ def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
     return "\n".join(lines)
 
 
+def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: Optional[Dict[str, Any]] = None,
+                     limit: int = 100) -> str:
+    rows = "".join("<tr><td>%s</td><td class=n>%d</td><td>%s</td></tr>" % (
+        _esc(label), len(c[key]), _esc(", ".join(map(str, c[key][:200])))) for key, label in (
+        ("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
+        ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
+        ("resolved_only_in_b", "resolved only in B")) if key in c)
+    sc = c["score"]
+    head = ("<p class=big>B − A = %+.4f <span class=muted>[%+.4f, %+.4f]</span></p><p class=muted>A %.4f · B %.4f · "
+            "%d samples scored in both (%s)</p>" % (sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["a"], sc["b"],
+                                                      c["paired_scored"], _esc(sc["method"]))
+            if sc["diff"] is not None else "<p>No sample was scored in both runs.</p>")
+    cats = "".join("<tr><td>%s</td><td class=n>%d</td><td class=n>%+.4f</td><td class=n>[%+.4f, %+.4f]</td></tr>" % (
+        _esc(cat), m["n"], m["diff"], m["ci95"][0], m["ci95"][1]) for cat, m in (c.get("by_category") or {}).items())
+    if cats:
+        cats = ("<h2>By category</h2><table class=sortable id=categories><thead><tr><th>category</th><th>n</th>"
+                "<th>B − A</th><th>95%% CI (paired bootstrap)</th></tr></thead><tbody>%s</tbody></table>" % cats)
+    flipped = ""
+    if a is not None and b is not None:
+        rows_f = []
+        for key, label in (("regressed", "worse in B"), ("improved", "better in B")):
+            for sid in c.get(key, [])[:limit]:
+                ra, rb = a["samples"][sid], b["samples"][sid]
+                rows_f.append("<tr><td>%s</td><td>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+                    _esc(label), _esc(sid), _cut_details(str(rb.get("question") or ra.get("question") or ""),
+                                                         QUESTION_SHOWN_CHARS),
+                    _esc(rb.get("answer") or ""), _cut_details(str(ra.get("response") or ra.get("error") or ""), 300),
+                    _cut_details(str(rb.get("response") or rb.get("error") or ""), 300)))
+        if rows_f:
+            flipped = ("<h2>Flipped samples</h2><table class=sortable id=flipped><thead><tr><th>change</th><th>id</th>"
+                       "<th>question</th><th>reference</th><th>A's response</th><th>B's response</th></tr></thead>"
+                       "<tbody>%s</tbody></table>" % "".join(rows_f))
+    warn = ("<p class=warn><b>The two runs share no sample</b>: nothing is compared.</p>" if not c["common"] else "")
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness comparison</title>"
+            "<style>%s</style></head><body><h1>A = %s (model %s)<br>B = %s (model %s)</h1>%s%s%s<table><thead><tr>"
+            "<th>change</th><th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table>%s<script>%s</script>"
+            "</body></html>" % (_CSS, _esc(c["a"]), _esc(c.get("a_model")), _esc(c["b"]), _esc(c.get("b_model")),
+                                warn, head, cats, rows, flipped, _SORT_JS))
+
+
+
 def _auto_report(run_dir: str) -> None:
     """report.html at the end of every run; a report problem is logged, never fails the run."""
     try:
@@ -10999,10 +11062,15 @@ def _split_list(text: Optional[str]) -> List[str]:
     return [x.strip() for x in (text or "").split(",") if x.strip()]
 
 
+def _image_tars(args: argparse.Namespace) -> List[str]:
+    """The tar shipment directories: --image-tars, else $EVALHARNESS_IMAGE_TARS (an empty --image-tars: none)."""
+    return _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
+
+
 def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[bool] = None,
                              on_event: Optional[Callable[..., None]] = None, sources: bool = True) -> ImageService:
     docker = DockerCLI(args.engine, host=_one_docker_host(args))
-    tars = _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
+    tars = _image_tars(args)
     keep = keep_images if keep_images is not None else args.keep_images
     return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
                         mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
@@ -11033,7 +11101,7 @@ def _fmt_bytes(n: Optional[float]) -> str:
 def _cmd_images(args: argparse.Namespace) -> int:
     action = args.action
     if action == "index":
-        dirs = args.dirs or _split_list(args.image_tars or os.environ.get("EVALHARNESS_IMAGE_TARS"))
+        dirs = args.dirs or _image_tars(args)
         if not dirs:
             raise ConfigError("images index: give directories (or --image-tars / EVALHARNESS_IMAGE_TARS)")
         index = TarIndex(dirs, args.tar_index)
@@ -11111,38 +11179,9 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 
 def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
-    docker = DockerCLI(args.engine, host=_one_docker_host(args))
-    try:
-        local: Optional[Dict[str, str]] = docker.list_images()
-    except DockerError as exc:
-        _log.warning("engine not answering (%s): local presence unknown", _last_lines(str(exc), 1))
-        local = None
-    tars = _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
-    index = TarIndex(tars, args.tar_index) if tars else None
-    if index is not None:
-        index.refresh()
-    store = ImageStore(args.image_store) if args.image_store else None
-    store_index = store.read_index() if store else {}
-    mirrors = _split_list(args.image_mirrors)
-    rows = []
-    for ref in images:
-        source, nbytes = "missing", None
-        if local is not None and ref in local:
-            source, nbytes = "present", 0
-        elif index is not None and index.lookup(ref):
-            tar = index.lookup(ref)
-            source, nbytes = "tar %s" % tar["archive"], tar["image_bytes"]
-        elif ref in store_index:
-            source, nbytes = "store %s" % store_index[ref]["file"], store_index[ref].get("image_bytes")
-        else:
-            for m in mirrors:
-                if _registry_has(m, ref):
-                    source = "mirror %s" % m
-                    break
-            else:
-                if args.allow_pull:
-                    source = "pull (not checked)"
-        rows.append((ref, source, nbytes))
+    with _image_service_from_args(args, keep_images=True) as service:
+        rows = service.plan(images)  # (an engine that does not answer is warned about there)
+    docker = service.docker
     counts = collections.Counter(r[1].split(" ")[0] for r in rows)
     need = sum(r[2] or 0 for r in rows if r[1] != "present")
     if args.json_out:
@@ -11151,7 +11190,7 @@ def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
     else:
         for ref, source, nbytes in rows:
             sys.stdout.write("%-70s %-10s %s\n" % (ref, _fmt_bytes(nbytes) if nbytes else "", source))
-        root = docker.root_dir() if local is not None else None
+        root = docker.root_dir()
         free = None
         if root:
             try:
@@ -11463,17 +11502,6 @@ def _parser_slurm(sub: Any, text: str) -> Any:
     return slurm, list(ssub.choices.values())
 
 
-_COMMANDS = (
-    ("demo", "run the embedded demo set against an in-process mock model", _parser_demo),
-    ("run", "evaluate a model on a dataset (resumable)", _parser_run),
-    ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock),
-    ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
-    ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
-    ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge),
-    ("slurm", "run a run as a Slurm array job of shards and a merge job; their status", _parser_slurm),
-)
-
-
 def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """The command line. ONLY names the one subcommand whose options are built (the others are their name and
     help, enough for --help, --version and a mistyped command): argparse costs milliseconds per hundred options,
@@ -11488,7 +11516,7 @@ def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     sub.required = True
 
     built = []
-    for name, text, build in _COMMANDS:
+    for name, text, build, _handler in _COMMANDS:
         if only is None or only == name:
             p, nested = build(sub, text)
             built += [p] + nested
@@ -11500,46 +11528,6 @@ def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
                        help="debug logging on stderr: requests retried, the endpoint's pre-flight, engine commands "
                             "(default: off)")
     return parser
-
-
-def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: Optional[Dict[str, Any]] = None,
-                     limit: int = 100) -> str:
-    rows = "".join("<tr><td>%s</td><td class=n>%d</td><td>%s</td></tr>" % (
-        _esc(label), len(c[key]), _esc(", ".join(map(str, c[key][:200])))) for key, label in (
-        ("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
-        ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
-        ("resolved_only_in_b", "resolved only in B")) if key in c)
-    sc = c["score"]
-    head = ("<p class=big>B − A = %+.4f <span class=muted>[%+.4f, %+.4f]</span></p><p class=muted>A %.4f · B %.4f · "
-            "%d samples scored in both (%s)</p>" % (sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["a"], sc["b"],
-                                                      c["paired_scored"], _esc(sc["method"]))
-            if sc["diff"] is not None else "<p>No sample was scored in both runs.</p>")
-    cats = "".join("<tr><td>%s</td><td class=n>%d</td><td class=n>%+.4f</td><td class=n>[%+.4f, %+.4f]</td></tr>" % (
-        _esc(cat), m["n"], m["diff"], m["ci95"][0], m["ci95"][1]) for cat, m in (c.get("by_category") or {}).items())
-    if cats:
-        cats = ("<h2>By category</h2><table class=sortable id=categories><thead><tr><th>category</th><th>n</th>"
-                "<th>B − A</th><th>95%% CI (paired bootstrap)</th></tr></thead><tbody>%s</tbody></table>" % cats)
-    flipped = ""
-    if a is not None and b is not None:
-        rows_f = []
-        for key, label in (("regressed", "worse in B"), ("improved", "better in B")):
-            for sid in c.get(key, [])[:limit]:
-                ra, rb = a["samples"][sid], b["samples"][sid]
-                rows_f.append("<tr><td>%s</td><td>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
-                    _esc(label), _esc(sid), _cut_details(str(rb.get("question") or ra.get("question") or ""),
-                                                         QUESTION_SHOWN_CHARS),
-                    _esc(rb.get("answer") or ""), _cut_details(str(ra.get("response") or ra.get("error") or ""), 300),
-                    _cut_details(str(rb.get("response") or rb.get("error") or ""), 300)))
-        if rows_f:
-            flipped = ("<h2>Flipped samples</h2><table class=sortable id=flipped><thead><tr><th>change</th><th>id</th>"
-                       "<th>question</th><th>reference</th><th>A's response</th><th>B's response</th></tr></thead>"
-                       "<tbody>%s</tbody></table>" % "".join(rows_f))
-    warn = ("<p class=warn><b>The two runs share no sample</b>: nothing is compared.</p>" if not c["common"] else "")
-    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness comparison</title>"
-            "<style>%s</style></head><body><h1>A = %s (model %s)<br>B = %s (model %s)</h1>%s%s%s<table><thead><tr>"
-            "<th>change</th><th>n</th><th>samples</th></tr></thead><tbody>%s</tbody></table>%s<script>%s</script>"
-            "</body></html>" % (_CSS, _esc(c["a"]), _esc(c.get("a_model")), _esc(c["b"]), _esc(c.get("b_model")),
-                                warn, head, cats, rows, flipped, _SORT_JS))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -11652,9 +11640,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          instance_template=_read_template(args.instance_template, "--instance-template"),
                          image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox,
                          max_containers=args.max_containers)
-        tars = args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS")
+        tars = _image_tars(args)
         hosts = _docker_hosts(args)
-        cfg = _replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(_split_list(tars)),
+        cfg = _replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(tars),
                        image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
                        allow_pull=args.allow_pull, engine=args.engine, docker_host=hosts[0] if hosts else None,
                        docker_hosts=tuple(hosts) if len(hosts) > 1 else (),
@@ -11740,8 +11728,16 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt()
+# The command line as a table: (name, help, its parser's builder, its handler). Adding a command is one line here.
+_COMMANDS = (
+    ("demo", "run the embedded demo set against an in-process mock model", _parser_demo, _cmd_demo),
+    ("run", "evaluate a model on a dataset (resumable)", _parser_run, _cmd_run),
+    ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock, _cmd_serve_mock),
+    ("report", "summary table, HTML report, or a comparison of two runs", _parser_report, _cmd_report),
+    ("images", "index, plan, pre-load, push/pull and release container images", _parser_images, _cmd_images),
+    ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge, _cmd_merge),
+    ("slurm", "run a run as a Slurm array job of shards and a merge job; their status", _parser_slurm, _cmd_slurm),
+)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -11751,8 +11747,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _build_parser(command if command in [c[0] for c in _COMMANDS] else "")
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    commands = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "images": _cmd_images,
-                "report": _cmd_report, "merge": _cmd_merge, "slurm": _cmd_slurm}
+    handler = next(c[3] for c in _COMMANDS if c[0] == args.command)
     interrupts = [0]
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -11767,7 +11762,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
     try:
-        return commands[args.command](args)
+        return handler(args)
     except HarnessError as exc:
         _log.error("%s", _redact(exc))
         return exc.exit_code
