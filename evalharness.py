@@ -10,10 +10,18 @@ Two commands a newcomer types:
     python3 evalharness.py demo        # the embedded demo set against an in-process mock model
     python3 tests/run.py               # the test suite
 
-Sections, lowest layer first (``grep -n '^# ===' evalharness.py`` prints them with line numbers):
-    Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits and gates, HTTP model client,
-    Mock model server, Docker CLI, Images, Sandbox, Results store, Summary, Runner, Tasks, SWE data and scoring,
-    SWE agent and runs, Report, CLI
+Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers):
+    Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits, Gates, HTTP model client, Mock model server,
+    Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Runs, QA, SWE data and scoring,
+    SWE agent and runs, Scale-out, Report, CLI
+
+Adding a kind of evaluation (README has the long form): a section of its own after QA, holding a subclass of
+_Kind registered with @_kind (its ``name`` is the --task it answers to). Its hooks say how its rows are read and
+validated (load), what makes a run of it what it is (settings), what it asks the endpoint and how it scores
+(work), how a resume treats stored records (resume), and what it adds to the summary (finish); run_evaluation
+does everything else (identity, store, pre-flight, gates, client, run.json, events, progress, breaker, report,
+shards). Then its options in the CLI (_parser_run), its rows in the mock (MockServer) and its tests
+(tests/test_<kind>.py).
 """
 
 from __future__ import annotations
@@ -123,7 +131,7 @@ __all__ = [
     "ClientConfig", "ChatResult", "ModelClient", "exclude_from_proxy",
     "MockConfig", "MockServer",
     "RunStore", "summarize", "format_summary",
-    "RunConfig", "run_qa",
+    "RunConfig", "run_evaluation", "run_qa", "Limit", "SessionRule",
     "DockerCLI", "DockerError", "ImageError", "ImageService", "ImageStatus", "ImageStore", "TarIndex",
     "SandboxError", "Container", "SWEInstance", "SWEDataset", "SWEOptions", "run_swe", "grade_tests",
     "load_predictions", "load_run", "write_html_report", "compare_runs",
@@ -1775,13 +1783,14 @@ def score_response(item: QAItem, response: str) -> Tuple[float, str]:
     return SCORERS[item.scorer](item, response)
 
 # =============================================================================
-# Limits and gates
+# Limits
 # =============================================================================
 # A gate is two things kept apart (as in Netflix concurrency-limits): a limit *algorithm* (a number updated from
 # samples; no threads, no clock of its own) and the *admission* mechanics (permits, blocking, drain pauses). A
 # fixed limit is just another algorithm, so `--concurrency N` and the adaptive gate are the same machinery. The same
 # split holds for sessions: SessionLimit (the count of agents the server's memory serves best) and SessionGate (slots,
-# the door, continuity).
+# the door, continuity). This section holds the model gate's algorithms (Limit and its kinds); Gates, below, the
+# admission objects and the session rules.
 
 
 class Limit:
@@ -2455,6 +2464,13 @@ class GradientLimit(Limit):
             self.limit = self.limit * self.backoff_ratio
             self._new_window(now + pause_s)  # admitted once the pause is over: its age counts from then
         return self.limit
+
+
+# =============================================================================
+# Gates
+# =============================================================================
+# Admission: AdaptiveGate (model requests: permits, drain pauses, the limit's one door) and SessionGate (agent
+# sessions: slots, the door, continuity), with the session rules (SessionRule) that size the latter.
 
 
 def _wait_for(cond: threading.Condition, attempt: Callable[[], Any], *, timeout_s: Optional[float],
@@ -4965,7 +4981,7 @@ class _CountingWriter:
             flush()
 
 # =============================================================================
-# Images
+# Image archives
 # =============================================================================
 # Hosts with no registry get their images as tarballs (single images or batches, legacy docker-save or OCI
 # layout), from an image store (per-image .tar.gz + sha256 index, HTTP PUT/GET or a directory), or through a chain
@@ -5485,7 +5501,11 @@ def _registry_has(mirror: str, ref: str, timeout_s: float = 5.0) -> Optional[boo
         return None
 
 
-# ----------------------------------------------------------------------------- image service
+# =============================================================================
+# Images
+# =============================================================================
+# The image service: one per process, it knows which images are ready and delivers the rest from the sources
+# above (tarballs, the store, mirrors, a pull) in the background; a sample waits on wait_ready().
 
 
 @_record
@@ -7077,13 +7097,16 @@ def _failed_record(item: Any, started: float, error: str, error_class: str) -> D
 
 
 # =============================================================================
-# Tasks
+# Runs
 # =============================================================================
-
+# One lifecycle for every kind of evaluation (run_evaluation): options checked, rows read, the endpoint's pre-flight,
+# the run directory (identity, resume), the gates and the client, run.json, the runner (progress, breaker, events),
+# the summary, the report and the exit code. A kind (_Kind) says only what is its own: how its rows are read, what
+# it asks the endpoint, how it scores, what it adds to the summary. README: "Adding a kind of evaluation".
 
 @_record
 class RunConfig:
-    """Everything a `run` needs, as given on the command line (validated by run_qa)."""
+    """Everything a `run` needs, as given on the command line (validated by run_evaluation and the kind)."""
 
     dataset: Optional[str]
     model: str
@@ -7143,122 +7166,6 @@ class RunConfig:
 
 
 TRUNCATED_WARN_SHARE = 0.05   # more answers than this cut at the token limit: the run warns
-REASONING_KEEP_CHARS = 20000  # reasoning kept in a sample record (the head; its full length is recorded too)
-
-
-def _split_reasoning(text: str) -> Tuple[str, str, bool]:
-    """(answer, reasoning, closed) of a reply whose content may carry <think>…</think> (DeepSeek-R1, Qwen3 and the
-    like): the answer is what follows the last </think>; an unclosed <think> leaves no answer."""
-    end = text.rfind("</think>")
-    if end >= 0:
-        head = text[:end]
-        start = head.find("<think>")
-        return text[end + len("</think>"):].strip(), head[start + len("<think>") if start >= 0 else 0:].strip(), True
-    start = text.find("<think>")
-    if start >= 0:
-        return text[:start].strip(), text[start + len("<think>"):].strip(), False
-    return text, "", True
-
-
-JUDGE_TEMPLATE = """You are grading a response to a question against the reference answer.
-
-[Question]
-{question}
-
-[Reference answer]
-{reference}
-
-[Response]
-{response}
-
-Does the response give the same final answer as the reference? Ignore style, length and reasoning; judge only \
-whether its final answer agrees with the reference. End your reply with one line: GRADE: C if it agrees (correct), \
-or GRADE: I if it does not (incorrect)."""
-_GRADE_RE = _LazyPattern(r"GRADE:\s*\**\s*([CI])\b")
-
-
-def _judge(judge: ModelClient, item: QAItem, response: str) -> Dict[str, Any]:
-    """Ask the grader model (JUDGE_TEMPLATE) and parse its verdict; a failed request or a reply without a
-    verdict raises ModelAPIError of class "judge" (an infrastructure failure: the sample runs again on resume)."""
-    question = next(m["content"] for m in reversed(item.messages) if m["role"] == "user")
-    prompt = JUDGE_TEMPLATE.replace("{question}", question).replace("{reference}", item.answer).replace(
-        "{response}", response)
-    try:
-        res = judge.chat([{"role": "user", "content": prompt}])
-    except ModelAPIError as exc:
-        raise ModelAPIError("judge: %s" % exc, kind=exc.kind, error_class="judge", attempts=exc.attempts) from None
-    reply = _split_reasoning(res.text)[0]
-    found = _GRADE_RE.findall(reply)
-    if not found:
-        raise ModelAPIError("judge: the grader's reply has no 'GRADE: C' or 'GRADE: I' line: %r" % reply[-200:],
-                            kind="malformed", error_class="judge")
-    return {"model": judge.config.model, "prompt": prompt, "reply": reply, "verdict": found[-1],
-            "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens}
-
-
-def _qa_work(client: ModelClient, system_prompt: Optional[str],
-             judge: Optional[ModelClient] = None) -> Callable[[QAItem], Dict[str, Any]]:
-    def work(item: QAItem) -> Dict[str, Any]:
-        started = time.time()
-        messages = list(item.messages)
-        if system_prompt and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        try:
-            res = client.chat(messages, seed=item.seed)
-        except ModelAPIError as exc:
-            rec = _failed_record(item, started, _redact(exc), exc.error_class)
-            rec["attempts"] = exc.attempts
-            return rec
-        answer, thought, closed = _split_reasoning(res.text)
-        reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
-        no_answer = None
-        if not answer.strip() and reasoning:  # the reasoning never reached an answer: wrong, not retried
-            no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
-                         if res.finish_reason == "length" or closed else
-                         "no answer: the reasoning never ended (no </think>)")
-        graded: Dict[str, Any] = {}
-        if no_answer:
-            score, extracted = 0.0, ""
-        elif item.scorer == "judge":
-            if judge is None:
-                raise ConfigError("row %s uses the judge scorer, but this run has no grader model" % item.source)
-            try:
-                verdict = _judge(judge, item, answer)
-            except ModelAPIError as exc:
-                return dict(_failed_record(item, started, _redact(exc), exc.error_class), response=answer)
-            score, extracted = (1.0 if verdict["verdict"] == "C" else 0.0), verdict["verdict"]
-            graded = {"judge": verdict}
-        else:
-            score, extracted = score_response(item, answer)
-        return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
-                **_epoch_fields(item), **graded, **_question_fields(item),
-                "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
-                "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
-                "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
-                "finish_reason": res.finish_reason, "served_model": res.model,
-                "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-                "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
-                "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
-                "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
-    return work
-
-
-def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
-                  cancel: threading.Event) -> ModelClient:
-    """The grader model's client: its own endpoint (default: the evaluated one) and its own gate, so grading
-    never takes the evaluated model's permits; its tokens are counted apart (the record's "judge")."""
-    base_url = _normalize_base_url(cfg.judge_base_url or cfg.base_url)
-    key_env = cfg.judge_api_key_env or cfg.api_key_env
-    if cfg.judge_api_key_env and not os.environ.get(key_env):
-        raise ConfigError("--judge-api-key-env %s: that environment variable is not set" % key_env)
-    if not cfg.use_proxy:
-        exclude_from_proxy([base_url])
-    judge_cfg = _replace(client_cfg, base_url=base_url, model=cfg.judge_model or cfg.model,
-                         api_key_env=key_env, temperature=0.0, max_tokens=None, extra_body=None, seed=None)
-    gate = AdaptiveGate(8, 1, 64, deadline_s=cfg.request_timeout_s)
-    gate.on_event = lambda ev: store.event("judge_" + ev.pop("type"), **ev)
-    _log.info("judge: %s at %s (its own gate, starting at 8)", judge_cfg.model, base_url)
-    return ModelClient(judge_cfg, gate=gate, cancel=cancel)
 
 
 def _limits_path() -> str:
@@ -7347,7 +7254,6 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
     return os.path.join("runs", "%s-%s-%s-%s" % (task, _slug(model or "model")[:40], _slug(stem)[:40], key))
 
 
-
 def _shard_out(cfg: RunConfig, out: str) -> str:
     """The run directory of this process: OUT itself, or OUT/shard-I-of-N for --shard (merge OUT gathers them)."""
     return out if cfg.shard is None else os.path.join(out, SHARD_DIR_FORMAT % cfg.shard)
@@ -7368,6 +7274,7 @@ def _shard_info(cfg: RunConfig, samples: int, samples_total: int) -> Dict[str, A
     index, count = cfg.shard or (0, 1)
     return {"index": index, "count": count, "samples": samples, "samples_total": samples_total,
             "slurm_job": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname()}
+
 
 def _show_setting(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False)
@@ -7473,19 +7380,6 @@ def _log_plan(store: RunStore, plan: Dict[str, set], kept: int, total: int, noun
                   "; " + "; ".join(parts) if parts else "")
 
 
-def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Optional[Dict[str, Any]]:
-    """A stored answer scored again under the row's current scorer and reference (no model call)."""
-    if not isinstance(rec.get("response"), str) or item.scorer == "judge":
-        return None  # nothing to score, or a grader to ask: the sample runs again
-    score, extracted = (0.0, "") if rec.get("no_answer") else score_response(item, rec["response"])
-    return dict(rec, score=score, extracted=extracted, answer=item.answer, scorer=item.scorer,
-                category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
-
-
-def _prompt_of(item: QAItem, system_prompt: Optional[str]) -> str:
-    return (system_prompt or "") + "".join(_content_text(m.get("content")) for m in item.messages)
-
-
 def _preflight(cfg: RunConfig, client_cfg: ClientConfig, prompts: Iterable[str]) -> Dict[str, Any]:
     """probe_endpoint, a line saying what the endpoint is, and the context warning (once, before any sample)."""
     server = probe_endpoint(client_cfg, check_model=cfg.model_check)
@@ -7499,14 +7393,6 @@ def _preflight(cfg: RunConfig, client_cfg: ClientConfig, prompts: Iterable[str])
         server["context_warning"] = warning
     return server
 
-
-# =============================================================================
-# Runs
-# =============================================================================
-# One lifecycle for every kind of evaluation (run_evaluation): options checked, rows read, the endpoint's pre-flight,
-# the run directory (identity, resume), the gates and the client, run.json, the runner (progress, breaker, events),
-# the summary, the report and the exit code. A kind (_Kind) says only what is its own: how its rows are read, what
-# it asks the endpoint, how it scores, what it adds to the summary. README: "Adding a kind of evaluation".
 
 _KINDS: Dict[str, type] = {}  # --task NAME -> its kind's class (filled by @_kind in each kind's section)
 
@@ -7761,6 +7647,194 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     return _end_run(cfg, summary, kind.title(run, status), extra, store, runner, stdout, kind.noun)
 
 
+def _bad_request_cause(summary: Dict[str, Any]) -> str:
+    """What a 4xx says about its cause, from the first one's text: a context overflow, or the server's words."""
+    text = " ".join(((summary.get("error_examples") or {}).get("bad_request") or "").split())
+    text = text if len(text) <= 240 else text[:237] + "..."  # one line, a message's worth
+    if re.search(r"context|too long|maximum.*(length|tokens)|max_model_len|n_ctx", text, re.I):
+        return "; the prompt plus --max-tokens is longer than the model's context: %s" % text
+    return "; e.g. %s" % text if text else ""
+
+
+def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
+             stdout: Any, noun: str) -> Tuple[int, str]:
+    """Print the summary (table or JSON) and turn the run's end into its exit code; every message that invites a
+    re-run says how (the same command resumes: a default run directory is derived from what the run is)."""
+    if cfg.json_out:
+        stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    else:
+        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n" + extra)
+    stdout.flush()
+    hint = cfg.resume_hint or "re-run the same command to resume (run directory %s)" % store.dir
+    c = summary["counts"]
+    cut = (summary.get("finish_reasons") or {}).get("length", 0)
+    if c["ok"] and cut > TRUNCATED_WARN_SHARE * c["ok"]:
+        _log.warning("%d of %d answers were cut at the token limit (finish_reason length): the score measures "
+                     "truncated answers; raise --max-tokens if the model's context allows", cut, c["ok"])
+    if runner.status == "aborted":
+        raise CircuitOpenError("%s; fix the cause, then %s" % (_redact(runner.stop_reason), hint))
+    if runner.status == "interrupted":
+        _log.warning("interrupted: %d of %d %ss finished and saved; %s", c["finished"], c["total"], noun, hint)
+        return EXIT_INTERRUPTED, store.dir
+    if c["failed"] or c["pending"]:
+        errors = summary.get("errors") or {}
+        infra = sum(n for cls, n in errors.items() if cls not in _KEEP_ON_RESUME)
+        parts = []
+        if infra:
+            parts.append("%d failed for infrastructure reasons, which a resume runs again: %s" % (infra, hint))
+        if errors.get("bad_request"):
+            parts.append("%d failed because the endpoint rejected the request (HTTP 4xx%s): a re-run repeats "
+                         "that, so fix the cause (the prompt, --max-tokens, --extra-body) first"
+                         % (errors["bad_request"], _bad_request_cause(summary)))
+        if errors.get("eval_error"):
+            parts.append("%d failed in their tests' run (eval_error): --retry-failed scores their patches again"
+                         % errors["eval_error"])
+        if c["pending"]:
+            parts.append("%d not run" % c["pending"])
+        _log.warning("incomplete: the score is over %d of %d %ss; %s (see 'error' in %s)", c["ok"], c["total"], noun,
+                     "; ".join(parts), store.path(RunStore.SAMPLES))
+        return EXIT_FAILURE, store.dir
+    return EXIT_OK, store.dir
+
+# =============================================================================
+# QA
+# =============================================================================
+# Question answering, the first kind: one chat request a row, scored by the row's scorer (Scoring) or by a
+# grader model (the judge scorer: its own client and gate).
+
+REASONING_KEEP_CHARS = 20000  # reasoning kept in a sample record (the head; its full length is recorded too)
+
+
+def _split_reasoning(text: str) -> Tuple[str, str, bool]:
+    """(answer, reasoning, closed) of a reply whose content may carry <think>…</think> (DeepSeek-R1, Qwen3 and the
+    like): the answer is what follows the last </think>; an unclosed <think> leaves no answer."""
+    end = text.rfind("</think>")
+    if end >= 0:
+        head = text[:end]
+        start = head.find("<think>")
+        return text[end + len("</think>"):].strip(), head[start + len("<think>") if start >= 0 else 0:].strip(), True
+    start = text.find("<think>")
+    if start >= 0:
+        return text[:start].strip(), text[start + len("<think>"):].strip(), False
+    return text, "", True
+
+
+JUDGE_TEMPLATE = """You are grading a response to a question against the reference answer.
+
+[Question]
+{question}
+
+[Reference answer]
+{reference}
+
+[Response]
+{response}
+
+Does the response give the same final answer as the reference? Ignore style, length and reasoning; judge only \
+whether its final answer agrees with the reference. End your reply with one line: GRADE: C if it agrees (correct), \
+or GRADE: I if it does not (incorrect)."""
+
+
+_GRADE_RE = _LazyPattern(r"GRADE:\s*\**\s*([CI])\b")
+
+
+def _judge(judge: ModelClient, item: QAItem, response: str) -> Dict[str, Any]:
+    """Ask the grader model (JUDGE_TEMPLATE) and parse its verdict; a failed request or a reply without a
+    verdict raises ModelAPIError of class "judge" (an infrastructure failure: the sample runs again on resume)."""
+    question = next(m["content"] for m in reversed(item.messages) if m["role"] == "user")
+    prompt = JUDGE_TEMPLATE.replace("{question}", question).replace("{reference}", item.answer).replace(
+        "{response}", response)
+    try:
+        res = judge.chat([{"role": "user", "content": prompt}])
+    except ModelAPIError as exc:
+        raise ModelAPIError("judge: %s" % exc, kind=exc.kind, error_class="judge", attempts=exc.attempts) from None
+    reply = _split_reasoning(res.text)[0]
+    found = _GRADE_RE.findall(reply)
+    if not found:
+        raise ModelAPIError("judge: the grader's reply has no 'GRADE: C' or 'GRADE: I' line: %r" % reply[-200:],
+                            kind="malformed", error_class="judge")
+    return {"model": judge.config.model, "prompt": prompt, "reply": reply, "verdict": found[-1],
+            "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens}
+
+
+def _qa_work(client: ModelClient, system_prompt: Optional[str],
+             judge: Optional[ModelClient] = None) -> Callable[[QAItem], Dict[str, Any]]:
+    def work(item: QAItem) -> Dict[str, Any]:
+        started = time.time()
+        messages = list(item.messages)
+        if system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        try:
+            res = client.chat(messages, seed=item.seed)
+        except ModelAPIError as exc:
+            rec = _failed_record(item, started, _redact(exc), exc.error_class)
+            rec["attempts"] = exc.attempts
+            return rec
+        answer, thought, closed = _split_reasoning(res.text)
+        reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
+        no_answer = None
+        if not answer.strip() and reasoning:  # the reasoning never reached an answer: wrong, not retried
+            no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
+                         if res.finish_reason == "length" or closed else
+                         "no answer: the reasoning never ended (no </think>)")
+        graded: Dict[str, Any] = {}
+        if no_answer:
+            score, extracted = 0.0, ""
+        elif item.scorer == "judge":
+            if judge is None:
+                raise ConfigError("row %s uses the judge scorer, but this run has no grader model" % item.source)
+            try:
+                verdict = _judge(judge, item, answer)
+            except ModelAPIError as exc:
+                return dict(_failed_record(item, started, _redact(exc), exc.error_class), response=answer)
+            score, extracted = (1.0 if verdict["verdict"] == "C" else 0.0), verdict["verdict"]
+            graded = {"judge": verdict}
+        else:
+            score, extracted = score_response(item, answer)
+        return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
+                **_epoch_fields(item), **graded, **_question_fields(item),
+                "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
+                "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
+                "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
+                "finish_reason": res.finish_reason, "served_model": res.model,
+                "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
+                "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
+                "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+    return work
+
+
+def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
+                  cancel: threading.Event) -> ModelClient:
+    """The grader model's client: its own endpoint (default: the evaluated one) and its own gate, so grading
+    never takes the evaluated model's permits; its tokens are counted apart (the record's "judge")."""
+    base_url = _normalize_base_url(cfg.judge_base_url or cfg.base_url)
+    key_env = cfg.judge_api_key_env or cfg.api_key_env
+    if cfg.judge_api_key_env and not os.environ.get(key_env):
+        raise ConfigError("--judge-api-key-env %s: that environment variable is not set" % key_env)
+    if not cfg.use_proxy:
+        exclude_from_proxy([base_url])
+    judge_cfg = _replace(client_cfg, base_url=base_url, model=cfg.judge_model or cfg.model,
+                         api_key_env=key_env, temperature=0.0, max_tokens=None, extra_body=None, seed=None)
+    gate = AdaptiveGate(8, 1, 64, deadline_s=cfg.request_timeout_s)
+    gate.on_event = lambda ev: store.event("judge_" + ev.pop("type"), **ev)
+    _log.info("judge: %s at %s (its own gate, starting at 8)", judge_cfg.model, base_url)
+    return ModelClient(judge_cfg, gate=gate, cancel=cancel)
+
+
+def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Optional[Dict[str, Any]]:
+    """A stored answer scored again under the row's current scorer and reference (no model call)."""
+    if not isinstance(rec.get("response"), str) or item.scorer == "judge":
+        return None  # nothing to score, or a grader to ask: the sample runs again
+    score, extracted = (0.0, "") if rec.get("no_answer") else score_response(item, rec["response"])
+    return dict(rec, score=score, extracted=extracted, answer=item.answer, scorer=item.scorer,
+                category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
+
+
+def _prompt_of(item: QAItem, system_prompt: Optional[str]) -> str:
+    return (system_prompt or "") + "".join(_content_text(m.get("content")) for m in item.messages)
+
+
 @_kind
 class _QAKind(_Kind):
     """Question answering: one chat request a row, scored by the row's scorer (or by a grader model)."""
@@ -7854,56 +7928,6 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
     if cfg.task != "qa":
         raise ConfigError("run_qa runs --task qa, not %r (run_evaluation runs every kind)" % cfg.task)
     return run_evaluation(cfg, dataset=dataset, stdout=stdout, progress_stream=progress_stream, cancel=cancel)
-
-
-def _bad_request_cause(summary: Dict[str, Any]) -> str:
-    """What a 4xx says about its cause, from the first one's text: a context overflow, or the server's words."""
-    text = " ".join(((summary.get("error_examples") or {}).get("bad_request") or "").split())
-    text = text if len(text) <= 240 else text[:237] + "..."  # one line, a message's worth
-    if re.search(r"context|too long|maximum.*(length|tokens)|max_model_len|n_ctx", text, re.I):
-        return "; the prompt plus --max-tokens is longer than the model's context: %s" % text
-    return "; e.g. %s" % text if text else ""
-
-
-def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, store: RunStore, runner: "_Runner",
-             stdout: Any, noun: str) -> Tuple[int, str]:
-    """Print the summary (table or JSON) and turn the run's end into its exit code; every message that invites a
-    re-run says how (the same command resumes: a default run directory is derived from what the run is)."""
-    if cfg.json_out:
-        stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    else:
-        stdout.write(format_summary(summary, title=title, run_dir=store.dir) + "\n" + extra)
-    stdout.flush()
-    hint = cfg.resume_hint or "re-run the same command to resume (run directory %s)" % store.dir
-    c = summary["counts"]
-    cut = (summary.get("finish_reasons") or {}).get("length", 0)
-    if c["ok"] and cut > TRUNCATED_WARN_SHARE * c["ok"]:
-        _log.warning("%d of %d answers were cut at the token limit (finish_reason length): the score measures "
-                     "truncated answers; raise --max-tokens if the model's context allows", cut, c["ok"])
-    if runner.status == "aborted":
-        raise CircuitOpenError("%s; fix the cause, then %s" % (_redact(runner.stop_reason), hint))
-    if runner.status == "interrupted":
-        _log.warning("interrupted: %d of %d %ss finished and saved; %s", c["finished"], c["total"], noun, hint)
-        return EXIT_INTERRUPTED, store.dir
-    if c["failed"] or c["pending"]:
-        errors = summary.get("errors") or {}
-        infra = sum(n for cls, n in errors.items() if cls not in _KEEP_ON_RESUME)
-        parts = []
-        if infra:
-            parts.append("%d failed for infrastructure reasons, which a resume runs again: %s" % (infra, hint))
-        if errors.get("bad_request"):
-            parts.append("%d failed because the endpoint rejected the request (HTTP 4xx%s): a re-run repeats "
-                         "that, so fix the cause (the prompt, --max-tokens, --extra-body) first"
-                         % (errors["bad_request"], _bad_request_cause(summary)))
-        if errors.get("eval_error"):
-            parts.append("%d failed in their tests' run (eval_error): --retry-failed scores their patches again"
-                         % errors["eval_error"])
-        if c["pending"]:
-            parts.append("%d not run" % c["pending"])
-        _log.warning("incomplete: the score is over %d of %d %ss; %s (see 'error' in %s)", c["ok"], c["total"], noun,
-                     "; ".join(parts), store.path(RunStore.SAMPLES))
-        return EXIT_FAILURE, store.dir
-    return EXIT_OK, store.dir
 
 # =============================================================================
 # SWE data and scoring
