@@ -4443,18 +4443,30 @@ class _MockHandler:
 
     def _serve(self, req: Dict[str, Any], messages: List[Any], key: str, stream: bool, include_usage: bool,
                fault: Optional[str]) -> None:
-        st, cfg = self.state, self.state.config
+        """A chat request: an injected fault, or the reply (``_compose``) written as one JSON body or a stream."""
+        cfg = self.state.config
         if fault in ("429", "503", "500", "400"):
             headers = {"Retry-After": "%g" % cfg.retry_after_s} if fault in ("429", "503") else {}
             self._error(int(fault), "injected fault %s%s" % (fault, ": the prompt is too long for the context"
                                                             if fault == "400" else ""), headers)
             return
         if fault == "hang":
-            st.closing.wait(cfg.hang_s)
+            self.state.closing.wait(cfg.hang_s)
             return
         if fault == "reset" and not stream:
             self._reset()
             return
+        reply = self._compose(req, messages, key)
+        if reply is None:
+            return
+        if stream:
+            self._write_stream(reply, include_usage, fault)
+        else:
+            self._write_json(reply, include_usage, fault)
+
+    def _compose(self, req: Dict[str, Any], messages: List[Any], key: str) -> Optional["_MockReply"]:
+        """The reply to a chat request, as tokens with their pacing (None: the context is too small, answered 400)."""
+        st, cfg = self.state, self.state.config
         text = self._reply_text(key, messages, req.get("seed"))
         tool_call = None
         if req.get("tools") and st.swe:  # tool-calling mode: the fenced action becomes one `bash` call
@@ -4481,54 +4493,63 @@ class _MockHandler:
                             "(%d in the messages, %s in the completion). Please reduce the length of the messages "
                             "or completion." % (cfg.context_len, prompt_tokens + (max_tokens or 0), prompt_tokens,
                                                 max_tokens or 0))
-                return
+                return None
         finish = "stop"
         if isinstance(max_tokens, int) and 0 < max_tokens < len(pieces):
             pieces, finish = pieces[:max_tokens], "length"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
                  "total_tokens": prompt_tokens + len(pieces),
                  "completion_tokens_details": {"reasoning_tokens": min(n_thought, len(pieces))}}
-        rid = "chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48)
-        served = cfg.reply_model if cfg.reply_model is not None else req.get("model")
-
-        def token_delay() -> float:
-            if cfg.decode_tok_s <= 0:
-                return 0.0
-            with st.lock:
-                active = st.active
-            return st.slowdown(active) / cfg.decode_tok_s
-
-        def wait(seconds: float) -> None:
-            if seconds > 0:
-                st.closing.wait(seconds)
-
         with st.lock:
             ttft = cfg.ttft_s * st.slowdown(st.active)
-        if not stream:
-            wait(ttft + sum(token_delay() for _ in pieces))
-            if fault == "malformed":
-                body = b'{"id": "broken", "choices": [{"message": '
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            message = {"role": "assistant", "content": "".join(t for k, t in pieces if k == "content")}
-            if tool_call is not None:
-                message["tool_calls"] = [tool_call]
-                finish = "tool_calls"
-            if reasoning:
-                message["reasoning_content"] = "".join(t for k, t in pieces if k == "reasoning_content")
-            out = {"id": rid, "object": "chat.completion", "created": 0, "model": served,
-                   "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-            if include_usage:
-                out["usage"] = usage
-            self._uncount()
-            with st.lock:
-                st.counters["completed"] += 1
-            self._json(200, out)
+        return _MockReply(rid="chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48),
+                          model=cfg.reply_model if cfg.reply_model is not None else req.get("model"),
+                          pieces=pieces, finish=finish, usage=usage, tool_call=tool_call, reasoning=bool(reasoning),
+                          ttft_s=ttft)
+
+    def _token_delay(self) -> float:
+        """Seconds one token takes at the current load."""
+        st = self.state
+        if st.config.decode_tok_s <= 0:
+            return 0.0
+        with st.lock:
+            active = st.active
+        return st.slowdown(active) / st.config.decode_tok_s
+
+    def _wait(self, seconds: float) -> None:
+        if seconds > 0:
+            self.state.closing.wait(seconds)
+
+    def _completed(self) -> None:
+        self._uncount()
+        with self.state.lock:
+            self.state.counters["completed"] += 1
+
+    def _write_json(self, reply: "_MockReply", include_usage: bool, fault: Optional[str]) -> None:
+        self._wait(reply.ttft_s + sum(self._token_delay() for _ in reply.pieces))
+        if fault == "malformed":
+            body = b'{"id": "broken", "choices": [{"message": '
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
             return
+        finish = reply.finish
+        message = {"role": "assistant", "content": "".join(t for k, t in reply.pieces if k == "content")}
+        if reply.tool_call is not None:
+            message["tool_calls"] = [reply.tool_call]
+            finish = "tool_calls"
+        if reply.reasoning:
+            message["reasoning_content"] = "".join(t for k, t in reply.pieces if k == "reasoning_content")
+        out = {"id": reply.rid, "object": "chat.completion", "created": 0, "model": reply.model,
+               "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if include_usage:
+            out["usage"] = reply.usage
+        self._completed()
+        self._json(200, out)
+
+    def _write_stream(self, reply: "_MockReply", include_usage: bool, fault: Optional[str]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -4537,11 +4558,12 @@ class _MockHandler:
         def event(obj: Any) -> None:
             self.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
 
-        base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": served}
+        base = {"id": reply.rid, "object": "chat.completion.chunk", "created": 0, "model": reply.model}
         event(dict(base, choices=[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]))
         self.wfile.flush()
-        wait(ttft)
+        self._wait(reply.ttft_s)
         debt = 0.0
+        pieces, finish = reply.pieces, reply.finish
         for i, (field, tok) in enumerate(pieces):
             if fault == "reset" and i == 1:
                 self._reset()
@@ -4554,26 +4576,37 @@ class _MockHandler:
                 self.wfile.flush()
                 return  # the connection closes with no finish_reason and no [DONE]
             event(dict(base, choices=[{"index": 0, "delta": {field: tok}, "finish_reason": None}]))
-            debt += token_delay()
+            debt += self._token_delay()
             if debt >= 0.002:  # sleep in slices of >= 2 ms: per-token sleeps would be all overhead
                 self.wfile.flush()
-                wait(debt)
+                self._wait(debt)
                 debt = 0.0
-        if tool_call is not None:  # sent in two pieces, as servers do: id and name first, then the arguments
-            args = tool_call["function"]["arguments"]
-            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(tool_call, index=0, function={
+        if reply.tool_call is not None:  # sent in two pieces, as servers do: id and name first, then the arguments
+            call = reply.tool_call
+            args = call["function"]["arguments"]
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(call, index=0, function={
                 "name": "bash", "arguments": args[:len(args) // 2]})]}, "finish_reason": None}]))
             event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
                 "arguments": args[len(args) // 2:]}}]}, "finish_reason": None}]))
             finish = "tool_calls"
         event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
         if include_usage:
-            event(dict(base, choices=[], usage=usage))
-        self._uncount()
-        with st.lock:
-            st.counters["completed"] += 1
+            event(dict(base, choices=[], usage=reply.usage))
+        self._completed()
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+
+class _MockReply:
+    """A mock reply, composed once and written by either writer: its tokens as (field, text) pieces (reasoning
+    first), why it ended, its usage, a tool call, and the time to its first token at the load it met."""
+
+    __slots__ = ("rid", "model", "pieces", "finish", "usage", "tool_call", "reasoning", "ttft_s")
+
+    def __init__(self, *, rid: str, model: Any, pieces: List[Tuple[str, str]], finish: str, usage: Dict[str, Any],
+                 tool_call: Optional[Dict[str, Any]], reasoning: bool, ttft_s: float):
+        self.rid, self.model, self.pieces, self.finish, self.usage = rid, model, pieces, finish, usage
+        self.tool_call, self.reasoning, self.ttft_s = tool_call, reasoning, ttft_s
 
 
 class _MockHTTPServer:
