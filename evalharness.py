@@ -3319,8 +3319,31 @@ def _error_detail(body: bytes) -> str:
 # context length. llama.cpp: /props' default_generation_settings.n_ctx (and, in newer builds, /models' meta.n_ctx)
 # is the context of one slot, what a request gets; meta.n_ctx_train is the model's trained length (b1-0c1e570 with
 # -c 1024 -np 2: n_ctx 512, n_ctx_train 2048). TGI: /info's max_total_tokens.
-_SERVER_OWNERS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "openai": "OpenAI",
-                  "system": "OpenAI", "openai-internal": "OpenAI", "evalharness-mock": "evalharness mock"}
+@_record
+class _ServerKind:
+    """What one kind of server says about itself: read by the client (pre-flight, metrics, KV pool) and served by
+    the mock (``serve-mock --server-kind``) from the same row, so the two cannot drift apart."""
+
+    name: str                          # as run.json and the report name it
+    owners: Tuple[str, ...] = ()       # /v1/models' owned_by values that name it (the mock lists the first)
+    running: Optional[str] = None      # its /metrics gauge of requests it runs
+    waiting: Optional[str] = None      # and of requests it keeps waiting
+    labels: str = ""                   # the labels its gauges carry (the mock's page)
+    kv_pool: Optional[str] = None      # the metric stating its KV pool size (_kv_pool_of reads it)
+
+
+_SERVER_KINDS = {  # --server-kind (the mock's) -> what that server says
+    "mock": _ServerKind("evalharness mock", ("evalharness-mock",)),
+    "vllm": _ServerKind("vLLM", ("vllm",), "vllm:num_requests_running", "vllm:num_requests_waiting",
+                        'engine="0",model_name="%(model)s"', "vllm:cache_config_info"),
+    "sglang": _ServerKind("SGLang", ("sglang",), "sglang:num_running_reqs", "sglang:num_queue_reqs",
+                          'model_name="%(model)s"', "sglang:max_total_num_tokens"),
+    "llama.cpp": _ServerKind("llama.cpp", ("llamacpp",), "llamacpp:requests_processing",
+                             "llamacpp:requests_deferred"),
+    "tgi": _ServerKind("TGI"),  # (its owned_by is the model id)
+    "openai": _ServerKind("OpenAI", ("system", "openai", "openai-internal")),
+}
+_SERVER_OWNERS = {owner: k.name for k in _SERVER_KINDS.values() for owner in k.owners}
 PREFLIGHT_TIMEOUT_S = 10.0
 MODEL_LIST_SHOWN = 12  # served ids named in a "not served" error
 
@@ -3517,11 +3540,8 @@ class _EndpointHealth:
         return tripped
 
 
-SERVER_METRICS = (  # (server, the gauge of requests it runs, the gauge of requests it keeps waiting) at /metrics
-    ("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting"),
-    ("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    ("llama.cpp", "llamacpp:requests_processing", "llamacpp:requests_deferred"),
-)
+SERVER_METRICS = tuple((key, k.running, k.waiting) for key, k in _SERVER_KINDS.items() if k.running and k.waiting)
+# (server, the gauge of requests it runs, the gauge of requests it keeps waiting) at /metrics
 METRICS_POLL_S = 0.5
 METRICS_TIMEOUT_S = 3.0
 
@@ -4101,31 +4121,17 @@ class MockConfig:
     reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
 
 
-# What each server kind's GET /v1/models (and llama.cpp's /props, TGI's /info) looks like, as the real ones do;
-# "nolist" answers 404 there (servers with no model list).
-MOCK_SERVER_KINDS = ("mock", "vllm", "sglang", "llama.cpp", "tgi", "openai", "nolist")
-# GET /metrics of the kinds that serve one, in their Prometheus text format (their gauges of running and waiting
-# requests, with the labels they carry; the real pages have many more metrics)
-_MOCK_METRICS = {
-    "vllm": ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
-             '# TYPE vllm:num_requests_running gauge\n'
-             'vllm:num_requests_running{engine="0",model_name="%(model)s"} %(running)d.0\n'
-             '# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n'
-             '# TYPE vllm:num_requests_waiting gauge\n'
-             'vllm:num_requests_waiting{engine="0",model_name="%(model)s"} %(waiting)d.0\n'),
-    "sglang": ('# HELP sglang:num_running_reqs The number of running requests.\n'
-               '# TYPE sglang:num_running_reqs gauge\n'
-               'sglang:num_running_reqs{model_name="%(model)s"} %(running)d.0\n'
-               '# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n'
-               '# TYPE sglang:num_queue_reqs gauge\n'
-               'sglang:num_queue_reqs{model_name="%(model)s"} %(waiting)d.0\n'),
-    "llama.cpp": ('# HELP llamacpp:requests_processing Number of requests processing\n'
-                  '# TYPE llamacpp:requests_processing gauge\n'
-                  'llamacpp:requests_processing %(running)d\n'
-                  '# HELP llamacpp:requests_deferred Number of requests deferred\n'
-                  '# TYPE llamacpp:requests_deferred gauge\n'
-                  'llamacpp:requests_deferred %(waiting)d\n'),
-}
+# The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
+# as the real ones do); "nolist" answers 404 at /v1/models (servers with no model list).
+MOCK_SERVER_KINDS = tuple(_SERVER_KINDS) + ("nolist",)
+
+
+def _mock_metrics(kind: _ServerKind, model: str, running: int, waiting: int) -> str:
+    """A kind's GET /metrics in the Prometheus text format: its gauges of running and waiting requests, with the
+    labels it carries (the real pages have many more metrics)."""
+    labels = "{%s}" % (kind.labels % {"model": model}) if kind.labels else ""
+    return "".join("# TYPE %s gauge\n%s%s %d\n" % (name, name, labels, value)
+                   for name, value in ((kind.running, running), (kind.waiting, waiting)))
 
 
 # and their statement of the KV pool's size (vLLM's info gauge carries it in labels, in blocks of 16 tokens)
@@ -4148,19 +4154,15 @@ def _mock_models(cfg: MockConfig) -> Optional[Dict[str, Any]]:
     data = []
     for mid in (cfg.model,) + tuple(cfg.served):
         entry: Dict[str, Any] = {"id": mid, "object": "model", "created": 0}
+        owners = _SERVER_KINDS[kind].owners
+        entry["owned_by"] = owners[0] if owners else mid
         if kind in ("vllm", "sglang"):
-            entry.update(owned_by=kind, root=mid, parent=None, max_model_len=ctx)
+            entry.update(root=mid, parent=None, max_model_len=ctx)
         elif kind == "llama.cpp":
-            entry.update(owned_by="llamacpp", meta={"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": 4 * (ctx or 1024),
-                                                    "n_embd": 64, "n_params": 1000000})
-        elif kind == "tgi":
-            entry.update(owned_by=mid)
-        elif kind == "openai":
-            entry.update(owned_by="system")
-        else:
-            entry.update(owned_by="evalharness-mock")
-            if ctx:
-                entry["max_model_len"] = ctx
+            entry.update(meta={"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": 4 * (ctx or 1024), "n_embd": 64,
+                               "n_params": 1000000})
+        elif kind == "mock" and ctx:
+            entry["max_model_len"] = ctx
         data.append(entry)
     return {"object": "list", "data": data}
 
@@ -4315,10 +4317,9 @@ class _MockHandler:
                              "max_input_tokens": (cfg.context_len or 4096) - 1, "router": "text-generation-router"})
         elif self.path == "/health":
             self._json(200, {"status": "ok"})
-        elif self.path == "/metrics" and cfg.server_kind in _MOCK_METRICS:
+        elif self.path == "/metrics" and _SERVER_KINDS.get(cfg.server_kind, _SERVER_KINDS["mock"]).running:
             with st.lock:
-                body = _MOCK_METRICS[cfg.server_kind] % {"model": cfg.model, "running": st.active,
-                                                         "waiting": st.waiting}
+                body = _mock_metrics(_SERVER_KINDS[cfg.server_kind], cfg.model, st.active, st.waiting)
             if cfg.kv_tokens > 0 and cfg.server_kind in _MOCK_KV_POOL:
                 body += _MOCK_KV_POOL[cfg.server_kind] % {"model": cfg.model, "blocks": cfg.kv_tokens // 16,
                                                           "tokens": cfg.kv_tokens}
