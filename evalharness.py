@@ -8444,9 +8444,16 @@ def child(path, src):
         sys.stderr.flush()
     finally:
         os._exit(code)
+def fork():
+    for i in range(50):  # (a fork bomb's last processes may hold the pids limit for a moment)
+        try:
+            return os.fork()
+        except BlockingIOError:
+            time.sleep(0.02 * (i + 1))
+    return os.fork()
 def clean(work):
     if uid is not None:
-        pid = os.fork()
+        pid = fork()
         if pid == 0:
             try:
                 os.setgid(uid)
@@ -8476,7 +8483,7 @@ for run in job["runs"]:
         fh.write(run["source"])
     fds = [os.pipe() for _ in range(3)]
     t0 = time.monotonic()
-    pid = os.fork()
+    pid = fork()
     if pid == 0:
         try:
             os.chdir(work)
@@ -8502,13 +8509,16 @@ for run in job["runs"]:
             os.close(stdin_w)
     threading.Thread(target=feed, daemon=True).start()
     out, err, total, over, timed_out = bytearray(), bytearray(), 0, False, False
-    deadline, open_fds, status = t0 + run["timeout_s"], {out_r, err_r}, None
+    deadline, open_fds, status, ended = t0 + run["timeout_s"], {out_r, err_r}, None, None
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
             break
-        for fd in select.select(list(open_fds), [], [], min(left, 0.25))[0]:
+        ready = select.select(list(open_fds), [], [], 0.0 if ended else min(left, 0.05))[0]
+        if not ready and ended:  # the program ended; what it printed is read (a child may hold the pipes open)
+            break
+        for fd in ready:
             chunk = os.read(fd, 65536)
             if not chunk:
                 open_fds.discard(fd)
@@ -8520,6 +8530,10 @@ for run in job["runs"]:
                 err = (err + chunk)[-16384:]
         if over:
             break
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, ended = st, time.monotonic()
     while status is None and not (timed_out or over):
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -8643,7 +8657,8 @@ class _CodeSandbox:
                                network_none=True, env=(("LANG", "C.UTF-8"),))
         container = Container(self.docker, self.pool, c.image, run_id=self.run_id, instance_id="sandbox",
                               role="code", config=config)
-        container.start(extra_args=["--read-only", "--tmpfs", "%s:rw,exec,size=%dm,mode=1777" % (
+        # --init: a PID 1 that reaps the orphans a killed program leaves (zombies would hold the pids limit)
+        container.start(extra_args=["--init", "--read-only", "--tmpfs", "%s:rw,exec,size=%dm,mode=1777" % (
             CODE_WORKDIR, max(64, c.file_bytes >> 19)), "--cap-drop", "ALL", "--cap-add", "SETUID",
             "--cap-add", "SETGID", "--cap-add", "KILL", "--security-opt", "no-new-privileges"], setup=False)
         with self._lock:
@@ -8938,6 +8953,11 @@ class _CodeKind(_Kind):
         if run.gate is not None:
             return super().runner_options(run)
         return {"workers": max(1, 2 * run.cfg.code.workers), "gate": None}
+
+    def settle(self, run: _Run) -> None:
+        assert run.store is not None
+        if run.store.duplicates:  # programs checked again: the new record supersedes the old one
+            run.store.rewrite(lambda rec: rec)
 
     def stop(self, run: _Run) -> None:
         if self.sandbox is not None:
