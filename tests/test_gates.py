@@ -1029,14 +1029,18 @@ class TestSessionCountLimit(unittest.TestCase):
     def test_turns_queued_at_the_model_gate_do_not_count_as_tool_time(self):
         # the model gate (fixed at 2) is the bottleneck: past 3 sessions more only queue there, a plateau the count
         # wanders on. Counted as tool time (a growing W), that queue made every larger count look better and the
-        # count ran away (36 by then, 80 at the end).
-        clock = Clock()
-        gate = eh.AdaptiveGate(2, 1, 2, clock=clock, algorithm=eh.FixedLimit(2))
-        sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionCountLimit())
-        sessions._capacity_locked = lambda: int(sessions._algorithm.limit)  # the memory side alone decides here
-        seen = drive_sessions(sessions, clock, lambda s: 0.02, 20000, wait_s=2.0)
-        late = [lim for t, _, lim in seen if t > 10000]
-        self.assertLessEqual(max(late), 20)
+        # count ran away (36 by then, 80 at the end). The capacity rule is the real one, the gate side included: its
+        # duty (in flight / active) holds nothing here, since a turn queued at the model gate holds no permit, so
+        # the duty reads 2 / active; only its floor (0.05) stops a runaway count, at 40 sessions (where every seed
+        # sits from 10000 s on when the queue counts as tool time; 10.8-20.2 on average when it does not, seeds 1-10).
+        for seed in (1, 2, 3):
+            clock = Clock()
+            gate = eh.AdaptiveGate(2, 1, 2, clock=clock, algorithm=eh.FixedLimit(2))
+            sessions = eh.SessionGate(gate, clock=clock, algorithm=eh.SessionCountLimit())
+            seen = drive_sessions(sessions, clock, lambda s: 0.02, 20000, wait_s=2.0, seed=seed)
+            late = [active for t, active, _ in seen if t > 10000]
+            self.assertGreater(len(late), 1000, seed)
+            self.assertLess(sum(late) / len(late), 30.0, seed)
 
     def test_a_turn_queued_in_acquire_reports_its_wait_to_listeners(self):
         clock = Clock()
