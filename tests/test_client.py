@@ -744,7 +744,8 @@ class TestSmallBacklog(unittest.TestCase):
         self.assertTrue(all(s["status"] == "ok" for s in samples))
         return max(s["finished_at"] for s in samples) - min(s["started_at"] for s in samples)
 
-    def test_an_adaptive_run_is_within_twice_the_best_fixed_wall_with_no_drain(self):
+    def test_an_adaptive_run_loses_only_syn_retries_to_the_best_fixed_one_and_never_drains_when_the_backlog_is_small(
+            self):
         # before: the resets read as a collapse (x0.7 and a 30 s drain pause, twice): 60-94 s against ~1 s
         server = _SmallBacklogServer(("127.0.0.1", 0), _OneAtATimeHandler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -762,7 +763,11 @@ class TestSmallBacklog(unittest.TestCase):
         # (whether the kernel resets a connection or only retries its SYN a second later varies: either way no
         # pause; the unit tests in test_gates show a reset's own handling)
         self.assertEqual([e for e in events if e["type"].startswith("drain")], [])
-        self.assertLessEqual(wall, 2.0 * min(fixed.values()), (wall, fixed))
+        # over the best fixed run (4.2-4.7 s here), the adaptive one took 0.1-3.1 s more, idle and with six busy
+        # processes on the 2 cores: what the kernel's SYN retries (1 s, then 3 s) cost the bursts past the accept
+        # queue, which no limit avoids on its first burst. The bound is 3x+ that; a reset read as a collapse costs a
+        # 30 s drain pause (twice: 60-94 s). (It was 2x the best fixed run: 8.4-9.4 s, met at 7.75 s under load.)
+        self.assertLessEqual(wall, min(fixed.values()) + 10.0, (wall, fixed))
 
 
 class TestServerMetricsRuns(unittest.TestCase):
