@@ -2430,6 +2430,9 @@ class GradientLimit(Limit):
             return self.limit
         self._slow_start = False
         self._server_cap = self._hold(max(self._served))
+        # and what windows chose past it (a slow start's doublings before the queue showed) the server never ran
+        self._found = [min(f, self._server_cap) for f in self._found]
+        self.discovered = upper_median(self._found) if self._found else None
         if self.limit > self._server_cap:
             if self.limit > 1.1 * self._server_cap:  # (a few streams' difference is the next window's to judge)
                 self._new_window(now)

@@ -310,33 +310,37 @@ class TestClassification(unittest.TestCase):
         self.assertIn("refused", str(cm.exception))
 
     def test_overload_error_within_bound_when_server_never_answers(self):
-        srv = start_mock(self, faults=(("hang", 1.0),))
+        # the 0.4 s timeout takes 0.40-0.50 s here, up to 2.1 s with six busy processes on the 2 cores: the bound is
+        # more than 3x that, and a client without the timeout would wait out the 30 s hang
+        srv = start_mock(self, faults=(("hang", 1.0),), hang_s=30)
         for stream in (True, False):
             with self.subTest(stream=stream):
                 t0 = time.monotonic()
                 with self.assertRaises(eh.ModelAPIError) as cm:
                     client(srv.url, stream=stream, request_timeout_s=0.4, max_retries=0).chat(MESSAGES)
-                self.assertLess(time.monotonic() - t0, 2.0)
+                self.assertLess(time.monotonic() - t0, 8.0)
                 self.assertEqual(cm.exception.kind, "overload")
                 self.assertIn("timed out", str(cm.exception))
 
     def test_overload_error_within_bound_when_stream_trickles_keepalive_comments(self):
-        srv = start_script(self, drip(b": keep-alive\n\n", 0.05, 10.0, stream=True))
+        # (bound as above: measured up to 2.1 s under load; without the deadline the 30 s of comments)
+        srv = start_script(self, drip(b": keep-alive\n\n", 0.05, 30.0, stream=True))
         t0 = time.monotonic()
         with self.assertRaises(eh.ModelAPIError) as cm:
             client(srv.url, stream=True, request_timeout_s=0.4, max_retries=0).chat(MESSAGES)
-        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertLess(time.monotonic() - t0, 8.0)
         self.assertEqual(cm.exception.kind, "overload")
 
     def test_overload_error_within_bound_when_non_streaming_body_drips(self):
         # Regression (fixed): request_timeout_s is only a per-socket-read timeout on the non-streaming path (_read_json calls
         # resp.read() with no overall deadline), so a server dripping one byte every 0.1 s holds the request far
-        # past request_timeout_s; the streaming path has a deadline check. This test bounds the drip at 1.5 s.
-        srv = start_script(self, drip(b" ", 0.1, 1.5, stream=False))
+        # past request_timeout_s; the streaming path has a deadline check. The drip lasts 30 s; the 0.3 s deadline
+        # takes 0.30-0.38 s here, up to 2.0 s with six busy processes on the 2 cores: the bound is more than 3x that.
+        srv = start_script(self, drip(b" ", 0.1, 30.0, stream=False))
         t0 = time.monotonic()
         with self.assertRaises(eh.ModelAPIError):
             client(srv.url, stream=False, request_timeout_s=0.3, max_retries=0).chat(MESSAGES)
-        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertLess(time.monotonic() - t0, 8.0)
 
 
 class TestMalformed(unittest.TestCase):
@@ -566,12 +570,15 @@ class TestGateInterplay(unittest.TestCase):
         thread = threading.Thread(target=worker, args=(0,), daemon=True)
         thread.start()
         self.addCleanup(thread.join, 5)
-        self.assertTrue(wait_until(lambda: srv.stats()["counters"].get("fault_503", 0) >= 1 and gate.in_flight == 0))
+        self.assertTrue(wait_until(lambda: srv.stats()["counters"].get("fault_503", 0) >= 1 and gate.in_flight == 0,
+                                   timeout_s=30))
         t0 = time.monotonic()
         cancel.set()
-        thread.join(2)
+        thread.join(10)
         self.assertFalse(thread.is_alive(), "chat did not stop when cancelled")
-        self.assertLess(time.monotonic() - t0, 1.0)
+        # at most 0.01 s here, with six busy processes on the 2 cores too: the bound is far above 3x that and far
+        # below the 30 s wait it cuts short
+        self.assertLess(time.monotonic() - t0, 5.0)
         self.assertEqual(outcome, ["cancelled"])
         self.assertEqual(srv.stats()["counters"]["requests"], 1)
 
@@ -737,7 +744,8 @@ class TestSmallBacklog(unittest.TestCase):
         self.assertTrue(all(s["status"] == "ok" for s in samples))
         return max(s["finished_at"] for s in samples) - min(s["started_at"] for s in samples)
 
-    def test_an_adaptive_run_is_within_twice_the_best_fixed_wall_with_no_drain(self):
+    def test_an_adaptive_run_loses_only_syn_retries_to_the_best_fixed_one_and_never_drains_when_the_backlog_is_small(
+            self):
         # before: the resets read as a collapse (x0.7 and a 30 s drain pause, twice): 60-94 s against ~1 s
         server = _SmallBacklogServer(("127.0.0.1", 0), _OneAtATimeHandler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -755,7 +763,11 @@ class TestSmallBacklog(unittest.TestCase):
         # (whether the kernel resets a connection or only retries its SYN a second later varies: either way no
         # pause; the unit tests in test_gates show a reset's own handling)
         self.assertEqual([e for e in events if e["type"].startswith("drain")], [])
-        self.assertLessEqual(wall, 2.0 * min(fixed.values()), (wall, fixed))
+        # over the best fixed run (4.2-4.7 s here), the adaptive one took 0.1-3.1 s more, idle and with six busy
+        # processes on the 2 cores: what the kernel's SYN retries (1 s, then 3 s) cost the bursts past the accept
+        # queue, which no limit avoids on its first burst. The bound is 3x+ that; a reset read as a collapse costs a
+        # 30 s drain pause (twice: 60-94 s). (It was 2x the best fixed run: 8.4-9.4 s, met at 7.75 s under load.)
+        self.assertLessEqual(wall, min(fixed.values()) + 10.0, (wall, fixed))
 
 
 class TestServerMetricsRuns(unittest.TestCase):

@@ -444,7 +444,8 @@ class TestDatasetLimitAndStreaming(_DatasetCase):
 
     def test_iter_items_can_be_repeated_when_called_twice(self):
         ds = eh.load_dataset(self.jsonl([row("a"), row("b")]))
-        self.assertEqual([i.id for i in ds.iter_items()], [i.id for i in ds.iter_items()])
+        self.assertEqual([i.id for i in ds.iter_items()], ["a", "b"])
+        self.assertEqual([i.id for i in ds.iter_items()], ["a", "b"])
 
 
 class TestDemoDataset(unittest.TestCase):

@@ -377,6 +377,10 @@ class TestReportAgreesWithTheRun(unittest.TestCase):
                              stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(rep.returncode, 0, rep.stderr)
         printed = proc.stdout.strip().splitlines()
+        # the whole table, from its head to the run directory (a run that printed nothing would match any report)
+        self.assertEqual(printed[:2], ["evalharness qa | model demo-mock | dataset demo | finished",
+                                       "samples: 42 total, 42 ok, 0 failed, 0 pending"])
+        self.assertEqual(printed[-1], "run directory: %s" % out)
         self.assertEqual(rep.stdout.strip().splitlines()[:len(printed)], printed)
         with open(os.path.join(out, "summary.json")) as fh:
             summary = json.load(fh)

@@ -410,6 +410,8 @@ class TestSlurm(ShardCase):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(eh._read_jsonl_tolerant(shard0)) < 3:
             time.sleep(0.2)
+        self.assertGreaterEqual(len(eh._read_jsonl_tolerant(shard0)), 3, "shard 0 wrote fewer than 3 samples in "
+                                "120 s: the cancel would not land mid-run\n%s" % self.cluster.log_tail())
         cancel = subprocess.run(["scancel", "%s_0" % array], env=self.env, stderr=subprocess.PIPE, timeout=30)
         self.assertEqual(cancel.returncode, 0, cancel.stderr)
         st = self.wait_merge(out)

@@ -383,7 +383,9 @@ class TestAgentPolicies(_SWEBed):
     def test_sleepy_sees_the_timeout_as_an_observation_and_still_resolves(self):
         code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), policy="sleepy", exec_timeout_s=2)
         self.assertEqual(code, 0, text)
-        for iid, rec in self.samples(run_dir).items():
+        samples = self.samples(run_dir)
+        self.assertEqual(sorted(samples), self.ids)
+        for iid, rec in samples.items():
             self.assertTrue(rec["resolved"], rec)
             self.assertEqual(rec["timeouts"], 1)
             with open(os.path.join(run_dir, "trajectories", iid + ".json")) as fh:
@@ -397,9 +399,9 @@ class TestAgentPolicies(_SWEBed):
     def test_chatty_ends_with_the_format_error_after_three_replies(self):
         code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), policy="chatty")
         self.assertEqual(code, 0, text)
-        for rec in self.samples(run_dir).values():
-            self.assertEqual((rec["exit_reason"], rec["model_calls"], rec["format_errors"], rec["outcome"]),
-                             ("format_error", 3, 3, "empty_patch"))
+        got = {iid: (rec["exit_reason"], rec["model_calls"], rec["format_errors"], rec["outcome"])
+               for iid, rec in self.samples(run_dir).items()}
+        self.assertEqual(got, {iid: ("format_error", 3, 3, "empty_patch") for iid in self.ids})
 
 
     def test_tool_calling_mode_resolves_streaming_or_not_and_counts_format_errors(self):
@@ -414,8 +416,9 @@ class TestAgentPolicies(_SWEBed):
             self.assertEqual(msgs[3]["tool_call_id"], msgs[2]["tool_calls"][0]["id"])
             self.assertIn("git apply", json.loads(msgs[2]["tool_calls"][0]["function"]["arguments"])["command"])
         code, run_dir, text = self.run_swe(os.path.join(tempdir(self), "run"), tool_mode=True, policy="chatty")
-        for rec in self.samples(run_dir).values():
-            self.assertEqual((rec["exit_reason"], rec["format_errors"]), ("format_error", 3))
+        self.assertEqual(code, 0, text)
+        got = {iid: (rec["exit_reason"], rec["format_errors"]) for iid, rec in self.samples(run_dir).items()}
+        self.assertEqual(got, {iid: ("format_error", 3) for iid in self.ids})
 
 
 class TestToolActions(unittest.TestCase):
@@ -449,16 +452,17 @@ class TestScoringParity(_SWEBed):
         code, gold, _ = self._score({r["instance_id"]: r["patch"] for r in self.rows}, "gold")
         self.assertEqual({i: r["outcome"] for i, r in gold.items()}, {i: "resolved" for i in self.ids})
         _, empty, _ = self._score({i: "" for i in self.ids}, "empty")
-        self.assertEqual({r["outcome"] for r in empty.values()}, {"empty_patch"})
+        self.assertEqual({i: r["outcome"] for i, r in empty.items()}, {i: "empty_patch" for i in self.ids})
         _, skip, _ = self._score({r["instance_id"]: r["_skip_patch"] for r in self.rows}, "skip")
+        self.assertEqual(sorted(skip), self.ids)
         for iid, rec in skip.items():
             self.assertEqual((rec["outcome"], rec["patch_applied"]), ("unresolved", True), rec)
             self.assertEqual(rec["tests_status"]["FAIL_TO_PASS"]["success"], [], rec)
 
     def test_a_patch_that_does_not_apply_is_recorded_as_not_applied(self):
         _, broken, _ = self._score({r["instance_id"]: r["_broken_patch"] for r in self.rows}, "broken")
-        for rec in broken.values():
-            self.assertEqual((rec["outcome"], rec["patch_applied"], rec["resolved"]), ("apply_failed", False, False))
+        got = {iid: (rec["outcome"], rec["patch_applied"], rec["resolved"]) for iid, rec in broken.items()}
+        self.assertEqual(got, {iid: ("apply_failed", False, False) for iid in self.ids})
 
 
     FUZZ_PATCH = ("diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
