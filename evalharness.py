@@ -10862,10 +10862,59 @@ _MAIN_HELP = """examples:
 
 
 class _ArgumentParser:
-    """Mixed before argparse.ArgumentParser by _build_parser (argparse loads only for the command line)."""
+    """Mixed before argparse.ArgumentParser by _build_parser (argparse loads only for the command line). Options are
+    never abbreviated (a typo must not change the meaning: --max-token is not taken as --max-tokens), and an
+    option a command does not have is refused naming the closest one it has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # subcommands' parsers are made of this class too (add_parser)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
 
     def error(self, message: str) -> None:  # one line on stderr, exit 2 (argparse's own code for usage errors)
         self.exit(EXIT_USAGE, "%s: error: %s (see --help)\n" % (self.prog, message))
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: %s%s" % (" ".join(extras), self._closest(extras)))
+        return parsed
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None and self._subparsers is None:  # a command's own parser: its options are all there is
+            self._refuse_unknown(list(args))
+        return super().parse_known_args(args, namespace)  # type: ignore[misc]
+
+    def _refuse_unknown(self, args: List[str]) -> None:
+        """Stop at the first --option this command does not have, before argparse's own checks (which would report
+        a misspelt required option as missing, and take an unknown one for a positional's value)."""
+        remainder = any(a.nargs == argparse.REMAINDER for a in self._actions)
+        takes_value = False
+        for arg in args:
+            if arg == "--":
+                return
+            if takes_value or not arg.startswith("-") or " " in arg:
+                if remainder and not takes_value:
+                    return  # the rest is another command's (slurm submit ... run --dataset ...)
+                takes_value = False
+                continue
+            action = self._option_string_actions.get(arg.split("=", 1)[0])
+            if action is None and arg.startswith("--"):
+                hint = self._closest([arg])
+                rest = next((a for a in self._actions if a.nargs == argparse.REMAINDER), None)
+                if rest is not None and not hint:  # e.g. a run's option given to slurm submit before its --
+                    hint = " (%s go after --)" % (rest.metavar or rest.dest).lstrip("- ")
+                self.error("unrecognized argument: %s%s" % (arg, hint))
+            takes_value = action is not None and "=" not in arg and action.nargs != 0
+
+    def _closest(self, extras: Sequence[str]) -> str:
+        """" (did you mean --model?)" for the first unknown option that is close to one of this parser's."""
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for arg in extras:
+            if arg.startswith("--"):
+                close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+                if close:
+                    return " (did you mean %s?)" % close[0]
+        return ""
 
     def _get_formatter(self) -> Any:
         """argparse's, with the width shutil.get_terminal_size would give (argparse makes one per option and
