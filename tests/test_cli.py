@@ -16,13 +16,12 @@ BASE_ARGS = {("run",): ["--dataset", "d.jsonl"], ("report",): ["RUN"], ("merge",
 
 
 def _parsers(parser, path=()):
-    """(command path, parser) of every command that has options of its own, images plan and slurm submit included."""
-    subs = [a for a in parser._actions if a.choices and hasattr(a, "_name_parser_map")]
-    if not subs:
-        yield path, parser
-    for action in subs:
-        for name, sub in action.choices.items():
-            yield from _parsers(sub, path + (name,))
+    """(command path, parser) of the main parser and every command's (images plan and slurm submit included)."""
+    yield path, parser
+    for action in parser._actions:
+        if action.choices and hasattr(action, "_name_parser_map"):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, path + (name,))
 
 
 def _value(action):
@@ -49,6 +48,10 @@ def abbreviation_failures():
     failures = []
     top = eh._build_parser()
     for path, parser in _parsers(top):
+        if parser.allow_abbrev:  # argparse's own rule, off on each parser: a subcommand's is made apart
+            failures.append((list(path), "allow_abbrev is on"))
+        if parser._subparsers is not None:
+            continue  # its options are checked below with a command after them (--verbos demo)
         base = list(path) + BASE_ARGS.get(path, [])
         code, err = _parse(base, top)
         if code is not None:
