@@ -665,6 +665,7 @@ class _Progress:
 # =============================================================================
 
 _ROW_FIELDS = ("id", "prompt", "messages", "answer", "choices", "scorer", "pattern", "category", "tolerance")
+COLUMNS_SHOWN = 20  # a row's columns named in a "field is missing" error
 
 
 @_record
@@ -805,6 +806,40 @@ def _prompt_text(question: str, choices: Sequence[str], template: Optional[str],
     return _TEMPLATE_FIELD_RE.sub(lambda m: values[m.group(1)], template)
 
 
+def _columns_text(columns: Sequence[Any]) -> str:
+    shown = ", ".join(str(c) for c in columns[:COLUMNS_SHOWN]) or "no columns"
+    return shown + (" and %d more" % (len(columns) - COLUMNS_SHOWN) if len(columns) > COLUMNS_SHOWN else "")
+
+
+def _nearest(columns: Sequence[Any], names: Sequence[str], cutoff: float = 0.75) -> Optional[Tuple[str, str]]:
+    """(column, name) of the column that looks most like one of ``names`` (case aside, or a near-miss spelling)."""
+    best, score = None, cutoff
+    for column in columns:
+        for name in names:
+            ratio = difflib.SequenceMatcher(None, str(column).lower(), name.lower()).ratio()
+            if ratio > score or (best is None and ratio == score):
+                best, score = (str(column), name), ratio
+    return best
+
+
+def _missing_field(where: str, field: str, columns: Sequence[Any], fields: Dict[str, str]) -> DatasetError:
+    """A required field the row lacks, with the row's columns and the one that looks like it (or, for a --field
+    mapping, like the column it names)."""
+    if field in fields:
+        column = fields[field]
+        near = _nearest(columns, [column], cutoff=0.6)
+        return DatasetError("%s: --field %s=%s: no column %r in this row; it has: %s%s" % (
+            where, field, column, column, _columns_text(columns),
+            " (did you mean --field %s=%s?)" % (field, near[0]) if near else ""))
+    unused = [c for c in columns if c not in _KNOWN_COLUMNS and c not in fields.values()]
+    near = _nearest(unused, (field,) + _FIELD_ALIASES[field])
+    fix = ("column %r looks like %r: rename it, or map it: --field %s=%s" % (near[0], near[1], field, near[0])
+           if near else "name the column that holds it: --field %s=COLUMN" % field)
+    return DatasetError("%s: field %r is missing (also read from %s%s); the row has: %s; %s" % (
+        where, field, ", ".join(_FIELD_ALIASES[field]), ", or give 'messages'" if field == "prompt" else "",
+        _columns_text(columns), fix))
+
+
 def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Dict[str, str]] = None,
                   typed: bool = True, template: Optional[str] = None) -> QAItem:
     """Turn one raw row into a QAItem, or raise DatasetError naming ``where`` (file:line) and the field.
@@ -814,6 +849,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
 
     if not isinstance(row, dict):
         raise DatasetError("%s: expected a JSON object per row, got %s" % (where, type(row).__name__))
+    columns = list(row)  # as the file has them, for errors
     row = _canonical_row(row, fields or {})
     rid = row.get("id")
     if rid is None:
@@ -822,8 +858,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
         raise bad("id", "must be a non-empty string or integer, got %r" % (rid,))
     rid = str(rid)
     if row.get("answer") is None:
-        raise bad("answer", "is missing (also read from %s; or name the column: --field answer=COLUMN)"
-                  % ", ".join(_FIELD_ALIASES["answer"]))
+        raise _missing_field(where, "answer", columns, fields or {})
     answer = row["answer"]
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or str(answer).strip() == "":
         raise bad("answer", "must be a non-empty string or number, got %r" % (answer,))
@@ -871,8 +906,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
     if has_prompt and has_messages:
         raise DatasetError("%s: give exactly one of the fields 'prompt' or 'messages'" % where)
     if not has_prompt and not has_messages:
-        raise DatasetError("%s: field 'prompt' is missing (also read from %s; or name the column: --field "
-                           "prompt=COLUMN), and there is no 'messages'" % (where, ", ".join(_FIELD_ALIASES["prompt"])))
+        raise _missing_field(where, "prompt", columns, fields or {})
     if has_prompt:
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
@@ -961,31 +995,37 @@ class _Format:
     convert: Callable[[Dict[str, Any]], Dict[str, Any]]
     template: str
     scorer: str
+    reads: Tuple[str, ...] = ()                    # the columns it reads: used, never warned about as unused
 
 
 FORMATS: Dict[str, _Format] = {
     "gsm8k": _Format("question, answer ending in '#### N'",
                      lambda r: _has(r, "question", "answer") and "####" in str(r["answer"]) and not _has(r, "choices"),
-                     _gsm8k_row, GSM8K_TEMPLATE, "numeric"),
+                     _gsm8k_row, GSM8K_TEMPLATE, "numeric", ("question", "answer")),
     "mmlu": _Format("question, choices (list), answer (0-based index), subject",
                     lambda r: _has(r, "question", "choices", "answer") and isinstance(r.get("choices"), list)
-                    and not _has(r, "options"), _mmlu_row, MC_TEMPLATE, "choice"),
+                    and not _has(r, "options"), _mmlu_row, MC_TEMPLATE, "choice",
+                    ("question", "choices", "answer", "subject", "category")),
     "mmlu-pro": _Format("question, options (up to 10), answer (letter), answer_index, category",
                         lambda r: _has(r, "question", "options", "answer", "answer_index"), _mmlu_pro_row,
-                        MC_TEMPLATE, "choice"),
+                        MC_TEMPLATE, "choice",
+                        ("question", "options", "answer", "answer_index", "category", "question_id")),
     "gpqa": _Format("Question, Correct Answer, Incorrect Answer 1..3 (shuffled with a per-row seed)",
                     lambda r: _has(r, "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
-                                   "Incorrect Answer 3"), _gpqa_row, MC_TEMPLATE, "choice"),
+                                   "Incorrect Answer 3"), _gpqa_row, MC_TEMPLATE, "choice",
+                    ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3",
+                     "High-level domain", "Subdomain", "Record ID")),
     "math": _Format("problem, answer or solution with \\boxed{} (MATH, MATH-500)",
                     lambda r: _has(r, "problem") and (_has(r, "solution") or isinstance(r.get("answer"), str))
-                    and not isinstance(r.get("answer"), int), _math_row, MATH_TEMPLATE, "math"),
+                    and not isinstance(r.get("answer"), int), _math_row, MATH_TEMPLATE, "math",
+                    ("problem", "answer", "solution", "unique_id", "id", "subject", "type")),
     "aime": _Format("problem or question, answer (an integer)",
                     lambda r: (_has(r, "problem") or _has(r, "question")) and isinstance(r.get("answer"), int)
                     and not isinstance(r.get("answer"), bool) and not _has(r, "choices"), _aime_row, MATH_TEMPLATE,
-                    "math"),
+                    "math", ("problem", "question", "answer", "category")),
     "arc": _Format("question, choices {text, label}, answerKey",
                    lambda r: _has(r, "question", "answerKey") and isinstance(r.get("choices"), dict), _arc_row,
-                   MC_TEMPLATE, "choice"),
+                   MC_TEMPLATE, "choice", ("question", "choices", "answerKey", "category")),
 }
 
 
@@ -1206,8 +1246,9 @@ class Dataset:
                     row = convert(row)
                 except KeyError as exc:
                     raise DatasetError("%s: field %s is missing (the %s format needs %s; --format none reads the "
-                                       "rows as they are)" % (where, exc, self.format,
-                                                              FORMATS[self.format].columns)) from None
+                                       "rows as they are); the row has: %s" % (
+                                           where, exc, self.format, FORMATS[self.format].columns,
+                                           _columns_text(list(row)))) from None
             item = _validate_row(row, where, self.default_scorer, self.fields, self.typed, self.template)
             if item.auto_id:
                 repeats[item.id] += 1
@@ -1216,9 +1257,11 @@ class Dataset:
             yield where, row, item
 
     def _near_misses(self, row: Dict[str, Any], where: str, unknown: set) -> None:
-        """Warn once per column that looks like a misspelt field (``categroy``: did you mean 'category'?)."""
+        """Warn once per column that looks like a misspelt field (``categroy``: did you mean 'category'?); the
+        columns the dataset's format reads are used (ARC's answerKey, GPQA's Question)."""
+        reads = FORMATS[self.format].reads if self.format else ()
         for key in row:
-            if key in _KNOWN_COLUMNS or key in unknown or key in self.fields.values() or \
+            if key in _KNOWN_COLUMNS or key in unknown or key in self.fields.values() or key in reads or \
                     (len(key) == 1 and key in string.ascii_uppercase):
                 continue
             unknown.add(key)
