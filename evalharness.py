@@ -11392,6 +11392,9 @@ def _parser_demo(sub: Any, text: str) -> Any:
     _add_run_options(demo)
     demo.add_argument("--skill", type=float, default=0.8, help="the mock's accuracy (default %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="the mock's random seed (default %(default)s)")
+    demo.add_argument("--export", default=None, metavar="FILE",
+                      help="write the demo set to FILE (.jsonl or .json), a dataset to start from, and run nothing "
+                           "(default: run the demo)")
     return demo, []
 
 
@@ -11737,6 +11740,8 @@ def _initial_arg(args: argparse.Namespace) -> Optional[int]:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.export:
+        return _export_demo(args.export)
     dataset = Dataset(None, rows=demo_dataset(), name="demo").validate()
     mock_cfg = MockConfig(model="demo-mock", seed=args.seed, skill=args.skill, decode_tok_s=400.0, knee=8,
                           ttft_s=0.02, reasoning_tokens=40)
@@ -11750,6 +11755,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                         request_timeout_s=60.0, remember_limit=False)
         code, _ = run_qa(cfg, dataset=dataset)
     return code
+
+
+_EXPORT_ORDER = ("id", "prompt", "answer", "choices", "scorer", "pattern", "tolerance", "category")
+
+
+def _export_demo(path: str) -> int:
+    """demo --export FILE: the demo set as a dataset file to start from (.jsonl, one row a line; or a .json list)."""
+    rows = [{k: r[k] for k in _EXPORT_ORDER if k in r} for r in demo_dataset()]
+    if path.endswith(".jsonl"):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    elif path.endswith(".json"):
+        text = json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
+    else:
+        raise ConfigError("demo --export %r: name a .jsonl or .json file (the demo rows hold lists of choices)" % path)
+    try:
+        _atomic_write(path, text)
+    except OSError as exc:
+        raise ConfigError("demo --export %r: %s" % (path, exc.strerror or exc)) from None
+    sys.stdout.write("wrote the demo's %d rows to %s (run --dataset %s; serve-mock --oracle %s answers from it)\n"
+                     % (len(rows), path, path, path))
+    return EXIT_OK
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

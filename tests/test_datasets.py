@@ -524,6 +524,22 @@ class TestDemoDataset(unittest.TestCase):
         self.assertNotEqual(eh.demo_dataset()[0]["answer"], "changed")
         self.assertEqual(len(eh.demo_dataset()), len(rows) + 1)
 
+    def test_demo_export_writes_a_dataset_that_loads_as_the_demo_set(self):
+        d = tempdir(self)
+        demo = list(eh.Dataset(None, rows=eh.demo_dataset(), name="demo").validate().iter_items())
+        for name in ("qa.jsonl", "qa.json"):
+            res = run_cli(["demo", "--export", os.path.join(d, name)], cwd=d)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertIn("wrote the demo\x27s %d rows to " % len(demo), res.stdout)
+            self.assertFalse(os.path.exists(os.path.join(d, "runs")))  # nothing was run
+            got = list(eh.load_dataset(os.path.join(d, name)).iter_items())
+            self.assertEqual([eh._replace(i, source="") for i in got], [eh._replace(i, source="") for i in demo])
+        with open(os.path.join(d, "qa.jsonl"), encoding="utf-8") as fh:
+            self.assertEqual(list(json.loads(fh.readline())), ["id", "prompt", "answer", "scorer", "category"])
+        res = run_cli(["demo", "--export", os.path.join(d, "qa.csv")])
+        self.assertEqual(res.returncode, 2)
+        self.assertIn(".jsonl or .json", res.stderr)
+
 
 class TestCliRejectsBadInput(unittest.TestCase):
     BASE_URL = "http://127.0.0.1:9/v1"
