@@ -9855,6 +9855,14 @@ class _SharedLimit(Limit):
 # its key from the environment sbatch hands it (the submitter's, by default).
 SLURM_DIR = "slurm"
 SLURM_JOBS = "jobs.json"
+SLURM_PYTHON = "python3"  # what the jobs run the program with: found on the nodes' PATH (slurm submit --python)
+
+
+def _slurm_runs_with(python: str, program: str) -> str:
+    return "%s%s with %s (%s)" % (
+        program, "" if program.endswith(".pyz") else " (the module)", python,
+        "from the nodes' PATH; slurm submit --python PATH names another" if python == SLURM_PYTHON else
+        "slurm submit --python")
 
 
 def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
@@ -9901,18 +9909,20 @@ def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional
                  program: Optional[str] = None, dry_run: bool = False) -> Dict[str, Any]:
     """Write OUT/slurm/array.sh (an sbatch --array=0-(N-1)%M of `run ... --shard auto/N`) and merge.sh (`merge OUT
     --partial`, after all tasks whatever their end) and submit both; returns what was submitted (jobs.json's
-    entry). Submitting the same command again resumes every shard."""
+    entry). Submitting the same command again resumes every shard. The scripts run ``python`` (default
+    ``python3`` from the nodes' PATH: this interpreter's path may not exist on them) with ``program`` (default:
+    this zipapp or module, which must be on a filesystem the nodes see). ``dry_run``: nothing is written or
+    submitted; the entry carries the scripts' text ("array_text", "merge_text")."""
     if shards < 1:
         raise ConfigError("--shards must be >= 1, got %d" % shards)
     args, out = _slurm_run_args(run_args)
-    python = python or sys.executable
+    python = python or SLURM_PYTHON
     program = os.path.abspath(program or sys.argv[0])
     if not os.path.isfile(program):
         raise ConfigError("slurm submit: cannot find the program to run (%r); give --program PATH" % program)
     if not dry_run and shutil.which("sbatch") is None:
         raise ConfigError("slurm submit: sbatch is not on PATH (submit from a Slurm login node, or use --dry-run)")
     sdir = os.path.join(out, SLURM_DIR)
-    os.makedirs(sdir, exist_ok=True)
     name = "evalharness-" + _slug(os.path.basename(out))[:40]
     opts = {"partition": partition, "time": time_limit, "cpus": cpus, "mem": mem, "sbatch_options": sbatch_options}
     array = "0-%d" % (shards - 1) + ("%%%d" % max_parallel if max_parallel else "")
@@ -9921,21 +9931,25 @@ def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional
     task = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array, here,
                       "#SBATCH --output=%s" % os.path.join(sdir, "%A_%a.out")] + _sbatch_lines(opts) + [
         "# one shard of the run; the same script again resumes it (written by evalharness slurm submit)",
+        "# runs %s" % _slurm_runs_with(python, program),
         "exec " + " ".join(shlex.quote(a) for a in command), ""])
     merge_cmd = [python, program, "merge", out, "--partial"]
     merge = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s-merge" % name, here,
                        "#SBATCH --output=%s" % os.path.join(sdir, "merge-%j.out")]
                       + _sbatch_lines({"partition": partition, "sbatch_options": sbatch_options}) + [
         "# the shards of the run made one (missing or incomplete ones named, exit 1)",
+        "# runs %s" % _slurm_runs_with(python, program),
         "exec " + " ".join(shlex.quote(a) for a in merge_cmd), ""])
     paths = {k: os.path.join(sdir, k + ".sh") for k in ("array", "merge")}
+    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
+                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out,
+                             "python": python, "program": program}
+    if dry_run:
+        return dict(entry, array_text=task, merge_text=merge)
+    os.makedirs(sdir, exist_ok=True)
     for key, text in (("array", task), ("merge", merge)):
         _atomic_write(paths[key], text)
         os.chmod(paths[key], 0o755)
-    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
-                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out}
-    if dry_run:
-        return entry
     entry["array_job"] = _sbatch(["--parsable", paths["array"]])
     entry["merge_job"] = _sbatch(["--parsable", "--dependency=afterany:%s" % entry["array_job"], paths["merge"]])
     jobs_path = os.path.join(sdir, SLURM_JOBS)
@@ -11640,11 +11654,13 @@ def _parser_slurm(sub: Any, text: str) -> Any:
                         help="one more #SBATCH line for both jobs, e.g. --sbatch-option=--qos=high; repeatable "
                              "(default: none)")
     submit.add_argument("--python", default=None, metavar="PATH",
-                        help="the Python the jobs run (default: this one, %s)" % sys.executable)
+                        help="the Python the jobs run (default: %s from the nodes' PATH, not this host's "
+                             "interpreter, whose path the nodes may not have)" % SLURM_PYTHON)
     submit.add_argument("--program", default=None, metavar="PATH",
-                        help="the evalharness file the jobs run (default: this one)")
+                        help="the evalharness file the jobs run, on a filesystem the nodes see (default: this "
+                             "zipapp or module)")
     submit.add_argument("--dry-run", action="store_true",
-                        help="write the scripts and print them, submit nothing (default: submit)")
+                        help="print the scripts, write and submit nothing (default: write and submit)")
     submit.add_argument("run_args", nargs=argparse.REMAINDER, metavar="-- RUN OPTIONS",
                         help="the run's options, as for `run` (required: --dataset, --out; --shard is set here)")
     status = ssub.add_parser("status", help="each shard's Slurm state and progress, and the merge's",
@@ -11854,14 +11870,15 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
                          sbatch_options=args.sbatch_options, python=args.python, program=args.program,
                          dry_run=args.dry_run)
     if args.dry_run:
-        for key in ("array_script", "merge_script"):
-            with open(entry[key], encoding="utf-8") as fh:
-                sys.stdout.write("# %s\n%s\n" % (entry[key], fh.read()))
+        for key in ("array", "merge"):
+            sys.stdout.write("# %s (not written: --dry-run)\n%s\n" % (entry[key + "_script"], entry[key + "_text"]))
         return EXIT_OK
-    sys.stdout.write("submitted array job %s (%d shards%s) and merge job %s (after all of them)\nstatus: %s slurm "
-                     "status %s\n" % (entry["array_job"], entry["shards"], ", at most %d at once" %
-                                      entry["max_parallel"] if entry["max_parallel"] else "", entry["merge_job"],
-                                      os.path.basename(sys.argv[0]) or "evalharness", entry["out"]))
+    sys.stdout.write("submitted array job %s (%d shards%s) and merge job %s (after all of them); the jobs run %s\n"
+                     "status: %s slurm status %s\n" % (
+                         entry["array_job"], entry["shards"], ", at most %d at once" % entry["max_parallel"]
+                         if entry["max_parallel"] else "", entry["merge_job"],
+                         _slurm_runs_with(entry["python"], entry["program"]),
+                         os.path.basename(sys.argv[0]) or "evalharness", entry["out"]))
     return EXIT_OK
 
 

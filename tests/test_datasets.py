@@ -530,7 +530,7 @@ class TestDemoDataset(unittest.TestCase):
         for name in ("qa.jsonl", "qa.json"):
             res = run_cli(["demo", "--export", os.path.join(d, name)], cwd=d)
             self.assertEqual(res.returncode, 0, res.stderr)
-            self.assertIn("wrote the demo\x27s %d rows to " % len(demo), res.stdout)
+            self.assertIn("wrote the demo's %d rows to " % len(demo), res.stdout)
             self.assertFalse(os.path.exists(os.path.join(d, "runs")))  # nothing was run
             got = list(eh.load_dataset(os.path.join(d, name)).iter_items())
             self.assertEqual([eh._replace(i, source="") for i in got], [eh._replace(i, source="") for i in demo])
