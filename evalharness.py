@@ -6816,6 +6816,12 @@ def _is_complete(summary: Dict[str, Any]) -> bool:
     return summary.get("complete", not c["failed"] and not c["pending"])
 
 
+def _status_shown(status: str, summary: Dict[str, Any]) -> str:
+    """The status a header shows: a run that finished with samples failed or not run is "incomplete", as its score
+    line says (run.json keeps "finished": the process ended normally)."""
+    return "incomplete" if status == "finished" and not _is_complete(summary) else status
+
+
 def _coverage_text(summary: Dict[str, Any]) -> str:
     """"(n=120, 95% CI)" for a whole run; "over 108 of 120 (12 failed): INCOMPLETE" otherwise."""
     c = summary["counts"]
@@ -7721,7 +7727,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     store.write_json(RunStore.RUN, info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total)
     _auto_report(store.dir)
-    return _end_run(cfg, summary, kind.title(run, status), extra, store, runner, stdout, kind.noun)
+    return _end_run(cfg, summary, kind.title(run, _status_shown(status, summary)), extra, store, runner, stdout,
+                    kind.noun)
 
 
 def _bad_request_cause(summary: Dict[str, Any]) -> str:
@@ -7985,7 +7992,11 @@ class _QAKind(_Kind):
             self.judge = _judge_client(run.cfg, run.client_cfg, run.store, run.cancel)
 
     def dataset_info(self, run: _Run) -> Dict[str, Any]:
-        return dict(super().dataset_info(run), epochs=run.cfg.epochs)
+        base = run.dataset
+        while not isinstance(base, Dataset):  # under its shard and epochs
+            base = base.dataset
+        # the format in effect (None: none matched, or --format none) and the scorer of rows that name none
+        return dict(super().dataset_info(run), epochs=run.cfg.epochs, format=base.format, scorer=base.default_scorer)
 
     def samples_total(self, run: _Run) -> int:
         d = run.dataset
@@ -10286,8 +10297,12 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
         rows.append(("generation", ", ".join(gen)))
     if ds:
         rows.append(("dataset", "%s (%s rows, sha256 %s)" % (ds.get("name"), ds.get("rows"), ds.get("sha256"))))
-    if cfg.get("scorer") or cfg.get("format"):
-        rows.append(("scorer", "%s (format %s)" % (cfg.get("scorer") or "the format's", cfg.get("format") or "auto")))
+    if ds.get("scorer"):  # rows that name no scorer get this one
+        rows.append(("scorer", "%s (%s)" % (ds["scorer"], "--scorer" if cfg.get("scorer") else "the %s format's"
+                                            % ds["format"] if ds.get("format") else "the default: no format matched"
+                                            if cfg.get("format") in (None, "auto") else "the default: --format none")))
+    elif cfg.get("scorer"):  # (a run.json that does not say which format was in effect)
+        rows.append(("scorer", "%s (--scorer)" % cfg["scorer"]))
     rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
     if info.get("docker_hosts"):
         rows.append(("engines", "; ".join("%s: %d instance(s)%s" % (h.get("host"), h.get("instances") or 0,
@@ -10319,11 +10334,26 @@ def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
     return "; ".join(parts)
 
 
+def report_json(data: Dict[str, Any]) -> Dict[str, Any]:
+    """`report RUN --json`: the summary at the top, shaped as summary.json and `run --json` print it (counts,
+    score, headline, ..., task, model, dataset, status: the run's status now), with what only the report adds
+    (failures by class, the time series, the configuration rows, the endpoint) under "report"."""
+    info = data.get("run_info") or {}
+    out = dict(data["summary"], task=data["task"], model=data.get("model"), status=data["status"],
+               dataset=(info.get("dataset") or {}).get("name") or data.get("dataset"))
+    if data.get("swebench"):
+        out["swebench"] = {k: v for k, v in data["swebench"].items() if not k.endswith("_ids")}
+        if info.get("mode"):
+            out["mode"] = info["mode"]
+    out["report"] = {k: v for k, v in data.items() if k not in ("summary", "run_info")}
+    return out
+
+
 def format_report(data: Dict[str, Any]) -> str:
     """The text report: the run's summary table (the same numbers the run printed) plus failures by class,
     the discovered concurrency and, for SWE runs, SWE-bench's counts."""
     title = "evalharness %s | model %s | dataset %s | %s" % (data["task"], data.get("model"), data.get("dataset"),
-                                                              data["status"])
+                                                              _status_shown(data["status"], data["summary"]))
     lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
     if data.get("swebench"):
         lines.append(_swe_line(data["swebench"]))
@@ -10538,7 +10568,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>%s</title><style>%s</style></head><body>"
          % (_esc(title), _CSS), "<h1>%s</h1>" % _esc(title),
          '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
-         % (_esc(data["run_dir"]), _esc(data["status"]), counts.get("finished", 0), counts.get("total", 0))]
+         % (_esc(data["run_dir"]), _esc(_status_shown(data["status"], s)), counts.get("finished", 0),
+            counts.get("total", 0))]
     if data.get("swebench"):  # SWE-bench's rate: resolved over all instances (errors and unfinished count as not)
         sw = data["swebench"]
         total = max(1, sw["total_instances"])
@@ -11727,7 +11758,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _log.info("HTML report written to %s (%s, %.2f s)", path, _fmt_bytes(os.path.getsize(path)),
                   time.monotonic() - t0)
     if args.json_out:
-        sys.stdout.write(_redact(json.dumps(data, indent=2, sort_keys=True)) + "\n")
+        sys.stdout.write(_redact(json.dumps(report_json(dict(data, run_info=runs[0]["run"])), indent=2,
+                                            sort_keys=True)) + "\n")
     elif args.html is None:
         sys.stdout.write(_redact(format_report(data)) + "\n")
     return EXIT_OK
