@@ -433,7 +433,8 @@ class TestReportAgreesWithTheRun(unittest.TestCase):
                                                          for r in qa_rows(3)])
         out2 = os.path.join(d, "gsm")
         whole = start_mock(self)
-        run = run_cli(["run", "--dataset", gsm, "--model", "m", "--base-url", whole.url, "--out", out2, "--no-progress"])
+        run = run_cli(["run", "--dataset", gsm, "--model", "m", "--base-url", whole.url, "--out", out2,
+                       "--no-progress"])
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertTrue(run.stdout.splitlines()[0].endswith("| finished"), run.stdout)
         self.assertIn("\nscorer: numeric (the gsm8k format's)\n", run_cli(["report", out2]).stdout)
