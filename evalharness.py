@@ -5653,7 +5653,7 @@ class ImageService:
                  keep_images: Optional[bool] = None, on_event: Optional[Callable[..., None]] = None,
                  listing_ttl_s: float = DEFAULT_LISTING_TTL_S, mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S,
                  pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
-                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None):
+                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None, keep_reason: str = ""):
         self.docker = docker or DockerCLI()
         self.tar_dirs = list(tar_dirs)
         self.store = ImageStore(store) if isinstance(store, str) else store
@@ -5666,6 +5666,8 @@ class ImageService:
                               % workers)
         self.workers = workers
         self.keep_images = _env_flag("EVALHARNESS_KEEP_SWE_IMAGES") if keep_images is None else keep_images
+        self.keep_reason = keep_reason or ("EVALHARNESS_KEEP_SWE_IMAGES is set" if keep_images is None else
+                                           "--keep-images")  # said when they are kept
         self.tar_index = TarIndex(self.tar_dirs, index_path) if self.tar_dirs else None
         self.listing_ttl_s = listing_ttl_s
         self.mirror_timeout_s = mirror_timeout_s
@@ -5989,8 +5991,8 @@ class ImageService:
         if self.keep_images:
             kept = self.loaded_images()
             if kept:
-                _log.info("keeping %d image(s) this run loaded (EVALHARNESS_KEEP_SWE_IMAGES); `evalharness images "
-                          "release` removes them later", len(kept))
+                _log.info("keeping %d image(s) this process loaded (%s); `evalharness images release` removes "
+                          "them later", len(kept), self.keep_reason)
             return []
         return self._release(self.loaded_images())
 
@@ -11270,7 +11272,8 @@ def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[
     return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
                         mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
                         workers=args.image_workers, index_path=args.tar_index, keep_images=keep,
-                        on_event=on_event, mirror_timeout_s=args.mirror_timeout)
+                        on_event=on_event, mirror_timeout_s=args.mirror_timeout,
+                        keep_reason="" if keep_images is None else "images %s keeps what it delivers" % args.action)
 
 
 def _images_of_args(args: argparse.Namespace) -> List[str]:
@@ -11423,8 +11426,9 @@ def _images_release(args: argparse.Namespace) -> int:
     _update_image_state(path, remove=removed)
     for ref in removed:
         sys.stdout.write("removed %s\n" % ref)
-    sys.stdout.write("%d removed, %d kept (their loading process is still running; --all removes them too), "
-                     "%d failed\n" % (len(removed), len(kept), failed))
+    sys.stdout.write("%d removed, %d kept%s, %d failed\n" % (
+        len(removed), len(kept), " (their loading process is still running; --all removes them too)" if kept else "",
+        failed))
     return EXIT_FAILURE if failed else EXIT_OK
 
 
