@@ -2660,6 +2660,12 @@ class AdaptiveGate:
         with self._cond:
             return self._drain_until if self._clock() < self._drain_until else None
 
+    @property
+    def drain_left_s(self) -> float:
+        """Seconds the current drain pause still lasts (0.0 when admission is not paused)."""
+        with self._cond:
+            return max(0.0, self._drain_until - self._clock())
+
     def _advance_area(self, now: float) -> None:
         if self._area_t is not None and now > self._area_t:
             self._area += self._in_flight * (now - self._area_t)
@@ -7009,6 +7015,9 @@ class _Runner:
                  ("%.1f/s" % rate, 3), ("ETA %s" % (_fmt_duration(eta) if left else "0s"), 7)]
         if self.gate is not None:
             parts += [("limit %d" % self.gate.limit, 5), ("in flight %d" % self.gate.in_flight, 4)]
+            paused = self.gate.drain_left_s
+            if paused > 0:  # nothing is sent meanwhile: say why nothing moves
+                parts.append(("paused (overload) %d s" % math.ceil(paused), 8))
         if self.status_extra is not None:
             extra = self.status_extra()
             parts += [(extra, 2)] if isinstance(extra, str) else list(extra)
