@@ -10204,10 +10204,35 @@ def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
     return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
 
 
+IDLE_BREAK_S = 60.0  # idle time between a run's attempts longer than this is cut out of the report's time axis
+
+
+def _idle_gaps(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]) -> List[Tuple[float, float]]:
+    """The idle stretches between attempts (a resume hours after a crash or an interrupt): from the last thing that
+    happened before an attempt started to that start, where longer than IDLE_BREAK_S."""
+    times = sorted({float(x) for r in records for x in (r.get("started_at"), r.get("finished_at")) if x is not None}
+                   | {float(ev["t"]) for ev in events if ev.get("t") is not None and ev.get("type") != "run_start"})
+    gaps: List[Tuple[float, float]] = []
+    for start in sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None):
+        i = bisect.bisect_left(times, start)
+        if i and start - times[i - 1] > IDLE_BREAK_S and (not gaps or times[i - 1] >= gaps[-1][1]):
+            gaps.append((times[i - 1], start))
+    return gaps
+
+
 def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]],
               info: Dict[str, Any]) -> Dict[str, Any]:
     """Series over run time (seconds from the first start): samples in flight, the gate limit, drain pauses,
-    completions and output tokens per second (binned)."""
+    completions and output tokens per second (binned). Idle time between attempts is cut out (_idle_gaps): the
+    axis is time with the run active, and "breaks" says where (x) and how long (idle_s) each cut is."""
+    gaps = _idle_gaps(records, events)
+    if gaps:
+        def squeezed(t: Any) -> float:
+            t = float(t)
+            return t - sum(min(t, b) - a for a, b in gaps if t > a)
+        records = [dict(r, started_at=squeezed(r["started_at"]), finished_at=squeezed(r["finished_at"]))
+                   for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
+        events = [dict(ev, t=squeezed(ev["t"])) if ev.get("t") is not None else ev for ev in events]
     spans = [(float(r["started_at"]), float(r["finished_at"]), int(r.get("completion_tokens") or 0))
              for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
     if not spans:
@@ -10261,15 +10286,19 @@ def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
         toks[i] += tok
     marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
     starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
+    breaks = [(round(b - sum(y - x for x, y in gaps[:i + 1]) - t0, 3), round(b - a, 3)) for i, (a, b) in
+              enumerate(gaps)]
     for t in sorted(starts)[1:]:
         if t >= t0:
-            marks.append((round(t - t0, 3), "resume"))
+            idle = next((s for x, s in breaks if abs(x - (t - t0)) < 1e-3), None)
+            marks.append((round(t - t0, 3), "resume" if idle is None else "resume (%s idle, cut)"
+                           % _fmt_duration(idle)))
     for ev in events:
         if ev.get("t") is not None and float(ev["t"]) >= t0 and (
                 ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and ev.get("status") == "aborted")):
             marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else "aborted"))
     return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit, "drains": drains,
-            "marks": sorted(marks),
+            "marks": sorted(marks), "breaks": breaks,
             "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
             "tokens": [round(c / width, 2) for c in toks]}
 
@@ -10643,9 +10672,14 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     h.append("<h2>Load over time</h2>")
     marks = ser.get("marks") or ()
     flying = "sessions" if data["task"] == "swe" else "requests in flight"
+    x_label = "seconds since the first sample started"
+    if ser.get("breaks"):
+        x_label = "seconds the run was active since the first sample started (idle time between attempts cut)"
+        h.append("<p class=muted>The time axis leaves out %s between attempts (at each dashed resume line).</p>"
+                 % _esc(" and ".join(_fmt_duration(idle) for _, idle in ser["breaks"])))
     h.append(_svg_chart("concurrency limit and %s" % flying, [
         (flying, "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
-        x_label="seconds since the first sample started", y_label="concurrent", shaded=ser["drains"],
+        x_label=x_label, y_label="concurrent", shaded=ser["drains"],
         chart_id="chart-concurrency", integer=True, marks=marks))
     bins = ser.get("bin_s") or 1
 
@@ -10655,11 +10689,11 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
 
     h.append(_svg_chart("completed samples per second (%s s bins)" % _fmt_num(bins),
                         [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
-                        x_label="seconds since the first sample started", y_label="samples/s",
+                        x_label=x_label, y_label="samples/s",
                         chart_id="chart-throughput", marks=marks))
     h.append(_svg_chart("output tokens per second (%s s bins)" % _fmt_num(bins),
                         [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
-                        x_label="seconds since the first sample started", y_label="tokens/s",
+                        x_label=x_label, y_label="tokens/s",
                         chart_id="chart-tokens", marks=marks))
     h.append(_svg_bars("%s histogram" % data["latency_label"], data["latency_hist"], x_label="seconds",
                        chart_id="chart-latency"))

@@ -144,6 +144,32 @@ class TestReportNumbers(unittest.TestCase):
         # 10 completions: one bin (about eight completions a bin), not ten one-second spikes
         self.assertEqual(len(data["series"]["rate"]), 1)
 
+    def test_idle_hours_between_attempts_are_cut_from_the_time_axis_and_said(self):
+        run = qa_fixture(tempdir(self))  # samples T0+1 .. T0+10.5; then a resume five hours later
+        idle = 5 * 3600.0
+        late = [{"id": "r%d" % i, "status": "ok", "score": 1.0, "category": "a", "scorer": "exact",
+                 "completion_tokens": 3, "latency_s": 0.5, "started_at": T0 + 10.5 + idle + i,
+                 "finished_at": T0 + 11 + idle + i} for i in range(1, 9)]
+        write_jsonl(os.path.join(run, "samples.jsonl"), eh._read_jsonl_tolerant(os.path.join(run, "samples.jsonl"))
+                    + late)
+        with open(os.path.join(run, "events.jsonl"), "a") as fh:
+            for ev in ({"t": T0 + 10.5 + idle, "type": "run_start"},
+                       {"t": T0 + 12.5 + idle, "type": "drain", "limit": 5, "drain_s": 1.0}):
+                fh.write(json.dumps(ev) + "\n")
+        data = eh.report_data(eh.load_run(run))
+        ser = data["series"]
+        self.assertEqual(ser["breaks"], [(9.5, idle)])  # at the resume, 9.5 s of activity after the first start
+        self.assertEqual(ser["duration_s"], 18.0)       # 9.5 s before, 8.5 s after: not five hours
+        self.assertIn((9.5, "resume (5h00m idle, cut)"), ser["marks"])
+        self.assertEqual(ser["drains"][-1], (11.5, 12.5))
+        self.assertLessEqual(max(t for t, _ in ser["in_flight"]), 18.0)
+        self.assertAlmostEqual(sum(ser["rate"]) * ser["bin_s"], 18, places=2)  # every completion in a bin
+        page = eh.render_html(data, eh.load_run(run))
+        self.assertIn("The time axis leaves out 5h00m between attempts", page)
+        self.assertIn("idle time between attempts cut", page)
+        # a short pause between attempts stays on the axis as it was
+        self.assertEqual(eh.report_data(eh.load_run(qa_fixture(tempdir(self))))["series"]["breaks"], [])
+
     def test_in_flight_counts_requests_at_the_endpoint_not_samples_waiting_out_a_backoff(self):
         recs = [{"id": "slow", "status": "ok", "score": 1.0, "started_at": T0, "finished_at": T0 + 10,
                  "latency_s": 1.0},  # nine seconds of retries and backoff, then a one-second request
