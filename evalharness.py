@@ -667,6 +667,7 @@ class _Progress:
 # =============================================================================
 
 _ROW_FIELDS = ("id", "prompt", "messages", "answer", "choices", "scorer", "pattern", "category", "tolerance")
+COLUMNS_SHOWN = 20  # a row's columns named in a "field is missing" error
 
 
 @_record
@@ -807,6 +808,40 @@ def _prompt_text(question: str, choices: Sequence[str], template: Optional[str],
     return _TEMPLATE_FIELD_RE.sub(lambda m: values[m.group(1)], template)
 
 
+def _columns_text(columns: Sequence[Any]) -> str:
+    shown = ", ".join(str(c) for c in columns[:COLUMNS_SHOWN]) or "no columns"
+    return shown + (" and %d more" % (len(columns) - COLUMNS_SHOWN) if len(columns) > COLUMNS_SHOWN else "")
+
+
+def _nearest(columns: Sequence[Any], names: Sequence[str], cutoff: float = 0.75) -> Optional[Tuple[str, str]]:
+    """(column, name) of the column that looks most like one of ``names`` (case aside, or a near-miss spelling)."""
+    best, score = None, cutoff
+    for column in columns:
+        for name in names:
+            ratio = difflib.SequenceMatcher(None, str(column).lower(), name.lower()).ratio()
+            if ratio > score or (best is None and ratio == score):
+                best, score = (str(column), name), ratio
+    return best
+
+
+def _missing_field(where: str, field: str, columns: Sequence[Any], fields: Dict[str, str]) -> DatasetError:
+    """A required field the row lacks, with the row's columns and the one that looks like it (or, for a --field
+    mapping, like the column it names)."""
+    if field in fields:
+        column = fields[field]
+        near = _nearest(columns, [column], cutoff=0.6)
+        return DatasetError("%s: --field %s=%s: no column %r in this row; it has: %s%s" % (
+            where, field, column, column, _columns_text(columns),
+            " (did you mean --field %s=%s?)" % (field, near[0]) if near else ""))
+    unused = [c for c in columns if c not in _KNOWN_COLUMNS and c not in fields.values()]
+    near = _nearest(unused, (field,) + _FIELD_ALIASES[field])
+    fix = ("column %r looks like %r: rename it, or map it: --field %s=%s" % (near[0], near[1], field, near[0])
+           if near else "name the column that holds it: --field %s=COLUMN" % field)
+    return DatasetError("%s: field %r is missing (also read from %s%s); the row has: %s; %s" % (
+        where, field, ", ".join(_FIELD_ALIASES[field]), ", or give 'messages'" if field == "prompt" else "",
+        _columns_text(columns), fix))
+
+
 def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Dict[str, str]] = None,
                   typed: bool = True, template: Optional[str] = None) -> QAItem:
     """Turn one raw row into a QAItem, or raise DatasetError naming ``where`` (file:line) and the field.
@@ -816,6 +851,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
 
     if not isinstance(row, dict):
         raise DatasetError("%s: expected a JSON object per row, got %s" % (where, type(row).__name__))
+    columns = list(row)  # as the file has them, for errors
     row = _canonical_row(row, fields or {})
     rid = row.get("id")
     if rid is None:
@@ -824,8 +860,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
         raise bad("id", "must be a non-empty string or integer, got %r" % (rid,))
     rid = str(rid)
     if row.get("answer") is None:
-        raise bad("answer", "is missing (also read from %s; or name the column: --field answer=COLUMN)"
-                  % ", ".join(_FIELD_ALIASES["answer"]))
+        raise _missing_field(where, "answer", columns, fields or {})
     answer = row["answer"]
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or str(answer).strip() == "":
         raise bad("answer", "must be a non-empty string or number, got %r" % (answer,))
@@ -873,8 +908,7 @@ def _validate_row(row: Any, where: str, default_scorer: str, fields: Optional[Di
     if has_prompt and has_messages:
         raise DatasetError("%s: give exactly one of the fields 'prompt' or 'messages'" % where)
     if not has_prompt and not has_messages:
-        raise DatasetError("%s: field 'prompt' is missing (also read from %s; or name the column: --field "
-                           "prompt=COLUMN), and there is no 'messages'" % (where, ", ".join(_FIELD_ALIASES["prompt"])))
+        raise _missing_field(where, "prompt", columns, fields or {})
     if has_prompt:
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
@@ -963,31 +997,37 @@ class _Format:
     convert: Callable[[Dict[str, Any]], Dict[str, Any]]
     template: str
     scorer: str
+    reads: Tuple[str, ...] = ()                    # the columns it reads: used, never warned about as unused
 
 
 FORMATS: Dict[str, _Format] = {
     "gsm8k": _Format("question, answer ending in '#### N'",
                      lambda r: _has(r, "question", "answer") and "####" in str(r["answer"]) and not _has(r, "choices"),
-                     _gsm8k_row, GSM8K_TEMPLATE, "numeric"),
+                     _gsm8k_row, GSM8K_TEMPLATE, "numeric", ("question", "answer")),
     "mmlu": _Format("question, choices (list), answer (0-based index), subject",
                     lambda r: _has(r, "question", "choices", "answer") and isinstance(r.get("choices"), list)
-                    and not _has(r, "options"), _mmlu_row, MC_TEMPLATE, "choice"),
+                    and not _has(r, "options"), _mmlu_row, MC_TEMPLATE, "choice",
+                    ("question", "choices", "answer", "subject", "category")),
     "mmlu-pro": _Format("question, options (up to 10), answer (letter), answer_index, category",
                         lambda r: _has(r, "question", "options", "answer", "answer_index"), _mmlu_pro_row,
-                        MC_TEMPLATE, "choice"),
+                        MC_TEMPLATE, "choice",
+                        ("question", "options", "answer", "answer_index", "category", "question_id")),
     "gpqa": _Format("Question, Correct Answer, Incorrect Answer 1..3 (shuffled with a per-row seed)",
                     lambda r: _has(r, "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
-                                   "Incorrect Answer 3"), _gpqa_row, MC_TEMPLATE, "choice"),
+                                   "Incorrect Answer 3"), _gpqa_row, MC_TEMPLATE, "choice",
+                    ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3",
+                     "High-level domain", "Subdomain", "Record ID")),
     "math": _Format("problem, answer or solution with \\boxed{} (MATH, MATH-500)",
                     lambda r: _has(r, "problem") and (_has(r, "solution") or isinstance(r.get("answer"), str))
-                    and not isinstance(r.get("answer"), int), _math_row, MATH_TEMPLATE, "math"),
+                    and not isinstance(r.get("answer"), int), _math_row, MATH_TEMPLATE, "math",
+                    ("problem", "answer", "solution", "unique_id", "id", "subject", "type")),
     "aime": _Format("problem or question, answer (an integer)",
                     lambda r: (_has(r, "problem") or _has(r, "question")) and isinstance(r.get("answer"), int)
                     and not isinstance(r.get("answer"), bool) and not _has(r, "choices"), _aime_row, MATH_TEMPLATE,
-                    "math"),
+                    "math", ("problem", "question", "answer", "category")),
     "arc": _Format("question, choices {text, label}, answerKey",
                    lambda r: _has(r, "question", "answerKey") and isinstance(r.get("choices"), dict), _arc_row,
-                   MC_TEMPLATE, "choice"),
+                   MC_TEMPLATE, "choice", ("question", "choices", "answerKey", "category")),
 }
 
 
@@ -1213,8 +1253,9 @@ class Dataset:
                     row = convert(row)
                 except KeyError as exc:
                     raise DatasetError("%s: field %s is missing (the %s format needs %s; --format none reads the "
-                                       "rows as they are)" % (where, exc, self.format,
-                                                              FORMATS[self.format].columns)) from None
+                                       "rows as they are); the row has: %s" % (
+                                           where, exc, self.format, FORMATS[self.format].columns,
+                                           _columns_text(list(row)))) from None
             item = _validate_row(row, where, self.default_scorer, self.fields, self.typed, self.template)
             if item.auto_id:
                 repeats[item.id] += 1
@@ -1223,9 +1264,11 @@ class Dataset:
             yield where, row, item
 
     def _near_misses(self, row: Dict[str, Any], where: str, unknown: set) -> None:
-        """Warn once per column that looks like a misspelt field (``categroy``: did you mean 'category'?)."""
+        """Warn once per column that looks like a misspelt field (``categroy``: did you mean 'category'?); the
+        columns the dataset's format reads are used (ARC's answerKey, GPQA's Question)."""
+        reads = FORMATS[self.format].reads if self.format else ()
         for key in row:
-            if key in _KNOWN_COLUMNS or key in unknown or key in self.fields.values() or \
+            if key in _KNOWN_COLUMNS or key in unknown or key in self.fields.values() or key in reads or \
                     (len(key) == 1 and key in string.ascii_uppercase):
                 continue
             unknown.add(key)
@@ -2626,6 +2669,12 @@ class AdaptiveGate:
         """Clock time at which the current drain pause ends, or None when not draining."""
         with self._cond:
             return self._drain_until if self._clock() < self._drain_until else None
+
+    @property
+    def drain_left_s(self) -> float:
+        """Seconds the current drain pause still lasts (0.0 when admission is not paused)."""
+        with self._cond:
+            return max(0.0, self._drain_until - self._clock())
 
     def _advance_area(self, now: float) -> None:
         if self._area_t is not None and now > self._area_t:
@@ -5622,7 +5671,7 @@ class ImageService:
                  keep_images: Optional[bool] = None, on_event: Optional[Callable[..., None]] = None,
                  listing_ttl_s: float = DEFAULT_LISTING_TTL_S, mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S,
                  pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
-                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None):
+                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None, keep_reason: str = ""):
         self.docker = docker or DockerCLI()
         self.tar_dirs = list(tar_dirs)
         self.store = ImageStore(store) if isinstance(store, str) else store
@@ -5635,6 +5684,8 @@ class ImageService:
                               % workers)
         self.workers = workers
         self.keep_images = _env_flag("EVALHARNESS_KEEP_SWE_IMAGES") if keep_images is None else keep_images
+        self.keep_reason = keep_reason or ("EVALHARNESS_KEEP_SWE_IMAGES is set" if keep_images is None else
+                                           "--keep-images")  # said when they are kept
         self.tar_index = TarIndex(self.tar_dirs, index_path) if self.tar_dirs else None
         self.listing_ttl_s = listing_ttl_s
         self.mirror_timeout_s = mirror_timeout_s
@@ -5958,8 +6009,8 @@ class ImageService:
         if self.keep_images:
             kept = self.loaded_images()
             if kept:
-                _log.info("keeping %d image(s) this run loaded (EVALHARNESS_KEEP_SWE_IMAGES); `evalharness images "
-                          "release` removes them later", len(kept))
+                _log.info("keeping %d image(s) this process loaded (%s); `evalharness images release` removes "
+                          "them later", len(kept), self.keep_reason)
             return []
         return self._release(self.loaded_images())
 
@@ -6791,6 +6842,12 @@ def _is_complete(summary: Dict[str, Any]) -> bool:
     return summary.get("complete", not c["failed"] and not c["pending"])
 
 
+def _status_shown(status: str, summary: Dict[str, Any]) -> str:
+    """The status a header shows: a run that finished with samples failed or not run is "incomplete", as its score
+    line says (run.json keeps "finished": the process ended normally)."""
+    return "incomplete" if status == "finished" and not _is_complete(summary) else status
+
+
 def _coverage_text(summary: Dict[str, Any]) -> str:
     """"(n=120, 95% CI)" for a whole run; "over 108 of 120 (12 failed): INCOMPLETE" otherwise."""
     c = summary["counts"]
@@ -6976,6 +7033,9 @@ class _Runner:
                  ("%.1f/s" % rate, 3), ("ETA %s" % (_fmt_duration(eta) if left else "0s"), 7)]
         if self.gate is not None:
             parts += [("limit %d" % self.gate.limit, 5), ("in flight %d" % self.gate.in_flight, 4)]
+            paused = self.gate.drain_left_s
+            if paused > 0:  # nothing is sent meanwhile: say why nothing moves
+                parts.append(("paused (overload) %d s" % math.ceil(paused), 8))
         if self.status_extra is not None:
             extra = self.status_extra()
             parts += [(extra, 2)] if isinstance(extra, str) else list(extra)
@@ -7701,7 +7761,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     store.write_json(RunStore.RUN, info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total)
     _auto_report(store.dir)
-    code, out = _end_run(cfg, summary, kind.title(run, status), extra, store, runner, stdout, kind.noun)
+    code, out = _end_run(cfg, summary, kind.title(run, _status_shown(status, summary)), extra, store, runner,
+                         stdout, kind.noun)
     return kind.exit_code(run, summary, code), out
 
 
@@ -7966,7 +8027,11 @@ class _QAKind(_Kind):
             self.judge = _judge_client(run.cfg, run.client_cfg, run.store, run.cancel)
 
     def dataset_info(self, run: _Run) -> Dict[str, Any]:
-        return dict(super().dataset_info(run), epochs=run.cfg.epochs)
+        base = run.dataset
+        while not isinstance(base, Dataset):  # under its shard and epochs
+            base = base.dataset
+        # the format in effect (None: none matched, or --format none) and the scorer of rows that name none
+        return dict(super().dataset_info(run), epochs=run.cfg.epochs, format=base.format, scorer=base.default_scorer)
 
     def samples_total(self, run: _Run) -> int:
         d = run.dataset
@@ -10858,6 +10923,14 @@ class _SharedLimit(Limit):
 # its key from the environment sbatch hands it (the submitter's, by default).
 SLURM_DIR = "slurm"
 SLURM_JOBS = "jobs.json"
+SLURM_PYTHON = "python3"  # what the jobs run the program with: found on the nodes' PATH (slurm submit --python)
+
+
+def _slurm_runs_with(python: str, program: str) -> str:
+    return "%s%s with %s (%s)" % (
+        program, "" if program.endswith(".pyz") else " (the module)", python,
+        "from the nodes' PATH; slurm submit --python PATH names another" if python == SLURM_PYTHON else
+        "slurm submit --python")
 
 
 def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
@@ -10904,18 +10977,20 @@ def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional
                  program: Optional[str] = None, dry_run: bool = False) -> Dict[str, Any]:
     """Write OUT/slurm/array.sh (an sbatch --array=0-(N-1)%M of `run ... --shard auto/N`) and merge.sh (`merge OUT
     --partial`, after all tasks whatever their end) and submit both; returns what was submitted (jobs.json's
-    entry). Submitting the same command again resumes every shard."""
+    entry). Submitting the same command again resumes every shard. The scripts run ``python`` (default
+    ``python3`` from the nodes' PATH: this interpreter's path may not exist on them) with ``program`` (default:
+    this zipapp or module, which must be on a filesystem the nodes see). ``dry_run``: nothing is written or
+    submitted; the entry carries the scripts' text ("array_text", "merge_text")."""
     if shards < 1:
         raise ConfigError("--shards must be >= 1, got %d" % shards)
     args, out = _slurm_run_args(run_args)
-    python = python or sys.executable
+    python = python or SLURM_PYTHON
     program = os.path.abspath(program or sys.argv[0])
     if not os.path.isfile(program):
         raise ConfigError("slurm submit: cannot find the program to run (%r); give --program PATH" % program)
     if not dry_run and shutil.which("sbatch") is None:
         raise ConfigError("slurm submit: sbatch is not on PATH (submit from a Slurm login node, or use --dry-run)")
     sdir = os.path.join(out, SLURM_DIR)
-    os.makedirs(sdir, exist_ok=True)
     name = "evalharness-" + _slug(os.path.basename(out))[:40]
     opts = {"partition": partition, "time": time_limit, "cpus": cpus, "mem": mem, "sbatch_options": sbatch_options}
     array = "0-%d" % (shards - 1) + ("%%%d" % max_parallel if max_parallel else "")
@@ -10924,21 +10999,25 @@ def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional
     task = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array, here,
                       "#SBATCH --output=%s" % os.path.join(sdir, "%A_%a.out")] + _sbatch_lines(opts) + [
         "# one shard of the run; the same script again resumes it (written by evalharness slurm submit)",
+        "# runs %s" % _slurm_runs_with(python, program),
         "exec " + " ".join(shlex.quote(a) for a in command), ""])
     merge_cmd = [python, program, "merge", out, "--partial"]
     merge = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s-merge" % name, here,
                        "#SBATCH --output=%s" % os.path.join(sdir, "merge-%j.out")]
                       + _sbatch_lines({"partition": partition, "sbatch_options": sbatch_options}) + [
         "# the shards of the run made one (missing or incomplete ones named, exit 1)",
+        "# runs %s" % _slurm_runs_with(python, program),
         "exec " + " ".join(shlex.quote(a) for a in merge_cmd), ""])
     paths = {k: os.path.join(sdir, k + ".sh") for k in ("array", "merge")}
+    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
+                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out,
+                             "python": python, "program": program}
+    if dry_run:
+        return dict(entry, array_text=task, merge_text=merge)
+    os.makedirs(sdir, exist_ok=True)
     for key, text in (("array", task), ("merge", merge)):
         _atomic_write(paths[key], text)
         os.chmod(paths[key], 0o755)
-    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
-                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out}
-    if dry_run:
-        return entry
     entry["array_job"] = _sbatch(["--parsable", paths["array"]])
     entry["merge_job"] = _sbatch(["--parsable", "--dependency=afterany:%s" % entry["array_job"], paths["merge"]])
     jobs_path = os.path.join(sdir, SLURM_JOBS)
@@ -11171,10 +11250,35 @@ def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
     return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
 
 
+IDLE_BREAK_S = 60.0  # idle time between a run's attempts longer than this is cut out of the report's time axis
+
+
+def _idle_gaps(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]) -> List[Tuple[float, float]]:
+    """The idle stretches between attempts (a resume hours after a crash or an interrupt): from the last thing that
+    happened before an attempt started to that start, where longer than IDLE_BREAK_S."""
+    times = sorted({float(x) for r in records for x in (r.get("started_at"), r.get("finished_at")) if x is not None}
+                   | {float(ev["t"]) for ev in events if ev.get("t") is not None and ev.get("type") != "run_start"})
+    gaps: List[Tuple[float, float]] = []
+    for start in sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None):
+        i = bisect.bisect_left(times, start)
+        if i and start - times[i - 1] > IDLE_BREAK_S and (not gaps or times[i - 1] >= gaps[-1][1]):
+            gaps.append((times[i - 1], start))
+    return gaps
+
+
 def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]],
               info: Dict[str, Any]) -> Dict[str, Any]:
     """Series over run time (seconds from the first start): samples in flight, the gate limit, drain pauses,
-    completions and output tokens per second (binned)."""
+    completions and output tokens per second (binned). Idle time between attempts is cut out (_idle_gaps): the
+    axis is time with the run active, and "breaks" says where (x) and how long (idle_s) each cut is."""
+    gaps = _idle_gaps(records, events)
+    if gaps:
+        def squeezed(t: Any) -> float:
+            t = float(t)
+            return t - sum(min(t, b) - a for a, b in gaps if t > a)
+        records = [dict(r, started_at=squeezed(r["started_at"]), finished_at=squeezed(r["finished_at"]))
+                   for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
+        events = [dict(ev, t=squeezed(ev["t"])) if ev.get("t") is not None else ev for ev in events]
     spans = [(float(r["started_at"]), float(r["finished_at"]), int(r.get("completion_tokens") or 0))
              for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
     if not spans:
@@ -11228,15 +11332,19 @@ def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]
         toks[i] += tok
     marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
     starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
+    breaks = [(round(b - sum(y - x for x, y in gaps[:i + 1]) - t0, 3), round(b - a, 3)) for i, (a, b) in
+              enumerate(gaps)]
     for t in sorted(starts)[1:]:
         if t >= t0:
-            marks.append((round(t - t0, 3), "resume"))
+            idle = next((s for x, s in breaks if abs(x - (t - t0)) < 1e-3), None)
+            marks.append((round(t - t0, 3), "resume" if idle is None else "resume (%s idle, cut)"
+                           % _fmt_duration(idle)))
     for ev in events:
         if ev.get("t") is not None and float(ev["t"]) >= t0 and (
                 ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and ev.get("status") == "aborted")):
             marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else "aborted"))
     return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit, "drains": drains,
-            "marks": sorted(marks),
+            "marks": sorted(marks), "breaks": breaks,
             "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
             "tokens": [round(c / width, 2) for c in toks]}
 
@@ -11275,8 +11383,12 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
         rows.append(("generation", ", ".join(gen)))
     if ds:
         rows.append(("dataset", "%s (%s rows, sha256 %s)" % (ds.get("name"), ds.get("rows"), ds.get("sha256"))))
-    if cfg.get("scorer") or cfg.get("format"):
-        rows.append(("scorer", "%s (format %s)" % (cfg.get("scorer") or "the format's", cfg.get("format") or "auto")))
+    if ds.get("scorer"):  # rows that name no scorer get this one
+        rows.append(("scorer", "%s (%s)" % (ds["scorer"], "--scorer" if cfg.get("scorer") else "the %s format's"
+                                            % ds["format"] if ds.get("format") else "the default: no format matched"
+                                            if cfg.get("format") in (None, "auto") else "the default: --format none")))
+    elif cfg.get("scorer"):  # (a run.json that does not say which format was in effect)
+        rows.append(("scorer", "%s (--scorer)" % cfg["scorer"]))
     rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
     if info.get("docker_hosts"):
         rows.append(("engines", "; ".join("%s: %d instance(s)%s" % (h.get("host"), h.get("instances") or 0,
@@ -11308,11 +11420,26 @@ def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
     return "; ".join(parts)
 
 
+def report_json(data: Dict[str, Any]) -> Dict[str, Any]:
+    """`report RUN --json`: the summary at the top, shaped as summary.json and `run --json` print it (counts,
+    score, headline, ..., task, model, dataset, status: the run's status now), with what only the report adds
+    (failures by class, the time series, the configuration rows, the endpoint) under "report"."""
+    info = data.get("run_info") or {}
+    out = dict(data["summary"], task=data["task"], model=data.get("model"), status=data["status"],
+               dataset=(info.get("dataset") or {}).get("name") or data.get("dataset"))
+    if data.get("swebench"):
+        out["swebench"] = {k: v for k, v in data["swebench"].items() if not k.endswith("_ids")}
+        if info.get("mode"):
+            out["mode"] = info["mode"]
+    out["report"] = {k: v for k, v in data.items() if k not in ("summary", "run_info")}
+    return out
+
+
 def format_report(data: Dict[str, Any]) -> str:
     """The text report: the run's summary table (the same numbers the run printed) plus failures by class,
     the discovered concurrency and, for SWE runs, SWE-bench's counts."""
     title = "evalharness %s | model %s | dataset %s | %s" % (data["task"], data.get("model"), data.get("dataset"),
-                                                              data["status"])
+                                                              _status_shown(data["status"], data["summary"]))
     lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
     if data.get("swebench"):
         lines.append(_swe_line(data["swebench"]))
@@ -11527,7 +11654,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>%s</title><style>%s</style></head><body>"
          % (_esc(title), _CSS), "<h1>%s</h1>" % _esc(title),
          '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
-         % (_esc(data["run_dir"]), _esc(data["status"]), counts.get("finished", 0), counts.get("total", 0))]
+         % (_esc(data["run_dir"]), _esc(_status_shown(data["status"], s)), counts.get("finished", 0),
+            counts.get("total", 0))]
     if data.get("swebench"):  # SWE-bench's rate: resolved over all instances (errors and unfinished count as not)
         sw = data["swebench"]
         total = max(1, sw["total_instances"])
@@ -11590,9 +11718,14 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     h.append("<h2>Load over time</h2>")
     marks = ser.get("marks") or ()
     flying = "sessions" if data["task"] == "swe" else "requests in flight"
+    x_label = "seconds since the first sample started"
+    if ser.get("breaks"):
+        x_label = "seconds the run was active since the first sample started (idle time between attempts cut)"
+        h.append("<p class=muted>The time axis leaves out %s between attempts (at each dashed resume line).</p>"
+                 % _esc(" and ".join(_fmt_duration(idle) for _, idle in ser["breaks"])))
     h.append(_svg_chart("concurrency limit and %s" % flying, [
         (flying, "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
-        x_label="seconds since the first sample started", y_label="concurrent", shaded=ser["drains"],
+        x_label=x_label, y_label="concurrent", shaded=ser["drains"],
         chart_id="chart-concurrency", integer=True, marks=marks))
     bins = ser.get("bin_s") or 1
 
@@ -11602,11 +11735,11 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
 
     h.append(_svg_chart("completed samples per second (%s s bins)" % _fmt_num(bins),
                         [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
-                        x_label="seconds since the first sample started", y_label="samples/s",
+                        x_label=x_label, y_label="samples/s",
                         chart_id="chart-throughput", marks=marks))
     h.append(_svg_chart("output tokens per second (%s s bins)" % _fmt_num(bins),
                         [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
-                        x_label="seconds since the first sample started", y_label="tokens/s",
+                        x_label=x_label, y_label="tokens/s",
                         chart_id="chart-tokens", marks=marks))
     h.append(_svg_bars("%s histogram" % data["latency_label"], data["latency_hist"], x_label="seconds",
                        chart_id="chart-latency"))
@@ -11908,10 +12041,59 @@ _MAIN_HELP = """examples:
 
 
 class _ArgumentParser:
-    """Mixed before argparse.ArgumentParser by _build_parser (argparse loads only for the command line)."""
+    """Mixed before argparse.ArgumentParser by _build_parser (argparse loads only for the command line). Options are
+    never abbreviated (a typo must not change the meaning: --max-token is not taken as --max-tokens), and an
+    option a command does not have is refused naming the closest one it has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # subcommands' parsers are made of this class too (add_parser)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
 
     def error(self, message: str) -> None:  # one line on stderr, exit 2 (argparse's own code for usage errors)
         self.exit(EXIT_USAGE, "%s: error: %s (see --help)\n" % (self.prog, message))
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: %s%s" % (" ".join(extras), self._closest(extras)))
+        return parsed
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None and self._subparsers is None:  # a command's own parser: its options are all there is
+            self._refuse_unknown(list(args))
+        return super().parse_known_args(args, namespace)  # type: ignore[misc]
+
+    def _refuse_unknown(self, args: List[str]) -> None:
+        """Stop at the first --option this command does not have, before argparse's own checks (which would report
+        a misspelt required option as missing, and take an unknown one for a positional's value)."""
+        remainder = any(a.nargs == argparse.REMAINDER for a in self._actions)
+        takes_value = False
+        for arg in args:
+            if arg == "--":
+                return
+            if takes_value or not arg.startswith("-") or " " in arg:
+                if remainder and not takes_value:
+                    return  # the rest is another command's (slurm submit ... run --dataset ...)
+                takes_value = False
+                continue
+            action = self._option_string_actions.get(arg.split("=", 1)[0])
+            if action is None and arg.startswith("--"):
+                hint = self._closest([arg])
+                rest = next((a for a in self._actions if a.nargs == argparse.REMAINDER), None)
+                if rest is not None and not hint:  # e.g. a run's option given to slurm submit before its --
+                    hint = " (%s go after --)" % (rest.metavar or rest.dest).lstrip("- ")
+                self.error("unrecognized argument: %s%s" % (arg, hint))
+            takes_value = action is not None and "=" not in arg and action.nargs != 0
+
+    def _closest(self, extras: Sequence[str]) -> str:
+        """" (did you mean --model?)" for the first unknown option that is close to one of this parser's."""
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for arg in extras:
+            if arg.startswith("--"):
+                close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+                if close:
+                    return " (did you mean %s?)" % close[0]
+        return ""
 
     def _get_formatter(self) -> Any:
         """argparse's, with the width shutil.get_terminal_size would give (argparse makes one per option and
@@ -12179,7 +12361,8 @@ def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[
     return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
                         mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
                         workers=args.image_workers, index_path=args.tar_index, keep_images=keep,
-                        on_event=on_event, mirror_timeout_s=args.mirror_timeout)
+                        on_event=on_event, mirror_timeout_s=args.mirror_timeout,
+                        keep_reason="" if keep_images is None else "images %s keeps what it delivers" % args.action)
 
 
 def _images_of_args(args: argparse.Namespace) -> List[str]:
@@ -12332,8 +12515,9 @@ def _images_release(args: argparse.Namespace) -> int:
     _update_image_state(path, remove=removed)
     for ref in removed:
         sys.stdout.write("removed %s\n" % ref)
-    sys.stdout.write("%d removed, %d kept (their loading process is still running; --all removes them too), "
-                     "%d failed\n" % (len(removed), len(kept), failed))
+    sys.stdout.write("%d removed, %d kept%s, %d failed\n" % (
+        len(removed), len(kept), " (their loading process is still running; --all removes them too)" if kept else "",
+        failed))
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -12346,6 +12530,9 @@ def _parser_demo(sub: Any, text: str) -> Any:
     _add_run_options(demo)
     demo.add_argument("--skill", type=float, default=0.8, help="the mock's accuracy (default %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="the mock's random seed (default %(default)s)")
+    demo.add_argument("--export", default=None, metavar="FILE",
+                      help="write the demo set to FILE (.jsonl or .json), a dataset to start from, and run nothing "
+                           "(default: run the demo)")
     return demo, []
 
 
@@ -12619,11 +12806,13 @@ def _parser_slurm(sub: Any, text: str) -> Any:
                         help="one more #SBATCH line for both jobs, e.g. --sbatch-option=--qos=high; repeatable "
                              "(default: none)")
     submit.add_argument("--python", default=None, metavar="PATH",
-                        help="the Python the jobs run (default: this one, %s)" % sys.executable)
+                        help="the Python the jobs run (default: %s from the nodes' PATH, not this host's "
+                             "interpreter, whose path the nodes may not have)" % SLURM_PYTHON)
     submit.add_argument("--program", default=None, metavar="PATH",
-                        help="the evalharness file the jobs run (default: this one)")
+                        help="the evalharness file the jobs run, on a filesystem the nodes see (default: this "
+                             "zipapp or module)")
     submit.add_argument("--dry-run", action="store_true",
-                        help="write the scripts and print them, submit nothing (default: submit)")
+                        help="print the scripts, write and submit nothing (default: write and submit)")
     submit.add_argument("run_args", nargs=argparse.REMAINDER, metavar="-- RUN OPTIONS",
                         help="the run's options, as for `run` (required: --dataset, --out; --shard is set here)")
     status = ssub.add_parser("status", help="each shard's Slurm state and progress, and the merge's",
@@ -12690,7 +12879,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _log.info("HTML report written to %s (%s, %.2f s)", path, _fmt_bytes(os.path.getsize(path)),
                   time.monotonic() - t0)
     if args.json_out:
-        sys.stdout.write(_redact(json.dumps(data, indent=2, sort_keys=True)) + "\n")
+        sys.stdout.write(_redact(json.dumps(report_json(dict(data, run_info=runs[0]["run"])), indent=2,
+                                            sort_keys=True)) + "\n")
     elif args.html is None:
         sys.stdout.write(_redact(format_report(data)) + "\n")
     return EXIT_OK
@@ -12719,6 +12909,8 @@ def _initial_arg(args: argparse.Namespace) -> Optional[int]:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.export:
+        return _export_demo(args.export)
     dataset = Dataset(None, rows=demo_dataset(), name="demo").validate()
     mock_cfg = MockConfig(model="demo-mock", seed=args.seed, skill=args.skill, decode_tok_s=400.0, knee=8,
                           ttft_s=0.02, reasoning_tokens=40)
@@ -12732,6 +12924,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                         request_timeout_s=60.0, remember_limit=False)
         code, _ = run_qa(cfg, dataset=dataset)
     return code
+
+
+_EXPORT_ORDER = ("id", "prompt", "answer", "choices", "scorer", "pattern", "tolerance", "category")
+
+
+def _export_demo(path: str) -> int:
+    """demo --export FILE: the demo set as a dataset file to start from (.jsonl, one row a line; or a .json list)."""
+    rows = [{k: r[k] for k in _EXPORT_ORDER if k in r} for r in demo_dataset()]
+    if path.endswith(".jsonl"):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    elif path.endswith(".json"):
+        text = json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
+    else:
+        raise ConfigError("demo --export %r: name a .jsonl or .json file (the demo rows hold lists of choices)" % path)
+    try:
+        _atomic_write(path, text)
+    except OSError as exc:
+        raise ConfigError("demo --export %r: %s" % (path, exc.strerror or exc)) from None
+    sys.stdout.write("wrote the demo's %d rows to %s (run --dataset %s; serve-mock --oracle %s answers from it)\n"
+                     % (len(rows), path, path, path))
+    return EXIT_OK
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -12815,14 +13028,15 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
                          sbatch_options=args.sbatch_options, python=args.python, program=args.program,
                          dry_run=args.dry_run)
     if args.dry_run:
-        for key in ("array_script", "merge_script"):
-            with open(entry[key], encoding="utf-8") as fh:
-                sys.stdout.write("# %s\n%s\n" % (entry[key], fh.read()))
+        for key in ("array", "merge"):
+            sys.stdout.write("# %s (not written: --dry-run)\n%s\n" % (entry[key + "_script"], entry[key + "_text"]))
         return EXIT_OK
-    sys.stdout.write("submitted array job %s (%d shards%s) and merge job %s (after all of them)\nstatus: %s slurm "
-                     "status %s\n" % (entry["array_job"], entry["shards"], ", at most %d at once" %
-                                      entry["max_parallel"] if entry["max_parallel"] else "", entry["merge_job"],
-                                      os.path.basename(sys.argv[0]) or "evalharness", entry["out"]))
+    sys.stdout.write("submitted array job %s (%d shards%s) and merge job %s (after all of them); the jobs run %s\n"
+                     "status: %s slurm status %s\n" % (
+                         entry["array_job"], entry["shards"], ", at most %d at once" % entry["max_parallel"]
+                         if entry["max_parallel"] else "", entry["merge_job"],
+                         _slurm_runs_with(entry["python"], entry["program"]),
+                         os.path.basename(sys.argv[0]) or "evalharness", entry["out"]))
     return EXIT_OK
 
 

@@ -210,10 +210,36 @@ class TestLayouts(_DatasetCase):
                                  format="none")  # problem + solution is also the MATH layout
             self.assertEqual((item.messages[-1]["content"], item.answer), ("Q?", "A"), prompt_key)
 
-    def test_a_missing_answer_names_the_aliases_and_the_field_option(self):
+    def test_a_missing_answer_names_the_aliases_the_rows_columns_and_the_field_option(self):
         msg = self.assertDatasetError(self.jsonl([{"prompt": "p", "tagret": "x"}]), "qa.jsonl:1:", "'answer'",
-                                      "target", "--field answer=COLUMN")
+                                      "target", "the row has: prompt, tagret", "--field answer=tagret")
         self.assertIn("is missing", msg)
+        self.assertDatasetError(self.jsonl([{"prompt": "p", "notes": "x"}], name="b.jsonl"), "b.jsonl:1:",
+                                "field 'answer' is missing", "the row has: prompt, notes", "--field answer=COLUMN")
+
+    def test_a_missing_column_names_the_rows_columns_and_the_near_miss(self):
+        cases = [({"questoin": "What is 2+2?", "answer": "4"}, {},
+                  "field 'prompt' is missing (also read from question, problem, input, query, or give 'messages'); "
+                  "the row has: questoin, answer; column 'questoin' looks like 'question': rename it, or map it: "
+                  "--field prompt=questoin"),
+                 ({"question": "What is 2+2?", "Answer": "4"}, {},
+                  "field 'answer' is missing (also read from target, reference, solution, label, gold); the row has: "
+                  "question, Answer; column 'Answer' looks like 'answer': rename it, or map it: --field "
+                  "answer=Answer"),
+                 ({"question": "What is 2+2?", "Answer": "4"}, {"answer": "Anwser"},
+                  "--field answer=Anwser: no column 'Anwser' in this row; it has: question, Answer (did you mean "
+                  "--field answer=Answer?)")]
+        for i, (raw, fields, want) in enumerate(cases):
+            path = self.jsonl([raw], name="c%d.jsonl" % i)
+            self.assertEqual(self.assertDatasetError(path, fields=fields), "%s:1: %s" % (path, want))
+        csv_path = self.text("Frage,Antwort\nWie viel ist 2+2?,4\n", "de.csv")
+        self.assertDatasetError(csv_path, "de.csv:2: --field answer=Antwrot: no column 'Antwrot' in this row; it has: "
+                                "Frage, Antwort (did you mean --field answer=Antwort?)",
+                                fields={"prompt": "Frage", "answer": "Antwrot"})
+        res = run_cli(["run", "--dataset", self.jsonl([cases[1][0]], name="cli.jsonl"), "--model", "m",
+                       "--base-url", "http://127.0.0.1:9/v1"])
+        self.assertEqual(res.returncode, 2)
+        self.assertIn("the row has: question, Answer; column 'Answer' looks like 'answer'", res.stderr)
 
     def test_field_mapping_names_columns_of_any_name(self):
         path = self.jsonl([{"uid": 7, "Frage": "Wie viel ist 2+2?", "Antwort": "4", "Thema": "math"}])
@@ -339,6 +365,36 @@ class TestBuiltinFormats(_DatasetCase):
         self.assertEqual(mmlu.answer, "A")  # choices ["0","2","1","3"], answer 0: a position, not the text "0"
         self.assertEqual([i.category for i in eh.load_dataset(self.jsonl(FORMAT_ROWS["gpqa"], name="g.jsonl"))
                           .iter_items()], ["Physics"] * 6)
+
+    def test_no_column_a_format_reads_is_warned_about_as_unused(self):
+        for name, rows in FORMAT_ROWS.items():
+            with self.assertLogs("evalharness", "INFO") as logs:
+                ds = eh.load_dataset(self.jsonl(rows, name=name + ".jsonl"))
+            self.assertEqual(ds.format, name)
+            self.assertEqual(ds.warnings, [], name)  # ARC's answerKey, GPQA's Question: read by the format
+            self.assertFalse([line for line in logs.output if "is not used" in line], name)
+        # a misspelt column next to a format's columns is still said
+        arc = dict(FORMAT_ROWS["arc"][0], categroy="space")
+        self.assertEqual(len(eh.load_dataset(self.jsonl([arc], name="arc2.jsonl")).warnings), 1)
+
+    def test_each_format_declares_every_column_it_reads(self):
+        class Reads(dict):
+            def __getitem__(self, key):
+                self.read.add(key)
+                return dict.__getitem__(self, key)
+
+            def get(self, key, default=None):
+                self.read.add(key)
+                return dict.get(self, key, default)
+
+        for name, rows in FORMAT_ROWS.items():
+            fmt = eh.FORMATS[name]
+            for raw in rows:
+                rec = Reads(raw)
+                rec.read = set()
+                self.assertTrue(fmt.detect(rec), name)
+                fmt.convert(rec)
+                self.assertLessEqual(rec.read & set(raw), set(fmt.reads), name)
 
     def test_gpqa_choices_are_shuffled_the_same_way_every_time(self):
         a = [(i.id, i.choices, i.answer) for i in eh.load_dataset(self.jsonl(FORMAT_ROWS["gpqa"], name="a.jsonl"))
@@ -468,6 +524,22 @@ class TestDemoDataset(unittest.TestCase):
         rows.pop()
         self.assertNotEqual(eh.demo_dataset()[0]["answer"], "changed")
         self.assertEqual(len(eh.demo_dataset()), len(rows) + 1)
+
+    def test_demo_export_writes_a_dataset_that_loads_as_the_demo_set(self):
+        d = tempdir(self)
+        demo = list(eh.Dataset(None, rows=eh.demo_dataset(), name="demo").validate().iter_items())
+        for name in ("qa.jsonl", "qa.json"):
+            res = run_cli(["demo", "--export", os.path.join(d, name)], cwd=d)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertIn("wrote the demo's %d rows to " % len(demo), res.stdout)
+            self.assertFalse(os.path.exists(os.path.join(d, "runs")))  # nothing was run
+            got = list(eh.load_dataset(os.path.join(d, name)).iter_items())
+            self.assertEqual([eh._replace(i, source="") for i in got], [eh._replace(i, source="") for i in demo])
+        with open(os.path.join(d, "qa.jsonl"), encoding="utf-8") as fh:
+            self.assertEqual(list(json.loads(fh.readline())), ["id", "prompt", "answer", "scorer", "category"])
+        res = run_cli(["demo", "--export", os.path.join(d, "qa.csv")])
+        self.assertEqual(res.returncode, 2)
+        self.assertIn(".jsonl or .json", res.stderr)
 
 
 class TestCliRejectsBadInput(unittest.TestCase):

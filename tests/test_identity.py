@@ -412,12 +412,12 @@ class TestHonestHeadlines(IdentityCase):
         self.assertIn("| interrupted", text.stdout)
         self.assertNotIn("running", text.stdout)
         self.assertIn("over %d of 30 (%d not run): INCOMPLETE" % (n, 30 - n), text.stdout)
-        data = json.loads(run_cli(["report", out, "--json"]).stdout)
+        data = json.loads(run_cli(["report", out, "--json"]).stdout)  # the summary at the top, as run --json
         self.assertEqual(data["status"], "interrupted")
-        self.assertFalse(data["summary"]["complete"])
-        self.assertEqual(data["summary"]["headline"], "score %.3f over %d of 30 (%d not run): INCOMPLETE"
-                         % (data["summary"]["score"]["mean"], n, 30 - n))
-        self.assertEqual((data["summary"]["counts"]["ok"], data["summary"]["counts"]["total"]), (n, 30))
+        self.assertFalse(data["complete"])
+        self.assertEqual(data["headline"], "score %.3f over %d of 30 (%d not run): INCOMPLETE"
+                         % (data["score"]["mean"], n, 30 - n))
+        self.assertEqual((data["counts"]["ok"], data["counts"]["total"]), (n, 30))
         self.assertEqual(run_cli(["report", out, "--html"]).returncode, 0)
         with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
             page = fh.read()

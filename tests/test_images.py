@@ -85,6 +85,37 @@ class TestRefsAndNames(unittest.TestCase):
         self.assertEqual((stats["scanned"], stats["failed"], stats["images"]), (1, 1, 0))
         self.assertIn("not a readable tar archive", index.archives()[os.path.join(d, "junk.tar.gz")]["error"])
 
+    def test_kept_images_are_said_to_be_kept_for_the_reason_that_holds(self):
+        for keep, reason, env, want in ((True, "images pull keeps what it delivers", {}, "images pull keeps what it "
+                                         "delivers"), (True, "", {}, "--keep-images"),
+                                        (None, "", {"EVALHARNESS_KEEP_SWE_IMAGES": "1"},
+                                         "EVALHARNESS_KEEP_SWE_IMAGES is set")):
+            d = tempdir(self)
+            res = _run_py("""
+                import logging, sys
+                logging.basicConfig(stream=sys.stdout, format="%%(message)s", level=logging.INFO)
+                service = eh.ImageService(eh.DockerCLI(binary="/nonexistent/docker"), keep_images=%r,
+                                          keep_reason=%r, state_path=%r)
+                entry = eh._ImageEntry("x/y:1")
+                entry.ours = True
+                service._entries["x/y:1"] = entry
+                service.release()
+                """ % (keep, reason, os.path.join(d, "state.json")), clean_env(**env))
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertIn("keeping 1 image(s) this process loaded (%s); `evalharness images release` removes them "
+                          "later" % want, res.stdout)
+            if keep is not None:
+                self.assertNotIn("EVALHARNESS_KEEP_SWE_IMAGES", res.stdout)
+
+    def test_release_with_nothing_kept_does_not_explain_the_kept(self):
+        d = tempdir(self)
+        res = subprocess.run([sys.executable, MODULE, "images", "release", "--engine", "docker"],
+                             env=clean_env(EVALHARNESS_IMAGE_STATE=os.path.join(d, "state.json"),
+                                           PATH="/nonexistent"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(res.stdout, "0 removed, 0 kept, 0 failed\n")
+
     def test_tar_index_rejects_a_missing_directory(self):
         with self.assertRaisesRegex(eh.ConfigError, "--image-tars: .*nope.* is not a directory"):
             eh.TarIndex(["/nonexistent/nope"]).refresh()
@@ -406,6 +437,8 @@ class TestServiceOnTheMainDaemon(_Fixture):
         self.assertEqual({self.refs[1], self.refs[2]}, {line.split()[0] for line in pulled.stdout.splitlines()
                                                         if " ready " in line})
         self.assertEqual(bed.image_id(self.refs[1]), self.ids[self.refs[1]])  # kept: a pull is a pre-warm
+        self.assertIn("keeping 2 image(s) this process loaded (images pull keeps what it delivers)", pulled.stderr)
+        self.assertNotIn("EVALHARNESS_KEEP_SWE_IMAGES", pulled.stderr)  # (not set)
         loaded = cli("load", "--image-tars", self.tars, self.refs[3])
         self.assertEqual(loaded.returncode, 0, loaded.stderr)
         self.assertRegex(loaded.stderr, r"images \d/1 ready")  # plain progress lines when not on a terminal
@@ -443,6 +476,24 @@ class TestServiceOnTheMainDaemon(_Fixture):
                               env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, timeout=60).stdout
         self.assertRegex(text, r"4 image\(s\): 1 missing, 1 present, 1 store, 1 tar; to load: .*free at ")
+
+    def test_plan_with_an_unreachable_store_names_it_and_plans_the_other_sources(self):
+        d = tempdir(self)
+        bed.rmi(self.refs[8])
+        missing = "%s/nowhere:2" % self.u
+        store = "http://127.0.0.1:%d/swe" % dead_port()
+        ds = write_jsonl(os.path.join(d, "ds.jsonl"), [{"instance_id": "x__y-%d" % i, "image": img} for i, img in
+                                                       enumerate([self.refs[0], self.refs[8], missing])])
+        out = subprocess.run([sys.executable, MODULE, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
+                              "--tar-index", os.path.join(d, "index.json"), "--image-store", store, "--json"],
+                             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=60)
+        self.assertEqual(out.returncode, 1, out.stderr)  # one image is missing: not because of the store
+        plan = {row["image"]: row["source"] for row in json.loads(out.stdout)["images"]}
+        self.assertEqual(plan, {self.refs[0]: "present", self.refs[8]: "tar " + self.batch, missing: "missing"})
+        warned = [line for line in out.stderr.splitlines() if "image store unusable" in line]
+        self.assertEqual(len(warned), 1, out.stderr)  # said once, naming the store
+        self.assertIn(store, warned[0])
 
 
 if __name__ == "__main__":

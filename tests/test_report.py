@@ -10,7 +10,7 @@ import sys
 import tempfile
 import unittest
 
-from tests.support import MODULE, clean_env, eh, tempdir, write_jsonl
+from tests.support import MODULE, clean_env, eh, qa_rows, run_cli, start_mock, tempdir, write_jsonl
 
 T0 = 1_800_000_000.0
 SECRET = "sk-evalharness-test-SECRET-0123456789abcdef"
@@ -143,6 +143,32 @@ class TestReportNumbers(unittest.TestCase):
         self.assertTrue(ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks)  # no 1.62 on a count axis
         # 10 completions: one bin (about eight completions a bin), not ten one-second spikes
         self.assertEqual(len(data["series"]["rate"]), 1)
+
+    def test_idle_hours_between_attempts_are_cut_from_the_time_axis_and_said(self):
+        run = qa_fixture(tempdir(self))  # samples T0+1 .. T0+10.5; then a resume five hours later
+        idle = 5 * 3600.0
+        late = [{"id": "r%d" % i, "status": "ok", "score": 1.0, "category": "a", "scorer": "exact",
+                 "completion_tokens": 3, "latency_s": 0.5, "started_at": T0 + 10.5 + idle + i,
+                 "finished_at": T0 + 11 + idle + i} for i in range(1, 9)]
+        write_jsonl(os.path.join(run, "samples.jsonl"), eh._read_jsonl_tolerant(os.path.join(run, "samples.jsonl"))
+                    + late)
+        with open(os.path.join(run, "events.jsonl"), "a") as fh:
+            for ev in ({"t": T0 + 10.5 + idle, "type": "run_start"},
+                       {"t": T0 + 12.5 + idle, "type": "drain", "limit": 5, "drain_s": 1.0}):
+                fh.write(json.dumps(ev) + "\n")
+        data = eh.report_data(eh.load_run(run))
+        ser = data["series"]
+        self.assertEqual(ser["breaks"], [(9.5, idle)])  # at the resume, 9.5 s of activity after the first start
+        self.assertEqual(ser["duration_s"], 18.0)       # 9.5 s before, 8.5 s after: not five hours
+        self.assertIn((9.5, "resume (5h00m idle, cut)"), ser["marks"])
+        self.assertEqual(ser["drains"][-1], (11.5, 12.5))
+        self.assertLessEqual(max(t for t, _ in ser["in_flight"]), 18.0)
+        self.assertAlmostEqual(sum(ser["rate"]) * ser["bin_s"], 18, places=2)  # every completion in a bin
+        page = eh.render_html(data, eh.load_run(run))
+        self.assertIn("The time axis leaves out 5h00m between attempts", page)
+        self.assertIn("idle time between attempts cut", page)
+        # a short pause between attempts stays on the axis as it was
+        self.assertEqual(eh.report_data(eh.load_run(qa_fixture(tempdir(self))))["series"]["breaks"], [])
 
     def test_in_flight_counts_requests_at_the_endpoint_not_samples_waiting_out_a_backoff(self):
         recs = [{"id": "slow", "status": "ok", "score": 1.0, "started_at": T0, "finished_at": T0 + 10,
@@ -386,7 +412,7 @@ class TestReportAgreesWithTheRun(unittest.TestCase):
             summary = json.load(fh)
         js = subprocess.run([sys.executable, MODULE, "report", out, "--json"], env=clean_env(),
                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60)
-        mine = json.loads(js.stdout)["summary"]
+        mine = json.loads(js.stdout)  # the summary at the top, as summary.json and run --json have it
         for key in ("counts", "score", "by_category", "by_scorer", "tokens", "errors"):
             self.assertEqual(mine[key], summary[key], key)
         # the progress line's final counts are the report's
@@ -394,6 +420,54 @@ class TestReportAgreesWithTheRun(unittest.TestCase):
         m = re.search(r"(\d+)/(\d+) done \| (\d+) failed", last)
         self.assertEqual((int(m.group(1)), int(m.group(2)), int(m.group(3))),
                          (mine["counts"]["finished"], mine["counts"]["total"], mine["counts"]["failed"]))
+
+    def test_report_json_has_the_top_level_shape_of_run_json(self):
+        d = tempdir(self)
+        mock = start_mock(self, oracle_rows=qa_rows(12), skill=0.5, faults=(("400", 0.25),), seed=2)
+        ds = write_jsonl(os.path.join(d, "qa.jsonl"), qa_rows(12))
+        out = os.path.join(d, "run")
+        run = run_cli(["run", "--dataset", ds, "--model", "m", "--base-url", mock.url, "--out", out, "--json",
+                       "--no-progress"])
+        self.assertEqual(run.returncode, 1, run.stderr)  # some requests were refused (HTTP 400): incomplete
+        printed = json.loads(run.stdout)
+        report = json.loads(run_cli(["report", out, "--json"]).stdout)
+        self.assertIsNotNone(report["headline"])
+        self.assertLessEqual(set(printed), set(report))
+        for key in printed:
+            if key != "performance":  # (wall-clock: the report's counts from the records alone)
+                self.assertEqual(report[key], printed[key], key)
+        self.assertEqual(report["report"]["failures"]["bad_request"]["count"], printed["counts"]["failed"])
+        with open(os.path.join(out, "summary.json")) as fh:
+            self.assertLessEqual(set(json.load(fh)), set(report))
+
+    def test_an_incomplete_runs_header_says_incomplete_and_the_scorer_row_names_where_it_came_from(self):
+        d = tempdir(self)
+        mock = start_mock(self, oracle_rows=qa_rows(12), skill=0.5, faults=(("400", 0.25),), seed=2)
+        plain = write_jsonl(os.path.join(d, "qa.jsonl"), qa_rows(12))
+        out = os.path.join(d, "run")
+        run = run_cli(["run", "--dataset", plain, "--model", "m", "--base-url", mock.url, "--out", out,
+                       "--no-progress"])
+        self.assertEqual(run.returncode, 1, run.stderr)
+        title = run.stdout.splitlines()[0]
+        self.assertTrue(title.endswith("| incomplete"), title)
+        self.assertIn("INCOMPLETE", run.stdout)
+        text = run_cli(["report", out]).stdout
+        self.assertEqual(text.splitlines()[0], title)
+        self.assertIn("\nscorer: includes (the default: no format matched)\n", text)
+        self.assertNotIn("format's", text)
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            self.assertIn("status incomplete", fh.read())
+        with open(os.path.join(out, "run.json")) as fh:
+            self.assertEqual(json.load(fh)["status"], "finished")  # the process ended normally
+        gsm = write_jsonl(os.path.join(d, "gsm.jsonl"), [{"question": r["prompt"], "answer": "So #### " + r["answer"]}
+                                                         for r in qa_rows(3)])
+        out2 = os.path.join(d, "gsm")
+        whole = start_mock(self)
+        run = run_cli(["run", "--dataset", gsm, "--model", "m", "--base-url", whole.url, "--out", out2,
+                       "--no-progress"])
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertTrue(run.stdout.splitlines()[0].endswith("| finished"), run.stdout)
+        self.assertIn("\nscorer: numeric (the gsm8k format's)\n", run_cli(["report", out2]).stdout)
 
 
 if __name__ == "__main__":

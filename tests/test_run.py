@@ -549,6 +549,21 @@ class TestProgressLine(RunCase):
         for line in plain:
             self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ qa \d+/12 done \| ")
 
+    def test_the_progress_line_says_paused_while_the_gate_waits_out_an_overload(self):
+        # the mock turns requests away at once with 429 + Retry-After 3: the gate admits nothing for 3 s
+        mock = start_mock(self, oracle_rows=self.rows, faults=(("429", 0.3),), retry_after_s=3.0, seed=1,
+                          decode_tok_s=200)
+        res = run_cli(self.args(mock.url, os.path.join(self.dir, "run"), "--limit", "12"),
+                      env=clean_env(EVALHARNESS_PROGRESS_S="0.2"))
+        self.assertIn(res.returncode, (0, 1), res.stderr)
+        with open(os.path.join(self.dir, "run", "events.jsonl")) as fh:
+            self.assertTrue([e for e in map(json.loads, fh) if e["type"] == "drain"], res.stderr)  # a real drain
+        paused = [line for line in res.stderr.splitlines() if "paused" in line]
+        self.assertTrue(paused, res.stderr)
+        for line in paused:
+            self.assertRegex(line, r" done \| .* \| paused \(overload\) [1-3] s($| \| )")
+        self.assertTrue([line for line in res.stderr.splitlines() if " done | " in line and "paused" not in line])
+
 
 if __name__ == "__main__":
     unittest.main()

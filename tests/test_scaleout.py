@@ -98,6 +98,21 @@ class TestShards(ShardCase):
         self.assertEqual(res.returncode, 2)
         self.assertEqual(len(res.stderr.strip().splitlines()), 1, res.stderr)
         self.assertIn("SLURM_ARRAY_TASK_ID is not set", res.stderr)
+
+    def test_slurm_dry_run_prints_scripts_that_run_python3_from_path_and_writes_nothing(self):
+        out = os.path.join(self.dir, "dry")
+        res = run_cli(["slurm", "submit", "--shards", "2", "--dry-run", "--", "--dataset", self.ds, "--model", "m",
+                       "--base-url", self.mock.url, "--out", out])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertFalse(os.path.exists(out))  # printed only
+        self.assertIn("# %s (not written: --dry-run)" % os.path.join(out, "slurm", "array.sh"), res.stdout)
+        self.assertIn("\nexec python3 %s run " % MODULE, res.stdout)
+        self.assertIn("\nexec python3 %s merge %s --partial" % (MODULE, out), res.stdout)
+        self.assertIn("with python3 (from the nodes' PATH; slurm submit --python PATH names another)", res.stdout)
+        self.assertNotIn(sys.executable, res.stdout)  # this host's interpreter (a pyenv folder under ~)
+        named = run_cli(["slurm", "submit", "--shards", "2", "--dry-run", "--python", "/opt/py/bin/python3.11", "--",
+                         "--dataset", self.ds, "--model", "m", "--out", out])
+        self.assertEqual(named.stdout.count("\nexec /opt/py/bin/python3.11 %s " % MODULE), 2, named.stdout)
         self.assertFalse(os.path.exists(os.path.join(self.dir, "c")))
 
 
@@ -400,6 +415,39 @@ class TestSlurm(ShardCase):
         self.assertIn("#SBATCH --array=0-3", script)
         self.assertIn("--shard auto/4", script)
         self.assertEqual(len([n for n in os.listdir(os.path.join(out, "slurm")) if n.endswith(".out")]), 5)
+
+    def test_the_jobs_run_where_the_submitting_interpreter_does_not_exist(self):
+        # submit with an interpreter whose path the nodes do not have (a pyenv or venv folder of the submitting
+        # host: here a folder removed before the jobs start), from a directory of its own
+        mock = start_mock(self, oracle_rows=self.rows[:24], seed=7, skill=0.6)
+        ds = write_jsonl(os.path.join(self.dir, "qa24.jsonl"), self.rows[:24])
+        host = os.path.join(self.dir, "host-only")
+        os.makedirs(os.path.join(host, "bin"))
+        python = os.path.join(host, "bin", "python3")
+        os.symlink(os.path.realpath(sys.executable), python)
+        out = os.path.join(self.dir, "elsewhere")
+        res = subprocess.run([python, MODULE, "slurm", "submit", "--shards", "2", "--sbatch-option=--hold", "--",
+                              "--dataset", ds, "--model", "m", "--base-url", mock.url, "--out", out, "--no-progress"],
+                             env=self.env, cwd=host, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=60)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("the jobs run %s (the module) with python3 (from the nodes' PATH" % MODULE, res.stdout)
+        jobs = re.search(r"array job (\d+) .* merge job (\d+)", res.stdout).groups()
+        for name in ("array.sh", "merge.sh"):
+            with open(os.path.join(out, "slurm", name)) as fh:
+                script = fh.read()
+            self.assertNotIn(python, script)
+            self.assertRegex(script, r"\nexec python3 ")
+        # the jobs start once the submitting interpreter is gone: from a directory where its path does not exist
+        os.unlink(python)
+        os.rmdir(os.path.join(host, "bin"))
+        for job in jobs:
+            rel = subprocess.run(["scontrol", "release", job], env=self.env, stderr=subprocess.PIPE, timeout=30)
+            self.assertEqual(rel.returncode, 0, rel.stderr)
+        st = self.wait_merge(out)
+        self.assertEqual(st["merge"]["state"], "COMPLETED", (st, self.cluster.log_tail()))
+        self.assertEqual(st["merge"]["result"], "finished")
+        self.assertEqual(sum(r["done"] for r in st["shards"]), 24)
 
     def test_a_task_cancelled_mid_run_then_a_resubmit_is_still_exactly_once_and_complete(self):
         mock = start_mock(self, oracle_rows=self.rows, seed=6, skill=0.6, ttft_s=0.08)
