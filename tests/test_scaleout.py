@@ -290,10 +290,10 @@ class TestSharedGate(unittest.TestCase):
         self.assertEqual(a._others, 5)  # from b's file
         seen = []
         inner_on_sample = a._inner.on_sample
-        a._inner.on_sample = lambda now, stamp, speed, load, elapsed: seen.append(load) or inner_on_sample(
-            now, stamp, speed, load, elapsed)
-        a.on_sample(1.0, a.window_stamp(), 10.0, 3.0, 0.5)
-        self.assertEqual(seen, [8.0])  # 3 of its own and b's 5
+        a._inner.on_sample = lambda now, stamp, speed, load, elapsed, ttft_s: seen.append((load, ttft_s)) or \
+            inner_on_sample(now, stamp, speed, load, elapsed, ttft_s)
+        a.on_sample(1.0, a.window_stamp(), 10.0, 3.0, 0.5, ttft_s=0.2)
+        self.assertEqual(seen, [(8.0, 0.2)])  # 3 of its own and b's 5; its first token reaches the leader's controller
 
     def test_a_killed_shard_stops_counting_once_its_file_is_stale(self):
         a, b = self.shard(0), self.shard(1)
