@@ -11226,6 +11226,8 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
         ids = sorted(set(run["samples"]) | set((info.get("dataset") or {}).get("ids") or []))
         data["swebench"] = swebench_report(records, ids)
         data["swebench"]["total_instances"] = max(data["swebench"]["total_instances"], run["total"])
+    if run["task"] == "code":
+        data["code"] = code_report(records, info)
     data["series"] = _timeline(records, run["events"], info)
     lat = sorted(float(r["latency_s"]) if r.get("latency_s") is not None else
                  float(r["finished_at"]) - float(r["started_at"]) for r in records
@@ -11235,6 +11237,63 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
     data["latency_label"] = "request latency" if any(r.get("latency_s") is not None for r in records) else \
         "sample duration"
     return data
+
+
+def code_report(records: Sequence[Dict[str, Any]], info: Dict[str, Any], shown: int = 200) -> Dict[str, Any]:
+    """A code run's verdicts: the count of each class over the checked programs (timeouts and resource failures
+    among them), the sandbox that ran them (from run.json), the time the programs took, and the programs that did
+    not pass (id, verdict, why, first failing test, the output cut; the first ``shown`` by id)."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    counts = collections.Counter(str(r.get("verdict") or "?") for r in ok)
+    exec_s = sorted(float(r["exec_s"]) for r in ok if isinstance(r.get("exec_s"), (int, float)))
+    bad = sorted((r for r in ok if r.get("verdict") != "passed"), key=lambda r: (str(r.get("id")), r.get("epoch", 0)))
+    return {"layout": info.get("layout"), "mode": info.get("mode"), "sandbox": info.get("sandbox"),
+            "programs": len(ok), "verdicts": {v: counts[v] for v in list(CODE_VERDICTS) + sorted(
+                set(counts) - set(CODE_VERDICTS)) if counts.get(v)},
+            "exec_s": {"total": round(sum(exec_s), 3), "p50": _percentile(exec_s, 50), "max": exec_s[-1]}
+            if exec_s else None,
+            "not_passed": [{"id": r.get("id"), "verdict": r.get("verdict"), "why": _cut(str(r.get("why") or ""), 300),
+                            "failing_test": r.get("failing_test"), "output": _cut(str(r.get("output") or ""), 600)}
+                           for r in bad[:shown]], "not_passed_total": len(bad)}
+
+
+def _code_lines(code: Dict[str, Any], most: int = 10) -> List[str]:
+    """The text report's lines for a code run: verdict counts, the sandbox, the programs that did not pass."""
+    box = code.get("sandbox") or {}
+    where = ("docker image %s" % box.get("image") if box.get("sandbox") == "docker" else
+             "local subprocesses (not a security boundary)" if box.get("sandbox") == "local" else "?")
+    lines = ["code verdicts (%d programs): %s" % (code["programs"], ", ".join(
+        "%s %d" % kv for kv in code["verdicts"].items()) or "none"),
+        "sandbox: %s; per test %s s, memory %s MB, processes %s, output %s" % (
+            where, box.get("timeout_s"), box.get("memory_mb"), box.get("processes"),
+            _fmt_bytes(box.get("output_bytes")))]
+    if code.get("exec_s"):
+        lines[-1] += "; programs ran %s s in all (p50 %s s, max %s s)" % (
+            _fmt_num(code["exec_s"]["total"]), _fmt_num(code["exec_s"]["p50"]), _fmt_num(code["exec_s"]["max"]))
+    if code["not_passed_total"]:
+        lines.append("programs that did not pass (%d%s):" % (code["not_passed_total"], ", first %d" % most
+                                                             if code["not_passed_total"] > most else ""))
+        for r in code["not_passed"][:most]:
+            lines.append("  %s: %s: %s" % (r["id"], r["verdict"], _truncate_output(r["why"], 160)))
+    return lines
+
+
+def _code_html(code: Dict[str, Any]) -> str:
+    """The HTML report's code section: verdict counts and the programs that did not pass with their output."""
+    h = ["<h2>Programs</h2><p>%s</p>" % "<br>".join(_esc(x) for x in _code_lines(code, most=0)[:2])]
+    if not code["not_passed"]:
+        return "".join(h) + "<p class=muted>Every checked program passed.</p>"
+    h.append("<table class=sortable id=programs><thead><tr><th>id</th><th>verdict</th><th>why</th><th>failing test"
+             "</th><th>output</th></tr></thead><tbody>")
+    for r in code["not_passed"]:
+        h.append("<tr><td>%s</td><td class=bad>%s</td><td>%s</td><td class=n>%s</td><td>%s</td></tr>" % (
+            _esc(r["id"]), _esc(r["verdict"]), _esc(r["why"]), "" if r["failing_test"] is None else
+            int(r["failing_test"]) + 1, _cut_details(r["output"], 200) if r["output"] else ""))
+    h.append("</tbody></table>")
+    if code["not_passed_total"] > len(code["not_passed"]):
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
+                 % (code["not_passed_total"] - len(code["not_passed"])))
+    return "".join(h)
 
 
 def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
@@ -11443,6 +11502,8 @@ def format_report(data: Dict[str, Any]) -> str:
     lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
     if data.get("swebench"):
         lines.append(_swe_line(data["swebench"]))
+    if data.get("code"):
+        lines.extend(_code_lines(data["code"]))
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
@@ -11755,6 +11816,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append("<p class=muted>No sample failed.</p>")
     if data["task"] == "swe":
         h.append(_swe_instances_html(run))
+    elif data.get("code"):
+        h.append(_code_html(data["code"]))
     elif run["samples"]:
         h.append(_qa_samples_html(run))
     h.append("<script>%s</script></body></html>" % _SORT_JS)

@@ -245,6 +245,29 @@ class TestDockerSandbox(_DockerCase):
                     self.assertTrue(r["program"], r)
         self.assert_no_containers()
 
+    def test_the_report_counts_each_verdict_and_lists_the_programs_that_did_not_pass(self):
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "lcb.jsonl"), LCB_ROWS)
+        out = os.path.join(d, "run")
+        self.assertEqual(self.run_code(path, _oracle_mock(self, path, 0.0), out).returncode, 0)
+        text = run_cli(["report", out], timeout=60)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("code verdicts (2 programs): failed 1, error 1", text.stdout)
+        self.assertIn("sandbox: docker image %s; per test 5.0 s, memory 2048 MB" % self.image, text.stdout)
+        self.assertRegex(text.stdout, r"\n  abc001_a: failed: test 1: ")
+        self.assertRegex(text.stdout, r"\n  lc-9: error: test 1: ")
+        data = json.loads(run_cli(["report", out, "--json"], timeout=60).stdout)["report"]["code"]
+        self.assertEqual((data["programs"], data["verdicts"], data["not_passed_total"]),
+                         (2, {"failed": 1, "error": 1}, 2))
+        self.assertEqual([(r["id"], r["verdict"], r["failing_test"]) for r in data["not_passed"]],
+                         [("abc001_a", "failed", 0), ("lc-9", "error", 0)])
+        self.assertEqual(run_cli(["report", out, "--html"], timeout=60).returncode, 0)
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            page = fh.read()
+        self.assertIn("<h2>Programs</h2>", page)
+        self.assertIn("<td>abc001_a</td><td class=bad>failed</td>", page)
+        self.assertIn("<td>lc-9</td><td class=bad>error</td>", page)
+
     def test_pass_at_k_from_epochs_with_the_unbiased_estimator(self):
         d = tempdir(self)
         path = write_jsonl(os.path.join(d, "mbpp.jsonl"), MBPP_ROWS)
