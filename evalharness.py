@@ -8647,6 +8647,8 @@ class _CodeSandbox:
         self._closed = False
         self._containers: List[Container] = []
         self._local_dir: Optional[str] = None
+        # the Python that runs the programs (the image's python3, asked once; local: this interpreter)
+        self.python: Optional[str] = sys.version.split()[0] if limits.sandbox == "local" else None
 
     def fingerprint(self) -> str:
         """What the verdicts depend on: the sandbox kind, its image and its limits."""
@@ -8731,6 +8733,16 @@ class _CodeSandbox:
             "--cap-add", "SETGID", "--cap-add", "KILL", "--security-opt", "no-new-privileges"], setup=False)
         with self._lock:
             self._containers.append(container)
+            ask = self.python is None
+            self.python = self.python or "?"
+        if ask:
+            try:
+                proc = self.docker.call(["exec", str(container.id), "python3", "-c", "import sys; print(sys.version"
+                                         ".split()[0])"], timeout_s=60, check=False)
+                self.python = proc.stdout.decode("utf-8", "replace").strip() or "?"
+            except DockerError:
+                pass
+            _log.info("code sandbox: image %s holds Python %s", c.image, self.python)
         return container
 
     def _job(self, runs: List[Dict[str, Any]], stop: bool, uid: Optional[int], workdir: str) -> Dict[str, Any]:
@@ -9045,9 +9057,12 @@ class _CodeKind(_Kind):
                 verdicts[r.get("verdict") or "?"] += 1
                 if r.get("verdict") != "passed":
                     failing_refs.append(r)
+        python = self.sandbox.python if self.sandbox is not None and self.sandbox.python != "?" else None
         summary["code"] = {"layout": self.layout, "mode": run.run_info_extra["mode"],
                            "sandbox": self.limits.sandbox, "image": self.limits.image if self.limits.sandbox ==
-                           "docker" else None, "verdicts": dict(sorted(verdicts.items()))}
+                           "docker" else None, "python": python, "verdicts": dict(sorted(verdicts.items()))}
+        if python and isinstance(run.run_info.get("sandbox"), dict):
+            run.run_info["sandbox"]["python"] = python
         line = "code: %s" % ", ".join("%s %d" % (v, verdicts[v]) for v in CODE_VERDICTS if verdicts.get(v))
         if run.cfg.code.check_reference:
             passed = verdicts.get("passed", 0)
@@ -11260,8 +11275,10 @@ def code_report(records: Sequence[Dict[str, Any]], info: Dict[str, Any], shown: 
 def _code_lines(code: Dict[str, Any], most: int = 10) -> List[str]:
     """The text report's lines for a code run: verdict counts, the sandbox, the programs that did not pass."""
     box = code.get("sandbox") or {}
-    where = ("docker image %s" % box.get("image") if box.get("sandbox") == "docker" else
-             "local subprocesses (not a security boundary)" if box.get("sandbox") == "local" else "?")
+    where = ("docker image %s%s" % (box.get("image"), " (Python %s)" % box["python"] if box.get("python") else "")
+             if box.get("sandbox") == "docker" else
+             "local subprocesses of Python %s (not a security boundary)" % box.get("python", "?")
+             if box.get("sandbox") == "local" else "?")
     lines = ["code verdicts (%d programs): %s" % (code["programs"], ", ".join(
         "%s %d" % kv for kv in code["verdicts"].items()) or "none"),
         "sandbox: %s; per test %s s, memory %s MB, processes %s, output %s" % (

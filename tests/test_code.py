@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -253,7 +254,8 @@ class TestDockerSandbox(_DockerCase):
         text = run_cli(["report", out], timeout=60)
         self.assertEqual(text.returncode, 0, text.stderr)
         self.assertIn("code verdicts (2 programs): failed 1, error 1", text.stdout)
-        self.assertIn("sandbox: docker image %s; per test 5.0 s, memory 2048 MB" % self.image, text.stdout)
+        self.assertRegex(text.stdout, r"sandbox: docker image %s \(Python 3\.\d+\.\d+\); per test 5\.0 s, "
+                                      r"memory 2048 MB" % re.escape(self.image))
         self.assertRegex(text.stdout, r"\n  abc001_a: failed: test 1: ")
         self.assertRegex(text.stdout, r"\n  lc-9: error: test 1: ")
         data = json.loads(run_cli(["report", out, "--json"], timeout=60).stdout)["report"]["code"]
