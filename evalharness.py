@@ -6974,8 +6974,9 @@ class _Runner:
                  breaker_threshold: int = BREAKER_THRESHOLD, done_before: int = 0, failed_before: int = 0,
                  status_extra: Optional[Callable[[], str]] = None,
                  after_append: Optional[Callable[[Dict[str, Any]], None]] = None,
-                 fingerprint: Optional[Callable[[Any], Dict[str, str]]] = None):
+                 fingerprint: Optional[Callable[[Any], Dict[str, str]]] = None, after_model: int = 0):
         self.store = store
+        self.after_model = after_model      # items a worker may hold past its model call (code: in the sandbox)
         self.fingerprint = fingerprint      # the run identity stamped on every record ("fp"), failed ones too
         self.status_extra = status_extra    # more text for the progress line (sessions, images)
         self.after_append = after_append    # called with each record once it is durable (SWE: preds.jsonl)
@@ -7002,8 +7003,9 @@ class _Runner:
         self._inbox: "queue.Queue[Any]" = queue.Queue(maxsize=max(2, 2 * workers))  # bounded: items are streamed
 
     def _ensure_workers(self) -> None:
-        """Start workers lazily, one more than the gate's limit (idle threads would only spin on the gate)."""
-        want = self.n_workers if self.gate is None else min(self.n_workers, self.gate.limit + 1)
+        """Start workers lazily, one more than the gate's limit (idle threads would only spin on the gate), plus
+        those whose items are past their model call (``after_model``: a code sample's program in the sandbox)."""
+        want = self.n_workers if self.gate is None else min(self.n_workers, self.gate.limit + 1 + self.after_model)
         with self._threads_lock:
             while len(self._threads) < want:
                 t = threading.Thread(target=self._worker, args=(self._inbox,),
@@ -9030,9 +9032,11 @@ class _CodeKind(_Kind):
         return (p for p in run.dataset.iter_items() if p.id not in run.done_ids)
 
     def runner_options(self, run: _Run) -> Dict[str, Any]:
+        # enough samples past their model call to fill every warm container's batch: the sandbox batches what waits
+        in_sandbox = run.cfg.code.workers * CODE_BATCH
         if run.gate is not None:
-            return super().runner_options(run)
-        return {"workers": max(1, 2 * run.cfg.code.workers), "gate": None}
+            return dict(super().runner_options(run), workers=run.gate.max_limit + in_sandbox, after_model=in_sandbox)
+        return {"workers": in_sandbox, "gate": None}
 
     def settle(self, run: _Run) -> None:
         assert run.store is not None
