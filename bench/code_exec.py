@@ -5,7 +5,7 @@ references, scored in the Docker sandbox by `evalharness run --task code`; then,
 execution (check_correctness in its thread pool) of the same 1,640 programs as the anchor. Prints programs per second
 of each and the ratio (goal: evalharness faster than the anchor).
 
-Usage: python3 bench/code_exec.py [--image IMAGE] [--epochs 10] [--workers 4] [--timeout 3]
+Usage: python3 bench/code_exec.py [--image IMAGE] [--epochs 10] [--workers 4] [--timeout 3] [--venv-dir DIR]
 """
 import argparse
 import io
@@ -29,10 +29,12 @@ def main():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=3.0)
+    ap.add_argument("--venv-dir", default=None, metavar="DIR",
+                    help="keep the virtualenv here and use it again next time (default: a temporary one)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="evalharness-code-exec-")
     try:
-        python, data = he.make_venv(tmp)
+        python, data = he.make_venv(args.venv_dir or tmp)
         problems = he.read_problems(data)
         oracle = eh.CodeDataset(data)
         with eh.MockServer(eh.MockConfig(model="m", skill=1.0), oracle=oracle) as mock:
