@@ -2,8 +2,8 @@
 """evalharness: evaluate LLM endpoints from one file, with nothing to install.
 
 Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
-hosted APIs) on question-answer sets and on SWE-bench-style agentic tasks in Docker containers (images delivered
-from tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
+hosted APIs) on question-answer sets, on code benchmarks run in a sandbox and on SWE-bench-style agentic tasks in
+Docker containers (images delivered from tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
 resumes, and every run writes a self-contained HTML report.
 
 Two commands a newcomer types:
@@ -12,8 +12,8 @@ Two commands a newcomer types:
 
 Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers):
     Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits, Gates, HTTP model client, Mock model server,
-    Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Runs, QA, SWE data and scoring,
-    SWE agent and runs, Scale-out, Report, CLI
+    Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Runs, QA, Code, Code sandbox,
+    SWE data and scoring, SWE agent and runs, Scale-out, Report, CLI, Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding a subclass of
 _Kind registered with @_kind (its ``name`` is the --task it answers to). Its hooks say how its rows are read and
@@ -481,6 +481,16 @@ def _fingerprint(obj: Any) -> str:
 
 def _write_json(path: str, obj: Any) -> None:
     _atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1000.0
+    return "?"
 
 
 def _percentile(sorted_values: Sequence[float], p: float) -> Optional[float]:
@@ -8461,7 +8471,12 @@ def code_verdict(p: CodeProblem, results: List[Dict[str, Any]], marker: str,
     return "passed", "", None
 
 
-# ----------------------------------------------------------------------------- the sandbox
+# =============================================================================
+# Code sandbox
+# =============================================================================
+# Where the code kind's programs run (warm containers, or explicitly local processes) and the kind itself: its
+# options, its lifecycle hooks, its summary and exit code.
+
 @_record
 class CodeLimits:
     """What a program may use (part of the score fingerprint: a change re-scores the stored programs)."""
@@ -12414,197 +12429,6 @@ def _add_image_options(p: argparse.ArgumentParser, only: Optional[Sequence[str]]
                         "$EVALHARNESS_KEEP_SWE_IMAGES is set)")
 
 
-def _docker_hosts(args: argparse.Namespace) -> List[str]:
-    """--docker-host, repeated or comma-separated, else $EVALHARNESS_DOCKER_HOSTS (empty: the default engine)."""
-    given = args.docker_host or [os.environ.get("EVALHARNESS_DOCKER_HOSTS", "")]
-    return [h for text in given for h in _split_list(text)]
-
-
-def _one_docker_host(args: argparse.Namespace) -> Optional[str]:
-    hosts = _docker_hosts(args)
-    if len(hosts) > 1:
-        raise ConfigError("images %s works on one engine at a time; run it once per --docker-host (got %s)"
-                          % (args.action, ", ".join(hosts)))
-    return hosts[0] if hosts else None
-
-
-def _split_list(text: Optional[str]) -> List[str]:
-    return [x.strip() for x in (text or "").split(",") if x.strip()]
-
-
-def _image_tars(args: argparse.Namespace) -> List[str]:
-    """The tar shipment directories: --image-tars, else $EVALHARNESS_IMAGE_TARS (an empty --image-tars: none)."""
-    return _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
-
-
-def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[bool] = None,
-                             on_event: Optional[Callable[..., None]] = None, sources: bool = True) -> ImageService:
-    docker = DockerCLI(args.engine, host=_one_docker_host(args))
-    tars = _image_tars(args)
-    keep = keep_images if keep_images is not None else args.keep_images
-    return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
-                        mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
-                        workers=args.image_workers, index_path=args.tar_index, keep_images=keep,
-                        on_event=on_event, mirror_timeout_s=args.mirror_timeout,
-                        keep_reason="" if keep_images is None else "images %s keeps what it delivers" % args.action)
-
-
-def _images_of_args(args: argparse.Namespace) -> List[str]:
-    images = [_normalize_ref(x) for x in getattr(args, "images", None) or []]
-    if getattr(args, "dataset", None):
-        images += dataset_images(args.dataset, getattr(args, "image_template", None))
-    images = list(dict.fromkeys(images))
-    if not images:
-        raise ConfigError("name the images: --dataset FILE (rows with 'image' or 'instance_id') or IMAGE arguments")
-    return images
-
-
-def _fmt_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1000.0
-    return "?"
-
-
-def _cmd_images(args: argparse.Namespace) -> int:
-    action = args.action
-    if action == "index":
-        dirs = args.dirs or _image_tars(args)
-        if not dirs:
-            raise ConfigError("images index: give directories (or --image-tars / EVALHARNESS_IMAGE_TARS)")
-        index = TarIndex(dirs, args.tar_index)
-        stats = index.refresh(progress=lambda line: _log.info("%s", line))
-        if args.json_out:
-            sys.stdout.write(json.dumps({"stats": stats, "index": index.path, "archives": {
-                f: {k: e.get(k) for k in ("layout", "size", "error", "scan_s")} for f, e in
-                index.archives().items()}, "images": {r: {"archive": e["archive"], "image_bytes": e["image_bytes"]}
-                                                      for r, e in index.images().items()}}, indent=2) + "\n")
-            return EXIT_OK
-        for f, e in sorted(index.archives().items()):
-            sys.stdout.write("%-60s %-6s %3d image(s) %10s%s\n" % (
-                f, e.get("layout") or "-", len(e.get("images") or {}), _fmt_bytes(e.get("size")),
-                "  ERROR " + e["error"] if e.get("error") else ""))
-        sys.stdout.write("%(archives)d archive(s): %(scanned)d scanned, %(reused)d unchanged; %(images)d image(s); "
-                         "%(seconds).2f s; index %(path)s\n" % dict(stats, path=index.path))
-        return EXIT_OK
-    if action == "release":
-        return _images_release(args)
-    images = _images_of_args(args)
-    if action == "plan":
-        return _images_plan(args, images)
-    if action == "push":
-        if not args.image_store:
-            raise ConfigError("images push needs --image-store URL|DIR")
-        store = ImageStore(args.image_store)
-        docker = DockerCLI(args.engine, host=_one_docker_host(args))
-        failed = 0
-        for i, ref in enumerate(images, 1):
-            t0 = time.monotonic()
-            try:
-                entry = store.push(docker, ref)
-            except HarnessError as exc:
-                failed += 1
-                _log.error("%s", _redact(exc))
-                continue
-            sys.stdout.write("pushed %d/%d %s: %s -> %s (sha256 %s… verified) in %.1f s\n" % (
-                i, len(images), ref, _fmt_bytes(entry["image_bytes"]), _fmt_bytes(entry["size"]),
-                entry["sha256"][:12], time.monotonic() - t0))
-        return EXIT_FAILURE if failed else EXIT_OK
-    # load / pull: deliver with progress and keep what arrives (a pre-warm for a later run)
-    if action == "pull" and not args.image_store:
-        raise ConfigError("images pull needs --image-store URL|DIR")
-    service = _image_service_from_args(args, keep_images=True, sources=action == "load")
-    t0 = time.monotonic()
-
-    def render() -> str:
-        sts = service.statuses()
-        ready = sum(1 for s in sts if s.state == "ready")
-        failed_n = sum(1 for s in sts if s.state == "failed")
-        loaded = sum(s.bytes or 0 for s in sts if s.state == "ready")
-        return "images %d/%d ready, %d failed, %d waiting · %s loaded · %s" % (
-            ready, len(images), failed_n, len(sts) - ready - failed_n, _fmt_bytes(loaded),
-            _fmt_duration(time.monotonic() - t0))
-
-    progress = _Progress(render, enabled=args.progress).start()
-    failures = []
-    try:
-        service.register(images)
-        for ref in images:
-            try:
-                service.wait_ready(ref, timeout_s=args.timeout)
-            except ImageError as exc:
-                failures.append(str(exc))
-    finally:
-        progress.close()
-        service.close()
-    for st in service.statuses():
-        if st.state == "ready":
-            sys.stdout.write("%-70s ready  %-12s %s\n" % (st.image, st.source, _fmt_bytes(st.bytes)
-                                                          if st.bytes else ""))
-    for err in failures:
-        sys.stdout.write("FAILED %s\n" % _redact(err))
-    return EXIT_FAILURE if failures else EXIT_OK
-
-
-def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
-    with _image_service_from_args(args, keep_images=True) as service:
-        rows = service.plan(images)  # (an engine that does not answer is warned about there)
-    docker = service.docker
-    counts = collections.Counter(r[1].split(" ")[0] for r in rows)
-    need = sum(r[2] or 0 for r in rows if r[1] != "present")
-    if args.json_out:
-        sys.stdout.write(json.dumps({"images": [{"image": r[0], "source": r[1], "bytes": r[2]} for r in rows],
-                                     "counts": dict(counts), "bytes_needed": need}, indent=2) + "\n")
-    else:
-        for ref, source, nbytes in rows:
-            sys.stdout.write("%-70s %-10s %s\n" % (ref, _fmt_bytes(nbytes) if nbytes else "", source))
-        root = docker.root_dir()
-        free = None
-        if root:
-            try:
-                free = shutil.disk_usage(root).free
-            except OSError:
-                free = None
-        sys.stdout.write("%d image(s): %s; to load: %s (layers shared with present images count once or not at "
-                         "all, so this is an upper bound); free at %s: %s%s\n" % (
-                             len(rows), ", ".join("%d %s" % (n, k) for k, n in sorted(counts.items())),
-                             _fmt_bytes(need), root or "the engine's store", _fmt_bytes(free),
-                             "  NOT ENOUGH" if free is not None and free < need else ""))
-    return EXIT_FAILURE if counts.get("missing") else EXIT_OK
-
-
-def _images_release(args: argparse.Namespace) -> int:
-    docker = DockerCLI(args.engine, host=_one_docker_host(args))
-    path = os.environ.get("EVALHARNESS_IMAGE_STATE") or DEFAULT_IMAGE_STATE
-    state = _read_image_state(path)
-    removed, kept, failed = [], [], 0
-    for ref, info in sorted(state.items()):
-        owner = str(info.get("owner") or "")
-        alive = _owner_alive(owner) if owner else _pid_alive(int(info.get("pid") or 0))
-        if not args.all and alive is not False and owner != _owner_label():
-            kept.append(ref)  # its process still runs (or ran on another host): it releases its own images
-            continue
-        try:
-            docker.rmi([ref])
-            removed.append(ref)
-        except DockerError as exc:
-            if re.search(r"no such image|not found|image not known", exc.stderr, re.I):
-                removed.append(ref)  # already gone: forget it
-            else:
-                failed += 1
-                _log.error("%s", exc)
-    _update_image_state(path, remove=removed)
-    for ref in removed:
-        sys.stdout.write("removed %s\n" % ref)
-    sys.stdout.write("%d removed, %d kept%s, %d failed\n" % (
-        len(removed), len(kept), " (their loading process is still running; --all removes them too)" if kept else "",
-        failed))
-    return EXIT_FAILURE if failed else EXIT_OK
-
-
 def _parser_demo(sub: Any, text: str) -> Any:
     demo = sub.add_parser("demo", help=text,
                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXIT_CODES_HELP,
@@ -12933,6 +12757,193 @@ def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
                        help="debug logging on stderr: requests retried, the endpoint's pre-flight, engine commands "
                             "(default: off)")
     return parser
+
+
+# =============================================================================
+# Commands
+# =============================================================================
+# What each command does with its parsed options (the handlers _COMMANDS names), and main().
+
+
+def _docker_hosts(args: argparse.Namespace) -> List[str]:
+    """--docker-host, repeated or comma-separated, else $EVALHARNESS_DOCKER_HOSTS (empty: the default engine)."""
+    given = args.docker_host or [os.environ.get("EVALHARNESS_DOCKER_HOSTS", "")]
+    return [h for text in given for h in _split_list(text)]
+
+
+def _one_docker_host(args: argparse.Namespace) -> Optional[str]:
+    hosts = _docker_hosts(args)
+    if len(hosts) > 1:
+        raise ConfigError("images %s works on one engine at a time; run it once per --docker-host (got %s)"
+                          % (args.action, ", ".join(hosts)))
+    return hosts[0] if hosts else None
+
+
+def _split_list(text: Optional[str]) -> List[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _image_tars(args: argparse.Namespace) -> List[str]:
+    """The tar shipment directories: --image-tars, else $EVALHARNESS_IMAGE_TARS (an empty --image-tars: none)."""
+    return _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
+
+
+def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[bool] = None,
+                             on_event: Optional[Callable[..., None]] = None, sources: bool = True) -> ImageService:
+    docker = DockerCLI(args.engine, host=_one_docker_host(args))
+    tars = _image_tars(args)
+    keep = keep_images if keep_images is not None else args.keep_images
+    return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
+                        mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
+                        workers=args.image_workers, index_path=args.tar_index, keep_images=keep,
+                        on_event=on_event, mirror_timeout_s=args.mirror_timeout,
+                        keep_reason="" if keep_images is None else "images %s keeps what it delivers" % args.action)
+
+
+def _images_of_args(args: argparse.Namespace) -> List[str]:
+    images = [_normalize_ref(x) for x in getattr(args, "images", None) or []]
+    if getattr(args, "dataset", None):
+        images += dataset_images(args.dataset, getattr(args, "image_template", None))
+    images = list(dict.fromkeys(images))
+    if not images:
+        raise ConfigError("name the images: --dataset FILE (rows with 'image' or 'instance_id') or IMAGE arguments")
+    return images
+
+
+def _cmd_images(args: argparse.Namespace) -> int:
+    action = args.action
+    if action == "index":
+        dirs = args.dirs or _image_tars(args)
+        if not dirs:
+            raise ConfigError("images index: give directories (or --image-tars / EVALHARNESS_IMAGE_TARS)")
+        index = TarIndex(dirs, args.tar_index)
+        stats = index.refresh(progress=lambda line: _log.info("%s", line))
+        if args.json_out:
+            sys.stdout.write(json.dumps({"stats": stats, "index": index.path, "archives": {
+                f: {k: e.get(k) for k in ("layout", "size", "error", "scan_s")} for f, e in
+                index.archives().items()}, "images": {r: {"archive": e["archive"], "image_bytes": e["image_bytes"]}
+                                                      for r, e in index.images().items()}}, indent=2) + "\n")
+            return EXIT_OK
+        for f, e in sorted(index.archives().items()):
+            sys.stdout.write("%-60s %-6s %3d image(s) %10s%s\n" % (
+                f, e.get("layout") or "-", len(e.get("images") or {}), _fmt_bytes(e.get("size")),
+                "  ERROR " + e["error"] if e.get("error") else ""))
+        sys.stdout.write("%(archives)d archive(s): %(scanned)d scanned, %(reused)d unchanged; %(images)d image(s); "
+                         "%(seconds).2f s; index %(path)s\n" % dict(stats, path=index.path))
+        return EXIT_OK
+    if action == "release":
+        return _images_release(args)
+    images = _images_of_args(args)
+    if action == "plan":
+        return _images_plan(args, images)
+    if action == "push":
+        if not args.image_store:
+            raise ConfigError("images push needs --image-store URL|DIR")
+        store = ImageStore(args.image_store)
+        docker = DockerCLI(args.engine, host=_one_docker_host(args))
+        failed = 0
+        for i, ref in enumerate(images, 1):
+            t0 = time.monotonic()
+            try:
+                entry = store.push(docker, ref)
+            except HarnessError as exc:
+                failed += 1
+                _log.error("%s", _redact(exc))
+                continue
+            sys.stdout.write("pushed %d/%d %s: %s -> %s (sha256 %s… verified) in %.1f s\n" % (
+                i, len(images), ref, _fmt_bytes(entry["image_bytes"]), _fmt_bytes(entry["size"]),
+                entry["sha256"][:12], time.monotonic() - t0))
+        return EXIT_FAILURE if failed else EXIT_OK
+    # load / pull: deliver with progress and keep what arrives (a pre-warm for a later run)
+    if action == "pull" and not args.image_store:
+        raise ConfigError("images pull needs --image-store URL|DIR")
+    service = _image_service_from_args(args, keep_images=True, sources=action == "load")
+    t0 = time.monotonic()
+
+    def render() -> str:
+        sts = service.statuses()
+        ready = sum(1 for s in sts if s.state == "ready")
+        failed_n = sum(1 for s in sts if s.state == "failed")
+        loaded = sum(s.bytes or 0 for s in sts if s.state == "ready")
+        return "images %d/%d ready, %d failed, %d waiting · %s loaded · %s" % (
+            ready, len(images), failed_n, len(sts) - ready - failed_n, _fmt_bytes(loaded),
+            _fmt_duration(time.monotonic() - t0))
+
+    progress = _Progress(render, enabled=args.progress).start()
+    failures = []
+    try:
+        service.register(images)
+        for ref in images:
+            try:
+                service.wait_ready(ref, timeout_s=args.timeout)
+            except ImageError as exc:
+                failures.append(str(exc))
+    finally:
+        progress.close()
+        service.close()
+    for st in service.statuses():
+        if st.state == "ready":
+            sys.stdout.write("%-70s ready  %-12s %s\n" % (st.image, st.source, _fmt_bytes(st.bytes)
+                                                          if st.bytes else ""))
+    for err in failures:
+        sys.stdout.write("FAILED %s\n" % _redact(err))
+    return EXIT_FAILURE if failures else EXIT_OK
+
+
+def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
+    with _image_service_from_args(args, keep_images=True) as service:
+        rows = service.plan(images)  # (an engine that does not answer is warned about there)
+    docker = service.docker
+    counts = collections.Counter(r[1].split(" ")[0] for r in rows)
+    need = sum(r[2] or 0 for r in rows if r[1] != "present")
+    if args.json_out:
+        sys.stdout.write(json.dumps({"images": [{"image": r[0], "source": r[1], "bytes": r[2]} for r in rows],
+                                     "counts": dict(counts), "bytes_needed": need}, indent=2) + "\n")
+    else:
+        for ref, source, nbytes in rows:
+            sys.stdout.write("%-70s %-10s %s\n" % (ref, _fmt_bytes(nbytes) if nbytes else "", source))
+        root = docker.root_dir()
+        free = None
+        if root:
+            try:
+                free = shutil.disk_usage(root).free
+            except OSError:
+                free = None
+        sys.stdout.write("%d image(s): %s; to load: %s (layers shared with present images count once or not at "
+                         "all, so this is an upper bound); free at %s: %s%s\n" % (
+                             len(rows), ", ".join("%d %s" % (n, k) for k, n in sorted(counts.items())),
+                             _fmt_bytes(need), root or "the engine's store", _fmt_bytes(free),
+                             "  NOT ENOUGH" if free is not None and free < need else ""))
+    return EXIT_FAILURE if counts.get("missing") else EXIT_OK
+
+
+def _images_release(args: argparse.Namespace) -> int:
+    docker = DockerCLI(args.engine, host=_one_docker_host(args))
+    path = os.environ.get("EVALHARNESS_IMAGE_STATE") or DEFAULT_IMAGE_STATE
+    state = _read_image_state(path)
+    removed, kept, failed = [], [], 0
+    for ref, info in sorted(state.items()):
+        owner = str(info.get("owner") or "")
+        alive = _owner_alive(owner) if owner else _pid_alive(int(info.get("pid") or 0))
+        if not args.all and alive is not False and owner != _owner_label():
+            kept.append(ref)  # its process still runs (or ran on another host): it releases its own images
+            continue
+        try:
+            docker.rmi([ref])
+            removed.append(ref)
+        except DockerError as exc:
+            if re.search(r"no such image|not found|image not known", exc.stderr, re.I):
+                removed.append(ref)  # already gone: forget it
+            else:
+                failed += 1
+                _log.error("%s", exc)
+    _update_image_state(path, remove=removed)
+    for ref in removed:
+        sys.stdout.write("removed %s\n" % ref)
+    sys.stdout.write("%d removed, %d kept%s, %d failed\n" % (
+        len(removed), len(kept), " (their loading process is still running; --all removes them too)" if kept else "",
+        failed))
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
