@@ -461,6 +461,13 @@ class TestSecrets(unittest.TestCase):
             for fragment in (self.KEY, self.KEY[:8], self.KEY[-6:]):
                 self.assertNotIn(fragment, text)
 
+    def test_a_key_echoed_masked_is_scrubbed_by_its_head_or_its_tail(self):
+        eh._register_secret(self.KEY)  # KEY[:8] is "sk-proj-", KEY[-6:] "Xy91Lm"
+        self.assertEqual(eh._redact("Incorrect API key provided: sk-proj-Zq7w************91Lm. See docs."),
+                         "Incorrect API key provided: [REDACTED] See docs.")
+        self.assertEqual(eh._redact("key ...Xy91Lm rejected"), "key [REDACTED] rejected")
+        self.assertEqual(eh._redact("key sk-other-Zq7w rejected"), "key sk-other-Zq7w rejected")
+
     def test_authorization_header_is_sent_when_key_is_set(self):
         srv = start_script(self, json_ok())
         client(srv.url, stream=False).chat(MESSAGES)

@@ -107,6 +107,16 @@ class TestLayouts(unittest.TestCase):
         with self.assertRaisesRegex(eh.DatasetError, "decodes to list, not a JSON string"):
             eh.CodeDataset(write_jsonl(path, [row]))
 
+    def test_an_encoded_test_field_naming_a_builtin_is_refused_too(self):
+        class Builtin:  # builtins hold eval and exec: no reference is safe, however ordinary its module
+            def __reduce__(self):
+                return (eval, ("'[]'",))
+        row = dict(LCB_ROWS[0], private_test_cases=base64.b64encode(zlib.compress(pickle.dumps(Builtin()))).decode())
+        with self.assertRaises(eh.DatasetError) as cm:
+            eh.CodeDataset(write_jsonl(os.path.join(tempdir(self), "lcb.jsonl"), [row]))
+        self.assertIn("lcb.jsonl:1", str(cm.exception))
+        self.assertIn("refused builtins.eval: only a plain string may come out", str(cm.exception))
+
     def test_a_row_missing_a_field_is_one_line_naming_file_line_field_and_columns(self):
         rows = [HE_ROWS[0], {k: v for k, v in HE_ROWS[1].items() if k != "test"}]
         path = write_jsonl(os.path.join(tempdir(self), "he.jsonl"), rows)

@@ -535,6 +535,17 @@ class TestOverloadAndDrain(unittest.TestCase):
         drive(gate, clock, lambda c: 10.0, 100)
         self.assertEqual(gate.limit, 5)
 
+    def test_an_algorithm_s_limit_outside_the_gate_s_bounds_is_clamped_to_them(self):
+        clock = Clock()
+        self.assertEqual(eh.AdaptiveGate(4, 2, 8, clock=clock, algorithm=eh.FixedLimit(1)).limit, 2)
+        gate = eh.AdaptiveGate(4, 2, 8, clock=clock, algorithm=eh.FixedLimit(20))
+        self.assertEqual(gate.limit, 8)
+        permits = [gate.try_acquire() for _ in range(9)]
+        self.assertEqual((gate.in_flight, permits[-1]), (8, None))
+        for permit in permits[:-1]:  # each success passes the algorithm's 20 through the gate's one door again
+            gate.release(permit, "ok", 100)
+        self.assertEqual((gate.limit, gate.in_flight), (8, 0))
+
     def test_limit_events_are_reported(self):
         clock = Clock()
         gate = eh.AdaptiveGate(10, 1, 100, clock=clock)

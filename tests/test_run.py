@@ -1,4 +1,5 @@
 """End to end: the `run` command in a subprocess against the mock model in this process, over real loopback HTTP."""
+import io
 import json
 import os
 import re
@@ -245,6 +246,20 @@ class TestFailures(RunCase):
         self.assertEqual(res.returncode, 0, res.stderr)
         self.assertEqual(mock.stats()["counters"]["requests"], 60)
 
+    def test_a_run_appends_its_endpoint_host_to_no_proxy_unless_use_proxy(self):
+        """What the run starts (docker, a judge, an image store client) bypasses a proxy for the endpoint too."""
+        mock = start_mock(self, oracle_rows=self.rows)
+        for use_proxy, want in ((True, "example.internal"), (False, "example.internal,127.0.0.1")):
+            env = {"NO_PROXY": "example.internal", "no_proxy": "example.internal",
+                   "EVALHARNESS_LIMITS_FILE": os.path.join(self.dir, "limits.json")}
+            with unittest.mock.patch.dict(os.environ, env):
+                for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+                    os.environ.pop(var, None)  # (--use-proxy would send the requests to a proxy of this machine)
+                cfg = eh.RunConfig(dataset=self.dataset, model="m", base_url=mock.url, progress=False,
+                                   out=os.path.join(self.dir, "run-%s" % use_proxy), use_proxy=use_proxy)
+                code, _ = eh.run_qa(cfg, stdout=io.StringIO())
+                self.assertEqual((code, os.environ["NO_PROXY"], os.environ["no_proxy"]), (0, want, want), use_proxy)
+
     def test_injected_faults_end_with_every_sample_scored_or_failed_with_a_reason(self):
         mock = start_mock(self, oracle_rows=self.rows, retry_after_s=0.05, hang_s=30,
                           faults=eh.parse_faults("429=0.15,503=0.1,reset=0.05,hang=0.03,malformed=0.05,"
@@ -264,6 +279,23 @@ class TestFailures(RunCase):
         counters = mock.stats()["counters"]
         for kind in ("429", "503", "reset", "hang", "malformed", "truncate"):
             self.assertGreater(counters.get("fault_" + kind, 0), 0, kind)
+
+
+class TestCircuitBreaker(unittest.TestCase):
+    """The breaker on its own, fed finished records (no threads, no endpoint)."""
+
+    def test_trips_once_at_the_12th_consecutive_failure_saying_the_endpoint_is_unusable(self):
+        breaker = eh._CircuitBreaker()
+        auth = {"id": "s", "status": "failed", "error_class": "auth"}
+        self.assertEqual([breaker.record(auth) for _ in range(13)], [False] * 11 + [True, False])
+
+    def test_a_success_resets_the_count_and_other_failures_neither_count_nor_reset_it(self):
+        breaker = eh._CircuitBreaker(3)
+        fed = [("failed", "unreachable"), ("failed", "not_found"), ("ok", None), ("failed", "auth"),
+               ("failed", "docker"), ("failed", "server_error"), ("failed", "bad_request"), ("failed", "timeout"),
+               ("failed", "unreachable")]
+        got = [breaker.record({"id": "s%d" % i, "status": st, "error_class": cls}) for i, (st, cls) in enumerate(fed)]
+        self.assertEqual(got, [False] * 8 + [True])
 
 
 class TestReasoningModels(RunCase):
