@@ -3277,6 +3277,42 @@ class ClientConfig:
 
 
 @_record(frozen=False)
+class CompletionsResult:
+    """One successful /v1/completions reply: per prompt, its tokens with their log-probabilities."""
+
+    choices: Tuple[Dict[str, Any], ...]  # {"tokens", "token_logprobs", "top_logprobs", "text_offset", "text"}
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: Optional[str] = None
+    ttft_s: Optional[float] = None
+    attempts: int = 1
+    wall_s: float = 0.0
+
+
+def _completion_logprobs(choice: Dict[str, Any]) -> Dict[str, Any]:
+    """A completions choice's log-probabilities in the legacy shape (tokens, token_logprobs, top_logprobs,
+    text_offset, ``echoed`` True); the newer shape (``content``: [{token, logprob, top_logprobs}], llama-server's)
+    is read too: its tokens are the generated ones only (it echoes no prompt: ``echoed`` False)."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": [],
+                "text": choice.get("text") or "", "echoed": False}
+    if "content" in lp and "tokens" not in lp:
+        content = lp.get("content") or []
+        return {"tokens": [c.get("token") for c in content], "token_logprobs": [c.get("logprob") for c in content],
+                "top_logprobs": [{t.get("token"): t.get("logprob") for t in c.get("top_logprobs") or []}
+                                 for c in content], "text_offset": [], "text": choice.get("text") or "",
+                "echoed": False}
+    tokens, values = list(lp["tokens"]), list(lp["token_logprobs"])
+    if len(values) != len(tokens):
+        raise ValueError("%d log-probabilities for %d tokens" % (len(values), len(tokens)))
+    return {"tokens": tokens, "token_logprobs": values,
+            "top_logprobs": list(lp.get("top_logprobs") or [None] * len(tokens)),
+            "text_offset": list(lp.get("text_offset") or []), "text": choice.get("text") or "", "echoed": True}
+
+
+@_record(frozen=False)
 class ChatResult:
     """One successful chat completion and how it went."""
 
@@ -4100,6 +4136,90 @@ class ModelClient:
              tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
         """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
         (kind, status, attempts) at the end."""
+        return self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
+
+    def completions(self, prompts: Sequence[Any], *, max_tokens: int = 1, logprobs: int = 1,
+                    echo: bool = True) -> "CompletionsResult":
+        """One ``/v1/completions`` request for several prompts (text, or token ids) asking for the prompt tokens'
+        log-probabilities (``echo``), with the same gate, retries and outage rules as chat."""
+        return self._with_retries(lambda: self._request_completions(prompts, max_tokens, logprobs, echo))
+
+    def _request_completions(self, prompts: Sequence[Any], max_tokens: int, logprobs: int,
+                             echo: bool) -> "CompletionsResult":
+        cfg = self.config
+        body: Dict[str, Any] = {"model": cfg.model, "prompt": list(prompts) if len(prompts) > 1 else prompts[0],
+                                "max_tokens": max_tokens, "logprobs": logprobs, "echo": echo, "temperature": 0}
+        if cfg.seed is not None:
+            body["seed"] = cfg.seed
+        if cfg.extra_body:
+            body.update(cfg.extra_body)
+        url = cfg.base_url + "/completions"
+        t0 = time.monotonic()
+        raw = self._post(url, body, cfg.request_timeout_s)
+        latency = time.monotonic() - t0
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            choices = sorted(data["choices"], key=lambda c: int(c.get("index") or 0))
+            if len(choices) != len(prompts):
+                raise ValueError("%d choices for %d prompts" % (len(choices), len(prompts)))
+            usage = data.get("usage") or {}
+            return CompletionsResult(choices=tuple(_completion_logprobs(c) for c in choices), latency_s=latency,
+                                     prompt_tokens=_token_count(usage, "prompt_tokens") or 0,
+                                     completion_tokens=_token_count(usage, "completion_tokens") or 0,
+                                     model=str(data["model"]) if data.get("model") is not None else None)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ModelAPIError("malformed response from %s (%s: %s): %r" % (
+                url, type(exc).__name__, exc, raw[:200]), kind="malformed") from None
+
+    def tokenize(self, url: str, body: Dict[str, Any], *, retries: bool = True) -> List[int]:
+        """The token ids a tokenizer endpoint (``url``: vLLM's, SGLang's or llama.cpp's /tokenize,
+        llama-cpp-python's /extras/tokenize) gives for ``body``'s text; through the gate and the retries unless
+        ``retries`` is False (the pre-flight's probing of which endpoint exists)."""
+        def attempt() -> CompletionsResult:
+            raw = self._post(url, dict(body, model=self.config.model), self.config.request_timeout_s)
+            try:
+                ids = json.loads(raw.decode("utf-8"))["tokens"]
+                if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                        for t in ids):
+                    raise ValueError("tokens must be a list of token ids")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ModelAPIError("malformed response from %s (%s: %s): %r" % (
+                    url, type(exc).__name__, exc, raw[:200]), kind="malformed") from None
+            return CompletionsResult(choices=({"tokens": ids},))
+        res = self._with_retries(attempt) if retries else attempt()
+        return list(res.choices[0]["tokens"])
+
+    def _post(self, url: str, body: Dict[str, Any], timeout_s: float) -> bytes:
+        """One JSON POST (not streamed); the whole body, read within the deadline; errors as ModelAPIError."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "User-Agent": "evalharness/" + __version__}
+        if self._api_key:
+            headers["Authorization"] = "Bearer " + self._api_key
+        req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
+        t0 = time.monotonic()
+        try:
+            resp = self._opener.open(req, timeout=timeout_s)
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = _error_detail(exc.read())
+            except Exception:  # the body itself may fail to arrive
+                detail = ""
+            raise ModelAPIError("HTTP %d from %s: %s" % (exc.code, url, detail or exc.reason),
+                                kind=_http_failure(exc.code)[0], status=exc.code,
+                                retry_after_s=_retry_after_s(exc.headers.get("Retry-After")))
+        except urllib.error.URLError as exc:
+            raise self._network_error(exc.reason, before_response=True) from None
+        except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
+            raise self._network_error(exc, before_response=True) from None
+        try:
+            with resp:
+                return b"".join(self._chunks(resp, t0 + timeout_s))
+        except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
+            raise self._network_error(exc) from None
+
+    def _with_retries(self, attempt: Callable[[], Any]) -> Any:
+        """``attempt()`` (one request: a ChatResult or CompletionsResult) under a gate permit each time, retried
+        with backoff by the failure rules; the result carries its attempts and wall time."""
         cfg = self.config
         t_start = time.monotonic()
         attempts = 0
@@ -4113,7 +4233,7 @@ class ModelClient:
             t_attempt = time.monotonic()
             outcome, tokens, ttft = "ignore", 0, None
             try:
-                result = self._request(messages, cfg.request_timeout_s, tools, seed)
+                result = attempt()
                 outcome, tokens, ttft = "ok", result.completion_tokens, result.ttft_s
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
@@ -4188,6 +4308,7 @@ class MockConfig:
     server_kind: str = "mock"          # how /v1/models (and /props, /info) look: one of MOCK_SERVER_KINDS
     context_len: int = 0               # the served context in tokens (listed as the kind does; enforced); 0 = none
     reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
+    tokenizer: bool = True             # offer /tokenize (vLLM's shape; llama.cpp kind: its own); False: none
 
 
 # The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
@@ -4258,6 +4379,71 @@ def _unit_hash(*parts: Any) -> float:
     """A deterministic number in [0, 1) from the parts (stable across processes, unlike hash())."""
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0 ** 64
+
+
+# The mock's language model, for /v1/completions: a token is a word with the whitespace before it (trailing
+# whitespace is a token of its own), and its log-probability is -(1 + 0.1 x its characters), whatever came before:
+# a test knows the exact log-likelihood of any text. The top token at each position is the token itself when it has
+# at most two characters, else " a" (-1.2). A token's id encodes its text (0 is end-of-text): no vocabulary to keep.
+_TOY_TOKEN_RE = _LazyPattern(r"\s*\S+|\s+")
+TOY_EOT = 0
+TOY_TOP = " a"
+
+
+def toy_tokens(text: str) -> List[str]:
+    return _TOY_TOKEN_RE.findall(text)
+
+
+def toy_logprob(token: str) -> float:
+    return -(1.0 + 0.1 * len(token))
+
+
+def toy_id(token: str) -> int:
+    return int.from_bytes(b"\x01" + token.encode("utf-8"), "big")
+
+
+def toy_token(token_id: int) -> str:
+    if token_id == TOY_EOT:
+        return ""
+    raw = int(token_id).to_bytes((int(token_id).bit_length() + 7) // 8, "big")
+    if not raw.startswith(b"\x01"):
+        raise ValueError("token id %d is not one of the mock's" % token_id)
+    return raw[1:].decode("utf-8")
+
+
+def _toy_completion(prompt: Any, max_tokens: int, echo: bool, logprobs: Optional[int], newer: bool,
+                    ) -> Dict[str, Any]:
+    """One /v1/completions choice of the toy model: the prompt (text or token ids) echoed with its tokens'
+    log-probabilities (the first is null: nothing predicts it), then ``max_tokens`` greedy tokens. ``newer``: the
+    shape llama-server answers in (``logprobs.content``, generated tokens only, no echo)."""
+    if isinstance(prompt, str):
+        tokens = toy_tokens(prompt)
+    else:
+        tokens = ["<|endoftext|>" if t == TOY_EOT else toy_token(t) for t in prompt]
+    generated = [TOY_TOP] * max_tokens
+
+    def top(tok: str) -> Dict[str, float]:
+        best = tok if len(tok) <= 2 else TOY_TOP
+        return {best: toy_logprob(best)}
+    if newer:
+        content = [{"token": t, "logprob": toy_logprob(t), "top_logprobs": [{"token": k, "logprob": v}
+                                                                          for k, v in top(t).items()]}
+                   for t in generated]
+        return {"text": "".join(generated), "logprobs": {"content": content} if logprobs else None,
+                "finish_reason": "length"}
+    shown = (tokens if echo else []) + generated
+    values: List[Optional[float]] = [toy_logprob(t) if t != "<|endoftext|>" else None for t in shown]
+    tops: List[Optional[Dict[str, float]]] = [top(t) for t in shown]
+    if echo and tokens:
+        values[0], tops[0] = None, None
+    offsets, at = [], 0
+    for t in shown:
+        offsets.append(at)
+        at += 0 if t == "<|endoftext|>" else len(t)
+    text = "".join("" if t == "<|endoftext|>" else t for t in shown)
+    return {"text": text, "finish_reason": "length", "logprobs": {
+        "tokens": shown, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets} if logprobs else None,
+        "_prompt_tokens": len(tokens), "_completion_tokens": len(generated)}
 
 
 def _oracle_reply(item: QAItem, correct: bool) -> str:
@@ -4425,7 +4611,12 @@ class _MockHandler:
 
     def do_POST(self) -> None:
         st, cfg = self.state, self.state.config
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+        path = self.path.rstrip("/")
+        if path in ("/v1/completions", "/completions", "/tokenize", "/extras/tokenize"):
+            if self._authorized():
+                self._completions_or_tokens(path)
+            return
+        if path not in ("/v1/chat/completions", "/chat/completions"):
             self._error(404, "no route %s" % self.path)
             return
         if not self._authorized():
@@ -4485,6 +4676,52 @@ class _MockHandler:
             self._serve(req, messages, key, stream, include_usage, fault)
         finally:
             self._uncount()
+
+    def _completions_or_tokens(self, path: str) -> None:
+        """/v1/completions from the toy model (``_toy_completion``), or a tokenizer endpoint: vLLM's and SGLang's
+        /tokenize ({prompt} or {content}), llama-cpp-python's /extras/tokenize ({input})."""
+        st, cfg = self.state, self.state.config
+        try:
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8"))
+            if not isinstance(req, dict):
+                raise ValueError("the body must be a JSON object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._error(400, "bad request: %s" % exc)
+            return
+        with st.lock:
+            st.counters["requests"] += 1
+            st.counters[path.rsplit("/", 1)[-1]] += 1
+        if path.endswith("tokenize"):
+            text = req.get("input") if path == "/extras/tokenize" else req.get("prompt", req.get("content"))
+            if not cfg.tokenizer or not isinstance(text, str):
+                self._error(404 if not cfg.tokenizer else 400, "no route %s" % self.path if not cfg.tokenizer
+                            else "bad request: the text to tokenize is missing")
+                return
+            ids = [toy_id(t) for t in toy_tokens(text)]
+            self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": cfg.context_len or None})
+            return
+        if cfg.ttft_s:  # the time a prefill takes (tests that stop a run mid-way need requests that last)
+            st.closing.wait(cfg.ttft_s)
+        prompt = req.get("prompt")
+        many = isinstance(prompt, list) and prompt and (isinstance(prompt[0], (str, list)))
+        prompts = list(prompt) if many else [prompt]
+        try:
+            if not prompts or not all(isinstance(p, str) or (isinstance(p, list) and all(
+                    isinstance(t, int) for t in p)) for p in prompts):
+                raise ValueError("prompt must be text, token ids, or a list of either")
+            max_tokens = int(req.get("max_tokens", 16))
+            newer = cfg.server_kind == "llama.cpp"  # llama-server: generated tokens' log-probabilities only
+            choices = [_toy_completion(p, max_tokens, bool(req.get("echo")), req.get("logprobs"), newer)
+                       for p in prompts]
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            self._error(400, "bad request: %s" % exc)
+            return
+        usage = {"prompt_tokens": sum(c.pop("_prompt_tokens", 0) for c in choices),
+                 "completion_tokens": sum(c.pop("_completion_tokens", max_tokens) for c in choices)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        self._json(200, {"id": "cmpl-mock", "object": "text_completion", "created": int(time.time()),
+                         "model": cfg.reply_model or req.get("model") or cfg.model,
+                         "choices": [dict(c, index=i) for i, c in enumerate(choices)], "usage": usage})
 
     def _uncount(self) -> None:
         """Stop counting this request as active (before its last bytes go out, so a client that has read them
@@ -7276,6 +7513,7 @@ class RunConfig:
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
     code: "CodeOptions" = _Factory(lambda: CodeOptions())  # --task code: the sandbox and its limits
+    choice: "ChoiceOptions" = _Factory(lambda: ChoiceOptions())  # --task choice: few-shot examples
     image_tars: Tuple[str, ...] = ()
     image_store: Optional[str] = None
     image_mirrors: Tuple[str, ...] = ()
@@ -9106,6 +9344,490 @@ class _CodeKind(_Kind):
         what = "code (reference check)" if run.cfg.code.check_reference else "code"
         return "evalharness %s | model %s | dataset %s | %s" % (what, run.model, run.dataset.name +
                                                                  _shard_label(run.cfg.shard), status)
+
+
+# =============================================================================
+# Log-likelihood
+# =============================================================================
+# Base checkpoints scored by log-likelihood over /v1/completions (the prompt echoed with its tokens'
+# log-probabilities), as lm-evaluation-harness's local-completions does: --task choice scores each choice of a
+# multiple-choice row as a continuation of its context (acc, acc_norm). The pre-flight refuses, before anything is
+# written, a server that returns log-probabilities for generated tokens only (llama-server): its scores would be
+# chance, not an error. Token boundaries as lm-eval sets them, by the server's own tokenizer endpoint where it has
+# one, else by the echoed tokens' text offsets (README: Base checkpoints).
+
+CHOICE_LAYOUTS = ("mmlu", "arc", "hellaswag", "winogrande", "piqa", "boolq")
+LOGLIK_SCORING = "loglik-1"       # the metric rules' version: part of every record's score fingerprint
+_LOGLIK_PROBE = "The quick brown fox jumps over the lazy dog."
+# the tokenizer endpoints tried, in order: (name, path under the server's root, body of a text)
+_TOKENIZERS = (("vLLM/SGLang /tokenize", "/tokenize", lambda text, special: {"prompt": text,
+                                                                            "add_special_tokens": special}),
+               ("llama.cpp /tokenize", "/tokenize", lambda text, special: {"content": text, "add_special": special}),
+               ("llama-cpp-python /extras/tokenize", "/extras/tokenize", lambda text, special: {"input": text}))
+
+
+@_record
+class ChoiceItem:
+    """One multiple-choice row, as scored: choice i is ``continuations[i]`` after ``contexts[i]`` (the same context
+    for every choice but winogrande's, whose choices fill the blank and share the text after it)."""
+
+    id: str
+    layout: str
+    contexts: Tuple[str, ...]
+    continuations: Tuple[str, ...]
+    choices: Tuple[str, ...]      # the choices' own text: acc_norm divides by their lengths in characters
+    gold: int
+    category: str
+    source: str = ""
+
+
+def _choice_layout(row: Dict[str, Any]) -> Optional[str]:
+    """The layout a row's fields say it is in (None: none)."""
+    if "sentence" in row and "option1" in row and "option2" in row:
+        return "winogrande"
+    if "goal" in row and "sol1" in row and "sol2" in row:
+        return "piqa"
+    if "endings" in row and ("ctx" in row or "ctx_a" in row):
+        return "hellaswag"
+    if "passage" in row and "question" in row and ("label" in row or "answer" in row):
+        return "boolq"
+    if "question" in row and isinstance(row.get("choices"), dict) and "answerKey" in row:
+        return "arc"
+    if "question" in row and isinstance(row.get("choices"), list) and "answer" in row:
+        return "mmlu"
+    return None
+
+
+def _hellaswag_clean(text: str) -> str:
+    """lm-eval's hellaswag preprocess: strip, ' [title]' to '. ', other [tags] removed, double spaces single."""
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _choice_doc(row: Dict[str, Any], where: str, layout: str) -> Dict[str, Any]:
+    """A row in lm-eval's terms: ``text`` (doc_to_text: the context without few-shot examples, or winogrande's
+    contexts), ``choices`` (doc_to_choice), ``gold`` (the index of the right choice), ``category``, ``target`` (the
+    continuation after the contexts, winogrande) and ``id``."""
+    def field(name: str, kind: Any = str) -> Any:
+        if name not in row:
+            raise DatasetError("%s: field %r is missing (a %s row has: %s)" % (where, name, layout,
+                                                                                ", ".join(sorted(row))))
+        value = row[name]
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            raise DatasetError("%s: field %r must be %s, got %r" % (where, name, getattr(kind, "__name__", kind),
+                                                                   _cut(repr(value), 60)))
+        return value
+
+    def index(value: Any, n: int, name: str) -> int:
+        try:
+            i = int(value)
+        except (TypeError, ValueError):
+            i = -1
+        if isinstance(value, bool) or not 0 <= i < n:
+            raise DatasetError("%s: field %r must be a choice's index 0..%d, got %r" % (where, name, n - 1, value))
+        return i
+    rid = row.get("id", row.get("task_id", row.get("qID", row.get("ind"))))
+    if layout == "mmlu":
+        choices = [str(c) for c in field("choices", list)]
+        letters = "ABCDEFGHIJ"[:len(choices)]
+        if not 2 <= len(choices) <= 10:
+            raise DatasetError("%s: field 'choices' must list 2 to 10 choices, got %d" % (where, len(choices)))
+        subject = str(row.get("subject") or "")
+        text = "%s\n%s\nAnswer:" % (field("question").strip(), "\n".join(
+            "%s. %s" % (letter, c) for letter, c in zip(letters, choices)))
+        description = ("The following are multiple choice questions (with answers) about %s.\n\n"
+                       % subject.replace("_", " ")) if subject else ""
+        return {"id": rid, "text": text, "choices": list(letters), "gold": index(row["answer"], len(choices),
+                                                                                "answer"),
+                "category": subject or "mmlu", "description": description}
+    if layout == "arc":
+        ch = field("choices", dict)
+        texts, labels = ch.get("text"), ch.get("label")
+        if not isinstance(texts, list) or not isinstance(labels, list) or len(texts) != len(labels) or not texts:
+            raise DatasetError("%s: field 'choices' must be {text: [...], label: [...]} of one length" % where)
+        key = str(field("answerKey", (str, int)))
+        if key not in [str(x) for x in labels]:
+            raise DatasetError("%s: answerKey %r is not one of the labels %s" % (where, key, labels))
+        return {"id": rid, "text": "Question: %s\nAnswer:" % field("question"), "choices": [str(t) for t in texts],
+                "gold": [str(x) for x in labels].index(key), "category": str(row.get("category") or "arc")}
+    if layout == "hellaswag":
+        ctx = (field("ctx_a") + " " + field("ctx_b").capitalize()) if "ctx_a" in row else field("ctx")
+        endings = field("endings", list)
+        query = _hellaswag_clean(str(row.get("activity_label") or "") + ": " + ctx)
+        return {"id": rid if rid is not None else row.get("ind"), "text": query,
+                "choices": [_hellaswag_clean(str(e)) for e in endings],
+                "gold": index(row.get("label"), len(endings), "label"),
+                "category": str(row.get("activity_label") or "hellaswag")}
+    if layout == "winogrande":
+        sentence = field("sentence")
+        if sentence.count("_") < 1:
+            raise DatasetError("%s: field 'sentence' has no blank '_'" % where)
+        cut = sentence.index("_")
+        options = [field("option1"), field("option2")]
+        return {"id": rid, "contexts": [sentence[:cut] + o for o in options],
+                "target": sentence[cut + 1:].strip(), "choices": [sentence[:cut] + o for o in options],
+                "gold": index(int(str(row.get("answer") or 0)) - 1, 2, "answer"), "category": "winogrande"}
+    if layout == "piqa":
+        return {"id": rid, "text": "Question: %s\nAnswer:" % field("goal"), "choices": [field("sol1"),
+                                                                                      field("sol2")],
+                "gold": index(row.get("label"), 2, "label"), "category": "piqa"}
+    label = row["label"] if "label" in row else row.get("answer")
+    if isinstance(label, bool):
+        label = int(label)
+    return {"id": rid, "text": "%s\nQuestion: %s?\nAnswer:" % (field("passage"), field("question")),
+            "choices": ["no", "yes"], "gold": index(label, 2, "label"), "category": "boolq"}
+
+
+def _choice_example(doc: Dict[str, Any]) -> str:
+    """A solved row as a few-shot example: its context and its right choice (lm-eval's doc_to_text +
+    target_delimiter + target)."""
+    if "contexts" in doc:
+        return "%s %s" % (doc["contexts"][doc["gold"]], doc["target"])
+    return "%s %s" % (doc["text"], doc["choices"][doc["gold"]])
+
+
+def _choice_item(doc: Dict[str, Any], layout: str, where: str, shots: Sequence[Dict[str, Any]]) -> ChoiceItem:
+    """The item scored: few-shot examples (joined by a blank line, after the layout's description), then the
+    row's context; each choice a continuation after a space (a context's trailing whitespace moves to it)."""
+    head = doc.get("description", "") + "".join(_choice_example(s) + "\n\n" for s in shots)
+    if "contexts" in doc:
+        contexts = tuple(head + c for c in doc["contexts"])
+        continuations = tuple(" " + doc["target"] for _ in contexts)
+    else:
+        contexts = tuple(head + doc["text"] for _ in doc["choices"])
+        continuations = tuple(" " + str(c) for c in doc["choices"])
+    return ChoiceItem(id=str(doc["id"]), layout=layout, contexts=contexts, continuations=continuations,
+                      choices=tuple(str(c) for c in doc["choices"]), gold=int(doc["gold"]),
+                      category=str(doc["category"]), source=where)
+
+
+def _split_boundary(context: str, continuation: str) -> Tuple[str, str]:
+    """lm-eval's boundary: whitespace at the end of the context moves to the front of the continuation."""
+    n = len(context) - len(context.rstrip())
+    if n:
+        return context[:-n], context[-n:] + continuation
+    return context, continuation
+
+
+class ChoiceDataset:
+    """A validated multiple-choice dataset (.jsonl, .jsonl.gz, .json) in one of CHOICE_LAYOUTS, detected from its
+    first row and announced; few-shot examples (``shots`` of them, from ``fewshot_path`` or this file, never the
+    row itself): mmlu's the first of the row's subject (lm-eval's first_n), the others drawn with a seed per row,
+    so every run, shard and resume builds the same prompts (lm-eval draws from one generator in its order)."""
+
+    scorers: frozenset = frozenset()
+
+    def __init__(self, path: str, *, limit: Optional[int] = None, shots: int = 0,
+                 fewshot_path: Optional[str] = None, seed: int = 1234):
+        self.path, self.name = path, os.path.basename(path)
+        self.layout: Optional[str] = None
+        docs = self._docs(path, None)
+        pool = self._docs(fewshot_path, self.layout) if fewshot_path else docs
+        if shots and len(pool) - (0 if fewshot_path else 1) < shots:
+            raise ConfigError("--num-fewshot %d: %s has only %d row(s) to draw examples from"
+                              % (shots, fewshot_path or path, len(pool) - (0 if fewshot_path else 1)))
+        self.items: List[ChoiceItem] = []
+        seen: Dict[str, str] = {}
+        for where, doc in docs[:limit] if limit is not None else docs:
+            rid = str(doc["id"]) if doc["id"] not in (None, "") else where.rsplit(":", 1)[-1]
+            doc["id"] = rid
+            if rid in seen:
+                raise DatasetError("%s: id %r appears again (first at %s)" % (where, rid, seen[rid]))
+            seen[rid] = where
+            picked: List[Dict[str, Any]] = []
+            if shots and self.layout == "mmlu":  # lm-eval's first_n: the first of the same subject, in file order
+                picked = [d for _, d in pool if d["category"] == doc["category"] and d is not doc][:shots]
+                if len(picked) < shots:
+                    raise ConfigError("--num-fewshot %d: %s has only %d other row(s) of subject %r"
+                                      % (shots, fewshot_path or path, len(picked), doc["category"]))
+            elif shots:
+                rng = random.Random(_fingerprint([seed, rid]))
+                order = rng.sample(range(len(pool)), min(len(pool), shots + 1))
+                picked = [pool[i][1] for i in order if pool[i][1] is not doc][:shots]
+            self.items.append(_choice_item(doc, self.layout or "", where, picked))
+        self.ids = set(seen)
+        self.count = len(self.items)
+        self.sha256 = _file_sha256(path)
+        self.fps: Dict[str, Tuple[str, str]] = {}
+
+    def _docs(self, path: str, layout: Optional[str]) -> List[Tuple[str, Dict[str, Any]]]:
+        docs = []
+        for where, row in _iter_raw_rows(path):
+            if not isinstance(row, dict):
+                raise DatasetError("%s: a row must be a JSON object" % where)
+            found = _choice_layout(row)
+            if layout is None and self.layout is None:
+                if found is None:
+                    raise DatasetError("%s: not a multiple-choice row in a known layout (%s); the row has: %s"
+                                       % (where, ", ".join(CHOICE_LAYOUTS), ", ".join(sorted(row))))
+                self.layout = found
+            want = layout or self.layout
+            if found != want:
+                raise DatasetError("%s: a %s row in a %s file (the first row decides the layout)"
+                                   % (where, found or "unknown", want))
+            docs.append((where, _choice_doc(row, where, want or "")))
+        if not docs:
+            raise DatasetError("%s: no rows" % path)
+        return docs
+
+    def fingerprint(self, tokenizer: str) -> "ChoiceDataset":
+        self.fps = {it.id: (_fingerprint([it.contexts, it.continuations, tokenizer]),
+                            _fingerprint([it.choices, it.gold, LOGLIK_SCORING])) for it in self.items}
+        return self
+
+    def iter_items(self) -> Iterator[ChoiceItem]:
+        return iter(self.items)
+
+
+# ----------------------------------------------------------------------------- requests and metrics
+class _LoglikScorer:
+    """Log-likelihoods of (context, continuation) pairs through the client: one /v1/completions request a row (its
+    choices as a list of prompts). With the server's tokenizer, as lm-eval's causal models do: the whole text and
+    the context are tokenized (no special tokens), the continuation is the whole's tokens past the context's
+    count, and the prompt goes as token ids; without one, as text, and the continuation's tokens are those that
+    end past the context (the echoed tokens' text offsets)."""
+
+    def __init__(self, client: ModelClient, tokenizer: Optional[Tuple[str, str, Any]]):
+        self.client, self.tokenizer = client, tokenizer
+        self._cache: Dict[Tuple[str, bool], List[int]] = {}
+        self._lock = threading.Lock()  # guards _cache
+
+    def encode(self, text: str, special: bool) -> List[int]:
+        key = (text, special)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        assert self.tokenizer is not None
+        _, url, body = self.tokenizer
+        ids = self.client.tokenize(url, body(text, special))
+        with self._lock:
+            if len(self._cache) > 10000:
+                self._cache.clear()
+            self._cache[key] = ids
+        return ids
+
+    def score(self, pairs: Sequence[Tuple[str, str]]) -> Tuple[List[Dict[str, Any]], "CompletionsResult"]:
+        """Per pair: {ll, tokens (the continuation's count), greedy}; and the reply (usage, latency)."""
+        split = [_split_boundary(c, x) for c, x in pairs]
+        if self.tokenizer is not None:  # as lm-eval: the whole text's tokens past the context's own count
+            encoded = []
+            for c, x in split:
+                whole, ctx = self.encode(c + x, False), self.encode(c, False)
+                encoded.append((whole[:len(ctx)], whole[len(ctx):]))
+            res = self.client.completions([c + x for c, x in encoded])
+            spans = [(len(c), len(c) + len(x)) for c, x in encoded]
+        else:
+            res = self.client.completions([c + x for c, x in split])
+            spans = []
+            for (c, x), ch in zip(split, res.choices):
+                offsets, n = ch["text_offset"], len(ch["tokens"]) - 1  # (the last token is the generated one)
+                ends = list(offsets[1:n]) + [len(c) + len(x)]
+                first = next((i for i in range(n) if ends[i] > len(c)), n)
+                spans.append((first, n))
+        out = []
+        for (lo, hi), ch in zip(spans, res.choices):
+            values = ch["token_logprobs"][lo:hi]
+            if hi <= lo or any(v is None for v in values) or len(ch["token_logprobs"]) < hi:
+                raise ModelAPIError("the reply has no log-probabilities for the continuation's tokens %d..%d "
+                                    "(%d given)" % (lo, hi, len(ch["token_logprobs"])), kind="malformed")
+            tops = ch["top_logprobs"][lo:hi]
+            greedy = all(isinstance(t, dict) and t and max(t.items(), key=lambda kv: kv[1])[0] == tok
+                         for t, tok in zip(tops, ch["tokens"][lo:hi]))
+            out.append({"ll": round(sum(values), 6), "tokens": hi - lo, "greedy": greedy})
+        return out, res
+
+
+def choice_metrics(lls: Sequence[float], choices: Sequence[str], gold: int) -> Dict[str, Any]:
+    """acc (the most likely choice is the right one) and acc_norm (the same after dividing each log-likelihood by
+    its choice's length in characters, as lm-eval's acc_norm does); the first of equals wins, as numpy's argmax."""
+    pred = max(range(len(lls)), key=lambda i: (lls[i], -i))
+    norm = [ll / max(1, len(c)) for ll, c in zip(lls, choices)]
+    pred_norm = max(range(len(norm)), key=lambda i: (norm[i], -i))
+    return {"pred": pred, "pred_norm": pred_norm, "score": 1.0 if pred == gold else 0.0,
+            "acc_norm": 1.0 if pred_norm == gold else 0.0}
+
+
+def _rescored_choice(rec: Dict[str, Any], it: ChoiceItem, score_fp: str) -> Dict[str, Any]:
+    """A stored row's metrics again from its log-likelihoods (no request): the rules or the right choice changed."""
+    metrics = choice_metrics(rec["ll"], it.choices, it.gold)
+    return dict(rec, **metrics, gold=it.gold, answer=it.continuations[it.gold],
+                extracted=it.continuations[metrics["pred"]], rescored_at=round(time.time(), 3),
+                fp=dict(rec.get("fp") or {}, score=score_fp))
+
+
+def probe_loglik(client: ModelClient, server: Dict[str, Any]) -> Optional[Tuple[str, str, Any]]:
+    """The log-likelihood pre-flight: one request that must echo one log-probability per prompt token (the first
+    may be null), else ConfigError naming the server kind and why; then the tokenizer endpoint the server has
+    (None: the echoed tokens' offsets are used)."""
+    kind = server.get("kind") or "the server"
+    try:
+        res = client.completions([_LOGLIK_PROBE])
+    except ModelAPIError as exc:
+        raise ConfigError("log-likelihood pre-flight: %s at %s cannot answer /v1/completions with echo and logprobs:"
+                          " %s" % (kind, client.config.base_url, _redact(exc))) from None
+    ch = res.choices[0]
+    values = ch["token_logprobs"][1:-1]
+    if not ch["echoed"] or len(ch["token_logprobs"]) < 3 or any(v is None for v in values):
+        why = ("llama.cpp's llama-server returns log-probabilities for generated tokens only"
+               if kind == "llama.cpp" or not ch["echoed"] else
+               "%s returns no log-probability for %d of the prompt's tokens" % (kind, sum(v is None for v in values)))
+        raise ConfigError("log-likelihood pre-flight: %s (asked /v1/completions with echo and logprobs at %s): the "
+                          "scores would be chance, not the model's; serve the checkpoint with vLLM or SGLang (or "
+                          "llama-cpp-python's server)" % (why, client.config.base_url))
+    root = _server_root(client.config.base_url)
+    for name, path, body in _TOKENIZERS:
+        try:
+            ids = client.tokenize(root + path, body("Hello world", False), retries=False)
+        except ModelAPIError:
+            continue
+        if ids:
+            return name, root + path, body
+    return None
+
+
+# ----------------------------------------------------------------------------- the kind
+@_record
+class ChoiceOptions:
+    """--task choice's own settings."""
+
+    num_fewshot: int = 0
+    fewshot_file: Optional[str] = None
+    fewshot_seed: int = 1234
+
+
+@_kind
+class _ChoiceKind(_Kind):
+    """Multiple choice by log-likelihood: one /v1/completions request a row, each choice's log-likelihood summed
+    over its tokens; acc and acc_norm."""
+
+    name = "choice"
+    noun = "row"
+
+    def __init__(self) -> None:
+        self.tokenizer: Optional[Tuple[str, str, Any]] = None
+        self.layout: Optional[str] = None
+
+    def check(self, cfg: RunConfig) -> None:
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (multiple-choice rows in one of: %s)" % ", ".join(CHOICE_LAYOUTS))
+        if cfg.choice.num_fewshot < 0:
+            raise ConfigError("--num-fewshot must be >= 0, got %d" % cfg.choice.num_fewshot)
+        if cfg.epochs != 1:
+            raise ConfigError("--epochs: log-likelihoods are deterministic; --task choice runs each row once")
+
+    def load(self, run: _Run, dataset: Any) -> None:
+        cfg, o = run.cfg, run.cfg.choice
+        ds = ChoiceDataset(cfg.dataset, limit=cfg.limit, shots=o.num_fewshot, fewshot_path=o.fewshot_file,
+                           seed=o.fewshot_seed)
+        _log.info("%s: %s layout (%d rows), %d-shot: each choice scored by log-likelihood", ds.name, ds.layout,
+                  ds.count, o.num_fewshot)
+        self.layout = ds.layout
+        run.dataset = ds
+
+    def prompts(self, run: _Run) -> Iterable[str]:
+        return (it.contexts[0] + max(it.continuations, key=len) for it in run.dataset.iter_items())
+
+    def before_store(self, run: _Run) -> None:
+        assert run.client_cfg is not None
+        probe = ModelClient(_replace(run.client_cfg, max_retries=2))
+        self.tokenizer = probe_loglik(probe, run.server or {})
+        _log.info("token boundaries: %s", self.tokenizer[0] if self.tokenizer else
+                  "the echoed tokens' text offsets (the server offers no tokenizer endpoint)")
+        fp = self._tokenization()
+        run.dataset.fingerprint(fp)
+        if run.cfg.shard is not None:
+            run.dataset = _Shard(run.dataset, *run.cfg.shard)
+
+    def _tokenization(self) -> str:
+        return self.tokenizer[0] if self.tokenizer else "offsets"
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        return {"task": "choice", "model": cfg.model, "extra_body": cfg.extra_body, "seed": cfg.seed,
+                "num_fewshot": cfg.choice.num_fewshot, "fewshot_seed": cfg.choice.fewshot_seed,
+                "fewshot_file": _file_sha256(cfg.choice.fewshot_file) if cfg.choice.fewshot_file else None}
+
+    def default_out(self, run: _Run) -> str:
+        return _default_out("choice", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
+
+    def resume(self, run: _Run) -> None:
+        store, dataset, cfg = run.store, run.dataset, run.cfg
+        assert store is not None
+        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+        drop = plan["changed"] | plan["infra"] | plan["retry"]
+        items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]}
+        if drop or items or store.duplicates:  # a changed metric: acc and acc_norm again from the stored values
+            store.rewrite(lambda rec: None if rec["id"] in drop else _rescored_choice(
+                rec, items[rec["id"]], dataset.fps[rec["id"]][1]) if rec["id"] in items and rec.get("ll") else rec)
+        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids) - len(items), dataset.count, "row")
+        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+
+    def start(self, run: _Run) -> None:
+        run.run_info_extra = {"layout": self.layout, "tokenization": self._tokenization(),
+                              "num_fewshot": run.cfg.choice.num_fewshot}
+
+    def dataset_info(self, run: _Run) -> Dict[str, Any]:
+        return dict(super().dataset_info(run), layout=self.layout)
+
+    def samples_total(self, run: _Run) -> int:
+        d = run.dataset
+        return d.dataset.count if isinstance(d, _Shard) else d.count
+
+    def work(self, run: _Run) -> Callable[[ChoiceItem], Dict[str, Any]]:
+        assert run.client is not None
+        scorer = _LoglikScorer(run.client, self.tokenizer)
+
+        def work(it: ChoiceItem) -> Dict[str, Any]:
+            started = time.time()
+            try:
+                values, res = scorer.score(list(zip(it.contexts, it.continuations)))
+            except ModelAPIError as exc:
+                return {"id": it.id, "status": "failed", "score": None, "error": _redact(exc),
+                        "error_class": exc.error_class, "category": it.category, "started_at": round(started, 3),
+                        "finished_at": round(time.time(), 3)}
+            lls = [v["ll"] for v in values]
+            metrics = choice_metrics(lls, it.choices, it.gold)
+            context = it.contexts[it.gold]  # (its end: few-shot examples come first)
+            # the report's columns: the context as the question, the right choice as the reference, the most likely
+            # one as the answer, and every choice with its log-likelihood as the response
+            shown = {"question": context[-QUESTION_KEEP_CHARS:], "answer": it.continuations[it.gold],
+                     "extracted": it.continuations[metrics["pred"]], "response": "\n".join(
+                         "%s%d. %r: log-likelihood %.4f over %d token(s)" % ("* " if i == it.gold else "  ", i,
+                                                                            it.continuations[i], v["ll"],
+                                                                            v["tokens"])
+                         for i, v in enumerate(values))}
+            if len(context) > QUESTION_KEEP_CHARS:
+                shown["question_chars"] = len(context)
+            return dict({"id": it.id, "status": "ok", "error": None, "error_class": None, "category": it.category,
+                         "layout": it.layout, "gold": it.gold, "ll": lls, "tokens": [v["tokens"] for v in values],
+                         "greedy": [v["greedy"] for v in values], "lengths": [len(c) for c in it.choices],
+                         "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                         "latency_s": round(res.latency_s, 4), "attempts": res.attempts, "served_model": res.model,
+                         "started_at": round(started, 3), "finished_at": round(time.time(), 3)},
+                        **shown, **metrics)
+        return work
+
+    def pending(self, run: _Run) -> Iterator[ChoiceItem]:
+        return (it for it in run.dataset.iter_items() if it.id not in run.done_ids)
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        store = run.store
+        assert store is not None
+        recs = [r for r in store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
+        norm = _mean_ci([float(r.get("acc_norm") or 0.0) for r in recs])
+        by_cat: Dict[str, List[float]] = collections.defaultdict(list)
+        for r in recs:
+            by_cat[str(r.get("category"))].append(float(r.get("acc_norm") or 0.0))
+        summary["choice"] = {"layout": self.layout, "tokenization": self._tokenization(),
+                             "num_fewshot": run.cfg.choice.num_fewshot, "acc": summary.get("score"),
+                             "acc_norm": norm, "acc_norm_by_category": {c: _mean_ci(v) for c, v in
+                                                                        sorted(by_cat.items())}}
+        if not recs:
+            return ""
+        return "acc_norm %.3f [%.3f, %.3f] (each log-likelihood over its choice's characters); token boundaries: " \
+               "%s\n" % (norm["mean"], norm["ci95"][0], norm["ci95"][1], self._tokenization())
 
 
 # =============================================================================
@@ -12508,8 +13230,20 @@ def _parser_run(sub: Any, text: str) -> Any:
     _add_run_options(run)
     _add_swe_options(run)
     _add_code_options(run)
+    _add_choice_options(run)
     _add_image_options(run)
     return run, []
+
+
+def _add_choice_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multiple choice by log-likelihood (--task choice)")
+    g.add_argument("--num-fewshot", type=int, default=0, metavar="N",
+                   help="solved examples before each row (mmlu: the first N of its subject; else drawn with "
+                        "--fewshot-seed per row, never the row itself) (default %(default)s)")
+    g.add_argument("--fewshot-file", default=None, metavar="FILE",
+                   help="draw the examples from this file of the same layout (default: the dataset itself)")
+    g.add_argument("--fewshot-seed", type=int, default=ChoiceOptions.fewshot_seed, metavar="N",
+                   help="the seed of the examples' draw (default %(default)s)")
 
 
 def _add_code_options(p: argparse.ArgumentParser) -> None:
@@ -12554,6 +13288,9 @@ def _parser_mock(sub: Any, text: str) -> Any:
                       help="served context length, listed as the kind does and enforced (default 0: none)")
     mock.add_argument("--reply-model", default=None, metavar="ID",
                       help="the replies' model field (default: the model the request names)")
+    mock.add_argument("--no-tokenizer", dest="tokenizer", action="store_false",
+                      help="offer no /tokenize endpoint (default: offered, vLLM's shape; llama-server's with "
+                           "--server-kind llama.cpp)")
     mock.add_argument("--oracle", default=None, metavar="DATASET",
                       help="answer from this dataset's references ('demo' = the embedded set; default: none, "
                            "every answer is a filler sentence)")
@@ -13084,6 +13821,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             memory_mb=args.code_memory)
         cfg = _replace(cfg, code=CodeOptions(limits=limits, sandbox_auto=args.sandbox is None,
                                              workers=args.code_workers, check_reference=args.check_reference))
+    if args.task == "choice":
+        cfg = _replace(cfg, choice=ChoiceOptions(num_fewshot=args.num_fewshot, fewshot_file=args.fewshot_file,
+                                                 fewshot_seed=args.fewshot_seed))
     if args.task == "swe":
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
                                 network_none=args.network_none)
@@ -13159,7 +13899,8 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      reasoning_style=args.reasoning_style,
                      skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy,
                      served=tuple(m.strip() for m in args.served.split(",") if m.strip()),
-                     server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model)
+                     server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model,
+                     tokenizer=args.tokenizer)
     swe = SWEDataset(args.swe).validate() if args.swe else None
     server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)
