@@ -4697,7 +4697,8 @@ class _MockHandler:
                 self._error(404 if not cfg.tokenizer else 400, "no route %s" % self.path if not cfg.tokenizer
                             else "bad request: the text to tokenize is missing")
                 return
-            ids = [toy_id(t) for t in toy_tokens(text)]
+            special = req.get("add_special_tokens", req.get("add_special", path == "/tokenize"))
+            ids = [TOY_EOT] * bool(special) + [toy_id(t) for t in toy_tokens(text)]  # (the start token: EOT)
             self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": cfg.context_len or None})
             return
         if cfg.ttft_s:  # the time a prefill takes (tests that stop a run mid-way need requests that last)
@@ -7514,6 +7515,7 @@ class RunConfig:
     score_only: Optional[str] = None
     code: "CodeOptions" = _Factory(lambda: CodeOptions())  # --task code: the sandbox and its limits
     choice: "ChoiceOptions" = _Factory(lambda: ChoiceOptions())  # --task choice: few-shot examples
+    perplexity: "PerplexityOptions" = _Factory(lambda: PerplexityOptions())  # --task perplexity: window length
     image_tars: Tuple[str, ...] = ()
     image_store: Optional[str] = None
     image_mirrors: Tuple[str, ...] = ()
@@ -9828,6 +9830,234 @@ class _ChoiceKind(_Kind):
             return ""
         return "acc_norm %.3f [%.3f, %.3f] (each log-likelihood over its choice's characters); token boundaries: " \
                "%s\n" % (norm["mean"], norm["ci95"][0], norm["ci95"][1], self._tokenization())
+
+
+# ----------------------------------------------------------------------------- perplexity
+def rolling_windows(tokens: Sequence[int], prefix: int, max_len: int) -> List[Tuple[List[int], List[int]]]:
+    """lm-eval's loglikelihood_rolling windows (get_rolling_token_windows with context_len 1, made disjoint): the
+    first predicts up to ``max_len`` tokens after ``prefix``; each next one the following ``max_len`` tokens after
+    the one token before them. Every token is predicted exactly once; a request sends context + predicted."""
+    out: List[Tuple[List[int], List[int]]] = []
+    first = list(tokens[:max_len])
+    if first:
+        out.append(([prefix], first))
+    done = len(first)
+    while done < len(tokens):
+        n = min(len(tokens) - done, max_len)
+        out.append(([tokens[done - 1]], list(tokens[done:done + n])))
+        done += n
+    return out
+
+
+@_record
+class TextDoc:
+    """One document of a perplexity set."""
+
+    id: str
+    text: str
+    category: str
+    source: str = ""
+
+
+class TextDataset:
+    """Documents for --task perplexity: JSONL rows with ``text`` (and optional ``id``, ``category``), or plain text
+    files (.txt: the whole file one document; a directory: each .txt file in it)."""
+
+    scorers: frozenset = frozenset()
+
+    def __init__(self, path: str, limit: Optional[int] = None):
+        self.path, self.name = path, os.path.basename(path.rstrip("/"))
+        self.docs: List[TextDoc] = []
+        if os.path.isdir(path):
+            for name in sorted(os.listdir(path)):
+                if name.endswith(".txt"):
+                    self.docs.append(self._read_txt(os.path.join(path, name), name))
+            self.sha256 = _fingerprint([d.text for d in self.docs])
+        elif path.endswith(".txt"):
+            self.docs.append(self._read_txt(path, self.name))
+            self.sha256 = _file_sha256(path)
+        else:
+            for where, row in _iter_raw_rows(path):
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise DatasetError("%s: a document row needs a field 'text' (a string); the row has: %s" % (
+                        where, ", ".join(sorted(row)) if isinstance(row, dict) else "no object"))
+                rid = str(row.get("id") if row.get("id") not in (None, "") else where.rsplit(":", 1)[-1])
+                self.docs.append(TextDoc(id=rid, text=row["text"], category=str(row.get("category") or "text"),
+                                         source=where))
+            self.sha256 = _file_sha256(path)
+        self.docs = self.docs[:limit] if limit is not None else self.docs
+        if not self.docs:
+            raise DatasetError("%s: no documents" % path)
+        seen: Dict[str, str] = {}
+        for d in self.docs:
+            if d.id in seen:
+                raise DatasetError("%s: id %r appears again (first at %s)" % (d.source, d.id, seen[d.id]))
+            seen[d.id] = d.source
+        self.ids, self.count = set(seen), len(self.docs)
+        self.fps: Dict[str, Tuple[str, str]] = {}
+
+    @staticmethod
+    def _read_txt(path: str, name: str) -> TextDoc:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return TextDoc(id=name, text=fh.read(), category="text", source=path)
+        except UnicodeDecodeError:
+            raise DatasetError("%s: not UTF-8 text" % path) from None
+
+    def fingerprint(self, tokenization: str) -> "TextDataset":
+        self.fps = {d.id: (_fingerprint([d.text, tokenization]), _fingerprint(LOGLIK_SCORING)) for d in self.docs}
+        return self
+
+    def iter_items(self) -> Iterator[TextDoc]:
+        return iter(self.docs)
+
+
+def perplexity_metrics(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """lm-eval's corpus-level figures: word and byte perplexity exp(-Σll / Σcount) and bits per byte
+    -Σll / Σbytes / ln 2 (words: the pieces of re.split(r"\\s+", text); bytes: UTF-8)."""
+    ll = sum(float(r["ll"]) for r in records)
+    words = sum(int(r["words"]) for r in records)
+    nbytes = sum(int(r["bytes"]) for r in records)
+    if not records or not words or not nbytes:
+        return {"documents": len(records), "word_perplexity": None, "byte_perplexity": None, "bits_per_byte": None}
+    return {"documents": len(records), "tokens": sum(int(r["tokens"]) for r in records), "words": words,
+            "bytes": nbytes, "loglikelihood": round(ll, 6),
+            "word_perplexity": round(math.exp(-ll / words), 6), "byte_perplexity": round(math.exp(-ll / nbytes), 6),
+            "bits_per_byte": round(-ll / nbytes / math.log(2), 6)}
+
+
+@_record
+class PerplexityOptions:
+    """--task perplexity's own settings."""
+
+    max_length: Optional[int] = None   # tokens a window predicts (default: the served context minus 1, else 2047)
+
+
+@_kind
+class _PerplexityKind(_Kind):
+    """Perplexity: each document tokenized by the server, scored in rolling windows of the context length (one
+    /v1/completions request a window); word and byte perplexity and bits per byte over the corpus."""
+
+    name = "perplexity"
+    noun = "document"
+
+    def __init__(self) -> None:
+        self.tokenizer: Optional[Tuple[str, str, Any]] = None
+        self.max_len = 2047
+        self.prefix: Optional[int] = None
+
+    def check(self, cfg: RunConfig) -> None:
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (JSONL rows with 'text', a .txt file, or a folder of them)")
+        if cfg.perplexity.max_length is not None and cfg.perplexity.max_length < 2:
+            raise ConfigError("--max-length must be >= 2 tokens, got %d" % cfg.perplexity.max_length)
+
+    def load(self, run: _Run, dataset: Any) -> None:
+        ds = TextDataset(run.cfg.dataset, run.cfg.limit)
+        _log.info("%s: %d document(s), scored in rolling windows", ds.name, ds.count)
+        run.dataset = ds
+
+    def prompts(self, run: _Run) -> Iterable[str]:
+        return ()  # (documents longer than the context are cut into windows: no context warning)
+
+    def before_store(self, run: _Run) -> None:
+        assert run.client_cfg is not None
+        probe = ModelClient(_replace(run.client_cfg, max_retries=2))
+        self.tokenizer = probe_loglik(probe, run.server or {})
+        if self.tokenizer is None:
+            raise ConfigError("--task perplexity needs the server's tokenizer endpoint (vLLM/SGLang or llama.cpp "
+                              "/tokenize, llama-cpp-python /extras/tokenize) to cut documents into windows; %s at %s "
+                              "has none" % ((run.server or {}).get("kind") or "the server", run.client_cfg.base_url))
+        ctx = (run.server or {}).get("context_len")
+        self.max_len = run.cfg.perplexity.max_length or (int(ctx) - 1 if ctx else 2047)
+        _, url, body = self.tokenizer
+        bos = probe.tokenize(url, body("", True))
+        self.prefix = bos[0] if bos else None
+        _log.info("perplexity: windows of %d tokens; the first token predicted after %s; tokens by %s",
+                  self.max_len, "the tokenizer's start token %d" % self.prefix if self.prefix is not None else
+                  "nothing (the tokenizer has no start token: each document's first token is not scored)",
+                  self.tokenizer[0])
+        run.dataset.fingerprint(self.tokenizer[0])
+        if run.cfg.shard is not None:
+            run.dataset = _Shard(run.dataset, *run.cfg.shard)
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        return {"task": "perplexity", "model": cfg.model, "extra_body": cfg.extra_body,
+                "max_length": cfg.perplexity.max_length}
+
+    def default_out(self, run: _Run) -> str:
+        return _default_out("perplexity", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
+
+    def resume(self, run: _Run) -> None:
+        store, dataset, cfg = run.store, run.dataset, run.cfg
+        assert store is not None
+        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=False)
+        drop = plan["changed"] | plan["infra"] | plan["retry"] | plan["rescore"]
+        if drop or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
+        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids), dataset.count, "document")
+        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+
+    def start(self, run: _Run) -> None:
+        assert self.tokenizer is not None
+        run.run_info_extra = {"tokenization": self.tokenizer[0], "max_length": self.max_len,
+                              "prefix_token": self.prefix}
+
+    def samples_total(self, run: _Run) -> int:
+        d = run.dataset
+        return d.dataset.count if isinstance(d, _Shard) else d.count
+
+    def work(self, run: _Run) -> Callable[[TextDoc], Dict[str, Any]]:
+        assert run.client is not None and self.tokenizer is not None
+        client, (_, url, body), max_len, prefix = run.client, self.tokenizer, self.max_len, self.prefix
+
+        def work(doc: TextDoc) -> Dict[str, Any]:
+            started = time.time()
+            try:
+                ids = client.tokenize(url, body(doc.text, False))
+                windows = rolling_windows(ids, prefix if prefix is not None else -1, max_len)
+                ll, scored, latency = 0.0, 0, 0.0
+                for ctx, pred in windows:
+                    ctx = [] if ctx == [-1] else ctx  # no start token: the first token stays unscored
+                    res = client.completions([ctx + pred])
+                    values = res.choices[0]["token_logprobs"][len(ctx):len(ctx) + len(pred)]
+                    known = [v for v in values if v is not None]
+                    if len(known) < len(values) - (0 if ctx else 1):
+                        raise ModelAPIError("the reply has %d log-probabilities for %d predicted tokens"
+                                            % (len(known), len(values)), kind="malformed")
+                    ll += sum(known)
+                    scored += len(known)
+                    latency += res.latency_s
+            except ModelAPIError as exc:
+                return {"id": doc.id, "status": "failed", "score": None, "error": _redact(exc),
+                        "error_class": exc.error_class, "category": doc.category,
+                        "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+            nbytes = len(doc.text.encode("utf-8"))
+            return {"id": doc.id, "status": "ok", "error": None, "error_class": None, "category": doc.category,
+                    "ll": round(ll, 6), "tokens": len(ids), "scored_tokens": scored, "windows": len(windows),
+                    "words": len(re.split(r"\s+", doc.text)), "bytes": nbytes,
+                    "score": round(-ll / nbytes / math.log(2), 6) if nbytes else None,  # this document's bits/byte
+                    "question": doc.text[:QUESTION_KEEP_CHARS], "latency_s": round(latency, 4),
+                    "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+        return work
+
+    def pending(self, run: _Run) -> Iterator[TextDoc]:
+        return (d for d in run.dataset.iter_items() if d.id not in run.done_ids)
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        store = run.store
+        assert store is not None
+        recs = [r for r in store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
+        m = perplexity_metrics(recs)
+        summary["perplexity"] = dict(m, tokenization=self.tokenizer[0] if self.tokenizer else None,
+                                     max_length=self.max_len)
+        if m["word_perplexity"] is None:
+            return ""
+        return ("perplexity over %d document(s), %d tokens: word perplexity %.4f, byte perplexity %.4f, bits per "
+                "byte %.4f (the score above: each document's bits per byte)\n"
+                % (m["documents"], m["tokens"], m["word_perplexity"], m["byte_perplexity"], m["bits_per_byte"]))
 
 
 # =============================================================================
@@ -13244,6 +13474,9 @@ def _add_choice_options(p: argparse.ArgumentParser) -> None:
                    help="draw the examples from this file of the same layout (default: the dataset itself)")
     g.add_argument("--fewshot-seed", type=int, default=ChoiceOptions.fewshot_seed, metavar="N",
                    help="the seed of the examples' draw (default %(default)s)")
+    g = p.add_argument_group("perplexity (--task perplexity)")
+    g.add_argument("--max-length", type=int, default=None, metavar="TOKENS",
+                   help="tokens a rolling window predicts (default: the served context length minus 1, else 2047)")
 
 
 def _add_code_options(p: argparse.ArgumentParser) -> None:
@@ -13824,6 +14057,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.task == "choice":
         cfg = _replace(cfg, choice=ChoiceOptions(num_fewshot=args.num_fewshot, fewshot_file=args.fewshot_file,
                                                  fewshot_seed=args.fewshot_seed))
+    if args.task == "perplexity":
+        cfg = _replace(cfg, perplexity=PerplexityOptions(max_length=args.max_length))
     if args.task == "swe":
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
                                 network_none=args.network_none)

@@ -5,6 +5,7 @@ log-probability is -(1 + 0.1 x its characters). Expected values here are worked 
 below restates it independently of the module).
 """
 import json
+import math
 import os
 import re
 import signal
@@ -264,6 +265,48 @@ class TestResume(unittest.TestCase):
         self.assertIn("1 stored answer(s) re-scored", res.stderr)
         self.assertEqual(mock.stats()["counters"]["completions"] - asked, 1)  # the pre-flight's probe only
         self.assertEqual({r["id"]: r["score"] for r in read_samples(out)}, {"arc-1": 1.0, "arc-2": 1.0})
+
+
+class TestPerplexity(unittest.TestCase):
+    DOCS = [{"id": "d1", "text": "The cat sat on the mat and the dog ran far away"}, {"id": "d2", "text": "Hello world"}]
+
+    def test_every_token_is_scored_once_whatever_the_window_and_the_figures_are_lm_evals(self):
+        """d1: 12 tokens, -(1.3 + 1.4 + 1.4 + 1.3 + 7 x 1.4 + 1.5) = -16.7; d2: -(1.5 + 1.6) = -3.1 (each first token
+        after the start token). Over 14 words and 58 bytes: word perplexity exp(19.8 / 14), byte perplexity
+        exp(19.8 / 58), bits per byte 19.8 / 58 / ln 2."""
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "docs.jsonl"), self.DOCS)
+        mock = start_mock(self)
+        for max_length, windows in (("2", {"d1": 6, "d2": 1}), ("5", {"d1": 3, "d2": 1}), ("100", {"d1": 1, "d2": 1})):
+            out = os.path.join(d, "run" + max_length)
+            res = run_cli(["run", "--task", "perplexity", "--dataset", path, "--model", "m", "--base-url", mock.url,
+                           "--out", out, "--no-progress", "--json", "--max-length", max_length])
+            self.assertEqual(res.returncode, 0, res.stderr)
+            recs = {r["id"]: r for r in read_samples(out)}
+            self.assertEqual({k: (r["ll"], r["tokens"], r["scored_tokens"]) for k, r in recs.items()},
+                             {"d1": (toy_ll(self.DOCS[0]["text"]), 12, 12), "d2": (-3.1, 2, 2)}, max_length)
+            self.assertEqual(recs["d1"]["ll"], -16.7)
+            self.assertEqual({k: r["windows"] for k, r in recs.items()}, windows)
+            p = json.loads(res.stdout)["perplexity"]
+            self.assertEqual((p["words"], p["bytes"], p["loglikelihood"]), (14, 58, -19.8))
+            self.assertAlmostEqual(p["word_perplexity"], math.exp(19.8 / 14), places=5)
+            self.assertAlmostEqual(p["byte_perplexity"], math.exp(19.8 / 58), places=5)
+            self.assertAlmostEqual(p["bits_per_byte"], 19.8 / 58 / math.log(2), places=5)
+
+    def test_windows_are_lm_evals_rolling_ones(self):
+        self.assertEqual(eh.rolling_windows([1, 2, 3, 4, 5], 0, 2), [([0], [1, 2]), ([2], [3, 4]), ([4], [5])])
+        self.assertEqual(eh.rolling_windows([1, 2], 0, 5), [([0], [1, 2])])
+        self.assertEqual(eh.rolling_windows([], 0, 5), [])
+
+    def test_a_server_without_a_tokenizer_endpoint_is_refused_before_anything_is_written(self):
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "docs.jsonl"), self.DOCS)
+        out = os.path.join(d, "run")
+        res = run_cli(["run", "--task", "perplexity", "--dataset", path, "--model", "m", "--base-url",
+                       start_mock(self, tokenizer=False).url, "--out", out])
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertIn("--task perplexity needs the server's tokenizer endpoint", res.stderr)
+        self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":
