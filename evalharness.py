@@ -2,8 +2,9 @@
 """evalharness: evaluate LLM endpoints from one file, with nothing to install.
 
 Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
-hosted APIs) on question-answer sets, on code benchmarks run in a sandbox and on SWE-bench-style agentic tasks in
-Docker containers (images delivered from tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
+hosted APIs) on question-answer sets, on code benchmarks run in a sandbox, on base checkpoints by log-likelihood
+(multiple choice, perplexity) and on SWE-bench-style agentic tasks in Docker containers (images delivered from
+tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
 resumes, and every run writes a self-contained HTML report.
 
 Two commands a newcomer types:
@@ -13,7 +14,7 @@ Two commands a newcomer types:
 Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers):
     Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits, Gates, HTTP model client, Mock model server,
     Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Runs, QA, Code, Code sandbox,
-    SWE data and scoring, SWE agent and runs, Scale-out, Report, CLI, Commands
+    Log-likelihood, SWE data and scoring, SWE agent and runs, Scale-out, Report, CLI, Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding a subclass of
 _Kind registered with @_kind (its ``name`` is the --task it answers to). Its hooks say how its rows are read and
@@ -3255,8 +3256,10 @@ class SessionGate:
 
 
 # =============================================================================
-# HTTP model client
+# Requests
 # =============================================================================
+# What a request to an endpoint is made of and gives back: the client's settings, the results of a chat and a
+# completions request, the base URL and proxy rules, token counts and error texts.
 
 
 @_record
@@ -3418,6 +3421,13 @@ def _error_detail(body: bytes) -> str:
         return str(err)[:300]
     except ValueError:
         return body.decode("utf-8", "replace").strip()[:300]
+
+
+# =============================================================================
+# Endpoints
+# =============================================================================
+# What the harness learns about an endpoint before and while it runs: the server kinds (one table for the
+# client and the mock), the pre-flight, the endpoint's health (the outage rule) and its Prometheus metrics.
 
 
 # What /v1/models entries say about the server that wrote them ("owned_by"), and where each kind states its
@@ -3876,6 +3886,11 @@ def _probe_kv_pool(cfg: Any, base_url: str) -> Optional[Tuple[str, int]]:
     _log.info("server KV pool: %d tokens (%s); the session gate admits agents while their projected contexts fit",
               pool[1], pool[0])
     return pool
+
+
+# =============================================================================
+# HTTP model client
+# =============================================================================
 
 
 class ModelClient:

@@ -79,7 +79,9 @@ class TestRoutes(unittest.TestCase):
     def test_unknown_route_is_404_when_path_is_not_served(self):
         srv = start_mock(self)
         self.assertEqual(request(srv, "GET", "/v1/nothing")[0], 404)
-        self.assertEqual(request(srv, "POST", "/v1/completions", chat_body())[0], 404)
+        self.assertEqual(request(srv, "POST", "/v1/embeddings", chat_body())[0], 404)
+        # /v1/completions is served (the log-likelihood kinds' toy model): a chat body there has no prompt
+        self.assertEqual(request(srv, "POST", "/v1/completions", chat_body())[0], 400)
 
 
 class _NotedWaits(threading.Event):
