@@ -7857,6 +7857,9 @@ class _Kind:
         """Add to the summary (and write the kind's own files); return extra lines printed under the table."""
         return ""
 
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        """What ``finish`` adds to the summary, for `merge`: from the shards' records and the first's run.json."""
+
     def concurrency(self, run: "_Run") -> Dict[str, Any]:
         """What run.json's concurrency block adds for this kind."""
         return {}
@@ -9348,6 +9351,14 @@ class _CodeKind(_Kind):
             summary["code"]["failing_references"] = sorted(r["id"] for r in failing_refs)
         return line + "\n"
 
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        summary["code"] = {"layout": info.get("layout"), "mode": info.get("mode"),
+                           "sandbox": (info.get("sandbox") or {}).get("sandbox"),
+                           "image": (info.get("sandbox") or {}).get("image"),
+                           "python": (info.get("sandbox") or {}).get("python"),
+                           "verdicts": dict(sorted(collections.Counter(str(r.get("verdict") or "?")
+                                                                       for r in records).items()))}
+
     def exit_code(self, run: _Run, summary: Dict[str, Any], code: int) -> int:
         failing = (summary.get("code") or {}).get("failing_references")
         if code == EXIT_OK and failing:
@@ -9826,6 +9837,15 @@ class _ChoiceKind(_Kind):
                         **shown, **metrics)
         return work
 
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        by_cat: Dict[str, List[float]] = collections.defaultdict(list)
+        for r in records:
+            by_cat[str(r.get("category"))].append(float(r.get("acc_norm") or 0.0))
+        summary["choice"] = {"layout": info.get("layout"), "tokenization": info.get("tokenization"),
+                             "num_fewshot": info.get("num_fewshot"), "acc": summary.get("score"),
+                             "acc_norm": _mean_ci([float(r.get("acc_norm") or 0.0) for r in records]),
+                             "acc_norm_by_category": {c: _mean_ci(v) for c, v in sorted(by_cat.items())}}
+
     def pending(self, run: _Run) -> Iterator[ChoiceItem]:
         return (it for it in run.dataset.iter_items() if it.id not in run.done_ids)
 
@@ -9833,14 +9853,9 @@ class _ChoiceKind(_Kind):
         store = run.store
         assert store is not None
         recs = [r for r in store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
-        norm = _mean_ci([float(r.get("acc_norm") or 0.0) for r in recs])
-        by_cat: Dict[str, List[float]] = collections.defaultdict(list)
-        for r in recs:
-            by_cat[str(r.get("category"))].append(float(r.get("acc_norm") or 0.0))
-        summary["choice"] = {"layout": self.layout, "tokenization": self._tokenization(),
-                             "num_fewshot": run.cfg.choice.num_fewshot, "acc": summary.get("score"),
-                             "acc_norm": norm, "acc_norm_by_category": {c: _mean_ci(v) for c, v in
-                                                                        sorted(by_cat.items())}}
+        self.merged(summary, recs, dict(run.run_info, layout=self.layout, tokenization=self._tokenization(),
+                                        num_fewshot=run.cfg.choice.num_fewshot))
+        norm = summary["choice"]["acc_norm"]
         if not recs:
             return ""
         return "acc_norm %.3f [%.3f, %.3f] (each log-likelihood over its choice's characters); token boundaries: " \
@@ -10058,6 +10073,10 @@ class _PerplexityKind(_Kind):
                     "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
         return work
 
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        summary["perplexity"] = dict(perplexity_metrics(records), tokenization=info.get("tokenization"),
+                                     max_length=info.get("max_length"))
+
     def pending(self, run: _Run) -> Iterator[TextDoc]:
         return (d for d in run.dataset.iter_items() if d.id not in run.done_ids)
 
@@ -10065,9 +10084,9 @@ class _PerplexityKind(_Kind):
         store = run.store
         assert store is not None
         recs = [r for r in store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
-        m = perplexity_metrics(recs)
-        summary["perplexity"] = dict(m, tokenization=self.tokenizer[0] if self.tokenizer else None,
-                                     max_length=self.max_len)
+        self.merged(summary, recs, dict(run.run_info, tokenization=self.tokenizer[0] if self.tokenizer else None,
+                                        max_length=self.max_len))
+        m = summary["perplexity"]
         if m["word_perplexity"] is None:
             return ""
         return ("perplexity over %d document(s), %d tokens: word perplexity %.4f, byte perplexity %.4f, bits per "
@@ -11726,6 +11745,8 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
     summary.update({"task": task, "model": (first.get("endpoint") or {}).get("model"),
                     "dataset": (first.get("dataset") or {}).get("name"), "status": status,
                     "shards": {"count": first["shard"]["count"], "merged": sorted(shards), "gaps": gaps}})
+    if task in _KINDS:
+        _KINDS[task]().merged(summary, [r for r in ordered if r.get("status") == "ok"], first)
     if task == "swe":
         summary["mode"] = first.get("mode")
         ids = sorted({i for info in infos for i in (info.get("dataset") or {}).get("ids") or ()})

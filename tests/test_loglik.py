@@ -267,6 +267,36 @@ class TestResume(unittest.TestCase):
         self.assertEqual({r["id"]: r["score"] for r in read_samples(out)}, {"arc-1": 1.0, "arc-2": 1.0})
 
 
+class TestShards(unittest.TestCase):
+    def test_two_shards_merged_equal_one_run_row_for_row_with_acc_norm(self):
+        d = tempdir(self)
+        rows = [{"id": "s%d" % i, "question": "Question %d" % i, "choices": {
+            "text": ["abcdefghij", "abcdefghi jklmnopqrs", "x" * (i + 1)], "label": ["A", "B", "C"]},
+            "answerKey": "ABC"[i % 3]} for i in range(12)]
+        path = write_jsonl(os.path.join(d, "arc.jsonl"), rows)
+        mock = start_mock(self)
+        single, sharded = os.path.join(d, "single"), os.path.join(d, "sharded")
+        one = run_choice(path, mock, single, "--json")
+        self.assertEqual(one.returncode, 0, one.stderr)
+        for i in range(2):
+            res = run_choice(path, mock, sharded, "--shard", "%d/2" % i)
+            self.assertEqual(res.returncode, 0, res.stderr)
+        res = run_cli(["merge", sharded])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        strip = ("started_at", "finished_at", "latency_s", "fp", "attempts")
+
+        def rows_of(out):
+            return {r["id"]: {k: v for k, v in r.items() if k not in strip} for r in read_samples(out)}
+        self.assertEqual(rows_of(sharded), rows_of(single))
+        self.assertEqual(len(rows_of(sharded)), 12)
+        with open(os.path.join(sharded, "summary.json"), encoding="utf-8") as fh:
+            merged = json.load(fh)
+        whole = json.loads(one.stdout)
+        self.assertEqual(merged["choice"]["acc_norm"], whole["choice"]["acc_norm"])
+        self.assertEqual(merged["score"], whole["score"])
+        self.assertEqual(merged["choice"]["tokenization"], "vLLM/SGLang /tokenize")
+
+
 class TestPerplexity(unittest.TestCase):
     DOCS = [{"id": "d1", "text": "The cat sat on the mat and the dog ran far away"}, {"id": "d2", "text": "Hello world"}]
 
