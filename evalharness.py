@@ -12236,6 +12236,8 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
                             "base_url": (info.get("endpoint") or {}).get("base_url"),
                             "config_rows": _config_rows(info)}
     summary["model"] = data["model"]
+    if run["task"] in _KINDS:  # the kind's own block (choice's acc_norm, perplexity's figures), as its run printed it
+        _KINDS[run["task"]]().merged(summary, [r for r in records if r.get("status") == "ok"], info)
     failures: Dict[str, Dict[str, Any]] = {}
     for rec in records:
         if rec.get("status") != "ok":
@@ -12299,6 +12301,23 @@ def _code_lines(code: Dict[str, Any], most: int = 10) -> List[str]:
                                                              if code["not_passed_total"] > most else ""))
         for r in code["not_passed"][:most]:
             lines.append("  %s: %s: %s" % (r["id"], r["verdict"], _truncate_output(r["why"], 160)))
+    return lines
+
+
+def _loglik_lines(summary: Dict[str, Any]) -> List[str]:
+    """The log-likelihood kinds' figures for the reports: acc_norm (choice), perplexity (perplexity)."""
+    choice, ppl = summary.get("choice") or {}, summary.get("perplexity") or {}
+    norm = choice.get("acc_norm") or {}
+    lines = []
+    if norm.get("mean") is not None:
+        lines.append("acc_norm %.3f [%.3f, %.3f] (n=%d; the score above is acc); %s layout, %s-shot, token "
+                     "boundaries: %s" % (norm["mean"], norm["ci95"][0], norm["ci95"][1], norm["n"],
+                                         choice.get("layout"), choice.get("num_fewshot"), choice.get("tokenization")))
+    if ppl.get("word_perplexity") is not None:
+        lines.append("perplexity over %d document(s), %d tokens: word perplexity %.4f, byte perplexity %.4f, bits per "
+                     "byte %.4f (windows of %s tokens; token boundaries: %s)" % (
+                         ppl["documents"], ppl["tokens"], ppl["word_perplexity"], ppl["byte_perplexity"],
+                         ppl["bits_per_byte"], ppl.get("max_length"), ppl.get("tokenization")))
     return lines
 
 
@@ -12528,6 +12547,7 @@ def format_report(data: Dict[str, Any]) -> str:
         lines.append(_swe_line(data["swebench"]))
     if data.get("code"):
         lines.extend(_code_lines(data["code"]))
+    lines.extend(_loglik_lines(data["summary"]))
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
@@ -12762,6 +12782,9 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         sw = data["swebench"]
         cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
             sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"])))
+    for line in _loglik_lines(s):
+        name, _, value = line.partition(" " if line.startswith("acc_norm") else ": ")
+        cards.append(("acc_norm" if line.startswith("acc_norm") else "perplexity", _esc(value)))
     cut = (s.get("finish_reasons") or {}).get("length", 0)
     if cut:
         cards.append(("answers cut at the token limit", "%d of %d" % (cut, counts.get("ok", 0))))

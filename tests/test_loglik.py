@@ -267,6 +267,25 @@ class TestResume(unittest.TestCase):
         self.assertEqual({r["id"]: r["score"] for r in read_samples(out)}, {"arc-1": 1.0, "arc-2": 1.0})
 
 
+class TestReport(unittest.TestCase):
+    def test_the_report_gives_acc_norm_and_a_wrong_rows_context_with_each_choices_log_likelihood(self):
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "arc.jsonl"), ROWS["arc"])
+        out = os.path.join(d, "run")
+        self.assertEqual(run_choice(path, start_mock(self), out).returncode, 0)
+        text = run_cli(["report", out])
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("acc_norm 0.500 [", text.stdout)
+        self.assertIn("arc layout, 0-shot, token boundaries: vLLM/SGLang /tokenize", text.stdout)
+        self.assertEqual(run_cli(["report", out, "--html"]).returncode, 0)
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            page = fh.read()
+        self.assertIn("Question: What is wet?\nAnswer:", page)  # arc-2, the wrong row: its context
+        self.assertIn("0. &#x27; water&#x27;: log-likelihood %.4f over 1 token(s)" % toy_ll(" water"), page)
+        self.assertIn("* 1. &#x27; dry desert sand dunes&#x27;: log-likelihood %.4f over 4 token(s)"
+                      % toy_ll(" dry desert sand dunes"), page)
+
+
 class TestShards(unittest.TestCase):
     def test_two_shards_merged_equal_one_run_row_for_row_with_acc_norm(self):
         d = tempdir(self)
