@@ -9251,7 +9251,8 @@ class _CodeKind(_Kind):
 
         def work(p: CodeProblem) -> Dict[str, Any]:
             started = time.time()
-            rec: Dict[str, Any] = {"id": p.id, **_epoch_fields(p), "category": p.category, "layout": p.layout}
+            rec: Dict[str, Any] = {"id": p.id, **_epoch_fields(p), "category": p.category, "layout": p.layout,
+                                   "scorer": "sandbox"}
             if p.id in prior:  # a stored program, checked again (no model call)
                 old = prior[p.id]
                 rec.update({k: old.get(k) for k in ("response", "served_model", "prompt_tokens", "completion_tokens",
@@ -9829,6 +9830,7 @@ class _ChoiceKind(_Kind):
             if len(context) > QUESTION_KEEP_CHARS:
                 shown["question_chars"] = len(context)
             return dict({"id": it.id, "status": "ok", "error": None, "error_class": None, "category": it.category,
+                         "scorer": "acc",
                          "layout": it.layout, "gold": it.gold, "ll": lls, "tokens": [v["tokens"] for v in values],
                          "greedy": [v["greedy"] for v in values], "lengths": [len(c) for c in it.choices],
                          "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
@@ -10066,7 +10068,8 @@ class _PerplexityKind(_Kind):
                         "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
             nbytes = len(doc.text.encode("utf-8"))
             return {"id": doc.id, "status": "ok", "error": None, "error_class": None, "category": doc.category,
-                    "ll": round(ll, 6), "tokens": len(ids), "scored_tokens": scored, "windows": len(windows),
+                    "scorer": "bits_per_byte", "ll": round(ll, 6), "tokens": len(ids), "scored_tokens": scored,
+                    "windows": len(windows),
                     "words": len(re.split(r"\s+", doc.text)), "bytes": nbytes,
                     "score": round(-ll / nbytes / math.log(2), 6) if nbytes else None,  # this document's bits/byte
                     "question": doc.text[:QUESTION_KEEP_CHARS], "latency_s": round(latency, 4),
