@@ -92,16 +92,18 @@ class TestLayouts(unittest.TestCase):
         self.assertIn("assert square(3) == 9", mbpp[0].messages[0]["content"])
 
     def test_an_encoded_test_field_that_would_run_code_is_refused_and_names_the_row(self):
+        pwned = os.path.join(tempdir(self), "pwned")  # this test's own path: never one another process made
+
         class Evil:
             def __reduce__(self):
-                return (os.system, ("touch /tmp/evalharness-pwned",))
+                return (os.system, ("touch " + pwned,))
         row = dict(LCB_ROWS[0], private_test_cases=base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode())
         path = write_jsonl(os.path.join(tempdir(self), "lcb.jsonl"), [row])
         with self.assertRaises(eh.DatasetError) as cm:
             eh.CodeDataset(path)
         self.assertIn("lcb.jsonl:1", str(cm.exception))
         self.assertIn("refused", str(cm.exception))
-        self.assertFalse(os.path.exists("/tmp/evalharness-pwned"))
+        self.assertFalse(os.path.exists(pwned))
         row = dict(LCB_ROWS[0], private_test_cases=base64.b64encode(zlib.compress(pickle.dumps([1, 2]))).decode())
         with self.assertRaisesRegex(eh.DatasetError, "decodes to list, not a JSON string"):
             eh.CodeDataset(write_jsonl(path, [row]))
