@@ -299,7 +299,8 @@ def collect(jobs, no_skips, out):
                 if no_skips and rec["id"] not in ALLOWED_SKIPS:
                     failed += 1
                     failures.append((rec["id"], "skipped, and skips are not allowed here (--no-skips or CI=true; "
-                                                "ALLOWED_SKIPS in tests/run.py does not name it): %s\n" % rec["reason"]))
+                                                "ALLOWED_SKIPS in tests/run.py does not name it): %s\n"
+                                     % rec["reason"]))
                 else:
                     skipped += 1
             else:
@@ -308,16 +309,17 @@ def collect(jobs, no_skips, out):
         ok = finished and job.proc.returncode == 0 and not job.killed_after
         if not ok:
             if job.killed_after:
-                why = "killed after %d s (the module timeout; see --timeout)" % job.killed_after
+                why = "was killed after %d s (the module timeout; see --timeout)" % job.killed_after
             else:
-                why = "its process ended with exit %s before its tests finished" % job.proc.returncode
+                why = "ended with exit %s before its tests finished" % job.proc.returncode
             missing = [t for t in (planned or []) if t not in seen]
-            for name in missing:
+            for i, name in enumerate(missing):
                 failed += 1
-                failures.append((name, "not finished: module %s was %s\n" % (job.module, why)))
+                failures.append((name, "not finished%s: module %s %s\n" % (
+                    " (the test running then)" if i == 0 else "", job.module, why)))
             if not missing:
                 failed += 1
-                failures.append((job.module, "module %s was %s\n" % (job.module, why)))
+                failures.append((job.module, "module %s %s\n" % (job.module, why)))
             broken.append((job, why))
     for rec in skips:
         out.write("SKIP %s: %s\n" % (rec["id"], rec["reason"]))
