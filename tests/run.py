@@ -20,6 +20,7 @@ import collections
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -399,6 +400,8 @@ def main(argv):
     if passed + failed + skipped == 0:
         out.write("no tests ran\n")
         return 1
+    if failed == 0 and not args.logs:
+        shutil.rmtree(log_dir, ignore_errors=True)  # kept (its path printed above) only when something failed
     out.write("%d passed, %d failed, %d skipped\n" % (passed, failed, skipped))
     return 0 if failed == 0 else 1
 
