@@ -54,6 +54,8 @@ ANN_REF_NAME = "org.opencontainers.image.ref.name"
 
 _REASONS: Dict[Optional[str], str] = {}  # DOCKER_HOST -> docker_reason(), cached per process
 _COUNTER = itertools.count(1)
+RUN_LOCK = "/tmp/evalharness-test-runs-%s.lock"  # per daemon: see hold_daemon_runs
+_RUN_LOCKS: Dict[str, "io.TextIOWrapper"] = {}  # daemon key -> this process's open lock file
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -96,6 +98,23 @@ def require_docker(test: unittest.TestCase) -> None:
         _REASONS[host] = docker_reason()
     if _REASONS[host]:
         _unavailable(test, _REASONS[host])
+
+
+def hold_daemon_runs(test: unittest.TestCase, exclusive: bool = False) -> None:
+    """Hold, until ``test``'s cleanup, a file lock on the evalharness containers of the daemon DOCKER_HOST names.
+
+    Every evalharness run removes the containers of dead evalharness processes it finds on its daemon (the reaper).
+    A test whose runs use the daemon holds the lock shared; a test that leaves containers of a dead process and
+    checks which ones a run removes holds it ``exclusive``, so no run of another test process (tests/run.py -j runs
+    test_swe and test_code at the same time) removes them first or finds them. One lock file per daemon, one open
+    file per process (a second call converts the lock: flock locks belong to the open file).
+    """
+    key = hashlib.sha1((os.environ.get("DOCKER_HOST") or "default").encode()).hexdigest()[:12]
+    if key not in _RUN_LOCKS:
+        _RUN_LOCKS[key] = open(RUN_LOCK % key, "a")
+    fd = _RUN_LOCKS[key].fileno()
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    test.addCleanup(fcntl.flock, fd, fcntl.LOCK_UN)
 
 
 def _require_binary(test: unittest.TestCase, name: str) -> str:
