@@ -9,6 +9,8 @@ When no daemon answers, ``require_docker`` skips the test, or fails it when ``EV
 Standard library only; runs on Python 3.8 to 3.13. Recipes: /work/shared/facts/testbed.md (§6 registry, §7 nginx
 WebDAV store, §9 second dockerd).
 """
+import contextlib
+import fcntl
 import functools
 import gzip as gzip_module
 import hashlib
@@ -40,6 +42,7 @@ from tests.support import dead_port
 
 REQUIRE_ENV = "EVALHARNESS_REQUIRE_DOCKER"
 BUSYBOX_APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "ps", "timeout", "tar", "gzip")
+NET_LOCK = "/tmp/evalharness-testbed-net.lock"  # see _net_lock
 RANDOM_FILE = "evh-random.bin"  # where make_image(size_kb=...) puts its incompressible bytes
 
 MT_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -51,6 +54,8 @@ ANN_REF_NAME = "org.opencontainers.image.ref.name"
 
 _REASONS: Dict[Optional[str], str] = {}  # DOCKER_HOST -> docker_reason(), cached per process
 _COUNTER = itertools.count(1)
+RUN_LOCK = "/tmp/evalharness-test-runs-%s.lock"  # per daemon: see hold_daemon_runs
+_RUN_LOCKS: Dict[str, "io.TextIOWrapper"] = {}  # daemon key -> this process's open lock file
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -93,6 +98,23 @@ def require_docker(test: unittest.TestCase) -> None:
         _REASONS[host] = docker_reason()
     if _REASONS[host]:
         _unavailable(test, _REASONS[host])
+
+
+def hold_daemon_runs(test: unittest.TestCase, exclusive: bool = False) -> None:
+    """Hold, until ``test``'s cleanup, a file lock on the evalharness containers of the daemon DOCKER_HOST names.
+
+    Every evalharness run removes the containers of dead evalharness processes it finds on its daemon (the reaper).
+    A test whose runs use the daemon holds the lock shared; a test that leaves containers of a dead process and
+    checks which ones a run removes holds it ``exclusive``, so no run of another test process (tests/run.py -j runs
+    test_swe and test_code at the same time) removes them first or finds them. One lock file per daemon, one open
+    file per process (a second call converts the lock: flock locks belong to the open file).
+    """
+    key = hashlib.sha1((os.environ.get("DOCKER_HOST") or "default").encode()).hexdigest()[:12]
+    if key not in _RUN_LOCKS:
+        _RUN_LOCKS[key] = open(RUN_LOCK % key, "a")
+    fd = _RUN_LOCKS[key].fileno()
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    test.addCleanup(fcntl.flock, fd, fcntl.LOCK_UN)
 
 
 def _require_binary(test: unittest.TestCase, name: str) -> str:
@@ -690,10 +712,14 @@ def start_put_store(test: unittest.TestCase) -> Tuple[str, str]:
     ``create_full_put_path on``, JSON autoindex; ``user root`` when run as root so temp dirs need no chown).
     PUT answers 201 (new) / 204 (overwrite), DELETE 204, missing 404; chunked request bodies work.
     Falls back to a stdlib server with the same behaviour (HTML, not JSON, directory listings) only when nginx
-    is missing. Cleanup stops the server.
+    is missing, and fails then under EVALHARNESS_REQUIRE_DOCKER=1 (CI must test against the real server).
+    Cleanup stops the server.
     """
     nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)), None)
     if not nginx:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            test.fail("%s=1 but nginx is not installed (Debian package nginx): the PUT store tests need the real "
+                      "WebDAV server, not the stdlib stand-in" % REQUIRE_ENV)
         return start_stdlib_put_store(test)
     base = _tempdir(test, "evh-nginx-")
     root = os.path.join(base, "store")
@@ -893,6 +919,19 @@ def _mounts_under(path: str) -> List[str]:
     return sorted(out, key=len, reverse=True)
 
 
+@contextlib.contextmanager
+def _net_lock():
+    """Held from choosing a free /24 until its address is on a link: test processes running at the same time
+    (tests/run.py -j, several CI suites) would otherwise pick the same one. A flock on a file in /tmp (the kernel
+    drops it when the holder dies)."""
+    with open(NET_LOCK, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def _free_net(test: unittest.TestCase, prefix: str, what: str) -> int:
     """N of a PREFIX.N.0/24 that no host address or route uses (tried from one that depends on the pid)."""
     ip = _require_binary(test, "ip")
@@ -911,14 +950,16 @@ def _make_bridge(test: unittest.TestCase) -> str:
     """Create a bridge link with an IPv4 /24 of 10.213.0.0/16 no host address or route uses; deleted in cleanup."""
     ip = _require_binary(test, "ip")
     name = "evh%dx%d" % (os.getpid(), next(_COUNTER))  # < 16 chars (IFNAMSIZ)
-    net = _free_net(test, "10.213", "a second dockerd's bridge")
-    proc = subprocess.run([ip, "link", "add", name, "type", "bridge"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True)
-    if proc.returncode != 0:
-        _unavailable(test, "cannot create a bridge for a second dockerd (ip link add: %s)" % proc.stdout.strip())
-    test.addCleanup(subprocess.run, [ip, "link", "del", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _check(test, subprocess.run([ip, "addr", "add", "10.213.%d.1/24" % net, "dev", name], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, universal_newlines=True), "ip addr add")
+    with _net_lock():
+        net = _free_net(test, "10.213", "a second dockerd's bridge")
+        proc = subprocess.run([ip, "link", "add", name, "type", "bridge"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, universal_newlines=True)
+        if proc.returncode != 0:
+            _unavailable(test, "cannot create a bridge for a second dockerd (ip link add: %s)" % proc.stdout.strip())
+        test.addCleanup(subprocess.run, [ip, "link", "del", name], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+        _check(test, subprocess.run([ip, "addr", "add", "10.213.%d.1/24" % net, "dev", name], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, universal_newlines=True), "ip addr add")
     return name
 
 
@@ -1001,25 +1042,27 @@ class NetnsDockerd:
         self.exe = _require_binary(test, "dockerd")
         ip = _require_binary(test, "ip")
         _require_binary(test, "nsenter")
-        net = _free_net(test, "10.214", "a dockerd in a network namespace")
         self.ns = "evhns%dx%d" % (os.getpid() % 100000, next(_COUNTER))
         self.leg = "evhv%dx%d" % (os.getpid() % 100000, next(_COUNTER))
-        self.addr = "10.214.%d.2" % net
-        self.host = "tcp://%s:2375" % self.addr
         self.dir = tempfile.mkdtemp(prefix="evhn-", dir="/tmp")
         self.sock = "unix://" + os.path.join(self.dir, "d.sock")
         self.proc: Optional[subprocess.Popen] = None
         test.addCleanup(self.cleanup)
-        steps = [[ip, "netns", "add", self.ns], [ip, "-n", self.ns, "link", "set", "lo", "up"],
-                 [ip, "link", "add", self.leg, "type", "veth", "peer", "name", "eth0", "netns", self.ns],
-                 [ip, "addr", "add", "10.214.%d.1/24" % net, "dev", self.leg], [ip, "link", "set", self.leg, "up"],
-                 [ip, "-n", self.ns, "addr", "add", self.addr + "/24", "dev", "eth0"],
-                 [ip, "-n", self.ns, "link", "set", "eth0", "up"]]
-        for step in steps:
-            res = subprocess.run(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-            if res.returncode != 0:
-                _unavailable(test, "cannot set up a network namespace (%s: %s)" % (" ".join(step),
-                                                                                  res.stdout.strip()))
+        with _net_lock():  # until the host side of the veth has its address
+            net = _free_net(test, "10.214", "a dockerd in a network namespace")
+            self.addr = "10.214.%d.2" % net
+            self.host = "tcp://%s:2375" % self.addr
+            steps = [[ip, "netns", "add", self.ns], [ip, "-n", self.ns, "link", "set", "lo", "up"],
+                     [ip, "link", "add", self.leg, "type", "veth", "peer", "name", "eth0", "netns", self.ns],
+                     [ip, "addr", "add", "10.214.%d.1/24" % net, "dev", self.leg],
+                     [ip, "link", "set", self.leg, "up"],
+                     [ip, "-n", self.ns, "addr", "add", self.addr + "/24", "dev", "eth0"],
+                     [ip, "-n", self.ns, "link", "set", "eth0", "up"]]
+            for step in steps:
+                res = subprocess.run(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+                if res.returncode != 0:
+                    _unavailable(test, "cannot set up a network namespace (%s: %s)" % (" ".join(step),
+                                                                                      res.stdout.strip()))
         self.start()
 
     def start(self) -> None:

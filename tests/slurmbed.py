@@ -9,6 +9,7 @@ shared/facts/scaleout.md section 1). Up in under a second once installed (`apt-g
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -56,8 +57,8 @@ def missing():
 
 
 class SlurmCluster:
-    def __init__(self, nodes=2, port=16817):
-        self.nodes, self.port = nodes, port
+    def __init__(self, nodes=2, port=None):
+        self.nodes, self.port = nodes, port  # port: slurmctld's (default: a free one, as are the slurmds')
         self.dir = None
         self.epilog_lines = []
 
@@ -69,7 +70,10 @@ class SlurmCluster:
                 raise AssertionError(why + " and %s=1" % REQUIRE_ENV)
             raise unittest.SkipTest(why)
         if os.geteuid() != 0:
-            raise unittest.SkipTest("the Slurm test cluster runs its daemons as root")
+            why = "the Slurm test cluster runs its daemons as root (this is uid %d)" % os.geteuid()
+            if os.environ.get(REQUIRE_ENV) == "1":
+                raise AssertionError(why + " and %s=1" % REQUIRE_ENV)
+            raise unittest.SkipTest(why)
         self.dir = tempfile.mkdtemp(prefix="evalharness-slurm-")
         os.chmod(self.dir, 0o755)  # munged refuses a socket under a directory without o+x
         try:
@@ -96,10 +100,13 @@ class SlurmCluster:
         subprocess.run(["munged", "--socket=%s/munge/munge.sock" % d, "--key-file=%s" % key,
                         "--pid-file=%s/munge/munged.pid" % d, "--log-file=%s/munge/munged.log" % d,
                         "--seed-file=%s/munge/munged.seed" % d], check=True, timeout=30)
-        conf = CONF.format(d=d, port=self.port, dport=self.port + 1)
+        # free ports, so clusters of test processes running at the same time (tests/run.py -j, several CI suites)
+        # do not meet; a port taken between this choice and the daemon's bind fails the start with its log
+        ports = _free_ports(self.nodes + 2) if self.port is None else list(range(self.port, self.port + self.nodes + 2))
+        conf = CONF.format(d=d, port=ports[0], dport=ports[1])
         for i in range(1, self.nodes + 1):
             conf += ("NodeName=n%d NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=1 RealMemory=1000 "
-                     "State=UNKNOWN\n" % (i, 17000 + i))
+                     "State=UNKNOWN\n" % (i, ports[1 + i]))
         conf += "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         conf += "".join(self.epilog_lines)
         with open(os.path.join(d, "slurm.conf"), "w") as fh:
@@ -155,6 +162,20 @@ class SlurmCluster:
                 pass
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
+
+
+def _free_ports(n):
+    """n distinct loopback ports nothing listens on now (bound together, then closed)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _alive(pid):

@@ -9,7 +9,8 @@ with a build step).
 Images are built once per machine and reused: the base image is cached as a tarball under
 ``$EVALHARNESS_TESTBED_CACHE`` (default /var/cache/evalharness-testbed, or ~/.cache/evalharness-testbed when that
 is not writable); task images carry a label with the hash of their content and are rebuilt only when it changes.
-A file lock makes concurrent test processes build once.
+File locks make concurrent test processes build once: one for the base tarball, one per daemon (DOCKER_HOST)
+for the task images, so suites on separate daemons build at the same time.
 
     python3 tests/swebed.py build     # what .ci/run calls before the suites (prints timings)
 """
@@ -86,6 +87,12 @@ class _Lock:
         if fcntl:
             fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
         self.fh.close()
+
+
+def _daemon_lock(name: str) -> "_Lock":
+    """A lock for ``name`` on the daemon DOCKER_HOST names: suites on different daemons build at the same time."""
+    key = hashlib.sha1((os.environ.get("DOCKER_HOST") or "default").encode()).hexdigest()[:12]
+    return _Lock("%s-%s" % (name, key))
 
 
 def _run(argv, **kw) -> subprocess.CompletedProcess:
@@ -391,7 +398,7 @@ def build_task_images(log=print) -> List[dict]:
     "_skip_patch" and "_broken_patch"."""
     base_id = _base_id(log)
     rows = []
-    with _Lock("tasks"):
+    with _daemon_lock("tasks"):
         for make in TASKS:
             spec = make()
             work = tempfile.mkdtemp(prefix="swe-task-")
@@ -738,7 +745,7 @@ def build_layout_images(log=print) -> List[dict]:
     command under "_install"."""
     base_id = _base_id(log)
     rows = []
-    with _Lock("tasks"):
+    with _daemon_lock("tasks"):
         for make in LAYOUT_TASKS:
             spec = make()
             work = tempfile.mkdtemp(prefix="swe-task-")

@@ -700,10 +700,6 @@ class TestPreflight(unittest.TestCase):
         self.assertIsNone(eh._context_warning({"context_len": None}, 5000, ["x"]))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class _OneAtATimeHandler(http.server.BaseHTTPRequestHandler):
     """A chat completion after ``service_s``, one request at a time (see _SmallBacklogServer): 200 take 4 s."""
 
@@ -811,3 +807,7 @@ class TestServerMetricsRuns(unittest.TestCase):
         self.assertEqual(res.returncode, 0, res.stderr[-2000:])
         with open(os.path.join(out, "run.json")) as fh:
             self.assertIsNone(json.load(fh)["concurrency"]["server_metrics"])
+
+
+if __name__ == "__main__":
+    unittest.main()

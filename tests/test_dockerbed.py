@@ -71,7 +71,7 @@ class PlainHelpersTest(unittest.TestCase):
         self.assertTrue(os.path.exists(host[len("unix://"):]))
         with mock.patch.dict(os.environ, {"DOCKER_HOST": host}):
             if not bed.shutil.which("docker"):
-                self.skipTest("docker CLI not found")
+                bed._unavailable(self, "docker CLI not found")  # a skip, or a failure under REQUIRE_DOCKER=1
             reason = bed.docker_reason()
             self.assertIn("no Docker daemon answers at %s" % host, reason)
             with mock.patch.dict(os.environ, {bed.REQUIRE_ENV: "0"}):

@@ -6,6 +6,8 @@ import importlib.util
 import json
 import marshal
 import os
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -40,12 +42,33 @@ def is_stdlib(name: str) -> bool:
 
 
 def find_python(version: str):
-    """The interpreter for 'X.Y' from pyenv, or None when this machine has none."""
+    """The interpreter for 'X.Y' as .ci/run's find_python finds it: a pyenv one (under $PYENV_ROOT, ~/.pyenv or
+    /root/.pyenv), else pythonX.Y on PATH; None when this machine has none."""
     roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv"), "/root/.pyenv"]
     for root in filter(None, roots):
         for exe in sorted(glob.glob(os.path.join(root, "versions", version + ".*", "bin", "python" + version))):
+            if os.access(exe, os.X_OK):
+                return exe
+    return shutil.which("python" + version)
+
+
+def build_python(version: str):
+    """The interpreter build_zipapp.sh compiles X.Y's bytecode with (its interpreter(), step for step): the highest
+    X.Y.Z of `pyenv versions --bare` by `pyenv prefix`, else pythonX.Y on PATH; None when it finds none."""
+    try:
+        names = subprocess.run(["pyenv", "versions", "--bare"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               universal_newlines=True, timeout=30, env=clean_env()).stdout.split()
+    except OSError:
+        names = []
+    patches = [v for v in names if re.match(re.escape(version) + r"\.\d+$", v)]
+    if patches:
+        best = max(patches, key=lambda v: [int(p) for p in v.split(".")])
+        res = subprocess.run(["pyenv", "prefix", best], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             universal_newlines=True, timeout=30, env=clean_env())
+        exe = os.path.join(res.stdout.strip(), "bin", "python" + version)
+        if res.returncode == 0 and os.access(exe, os.X_OK):
             return exe
-    return None
+    return shutil.which("python" + version)
 
 
 def build(out_path: str, **env) -> str:
@@ -60,11 +83,12 @@ SUPPORTED = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
 
 
 def supported_pythons(test):
-    """[(X.Y, interpreter)] for each supported Python pyenv has here (the build finds those too); skips if none."""
-    found = [(v, find_python(v)) for v in SUPPORTED]
+    """[(X.Y, interpreter)] for each supported Python the build finds here (found the way it finds them); skips if
+    none."""
+    found = [(v, build_python(v)) for v in SUPPORTED]
     found = [(v, exe) for v, exe in found if exe]
     if not found:
-        test.skipTest("no pyenv Python %s-%s on this machine" % (SUPPORTED[0], SUPPORTED[-1]))
+        test.skipTest("no Python %s-%s on this machine (pyenv or PATH)" % (SUPPORTED[0], SUPPORTED[-1]))
     return found
 
 
@@ -366,9 +390,12 @@ class TestZipappBytecode(unittest.TestCase):
         pyz = os.path.join(d, "e.pyz")
         build(pyz)
         name = "evalharness.%s.pyc" % sys.implementation.cache_tag
+        here = "%d.%d" % sys.version_info[:2]
         with zipfile.ZipFile(pyz) as zf:
             if name not in zf.namelist():
-                self.skipTest("the build found no Python %d.%d for bytecode" % sys.version_info[:2])
+                self.assertIsNone(build_python(here), "the build has a Python %s but put no %s in the archive"
+                                  % (here, name))
+                self.skipTest("the build found no Python %s for bytecode" % here)
             good = zf.read(name)
         bad = [("not unchecked-hash bytecode", b"\0\0\0\0" + good[4:]),   # another Python's magic number
                ("not unchecked-hash bytecode", good[:4] + b"\3\0\0\0" + good[8:]),  # checked hash

@@ -4,6 +4,7 @@ and a SWE instance end to end, on Debian's podman 4.3 as root.
 Podman here needs a containers.conf with ulimits no higher than the machine allows (no CAP_SYS_RESOURCE) and the
 cgroupfs manager (testbed.md §8); the tests write one and point CONTAINERS_CONF at it.
 """
+import fcntl
 import io
 import json
 import os
@@ -23,6 +24,9 @@ events_logger = "file"
 """
 
 
+LOCK = "/tmp/evalharness-test-podman.lock"
+
+
 def podman(*args, input=None, timeout=300):
     return subprocess.run(["podman"] + list(args), input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           timeout=timeout)
@@ -36,6 +40,11 @@ class TestPodman(unittest.TestCase):
             if os.environ.get(bed.REQUIRE_ENV) == "1":
                 raise AssertionError("%s=1 but podman is not installed (Debian package podman)" % bed.REQUIRE_ENV)
             raise unittest.SkipTest("podman is not installed (Debian package podman)")
+        # podman as root has one store for the machine: test processes running at the same time (several CI
+        # suites) would remove each other's images and see each other's containers, so one holds it at a time
+        lock = open(LOCK, "a")
+        cls.addClassCleanup(lock.close)
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         cls.dir = tempfile.mkdtemp(prefix="evalharness-podman-")
         cls.addClassCleanup(shutil.rmtree, cls.dir, True)
         conf = os.path.join(cls.dir, "containers.conf")

@@ -285,11 +285,13 @@ class TestHtmlReport(unittest.TestCase):
             if kind == "swe":
                 self.assertEqual(dom.stdout.count("<details>"), 3)
                 self.assertIn('<ins>+a = 2  # &lt;b&gt;bold?&lt;/b&gt;</ins>', dom.stdout)
-            shot = os.path.join(ARTIFACTS, "report-%s.png" % kind)
+            # this process's own file, then renamed: test processes running at the same time share ARTIFACTS
+            shot = os.path.join(ARTIFACTS, "report-%s.%d.png" % (kind, os.getpid()))
             out = subprocess.run(flags + ["--window-size=1280,2400", "--screenshot=" + shot, "file://" + path],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
             self.assertEqual(out.returncode, 0)
             self.assertGreater(os.path.getsize(shot), 10_000)
+            os.replace(shot, os.path.join(ARTIFACTS, "report-%s.png" % kind))
 
 
     def dom(self, path):

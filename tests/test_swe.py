@@ -308,6 +308,7 @@ class _SWEBed(unittest.TestCase):
         cls.ids = sorted(r["instance_id"] for r in cls.rows)
 
     def setUp(self):
+        bed.hold_daemon_runs(self)  # shared: no other test process's dead containers appear or go mid-test
         self.ds = eh.SWEDataset(self.dataset).validate()
 
     def run_swe(self, out, *, mock=None, policy="oracle", score_only=None, cancel=None, stream=True, **opts):
@@ -580,6 +581,7 @@ class TestContainersAndCrashes(_SWEBed):
             box.exec("true", timeout_s=10)
 
     def test_leftovers_of_dead_processes_are_reaped_and_live_ones_kept(self):
+        bed.hold_daemon_runs(self, exclusive=True)  # no other process's run reaps them first
         dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
         dead_pid.wait()
         names = []
@@ -597,6 +599,7 @@ class TestContainersAndCrashes(_SWEBed):
         self.assertIn(names[1], alive)
 
     def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(self):
+        bed.hold_daemon_runs(self, exclusive=True)  # the rerun reaps exactly the killed run's containers
         d = tempdir(self)
         mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
         out = os.path.join(d, "run")
@@ -685,9 +688,10 @@ class TestSWEShards(_SWEBed):
         argv = [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
                 "--base-url", mock.url, "--out", out, "--exec-timeout", "60", "--max-sessions", "2",
                 "--keep-images", "--no-progress", "--shard", "0/1"]
-        proc = subprocess.Popen(argv, env=clean_env(SLURM_JOB_ID="4242"), stdout=subprocess.PIPE,
+        job = str(4000000 + os.getpid())  # this process's own: another test process may share the daemon
+        proc = subprocess.Popen(argv, env=clean_env(SLURM_JOB_ID=job), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
-        labelled = lambda: bed.docker("ps", "-a", "--filter", "label=slurm.job=4242", "--format",
+        labelled = lambda: bed.docker("ps", "-a", "--filter", "label=slurm.job=" + job, "--format",
                                       "{{.Names}}").stdout.split()
         self.assertTrue(wait_until(lambda: len(labelled()) >= 1, 90), "no container carries the job's label")
         time.sleep(1.0)  # mid-instance: the sleepy agent's command runs inside the container
