@@ -4131,8 +4131,10 @@ class ModelClient:
             wait = max(wait, err.retry_after_s)
         return wait
 
-    def _give_up(self, err: ModelAPIError, attempts: int, successes_then: int) -> bool:
-        """Whether a failed request stops retrying (see _EndpointHealth for the outage rule)."""
+    def _give_up(self, err: ModelAPIError, attempts: int, successes_then: int, successes_at_send: int) -> bool:
+        """Whether a failed request stops retrying (see _EndpointHealth for the outage rule): ``successes_then``
+        is the endpoint's success count when the request's first attempt went out, ``successes_at_send`` the count
+        when its latest attempt went out."""
         cfg, health = self.config, self.health
         if err.kind == "fatal":
             return True
@@ -4144,8 +4146,11 @@ class ModelClient:
                 err.error_class = "unreachable"  # never reached in this run: fail fast, the breaker counts it
                 return True
             return False
-        # past its retries, a request gives up only if the endpoint answered others meanwhile (its own trouble)
-        return attempts > cfg.max_retries and health.successes > successes_then
+        # past its retries, a request gives up only if the endpoint had answered others since its first attempt
+        # by the time its latest attempt went out (its own trouble). Not the count now: an answer to another request
+        # that lands between this attempt's failure and this check (the server back just after refusing it) says
+        # nothing about this request, and would cost it the sample that a restart must not cost.
+        return attempts > cfg.max_retries and successes_at_send > successes_then
 
     def chat(self, messages: Sequence[Dict[str, Any]],
              tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
@@ -4238,7 +4243,7 @@ class ModelClient:
         cfg = self.config
         t_start = time.monotonic()
         attempts = 0
-        successes_then = -1  # the endpoint's success count at this request's first failure
+        successes_then = -1  # the endpoint's success count when this request's first attempt went out
         while True:
             if self._cancel.is_set():
                 raise _Cancelled()
@@ -4246,6 +4251,9 @@ class ModelClient:
             err = None
             permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
             t_attempt = time.monotonic()
+            successes_at_send = self.health.successes if self.health is not None else 0
+            if successes_then < 0:
+                successes_then = successes_at_send
             outcome, tokens, ttft = "ignore", 0, None
             try:
                 result = attempt()
@@ -4269,11 +4277,9 @@ class ModelClient:
                                       ttft_s=ttft)
             err.attempts = attempts
             if self.health is not None:
-                if successes_then < 0:
-                    successes_then = self.health.successes
                 if err.kind != "fatal" and self.health.failure(err):
                     raise _Cancelled()  # the outage budget ran out: the run stops, this sample stays pending
-            if self._give_up(err, attempts, successes_then):
+            if self._give_up(err, attempts, successes_then, successes_at_send):
                 if err.kind == "malformed":
                     err.kind = "fatal"
                 err.args = ("%s (%s; %d attempt%s)" % (_redact(err.args[0]), err.kind, attempts,

@@ -145,6 +145,21 @@ MUTANTS = (
            "exclude_from_proxy([])",
            "tests.test_client.TestProxy "
            "tests.test_run.TestFailures.test_a_run_appends_its_endpoint_host_to_no_proxy_unless_use_proxy"),
+    mutant("acc-norm-unnormalised",
+           "acc_norm divides each choice's log-likelihood by the choice's length in characters",
+           "norm = [ll / max(1, len(c)) for ll, c in zip(lls, choices)]",
+           "norm = list(lls)",
+           "tests.test_loglik.TestMetrics"),
+    mutant("loglik-boundary-kept",
+           "whitespace at the end of a context moves to the front of the continuation (lm-eval's _encode_pair)",
+           "    n = len(context) - len(context.rstrip())\n    if n:",
+           "    n = 0\n    if n:",
+           "tests.test_loglik.TestMetrics"),
+    mutant("outage-race-gives-up",
+           "a request gives up past its retries only if others were answered by the time its last attempt went out",
+           "return attempts > cfg.max_retries and successes_at_send > successes_then",
+           "return attempts > cfg.max_retries and health.successes > successes_then",
+           "tests.test_client.TestOutageRace"),
 )
 
 # ----------------------------------------------------------------------------- one mutant

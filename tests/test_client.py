@@ -343,6 +343,47 @@ class TestClassification(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 8.0)
 
 
+class TestOutageRace(unittest.TestCase):
+    def test_an_answer_to_another_request_after_this_attempt_went_out_does_not_make_it_give_up(self):
+        """Past its retries a request gives up only when the endpoint had answered others by the time its latest
+        attempt went out. Here another request's answer lands while this one's attempt is failing (the server
+        back just after refusing it): the request retries and succeeds. The race is made by the attempt itself
+        (a fake attempt: thread timing under load cannot be produced on demand)."""
+        fast_retries(self)
+        health = eh._EndpointHealth()
+        health.success()  # the endpoint had answered before
+        c = eh.ModelClient(eh.ClientConfig(base_url="http://127.0.0.1:9/v1", model="m", max_retries=1),
+                           health=health)
+        calls = []
+
+        def attempt():
+            calls.append(health.successes)
+            if len(calls) == 2:
+                health.success()  # another request's answer, counted between this send and this failure
+            if len(calls) < 3:
+                raise eh.ModelAPIError("connection refused", kind="overload", error_class="connection",
+                                       refused=True)
+            return eh.CompletionsResult(choices=())
+        res = c._with_retries(attempt)
+        self.assertEqual((res.attempts, calls), (3, [1, 1, 2]))
+
+    def test_a_request_that_fails_while_the_endpoint_answers_others_gives_up_after_its_retries(self):
+        fast_retries(self)
+        health = eh._EndpointHealth()
+        health.success()
+        c = eh.ModelClient(eh.ClientConfig(base_url="http://127.0.0.1:9/v1", model="m", max_retries=1),
+                           health=health)
+        calls = []
+
+        def attempt():
+            calls.append(1)
+            health.success()  # others keep being answered, before and after each of this request's attempts
+            raise eh.ModelAPIError("HTTP 500", kind="transient", error_class="server_error", status=500)
+        with self.assertRaises(eh.ModelAPIError):
+            c._with_retries(attempt)
+        self.assertEqual(len(calls), 2)
+
+
 class TestMalformed(unittest.TestCase):
     def test_malformed_sse_is_retried_when_the_next_attempt_is_good(self):
         fast_retries(self)
