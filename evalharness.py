@@ -3617,8 +3617,8 @@ class _EndpointHealth:
 
     An outage starts at the first failure after the last success. While it lasts, a failing request keeps
     retrying (at most OUTAGE_POLL_S apart) past its --max-retries, so a server restart costs time, not samples;
-    a request gives up after its retries only when the endpoint has answered other requests since it started
-    failing (then the trouble is this request's). When an outage reaches ``budget_s`` the run is aborted
+    a request gives up after its retries only when it failed with an error of its own (not a refused or turned
+    away connection) while the endpoint answered other requests (then the trouble is this request's). When an outage reaches ``budget_s`` the run is aborted
     (``on_trip``), and the samples in flight stay pending for the resume.
     """
 
@@ -4146,10 +4146,13 @@ class ModelClient:
                 err.error_class = "unreachable"  # never reached in this run: fail fast, the breaker counts it
                 return True
             return False
+        if refused or err.turned_away:
+            # nothing listened, or the server never took the request: the endpoint's trouble, never this
+            # request's, whatever others got (answers to requests in flight when the server went down, or just
+            # after it came back, land around these attempts); the outage budget decides when the run stops
+            return False
         # past its retries, a request gives up only if the endpoint had answered others since its first attempt
-        # by the time its latest attempt went out (its own trouble). Not the count now: an answer to another request
-        # that lands between this attempt's failure and this check (the server back just after refusing it) says
-        # nothing about this request, and would cost it the sample that a restart must not cost.
+        # by the time its latest attempt went out (its own trouble: an error of its own while others get answers)
         return attempts > cfg.max_retries and successes_at_send > successes_then
 
     def chat(self, messages: Sequence[Dict[str, Any]],

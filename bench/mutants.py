@@ -155,10 +155,10 @@ MUTANTS = (
            "    n = len(context) - len(context.rstrip())\n    if n:",
            "    n = 0\n    if n:",
            "tests.test_loglik.TestMetrics"),
-    mutant("outage-race-gives-up",
-           "a request gives up past its retries only if others were answered by the time its last attempt went out",
-           "return attempts > cfg.max_retries and successes_at_send > successes_then",
-           "return attempts > cfg.max_retries and health.successes > successes_then",
+    mutant("refused-gives-up",
+           "a refused request is the endpoint's trouble: it retries past its retries while others are answered",
+           "        if refused or err.turned_away:\n            # nothing listened",
+           "        if False:\n            # nothing listened",
            "tests.test_client.TestOutageRace"),
 )
 

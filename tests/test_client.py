@@ -344,11 +344,11 @@ class TestClassification(unittest.TestCase):
 
 
 class TestOutageRace(unittest.TestCase):
-    def test_an_answer_to_another_request_after_this_attempt_went_out_does_not_make_it_give_up(self):
-        """Past its retries a request gives up only when the endpoint had answered others by the time its latest
-        attempt went out. Here another request's answer lands while this one's attempt is failing (the server
-        back just after refusing it): the request retries and succeeds. The race is made by the attempt itself
-        (a fake attempt: thread timing under load cannot be produced on demand)."""
+    def test_a_refused_request_keeps_retrying_past_its_retries_whatever_others_got(self):
+        """A refused connection is the endpoint's trouble, never the request's: answers to other requests (those in
+        flight when the server went down, or sent just after it came back) land around this request's attempts,
+        and it retries on until its own attempt gets through (the outage budget bounds it). The answers are made
+        by the attempt itself (a fake attempt: thread timing under load cannot be produced on demand)."""
         fast_retries(self)
         health = eh._EndpointHealth()
         health.success()  # the endpoint had answered before
@@ -358,14 +358,13 @@ class TestOutageRace(unittest.TestCase):
 
         def attempt():
             calls.append(health.successes)
-            if len(calls) == 2:
-                health.success()  # another request's answer, counted between this send and this failure
-            if len(calls) < 3:
+            if len(calls) < 4:
+                health.success()  # another request's answer, between this attempt and the next
                 raise eh.ModelAPIError("connection refused", kind="overload", error_class="connection",
                                        refused=True)
             return eh.CompletionsResult(choices=())
         res = c._with_retries(attempt)
-        self.assertEqual((res.attempts, calls), (3, [1, 1, 2]))
+        self.assertEqual((res.attempts, calls), (4, [1, 2, 3, 4]))
 
     def test_a_request_that_fails_while_the_endpoint_answers_others_gives_up_after_its_retries(self):
         fast_retries(self)
