@@ -4333,6 +4333,7 @@ class MockConfig:
     context_len: int = 0               # the served context in tokens (listed as the kind does; enforced); 0 = none
     reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
     tokenizer: bool = True             # offer /tokenize (vLLM's shape; llama.cpp kind: its own); False: none
+    llama_cpp_python: bool = False     # /v1/completions as llama-cpp-python's server answers it (see _toy_completion)
 
 
 # The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
@@ -4436,15 +4437,17 @@ def toy_token(token_id: int) -> str:
 
 
 def _toy_completion(prompt: Any, max_tokens: int, echo: bool, logprobs: Optional[int], newer: bool,
-                    ) -> Dict[str, Any]:
+                    spm: bool = False) -> Dict[str, Any]:
     """One /v1/completions choice of the toy model: the prompt (text or token ids) echoed with its tokens'
     log-probabilities (the first is null: nothing predicts it), then ``max_tokens`` greedy tokens. ``newer``: the
-    shape llama-server answers in (``logprobs.content``, generated tokens only, no echo)."""
+    shape llama-server answers in (``logprobs.content``, generated tokens only, no echo). ``spm``: as
+    llama-cpp-python's server with an SPM model: a space put before the text (so the echoed tokens spell one
+    character more than the prompt, and their offsets count it), and an empty byte token generated first."""
     if isinstance(prompt, str):
-        tokens = toy_tokens(prompt)
+        tokens = toy_tokens(" " + prompt if spm else prompt)
     else:
         tokens = ["<|endoftext|>" if t == TOY_EOT else toy_token(t) for t in prompt]
-    generated = [TOY_TOP] * max_tokens
+    generated = [""] * spm + [TOY_TOP] * max_tokens
 
     def top(tok: str) -> Dict[str, float]:
         best = tok if len(tok) <= 2 else TOY_TOP
@@ -4722,6 +4725,8 @@ class _MockHandler:
                             else "bad request: the text to tokenize is missing")
                 return
             special = req.get("add_special_tokens", req.get("add_special", path == "/tokenize"))
+            if cfg.llama_cpp_python:  # its /extras/tokenize: always the start token, and the SPM space
+                special, text = True, " " + text
             ids = [TOY_EOT] * bool(special) + [toy_id(t) for t in toy_tokens(text)]  # (the start token: EOT)
             self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": cfg.context_len or None})
             return
@@ -4730,19 +4735,28 @@ class _MockHandler:
         prompt = req.get("prompt")
         many = isinstance(prompt, list) and prompt and (isinstance(prompt[0], (str, list)))
         prompts = list(prompt) if many else [prompt]
+        if cfg.llama_cpp_python and not all(isinstance(p, str) for p in prompts):  # prompt: Union[str, List[str]]
+            self._error(500, "1 validation error: {'type': 'string_type', 'loc': ('body', 'prompt', 'str'), "
+                             "'msg': 'Input should be a valid string'}")
+            return
+        if cfg.llama_cpp_python and len(prompts) > 1:  # (its assert len(body.prompt) <= 1)
+            self._error(500, "")
+            return
         try:
             if not prompts or not all(isinstance(p, str) or (isinstance(p, list) and all(
                     isinstance(t, int) for t in p)) for p in prompts):
                 raise ValueError("prompt must be text, token ids, or a list of either")
             max_tokens = int(req.get("max_tokens", 16))
             newer = cfg.server_kind == "llama.cpp"  # llama-server: generated tokens' log-probabilities only
-            choices = [_toy_completion(p, max_tokens, bool(req.get("echo")), req.get("logprobs"), newer)
-                       for p in prompts]
+            choices = [_toy_completion(p, max_tokens, bool(req.get("echo")), req.get("logprobs"), newer,
+                                       cfg.llama_cpp_python) for p in prompts]
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             self._error(400, "bad request: %s" % exc)
             return
         usage = {"prompt_tokens": sum(c.pop("_prompt_tokens", 0) for c in choices),
                  "completion_tokens": sum(c.pop("_completion_tokens", max_tokens) for c in choices)}
+        if cfg.llama_cpp_python:  # (its start token is counted, and dropped from the echo)
+            usage["prompt_tokens"] += len(choices)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         self._json(200, {"id": "cmpl-mock", "object": "text_completion", "created": int(time.time()),
                          "model": cfg.reply_model or req.get("model") or cfg.model,
@@ -9619,15 +9633,41 @@ class ChoiceDataset:
 
 
 # ----------------------------------------------------------------------------- requests and metrics
-class _LoglikScorer:
-    """Log-likelihoods of (context, continuation) pairs through the client: one /v1/completions request a row (its
-    choices as a list of prompts). With the server's tokenizer, as lm-eval's causal models do: the whole text and
-    the context are tokenized (no special tokens), the continuation is the whole's tokens past the context's
-    count, and the prompt goes as token ids; without one, as text, and the continuation's tokens are those that
-    end past the context (the echoed tokens' text offsets)."""
+@_record
+class _LoglikAccess:
+    """How a server is asked for log-likelihoods, found by the pre-flight: its tokenizer endpoint (None: the echoed
+    tokens' text decides the boundary), whether it takes token-id prompts, and several prompts a request."""
 
-    def __init__(self, client: ModelClient, tokenizer: Optional[Tuple[str, str, Any]]):
-        self.client, self.tokenizer = client, tokenizer
+    tokenizer: Optional[Tuple[str, str, Any]] = None   # (name, url, body of a text)
+    ids: bool = False
+    batch: bool = False
+
+    @property
+    def tokenization(self) -> str:
+        return self.tokenizer[0] if self.tokenizer else "offsets"
+
+    def describe(self) -> str:
+        return "%s; prompts as %s, %s a request" % (
+            self.tokenizer[0] if self.tokenizer else "the echoed tokens' text (no tokenizer endpoint)",
+            "token ids" if self.ids else "text", "several" if self.batch else "one")
+
+
+def _generated(res: "CompletionsResult", n_prompts: int) -> int:
+    """Tokens a completions reply generated per prompt (asked for 1; a server may add an empty byte token first)."""
+    c = res.completion_tokens
+    return c // n_prompts if c and n_prompts and c % n_prompts == 0 else 1
+
+
+class _LoglikScorer:
+    """Log-likelihoods of (context, continuation) pairs through the client, as the pre-flight found the server
+    (_LoglikAccess). With a tokenizer endpoint, as lm-eval's causal models: the whole text and the context are
+    tokenized and the continuation is the whole's tokens past the context's count, N of them: the last N prompt
+    tokens of the echo (a start token the server adds, or drops from its echo, then changes nothing). Without one,
+    the continuation's tokens are the echoed prompt tokens that end past the context, their ends counted on the
+    text they spell (a server that puts a space before the text spells one character more)."""
+
+    def __init__(self, client: ModelClient, access: _LoglikAccess):
+        self.client, self.access = client, access
         self._cache: Dict[Tuple[str, bool], List[int]] = {}
         self._lock = threading.Lock()  # guards _cache
 
@@ -9636,8 +9676,8 @@ class _LoglikScorer:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-        assert self.tokenizer is not None
-        _, url, body = self.tokenizer
+        assert self.access.tokenizer is not None
+        _, url, body = self.access.tokenizer
         ids = self.client.tokenize(url, body(text, special))
         with self._lock:
             if len(self._cache) > 10000:
@@ -9645,34 +9685,52 @@ class _LoglikScorer:
             self._cache[key] = ids
         return ids
 
-    def score(self, pairs: Sequence[Tuple[str, str]]) -> Tuple[List[Dict[str, Any]], "CompletionsResult"]:
-        """Per pair: {ll, tokens (the continuation's count), greedy}; and the reply (usage, latency)."""
+    def _ask(self, prompts: List[Any]) -> Tuple[List[Dict[str, Any]], List[int], Any]:
+        """The choices for ``prompts`` (one request, or one each), the tokens each generated, and the last reply."""
+        if self.access.batch or len(prompts) == 1:
+            res = self.client.completions(prompts)
+            return list(res.choices), [_generated(res, len(prompts))] * len(prompts), res
+        choices, gens, res = [], [], None
+        for p in prompts:
+            res = self.client.completions([p])
+            choices.append(res.choices[0])
+            gens.append(_generated(res, 1))
+        return choices, gens, res
+
+    def score(self, pairs: Sequence[Tuple[str, str]]) -> Tuple[List[Dict[str, Any]], Any]:
+        """Per pair: {ll, tokens (the continuation's count), greedy}; and the (last) reply, for usage and latency."""
         split = [_split_boundary(c, x) for c, x in pairs]
-        if self.tokenizer is not None:  # as lm-eval: the whole text's tokens past the context's own count
-            encoded = []
+        counts: List[int] = []
+        if self.access.tokenizer is not None:
+            wholes = []
             for c, x in split:
                 whole, ctx = self.encode(c + x, False), self.encode(c, False)
-                encoded.append((whole[:len(ctx)], whole[len(ctx):]))
-            res = self.client.completions([c + x for c, x in encoded])
-            spans = [(len(c), len(c) + len(x)) for c, x in encoded]
+                wholes.append(whole)
+                counts.append(len(whole) - len(ctx))
+            prompts: List[Any] = wholes if self.access.ids else [c + x for c, x in split]
         else:
-            res = self.client.completions([c + x for c, x in split])
-            spans = []
-            for (c, x), ch in zip(split, res.choices):
-                offsets, n = ch["text_offset"], len(ch["tokens"]) - 1  # (the last token is the generated one)
-                ends = list(offsets[1:n]) + [len(c) + len(x)]
-                first = next((i for i in range(n) if ends[i] > len(c)), n)
-                spans.append((first, n))
+            prompts = [c + x for c, x in split]
+        choices, gens, res = self._ask(prompts)
         out = []
-        for (lo, hi), ch in zip(spans, res.choices):
-            values = ch["token_logprobs"][lo:hi]
-            if hi <= lo or any(v is None for v in values) or len(ch["token_logprobs"]) < hi:
-                raise ModelAPIError("the reply has no log-probabilities for the continuation's tokens %d..%d "
-                                    "(%d given)" % (lo, hi, len(ch["token_logprobs"])), kind="malformed")
-            tops = ch["top_logprobs"][lo:hi]
+        for i, ((c, x), ch, gen) in enumerate(zip(split, choices, gens)):
+            tokens, values = ch["tokens"], ch["token_logprobs"]
+            end = len(tokens) - gen  # the echoed prompt's tokens end here
+            if counts:
+                lo = end - counts[i]
+            else:
+                text = "".join(str(t) for t in tokens[:end])
+                extra = len(text) - len(c + x) if text.endswith(c + x) else 0
+                offsets = [len("".join(str(t) for t in tokens[:k + 1])) - extra for k in range(end)] \
+                    if text.endswith(c + x) else list(ch["text_offset"][1:end]) + [len(c + x)]
+                lo = next((k for k in range(end) if offsets[k] > len(c)), end)
+            part = values[lo:end]
+            if lo < 1 or end <= lo or any(v is None for v in part):
+                raise ModelAPIError("the reply's echo has no log-probabilities for the continuation's tokens %d..%d "
+                                    "(%d echoed)" % (lo, end, len(values)), kind="malformed")
+            tops = ch["top_logprobs"][lo:end]
             greedy = all(isinstance(t, dict) and t and max(t.items(), key=lambda kv: kv[1])[0] == tok
-                         for t, tok in zip(tops, ch["tokens"][lo:hi]))
-            out.append({"ll": round(sum(values), 6), "tokens": hi - lo, "greedy": greedy})
+                         for t, tok in zip(tops, tokens[lo:end]))
+            out.append({"ll": round(sum(part), 6), "tokens": end - lo, "greedy": greedy})
         return out, res
 
 
@@ -9694,10 +9752,10 @@ def _rescored_choice(rec: Dict[str, Any], it: ChoiceItem, score_fp: str) -> Dict
                 fp=dict(rec.get("fp") or {}, score=score_fp))
 
 
-def probe_loglik(client: ModelClient, server: Dict[str, Any]) -> Optional[Tuple[str, str, Any]]:
-    """The log-likelihood pre-flight: one request that must echo one log-probability per prompt token (the first
-    may be null), else ConfigError naming the server kind and why; then the tokenizer endpoint the server has
-    (None: the echoed tokens' offsets are used)."""
+def probe_loglik(client: ModelClient, server: Dict[str, Any]) -> _LoglikAccess:
+    """The log-likelihood pre-flight: a request that must echo one log-probability per prompt token (the first may
+    be null), else ConfigError naming the server kind and why; then what the server takes: its tokenizer endpoint,
+    token-id prompts (checked to echo what was sent), several prompts a request."""
     kind = server.get("kind") or "the server"
     try:
         res = client.completions([_LOGLIK_PROBE])
@@ -9705,23 +9763,36 @@ def probe_loglik(client: ModelClient, server: Dict[str, Any]) -> Optional[Tuple[
         raise ConfigError("log-likelihood pre-flight: %s at %s cannot answer /v1/completions with echo and logprobs:"
                           " %s" % (kind, client.config.base_url, _redact(exc))) from None
     ch = res.choices[0]
-    values = ch["token_logprobs"][1:-1]
-    if not ch["echoed"] or len(ch["token_logprobs"]) < 3 or any(v is None for v in values):
+    values = ch["token_logprobs"][1:len(ch["token_logprobs"]) - _generated(res, 1)]
+    if not ch["echoed"] or len(values) < 2 or any(v is None for v in values):
         why = ("llama.cpp's llama-server returns log-probabilities for generated tokens only"
                if kind == "llama.cpp" or not ch["echoed"] else
                "%s returns no log-probability for %d of the prompt's tokens" % (kind, sum(v is None for v in values)))
         raise ConfigError("log-likelihood pre-flight: %s (asked /v1/completions with echo and logprobs at %s): the "
                           "scores would be chance, not the model's; serve the checkpoint with vLLM or SGLang (or "
                           "llama-cpp-python's server)" % (why, client.config.base_url))
+    tokenizer = None
     root = _server_root(client.config.base_url)
     for name, path, body in _TOKENIZERS:
         try:
-            ids = client.tokenize(root + path, body("Hello world", False), retries=False)
+            ids = client.tokenize(root + path, body(_LOGLIK_PROBE, False), retries=False)
         except ModelAPIError:
             continue
         if ids:
-            return name, root + path, body
-    return None
+            tokenizer = (name, root + path, body)
+            break
+
+    def takes(prompts: List[Any], n_echo: Optional[int]) -> bool:
+        try:
+            r = client.completions(prompts)
+        except ModelAPIError:
+            return False
+        return len(r.choices) == len(prompts) and all(
+            c["echoed"] and (n_echo is None or len(c["tokens"]) - _generated(r, len(prompts)) == n_echo)
+            for c in r.choices)
+    ids_ok = tokenizer is not None and takes([ids], len(ids))
+    batch = takes([ids, ids] if ids_ok else [_LOGLIK_PROBE, _LOGLIK_PROBE], len(ids) if ids_ok else None)
+    return _LoglikAccess(tokenizer=tokenizer, ids=ids_ok, batch=batch)
 
 
 # ----------------------------------------------------------------------------- the kind
@@ -9743,7 +9814,7 @@ class _ChoiceKind(_Kind):
     noun = "row"
 
     def __init__(self) -> None:
-        self.tokenizer: Optional[Tuple[str, str, Any]] = None
+        self.access = _LoglikAccess()
         self.layout: Optional[str] = None
 
     def check(self, cfg: RunConfig) -> None:
@@ -9769,16 +9840,14 @@ class _ChoiceKind(_Kind):
     def before_store(self, run: _Run) -> None:
         assert run.client_cfg is not None
         probe = ModelClient(_replace(run.client_cfg, max_retries=2))
-        self.tokenizer = probe_loglik(probe, run.server or {})
-        _log.info("token boundaries: %s", self.tokenizer[0] if self.tokenizer else
-                  "the echoed tokens' text offsets (the server offers no tokenizer endpoint)")
-        fp = self._tokenization()
-        run.dataset.fingerprint(fp)
+        self.access = probe_loglik(probe, run.server or {})
+        _log.info("token boundaries: %s", self.access.describe())
+        run.dataset.fingerprint(self._tokenization())
         if run.cfg.shard is not None:
             run.dataset = _Shard(run.dataset, *run.cfg.shard)
 
     def _tokenization(self) -> str:
-        return self.tokenizer[0] if self.tokenizer else "offsets"
+        return self.access.tokenization
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
         return {"task": "choice", "model": cfg.model, "extra_body": cfg.extra_body, "seed": cfg.seed,
@@ -9804,7 +9873,7 @@ class _ChoiceKind(_Kind):
 
     def start(self, run: _Run) -> None:
         run.run_info_extra = {"layout": self.layout, "tokenization": self._tokenization(),
-                              "num_fewshot": run.cfg.choice.num_fewshot}
+                              "requests": self.access.describe(), "num_fewshot": run.cfg.choice.num_fewshot}
 
     def dataset_info(self, run: _Run) -> Dict[str, Any]:
         return dict(super().dataset_info(run), layout=self.layout)
@@ -9815,7 +9884,7 @@ class _ChoiceKind(_Kind):
 
     def work(self, run: _Run) -> Callable[[ChoiceItem], Dict[str, Any]]:
         assert run.client is not None
-        scorer = _LoglikScorer(run.client, self.tokenizer)
+        scorer = _LoglikScorer(run.client, self.access)
 
         def work(it: ChoiceItem) -> Dict[str, Any]:
             started = time.time()
@@ -10004,11 +10073,14 @@ class _PerplexityKind(_Kind):
     def before_store(self, run: _Run) -> None:
         assert run.client_cfg is not None
         probe = ModelClient(_replace(run.client_cfg, max_retries=2))
-        self.tokenizer = probe_loglik(probe, run.server or {})
-        if self.tokenizer is None:
+        access = probe_loglik(probe, run.server or {})
+        self.tokenizer = access.tokenizer
+        if self.tokenizer is None or not access.ids:
             raise ConfigError("--task perplexity needs the server's tokenizer endpoint (vLLM/SGLang or llama.cpp "
-                              "/tokenize, llama-cpp-python /extras/tokenize) to cut documents into windows; %s at %s "
-                              "has none" % ((run.server or {}).get("kind") or "the server", run.client_cfg.base_url))
+                              "/tokenize) and token-id prompts that it echoes as sent, to cut documents into windows; "
+                              "%s at %s has %s" % ((run.server or {}).get("kind") or "the server",
+                                                   run.client_cfg.base_url, "no tokenizer endpoint"
+                                                   if self.tokenizer is None else "no token-id prompts"))
         ctx = (run.server or {}).get("context_len")
         self.max_len = run.cfg.perplexity.max_length or (int(ctx) - 1 if ctx else 2047)
         _, url, body = self.tokenizer
@@ -13592,6 +13664,10 @@ def _parser_mock(sub: Any, text: str) -> Any:
                       help="served context length, listed as the kind does and enforced (default 0: none)")
     mock.add_argument("--reply-model", default=None, metavar="ID",
                       help="the replies' model field (default: the model the request names)")
+    mock.add_argument("--llama-cpp-python", action="store_true",
+                      help="answer /v1/completions and /extras/tokenize as llama-cpp-python's server does: one text "
+                           "prompt a request (token ids or a list: HTTP 500), a space before the text, an empty "
+                           "byte token generated first")
     mock.add_argument("--no-tokenizer", dest="tokenizer", action="store_false",
                       help="offer no /tokenize endpoint (default: offered, vLLM's shape; llama-server's with "
                            "--server-kind llama.cpp)")
@@ -14206,7 +14282,7 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy,
                      served=tuple(m.strip() for m in args.served.split(",") if m.strip()),
                      server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model,
-                     tokenizer=args.tokenizer)
+                     tokenizer=args.tokenizer, llama_cpp_python=args.llama_cpp_python)
     swe = SWEDataset(args.swe).validate() if args.swe else None
     server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)

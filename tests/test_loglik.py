@@ -70,6 +70,9 @@ def expected_acc(rows, layout):
     return out
 
 
+PROBES = 3  # the pre-flight's completions requests: the echo, a token-id prompt, two prompts at once
+
+
 def start_mock(test, **config):
     config.setdefault("model", "m")
     server = eh.MockServer(eh.MockConfig(**config)).start()
@@ -154,7 +157,7 @@ class TestMetrics(unittest.TestCase):
             mock = start_mock(self, tokenizer=tokenizer)
             client = eh.ModelClient(eh.ClientConfig(base_url=mock.url, model="m"))
             found = eh.probe_loglik(client, {})
-            self.assertEqual(found is not None, tokenizer)
+            self.assertEqual((found.tokenizer is not None, found.ids, found.batch), (tokenizer, tokenizer, True))
             values, _ = eh._LoglikScorer(client, found).score([("Answer: ", "Paris"), ("Answer:", " Paris")])
             self.assertEqual([(v["ll"], v["tokens"]) for v in values], [(-1.6, 1), (-1.6, 1)], tokenizer)
 
@@ -170,6 +173,32 @@ class TestMetrics(unittest.TestCase):
                 self.assertEqual(json.load(fh)["tokenization"], "vLLM/SGLang /tokenize" if tokenizer else "offsets")
         self.assertEqual(lls[True], lls[False])
         self.assertEqual(lls[True]["arc-1"], [toy_ll(" heat"), toy_ll(" a very cold winter night")])
+
+    def test_a_server_that_takes_one_text_prompt_and_adds_a_space_and_a_token_scores_the_same(self):
+        """As llama-cpp-python's server answers (found so by bench/loglik_parity.py): token-id prompts and lists of
+        prompts are HTTP 500, its tokenizer adds a start token and a space before the text, the echo drops the
+        start token, and an empty byte token is generated before the asked one. The values must be the same as a
+        plain server's: one request a choice, as text, the continuation the last N echoed prompt tokens."""
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "arc.jsonl"), ROWS["arc"])
+        lls = {}
+        for quirks in (False, True):
+            for tokenizer in (True, False):
+                mock = start_mock(self, llama_cpp_python=quirks, tokenizer=tokenizer)
+                out = os.path.join(d, "run-%s-%s" % (quirks, tokenizer))
+                res = run_choice(path, mock, out)
+                self.assertEqual(res.returncode, 0, res.stderr)
+                lls[quirks, tokenizer] = {r["id"]: (r["ll"], r["tokens"]) for r in read_samples(out)}
+                with open(os.path.join(out, "run.json"), encoding="utf-8") as fh:
+                    requests = json.load(fh)["requests"]
+                self.assertIn("prompts as text, one a request" if quirks else
+                              "prompts as %s, several a request" % ("token ids" if tokenizer else "text"), requests)
+                if quirks:  # one request a choice, after the probes: 2 choices a row
+                    self.assertGreaterEqual(mock.stats()["counters"]["completions"], 4)
+        want = {"arc-1": ([toy_ll(" heat"), toy_ll(" a very cold winter night")], [1, 5]),
+                "arc-2": ([toy_ll(" water"), toy_ll(" dry desert sand dunes")], [1, 4])}
+        for key, got in lls.items():
+            self.assertEqual({k: (list(v[0]), list(v[1])) for k, v in got.items()}, want, key)
 
 
 class TestPreflight(unittest.TestCase):
@@ -249,7 +278,7 @@ class TestResume(unittest.TestCase):
         self.assertEqual(res.returncode, 0, res.stderr)
         records = read_samples(out)
         self.assertEqual(sorted(r["id"] for r in records), sorted(str(i + 1) for i in range(30)))
-        self.assertEqual(mock.stats()["counters"]["completions"] - asked, 1 + 30 - len(kept))  # the probe + missing
+        self.assertEqual(mock.stats()["counters"]["completions"] - asked, PROBES + 30 - len(kept))
 
     def test_a_changed_right_answer_is_scored_again_from_the_stored_values_without_requests(self):
         d = tempdir(self)
@@ -263,7 +292,7 @@ class TestResume(unittest.TestCase):
         res = run_choice(path, mock, out)
         self.assertEqual(res.returncode, 0, res.stderr)
         self.assertIn("1 stored answer(s) re-scored", res.stderr)
-        self.assertEqual(mock.stats()["counters"]["completions"] - asked, 1)  # the pre-flight's probe only
+        self.assertEqual(mock.stats()["counters"]["completions"] - asked, PROBES)  # the pre-flight's only
         self.assertEqual({r["id"]: r["score"] for r in read_samples(out)}, {"arc-1": 1.0, "arc-2": 1.0})
 
 
