@@ -12,8 +12,10 @@ its words, starts `python -m llama_cpp.server` (logits_all is on by default ther
   2. `evalharness.py run --task choice` on each file straight against the server: exit code, tokenization in
      run.json, rows ok / failed and the first error;
   3. when rows failed in 2: the same runs through a pass-through proxy that only splits a request of several
-     prompts into one request per prompt and hides the tokenizer endpoint (so evalharness sends text and takes the
-     echoed tokens' offsets), as the nearest thing the server answers;
+     prompts into one request per prompt (the server takes one), as the nearest thing the server answers: "text"
+     hides the tokenizer endpoint (evalharness sends text and takes the echoed tokens' offsets); "ids" passes it
+     and sends each token-id prompt as its text, checked to tokenize back to the same ids (what the server's
+     Llama.create_completion does with a list of ids, had the request type let them through);
   4. the reference, in-process, by the same library from the same file (`llama_cpp.Llama(logits_all=True)`): each
      prompt evaluated, log-softmax at each position (float64), the continuation's tokens summed — under both
      boundary rules: "tokenizer" (lm-eval's whole-minus-context over the server's /extras/tokenize, what evalharness
@@ -24,7 +26,7 @@ its words, starts `python -m llama_cpp.server` (logits_all is on by default ther
   6. lm-eval 0.4.13 `local-completions` (pip-installed into the same venv) on the arc rows via a custom task yaml,
      with each tokenizer backend it offers that could apply; what it did, or exactly why it could not.
 
-Usage: python3 bench/loglik_parity.py [--venv-dir DIR] [--rows 60] [--keep DIR] [--no-lm-eval]
+Usage: python3 bench/loglik_parity.py [--venv-dir DIR] [--rows 42] [--keep DIR] [--direct all|first|none] [--no-lm-eval]
 """
 import argparse
 import json
@@ -315,9 +317,13 @@ def probes(url):
 
 
 # ----------------------------------------------------------------------------- the splitting proxy
-def start_proxy(upstream):
+def start_proxy(upstream, mode):
     """A pass-through that splits a /v1/completions request of several prompts into one request per prompt (the
-    server takes one) and answers 404 for tokenizer endpoints (so evalharness sends text and reads the offsets)."""
+    server takes one). Mode "text": tokenizer endpoints answer 404 (evalharness sends text and reads the offsets).
+    Mode "ids": the tokenizer passes through and a token-id prompt goes as its text (the server's /extras/detokenize,
+    less the SPM space prefix it keeps), checked to come back as the same tokens: what the server's
+    Llama.create_completion would do with the ids themselves (a list prompt is used as given, its leading BOS
+    dropped from the echo, as a text prompt's), had its request type let them through."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
@@ -344,14 +350,23 @@ def start_proxy(upstream):
 
         def do_POST(self):
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if "tokenize" in self.path:
+            if "tokenize" in self.path and mode == "text":
                 return self._send(404, {"detail": "Not Found (hidden by the bench's proxy)"})
             body = json.loads(raw or b"{}")
             prompt = body.get("prompt")
-            if self.path.endswith("/completions") and isinstance(prompt, list) and len(prompt) > 1 and all(
-                    isinstance(p, str) for p in prompt):
+            if self.path.endswith("/completions") and isinstance(prompt, list) and prompt:
+                if mode == "ids" and all(isinstance(t, int) for t in prompt):
+                    prompt = [prompt]
                 choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
                 for i, p in enumerate(prompt):
+                    if mode == "ids" and isinstance(p, list):
+                        st, det = post(upstream + "/extras/detokenize", {"tokens": p})
+                        text = det["text"][1:] if det["text"].startswith(" ") else det["text"]
+                        st, back = post(upstream + "/extras/tokenize", {"input": text})
+                        if back.get("tokens") != p:
+                            return self._send(599, {"error": "proxy: ids %s... come back as %s..." % (
+                                p[:8], back.get("tokens", [])[:8])})
+                        p = text
                     status, one = self._forward("POST", json.dumps(dict(body, prompt=p)).encode())
                     if status != 200:
                         return self._send(status, one)
@@ -397,6 +412,7 @@ def preds(lls, choices):
 def compare(items, records, ref, rule):
     """Per choice |Δll| and per row predictions of evalharness's records against the reference under ``rule``."""
     diffs, over, token_mismatch, acc_diff, norm_diff, near_ties, ok, examples = [], 0, 0, 0, 0, 0, 0, []
+    extra_generated = 0
     for it in items:
         rec = records.get(it["id"])
         if not rec or rec.get("status") != "ok":
@@ -413,6 +429,8 @@ def compare(items, records, ref, rule):
                         it["id"], i, a, rec["tokens"][i], b, r["tokens"][i]))
             if rec["tokens"][i] != r["tokens"][i]:
                 token_mismatch += 1
+        # max_tokens 1, yet llama-cpp-python goes on while the text is an incomplete UTF-8 sequence (a byte token)
+        extra_generated += (rec.get("completion_tokens") or 0) > len(it["choices"])
         p, pn = preds(r["ll"], it["choices"])
         acc_diff += p != rec["pred"]
         norm_diff += pn != rec["pred_norm"]
@@ -420,7 +438,7 @@ def compare(items, records, ref, rule):
         near_ties += len(top) > 1 and top[0] - top[1] < TOL
     return {"rows_ok": ok, "choices": len(diffs), "max_abs_diff": max(diffs) if diffs else None, "over_tol": over,
             "token_count_mismatch": token_mismatch, "acc_pred_diff": acc_diff, "acc_norm_pred_diff": norm_diff,
-            "ref_near_ties": near_ties, "examples": examples}
+            "ref_near_ties": near_ties, "extra_generated": extra_generated, "examples": examples}
 
 
 # ----------------------------------------------------------------------------- lm-eval
@@ -513,6 +531,9 @@ def main():
     ap.add_argument("--venv-dir", default=None, help="keep the virtualenv (and the built wheel) here and reuse it")
     ap.add_argument("--rows", type=int, default=42, help="rows per layout (5 layouts: 210 rows)")
     ap.add_argument("--keep", default=None, help="keep the model, rows, runs and logs here")
+    ap.add_argument("--direct", choices=("all", "first", "none"), default="all",
+                    help="layouts run straight against the server: all, the first only (every layout sends the same "
+                         "request shape; a refused run takes its outage budget, 2-6 minutes), none")
     ap.add_argument("--no-lm-eval", action="store_true")
     args = ap.parse_args()
     t_start = time.time()
@@ -553,16 +574,21 @@ def main():
         server = Server(py, model, work)
         probe = probes(server.url)
         runs = {}
-        for layout in LAYOUTS:
+        for layout in {"all": LAYOUTS, "first": LAYOUTS[:1], "none": ()}[args.direct]:
             log("evalharness on %s, straight to the server" % layout)
             runs[("direct", layout)] = evalharness_run(files[layout], server.url, os.path.join(work, "direct-" + layout))
         failed_direct = any(r["rc"] != 0 or sum(x.get("status") == "ok" for x in r["records"].values()) < args.rows
-                            for (m, _), r in runs.items() if m == "direct")
+                            for (m, _), r in runs.items() if m == "direct") or args.direct == "none"
         if failed_direct:
-            proxy, purl = start_proxy(server.url)
-            for layout in LAYOUTS:
-                log("evalharness on %s, through the splitting proxy (text prompts, offsets)" % layout)
-                runs[("proxy", layout)] = evalharness_run(files[layout], purl, os.path.join(work, "proxy-" + layout))
+            for mode in ("text", "ids"):
+                proxy, purl = start_proxy(server.url, mode)
+                for layout in LAYOUTS:
+                    log("evalharness on %s, through the splitting proxy (%s)" % (layout, mode))
+                    runs[("proxy-" + mode, layout)] = evalharness_run(files[layout], purl, os.path.join(
+                        work, "proxy-%s-%s" % (mode, layout)))
+                proxy.shutdown()
+                proxy.server_close()
+                proxy = None
 
         lm = None
         if not args.no_lm_eval:
@@ -595,7 +621,7 @@ def main():
             print("  %-34s %s %s" % (k, st, json.dumps(body)[:400] if not isinstance(body, str) else body[:400]))
         print("-- reference: /extras/tokenize adds BOS: %s; %d of %d choices differ by >%g between the two boundary "
               "rules (%.0f s)" % (ref["endpoint_adds_bos"], rule_gap, len(both), TOL, ref_wall))
-        for mode in ("direct", "proxy"):
+        for mode in ("direct", "proxy-text", "proxy-ids"):
             for layout in LAYOUTS:
                 r = runs.get((mode, layout))
                 if r is None:
@@ -611,7 +637,7 @@ def main():
                 if r["rc"] != 0 or not recs:
                     for ln in r["stderr"][-3:]:
                         print("     stderr: %s" % ln[:300])
-        for mode in ("direct", "proxy"):
+        for mode in ("direct", "proxy-text", "proxy-ids"):
             sel = [(layout, r) for (m, layout), r in runs.items() if m == mode]
             if not sel:
                 continue
@@ -628,13 +654,15 @@ def main():
                 per[layout] = compare(its, r["records"], ref, rule or "offsets")
             tot = {k: sum(p[k] for p in per.values()) for k in ("rows_ok", "choices", "over_tol",
                                                                   "token_count_mismatch", "acc_pred_diff",
-                                                                  "acc_norm_pred_diff", "ref_near_ties")}
+                                                                  "acc_norm_pred_diff", "ref_near_ties",
+                                                                  "extra_generated")}
             mx = max((p["max_abs_diff"] for p in per.values() if p["max_abs_diff"] is not None), default=None)
             print("== %s vs reference (%s rule): rows %d, choices %d, max |dll| %s, over %g: %d, token counts differ: "
-                  "%d, acc preds differ: %d, acc_norm preds differ: %d (reference near-ties < %g: %d)" % (
+                  "%d, acc preds differ: %d, acc_norm preds differ: %d (reference near-ties < %g: %d; rows where the "
+                  "server generated more than max_tokens 1: %d)" % (
                       mode, rule, tot["rows_ok"], tot["choices"], "%.3g" % mx if mx is not None else "-", TOL,
                       tot["over_tol"], tot["token_count_mismatch"], tot["acc_pred_diff"], tot["acc_norm_pred_diff"],
-                      TOL, tot["ref_near_ties"]))
+                      TOL, tot["ref_near_ties"], tot["extra_generated"]))
             for layout, p in per.items():
                 print("   %-10s rows %d max |dll| %s over %d tokens-differ %d acc-diff %d acc_norm-diff %d" % (
                     layout, p["rows_ok"], "%.3g" % p["max_abs_diff"] if p["max_abs_diff"] is not None else "-",
