@@ -385,8 +385,11 @@ class TestDockerSandbox(_DockerCase):
     def test_kill_9_during_execution_then_the_same_command_gives_each_problem_once(self):
         bed.hold_daemon_runs(self, exclusive=True)  # its dead run's containers are no other test's to reap
         d = tempdir(self)
+        # 40 programs of 0.25 s on one warm container: it runs them in batches of up to 16 (one exec each), so the
+        # samples arrive batch by batch, and a kill after the first lands while the others run or wait
+        n = 40
         rows = [dict(HE_ROWS[0], task_id="S/%d" % i,
-                     canonical_solution="    import time\n    time.sleep(0.4)\n    return a + b\n") for i in range(12)]
+                     canonical_solution="    import time\n    time.sleep(0.25)\n    return a + b\n") for i in range(n)]
         path = write_jsonl(os.path.join(d, "slow.jsonl"), rows)
         mock = _oracle_mock(self, path, 1.0)
         out = os.path.join(d, "run")
@@ -395,18 +398,18 @@ class TestDockerSandbox(_DockerCase):
         proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         samples = os.path.join(out, "samples.jsonl")
-        self.assertTrue(wait_until(lambda: os.path.exists(samples) and 3 <= sum(1 for _ in open(samples)) < 12, 120),
+        self.assertTrue(wait_until(lambda: os.path.exists(samples) and sum(1 for _ in open(samples)) >= 1, 120),
                         "no sample finished within 120 s")
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         before = len(read_samples(out))
-        self.assertLess(before, 12)
+        self.assertLess(before, n, "every program had finished before the kill")
         asked = mock.stats()["counters"]["completed"]
         res = run_cli(args[2:], timeout=300)
         self.assertEqual(res.returncode, 0, res.stderr)
         ids = [r["id"] for r in read_samples(out)]
         self.assertEqual(sorted(ids), sorted(r["task_id"] for r in rows))  # each once
-        self.assertEqual(mock.stats()["counters"]["completed"] - asked, 12 - before)  # only the missing asked
+        self.assertEqual(mock.stats()["counters"]["completed"] - asked, n - before)  # only the missing asked
         self.assertTrue(all(r["verdict"] == "passed" for r in read_samples(out)))
         self.assert_no_containers()
 
