@@ -1387,6 +1387,16 @@ class _Shard:
         return getattr(self.dataset, name)
 
 
+def _unique_ids(items: Sequence[Any]) -> set:
+    """The ids of validated rows (each with .id and .source, its file:line); DatasetError on an id seen twice."""
+    seen: Dict[str, str] = {}
+    for it in items:
+        if it.id in seen:
+            raise DatasetError("%s: id %r appears again (first at %s)" % (it.source, it.id, seen[it.id]))
+        seen[it.id] = it.source
+    return set(seen)
+
+
 def _file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -3944,27 +3954,8 @@ class ModelClient:
             body["seed"] = seed if seed is not None else cfg.seed
         if cfg.extra_body:
             body.update(cfg.extra_body)
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if cfg.stream else
-                   "application/json", "User-Agent": "evalharness/" + __version__}
-        if self._api_key:
-            headers["Authorization"] = "Bearer " + self._api_key
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"), headers=headers,
-                                     method="POST")
         t0 = time.monotonic()
-        try:
-            resp = self._opener.open(req, timeout=timeout_s)
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = _error_detail(exc.read())
-            except Exception:  # the body itself may fail to arrive
-                detail = ""
-            kind = _http_failure(exc.code)[0]
-            raise ModelAPIError("HTTP %d from %s: %s" % (exc.code, self.url, detail or exc.reason), kind=kind,
-                                status=exc.code, retry_after_s=_retry_after_s(exc.headers.get("Retry-After")))
-        except urllib.error.URLError as exc:
-            raise self._network_error(exc.reason, before_response=True) from None
-        except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
-            raise self._network_error(exc, before_response=True) from None
+        resp = self._open(self.url, body, "text/event-stream" if cfg.stream else "application/json", timeout_s)
         try:
             with resp:
                 if cfg.stream and "text/event-stream" in (resp.headers.get("Content-Type") or ""):
@@ -4212,16 +4203,15 @@ class ModelClient:
         res = self._with_retries(attempt) if retries else attempt()
         return list(res.choices[0]["tokens"])
 
-    def _post(self, url: str, body: Dict[str, Any], timeout_s: float) -> bytes:
-        """One JSON POST (not streamed); the whole body, read within the deadline; errors as ModelAPIError."""
-        headers = {"Content-Type": "application/json", "Accept": "application/json",
-                   "User-Agent": "evalharness/" + __version__}
+    def _open(self, url: str, body: Dict[str, Any], accept: str, timeout_s: float) -> Any:
+        """POST ``body`` as JSON (the key in the Authorization header only); the response, or the failure as a
+        ModelAPIError of its class (an HTTP status by the failure table, a network error by its kind)."""
+        headers = {"Content-Type": "application/json", "Accept": accept, "User-Agent": "evalharness/" + __version__}
         if self._api_key:
             headers["Authorization"] = "Bearer " + self._api_key
         req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
-        t0 = time.monotonic()
         try:
-            resp = self._opener.open(req, timeout=timeout_s)
+            return self._opener.open(req, timeout=timeout_s)
         except urllib.error.HTTPError as exc:
             try:
                 detail = _error_detail(exc.read())
@@ -4234,6 +4224,11 @@ class ModelClient:
             raise self._network_error(exc.reason, before_response=True) from None
         except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
             raise self._network_error(exc, before_response=True) from None
+
+    def _post(self, url: str, body: Dict[str, Any], timeout_s: float) -> bytes:
+        """One JSON POST (not streamed); the whole body, read within the deadline; errors as ModelAPIError."""
+        t0 = time.monotonic()
+        resp = self._open(url, body, "application/json", timeout_s)
         try:
             with resp:
                 return b"".join(self._chunks(resp, t0 + timeout_s))
@@ -7867,8 +7862,13 @@ class _Kind:
         return {"workers": run.gate.max_limit if run.gate is not None else 1, "gate": run.gate}
 
     def pending(self, run: "_Run") -> Iterator[Any]:
-        """The rows still to run, in order."""
-        raise NotImplementedError
+        """The rows still to run, in order (by default: the dataset's rows not finished before)."""
+        return (item for item in run.dataset.iter_items() if item.id not in run.done_ids)
+
+    def finished_ok(self, run: "_Run") -> List[Dict[str, Any]]:
+        """This run's stored records that finished ok (for ``finish``)."""
+        assert run.store is not None
+        return [r for r in run.store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
 
     def stop(self, run: "_Run") -> None:
         """Release the kind's resources (always called once the runner is done)."""
@@ -8334,9 +8334,6 @@ class _QAKind(_Kind):
         assert run.client is not None
         return _qa_work(run.client, run.cfg.system_prompt, self.judge)
 
-    def pending(self, run: _Run) -> Iterator[QAItem]:
-        return (item for item in run.dataset.iter_items() if item.id not in run.done_ids)
-
 
 def run_qa(cfg: RunConfig, *, dataset: Optional[Dataset] = None, stdout: Any = None,
            progress_stream: Any = None, cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
@@ -8568,12 +8565,7 @@ class CodeDataset:
             self.items.append(_code_problem(row, where, self.layout))
         if not self.items:
             raise DatasetError("%s: no rows" % path)
-        seen: Dict[str, str] = {}
-        for p in self.items:
-            if p.id in seen:
-                raise DatasetError("%s: id %r appears again (first at %s)" % (p.source, p.id, seen[p.id]))
-            seen[p.id] = p.source
-        self.ids = set(seen)
+        self.ids = _unique_ids(self.items)
         self.count = len(self.items)
         self.sha256 = _file_sha256(path)
         self.fps: Dict[str, Tuple[str, str]] = {}
@@ -9221,9 +9213,6 @@ class _CodeKind(_Kind):
             settings["epochs"] = cfg.epochs
         return settings
 
-    def default_out(self, run: _Run) -> str:
-        return _default_out("code", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
-
     def resume(self, run: _Run) -> None:
         store, dataset, cfg = run.store, run.dataset, run.cfg
         assert store is not None
@@ -9324,9 +9313,6 @@ class _CodeKind(_Kind):
             rec.update(started_at=round(started, 3), finished_at=round(time.time(), 3))
             return rec
         return work
-
-    def pending(self, run: _Run) -> Iterator[CodeProblem]:
-        return (p for p in run.dataset.iter_items() if p.id not in run.done_ids)
 
     def runner_options(self, run: _Run) -> Dict[str, Any]:
         # enough samples past their model call to fill every warm container's batch: the sandbox batches what waits
@@ -9854,9 +9840,6 @@ class _ChoiceKind(_Kind):
                 "num_fewshot": cfg.choice.num_fewshot, "fewshot_seed": cfg.choice.fewshot_seed,
                 "fewshot_file": _file_sha256(cfg.choice.fewshot_file) if cfg.choice.fewshot_file else None}
 
-    def default_out(self, run: _Run) -> str:
-        return _default_out("choice", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
-
     def resume(self, run: _Run) -> None:
         store, dataset, cfg = run.store, run.dataset, run.cfg
         assert store is not None
@@ -9926,13 +9909,8 @@ class _ChoiceKind(_Kind):
                              "acc_norm": _mean_ci([float(r.get("acc_norm") or 0.0) for r in records]),
                              "acc_norm_by_category": {c: _mean_ci(v) for c, v in sorted(by_cat.items())}}
 
-    def pending(self, run: _Run) -> Iterator[ChoiceItem]:
-        return (it for it in run.dataset.iter_items() if it.id not in run.done_ids)
-
     def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
-        store = run.store
-        assert store is not None
-        recs = [r for r in store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
+        recs = self.finished_ok(run)
         self.merged(summary, recs, dict(run.run_info, layout=self.layout, tokenization=self._tokenization(),
                                         num_fewshot=run.cfg.choice.num_fewshot))
         norm = summary["choice"]["acc_norm"]
@@ -9998,12 +9976,7 @@ class TextDataset:
         self.docs = self.docs[:limit] if limit is not None else self.docs
         if not self.docs:
             raise DatasetError("%s: no documents" % path)
-        seen: Dict[str, str] = {}
-        for d in self.docs:
-            if d.id in seen:
-                raise DatasetError("%s: id %r appears again (first at %s)" % (d.source, d.id, seen[d.id]))
-            seen[d.id] = d.source
-        self.ids, self.count = set(seen), len(self.docs)
+        self.ids, self.count = _unique_ids(self.docs), len(self.docs)
         self.fps: Dict[str, Tuple[str, str]] = {}
 
     @staticmethod
@@ -10098,9 +10071,6 @@ class _PerplexityKind(_Kind):
         return {"task": "perplexity", "model": cfg.model, "extra_body": cfg.extra_body,
                 "max_length": cfg.perplexity.max_length}
 
-    def default_out(self, run: _Run) -> str:
-        return _default_out("perplexity", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
-
     def resume(self, run: _Run) -> None:
         store, dataset, cfg = run.store, run.dataset, run.cfg
         assert store is not None
@@ -10161,13 +10131,8 @@ class _PerplexityKind(_Kind):
         summary["perplexity"] = dict(perplexity_metrics(records), tokenization=info.get("tokenization"),
                                      max_length=info.get("max_length"))
 
-    def pending(self, run: _Run) -> Iterator[TextDoc]:
-        return (d for d in run.dataset.iter_items() if d.id not in run.done_ids)
-
     def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
-        store = run.store
-        assert store is not None
-        recs = [r for r in store.iter_samples() if r.get("id") in run.ids and r.get("status") == "ok"]
+        recs = self.finished_ok(run)
         self.merged(summary, recs, dict(run.run_info, tokenization=self.tokenizer[0] if self.tokenizer else None,
                                         max_length=self.max_len))
         m = summary["perplexity"]
