@@ -13632,7 +13632,7 @@ def _parser_mock(sub: Any, text: str) -> Any:
     mock.add_argument("--llama-cpp-python", action="store_true",
                       help="answer /v1/completions and /extras/tokenize as llama-cpp-python's server does: one text "
                            "prompt a request (token ids or a list: HTTP 500), a space before the text, an empty "
-                           "byte token generated first")
+                           "byte token generated first (default: off)")
     mock.add_argument("--no-tokenizer", dest="tokenizer", action="store_false",
                       help="offer no /tokenize endpoint (default: offered, vLLM's shape; llama-server's with "
                            "--server-kind llama.cpp)")
