@@ -9335,37 +9335,27 @@ class _CodeKind(_Kind):
             self.images.close()
 
     def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
-        store = run.store
-        assert store is not None
-        verdicts: Dict[str, int] = collections.Counter()
-        failing_refs = []
-        for r in store.iter_samples():
-            if r.get("id") in run.ids and r.get("status") == "ok":
-                verdicts[r.get("verdict") or "?"] += 1
-                if r.get("verdict") != "passed":
-                    failing_refs.append(r)
         python = self.sandbox.python if self.sandbox is not None and self.sandbox.python != "?" else None
-        summary["code"] = {"layout": self.layout, "mode": run.run_info_extra["mode"],
-                           "sandbox": self.limits.sandbox, "image": self.limits.image if self.limits.sandbox ==
-                           "docker" else None, "python": python, "verdicts": dict(sorted(verdicts.items()))}
         if python and isinstance(run.run_info.get("sandbox"), dict):
             run.run_info["sandbox"]["python"] = python
+        recs = self.finished_ok(run)
+        self.merged(summary, recs, run.run_info)
+        verdicts = summary["code"]["verdicts"]
         line = "code: %s" % ", ".join("%s %d" % (v, verdicts[v]) for v in CODE_VERDICTS if verdicts.get(v))
         if run.cfg.code.check_reference:
-            passed = verdicts.get("passed", 0)
+            failing_refs = [r for r in recs if r.get("verdict") != "passed"]
             line = "reference check: %d of %d reference solutions pass in the sandbox (%s)\n%s" % (
-                passed, sum(verdicts.values()), self.limits.image if self.limits.sandbox == "docker" else "local",
-                line)
+                verdicts.get("passed", 0), len(recs), self.limits.image if self.limits.sandbox == "docker" else
+                "local", line)
             for r in sorted(failing_refs, key=lambda r: str(r["id"]))[:20]:
                 line += "\n  %s: %s: %s" % (r["id"], r.get("verdict"), r.get("why"))
             summary["code"]["failing_references"] = sorted(r["id"] for r in failing_refs)
         return line + "\n"
 
     def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
-        summary["code"] = {"layout": info.get("layout"), "mode": info.get("mode"),
-                           "sandbox": (info.get("sandbox") or {}).get("sandbox"),
-                           "image": (info.get("sandbox") or {}).get("image"),
-                           "python": (info.get("sandbox") or {}).get("python"),
+        box = info.get("sandbox") or {}
+        summary["code"] = {"layout": info.get("layout"), "mode": info.get("mode"), "sandbox": box.get("sandbox"),
+                           "image": box.get("image") or None, "python": box.get("python"),
                            "verdicts": dict(sorted(collections.Counter(str(r.get("verdict") or "?")
                                                                        for r in records).items()))}
 
