@@ -9985,6 +9985,20 @@ class TextDataset:
         return iter(self.docs)
 
 
+def _ppl_figures(ll: float, words: int, nbytes: int) -> Dict[str, Optional[float]]:
+    """Word and byte perplexity exp(-ll / count) and bits per byte -ll / bytes / ln 2 (None where a count is 0, or
+    where a perplexity is past the float range: over 709 nats a word; JSON has no infinity)."""
+    def ppl(n: int) -> Optional[float]:
+        if not n:
+            return None
+        try:
+            return round(math.exp(-ll / n), 6)
+        except OverflowError:
+            return None
+    return {"word_perplexity": ppl(words), "byte_perplexity": ppl(nbytes),
+            "bits_per_byte": round(-ll / nbytes / math.log(2), 6) if nbytes else None}
+
+
 def perplexity_metrics(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """lm-eval's corpus-level figures: word and byte perplexity exp(-Σll / Σcount) and bits per byte
     -Σll / Σbytes / ln 2 (words: the pieces of re.split(r"\\s+", text); bytes: UTF-8)."""
@@ -9993,10 +10007,22 @@ def perplexity_metrics(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     nbytes = sum(int(r["bytes"]) for r in records)
     if not records or not words or not nbytes:
         return {"documents": len(records), "word_perplexity": None, "byte_perplexity": None, "bits_per_byte": None}
-    return {"documents": len(records), "tokens": sum(int(r["tokens"]) for r in records), "words": words,
-            "bytes": nbytes, "loglikelihood": round(ll, 6),
-            "word_perplexity": round(math.exp(-ll / words), 6), "byte_perplexity": round(math.exp(-ll / nbytes), 6),
-            "bits_per_byte": round(-ll / nbytes / math.log(2), 6)}
+    return dict({"documents": len(records), "tokens": sum(int(r["tokens"]) for r in records), "words": words,
+                 "bytes": nbytes, "loglikelihood": round(ll, 6)}, **_ppl_figures(ll, words, nbytes))
+
+
+def perplexity_documents(records: Sequence[Dict[str, Any]], shown: int = 200) -> Dict[str, Any]:
+    """Each document's figures for the reports, from its stored log-likelihood and counts (so a run stored before
+    the per-document fields existed shows them too): the ``shown`` of highest bits per byte first."""
+    docs = []
+    for r in records:
+        if r.get("status") == "ok" and r.get("ll") is not None:
+            docs.append(dict({"id": r.get("id"), "category": r.get("category"), "tokens": r.get("tokens"),
+                              "windows": r.get("windows"), "words": r.get("words"), "bytes": r.get("bytes"),
+                              "loglikelihood": r["ll"]},
+                             **_ppl_figures(float(r["ll"]), int(r.get("words") or 0), int(r.get("bytes") or 0))))
+    docs.sort(key=lambda d: (-(d["bits_per_byte"] if d["bits_per_byte"] is not None else -1.0), str(d["id"])))
+    return {"documents": docs[:shown], "total": len(docs)}
 
 
 @_record
@@ -10107,12 +10133,13 @@ class _PerplexityKind(_Kind):
                 return {"id": doc.id, "status": "failed", "score": None, "error": _redact(exc),
                         "error_class": exc.error_class, "category": doc.category,
                         "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
-            nbytes = len(doc.text.encode("utf-8"))
+            nbytes, words = len(doc.text.encode("utf-8")), len(re.split(r"\s+", doc.text))
+            figures = _ppl_figures(ll, words, nbytes)
             return {"id": doc.id, "status": "ok", "error": None, "error_class": None, "category": doc.category,
                     "scorer": "bits_per_byte", "ll": round(ll, 6), "tokens": len(ids), "scored_tokens": scored,
-                    "windows": len(windows),
-                    "words": len(re.split(r"\s+", doc.text)), "bytes": nbytes,
-                    "score": round(-ll / nbytes / math.log(2), 6) if nbytes else None,  # this document's bits/byte
+                    "windows": len(windows), "words": words, "bytes": nbytes,
+                    "word_perplexity": figures["word_perplexity"], "byte_perplexity": figures["byte_perplexity"],
+                    "score": figures["bits_per_byte"],  # this document's bits per byte
                     "question": doc.text[:QUESTION_KEEP_CHARS], "latency_s": round(latency, 4),
                     "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
         return work
@@ -12291,6 +12318,8 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
         data["swebench"]["total_instances"] = max(data["swebench"]["total_instances"], run["total"])
     if run["task"] == "code":
         data["code"] = code_report(records, info)
+    if run["task"] == "perplexity":
+        data["documents"] = perplexity_documents(records)
     data["series"] = _timeline(records, run["events"], info)
     lat = sorted(float(r["latency_s"]) if r.get("latency_s") is not None else
                  float(r["finished_at"]) - float(r["started_at"]) for r in records
@@ -12358,6 +12387,44 @@ def _loglik_lines(summary: Dict[str, Any]) -> List[str]:
                          ppl["documents"], ppl["tokens"], ppl["word_perplexity"], ppl["byte_perplexity"],
                          ppl["bits_per_byte"], ppl.get("max_length"), ppl.get("tokenization")))
     return lines
+
+
+def _fig(v: Any) -> str:
+    """A perplexity table's cell: counts as they are, figures to 4 decimals, a missing one as a dash."""
+    if v is None:
+        return "-"
+    return "%.4f" % v if isinstance(v, float) and abs(v) < 1e9 else "%.4g" % v if isinstance(v, float) else str(v)
+
+
+def _document_lines(docs: Dict[str, Any], most: int = 10) -> List[str]:
+    """The text report's table of a perplexity run's documents, highest bits per byte first."""
+    if not docs["total"]:
+        return []
+    lines = ["documents (%d%s, highest bits per byte first):" % (
+        docs["total"], ", first %d" % most if docs["total"] > most else ""),
+        "  %-24s %8s %8s %10s %12s %12s %9s" % ("id", "tokens", "words", "bytes", "word ppl", "byte ppl", "bits/B")]
+    for d in docs["documents"][:most]:
+        lines.append("  %-24s %8s %8s %10s %12s %12s %9s" % (
+            _cut(str(d["id"]), 24), _fig(d["tokens"]), _fig(d["words"]), _fig(d["bytes"]), _fig(d["word_perplexity"]),
+            _fig(d["byte_perplexity"]), _fig(d["bits_per_byte"])))
+    return lines
+
+
+def _documents_html(docs: Dict[str, Any]) -> str:
+    """The HTML report's table of a perplexity run's documents (sortable; the first 200 by bits per byte)."""
+    h = ["<h2>Documents</h2><table class=sortable id=documents><thead><tr><th>id</th><th>category</th><th>tokens</th>"
+         "<th>windows</th><th>words</th><th>bytes</th><th>log-likelihood</th><th>word perplexity</th>"
+         "<th>byte perplexity</th><th>bits per byte</th></tr></thead><tbody>"]
+    for d in docs["documents"]:
+        h.append("<tr><td>%s</td><td>%s</td>%s</tr>" % (_esc(d["id"]), _esc(d["category"]), "".join(
+            "<td class=n>%s</td>" % _esc(_fig(d[k])) for k in ("tokens", "windows", "words", "bytes",
+                                                                   "loglikelihood", "word_perplexity",
+                                                                   "byte_perplexity", "bits_per_byte"))))
+    h.append("</tbody></table>")
+    if docs["total"] > len(docs["documents"]):
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
+                 % (docs["total"] - len(docs["documents"])))
+    return "".join(h)
 
 
 def _code_html(code: Dict[str, Any]) -> str:
@@ -12587,6 +12654,8 @@ def format_report(data: Dict[str, Any]) -> str:
     if data.get("code"):
         lines.extend(_code_lines(data["code"]))
     lines.extend(_loglik_lines(data["summary"]))
+    if data.get("documents"):
+        lines.extend(_document_lines(data["documents"]))
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
@@ -12904,6 +12973,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append(_swe_instances_html(run))
     elif data.get("code"):
         h.append(_code_html(data["code"]))
+    elif data.get("documents"):
+        h.append(_documents_html(data["documents"]))
     elif run["samples"]:
         h.append(_qa_samples_html(run))
     h.append("<script>%s</script></body></html>" % _SORT_JS)

@@ -267,10 +267,14 @@ class TestResume(unittest.TestCase):
         proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         samples = os.path.join(out, "samples.jsonl")
-        self.assertTrue(wait_until(lambda: os.path.exists(samples) and 4 <= sum(1 for _ in open(samples)), 120),
+        def lines():
+            with open(samples, "rb") as fh:
+                return fh.read().count(b"\n")
+        self.assertTrue(wait_until(lambda: os.path.exists(samples) and 4 <= lines(), 120),
                         "no samples within 120 s")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        proc.stderr.close()
         kept = {r["id"] for r in read_samples(out)}
         self.assertLess(len(kept), 30)
         asked = mock.stats()["counters"]["completions"]
@@ -370,6 +374,35 @@ class TestPerplexity(unittest.TestCase):
             self.assertAlmostEqual(p["word_perplexity"], math.exp(19.8 / 14), places=5)
             self.assertAlmostEqual(p["byte_perplexity"], math.exp(19.8 / 58), places=5)
             self.assertAlmostEqual(p["bits_per_byte"], 19.8 / 58 / math.log(2), places=5)
+            # each document's own figures: d1 16.7 over 12 words and 47 bytes; d2 3.1 over 2 words and 11 bytes
+            self.assertAlmostEqual(recs["d1"]["word_perplexity"], math.exp(16.7 / 12), places=5)
+            self.assertAlmostEqual(recs["d1"]["byte_perplexity"], math.exp(16.7 / 47), places=5)
+            self.assertAlmostEqual(recs["d2"]["score"], 3.1 / 11 / math.log(2), places=5)
+            self.assertAlmostEqual(recs["d2"]["word_perplexity"], math.exp(3.1 / 2), places=5)
+
+    def test_the_report_gives_each_documents_figures_and_the_whole_corpus(self):
+        d = tempdir(self)
+        path = write_jsonl(os.path.join(d, "docs.jsonl"), self.DOCS)
+        out = os.path.join(d, "run")
+        res = run_cli(["run", "--task", "perplexity", "--dataset", path, "--model", "m", "--base-url",
+                       start_mock(self).url, "--out", out, "--no-progress"])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        text = run_cli(["report", out])
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("word perplexity %.4f" % math.exp(19.8 / 14), text.stdout)
+        rows = [line.split() for line in text.stdout.splitlines() if line.startswith("  d")]
+        # d1 first: 16.7 / 47 bytes is more bits per byte than d2's 3.1 / 11
+        self.assertEqual([r[0] for r in rows], ["d1", "d2"])
+        self.assertEqual(rows[0][1:], ["12", "12", "47", "%.4f" % math.exp(16.7 / 12), "%.4f" % math.exp(16.7 / 47),
+                                       "%.4f" % (16.7 / 47 / math.log(2))])
+        js = json.loads(run_cli(["report", out, "--json"]).stdout)["report"]["documents"]
+        self.assertEqual(js["total"], 2)
+        self.assertAlmostEqual(js["documents"][1]["word_perplexity"], math.exp(3.1 / 2), places=5)
+        self.assertEqual(run_cli(["report", out, "--html"]).returncode, 0)
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            page = fh.read()
+        self.assertIn("<h2>Documents</h2>", page)
+        self.assertIn("<td class=n>%.4f</td>" % math.exp(16.7 / 12), page)
 
     def test_windows_are_lm_evals_rolling_ones(self):
         self.assertEqual(eh.rolling_windows([1, 2, 3, 4, 5], 0, 2), [([0], [1, 2]), ([2], [3, 4]), ([4], [5])])
