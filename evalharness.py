@@ -9694,10 +9694,11 @@ class _LoglikScorer:
             if counts:
                 lo = end - counts[i]
             else:
+                ends = list(itertools.accumulate(len(str(t)) for t in tokens[:end]))  # each token's end in text
                 text = "".join(str(t) for t in tokens[:end])
                 extra = len(text) - len(c + x) if text.endswith(c + x) else 0
-                offsets = [len("".join(str(t) for t in tokens[:k + 1])) - extra for k in range(end)] \
-                    if text.endswith(c + x) else list(ch["text_offset"][1:end]) + [len(c + x)]
+                offsets = [e - extra for e in ends] if text.endswith(c + x) else \
+                    list(ch["text_offset"][1:end]) + [len(c + x)]
                 lo = next((k for k in range(end) if offsets[k] > len(c)), end)
             part = values[lo:end]
             if lo < 1 or end <= lo or any(v is None for v in part):

@@ -2,7 +2,9 @@
 """Log-likelihood throughput against the mock (run by hand, never by CI): `--task choice` on generated arc rows
 (4 choices each) against `serve-mock` in a process of its own, with and without its tokenizer endpoint. Prints rows
 per second, requests per row (completions and tokenize, from the mock's counters) and the harness's CPU per request
-(this process's CPU time over the requests it made; goal <= 1 ms).
+(this process's CPU time over the requests it made; goal <= 1 ms), per prompt scored (a completions request carries
+a row's choices together where the server takes a list), and beside them the floor: the CPU of a bare urllib POST
+to the same mock in one thread (urllib opens a connection a request; most of the harness's CPU is that).
 
 Usage: python3 bench/loglik.py [--rows 2000] [--fewshot 0]
 """
@@ -47,6 +49,18 @@ def counters(url):
         return json.loads(resp.read().decode())["counters"]
 
 
+def bare_urllib_cpu(url, n=1000):
+    """CPU seconds of one plain urllib POST (a short text to /tokenize, the reply parsed), in one thread."""
+    body = json.dumps({"model": "m", "prompt": "Question: which of these follows the cat? Answer: blue"}).encode()
+    target = url.replace("/v1", "") + "/tokenize"
+    c0 = time.process_time()
+    for _ in range(n):
+        req = urllib.request.Request(target, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            json.loads(resp.read().decode())
+    return (time.process_time() - c0) / n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=2000)
@@ -57,6 +71,14 @@ def main():
         path = os.path.join(tmp, "arc.jsonl")
         with open(path, "w", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r) + "\n" for r in rows(args.rows)))
+        proc, url = mock(True)
+        try:
+            floor = bare_urllib_cpu(url)
+        finally:
+            proc.terminate()
+            proc.wait()
+        print("floor: a bare urllib POST to the mock's /tokenize in one thread: %.2f ms CPU" % (1000 * floor),
+              flush=True)
         for tokenizer in (True, False):
             proc, url = mock(tokenizer)
             try:
@@ -73,11 +95,13 @@ def main():
                 proc.wait()
             done = {k: after.get(k, 0) - before.get(k, 0) for k in ("completions", "tokenize")}
             requests = done["completions"] + done["tokenize"]
+            prompts = args.rows * 4 + done["tokenize"]  # the choices scored, and each text tokenized
             print("%s: exit %d, %d rows in %.1f s: %.0f rows/s; per row %.2f completions + %.2f tokenize requests; "
-                  "harness CPU %.2f ms a request (%.1f s over %d requests)"
+                  "harness CPU %.2f ms a request (%.1fx the floor), %.2f ms a prompt (%.1f s over %d requests)"
                   % ("with /tokenize" if tokenizer else "offsets (no tokenizer)", code, args.rows, wall,
                      args.rows / wall, done["completions"] / args.rows, done["tokenize"] / args.rows,
-                     1000 * cpu / max(1, requests), cpu, requests), flush=True)
+                     1000 * cpu / max(1, requests), cpu / max(1, requests) / floor, 1000 * cpu / prompts, cpu,
+                     requests), flush=True)
     finally:
         shutil.rmtree(tmp, True)
 
