@@ -4502,7 +4502,7 @@ def _mock_judge_reply(prompt: str) -> Optional[str]:
     return "Comparing the final answers: they %s.\nGRADE: %s" % (("agree", "C") if agree else ("differ", "I"))
 
 
-SWE_MOCK_POLICIES = ("oracle", "noop", "sleepy", "chatty")
+SWE_MOCK_POLICIES = ("oracle", "noop", "sleepy", "chatty", "plant", "tamper", "linger")
 SLEEPY_COMMAND = "sleep 3600.25"  # outlives any exec timeout; sleepy checks afterwards that it was killed
 
 
@@ -4521,6 +4521,9 @@ def _swe_mock_reply(instances: Sequence[Any], policy: str, messages: Sequence[An
         return "THOUGHT: %s\n\n```bash\n%s\n```" % (thought, command)
 
     submit = act("The fix is in place; submitting.", "echo %s" % SUBMIT_SENTINEL)
+    if isinstance(inst, HarborTask):  # a container task: the policies of _task_mock_steps
+        steps = _task_mock_steps(inst, policy, act)
+        return (steps + [submit])[min(turn, len(steps))]
     fix = act("Apply the fix.", "echo %s | base64 -d > /tmp/fix.patch && git apply /tmp/fix.patch && git status "
               "--short" % base64.b64encode(inst.patch.encode("utf-8")).decode("ascii"))
     steps = {"oracle": [fix, submit], "noop": [submit],
@@ -4528,6 +4531,24 @@ def _swe_mock_reply(instances: Sequence[Any], policy: str, messages: Sequence[An
                         act("Is the slow command still running?",
                             "ps -eo args | grep -c '^%s' || true" % SLEEPY_COMMAND), fix, submit]}[policy]
     return steps[min(turn, len(steps) - 1)]
+
+
+def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
+    """The mock's actions on a container task before it submits: ``oracle`` runs the task's solution/solve.sh
+    (read from the folder by the mock; the harness never sends it); ``noop`` nothing; ``plant`` writes reward 1
+    where the verifier puts it; ``tamper`` replaces /tests/test.sh with one that writes reward 1; ``linger`` leaves
+    a background process that writes reward 1 two seconds later (when the verifier runs)."""
+    if policy in ("oracle", "sleepy"):
+        with open(os.path.join(task.path, "solution", "solve.sh"), "rb") as fh:
+            script = base64.b64encode(fh.read()).decode("ascii")
+        return [act("Run the solution.", "echo %s | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh" % script)]
+    reward = "mkdir -p %s && echo 1 > %s/reward.txt" % (VERIFIER_DIR, VERIFIER_DIR)
+    return {"noop": [], "chatty": [],
+            "plant": [act("Write the reward myself.", reward)],
+            "tamper": [act("Replace the tests.", "mkdir -p %s && printf '%%s\\n' '%s' > %s/test.sh" % (
+                TESTS_DIR, reward, TESTS_DIR))],
+            "linger": [act("Leave a helper running.", "nohup sh -c 'sleep 2; %s' >/dev/null 2>&1 &" % reward)]
+            }[policy]
 
 
 class _MockState:
@@ -6620,13 +6641,20 @@ class Container:
         self.start_head = head[0] if head and re.fullmatch(r"[0-9a-f]{40,64}", head[0]) else None
         return self
 
-    def exec(self, command: str, *, timeout_s: float, workdir: Optional[str] = None) -> ExecResult:
-        """Run ``command`` with ``bash -lc`` inside; killed inside the container at ``timeout_s`` (TERM, then KILL
-        5 s later). stdout and stderr are merged. A timeout is a result (``timed_out``), not an error."""
+    def exec(self, command: str, *, timeout_s: float, workdir: Optional[str] = None, user: Optional[str] = None,
+             env: Sequence[Tuple[str, str]] = ()) -> ExecResult:
+        """Run ``command`` with ``bash -lc`` inside (as ``user``, with ``env`` added); killed inside the container
+        at ``timeout_s`` (TERM, then KILL 5 s later). stdout and stderr are merged. A timeout is a result
+        (``timed_out``), not an error."""
         if self.id is None:
             raise SandboxError("container %s is not running" % self.name)
         limit = max(1, int(math.ceil(timeout_s)))
-        args = ["exec", "-w", workdir or self.config.workdir, self.id, "timeout", "-k", "5", str(limit)]
+        args = ["exec", "-w", workdir or self.config.workdir]
+        if user:
+            args += ["-u", user]
+        for k, v in env:
+            args += ["-e", "%s=%s" % (k, v)]
+        args += [self.id, "timeout", "-k", "5", str(limit)]
         if len(command.encode("utf-8")) > 100_000:  # past the kernel's per-argument limit: go through a file
             path = "/tmp/.evalharness-cmd-%06x.sh" % random.getrandbits(24)
             self.write_file(path, command.encode("utf-8"))
@@ -6660,6 +6688,33 @@ class Container:
         except HarnessError:
             return False
         return out.returncode == 0 and out.stdout.strip() == b"true"
+
+    def copy_in(self, folder: str, dest: str) -> None:
+        """A host folder's contents into ``dest`` (made first) in the container."""
+        if self.id is None:
+            raise SandboxError("container %s is not running" % self.name)
+        made = self.exec("mkdir -p %s" % shlex.quote(dest), timeout_s=60, user="root")
+        if made.returncode != 0:
+            raise SandboxError("mkdir %s in %s failed: %s" % (dest, self.name, _last_lines(made.output)))
+        try:
+            self._call(["cp", os.path.join(folder, "."), "%s:%s" % (self.id, dest)], timeout_s=300)
+        except DockerError as exc:
+            raise SandboxError("copying %s to %s in %s failed: %s" % (folder, dest, self.name, exc)) from None
+
+    def copy_out(self, path: str) -> bytes:
+        """``path`` in the container as a tar stream (b"" when it does not exist)."""
+        if self.id is None:
+            raise SandboxError("container %s is not running" % self.name)
+        try:
+            proc = self._call(["cp", "%s:%s" % (self.id, path), "-"], timeout_s=300, check=False)
+        except DockerError as exc:
+            raise SandboxError("copying %s out of %s failed: %s" % (path, self.name, exc)) from None
+        if proc.returncode != 0:
+            if not self.running():
+                raise SandboxError("the container %s is gone or stopped: %s" % (
+                    self.name, _last_lines(proc.stderr.decode("utf-8", "replace"))))
+            return b""
+        return proc.stdout
 
     def write_file(self, path: str, data: bytes) -> None:
         if self.id is None:
@@ -10819,16 +10874,17 @@ def _observation(res: ExecResult, limit: int, timeout_s: float) -> str:
     return "<returncode>%d</returncode>\n<output>\n%s</output>" % (res.returncode, out)
 
 
-def run_agent(client: ModelClient, container: Any, inst: SWEInstance, opts: SWEOptions,
-              cancel: threading.Event, on_turn: Optional[Callable[[ChatResult, float], None]] = None
-              ) -> Dict[str, Any]:
+def run_agent(client: ModelClient, container: Any, inst: Any, opts: SWEOptions,
+              cancel: threading.Event, on_turn: Optional[Callable[[ChatResult, float], None]] = None,
+              fields: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The agent loop: one bash action per reply, run in the container, observation back, until the submit
     sentinel or a limit. Returns the trajectory (messages, steps, timings, exit reason). ``container`` is a
     Container, or a callable that returns one when the first action needs it (so the first model call overlaps
     the image delivery and the container start). ``on_turn(result, seconds)`` hears of each answer and how long
-    the call took (the session gate reads the contexts)."""
-    fields = {"problem_statement": inst.problem_statement, "workdir": inst.workdir, "instance_id": inst.id,
-              "repo": inst.repo, "exec_timeout": int(opts.exec_timeout_s)}
+    the call took (the session gate reads the contexts). ``fields`` fill the templates (default: the SWE
+    instance's)."""
+    fields = fields or {"problem_statement": inst.problem_statement, "workdir": inst.workdir, "instance_id": inst.id,
+                        "repo": inst.repo, "exec_timeout": int(opts.exec_timeout_s)}
     default_system = SWE_TOOL_SYSTEM_TEMPLATE if opts.tool_mode else SWE_SYSTEM_TEMPLATE
     tools = [BASH_TOOL] if opts.tool_mode else None
     messages = [{"role": "system", "content": _fill(opts.system_template or default_system, fields)},
@@ -11550,10 +11606,18 @@ class _SWEKind(_Kind):
         self.todo = [inst for inst in dataset.items if inst.id in ids and inst.id not in run.done_ids]
 
     def start(self, run: _Run) -> None:
+        self._start_hosts(run)
+        run.run_info_extra["mode"] = "score-only" if run.cfg.score_only else "agent"
+        assert run.store is not None
+        self.preds_file = _AppendFile(run.store.path(PREDS_FILE))
+
+    def _start_hosts(self, run: _Run) -> None:
+        """The engine hosts (leftovers reaped, an image service and exec pool each), their placement, the session
+        gate and the context every sample shares."""
         cfg, store, opts = run.cfg, run.store, run.cfg.swe
         assert store is not None
         run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
-        run.run_info_extra = {"mode": "score-only" if cfg.score_only else "agent", "run_id": run_id}
+        run.run_info_extra = {"run_id": run_id}
         several = len(self.engines) > 1
         for name, docker, why in self.engines:
             reaped = reap_leftover_containers(docker) if why is None else []
@@ -11575,7 +11639,6 @@ class _SWEKind(_Kind):
             self.kv_pool = _probe_kv_pool(cfg, run.base_url) if run.gate.adaptive else None
             self.sessions = SessionGate(run.gate, kv_tokens=self.kv_pool[1] if self.kv_pool else None)
             self.sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-        self.preds_file = _AppendFile(store.path(PREDS_FILE))
         first = self.hosts[0]
         self.ctx = _SWEContext(store=store, docker=first.docker, pool=first.pool, images=first.images,
                                client=run.client, sessions=self.sessions, opts=opts, model=run.model, run_id=run_id,
@@ -11599,7 +11662,6 @@ class _SWEKind(_Kind):
 
     def runner_options(self, run: _Run) -> Dict[str, Any]:
         gate, sessions, hosts, preds_file = run.gate, self.sessions, self.hosts, self.preds_file
-        assert preds_file is not None
 
         def extra() -> List[Tuple[str, int]]:
             sts = [s for h in hosts for s in h.images.statuses()]
@@ -11613,11 +11675,14 @@ class _SWEKind(_Kind):
 
         def after_append(rec: Dict[str, Any]) -> None:
             pred = _pred_line(rec)
-            if pred is not None:
+            if pred is not None and preds_file is not None:
                 preds_file.append(pred)
 
-        return {"workers": max(1, min(run.cfg.swe.max_sessions, len(self.todo))), "gate": None,
-                "status_extra": extra, "after_append": after_append}
+        opts: Dict[str, Any] = {"workers": max(1, min(run.cfg.swe.max_sessions, len(self.todo))), "gate": None,
+                                "status_extra": extra}
+        if preds_file is not None:  # (a container-task run writes no predictions)
+            opts["after_append"] = after_append
+        return opts
 
     def pending(self, run: _Run) -> Iterator[SWEInstance]:
         if run.cfg.pull_ahead and len(self.hosts) == 1:  # deliveries overlap generation; without it (and over
@@ -11672,6 +11737,856 @@ def run_swe(cfg: RunConfig, *, stdout: Any = None, progress_stream: Any = None,
     """Run (or resume) a SWE evaluation (agents in containers, SWE-bench scoring), or with ``cfg.score_only``
     score an existing predictions file (run_evaluation with --task swe); return (exit code, run directory)."""
     return run_evaluation(_replace(cfg, task="swe"), stdout=stdout, progress_stream=progress_stream, cancel=cancel)
+
+# =============================================================================
+# Container tasks
+# =============================================================================
+# --task harbor: task folders in Harbor's layout (Terminal-Bench 2 and its adapters): instruction.md, task.toml,
+# environment/ (a Dockerfile built offline from local images, or [environment] docker_image through the image
+# service), tests/test.sh (the verifier, writing /logs/verifier/reward.txt or reward.json), solution/solve.sh. The
+# agent loop, the engine hosts, the session gate and the run directory are the SWE kind's.
+
+# ----------------------------------------------------------------------------- TOML
+_TOML_BARE = _LazyPattern(r"[A-Za-z0-9_-]+")
+_TOML_NUMBER = _LazyPattern(
+    r"[+-]?(?:inf|nan)|0x[0-9A-Fa-f](?:_?[0-9A-Fa-f])*|0o[0-7](?:_?[0-7])*|0b[01](?:_?[01])*|"
+    r"[+-]?(?:0|[1-9](?:_?[0-9])*)(?:\.[0-9](?:_?[0-9])*)?(?:[eE][+-]?[0-9](?:_?[0-9])*)?")
+_TOML_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
+
+
+class _TomlReader:
+    """A reader of the TOML the task files use, for Pythons without tomllib (3.8-3.10): tables and arrays of
+    tables, bare, quoted and dotted keys, basic and literal strings (one-line and multi-line), integers (decimal,
+    hex, octal, binary), floats (inf, nan), booleans, arrays and inline tables. Dates and times are refused (no
+    task file has them). Errors are ValueError("... (line N)")."""
+
+    def __init__(self, text: str):
+        self.s, self.i = text.replace("\r\n", "\n"), 0
+
+    def fail(self, what: str) -> Any:
+        raise ValueError("%s (line %d)" % (what, self.s.count("\n", 0, self.i) + 1))
+
+    def blank(self, newlines: bool) -> None:
+        """Skip spaces and tabs (and with ``newlines``, newlines and comments)."""
+        s = self.s
+        while self.i < len(s):
+            c = s[self.i]
+            if c in " \t" or (newlines and c == "\n"):
+                self.i += 1
+            elif newlines and c == "#":
+                end = s.find("\n", self.i)
+                self.i = len(s) if end < 0 else end
+            else:
+                break
+
+    def expect(self, token: str) -> None:
+        if not self.s.startswith(token, self.i):
+            self.fail("expected %r, found %r" % (token, self.s[self.i:self.i + 10]))
+        self.i += len(token)
+
+    def parse(self) -> Dict[str, Any]:
+        root: Dict[str, Any] = {}
+        current, tables = root, set()
+        while True:
+            self.blank(True)
+            if self.i >= len(self.s):
+                return root
+            if self.s.startswith("[[", self.i):
+                self.i += 2
+                keys = self.key()
+                self.expect("]]")
+                parent = self.descend(root, keys[:-1])
+                rows = parent.setdefault(keys[-1], [])
+                if not isinstance(rows, list):
+                    self.fail("%s is not an array of tables" % ".".join(keys))
+                rows.append({})
+                current = rows[-1]
+            elif self.s.startswith("[", self.i):
+                self.i += 1
+                keys = self.key()
+                self.expect("]")
+                if tuple(keys) in tables:
+                    self.fail("table [%s] defined twice" % ".".join(keys))
+                tables.add(tuple(keys))
+                current = self.descend(root, keys)
+            else:
+                keys = self.key()
+                self.expect("=")
+                self.store(current, keys, self.value())
+            self.blank(False)
+            if self.s.startswith("#", self.i):
+                end = self.s.find("\n", self.i)
+                self.i = len(self.s) if end < 0 else end
+            if self.i < len(self.s) and self.s[self.i] != "\n":
+                self.fail("expected the end of the line, found %r" % self.s[self.i:self.i + 10])
+
+    def descend(self, table: Dict[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
+        for k in keys:
+            table = table.setdefault(k, {})
+            if isinstance(table, list):
+                table = table[-1]
+            if not isinstance(table, dict):
+                self.fail("key %s is not a table" % k)
+        return table
+
+    def store(self, table: Dict[str, Any], keys: Sequence[str], value: Any) -> None:
+        table = self.descend(table, keys[:-1])
+        if keys[-1] in table:
+            self.fail("key %s defined twice" % ".".join(keys))
+        table[keys[-1]] = value
+
+    def key(self) -> List[str]:
+        parts = []
+        while True:
+            self.blank(False)
+            c = self.s[self.i:self.i + 1]
+            if c == '"':
+                parts.append(self.basic())
+            elif c == "'":
+                parts.append(self.literal())
+            else:
+                m = _TOML_BARE.match(self.s, self.i)
+                if m is None:
+                    self.fail("expected a key, found %r" % self.s[self.i:self.i + 10])
+                parts.append(m.group())
+                self.i = m.end()
+            self.blank(False)
+            if not self.s.startswith(".", self.i):
+                return parts
+            self.i += 1
+
+    def value(self) -> Any:
+        self.blank(False)
+        s, i = self.s, self.i
+        if s.startswith('"""', i):
+            return self.multiline('"""')
+        if s.startswith("'''", i):
+            return self.multiline("'''")
+        if s.startswith('"', i):
+            return self.basic()
+        if s.startswith("'", i):
+            return self.literal()
+        if s.startswith("[", i):
+            self.i += 1
+            items = []
+            while True:
+                self.blank(True)
+                if s.startswith("]", self.i):
+                    self.i += 1
+                    return items
+                items.append(self.value())
+                self.blank(True)
+                if s.startswith(",", self.i):
+                    self.i += 1
+                elif not s.startswith("]", self.i):
+                    self.fail("expected ',' or ']' in an array")
+        if s.startswith("{", i):
+            self.i += 1
+            table: Dict[str, Any] = {}
+            self.blank(False)
+            if s.startswith("}", self.i):
+                self.i += 1
+                return table
+            while True:
+                keys = self.key()
+                self.expect("=")
+                self.store(table, keys, self.value())
+                self.blank(False)
+                if s.startswith("}", self.i):
+                    self.i += 1
+                    return table
+                self.expect(",")
+        for word, val in (("true", True), ("false", False)):
+            if s.startswith(word, i) and not _TOML_BARE.match(s, i + len(word)):
+                self.i += len(word)
+                return val
+        if re.match(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}", s[i:i + 10]):
+            self.fail("dates and times are not read here (run on Python 3.11+, whose tomllib reads them)")
+        m = _TOML_NUMBER.match(s, i)
+        if m is None or re.match(r"[A-Za-z0-9_.:-]", s[m.end():m.end() + 1]):
+            self.fail("expected a value, found %r" % s[i:i + 10])
+        self.i = m.end()
+        text = m.group().replace("_", "")
+        if text.lstrip("+-") in ("inf", "nan"):
+            return float(text)
+        if text[:2] in ("0x", "0o", "0b"):
+            return int(text[2:], {"x": 16, "o": 8, "b": 2}[text[1]])
+        return float(text) if any(c in text for c in ".eE") else int(text)
+
+    def escape(self) -> str:
+        s, i = self.s, self.i  # at the backslash
+        c = s[i + 1:i + 2]
+        if c in _TOML_ESCAPES:
+            self.i += 2
+            return _TOML_ESCAPES[c]
+        if c in ("u", "U"):
+            n = 4 if c == "u" else 8
+            digits = s[i + 2:i + 2 + n]
+            if not re.fullmatch(r"[0-9A-Fa-f]{%d}" % n, digits):
+                self.fail("bad unicode escape")
+            self.i += 2 + n
+            return chr(int(digits, 16))
+        self.fail("bad escape \\%s" % c)
+
+    def basic(self) -> str:
+        self.i += 1
+        out = []
+        while True:
+            c = self.s[self.i:self.i + 1]
+            if c in ("", "\n"):
+                self.fail("unterminated string")
+            if c == '"':
+                self.i += 1
+                return "".join(out)
+            if c == "\\":
+                out.append(self.escape())
+            else:
+                out.append(c)
+                self.i += 1
+
+    def literal(self) -> str:
+        end = self.s.find("'", self.i + 1)
+        if end < 0 or "\n" in self.s[self.i:end]:
+            self.fail("unterminated string")
+        text, self.i = self.s[self.i + 1:end], end + 1
+        return text
+
+    def multiline(self, quote: str) -> str:
+        self.i += 3
+        if self.s.startswith("\n", self.i):
+            self.i += 1
+        out = []
+        while True:
+            if self.i >= len(self.s):
+                self.fail("unterminated multi-line string")
+            if self.s.startswith(quote, self.i):
+                extra = 0  # up to two quotes right before the closing three belong to the string
+                while extra < 2 and self.s.startswith(quote[0], self.i + 3 + extra):
+                    extra += 1
+                out.append(quote[0] * extra)
+                self.i += 3 + extra
+                return "".join(out)
+            c = self.s[self.i]
+            if c == "\\" and quote == '"""':
+                if re.match(r"\\[ \t]*\n", self.s[self.i:]):  # a line-ending backslash eats the whitespace after
+                    self.i += 1
+                    while self.i < len(self.s) and self.s[self.i] in " \t\n":
+                        self.i += 1
+                    continue
+                out.append(self.escape())
+                continue
+            out.append(c)
+            self.i += 1
+
+
+def toml_loads(text: str) -> Dict[str, Any]:
+    """TOML text as a dict: Python's tomllib where it has one (3.11+), else _TomlReader (the same values on the
+    task files: tests/test_tasks.py compares them). ValueError on bad TOML."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ImportError:
+        return _TomlReader(text).parse()
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# ----------------------------------------------------------------------------- task folders
+TASK_INSTANCE_TEMPLATE = """<task>
+{instruction}
+</task>
+
+<instructions>
+You are working in a container, in {workdir}. Complete the task above. Each command runs in a new shell
+(`bash -lc` in {workdir}); directory changes and environment variables do not persist. Commands time out after
+{exec_timeout} seconds. Do not run interactive programs.
+
+When you are done, submit by running this command alone:
+
+```bash
+echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT
+```
+</instructions>"""
+
+TASK_IMAGE_REPO = "evalharness-task"        # images built from a task's environment/ (kept: the build cache)
+VERIFIER_DIR, TESTS_DIR, SOLUTION_DIR = "/logs/verifier", "/tests", "/solution"
+TASK_VERDICTS = ("rewarded", "no_reward", "bad_reward", "verifier_timeout")
+
+
+@_record
+class HarborTask:
+    """One task folder (Harbor's layout), as task.toml sets it up; ``error`` (why the folder cannot run) makes the
+    task fail alone."""
+
+    id: str
+    path: str
+    source: str
+    instruction: str = ""
+    name: str = ""                      # [task] name
+    category: str = "task"              # [metadata] category
+    digest: str = ""                    # the folder's content (every file's path and bytes)
+    image: str = ""                     # [environment] docker_image, or the tag the environment/ build gets
+    build: bool = False                 # built from environment/Dockerfile
+    workdir: Optional[str] = None       # [environment] workdir (else the image's WORKDIR, else /)
+    agent_timeout_s: Optional[float] = None
+    verifier_timeout_s: float = 600.0
+    verifier_env: Tuple[Tuple[str, str], ...] = ()
+    verifier_user: Optional[str] = None
+    agent_user: Optional[str] = None
+    build_timeout_s: float = 600.0
+    cpus: Optional[float] = None
+    memory_mb: Optional[int] = None
+    network: bool = False               # allow_internet (or network_mode "public"); default: no network
+    env: Tuple[Tuple[str, str], ...] = ()
+    reward_key: Optional[str] = None    # [metadata] reward_key: the headline of a reward.json (default: the mean)
+    solution: bool = False
+    error: str = ""
+
+    @property
+    def problem_statement(self) -> str:  # what the mock agent finds its task by
+        return self.instruction
+
+
+def _tree_digest(root: str) -> str:
+    """sha256 over a folder's files: each relative path, then its bytes (a symlink: its target); sorted."""
+    h = hashlib.sha256()
+    for base, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(base, name)
+            h.update(os.path.relpath(path, root).encode("utf-8") + b"\0")
+            if os.path.islink(path):
+                h.update(b"link:" + os.readlink(path).encode("utf-8"))
+            else:
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def _env_table(value: Any, where: str) -> Tuple[Tuple[str, str], ...]:
+    """An env table's pairs, ${VAR} and ${VAR:-default} taken from this process's environment (as Harbor does);
+    the values of names that look secret are registered for redaction."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+        raise ValueError("%s must be a table of strings" % where)
+    out = []
+    for key, raw in value.items():
+        def sub(m: "re.Match[str]") -> str:
+            got = os.environ.get(m.group(1))
+            if got is None and m.group(2) is None:
+                raise ValueError("%s.%s needs the environment variable %s, which is not set" % (where, key,
+                                                                                                 m.group(1)))
+            return got if got is not None else m.group(2)[2:]
+        text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}", sub, str(raw))
+        if re.search(r"(?i)key|token|secret|password", key):
+            _register_secret(text)
+        out.append((str(key), text))
+    return tuple(out)
+
+
+def _num(table: Dict[str, Any], key: str, where: str, integer: bool = False) -> Optional[float]:
+    v = table.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (integer and v != int(v)):
+        raise ValueError("%s.%s must be a positive %s, got %r" % (where, key, "integer" if integer else "number", v))
+    return int(v) if integer else float(v)
+
+
+def read_task(folder: str, source: str = "") -> HarborTask:
+    """One task folder as a HarborTask; a folder that cannot run comes back with ``error`` set to one line naming
+    the folder, the file and the field (the other tasks still run)."""
+    folder = os.path.abspath(folder)
+    tid = os.path.basename(folder.rstrip("/"))
+    task = HarborTask(id=tid, path=folder, source=source or folder)
+
+    def bad(why: str) -> HarborTask:
+        return _replace(task, error="%s: %s" % (folder, why))
+    if os.path.exists(os.path.join(folder, "task.yaml")) and not os.path.exists(os.path.join(folder, "task.toml")):
+        return bad("task.yaml: the older Terminal-Bench layout is not read; convert it to Harbor's (task.toml, "
+                   "instruction.md, tests/test.sh), e.g. with Harbor's terminal-bench adapter")
+    try:
+        task = _replace(task, digest=_tree_digest(folder))
+        with open(os.path.join(folder, "instruction.md"), encoding="utf-8") as fh:
+            instruction = fh.read()
+    except FileNotFoundError:
+        return bad("instruction.md: missing (what the agent is told)")
+    except (OSError, UnicodeDecodeError) as exc:
+        return bad("instruction.md: unreadable (%s)" % exc)
+    task = _replace(task, instruction=instruction)
+    if not instruction.strip():
+        return bad("instruction.md: empty (what the agent is told)")
+    try:
+        with open(os.path.join(folder, "task.toml"), encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return bad("task.toml: missing")
+    except (OSError, UnicodeDecodeError) as exc:
+        return bad("task.toml: unreadable (%s)" % exc)
+    try:
+        conf = toml_loads(text)
+    except ValueError as exc:
+        return bad("task.toml: not valid TOML: %s" % exc)
+    try:
+        tables = {}
+        for name in ("task", "metadata", "verifier", "agent", "environment", "solution"):
+            tables[name] = conf.get(name) or {}
+            if not isinstance(tables[name], dict):
+                raise ValueError("[%s] must be a table" % name)
+        if conf.get("steps"):
+            raise ValueError("steps: multi-step tasks are not run here (one instruction, one verifier)")
+        ver, agent, envt, meta = tables["verifier"], tables["agent"], tables["environment"], tables["metadata"]
+        image = envt.get("docker_image")
+        if image is not None and (not isinstance(image, str) or not image.strip()):
+            raise ValueError("[environment] docker_image must be an image name, got %r" % (image,))
+        dockerfile = os.path.join(folder, "environment", "Dockerfile")
+        if not image and not os.path.isfile(dockerfile):
+            raise ValueError("[environment] docker_image: not set, and environment/Dockerfile is missing (one of "
+                             "them makes the task's container)")
+        if not os.path.isfile(os.path.join(folder, "tests", "test.sh")):
+            raise ValueError("tests/test.sh: missing (the verifier, which writes %s/reward.txt)" % VERIFIER_DIR)
+        mode = envt.get("network_mode")
+        allow = envt.get("allow_internet")
+        if allow is not None and not isinstance(allow, bool):
+            raise ValueError("[environment] allow_internet must be true or false, got %r" % (allow,))
+        workdir = envt.get("workdir")
+        if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+            raise ValueError("[environment] workdir must be an absolute path, got %r" % (workdir,))
+        for key, table in (("verifier", ver), ("agent", agent)):
+            if table.get("user") is not None and not isinstance(table["user"], (str, int)):
+                raise ValueError("[%s] user must be a name or a uid, got %r" % (key, table["user"]))
+        category = meta.get("category") or "task"
+        env_digest = _tree_digest(os.path.join(folder, "environment")) if not image else ""
+        task = _replace(
+            task, name=str(tables["task"].get("name") or tid), category=str(category),
+            image=_normalize_ref(image.strip()) if image else "%s/%s:%s" % (
+                TASK_IMAGE_REPO, re.sub(r"[^a-z0-9_.-]", "-", tid.lower())[:60].strip("-.") or "task", env_digest[:16]),
+            build=not image, workdir=workdir,
+            agent_timeout_s=_num(agent, "timeout_sec", "[agent]"),
+            verifier_timeout_s=_num(ver, "timeout_sec", "[verifier]") or 600.0,
+            verifier_env=_env_table(ver.get("env"), "[verifier] env"),
+            verifier_user=str(ver["user"]) if ver.get("user") is not None else None,
+            agent_user=str(agent["user"]) if agent.get("user") is not None else None,
+            build_timeout_s=_num(envt, "build_timeout_sec", "[environment]") or 600.0,
+            cpus=_num(envt, "cpus", "[environment]"), memory_mb=_num(envt, "memory_mb", "[environment]", True),
+            network=bool(allow) if allow is not None else mode in ("public", "bridge"),
+            env=_env_table(envt.get("env"), "[environment] env"),
+            reward_key=str(meta["reward_key"]) if meta.get("reward_key") else None,
+            solution=os.path.isfile(os.path.join(folder, "solution", "solve.sh")))
+    except ValueError as exc:
+        return bad("task.toml: %s" % exc)
+    return task
+
+
+class TaskSet:
+    """The task folders of a run: ``--dataset`` a folder of task folders (each with task.toml or instruction.md;
+    a folder that is itself a task is a set of one), or a JSONL file of rows {"path": FOLDER} (relative to the
+    file). Shards keep the whole set's name and sha256."""
+
+    def __init__(self, path: str, limit: Optional[int] = None):
+        self.path, self.name = path, os.path.basename(path.rstrip("/"))
+        folders: List[Tuple[str, str]] = []
+        if os.path.isdir(path):
+            if any(os.path.exists(os.path.join(path, f)) for f in ("task.toml", "task.yaml")):
+                folders.append((path, path))
+            else:
+                for name in sorted(os.listdir(path)):
+                    sub = os.path.join(path, name)
+                    if os.path.isdir(sub) and any(os.path.exists(os.path.join(sub, f)) for f in (
+                            "task.toml", "task.yaml", "instruction.md")):
+                        folders.append((sub, sub))
+        elif os.path.isfile(path):
+            for where, row in _iter_raw_rows(path):
+                folder = row.get("path") if isinstance(row, dict) else row if isinstance(row, str) else None
+                if not isinstance(folder, str) or not folder:
+                    raise DatasetError("%s: a row names a task folder: {\"path\": \"tasks/name\"}" % where)
+                folders.append((os.path.join(os.path.dirname(os.path.abspath(path)), folder), where))
+        else:
+            raise DatasetError("%s: no such file or folder (a folder of task folders, or a JSONL list of them)"
+                               % path)
+        if not folders:
+            raise DatasetError("%s: no task folders in it (each has task.toml, instruction.md and tests/test.sh)"
+                               % path)
+        self.items = [read_task(folder, where) for folder, where in folders][:limit]
+        self.ids = _unique_ids(self.items)
+        self.by_id = {t.id: t for t in self.items}
+        self.count = self.samples_total = len(self.items)
+        self.sha256 = _fingerprint([t.digest for t in self.items])
+        for t in self.items:
+            if t.error:
+                _log.warning("task %s cannot run: %s", t.id, t.error)
+
+    def shard(self, index: int, count: int) -> "TaskSet":
+        self.items = [t for t in self.items if shard_of(t.id, count) == index]
+        self.by_id = {t.id: t for t in self.items}
+        self.ids, self.count = set(self.by_id), len(self.items)
+        return self
+
+    def iter_items(self) -> Iterator[HarborTask]:
+        return iter(self.items)
+
+
+# ----------------------------------------------------------------------------- environments and verification
+_build_locks: Dict[Tuple[str, str], threading.Lock] = {}
+_build_locks_guard = _thread.allocate_lock()
+
+
+def _dockerfile_bases(path: str) -> List[str]:
+    """The images a Dockerfile builds FROM (stages it names itself, scratch and ${ARG} forms left out)."""
+    bases, stages = [], set()
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = re.sub(r"\\\n", " ", fh.read())
+    for m in re.finditer(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", text):
+        ref = m.group(1)
+        if ref.lower() not in stages and ref != "scratch" and "$" not in ref:
+            bases.append(ref)
+        if m.group(2):
+            stages.add(m.group(2).lower())
+    return bases
+
+
+def task_image(docker: DockerCLI, images: "ImageService", task: HarborTask, cancel: threading.Event,
+               wait_s: float) -> str:
+    """Make the task's image ready on this engine; return how ("cached", "built", or the image service's
+    source). A build runs once per engine and content (the tag holds environment/'s hash); its base images must
+    be on the engine already (nothing is pulled): a missing one is an ImageError naming it."""
+    if not task.build:
+        return images.wait_ready(task.image, timeout_s=wait_s, cancel=cancel).source or "ready"
+    with _build_locks_guard:
+        lock = _build_locks.setdefault((docker.host or "", task.image), threading.Lock())
+    with lock:
+        if docker.call(["image", "inspect", task.image], timeout_s=60, check=False).returncode == 0:
+            return "cached"
+        context = os.path.join(task.path, "environment")
+        for base in _dockerfile_bases(os.path.join(context, "Dockerfile")):
+            if docker.call(["image", "inspect", base], timeout_s=60, check=False).returncode != 0:
+                raise ImageError("task %s: environment/Dockerfile builds FROM %s, which is not on this engine (%s) "
+                                 "and is not pulled; load it (docker load -i, or `evalharness images load`) and run "
+                                 "again" % (task.id, base, docker.host or "default"))
+        try:
+            docker.call(["build", "-q", "-t", task.image, "--label", "evalharness.task=%s" % task.id, context],
+                        timeout_s=task.build_timeout_s)
+        except DockerError as exc:
+            raise ImageError("task %s: building environment/ failed: %s" % (task.id, _last_lines(str(exc), 2)))
+        return "built"
+
+
+def _image_workdir(docker: DockerCLI, image: str) -> str:
+    out = docker.text(["image", "inspect", "--format", "{{.Config.WorkingDir}}", image], timeout_s=60).strip()
+    return out or "/"
+
+
+def _parse_rewards(files: Dict[str, bytes], reward_key: Optional[str]) -> Tuple[Optional[float], Dict[str, float],
+                                                                                  str]:
+    """(headline, all rewards, why not) from the verifier's files, as Harbor reads them: reward.json (an object
+    of finite numbers) first, else reward.txt (one finite number); an empty or unparsable file is no reward."""
+    if "reward.json" in files:
+        try:
+            data = json.loads(files["reward.json"].decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            return None, {}, "reward.json is not JSON (%s)" % exc
+        if not isinstance(data, dict) or not data or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in data.values()):
+            return None, {}, "reward.json must be an object of finite numbers, got %s" % _cut(json.dumps(data), 120)
+        rewards = {str(k): float(v) for k, v in data.items()}
+        if reward_key is not None:
+            if reward_key not in rewards:
+                return None, rewards, "reward.json has no %r (the task's reward_key)" % reward_key
+            return rewards[reward_key], rewards, ""
+        return sum(rewards.values()) / len(rewards), rewards, ""
+    if "reward.txt" in files:
+        text = files["reward.txt"].decode("utf-8", "replace").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            return None, {}, "reward.txt does not hold a number: %r" % text[:80]
+        if not math.isfinite(value):
+            return None, {}, "reward.txt holds %r, not a finite number" % text[:80]
+        return value, {"reward": value}, ""
+    return None, {}, "the verifier wrote no %s/reward.txt or reward.json" % VERIFIER_DIR
+
+
+def _tar_members(data: bytes, limit: int = 1 << 20) -> Dict[str, bytes]:
+    """The regular files of a tar stream (docker cp ... -) by base name, each cut at ``limit`` bytes."""
+    out: Dict[str, bytes] = {}
+    if not data:
+        return out
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tar:
+        for member in tar:
+            if member.isfile():
+                fh = tar.extractfile(member)
+                if fh is not None:
+                    out[member.name.rsplit("/", 1)[-1]] = fh.read(limit)
+    return out
+
+
+def verify_task(box: Container, task: HarborTask, workdir: str) -> Dict[str, Any]:
+    """Verification as Harbor's shared mode does it, in the agent's container: every process the agent left is
+    killed (nothing can write a reward later), /tests and /logs/verifier are emptied (nothing planted counts),
+    tests/ is copied to /tests, and ``bash /tests/test.sh`` runs from the working directory as the verifier's
+    user with its env, under its timeout (enforced inside). The reward is read from what the verifier wrote."""
+    box.exec("kill -KILL -1", timeout_s=30, user="root")  # all but PID 1 (the keep-alive) and itself
+    prep = box.exec("rm -rf %s %s && mkdir -p %s %s && chmod 777 %s" % (
+        TESTS_DIR, VERIFIER_DIR, TESTS_DIR, VERIFIER_DIR, VERIFIER_DIR), timeout_s=60, user="root")
+    if prep.returncode != 0:
+        raise SandboxError("task %s: emptying %s and %s failed (exit %d): %s" % (
+            task.id, TESTS_DIR, VERIFIER_DIR, prep.returncode, _last_lines(prep.output)))
+    box.copy_in(os.path.join(task.path, "tests"), TESTS_DIR)
+    run = box.exec("bash %s/test.sh" % TESTS_DIR, timeout_s=task.verifier_timeout_s, workdir=workdir,
+                   user=task.verifier_user, env=task.verifier_env)
+    files = _tar_members(box.copy_out(VERIFIER_DIR))
+    reward, rewards, why = _parse_rewards(files, task.reward_key)
+    verdict = "rewarded" if reward is not None else "bad_reward" if "reward.txt" in files or \
+        "reward.json" in files else "no_reward"
+    if run.timed_out:
+        verdict, why = "verifier_timeout", "the verifier ran past its %g s timeout and was stopped" % \
+            task.verifier_timeout_s
+    elif verdict != "rewarded" and run.returncode != 0:
+        why += " (the verifier exited %d)" % run.returncode
+    return {"verdict": verdict, "reward": reward if verdict == "rewarded" else None,
+            "rewards": rewards if verdict == "rewarded" else {}, "why": why if verdict != "rewarded" else "",
+            "verifier_exit": run.returncode, "verifier_s": round(run.seconds, 3), "output": run.output,
+            "files": sorted(files)}
+
+
+def run_reference(box: Container, task: HarborTask, workdir: str, timeout_s: float) -> Dict[str, Any]:
+    """--check-reference: the task's solution/ copied to /solution and ``bash /solution/solve.sh`` run in place
+    of an agent (as Harbor's oracle agent does)."""
+    box.copy_in(os.path.join(task.path, "solution"), SOLUTION_DIR)
+    t0 = time.monotonic()
+    out = box.exec("bash %s/solve.sh" % SOLUTION_DIR, timeout_s=timeout_s, workdir=workdir, user=task.agent_user)
+    step = {"step": 1, "t": 0.0, "action": "bash %s/solve.sh" % SOLUTION_DIR, "returncode": out.returncode,
+            "exec_s": round(out.seconds, 3), "timed_out": out.timed_out, "output": _truncate_output(out.output, 20000)}
+    return {"messages": [], "steps": [step], "exit_reason": "time_limit" if out.timed_out else "reference",
+            "error": None, "agent_s": round(time.monotonic() - t0, 3), "prompt_tokens": 0, "completion_tokens": 0,
+            "model_calls": 0, "served_model": None}
+
+
+# ----------------------------------------------------------------------------- the kind
+def _task_record(task: HarborTask, started: float, **fields: Any) -> Dict[str, Any]:
+    rec = {"id": task.id, "category": task.category, "scorer": "reward", "question": task.instruction[
+        :QUESTION_KEEP_CHARS], "image": task.image, "started_at": round(started, 3)}
+    rec.update(fields)
+    rec["finished_at"] = round(time.time(), 3)
+    return rec
+
+
+def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, Any]:
+    """One task: its environment made ready on the placed engine, its container started with the task's limits,
+    the agent (or the reference solution) in it, then the verifier; the record, with the trajectory and the
+    verifier's output in the run directory. A container, image or engine failure raises (an infrastructure
+    failure: retried on resume, or on another host); the verifier's own failure is the task's result."""
+    started = time.time()
+    if task.error:
+        return _task_record(task, started, status="failed", score=None, error=task.error, error_class="task_error")
+    opts = ctx.opts
+    t0 = time.monotonic()
+    how = task_image(ctx.docker, ctx.images, task, ctx.cancel, opts.image_timeout_s)
+    image_s = time.monotonic() - t0
+    workdir = task.workdir or _image_workdir(ctx.docker, task.image)
+    sandbox = _replace(opts.sandbox, workdir=workdir, env=opts.sandbox.env + task.env,
+                       cpus=opts.sandbox.cpus or ("%g" % task.cpus if task.cpus else None),
+                       memory=opts.sandbox.memory or ("%dm" % task.memory_mb if task.memory_mb else None),
+                       network_none=opts.sandbox.network_none or not task.network)
+    box = Container(ctx.docker, ctx.pool, task.image, run_id=ctx.run_id, instance_id=task.id, role="task",
+                    config=sandbox)
+    budget = min(opts.sample_timeout_s, task.agent_timeout_s or opts.sample_timeout_s)
+    slot = None
+    try:
+        box.start(setup=False)
+        if reference:
+            traj = run_reference(box, task, workdir, budget)
+        else:
+            assert ctx.client is not None
+            if ctx.sessions is not None:
+                slot = ctx.sessions.enter(cancel=ctx.cancel)
+            fields = {"instruction": task.instruction, "problem_statement": task.instruction, "workdir": workdir,
+                      "instance_id": task.id, "repo": task.name, "exec_timeout": int(min(opts.exec_timeout_s,
+                                                                                        budget))}
+            traj = run_agent(ctx.client, box, task, _replace(
+                opts, sample_timeout_s=budget, exec_timeout_s=min(opts.exec_timeout_s, budget),
+                instance_template=opts.instance_template or TASK_INSTANCE_TEMPLATE), ctx.cancel,
+                on_turn=None if slot is None else lambda res, turn_s: ctx.sessions.report(
+                    slot, res.prompt_tokens, res.completion_tokens, turn_s), fields=fields)
+            if slot is not None:
+                ctx.sessions.leave(slot)
+                slot = None
+        verified = None if traj["exit_reason"] == "model_error" else verify_task(box, task, workdir)
+    finally:
+        if slot is not None:
+            ctx.sessions.leave(slot)
+        box.remove()
+    agent = {"exit_reason": traj["exit_reason"], "steps": len(traj["steps"]), "model_calls": traj["model_calls"],
+             "agent_s": traj["agent_s"], "prompt_tokens": traj["prompt_tokens"],
+             "completion_tokens": traj["completion_tokens"]}
+    _save_task_files(ctx, task, traj, verified)
+    if verified is None:
+        exc = traj["error"]
+        return _task_record(task, started, status="failed", score=None, error=_redact(exc),
+                            error_class=_error_class_of(exc), **agent)
+    return _task_record(task, started, status="ok", error=None, error_class=None,
+                        score=verified["reward"] if verified["reward"] is not None else 0.0,
+                        reward=verified["reward"], rewards=verified["rewards"], verdict=verified["verdict"],
+                        why=verified["why"], verifier_exit=verified["verifier_exit"],
+                        verifier_s=verified["verifier_s"], verifier_tail=_last_lines(_redact(verified["output"]), 5),
+                        environment=how, image_s=round(image_s, 3), workdir=workdir,
+                        mode="reference" if reference else "agent", **agent)
+
+
+def _save_task_files(ctx: _SWEContext, task: HarborTask, traj: Dict[str, Any],
+                     verified: Optional[Dict[str, Any]]) -> None:
+    for sub in (TRAJ_DIR, "logs"):
+        os.makedirs(ctx.store.path(sub), exist_ok=True)
+    name = _slug(task.id)
+    _write_json(ctx.store.path(os.path.join(TRAJ_DIR, name + ".json")), {
+        "task_id": task.id, "model": ctx.model, "exit_reason": traj["exit_reason"], "agent_s": traj["agent_s"],
+        "model_calls": traj["model_calls"], "prompt_tokens": traj["prompt_tokens"],
+        "completion_tokens": traj["completion_tokens"], "steps": traj["steps"], "messages": traj["messages"],
+        "trajectory_format": "evalharness-1"})
+    if verified is not None:
+        _atomic_write(ctx.store.path(os.path.join("logs", name + ".verifier.txt")), _redact(verified["output"]))
+
+
+def _task_lines(summary: Dict[str, Any], records: Sequence[Dict[str, Any]], most: int = 10) -> List[str]:
+    """The text lines of a container-task run: verdict counts and mean reward, every reward name's mean, and the
+    tasks that did not earn reward 1 with why."""
+    t = summary.get("tasks") or {}
+    if not t:
+        return []
+    lines = ["tasks: %d verified, mean reward %s; %s" % (
+        t["verified"], "%.4f" % t["mean_reward"] if t["mean_reward"] is not None else "-",
+        ", ".join("%s %d" % kv for kv in t["verdicts"].items()) or "no verdicts")]
+    if len(t.get("reward_means") or {}) > 1 or set(t.get("reward_means") or {}) - {"reward"}:
+        lines.append("rewards: " + ", ".join("%s %.4f" % kv for kv in sorted(t["reward_means"].items())))
+    short = sorted((r for r in records if r.get("status") == "ok" and (r.get("reward") is None or r["reward"] < 1)),
+                   key=lambda r: str(r.get("id")))
+    if short:
+        lines.append("tasks below reward 1 (%d%s):" % (len(short), ", first %d" % most if len(short) > most else ""))
+        for r in short[:most]:
+            lines.append("  %s: %s%s" % (r["id"], r.get("verdict"), ": %s" % r["why"] if r.get("why") else
+                                         " (reward %s)" % r.get("reward")))
+    return lines
+
+
+@_kind
+class _HarborKind(_SWEKind):
+    """Container tasks in Harbor's folder layout (Terminal-Bench 2): an agent session a task in the task's own
+    container, then the task's verifier; or, with --check-reference, the task's solution in place of an agent."""
+
+    name = "harbor"
+    noun = "task"
+    output_dirs = (TRAJ_DIR, "logs")
+
+    def check(self, cfg: RunConfig) -> None:
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (a folder of task folders, or a JSONL list of them)")
+        super().check(cfg)
+
+    def uses_model(self, cfg: RunConfig) -> bool:
+        return not cfg.code.check_reference
+
+    def load(self, run: _Run, dataset: Any) -> None:
+        cfg = run.cfg
+        tasks = TaskSet(cfg.dataset, cfg.limit)
+        if cfg.code.check_reference:
+            run.model = "reference"
+            missing = [t.id for t in tasks.items if not t.error and not t.solution]
+            if missing:
+                raise ConfigError("--check-reference: %d task(s) have no solution/solve.sh: %s" % (
+                    len(missing), ", ".join(missing[:5])))
+        _log.info("%s: %d task folder(s)%s", tasks.name, tasks.count, "; %d cannot run (above)" % sum(
+            1 for t in tasks.items if t.error) if any(t.error for t in tasks.items) else "")
+        if cfg.shard is not None:
+            tasks.shard(*cfg.shard)
+        run.dataset = tasks
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        mode = "reference" if cfg.code.check_reference else "agent"
+        return dict(_swe_settings(cfg, mode if mode == "agent" else "score-only"), task="harbor", mode=mode)
+
+    def default_out(self, run: _Run) -> str:
+        return _default_out("harbor", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
+
+    def resume(self, run: _Run) -> None:
+        cfg, store, dataset = run.cfg, run.store, run.dataset
+        assert store is not None
+        fps = {t.id: (_fingerprint([t.digest, t.error, t.image]), "") for t in dataset.items}
+        plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed, rescore=False)
+        drop = plan["changed"] | plan["infra"] | plan["retry"] | plan["rescore"] | plan.get("patch", set())
+        if drop or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
+        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids), dataset.count, "task")
+        run.ids, run.total, run.fps, run.plan = set(dataset.ids), dataset.count, fps, plan
+        self.todo = [t for t in dataset.items if t.id not in run.done_ids]
+
+    def start(self, run: _Run) -> None:
+        self._start_hosts(run)
+        run.run_info_extra["mode"] = "reference" if run.cfg.code.check_reference else "agent"
+
+    def work(self, run: _Run) -> Callable[[HarborTask], Dict[str, Any]]:
+        ctx, placement, reference = self.ctx, self.placement, run.cfg.code.check_reference
+        assert ctx is not None and placement is not None
+
+        def work(task: HarborTask) -> Dict[str, Any]:
+            if task.error:
+                return _task_one(ctx, task, reference)
+            return placement.run(ctx, task, lambda c: _task_one(c, task, reference))
+        return work
+
+    def pending(self, run: _Run) -> Iterator[HarborTask]:
+        if run.cfg.pull_ahead and len(self.hosts) == 1:
+            self.hosts[0].images.register([t.image for t in self.todo if not t.build and not t.error])
+        return iter(self.todo)
+
+    def settle(self, run: _Run) -> None:
+        assert run.store is not None
+        if run.store.duplicates:
+            run.store.rewrite(lambda rec: rec)
+
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        verdicts = collections.Counter(str(r.get("verdict")) for r in records if r.get("verdict"))
+        rewards = [float(r["reward"]) for r in records if r.get("reward") is not None]
+        names: Dict[str, List[float]] = {}
+        for r in records:
+            for k, v in (r.get("rewards") or {}).items():
+                names.setdefault(k, []).append(float(v))
+        summary["tasks"] = {"mode": info.get("mode"), "verified": sum(verdicts.values()),
+                            "verdicts": {v: verdicts[v] for v in TASK_VERDICTS if verdicts.get(v)},
+                            "mean_reward": round(sum(rewards) / len(rewards), 6) if rewards else None,
+                            "reward_means": {k: round(sum(v) / len(v), 6) for k, v in sorted(names.items())}}
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        records = self.finished_ok(run)
+        self.merged(summary, records, run.run_info_extra)
+        if len(self.hosts) > 1 and self.placement is not None:
+            run.run_info["docker_hosts"] = self.placement.summary()
+        lines = _task_lines(summary, records)
+        if run.cfg.code.check_reference:
+            short = sorted(r["id"] for r in records if r.get("reward") is None or r["reward"] < 1)
+            summary["reference_short"] = short
+            lines.append("reference check: %d of %d task(s) earn reward 1 with their own solution%s" % (
+                len(records) - len(short), len(records), "; broken (the task or its environment): %s" %
+                ", ".join(short) if short else ""))
+        return "\n".join(lines) + "\n" if lines else ""
+
+    def exit_code(self, run: _Run, summary: Dict[str, Any], code: int) -> int:
+        short = summary.get("reference_short")
+        if run.cfg.code.check_reference and short and code == EXIT_OK:
+            _log.error("--check-reference: %d task(s) do not earn reward 1 with their own solution (e.g. %s): the task "
+                       "or its environment is broken; fix that before any agent is blamed", len(short), short[0])
+            return EXIT_FAILURE
+        return code
+
+    def title(self, run: _Run, status: str) -> str:
+        return "evalharness harbor%s | model %s | dataset %s | %s" % (
+            " (reference check)" if run.cfg.code.check_reference else "", run.model,
+            run.dataset.name + _shard_label(run.cfg.shard), status)
 
 # =============================================================================
 # Scale-out
@@ -11825,6 +12740,9 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
                       "".join(json.dumps(p, ensure_ascii=False, sort_keys=True) + "\n" for p in preds))
         for index in sorted(shards):
             _copy_tree_atomic(shards[index][0], out, SWE_OUTPUT_DIRS)
+    elif getattr(_KINDS.get(task), "output_dirs", ()):  # per-sample files (trajectories, verifier logs)
+        for index in sorted(shards):
+            _copy_tree_atomic(shards[index][0], out, _KINDS[task].output_dirs)
     _write_json(os.path.join(out, RunStore.SUMMARY), summary)
     # a shard's own figures (its limit is its share of the endpoint, its config names its shard) are not the
     # run's: they stay in merged_from, per shard
@@ -13402,7 +14320,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 
 def _add_swe_options(p: argparse.ArgumentParser) -> None:
     d = SWEOptions()
-    g = p.add_argument_group("SWE tasks (--task swe)")
+    g = p.add_argument_group("agent tasks (--task swe; --task harbor: the agent options and limits, not --score-only)")
     g.add_argument("--score-only", default=None, metavar="PREDS",
                    help="score an existing SWE-bench predictions file (.jsonl, .json list or dict) without agents; "
                         "'gold' scores the dataset's own patches (default: agents make the patches)")
@@ -13670,7 +14588,7 @@ def _add_code_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--check-reference", action="store_true",
                    help="no model: run the dataset's own solutions through the same sandbox and report the ones "
                         "that fail (a broken image or sandbox shows here, before any model is blamed); exit 1 when "
-                        "any fails (default: off)")
+                        "any fails; with --task harbor each task's solution/solve.sh and its verifier (default: off)")
 
 
 def _parser_mock(sub: Any, text: str) -> Any:
@@ -13704,9 +14622,14 @@ def _parser_mock(sub: Any, text: str) -> Any:
     mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1] (default %(default)s)")
     mock.add_argument("--swe", default=None, metavar="DATASET",
                       help="act as an agent on these SWE-bench instances (policy: --swe-policy; default: none)")
+    mock.add_argument("--tasks", default=None, metavar="FOLDER",
+                      help="act as an agent on these container task folders (Harbor's layout; policy: "
+                           "--swe-policy; default: none)")
     mock.add_argument("--swe-policy", default="oracle", choices=list(SWE_MOCK_POLICIES),
-                      help="oracle applies the gold patch and submits; noop submits at once; sleepy first runs a "
-                           "command past the exec timeout; chatty never uses the action format (default "
+                      help="oracle applies the gold patch (a task: runs its solution/solve.sh) and submits; noop "
+                           "submits at once; sleepy first runs a command past the exec timeout; chatty never uses "
+                           "the action format; on tasks, plant writes reward 1 itself, tamper replaces "
+                           "/tests/test.sh, linger leaves a process that writes reward 1 later (default "
                            "%(default)s)")
     mock.add_argument("--seed", type=int, default=0, help="random seed of skill and faults (default %(default)s)")
     mock.add_argument("--decode-tok-s", type=float, default=0.0,
@@ -14190,8 +15113,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
     if args.score_only and args.task != "swe":
         raise ConfigError("--score-only needs --task swe")
-    if args.check_reference and args.task != "code":
-        raise ConfigError("--check-reference needs --task code")
+    if args.check_reference and args.task not in ("code", "harbor"):
+        raise ConfigError("--check-reference needs --task code or --task harbor")
     if not args.score_only and not args.check_reference:
         if not args.model:
             raise ConfigError("--model is required, e.g. --model Qwen/Qwen3-8B")
@@ -14215,7 +15138,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate)
-    if args.task in ("swe", "code"):
+    if args.task in ("swe", "code", "harbor"):
         hosts = _docker_hosts(args)
         cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,
                        image_mirrors=tuple(_split_list(args.image_mirrors)), allow_pull=args.allow_pull,
@@ -14233,7 +15156,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                                  fewshot_seed=args.fewshot_seed))
     if args.task == "perplexity":
         cfg = _replace(cfg, perplexity=PerplexityOptions(max_length=args.max_length))
-    if args.task == "swe":
+    if args.task == "harbor":
+        cfg = _replace(cfg, code=CodeOptions(check_reference=args.check_reference))
+    if args.task in ("swe", "harbor"):
         sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
                                 network_none=args.network_none)
         swe = SWEOptions(step_limit=args.step_limit, exec_timeout_s=args.exec_timeout,
@@ -14310,7 +15235,9 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      served=tuple(m.strip() for m in args.served.split(",") if m.strip()),
                      server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model,
                      tokenizer=args.tokenizer, llama_cpp_python=args.llama_cpp_python)
-    swe = SWEDataset(args.swe).validate() if args.swe else None
+    if args.swe and args.tasks:
+        raise ConfigError("--swe and --tasks: the mock plays an agent for one kind at a time")
+    swe = SWEDataset(args.swe).validate() if args.swe else TaskSet(args.tasks) if args.tasks else None
     server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)
     sys.stdout.flush()
