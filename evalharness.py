@@ -12120,6 +12120,8 @@ def read_task(folder: str, source: str = "") -> HarborTask:
     task = _replace(task, instruction=instruction)
     if not instruction.strip():
         return bad("instruction.md: empty (what the agent is told)")
+    if not os.path.isfile(os.path.join(folder, "tests", "test.sh")):
+        return bad("tests/test.sh: missing (the verifier, which writes %s/reward.txt)" % VERIFIER_DIR)
     try:
         with open(os.path.join(folder, "task.toml"), encoding="utf-8") as fh:
             text = fh.read()
@@ -12147,8 +12149,6 @@ def read_task(folder: str, source: str = "") -> HarborTask:
         if not image and not os.path.isfile(dockerfile):
             raise ValueError("[environment] docker_image: not set, and environment/Dockerfile is missing (one of "
                              "them makes the task's container)")
-        if not os.path.isfile(os.path.join(folder, "tests", "test.sh")):
-            raise ValueError("tests/test.sh: missing (the verifier, which writes %s/reward.txt)" % VERIFIER_DIR)
         mode = envt.get("network_mode")
         allow = envt.get("allow_internet")
         if allow is not None and not isinstance(allow, bool):
@@ -12451,6 +12451,12 @@ def _save_task_files(ctx: _SWEContext, task: HarborTask, traj: Dict[str, Any],
         _atomic_write(ctx.store.path(os.path.join("logs", name + ".verifier.txt")), _redact(verified["output"]))
 
 
+def _tasks_short(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The verified tasks that did not earn reward 1, by id."""
+    return sorted((r for r in records if r.get("status") == "ok" and (r.get("reward") is None or r["reward"] < 1)),
+                  key=lambda r: str(r.get("id")))
+
+
 def _task_lines(summary: Dict[str, Any], records: Sequence[Dict[str, Any]], most: int = 10) -> List[str]:
     """The text lines of a container-task run: verdict counts and mean reward, every reward name's mean, and the
     tasks that did not earn reward 1 with why."""
@@ -12462,8 +12468,7 @@ def _task_lines(summary: Dict[str, Any], records: Sequence[Dict[str, Any]], most
         ", ".join("%s %d" % kv for kv in t["verdicts"].items()) or "no verdicts")]
     if len(t.get("reward_means") or {}) > 1 or set(t.get("reward_means") or {}) - {"reward"}:
         lines.append("rewards: " + ", ".join("%s %.4f" % kv for kv in sorted(t["reward_means"].items())))
-    short = sorted((r for r in records if r.get("status") == "ok" and (r.get("reward") is None or r["reward"] < 1)),
-                   key=lambda r: str(r.get("id")))
+    short = _tasks_short(records)
     if short:
         lines.append("tasks below reward 1 (%d%s):" % (len(short), ", first %d" % most if len(short) > most else ""))
         for r in short[:most]:
@@ -13239,6 +13244,11 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
         data["code"] = code_report(records, info)
     if run["task"] == "perplexity":
         data["documents"] = perplexity_documents(records)
+    if run["task"] == "harbor":
+        data["task_lines"] = _task_lines(summary, records)
+        data["tasks_short"] = [{k: r.get(k) for k in ("id", "category", "verdict", "reward", "rewards", "why",
+                                                      "exit_reason", "steps", "verifier_exit", "verifier_tail")}
+                               for r in _tasks_short(records)[:200]]
     data["series"] = _timeline(records, run["events"], info)
     lat = sorted(float(r["latency_s"]) if r.get("latency_s") is not None else
                  float(r["finished_at"]) - float(r["started_at"]) for r in records
@@ -13343,6 +13353,36 @@ def _documents_html(docs: Dict[str, Any]) -> str:
     if docs["total"] > len(docs["documents"]):
         h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
                  % (docs["total"] - len(docs["documents"])))
+    return "".join(h)
+
+
+def _tasks_html(data: Dict[str, Any], run: Dict[str, Any], steps_shown: int = 5) -> str:
+    """The HTML report's container tasks: the figures, then each task below reward 1 with its instruction, the
+    agent's last steps (from its trajectory) and the verifier's output (from logs/)."""
+    h = ["<h2>Tasks</h2><p>%s</p>" % "<br>".join(_esc(x) for x in (data.get("task_lines") or [])[:2])]
+    if not data.get("tasks_short"):
+        return "".join(h) + "<p class=muted>Every verified task earned reward 1.</p>"
+    h.append("<table class=sortable id=tasks><thead><tr><th>task</th><th>verdict</th><th>reward</th><th>why</th>"
+             "<th>details</th></tr></thead><tbody>")
+    for r in data["tasks_short"]:
+        name = _slug(str(r["id"]))
+        traj = _read_json_file(os.path.join(run["dir"], TRAJ_DIR, name + ".json"))
+        steps = [s for s in traj.get("steps") or () if s.get("action")][-steps_shown:]
+        try:
+            with open(os.path.join(run["dir"], "logs", name + ".verifier.txt"), encoding="utf-8",
+                      errors="replace") as fh:
+                verifier = fh.read()
+        except OSError:
+            verifier = r.get("verifier_tail") or ""
+        sample = run["samples"].get(r["id"]) or {}
+        details = "<details><summary>instruction, last steps, verifier output</summary><pre>%s</pre>%s<pre>%s</pre>" \
+                  "</details>" % (_esc(sample.get("question") or ""), "".join(
+                      "<pre><em>$ %s</em>exit %s%s</pre>" % (_esc(_cut(s["action"], 2000)), _esc(s.get("returncode")),
+                                                          " (timed out)" if s.get("timed_out") else "")
+                      for s in steps), _esc(_truncate_output(verifier, 20000)))
+        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td>%s</td><td>%s</td></tr>" % (
+            _esc(r["id"]), _esc(r.get("verdict")), _esc(r.get("reward")), _esc(r.get("why") or ""), details))
+    h.append("</tbody></table>")
     return "".join(h)
 
 
@@ -13575,6 +13615,7 @@ def format_report(data: Dict[str, Any]) -> str:
     lines.extend(_loglik_lines(data["summary"]))
     if data.get("documents"):
         lines.extend(_document_lines(data["documents"]))
+    lines.extend(data.get("task_lines") or ())
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
@@ -13894,6 +13935,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append(_code_html(data["code"]))
     elif data.get("documents"):
         h.append(_documents_html(data["documents"]))
+    elif data["task"] == "harbor":
+        h.append(_tasks_html(data, run))
     elif run["samples"]:
         h.append(_qa_samples_html(run))
     h.append("<script>%s</script></body></html>" % _SORT_JS)
