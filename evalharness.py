@@ -12109,26 +12109,29 @@ def read_task(folder: str, source: str = "") -> HarborTask:
     if os.path.exists(os.path.join(folder, "task.yaml")) and not os.path.exists(os.path.join(folder, "task.toml")):
         return bad("task.yaml: the older Terminal-Bench layout is not read; convert it to Harbor's (task.toml, "
                    "instruction.md, tests/test.sh), e.g. with Harbor's terminal-bench adapter")
+    def read(name: str, what: str) -> Tuple[Optional[str], str]:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                return fh.read(), ""
+        except FileNotFoundError:
+            return None, "%s: missing%s" % (name, what)
+        except (OSError, UnicodeDecodeError) as exc:
+            return None, "%s: unreadable (%s)" % (name, exc)
     try:
         task = _replace(task, digest=_tree_digest(folder))
-        with open(os.path.join(folder, "instruction.md"), encoding="utf-8") as fh:
-            instruction = fh.read()
-    except FileNotFoundError:
-        return bad("instruction.md: missing (what the agent is told)")
-    except (OSError, UnicodeDecodeError) as exc:
-        return bad("instruction.md: unreadable (%s)" % exc)
+    except OSError as exc:
+        return bad("unreadable (%s)" % exc)
+    instruction, why = read("instruction.md", " (what the agent is told)")
+    if instruction is None:
+        return bad(why)
     task = _replace(task, instruction=instruction)
     if not instruction.strip():  # (Harbor's own template ships one: a reference check can still run it)
         _log.warning("task %s: instruction.md is empty: an agent is told nothing", tid)
     if not os.path.isfile(os.path.join(folder, "tests", "test.sh")):
         return bad("tests/test.sh: missing (the verifier, which writes %s/reward.txt)" % VERIFIER_DIR)
-    try:
-        with open(os.path.join(folder, "task.toml"), encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return bad("task.toml: missing")
-    except (OSError, UnicodeDecodeError) as exc:
-        return bad("task.toml: unreadable (%s)" % exc)
+    text, why = read("task.toml", "")
+    if text is None:
+        return bad(why)
     try:
         conf = toml_loads(text)
     except ValueError as exc:

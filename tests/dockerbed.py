@@ -100,6 +100,15 @@ def require_docker(test: unittest.TestCase) -> None:
         _unavailable(test, _REASONS[host])
 
 
+def require_docker_for_class() -> None:
+    """require_docker for a setUpClass (no test object yet): SkipTest, or AssertionError under
+    EVALHARNESS_REQUIRE_DOCKER=1."""
+    class _Class:
+        def fail(self, msg):
+            raise AssertionError(msg)
+    require_docker(_Class())
+
+
 def hold_daemon_runs(test: unittest.TestCase, exclusive: bool = False) -> None:
     """Hold, until ``test``'s cleanup, a file lock on the evalharness containers of the daemon DOCKER_HOST names.
 

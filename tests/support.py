@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -114,3 +115,19 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.005)
     return bool(predicate())
+
+
+def kill_9_after(test: unittest.TestCase, args, run_dir: str, lines: int, timeout_s: float) -> None:
+    """Start ``args`` (a run writing RUN_DIR/samples.jsonl), SIGKILL it once the file has LINES whole lines (the
+    test fails when that takes past TIMEOUT_S)."""
+    proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    test.addCleanup(lambda: proc.poll() is None and proc.kill())
+    samples = os.path.join(run_dir, "samples.jsonl")
+
+    def count():
+        with open(samples, "rb") as fh:
+            return fh.read().count(b"\n")
+    test.assertTrue(wait_until(lambda: os.path.exists(samples) and count() >= lines, timeout_s),
+                    "fewer than %d samples within %d s" % (lines, timeout_s))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -8,12 +8,10 @@ import json
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
 import unittest
 
-from tests.support import MODULE, clean_env, eh, read_samples, run_cli, tempdir, wait_until, write_jsonl
+from tests.support import MODULE, eh, kill_9_after, read_samples, run_cli, tempdir, write_jsonl
 
 
 def toy_ll(text):
@@ -264,17 +262,7 @@ class TestResume(unittest.TestCase):
         out = os.path.join(d, "run")
         args = [sys.executable, MODULE, "run", "--task", "choice", "--dataset", path, "--model", "m", "--base-url",
                 mock.url, "--out", out, "--no-progress", "--fixed-concurrency", "2"]
-        proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
-        samples = os.path.join(out, "samples.jsonl")
-        def lines():
-            with open(samples, "rb") as fh:
-                return fh.read().count(b"\n")
-        self.assertTrue(wait_until(lambda: os.path.exists(samples) and 4 <= lines(), 120),
-                        "no samples within 120 s")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
+        kill_9_after(self, args, out, 4, 120)
         kept = {r["id"] for r in read_samples(out)}
         self.assertLess(len(kept), 30)
         asked = mock.stats()["counters"]["completions"]

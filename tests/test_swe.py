@@ -296,10 +296,7 @@ class _SWEBed(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        class Ctx:
-            def fail(self, msg):
-                raise AssertionError(msg)
-        bed.require_docker(Ctx())
+        bed.require_docker_for_class()
         from tests import swebed
         cls.rows = swebed.build_task_images(log=lambda *a: None)
         cls.dir = tempfile_dir = __import__("tempfile").mkdtemp(prefix="evalharness-swe-")

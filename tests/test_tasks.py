@@ -6,7 +6,6 @@ from a local image once, a missing base, kill -9 and resume, shards and merge, a
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ import unittest
 import uuid
 
 from tests import dockerbed as bed
-from tests.support import MODULE, clean_env, read_samples, run_cli, start_mock, tempdir, wait_until
+from tests.support import MODULE, clean_env, kill_9_after, read_samples, run_cli, start_mock, tempdir, wait_until
 
 import evalharness as eh
 
@@ -234,10 +233,7 @@ class TestRewards(unittest.TestCase):
 class _DockerTasks(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        class Ctx:
-            def fail(self, msg):
-                raise AssertionError(msg)
-        bed.require_docker(Ctx())
+        bed.require_docker_for_class()
         from tests import swebed
         swebed.ensure_base_image(log=lambda *a: None)
 
@@ -353,16 +349,7 @@ class TestResumeAndShards(_DockerTasks):
         out = os.path.join(d, "run")
         args = [sys.executable, MODULE, "run", "--task", "harbor", "--dataset", tasks, "--model", "m", "--base-url",
                 mock.url, "--out", out, "--no-progress", "--max-sessions", "2"]
-        proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
-        samples = os.path.join(out, "samples.jsonl")
-
-        def lines():
-            with open(samples, "rb") as fh:
-                return fh.read().count(b"\n")
-        self.assertTrue(wait_until(lambda: os.path.exists(samples) and lines() >= 2, 300), "no task finished")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_9_after(self, args, out, 2, 300)
         kept = [r["id"] for r in read_samples(out)]
         self.assertLess(len(kept), 6)
         res = run_cli(args[2:], timeout=600)
