@@ -10949,7 +10949,9 @@ def run_agent(client: ModelClient, container: Any, inst: Any, opts: SWEOptions,
         format_errors = 0
         action = command
         box = container() if callable(container) else container
-        out = box.exec(action, timeout_s=opts.exec_timeout_s)
+        # no command outlives the session's time: the last one gets what is left of it
+        out = box.exec(action, timeout_s=min(opts.exec_timeout_s, max(1.0, opts.sample_timeout_s -
+                                                                       (time.monotonic() - t0))))
         step.update(action=action, returncode=out.returncode, exec_s=round(out.seconds, 3), timed_out=out.timed_out)
         steps.append(step)
         first = out.output.lstrip().splitlines()[0].strip() if out.output.strip() else ""
@@ -12034,6 +12036,7 @@ class HarborTask:
     verifier_env: Tuple[Tuple[str, str], ...] = ()
     verifier_user: Optional[str] = None
     agent_user: Optional[str] = None
+    solution_env: Tuple[Tuple[str, str], ...] = ()
     build_timeout_s: float = 600.0
     cpus: Optional[float] = None
     memory_mb: Optional[int] = None
@@ -12174,6 +12177,7 @@ def read_task(folder: str, source: str = "") -> HarborTask:
             verifier_env=_env_table(ver.get("env"), "[verifier] env"),
             verifier_user=str(ver["user"]) if ver.get("user") is not None else None,
             agent_user=str(agent["user"]) if agent.get("user") is not None else None,
+            solution_env=_env_table(tables["solution"].get("env"), "[solution] env"),
             build_timeout_s=_num(envt, "build_timeout_sec", "[environment]") or 600.0,
             cpus=_num(envt, "cpus", "[environment]"), memory_mb=_num(envt, "memory_mb", "[environment]", True),
             network=bool(allow) if allow is not None else mode in ("public", "bridge"),
@@ -12333,11 +12337,14 @@ def verify_task(box: Container, task: HarborTask, workdir: str) -> Dict[str, Any
     tests/ is copied to /tests, and ``bash /tests/test.sh`` runs from the working directory as the verifier's
     user with its env, under its timeout (enforced inside). The reward is read from what the verifier wrote."""
     box.exec("kill -KILL -1", timeout_s=30, user="root")  # all but PID 1 (the keep-alive) and itself
-    prep = box.exec("rm -rf %s %s && mkdir -p %s %s && chmod 777 %s" % (
-        TESTS_DIR, VERIFIER_DIR, TESTS_DIR, VERIFIER_DIR, VERIFIER_DIR), timeout_s=60, user="root")
-    if prep.returncode != 0:
-        raise SandboxError("task %s: emptying %s and %s failed (exit %d): %s" % (
-            task.id, TESTS_DIR, VERIFIER_DIR, prep.returncode, _last_lines(prep.output)))
+    prep = box.exec("rm -rf %s %s; if [ -L /logs ] || { [ -e /logs ] && [ ! -d /logs ]; }; then rm -rf /logs; fi; "
+                    "mkdir -p %s %s && chmod 777 %s" % (TESTS_DIR, VERIFIER_DIR, TESTS_DIR, VERIFIER_DIR,
+                                                        VERIFIER_DIR), timeout_s=60, user="root")
+    if prep.returncode != 0:  # the agent broke the container (no shell, a read-only root): its result, not ours
+        why = "the container could not be made ready for the verifier (exit %d): %s" % (
+            prep.returncode, _last_lines(prep.output, 1) or "no output")
+        return {"verdict": "no_reward", "reward": None, "rewards": {}, "why": why, "verifier_exit": None,
+                "verifier_s": 0.0, "output": prep.output, "files": []}
     box.copy_in(os.path.join(task.path, "tests"), TESTS_DIR)
     run = box.exec("bash %s/test.sh" % TESTS_DIR, timeout_s=task.verifier_timeout_s, workdir=workdir,
                    user=task.verifier_user, env=task.verifier_env)
@@ -12361,7 +12368,8 @@ def run_reference(box: Container, task: HarborTask, workdir: str, timeout_s: flo
     of an agent (as Harbor's oracle agent does)."""
     box.copy_in(os.path.join(task.path, "solution"), SOLUTION_DIR)
     t0 = time.monotonic()
-    out = box.exec("bash %s/solve.sh" % SOLUTION_DIR, timeout_s=timeout_s, workdir=workdir, user=task.agent_user)
+    out = box.exec("bash %s/solve.sh" % SOLUTION_DIR, timeout_s=timeout_s, workdir=workdir, user=task.agent_user,
+                   env=task.solution_env)
     step = {"step": 1, "t": 0.0, "action": "bash %s/solve.sh" % SOLUTION_DIR, "returncode": out.returncode,
             "exec_s": round(out.seconds, 3), "timed_out": out.timed_out, "output": _truncate_output(out.output, 20000)}
     return {"messages": [], "steps": [step], "exit_reason": "time_limit" if out.timed_out else "reference",
@@ -12376,6 +12384,16 @@ def _task_record(task: HarborTask, started: float, **fields: Any) -> Dict[str, A
     rec.update(fields)
     rec["finished_at"] = round(time.time(), 3)
     return rec
+
+
+class _AsUser:
+    """A container whose commands run as ``user`` ([agent] user; None: the image's)."""
+
+    def __init__(self, box: Container, user: Optional[str]):
+        self.box, self.user = box, user
+
+    def exec(self, command: str, **kw: Any) -> ExecResult:
+        return self.box.exec(command, user=self.user, **kw)
 
 
 def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, Any]:
@@ -12410,7 +12428,7 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
             fields = {"instruction": task.instruction, "problem_statement": task.instruction, "workdir": workdir,
                       "instance_id": task.id, "repo": task.name, "exec_timeout": int(min(opts.exec_timeout_s,
                                                                                         budget))}
-            traj = run_agent(ctx.client, box, task, _replace(
+            traj = run_agent(ctx.client, _AsUser(box, task.agent_user), task, _replace(
                 opts, sample_timeout_s=budget, exec_timeout_s=min(opts.exec_timeout_s, budget),
                 instance_template=opts.instance_template or TASK_INSTANCE_TEMPLATE), ctx.cancel,
                 on_turn=None if slot is None else lambda res, turn_s: ctx.sessions.report(

@@ -287,6 +287,31 @@ class TestVerdicts(_DockerTasks):
                     self.assertEqual(recs["slowcheck"]["verdict"], "no_reward")
                     self.assertEqual(recs["slowcheck"]["score"], 0.0)
 
+    def test_the_agent_and_the_verifier_run_as_their_users_with_their_env(self):
+        d = tempdir(self)
+        write_task(os.path.join(d, "tasks"), "users", toml='''\
+            [agent]
+            user = "nobody"
+            [verifier]
+            user = "nobody"
+            env = { EXPECT = "nobody" }
+            [environment]
+            docker_image = "%s"
+            ''' % BASE, instruction="Write your user name to /tmp/who.\n",
+            solve="#!/bin/bash\nid -un > /tmp/who\n", test='''\
+            #!/bin/bash
+            [ "$(id -un)" = "$EXPECT" ] && [ "$(cat /tmp/who)" = "$EXPECT" ] && echo 1 > /logs/verifier/reward.txt
+            echo "verifier ran as $(id -un); the agent wrote $(cat /tmp/who)"
+            ''')
+        for policy in ("oracle", None):
+            with self.subTest(policy or "reference"):
+                extra = ("--check-reference",) if policy is None else ()
+                res, recs = self.run_tasks(os.path.join(d, "tasks"), os.path.join(d, policy or "ref"), policy,
+                                           *extra)
+                self.assertEqual(res.returncode, 0, res.stderr)
+                self.assertEqual(recs["users"]["reward"], 1.0, recs["users"])
+                self.assertIn("verifier ran as nobody; the agent wrote nobody", recs["users"]["verifier_tail"])
+
     def test_a_verifier_with_no_reward_or_past_its_timeout_fails_the_task_with_that_reason(self):
         d = tempdir(self)
         tasks = os.path.join(d, "tasks")
