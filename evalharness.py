@@ -102,10 +102,12 @@ gzip = _LazyModule("gzip")
 hashlib = _LazyModule("hashlib")
 html = _LazyModule("html")
 http = _LazyModule("http", ("client", "server"))
+ast = _LazyModule("ast")
 itertools = _LazyModule("itertools")
 json = _LazyModule("json")
 logging = _LazyModule("logging")
 math = _LazyModule("math")
+operator = _LazyModule("operator")
 pickle = _LazyModule("pickle")
 queue = _LazyModule("queue")
 random = _LazyModule("random")
@@ -4329,6 +4331,7 @@ class MockConfig:
     reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
     tokenizer: bool = True             # offer /tokenize (vLLM's shape; llama.cpp kind: its own); False: none
     llama_cpp_python: bool = False     # /v1/completions as llama-cpp-python's server answers it (see _toy_completion)
+    tools_refused: bool = False        # a request with tools gets HTTP 400 (a vLLM started without tool parsing)
 
 
 # The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
@@ -4533,6 +4536,45 @@ def _swe_mock_reply(instances: Sequence[Any], policy: str, messages: Sequence[An
     return steps[min(turn, len(steps) - 1)]
 
 
+def _realize(option: Any) -> Any:
+    """A value the checker allows, from BFCL's allowed values: a dict's keys each take their first allowed value
+    (a key whose only one is "" left out), a list's dicts the same."""
+    if isinstance(option, dict):
+        out = {}
+        for k, allowed in option.items():
+            pick = next((a for a in allowed if a != ""), None) if isinstance(allowed, list) else allowed
+            if pick is not None:
+                out[k] = _realize(pick)
+        return out
+    if isinstance(option, list):
+        return [_realize(v) if isinstance(v, dict) else v for v in option]
+    return option
+
+
+def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[str, List[Dict[str, Any]]]:
+    """The mock on a BFCL question: right with probability ``skill`` (per row, by seed): the expected calls with
+    each parameter's first allowed value (optional ones left out); no call on irrelevance rows, some call on
+    relevance ones. Wrong: the first function's name with "_wrong" (or a call where none should be, or none where
+    one should). As native tool calls (dots in names as underscores) or in BFCL's prompt format."""
+    right = _unit_hash(seed, row.id, "tools") < skill
+    if "relevance" in row.category:
+        wants_call = ("irrelevance" not in row.category) == right
+        calls = [{row.functions[0]["name"]: {p: "x" for p in row.functions[0]["parameters"].get("required") or ()}}] \
+            if wants_call else []
+    else:
+        calls = [{name: _realize(params)} for call in row.expected for name, params in call.items()]
+        if not right:
+            calls = [{list(calls[0])[0] + "_wrong": list(calls[0].values())[0]}] + calls[1:]
+    if not calls:
+        return "None of the functions can answer that; I need more information.", []
+    if native:
+        return "", [{"id": "call_%d" % i, "type": "function", "function": {
+            "name": name.replace(".", "_"), "arguments": json.dumps(params)}}
+            for i, call in enumerate(calls) for name, params in call.items()]
+    return "[%s]" % ", ".join("%s(%s)" % (name, ", ".join("%s=%r" % kv for kv in params.items()))
+                              for call in calls for name, params in call.items()), []
+
+
 def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
     """The mock's actions on a container task before it submits: ``oracle`` runs the task's solution/solve.sh
     (read from the folder by the mock; the harness never sends it); ``noop`` nothing; ``plant`` writes reward 1
@@ -4558,6 +4600,7 @@ class _MockState:
         self.config = config
         self.oracle = oracle
         self.swe = list(swe)  # SWE instances the mock plays an agent for
+        self.tool_rows: Dict[str, Any] = {}  # BFCL questions it answers with calls, by their last user message
         self.lock = threading.Lock()  # guards active, waiting, counters, seen
         self.active = 0
         self.max_active = 0
@@ -4820,6 +4863,9 @@ class _MockHandler:
         if fault == "reset" and not stream:
             self._reset()
             return
+        if cfg.tools_refused and req.get("tools"):  # vLLM without tool parsing answers so
+            self._error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+            return
         reply = self._compose(req, messages, key)
         if reply is None:
             return
@@ -4832,13 +4878,18 @@ class _MockHandler:
         """The reply to a chat request, as tokens with their pacing (None: the context is too small, answered 400)."""
         st, cfg = self.state, self.state.config
         text = self._reply_text(key, messages, req.get("seed"))
-        tool_call = None
+        tool_calls: List[Dict[str, Any]] = []
         if req.get("tools") and st.swe:  # tool-calling mode: the fenced action becomes one `bash` call
             found = re.search(r"```bash\n(.*?)\n```", text, re.S)
             if found:
-                tool_call = {"id": "call_%d" % random.getrandbits(32), "type": "function",
-                             "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}}
+                tool_calls.append({"id": "call_%d" % random.getrandbits(32), "type": "function",
+                                   "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}})
                 text = text[:found.start()].strip()
+        if st.tool_rows:  # a BFCL question: calls drawn from its possible answers at the mock's skill
+            row = st.tool_rows.get(next((str(m.get("content")) for m in reversed(messages)
+                                         if isinstance(m, dict) and m.get("role") == "user"), ""))
+            if row is not None:
+                text, tool_calls = _tool_mock_reply(row, bool(req.get("tools")), cfg.skill, cfg.seed)
         reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
         thought = _TOKEN_RE.findall(reasoning + " ") if reasoning else []
         if cfg.reasoning_style == "think" and thought:
@@ -4868,7 +4919,7 @@ class _MockHandler:
             ttft = cfg.ttft_s * st.slowdown(st.active)
         return _MockReply(rid="chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48),
                           model=cfg.reply_model if cfg.reply_model is not None else req.get("model"),
-                          pieces=pieces, finish=finish, usage=usage, tool_call=tool_call, reasoning=bool(reasoning),
+                          pieces=pieces, finish=finish, usage=usage, tool_calls=tool_calls, reasoning=bool(reasoning),
                           ttft_s=ttft)
 
     def _token_delay(self) -> float:
@@ -4901,8 +4952,8 @@ class _MockHandler:
             return
         finish = reply.finish
         message = {"role": "assistant", "content": "".join(t for k, t in reply.pieces if k == "content")}
-        if reply.tool_call is not None:
-            message["tool_calls"] = [reply.tool_call]
+        if reply.tool_calls:
+            message["tool_calls"] = list(reply.tool_calls)
             finish = "tool_calls"
         if reply.reasoning:
             message["reasoning_content"] = "".join(t for k, t in reply.pieces if k == "reasoning_content")
@@ -4945,12 +4996,11 @@ class _MockHandler:
                 self.wfile.flush()
                 self._wait(debt)
                 debt = 0.0
-        if reply.tool_call is not None:  # sent in two pieces, as servers do: id and name first, then the arguments
-            call = reply.tool_call
-            args = call["function"]["arguments"]
-            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(call, index=0, function={
-                "name": "bash", "arguments": args[:len(args) // 2]})]}, "finish_reason": None}]))
-            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
+        for index, call in enumerate(reply.tool_calls):  # each in two pieces, as servers send them: id and name
+            args = call["function"]["arguments"]                # first, then the arguments
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(call, index=index, function={
+                "name": call["function"]["name"], "arguments": args[:len(args) // 2]})]}, "finish_reason": None}]))
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [{"index": index, "function": {
                 "arguments": args[len(args) // 2:]}}]}, "finish_reason": None}]))
             finish = "tool_calls"
         event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
@@ -4965,12 +5015,12 @@ class _MockReply:
     """A mock reply, composed once and written by either writer: its tokens as (field, text) pieces (reasoning
     first), why it ended, its usage, a tool call, and the time to its first token at the load it met."""
 
-    __slots__ = ("rid", "model", "pieces", "finish", "usage", "tool_call", "reasoning", "ttft_s")
+    __slots__ = ("rid", "model", "pieces", "finish", "usage", "tool_calls", "reasoning", "ttft_s")
 
     def __init__(self, *, rid: str, model: Any, pieces: List[Tuple[str, str]], finish: str, usage: Dict[str, Any],
-                 tool_call: Optional[Dict[str, Any]], reasoning: bool, ttft_s: float):
+                 tool_calls: Sequence[Dict[str, Any]], reasoning: bool, ttft_s: float):
         self.rid, self.model, self.pieces, self.finish, self.usage = rid, model, pieces, finish, usage
-        self.tool_call, self.reasoning, self.ttft_s = tool_call, reasoning, ttft_s
+        self.tool_calls, self.reasoning, self.ttft_s = tool_calls, reasoning, ttft_s
 
 
 class _MockHTTPServer:
@@ -4993,7 +5043,8 @@ class MockServer:
     """
 
     def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
-                 oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None):
+                 oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None,
+                 tools: Optional["ToolDataset"] = None):
         if config.server_kind not in MOCK_SERVER_KINDS:
             raise ConfigError("--server-kind must be one of %s, got %r" % (", ".join(MOCK_SERVER_KINDS),
                                                                             config.server_kind))
@@ -5007,6 +5058,8 @@ class MockServer:
                 user = [m["content"] for m in item.messages if m["role"] == "user"]
                 table[user[-1]] = item
         self.state = _MockState(config, table, swe.items if swe is not None else ())
+        for row in (tools.iter_items() if tools is not None else ()):
+            self.state.tool_rows[next((m["content"] for m in reversed(row.messages) if m["role"] == "user"), "")] = row
         handler = type("_BoundMockHandler", (_MockHandler, http.server.BaseHTTPRequestHandler), {"state": self.state})
         server = type("_BoundMockHTTPServer", (_MockHTTPServer, http.server.ThreadingHTTPServer), {})
         try:
@@ -7604,6 +7657,7 @@ class RunConfig:
     code: "CodeOptions" = _Factory(lambda: CodeOptions())  # --task code: the sandbox and its limits
     choice: "ChoiceOptions" = _Factory(lambda: ChoiceOptions())  # --task choice: few-shot examples
     perplexity: "PerplexityOptions" = _Factory(lambda: PerplexityOptions())  # --task perplexity: window length
+    tools: "ToolOptions" = _Factory(lambda: ToolOptions())  # --task tools: native or prompt, the answers file
     image_tars: Tuple[str, ...] = ()
     image_store: Optional[str] = None
     image_mirrors: Tuple[str, ...] = ()
@@ -12615,6 +12669,777 @@ class _HarborKind(_SWEKind):
             run.dataset.name + _shard_label(run.cfg.shard), status)
 
 # =============================================================================
+# Tool calls
+# =============================================================================
+# --task tools: the Berkeley Function Calling Leaderboard's single-turn files as bfcl-eval ships them (questions and
+# their possible answers), asked with native tool calls or in BFCL's prompt format, each reply decoded and scored by
+# the rules of bfcl-eval's AST checker (bfcl_eval/eval_checker/ast_eval/ast_checker.py, Python categories).
+
+BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
+                   "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
+BFCL_REFUSED = (("multi_turn", "needs BFCL's simulated back-ends (file system, trading, travel APIs)"),
+                ("memory", "needs BFCL's memory back-end and its prerequisite conversations"),
+                ("web_search", "needs BFCL's web search back-end"),
+                ("format_sensitivity", "varies BFCL's prompt formats per row"),
+                ("simple_java", "Java values are checked through BFCL's Java type converter, not reproduced here"),
+                ("simple_javascript", "JavaScript values are checked through BFCL's JavaScript type converter, not "
+                                      "reproduced here"))
+TOOL_MODES = ("native", "prompt")
+_BFCL_PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
+                  "dict": dict, "any": str}
+_BFCL_TO_OPENAPI = {"integer": "integer", "number": "number", "float": "number", "string": "string",
+                    "boolean": "boolean", "bool": "boolean", "array": "array", "list": "array", "dict": "object",
+                    "object": "object", "tuple": "array", "any": "string", "byte": "integer", "short": "integer",
+                    "long": "integer", "double": "number", "char": "string", "ArrayList": "array", "Array": "array",
+                    "HashMap": "object", "Hashtable": "object", "Queue": "array", "Stack": "array", "Any": "string",
+                    "String": "string", "Bigint": "integer"}
+_BFCL_PY_HINT = " Note that the provided function is in Python 3 syntax."
+_BFCL_STD = _LazyPattern(r"[ \,\.\/\-\_\*\^]")
+TOOLS_CHECKER = "bfcl-eval 2026.3.23 ast_checker (Python)"  # part of every row's score fingerprint
+
+
+def bfcl_category(row_id: str) -> str:
+    """A row's category from its id, as BFCL takes it: the id (before any ':') without its last '_' part."""
+    return row_id.split(":")[0].rsplit("_", 1)[0]
+
+
+def bfcl_system_prompt(functions: Sequence[Dict[str, Any]]) -> str:
+    """BFCL's default system prompt for prompt mode (ret_fmt=python, no tool-call tag, the functions as JSON,
+    plaintext, classic style), as its formulate_system_prompt writes it."""
+    return ("You are an expert in composing functions.You are given a question and a set of possible functions. Based "
+            "on the question, you will need to make one or more function/tool calls to achieve the purpose. If none "
+            "of the functions can be used, point it out. If the given question lacks the parameters required by the "
+            "function, also point it out.\n\nYou should only return the function calls in your response.\n\nIf you "
+            "decide to invoke any of the function(s), you MUST put it in the format of [func_name1(params_name1="
+            "params_value1, params_name2=params_value2...), func_name2(params)].  You SHOULD NOT include any other "
+            "text in the response.\n\nAt each turn, you should try your best to complete the tasks requested by the "
+            "user within the current turn. Continue to output functions to call until you have fulfilled the user's "
+            "request to the best of your ability. Once you have no more functions to call, the system will consider "
+            "the current turn complete and proceed to the next turn or task.\n\nHere is a list of functions in json "
+            "format that you can invoke.\n%s\n" % json.dumps(list(functions), indent=4))
+
+
+def _bfcl_hinted(functions: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The functions as BFCL sends them (Python categories): the language hint after each description."""
+    out = json.loads(json.dumps(list(functions)))
+    for f in out:
+        f["description"] = str(f.get("description", "")) + _BFCL_PY_HINT
+    return out
+
+
+def _openapi_properties(props: Dict[str, Any]) -> Dict[str, Any]:
+    """BFCL's _cast_to_openai_type: each property's type in OpenAPI terms (floats say so), nested one level."""
+    for key, value in props.items():
+        if "type" not in value:
+            value["type"] = "string"
+        else:
+            kind = value["type"]
+            if kind == "float":
+                value["format"] = "float"
+                value["description"] = str(value.get("description", "")) + " This is a float type value."
+            value["type"] = _BFCL_TO_OPENAPI.get(kind, "string")
+        if value["type"] in ("array", "object"):
+            if "properties" in value:
+                value["properties"] = _openapi_properties(value["properties"])
+            elif "items" in value and isinstance(value["items"], dict):
+                items = value["items"]
+                items["type"] = _BFCL_TO_OPENAPI.get(items.get("type"), "string")
+                if items["type"] == "array" and isinstance(items.get("items"), dict):
+                    items["items"]["type"] = _BFCL_TO_OPENAPI.get(items["items"].get("type"), "string")
+                elif items["type"] == "object" and "properties" in items:
+                    items["properties"] = _openapi_properties(items["properties"])
+    return props
+
+
+def bfcl_tools(functions: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The functions as OpenAI tools, as BFCL's convert_to_tool makes them: dots in names become underscores (not
+    valid in tool names), parameters an object with OpenAPI types."""
+    tools = []
+    for f in json.loads(json.dumps(list(functions))):
+        f["name"] = str(f["name"]).replace(".", "_")
+        params = f.setdefault("parameters", {})
+        params["type"] = "object"
+        params["properties"] = _openapi_properties(params.get("properties") or {})
+        tools.append({"type": "function", "function": f})
+    return tools
+
+
+# ----------------------------------------------------------------------------- decoding replies
+class _BfclDecodeError(Exception):
+    pass
+
+
+def _ast_text(node: Any, source: str) -> str:
+    """ast.unparse where Python has it (3.9+), else the node's own text."""
+    if hasattr(ast, "unparse"):
+        return ast.unparse(node)
+    return ast.get_source_segment(source, node) or ""
+
+
+_SAFE_BINOPS = {"Add": operator.add, "Sub": operator.sub, "Mult": operator.mul, "Div": operator.truediv,
+                "FloorDiv": operator.floordiv, "Mod": operator.mod, "Pow": operator.pow}
+
+
+def _bfcl_binop(node: Any) -> Any:
+    """BFCL evaluates an arithmetic argument (eval of its text); here only constants, lists, tuples, unary minus
+    and + - * / // % ** on them, bounded."""
+    if isinstance(node, ast.Constant) and not isinstance(node.value, type(Ellipsis)):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _bfcl_binop(node.operand)
+        return -v if isinstance(node.op, ast.USub) else +v
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_bfcl_binop(e) for e in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    if isinstance(node, ast.BinOp) and type(node.op).__name__ in _SAFE_BINOPS:
+        left, right = _bfcl_binop(node.left), _bfcl_binop(node.right)
+        if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or abs(right) > 1000 or
+                                             isinstance(left, (int, float)) and abs(left) > 1e6):
+            raise _BfclDecodeError("an exponent too large to evaluate")
+        if isinstance(node.op, ast.Mult) and any(isinstance(x, (str, list, tuple)) for x in (left, right)) and \
+                any(isinstance(x, int) and x > 100000 for x in (left, right)):
+            raise _BfclDecodeError("a repetition too large to evaluate")
+        return _SAFE_BINOPS[type(node.op).__name__](left, right)
+    raise _BfclDecodeError("an expression it does not evaluate: %s" % type(node).__name__)
+
+
+def _bfcl_value(node: Any, source: str) -> Any:
+    """BFCL's resolve_ast_by_type: an argument's value from its syntax tree."""
+    if isinstance(node, ast.Constant):
+        return "..." if node.value is Ellipsis else node.value
+    if isinstance(node, ast.UnaryOp):  # (BFCL negates whatever the operator: its quirk, kept)
+        if not isinstance(node.operand, ast.Constant):
+            raise _BfclDecodeError("a unary operator on %s" % type(node.operand).__name__)
+        return -node.operand.value
+    if isinstance(node, ast.List):
+        return [_bfcl_value(v, source) for v in node.elts]
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise _BfclDecodeError("a ** in a dict")
+        return {_bfcl_value(k, source): _bfcl_value(v, source) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.BinOp):
+        return _bfcl_binop(node)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Call):
+        return _bfcl_call(node, source) if node.keywords else _ast_text(node, source)
+    if isinstance(node, ast.Tuple):
+        return tuple(_bfcl_value(v, source) for v in node.elts)
+    if isinstance(node, ast.Subscript):
+        return _ast_text(node, source)
+    raise _BfclDecodeError("unsupported syntax in an argument: %s" % type(node).__name__)
+
+
+def _bfcl_call(node: Any, source: str) -> Dict[str, Dict[str, Any]]:
+    """BFCL's resolve_ast_call: {dotted name: {keyword: value}} (positional arguments are not read)."""
+    parts, func = [], node.func
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(func.id)
+    return {".".join(reversed(parts)): {kw.arg: _bfcl_value(kw.value, source) for kw in node.keywords}}
+
+
+def bfcl_decode_text(text: str) -> List[Any]:
+    """A prompt-mode reply as BFCL's default_decode_ast_prompting reads it: backticks, newlines and spaces stripped
+    from the ends, brackets added where missing, then one call or a list of calls parsed as Python (never run).
+    _BfclDecodeError when it is not that."""
+    result = text.strip("`\n ")
+    if not result.startswith("["):
+        result = "[" + result
+    if not result.endswith("]"):
+        result = result + "]"
+    source = result.strip().strip("'")
+    try:
+        body = ast.parse(source, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise _BfclDecodeError("not Python: %s" % _cut(str(exc), 120)) from None
+    try:
+        if isinstance(body, ast.Call):
+            return [_bfcl_call(body, source)]
+        if not isinstance(body, (ast.List, ast.Tuple, ast.Set)):
+            raise _BfclDecodeError("not a list of calls")
+        calls = []
+        for elem in body.elts:
+            if not isinstance(elem, ast.Call):
+                raise _BfclDecodeError("an element that is not a call: %s" % type(elem).__name__)
+            calls.append(_bfcl_call(elem, source))
+        return calls
+    except (TypeError, AttributeError, ValueError, ZeroDivisionError, OverflowError, RecursionError) as exc:
+        raise _BfclDecodeError("%s: %s" % (type(exc).__name__, _cut(str(exc), 120))) from None
+
+
+def bfcl_decode_calls(calls: Sequence[Dict[str, Any]]) -> List[Any]:
+    """Native tool calls as BFCL's OpenAI handler decodes them: {name: json.loads(arguments)} each; none made is a
+    reply BFCL cannot decode (its text is not calls)."""
+    if not calls:
+        raise _BfclDecodeError("no tool call in the reply")
+    out = []
+    for c in calls:
+        try:
+            out.append({c.get("name"): json.loads(c.get("arguments") or "")})
+        except ValueError as exc:
+            raise _BfclDecodeError("the arguments of %s are not JSON (%s)" % (c.get("name"), exc)) from None
+    return out
+
+
+def _bfcl_format_ok(decoded: Any) -> bool:
+    """BFCL's is_function_calling_format_output: a list of {name: {param: value}} (an empty list too)."""
+    return isinstance(decoded, list) and all(
+        isinstance(d, dict) and len(d) == 1 and isinstance(list(d.values())[0], dict) for d in decoded)
+
+
+def _bfcl_empty(decoded: Any) -> bool:
+    """BFCL's is_empty_output: not calls, none, or one empty one."""
+    return not _bfcl_format_ok(decoded) or not decoded or (len(decoded) == 1 and not decoded[0])
+
+
+# ----------------------------------------------------------------------------- the checker
+def _bfcl_std(text: str) -> str:
+    return _BFCL_STD.sub("", text).lower().replace("'", '"')
+
+
+def _miss(error_type: str, why: str) -> Dict[str, Any]:
+    return {"valid": False, "error_type": error_type, "why": why}
+
+
+_HIT: Dict[str, Any] = {"valid": True, "error_type": None, "why": ""}
+
+
+def _answer_type(allowed: Sequence[Any]) -> Optional[type]:
+    return next((type(a) for a in allowed if a != ""), None)
+
+
+def _bfcl_type(param: str, value: Any, allowed: Any, expected: type, nested: Optional[type]) -> Dict[str, Any]:
+    """BFCL's type_checker: the value has the declared type (a list's items one level deep), or the type of the
+    allowed values (then it is a "variable", compared as is)."""
+    first = _answer_type(allowed)
+    variable = first is not None and first != expected
+    result = dict(_HIT, variable=variable)
+    if type(value) == expected:
+        if nested is None:
+            return result
+        for option in allowed:
+            fits = True
+            if type(option) == list:
+                for item in value:
+                    if not _bfcl_type(param, item, option, nested, None)["valid"]:
+                        fits = False
+                        break
+            if fits:
+                return dict(_HIT, variable=variable)
+        result = dict(_miss("type_error:nested", "parameter %r: items of %r are not %s" % (
+            param, value, nested.__name__)), variable=variable)
+    if first is not None and type(value) == first:
+        return dict(result, variable=True)
+    return dict(_miss("type_error:simple", "parameter %r: expected %s, got %s %r" % (
+        param, expected.__name__, type(value).__name__, value)), variable=False)
+
+
+def _bfcl_dict(param: str, value: Dict[Any, Any], allowed: Sequence[Any]) -> Dict[str, Any]:
+    result = _miss("dict_checker:unclear", "parameter %r: no allowed dict" % param)
+    for option in allowed:
+        if option == "":
+            continue
+        result = _miss("dict_checker:unclear", "parameter %r" % param)
+        fits = True
+        for key, v in value.items():
+            if key not in option:
+                result, fits = _miss("value_error:dict_key", "parameter %r: unexpected key %r" % (param, key)), False
+                break
+            std = _bfcl_std(v) if type(v) == str else v
+            if std not in [_bfcl_std(x) if type(x) == str else x for x in option[key]]:
+                result, fits = _miss("value_error:dict_value", "parameter %r: key %r has %r, not one of %r" % (
+                    param, key, v, option[key])), False
+                break
+        for key, v in option.items():
+            if key not in value and "" not in v:
+                result, fits = _miss("value_error:dict_key", "parameter %r: missing key %r" % (param, key)), False
+                break
+        if fits:
+            return _HIT
+    return result
+
+
+def _bfcl_list_dict(param: str, value: List[Any], allowed: Sequence[Any]) -> Dict[str, Any]:
+    result = _miss("list_dict_checker:unclear", "parameter %r" % param)
+    for option in allowed:
+        if len(value) != len(option):
+            result = _miss("value_error:list_dict_count", "parameter %r: %d dicts, not %d" % (
+                param, len(value), len(option)))
+            continue
+        fits = True
+        for i, item in enumerate(value):
+            result = _bfcl_dict(param, item, [option[i]])
+            if not result["valid"]:
+                fits = False
+                break
+        if fits:
+            return _HIT
+    return result
+
+
+def _bfcl_function(desc: Any, output: Dict[str, Any], answer: Dict[str, Any], underscores: bool) -> Dict[str, Any]:
+    """BFCL's simple_function_checker: one call against one expected call."""
+    if not isinstance(desc, dict):
+        return _miss("simple_function_checker:no_description", "no description of the expected function")
+    allowed_all = list(answer.values())[0]
+    name = str(desc["name"])
+    if underscores:  # native tool calls: the names as the tools carried them
+        name = name.replace(".", "_")
+    if name not in output:
+        return _miss("simple_function_checker:wrong_func_name", "expected a call of %s, got %s" % (
+            name, ", ".join(map(str, output)) or "none"))
+    params = output[name]
+    props = desc["parameters"]["properties"]
+    for p in desc["parameters"].get("required") or ():
+        if p not in params:
+            return _miss("simple_function_checker:missing_required", "missing required parameter %r" % p)
+    for p, value in params.items():
+        if p not in props or p not in allowed_all:
+            return _miss("simple_function_checker:unexpected_param", "unexpected parameter %r" % p)
+        declared = props[p]["type"]
+        if declared not in _BFCL_PY_TYPES:
+            return _miss("type_error:unknown", "parameter %r: type %r is not one the checker knows" % (p, declared))
+        expected, nested = _BFCL_PY_TYPES[declared], None
+        if declared in ("array", "tuple"):
+            nested = _BFCL_PY_TYPES.get((props[p].get("items") or {}).get("type"))
+        if declared == "tuple" and type(value) == tuple:
+            value = list(value)
+        if declared == "float" and type(value) == int:
+            value = float(value)
+        typed = _bfcl_type(p, value, allowed_all[p], expected, nested)
+        if not typed["valid"]:
+            return typed
+        if not typed["variable"]:
+            check = None
+            if expected == dict:
+                check = _bfcl_dict(p, value, allowed_all[p])
+            elif expected == list and nested == dict:
+                check = _bfcl_list_dict(p, value, allowed_all[p])
+            elif expected == str:
+                if _bfcl_std(value) not in [_bfcl_std(a) for a in allowed_all[p] if type(a) == str]:
+                    check = _miss("value_error:string", "parameter %r: %r is not one of %r" % (
+                        p, value, allowed_all[p]))
+            elif expected == list:
+                made = [_bfcl_std(x) if type(x) == str else x for x in value]
+                options = [[_bfcl_std(y) if type(y) == str else y for y in a] for a in allowed_all[p]
+                           if isinstance(a, (str, list, tuple))]
+                if made not in options:
+                    check = _miss("value_error:list/tuple", "parameter %r: %r is not one of %r" % (
+                        p, value, allowed_all[p]))
+            if check is not None and not check["valid"]:
+                return check
+            if expected in (dict, str, list):
+                continue
+        if value not in allowed_all[p]:
+            return _miss("value_error:others", "parameter %r: %r is not one of %r" % (p, value, allowed_all[p]))
+    for p in allowed_all:
+        if p not in params and "" not in allowed_all[p]:
+            return _miss("simple_function_checker:missing_optional", "parameter %r is not marked optional but was "
+                                                                    "left out" % p)
+    return _HIT
+
+
+def _find_description(functions: Sequence[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:
+    return next((f for f in functions if f.get("name") == name), None)
+
+
+def bfcl_check(functions: Sequence[Dict[str, Any]], decoded: List[Dict[str, Any]], expected: List[Dict[str, Any]],
+               category: str, underscores: bool) -> Dict[str, Any]:
+    """BFCL's ast_checker on decoded calls: parallel categories match each expected call to one made call in any
+    order (the first unused that fits, in BFCL's order); multiple ones check the one call against the expected
+    function; the others need exactly one call."""
+    try:
+        if "parallel" in category:
+            if len(decoded) != len(expected):
+                return _miss("parallel_function_checker_no_order:wrong_count", "%d call(s), expected %d" % (
+                    len(decoded), len(expected)))
+            used: List[int] = []
+            for i, answer in enumerate(expected):
+                desc = _find_description(functions, list(answer)[0])
+                result = None
+                for j, made in enumerate(decoded):
+                    if j in used:
+                        continue
+                    result = _bfcl_function(desc, made, answer, underscores)
+                    if result["valid"]:
+                        used.append(j)
+                        break
+                if result is None or not result["valid"]:
+                    return _miss("parallel_function_checker_no_order:cannot_find_match",
+                                 "no call matches expected call %d (%s)%s" % (
+                                     i, list(answer)[0], ": %s" % result["why"] if result else ""))
+            return _HIT
+        if "multiple" in category:
+            if len(decoded) != len(expected):
+                return _miss("multiple_function_checker:wrong_count", "%d call(s), expected %d" % (
+                    len(decoded), len(expected)))
+            return _bfcl_function(_find_description(functions, list(expected[0])[0]), decoded[0], expected[0],
+                                  underscores)
+        if len(decoded) != 1:
+            return _miss("simple_function_checker:wrong_count", "%d call(s), expected 1" % len(decoded))
+        return _bfcl_function(functions[0], decoded[0], expected[0], underscores)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:  # where bfcl-eval itself would crash
+        return _miss("checker:malformed", "the checker could not read the row or the call (%s: %s)" % (
+            type(exc).__name__, exc))
+
+
+def bfcl_verdict(row: "ToolRow", raw: Dict[str, Any], mode: str) -> Dict[str, Any]:
+    """One reply's verdict as BFCL's runner gives it: decoded (native calls or the prompt-mode text), then for
+    irrelevance "no call" (and for relevance "some call") is right, else the AST checker."""
+    try:
+        decoded = bfcl_decode_calls(raw.get("tool_calls") or ()) if mode == "native" else \
+            bfcl_decode_text(raw.get("text") or "")
+        error = ""
+    except _BfclDecodeError as exc:
+        decoded, error = None, str(exc)
+    if "relevance" in row.category:
+        called = decoded is not None and not _bfcl_empty(decoded)
+        if "irrelevance" in row.category:
+            result = _HIT if not called else _miss("irrelevance_error:decoder_success",
+                                                   "a call was made where none should be")
+        else:
+            result = _HIT if called else _miss("relevance_error:decoder_failed", "no call was made (%s)" % (
+                error or "an empty call"))
+    elif decoded is None:
+        result = _miss("ast_decoder:decoder_failed", "the reply is not calls: %s" % error)
+    elif not _bfcl_format_ok(decoded):
+        result = _miss("ast_decoder:decoder_wrong_output_format", "the reply is not a list of calls")
+    else:
+        result = bfcl_check(row.functions, decoded, list(row.expected or ()), row.category, mode == "native")
+    return {"valid": result["valid"], "error_type": result["error_type"], "why": result["why"],
+            "decoded": _jsonable(decoded)}
+
+
+def _jsonable(value: Any) -> Any:
+    """Decoded calls as JSON can hold them (tuples as lists, other values as their repr)."""
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return repr(value)
+
+
+# ----------------------------------------------------------------------------- the files
+@_record
+class ToolRow:
+    """One single-turn BFCL question: its messages, the functions offered, the expected calls (None for
+    relevance and irrelevance rows)."""
+
+    id: str
+    category: str
+    messages: Tuple[Dict[str, Any], ...]
+    functions: Tuple[Dict[str, Any], ...]
+    expected: Optional[Tuple[Dict[str, Any], ...]]
+    source: str
+
+
+def _bfcl_rows(path: str) -> List[Tuple[str, Any]]:
+    """(file:line, row) of a BFCL file: JSON Lines whatever the name (bfcl-eval's .json files hold one object a
+    line), or a JSON list."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError("%s: unreadable (%s)" % (path, exc)) from None
+    if text.lstrip().startswith("["):
+        try:
+            return [("%s[%d]" % (path, i), row) for i, row in enumerate(json.loads(text))]
+        except ValueError as exc:
+            raise DatasetError("%s: invalid JSON (%s)" % (path, exc)) from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(("%s:%d" % (path, n), json.loads(line)))
+            except ValueError as exc:
+                raise DatasetError("%s:%d: invalid JSON (%s)" % (path, n, exc)) from None
+    return rows
+
+
+class ToolDataset:
+    """A BFCL question file and its possible answers (--answers, else possible_answer/<the same name> beside it, as
+    bfcl-eval ships them). Categories from the ids; the unsupported ones refused in one line."""
+
+    scorers: frozenset = frozenset()
+
+    def __init__(self, path: str, answers: Optional[str] = None, limit: Optional[int] = None):
+        self.path, self.name = path, os.path.basename(path)
+        if not os.path.isfile(path):
+            raise DatasetError("%s: no such file (a BFCL question file, e.g. BFCL_v4_simple_python.json)" % path)
+        raw = list(_bfcl_rows(path))
+        if limit is not None:
+            raw = raw[:limit]
+        self.answers_path = answers or os.path.join(os.path.dirname(os.path.abspath(path)), "possible_answer",
+                                                    os.path.basename(path))
+        truth: Dict[str, Any] = {}
+        if os.path.isfile(self.answers_path):
+            for where, row in _bfcl_rows(self.answers_path):
+                if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(
+                        row.get("ground_truth"), list):
+                    raise DatasetError("%s: a possible answer needs 'id' and 'ground_truth' (a list of calls)" % where)
+                truth[row["id"]] = row["ground_truth"]
+        elif answers:
+            raise DatasetError("--answers %s: no such file" % answers)
+        else:
+            self.answers_path = None
+        self.rows: List[ToolRow] = []
+        for where, row in raw:
+            self.rows.append(self._row(where, row, truth))
+        if not self.rows:
+            raise DatasetError("%s: no questions" % path)
+        self.ids, self.count = _unique_ids(self.rows), len(self.rows)
+        self.categories = collections.Counter(r.category for r in self.rows)
+        self.sha256 = _fingerprint([_file_sha256(path), _file_sha256(self.answers_path) if self.answers_path else None])
+        self.fps: Dict[str, Tuple[str, str]] = {}
+
+    def _row(self, where: str, row: Any, truth: Dict[str, Any]) -> ToolRow:
+        def bad(field: str, why: str) -> DatasetError:
+            return DatasetError("%s: field %r %s" % (where, field, why))
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise bad("id", "is required (a BFCL question: id, question, function)")
+        category = bfcl_category(row["id"])
+        for prefix, why in BFCL_REFUSED:
+            if category.startswith(prefix):
+                raise DatasetError("%s: category %s is not run here: it %s (supported: %s)" % (
+                    where, category, why, ", ".join(BFCL_CATEGORIES)))
+        if category not in BFCL_CATEGORIES:
+            raise bad("id", "names category %r, which is not a BFCL single-turn category (supported: %s)" % (
+                category, ", ".join(BFCL_CATEGORIES)))
+        turns = row.get("question")
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], list) or not turns[0]:
+            raise bad("question", "must be a list of turns, each a list of messages")
+        if len(turns) > 1:
+            raise bad("question", "has %d turns: multi-turn questions are not run here" % len(turns))
+        for m in turns[0]:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise bad("question", "messages need 'role' and 'content' strings")
+        functions = row.get("function")
+        if not isinstance(functions, list) or not all(
+                isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(
+                    (f.get("parameters") or {}).get("properties"), dict) for f in functions):
+            raise bad("function", "must be a list of functions with 'name' and 'parameters.properties'")
+        expected = truth.get(row["id"])
+        if "relevance" not in category:
+            if expected is None:
+                raise bad("id", "has no possible answer in %s (give the file with --answers)" % (
+                    self.answers_path or "possible_answer/%s beside the questions" % os.path.basename(self.path)))
+            if not all(isinstance(c, dict) and len(c) == 1 and isinstance(list(c.values())[0], dict)
+                       for c in expected):
+                raise bad("ground_truth", "must be a list of {function: {parameter: [allowed values]}}")
+        return ToolRow(id=row["id"], category=category, messages=tuple(turns[0]), functions=tuple(functions),
+                       expected=tuple(expected) if expected is not None and "relevance" not in category else None,
+                       source=where)
+
+    def fingerprint(self, mode: str) -> "ToolDataset":
+        self.fps = {r.id: (_fingerprint([r.messages, r.functions, mode]),
+                           _fingerprint([r.expected, r.category, TOOLS_CHECKER])) for r in self.rows}
+        return self
+
+    def iter_items(self) -> Iterator[ToolRow]:
+        return iter(self.rows)
+
+
+def bfcl_messages(row: ToolRow, mode: str) -> List[Dict[str, Any]]:
+    """The messages a row is asked with: as given (native), or with BFCL's system prompt first (prompt mode; a
+    system message of the row's own follows it in the same message)."""
+    messages = [dict(m) for m in row.messages]
+    if mode == "native":
+        return messages
+    prompt = bfcl_system_prompt(_bfcl_hinted(row.functions))
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = prompt + "\n\n" + messages[0]["content"]
+    else:
+        messages.insert(0, {"role": "system", "content": prompt})
+    return messages
+
+
+# ----------------------------------------------------------------------------- summary
+def bfcl_summary(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """BFCL's aggregates over the rows scored (eval_runner_helper): non-live AST, the unweighted mean of simple,
+    multiple, parallel and parallel_multiple (simple: simple_python alone here, Java and JavaScript not run); live
+    AST, the mean of the live ones weighted by their rows; irrelevance, the unweighted mean of irrelevance and
+    live_irrelevance; relevance, live_relevance. An aggregate with a category missing is None and says which."""
+    acc: Dict[str, List[float]] = collections.defaultdict(list)
+    reasons: collections.Counter = collections.Counter()
+    for r in records:
+        acc[str(r.get("category"))].append(float(r.get("score") or 0.0))
+        if r.get("error_type"):
+            reasons[str(r["error_type"])] += 1
+    mean = {c: sum(v) / len(v) for c, v in acc.items()}
+
+    def unweighted(cats: Sequence[str]) -> Dict[str, Any]:
+        missing = [c for c in cats if c not in mean]
+        return {"accuracy": None if missing else round(sum(mean[c] for c in cats) / len(cats), 6),
+                "missing": missing}
+
+    def weighted(cats: Sequence[str]) -> Dict[str, Any]:
+        missing = [c for c in cats if c not in mean]
+        n = sum(len(acc[c]) for c in cats if c in acc)
+        return {"accuracy": None if missing or not n else round(sum(sum(acc[c]) for c in cats if c in acc) / n, 6),
+                "missing": missing}
+    return {"by_category": {c: {"accuracy": round(mean[c], 6), "n": len(acc[c])} for c in sorted(mean)},
+            "non_live_ast": unweighted(("simple_python", "multiple", "parallel", "parallel_multiple")),
+            "live_ast": weighted(("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")),
+            "irrelevance": unweighted(("irrelevance", "live_irrelevance")),
+            "relevance": unweighted(("live_relevance",)),
+            "reasons": dict(reasons.most_common())}
+
+
+def _tools_lines(summary: Dict[str, Any]) -> List[str]:
+    t = summary.get("tools") or {}
+    if not t:
+        return []
+    parts = []
+    for key, label in (("non_live_ast", "non-live AST"), ("live_ast", "live AST"), ("irrelevance", "irrelevance"),
+                       ("relevance", "relevance")):
+        agg = t[key]
+        if agg["accuracy"] is not None:
+            parts.append("%s %.4f" % (label, agg["accuracy"]))
+        elif len(agg["missing"]) < {"non_live_ast": 4, "live_ast": 4, "irrelevance": 2, "relevance": 1}[key]:
+            parts.append("%s - (no %s)" % (label, ", ".join(agg["missing"])))
+    lines = ["BFCL (%s tool calls; %s): %s" % (t.get("mode"), TOOLS_CHECKER, "; ".join(parts) or "no aggregate")]
+    if t.get("reasons"):
+        lines.append("misses by reason: " + ", ".join("%s %d" % kv for kv in t["reasons"].items()))
+    return lines
+
+
+# ----------------------------------------------------------------------------- the kind
+@_record
+class ToolOptions:
+    """--task tools's own settings."""
+
+    mode: str = "native"            # native tool calls, or BFCL's prompt format
+    answers: Optional[str] = None   # the possible-answer file (default: possible_answer/<name> beside the questions)
+
+
+def _tool_record(row: ToolRow, verdict: Dict[str, Any]) -> Dict[str, Any]:
+    """A row's scored fields, from the reply as made (so a changed answer file re-scores without requests)."""
+    return {"score": 1.0 if verdict["valid"] else 0.0, "error_type": verdict["error_type"], "why": verdict["why"],
+            "decoded": verdict["decoded"], "expected": list(row.expected) if row.expected is not None else None,
+            "answer": json.dumps(list(row.expected)) if row.expected is not None else "no call",
+            "extracted": json.dumps(verdict["decoded"]) if verdict["decoded"] is not None else None}
+
+
+@_kind
+class _ToolsKind(_Kind):
+    """Tool calls (BFCL): each question asked once with its functions (native tools or BFCL's prompt), the reply
+    decoded and checked as bfcl-eval's AST checker checks it."""
+
+    name = "tools"
+    noun = "question"
+
+    def check(self, cfg: RunConfig) -> None:
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (a BFCL question file, e.g. BFCL_v4_simple_python.json)")
+        if cfg.tools.mode not in TOOL_MODES:
+            raise ConfigError("--tool-mode must be native or prompt for --task tools, got %r" % cfg.tools.mode)
+        if cfg.epochs != 1:
+            raise ConfigError("--epochs: --task tools asks each question once")
+
+    def load(self, run: _Run, dataset: Any) -> None:
+        cfg = run.cfg
+        ds = ToolDataset(cfg.dataset, answers=cfg.tools.answers, limit=cfg.limit).fingerprint(cfg.tools.mode)
+        _log.info("%s: BFCL questions (%s), possible answers %s; asked with %s", ds.name, ", ".join(
+            "%s %d" % kv for kv in sorted(ds.categories.items())), ds.answers_path or "none needed",
+            "native tool calls" if cfg.tools.mode == "native" else "BFCL's prompt format (--tool-mode prompt)")
+        run.dataset = _Shard(ds, *cfg.shard) if cfg.shard is not None else ds
+
+    def prompts(self, run: _Run) -> Iterable[str]:
+        mode = run.cfg.tools.mode
+        return ("\n".join(m["content"] for m in bfcl_messages(r, mode)) + json.dumps(bfcl_tools(r.functions))
+                for r in run.dataset.iter_items())
+
+    def before_store(self, run: _Run) -> None:
+        if run.cfg.tools.mode != "native":
+            return
+        assert run.client_cfg is not None
+        probe = ModelClient(_replace(run.client_cfg, max_retries=1))
+        tool = bfcl_tools([{"name": "get_weather", "description": "The weather in a city.", "parameters": {
+            "type": "dict", "properties": {"city": {"type": "string", "description": "the city"}},
+            "required": ["city"]}}])
+        try:
+            probe.chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=tool)
+        except ModelAPIError as exc:
+            if exc.status in (400, 422):
+                kind = (run.server or {}).get("kind") or "the server"
+                raise ConfigError("%s refuses requests with tools (%s): start vLLM with --enable-auto-tool-choice "
+                                  "--tool-call-parser NAME (SGLang: --tool-call-parser NAME; llama.cpp: --jinja), or "
+                                  "run with --tool-mode prompt" % (kind, _last_lines(str(exc), 1)[:300])) from None
+            raise
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        return {"task": "tools", "model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
+                "extra_body": cfg.extra_body, "seed": cfg.seed, "tool_mode": cfg.tools.mode}
+
+    def resume(self, run: _Run) -> None:
+        store, dataset, cfg = run.store, run.dataset, run.cfg
+        assert store is not None
+        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+        drop = plan["changed"] | plan["infra"] | plan["retry"]
+        rows = {r.id: r for r in dataset.iter_items() if r.id in plan["rescore"]}
+
+        def rescored(rec: Dict[str, Any]) -> Dict[str, Any]:  # a changed answer file: checked again, no request
+            row = rows[rec["id"]]
+            verdict = bfcl_verdict(row, rec.get("made") or {}, cfg.tools.mode)
+            return dict(rec, **_tool_record(row, verdict), fp=dict(rec.get("fp") or {}, score=dataset.fps[row.id][1]),
+                        rescored_at=round(time.time(), 3))
+        if drop or rows or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in drop else rescored(rec)
+                          if rec["id"] in rows and rec.get("status") == "ok" else rec)
+        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids) - len(rows), dataset.count, "question")
+        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+
+    def start(self, run: _Run) -> None:
+        d = run.dataset
+        run.run_info_extra = {"tool_mode": run.cfg.tools.mode, "answers": os.path.abspath(d.answers_path)
+                              if d.answers_path else None, "checker": TOOLS_CHECKER}
+
+    def samples_total(self, run: _Run) -> int:
+        d = run.dataset
+        return d.dataset.count if isinstance(d, _Shard) else d.count
+
+    def work(self, run: _Run) -> Callable[[ToolRow], Dict[str, Any]]:
+        assert run.client is not None
+        client, mode = run.client, run.cfg.tools.mode
+
+        def work(row: ToolRow) -> Dict[str, Any]:
+            started = time.time()
+            question = next((m["content"] for m in reversed(row.messages) if m["role"] == "user"), "")
+            try:
+                res = client.chat(bfcl_messages(row, mode), tools=bfcl_tools(row.functions) if mode == "native"
+                                  else None)
+            except ModelAPIError as exc:
+                return {"id": row.id, "status": "failed", "score": None, "error": _redact(exc),
+                        "error_class": exc.error_class, "category": row.category, "question": question,
+                        "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+            made = {"text": res.text, "tool_calls": [dict(c) for c in res.tool_calls]}
+            verdict = bfcl_verdict(row, made, mode)
+            return dict({"id": row.id, "status": "ok", "error": None, "error_class": None, "category": row.category,
+                         "scorer": "bfcl_ast", "question": question[:QUESTION_KEEP_CHARS], "made": made,
+                         "response": res.text if mode == "prompt" or not res.tool_calls else json.dumps(
+                             [{c["name"]: c["arguments"]} for c in res.tool_calls]),
+                         "finish_reason": res.finish_reason, "prompt_tokens": res.prompt_tokens,
+                         "completion_tokens": res.completion_tokens, "latency_s": round(res.latency_s, 4),
+                         "attempts": res.attempts, "served_model": res.model, "started_at": round(started, 3),
+                         "finished_at": round(time.time(), 3)}, **_tool_record(row, verdict))
+        return work
+
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        summary["tools"] = dict(bfcl_summary(records), mode=info.get("tool_mode"), checker=info.get("checker"))
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        self.merged(summary, self.finished_ok(run), dict(run.run_info, **run.run_info_extra))
+        lines = _tools_lines(summary)
+        return "\n".join(lines) + "\n" if lines else ""
+
+# =============================================================================
 # Scale-out
 # =============================================================================
 # `run --shard I/N` runs one part of a dataset in OUT/shard-I-of-N (the partition: shard_of, in Datasets);
@@ -13637,6 +14462,7 @@ def format_report(data: Dict[str, Any]) -> str:
     if data.get("documents"):
         lines.extend(_document_lines(data["documents"]))
     lines.extend(data.get("task_lines") or ())
+    lines.extend(_tools_lines(data["summary"]))
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
@@ -13871,6 +14697,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         sw = data["swebench"]
         cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
             sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"])))
+    for line in _tools_lines(s)[:1]:
+        cards.append(("BFCL aggregates", _esc(line.partition(": ")[2] or line)))
     for line in _loglik_lines(s):
         name, _, value = line.partition(" " if line.startswith("acc_norm") else ": ")
         cards.append(("acc_norm" if line.startswith("acc_norm") else "perplexity", _esc(value)))
@@ -14421,9 +15249,11 @@ def _add_swe_options(p: argparse.ArgumentParser) -> None:
                                                                              " engine's)")
     g.add_argument("--network-none", action="store_true", help="task containers get no network (default: off, the"
                                                                " engine's default network)")
-    g.add_argument("--tool-mode", action="store_true",
-                   help="act through one `bash` function (tool calling) instead of fenced blocks, for endpoints "
-                        "that support tools (default: off)")
+    g.add_argument("--tool-mode", nargs="?", const="native", default=None, choices=TOOL_MODES,
+                   help="swe/harbor: --tool-mode (native) acts through one `bash` function (tool calling) instead of "
+                        "fenced blocks, for endpoints that support tools (default: fenced blocks); tools: native "
+                        "tool calls, or prompt (BFCL's prompt format, the calls parsed from the text) (default: "
+                        "native)")
     g.add_argument("--no-pull-ahead", dest="pull_ahead", action="store_false",
                    help="deliver each image only when its sample starts (for comparison; default: all pending "
                         "images are delivered in the background from the start)")
@@ -14556,11 +15386,13 @@ def _parser_run(sub: Any, text: str) -> Any:
                                 "runs/nightly   # same command again resumes\n\n" + _EXIT_CODES_HELP)
     run.add_argument("--task", default="qa", choices=list(_KINDS),
                      help="the kind of evaluation: qa (questions, scored answers), code (programs run in a sandbox: "
-                          "HumanEval, MBPP, LiveCodeBench), swe (agents in containers, SWE-bench) (default "
-                          "%(default)s)")
+                          "HumanEval, MBPP, LiveCodeBench), choice (multiple choice by log-likelihood), perplexity, "
+                          "swe (agents in containers, SWE-bench), harbor (Harbor / Terminal-Bench task folders), "
+                          "tools (BFCL tool calls) (default %(default)s)")
     run.add_argument("--dataset", required=True, metavar="PATH",
-                     help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows, or SWE-bench "
-                          "instances (.jsonl/.json) for --task swe (required)")
+                     help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows; SWE-bench "
+                          "instances for --task swe; a folder of task folders for harbor; a BFCL question file for "
+                          "tools (required)")
     run.add_argument("--format", default="auto", choices=["auto", "none"] + list(FORMATS),
                      help="a built-in benchmark layout with its prompt template and scorer: " + "; ".join(
                          "%s (%s)" % (k, f.columns) for k, f in FORMATS.items()).replace("%", "%%") +
@@ -14626,6 +15458,10 @@ def _add_choice_options(p: argparse.ArgumentParser) -> None:
                    help="draw the examples from this file of the same layout (default: the dataset itself)")
     g.add_argument("--fewshot-seed", type=int, default=ChoiceOptions.fewshot_seed, metavar="N",
                    help="the seed of the examples' draw (default %(default)s)")
+    g = p.add_argument_group("tool calls (--task tools; --tool-mode native|prompt is with the agent options)")
+    g.add_argument("--answers", default=None, metavar="FILE",
+                   help="the possible-answer file of the BFCL questions (default: possible_answer/<the questions' "
+                        "file name> beside them, as bfcl-eval ships them)")
     g = p.add_argument_group("perplexity (--task perplexity)")
     g.add_argument("--max-length", type=int, default=None, metavar="TOKENS",
                    help="tokens a rolling window predicts (default: the served context length minus 1, else 2047)")
@@ -14686,6 +15522,15 @@ def _parser_mock(sub: Any, text: str) -> Any:
     mock.add_argument("--skill", type=float, default=0.8, help="oracle accuracy in [0, 1] (default %(default)s)")
     mock.add_argument("--swe", default=None, metavar="DATASET",
                       help="act as an agent on these SWE-bench instances (policy: --swe-policy; default: none)")
+    mock.add_argument("--tools", default=None, metavar="QUESTIONS",
+                      help="answer these BFCL questions with calls drawn from their possible answers (beside them, or "
+                           "--answers) at --skill, as native tool calls or in BFCL's prompt format, as asked "
+                           "(default: none)")
+    mock.add_argument("--answers", default=None, metavar="FILE", help="the possible answers of --tools (default: "
+                                                                      "possible_answer/<name> beside the questions)")
+    mock.add_argument("--refuse-tools", action="store_true",
+                      help="answer any request with tools HTTP 400, as vLLM without --enable-auto-tool-choice "
+                           "(default: off)")
     mock.add_argument("--tasks", default=None, metavar="FOLDER",
                       help="act as an agent on these container task folders (Harbor's layout; policy: "
                            "--swe-policy; default: none)")
@@ -15220,6 +16065,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                                  fewshot_seed=args.fewshot_seed))
     if args.task == "perplexity":
         cfg = _replace(cfg, perplexity=PerplexityOptions(max_length=args.max_length))
+    if args.task == "tools":
+        cfg = _replace(cfg, tools=ToolOptions(mode=args.tool_mode or "native", answers=args.answers))
+    elif args.answers:
+        raise ConfigError("--answers needs --task tools")
     if args.task == "harbor":
         cfg = _replace(cfg, code=CodeOptions(check_reference=args.check_reference))
     if args.task in ("swe", "harbor"):
@@ -15231,7 +16080,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                          exec_workers=args.exec_workers, max_sessions=args.max_sessions,
                          system_template=_read_template(args.system_template, "--system-template"),
                          instance_template=_read_template(args.instance_template, "--instance-template"),
-                         image_template=args.image_template, tool_mode=args.tool_mode, sandbox=sandbox,
+                         image_template=args.image_template, tool_mode=args.tool_mode == "native", sandbox=sandbox,
                          max_containers=args.max_containers)
         cfg = _replace(cfg, swe=swe, score_only=args.score_only, pull_ahead=args.pull_ahead)
     code, _ = run_evaluation(cfg)
@@ -15298,11 +16147,13 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      skill=args.skill, send_usage=args.send_usage, api_key=api_key, swe_policy=args.swe_policy,
                      served=tuple(m.strip() for m in args.served.split(",") if m.strip()),
                      server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model,
-                     tokenizer=args.tokenizer, llama_cpp_python=args.llama_cpp_python)
+                     tokenizer=args.tokenizer, llama_cpp_python=args.llama_cpp_python,
+                     tools_refused=args.refuse_tools)
     if args.swe and args.tasks:
         raise ConfigError("--swe and --tasks: the mock plays an agent for one kind at a time")
     swe = SWEDataset(args.swe).validate() if args.swe else TaskSet(args.tasks) if args.tasks else None
-    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe).start()
+    tools = ToolDataset(args.tools, answers=args.answers) if args.tools else None
+    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe, tools=tools).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)
     sys.stdout.flush()
     stop = threading.Event()
