@@ -4559,8 +4559,8 @@ def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[s
     right = _unit_hash(seed, row.id, "tools") < skill
     if "relevance" in row.category:
         wants_call = ("irrelevance" not in row.category) == right
-        calls = [{row.functions[0]["name"]: {p: "x" for p in row.functions[0]["parameters"].get("required") or ()}}] \
-            if wants_call else []
+        f = row.functions[0] if row.functions else {"name": "lookup", "parameters": {"required": ["query"]}}
+        calls = [{f["name"]: {p: "x" for p in f["parameters"].get("required") or ()}}] if wants_call else []
     else:
         calls = [{name: _realize(params)} for call in row.expected for name, params in call.items()]
         if not right:
