@@ -8803,8 +8803,11 @@ def run_verdict(res: Dict[str, Any], marker: str, limits: "CodeLimits") -> Tuple
     exc, msg = _exception_of(err)
     if exc == "MemoryError" or (rc == -9 and not exc):
         return "resource", "memory (%s)" % (exc or "killed: over the memory limit")
-    if exc == "BlockingIOError" or "Resource temporarily unavailable" in msg:
-        return "resource", "processes: %s" % _cut(msg, 120)
+    if exc == "BlockingIOError" or "Resource temporarily unavailable" in msg or (
+            exc not in ("AssertionError", "SyntaxError", "IndentationError", "TabError") and
+            "BlockingIOError: [Errno 11]" in err):  # (a fork bomb's children interleave their tracebacks)
+        return "resource", "processes: %s" % _cut(msg if exc == "BlockingIOError" else
+                                                  "BlockingIOError: [Errno 11] Resource temporarily unavailable", 120)
     if exc in ("AssertionError",):
         return "failed", _cut("AssertionError%s%s" % (": " + msg if msg else "", " at: " + _failing_line(err)
                                                       if _failing_line(err) else ""))

@@ -140,6 +140,17 @@ class TestLayouts(unittest.TestCase):
 
 
 class TestExtractionAndComparison(unittest.TestCase):
+    def test_a_fork_bombs_interleaved_tracebacks_are_a_resource_failure(self):
+        """The text a fork bomb left on a loaded CI machine (3.13 suite): its children's tracebacks interleaved, the
+        last line none of them; an assertion's traceback that merely mentions the error stays a failure."""
+        err = ("Traceback (most recent call last):\nTraceback (most recent call last):\n  File \"main.py\", line 3, "
+               "in <module>\n    os.fork()\nBlockingIOError: [Errno 11] Resource temporarily unavailable\n"
+               "Traceback (most recent call last):\nTraceback (most recent call last):\n")
+        limits = eh.CodeLimits()
+        self.assertEqual(eh.run_verdict({"out": "", "err": err, "rc": 1}, "MARK", limits)[0], "resource")
+        failed = "Traceback (most recent call last):\nAssertionError: got BlockingIOError: [Errno 11]\n"
+        self.assertEqual(eh.run_verdict({"out": "", "err": failed, "rc": 1}, "MARK", limits)[0], "failed")
+
     def test_the_last_python_block_is_the_program(self):
         reply = "First try:\n```python\nx = 1\n```\nBetter:\n```py\nx = 2\n```\nUsage:\n```bash\nrun\n```"
         self.assertEqual(eh.extract_code(reply), "x = 2\n")
