@@ -131,3 +131,16 @@ def kill_9_after(test: unittest.TestCase, args, run_dir: str, lines: int, timeou
                     "fewer than %d samples within %d s" % (lines, timeout_s))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def kill_9_then_resume(test: unittest.TestCase, args, run_dir: str, lines: int, ids, timeout_s: float) -> None:
+    """kill_9_after, then the same command (run_cli of ``args[2:]``): every id of IDS once in samples.jsonl, and
+    what finished before the kill kept first, not run again."""
+    kill_9_after(test, args, run_dir, lines, timeout_s)
+    kept = [r["id"] for r in read_samples(run_dir)]
+    test.assertLess(len(kept), len(ids), "the run finished before the kill")
+    res = run_cli(args[2:], timeout=max(120, timeout_s * 2))
+    test.assertEqual(res.returncode, 0, res.stderr)
+    got = [r["id"] for r in read_samples(run_dir)]
+    test.assertEqual(sorted(got), sorted(ids))  # each once
+    test.assertEqual(got[:len(kept)], kept)
