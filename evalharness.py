@@ -132,7 +132,8 @@ __all__ = [
     "HarnessError", "ConfigError", "DatasetError", "ModelAPIError", "GateTimeoutError", "RunLockedError",
     "CircuitOpenError",
     "QAItem", "load_dataset", "demo_dataset", "score_response", "SCORERS",
-    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionLimit", "SessionCountLimit", "SessionGate",
+    "FixedLimit", "GradientLimit", "AdaptiveGate", "Permit", "SessionLimit", "SessionCountLimit", "SessionSlots",
+    "SessionGate",
     "ClientConfig", "ChatResult", "ModelClient", "exclude_from_proxy",
     "MockConfig", "MockServer",
     "RunStore", "summarize", "format_summary",
@@ -2818,6 +2819,14 @@ class SessionRule:
         pass
 
 
+class SessionSlots(SessionRule):
+    """llama.cpp's rule: its /props states ``total_slots``, and a session's cache lives in one slot, so at most that
+    many sessions are active; nothing to climb."""
+
+    def __init__(self, slots: int):
+        super().__init__(slots, slots, slots)
+
+
 class SessionLimit(SessionRule):
     """How many agent sessions may be active: as many as the server's prefix cache holds, its size known.
 
@@ -3116,7 +3125,8 @@ class SessionGate:
     """
 
     def __init__(self, gate: AdaptiveGate, *, clock: Callable[[], float] = time.monotonic,
-                 algorithm: Optional[SessionRule] = None, kv_tokens: Optional[int] = None):
+                 algorithm: Optional[SessionRule] = None, kv_tokens: Optional[int] = None,
+                 slots: Optional[int] = None):
         self.gate = gate
         self._clock = clock
         self._cond = threading.Condition()  # guards _active, _door, _duty, _t_last, the algorithm
@@ -3126,7 +3136,9 @@ class SessionGate:
         self._t_last: Optional[float] = None
         self._turned_away = False  # a try_enter() was refused since the last admission: someone is waiting
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # session-limit changes, outside the lock
-        if algorithm is None and gate.adaptive:
+        if algorithm is None and slots:  # (whatever the model gate: the server has no more slots)
+            algorithm = SessionSlots(slots)
+        elif algorithm is None and gate.adaptive:
             algorithm = SessionLimit(kv_tokens) if kv_tokens else SessionCountLimit()
         self._algorithm = algorithm
         self._told: Optional[int] = None if algorithm is None else int(algorithm.limit)  # last limit in an event
@@ -3191,10 +3203,12 @@ class SessionGate:
 
     @property
     def rule(self) -> Optional[str]:
-        """How the memory side counts: "footprint" (the KV pool known), "count" (climbed), None (fixed)."""
+        """How the memory side counts: "footprint" (the KV pool known), "slots" (llama.cpp's), "count" (climbed),
+        None (fixed)."""
         if self._algorithm is None:
             return None
-        return "footprint" if isinstance(self._algorithm, SessionLimit) else "count"
+        return "footprint" if isinstance(self._algorithm, SessionLimit) else "slots" if isinstance(
+            self._algorithm, SessionSlots) else "count"
 
     @property
     def session_limit(self) -> Optional[int]:
@@ -3590,6 +3604,8 @@ def probe_endpoint(config: ClientConfig, *, check_model: bool = True, flag: str 
         p_status, props, _, _ = probe(_server_root(base_url) + "/props")
         settings = props.get("default_generation_settings") if p_status == 200 and isinstance(props, dict) else None
         n_ctx = _served_count(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        if p_status == 200 and isinstance(props, dict) and _served_count(props.get("total_slots")):
+            info["slots"] = _served_count(props["total_slots"])  # (the session gate's count on agent runs)
         if n_ctx:
             ctx, where = n_ctx, "n_ctx (/props)"
         elif ctx is None:
@@ -4654,7 +4670,7 @@ class _MockHandler:
             self._json(200, _mock_models(cfg))
         elif self.path == "/props" and cfg.server_kind == "llama.cpp":
             self._json(200, {"default_generation_settings": {"n_ctx": cfg.context_len or 1024, "n_predict": -1},
-                             "total_slots": 1, "model_path": cfg.model})
+                             "total_slots": cfg.slots or 1, "model_path": cfg.model})
         elif self.path == "/info" and cfg.server_kind == "tgi":
             self._json(200, {"model_id": cfg.model, "max_total_tokens": cfg.context_len or 4096,
                              "max_input_tokens": (cfg.context_len or 4096) - 1, "router": "text-generation-router"})
@@ -11696,7 +11712,11 @@ class _SWEKind(_Kind):
         if run.gate is not None:
             assert run.base_url is not None
             self.kv_pool = _probe_kv_pool(cfg, run.base_url) if run.gate.adaptive else None
-            self.sessions = SessionGate(run.gate, kv_tokens=self.kv_pool[1] if self.kv_pool else None)
+            slots = (run.server or {}).get("slots")
+            if slots:
+                _log.info("%s states %d slot(s) (/props total_slots): at most %d agent sessions at once",
+                          (run.server or {}).get("kind") or "the server", slots, slots)
+            self.sessions = SessionGate(run.gate, kv_tokens=self.kv_pool[1] if self.kv_pool else None, slots=slots)
             self.sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
         first = self.hosts[0]
         self.ctx = _SWEContext(store=store, docker=first.docker, pool=first.pool, images=first.images,
@@ -12473,7 +12493,7 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
     box = Container(ctx.docker, ctx.pool, task.image, run_id=ctx.run_id, instance_id=task.id, role="task",
                     config=sandbox)
     budget = min(opts.sample_timeout_s, task.agent_timeout_s or opts.sample_timeout_s)
-    slot = None
+    slot, session_at = None, []  # (when the agent's session held its place: entered, left)
     try:
         box.start(setup=False)
         if reference:
@@ -12482,6 +12502,7 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
             assert ctx.client is not None
             if ctx.sessions is not None:
                 slot = ctx.sessions.enter(cancel=ctx.cancel)
+            session_at = [round(time.time(), 3)]
             fields = {"instruction": task.instruction, "problem_statement": task.instruction, "workdir": workdir,
                       "instance_id": task.id, "repo": task.name, "exec_timeout": int(min(opts.exec_timeout_s,
                                                                                         budget))}
@@ -12493,6 +12514,7 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
             if slot is not None:
                 ctx.sessions.leave(slot)
                 slot = None
+            session_at.append(round(time.time(), 3))
         verified = None if traj["exit_reason"] == "model_error" else verify_task(box, task, workdir)
     finally:
         if slot is not None:
@@ -12512,6 +12534,7 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
                         why=verified["why"], verifier_exit=verified["verifier_exit"],
                         verifier_s=verified["verifier_s"], verifier_tail=_last_lines(_redact(verified["output"]), 5),
                         environment=how, image_s=round(image_s, 3), workdir=workdir,
+                        **({"session_at": session_at} if len(session_at) == 2 else {}),
                         mode="reference" if reference else "agent", **agent)
 
 

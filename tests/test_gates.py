@@ -975,6 +975,25 @@ def drive_sessions(sessions, clock, theta_of, seconds, *, population=10 ** 6, wa
     return seen
 
 
+class TestSessionSlots(unittest.TestCase):
+    def test_a_server_with_slots_holds_that_many_sessions_whatever_the_gate(self):
+        for adaptive in (True, False):
+            with self.subTest(adaptive=adaptive):
+                clock = Clock()
+                gate = eh.AdaptiveGate(64, 1, 64, clock=clock) if adaptive else eh.AdaptiveGate(
+                    64, 1, 64, clock=clock, algorithm=eh.FixedLimit(64))
+                self.assertEqual(gate.adaptive, adaptive)
+                sessions = eh.SessionGate(gate, clock=clock, slots=3)
+                held = [sessions.try_enter() for _ in range(3)]
+                self.assertTrue(all(held))
+                self.assertIsNone(sessions.try_enter())  # all three slots held: a newcomer waits
+                self.assertEqual((sessions.rule, sessions.capacity), ("slots", 3))
+                seen = drive_sessions(eh.SessionGate(gate, clock=clock, slots=3), clock, lambda s: 0.02, 3000)
+                self.assertEqual(max(a for _, a, _ in seen), 3)
+                sessions.leave(held[0])
+                self.assertIsNotNone(sessions.try_enter())
+
+
 class TestSessionCountLimit(unittest.TestCase):
     def test_finds_the_session_count_before_the_memory_cliff_and_holds_it(self):
         # up to 8 sessions fit in server memory; each one more makes every turn twice as slow: best count 8

@@ -399,6 +399,31 @@ class TestResumeAndShards(_DockerTasks):
         self.assertEqual(len(os.listdir(os.path.join(sharded, "logs"))), 12)  # each shard's verifier logs
 
 
+class TestSlots(_DockerTasks):
+    def test_an_agent_run_on_llama_cpp_with_3_slots_never_holds_more_than_3_sessions(self):
+        """The mock as llama.cpp states total_slots 3 in /props; eight tasks, --max-sessions 8: the sessions'
+        spans (entered, left) overlap three deep at most, and do reach three."""
+        d = tempdir(self)
+        tasks = os.path.join(d, "tasks")
+        for i in range(8):
+            hello_task(tasks, "t%d" % i)
+        mock = start_mock(self, swe=eh.TaskSet(tasks), swe_policy="oracle", server_kind="llama.cpp", slots=3,
+                          ttft_s=0.4)
+        res, recs = self.run_tasks(tasks, os.path.join(d, "run"), "oracle", "--max-sessions", "8", mock=mock)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("states 3 slot(s) (/props total_slots): at most 3 agent sessions at once", res.stderr)
+        spans = [r["session_at"] for r in recs.values()]
+        self.assertEqual(len(spans), 8)
+        edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+        depth, deepest = 0, 0
+        for _, step in edges:
+            depth += step
+            deepest = max(deepest, depth)
+        self.assertEqual(deepest, 3)
+        with open(os.path.join(d, "run", "run.json"), encoding="utf-8") as fh:
+            self.assertEqual(json.load(fh)["concurrency"]["sessions"], "slots")
+
+
 class TestSeveralEngines(_DockerTasks):
     def test_a_task_on_a_lost_engine_runs_again_on_the_other(self):
         d = tempdir(self)
