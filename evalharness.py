@@ -172,6 +172,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_BREAKER = 3
+EXIT_BUDGET = 4        # --cost-limit reached: the same command with a higher limit resumes
 EXIT_INTERRUPTED = 130
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
@@ -291,6 +292,7 @@ _FAILURE_RULES: Dict[str, Tuple[bool, bool]] = {  # error class: (kept on resume
     "auth": (False, True), "not_found": (False, True), "unreachable": (False, True), "docker": (False, True),
     # the request or the model's answer: a re-run repeats it, so a resume keeps it (--retry-failed runs it)
     "bad_request": (True, False), "content_filter": (True, False), "eval_error": (True, False),
+    "task_error": (True, False),  # a container task's folder that cannot run: the same folder fails the same way
 }
 _KEEP_ON_RESUME = frozenset(c for c, (kept, _) in _FAILURE_RULES.items() if kept)
 _BREAKER_CLASSES = frozenset(c for c, (_, trips) in _FAILURE_RULES.items() if trips)
@@ -3358,6 +3360,7 @@ class ChatResult:
     tool_calls: Tuple[Dict[str, str], ...] = ()  # tool-calling replies: ({"id", "name", "arguments"}, ...)
     reasoning_tokens: Optional[int] = None       # usage.completion_tokens_details.reasoning_tokens, when sent
     model: Optional[str] = None                  # the reply's "model" field: what the server says it ran
+    cached_tokens: Optional[int] = None          # usage.prompt_tokens_details.cached_tokens, when sent
 
 
 def _normalize_base_url(url: str) -> str:
@@ -3916,6 +3919,191 @@ def _probe_kv_pool(cfg: Any, base_url: str) -> Optional[Tuple[str, int]]:
     return pool
 
 
+# ----------------------------------------------------------------------------- cost (--prices, --cost-limit)
+DEFAULT_RESERVE_TOKENS = 1024  # the output a request reserves under --cost-limit when --max-tokens is not set
+_PRICE_FIELDS = ("input", "cached_input", "output", "threshold", "input_above", "cached_input_above", "output_above")
+
+
+@_record
+class Price:
+    """A model's prices in money per million tokens; above ``threshold`` prompt tokens, the ``*_above`` ones."""
+
+    model: str
+    input: float
+    output: float
+    cached_input: Optional[float] = None    # default: the input price
+    threshold: Optional[int] = None
+    input_above: Optional[float] = None
+    cached_input_above: Optional[float] = None
+    output_above: Optional[float] = None
+
+    def cost(self, prompt: int, cached: int, completion: int) -> float:
+        """What one request cost: uncached prompt tokens at the input price, cached ones at the cached price,
+        completion tokens (reasoning among them) at the output price; the higher prices past the threshold."""
+        above = self.threshold is not None and prompt > self.threshold
+        inp = self.input_above if above and self.input_above is not None else self.input
+        out = self.output_above if above and self.output_above is not None else self.output
+        cache = self.cached_input_above if above and self.cached_input_above is not None else self.cached_input
+        cached = min(max(0, cached), prompt)
+        return ((prompt - cached) * inp + cached * (inp if cache is None else cache) + completion * out) / 1e6
+
+
+def load_prices(path: str) -> Dict[str, Price]:
+    """--prices FILE: JSON (a list of objects with "model", or an object keyed by model) or CSV (a header row),
+    prices per million tokens: input, output, cached_input, threshold (prompt tokens), input_above,
+    cached_input_above, output_above. A bad field is one line naming the file, the row and the field."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--prices %s: %s" % (path, getattr(exc, "strerror", None) or exc)) from None
+    rows: List[Tuple[str, Dict[str, Any]]] = []
+    if path.lower().endswith(".csv"):
+        for n, row in enumerate(csv.DictReader(io.StringIO(text)), 2):
+            rows.append(("%s:%d" % (path, n), {k.strip(): (v or "").strip() for k, v in row.items() if k}))
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError("--prices %s: invalid JSON (%s)" % (path, exc)) from None
+        if isinstance(data, dict):
+            data = [dict(v, model=k) if isinstance(v, dict) else v for k, v in data.items()]
+        if not isinstance(data, list):
+            raise ConfigError("--prices %s: a list of prices, or an object keyed by model" % path)
+        rows = [("%s[%d]" % (path, i), r) for i, r in enumerate(data)]
+    prices: Dict[str, Price] = {}
+    for where, row in rows:
+        if not isinstance(row, dict) or not str(row.get("model") or "").strip():
+            raise ConfigError("%s: field 'model' is required" % where)
+        values: Dict[str, Any] = {}
+        for key in _PRICE_FIELDS:
+            raw = row.get(key)
+            if raw in (None, ""):
+                if key in ("input", "output"):
+                    raise ConfigError("%s: field %r is required (money per million tokens)" % (where, key))
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                raise ConfigError("%s: field %r must be a number, got %r" % (where, key, raw)) from None
+            if value < 0 or not math.isfinite(value):
+                raise ConfigError("%s: field %r must be a finite number >= 0, got %r" % (where, key, raw))
+            values[key] = int(value) if key == "threshold" else value
+        unknown = sorted(set(row) - set(_PRICE_FIELDS) - {"model", "currency", "note"})
+        if unknown:
+            raise ConfigError("%s: unknown field(s) %s (known: model, %s)" % (where, ", ".join(unknown),
+                                                                            ", ".join(_PRICE_FIELDS)))
+        prices[str(row["model"]).strip()] = Price(model=str(row["model"]).strip(), **values)
+    return prices
+
+
+class BudgetReached(HarnessError):
+    """A request would pass --cost-limit: the run stops starting requests (exit EXIT_BUDGET)."""
+
+    error_class = "budget"
+
+
+class CostMeter:
+    """What a run's requests cost, by kind of request (the model's, the judge's): reserved at admission from the
+    prompt (estimated) and the output allowed, counted from the usage when the answer comes, per sample (the
+    requests of a worker thread between sample_begin and sample_cost) and per run. With ``limit`` no request
+    starts once what was spent plus what is reserved in flight would pass it. A model with no price costs None
+    ("no price"), never 0."""
+
+    def __init__(self, prices: Dict[str, Price], limit: Optional[float] = None, spent_before: float = 0.0):
+        self.prices, self.limit = prices, limit
+        self._lock = threading.Lock()  # guards spent, reserved, by_role, unpriced
+        self.spent_before = spent_before  # earlier attempts of this run (their requests count toward the limit)
+        self.spent = 0.0
+        self.reserved = 0.0
+        self.by_role: Dict[str, float] = {}
+        self.unpriced: Dict[str, int] = {}
+        self._local = threading.local()
+
+    def reserve(self, role: str, model: str, prompt_estimate: int, max_tokens: Optional[int]) -> float:
+        price = self.prices.get(model)
+        if price is None:
+            return 0.0
+        amount = price.cost(prompt_estimate, 0, max_tokens or DEFAULT_RESERVE_TOKENS)
+        with self._lock:
+            if self.limit is not None and self.spent_before + self.spent + self.reserved + amount > self.limit:
+                raise BudgetReached("--cost-limit %s: spent %.6f, %.6f reserved by requests in flight, and the "
+                                    "next request may cost %.6f" % (_fmt_money(self.limit), self.spent_before +
+                                                                    self.spent, self.reserved, amount))
+            self.reserved += amount
+        return amount
+
+    def settle(self, role: str, model: str, held: float, prompt: int, cached: int, completion: int) -> None:
+        price = self.prices.get(model)
+        cost = price.cost(prompt, cached, completion) if price is not None else None
+        with self._lock:
+            self.reserved = max(0.0, self.reserved - held)
+            if cost is None:
+                self.unpriced[model] = self.unpriced.get(model, 0) + 1
+            else:
+                self.spent += cost
+                self.by_role[role] = self.by_role.get(role, 0.0) + cost
+        sample = getattr(self._local, "sample", None)
+        if sample is not None:
+            sample[role] = None if cost is None or sample.get(role, 0.0) is None else sample.get(role, 0.0) + cost
+
+    def sample_begin(self) -> None:
+        self._local.sample = {}
+
+    def sample_cost(self) -> Optional[Dict[str, Optional[float]]]:
+        """This thread's sample's cost by kind of request (None for a kind with no price); None when it made no
+        request."""
+        sample, self._local.sample = getattr(self._local, "sample", None), None
+        return {k: None if v is None else round(v, 8) for k, v in sample.items()} if sample else None
+
+    def summary(self) -> Dict[str, Any]:
+        with self._lock:
+            return {"limit": self.limit, "spent_this_attempt": round(self.spent, 8),
+                    "spent_before": round(self.spent_before, 8), "by_role_this_attempt": {
+                        k: round(v, 8) for k, v in sorted(self.by_role.items())},
+                    "unpriced_requests": dict(self.unpriced)}
+
+
+def _cost_line(cost: Dict[str, Any]) -> str:
+    """The summary table's cost line: the total and by kind of request, per sample, and the samples with no price."""
+    roles = cost.get("by_role") or {}
+    return "cost: %s%s over %d sample(s)%s%s" % (
+        _fmt_money(cost["total"]) if cost.get("samples_priced") else "no price",
+        " (%s)" % ", ".join("%s %s" % (k, _fmt_money(v)) for k, v in roles.items()) if len(roles) > 1 else "",
+        cost["samples_priced"], ", %s a sample" % _fmt_money(cost["per_sample"]) if cost.get("per_sample") else "",
+        "; %d sample(s) with no price for a model they asked" % cost["samples_unpriced"]
+        if cost.get("samples_unpriced") else "")
+
+
+def _fmt_money(value: Optional[float]) -> str:
+    if value is None:
+        return "no price"
+    return "%.4f" % value if value >= 0.01 or value == 0 else "%.6f" % value
+
+
+def cost_summary(records: Iterable[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The cost of a run's samples (their records' "cost"), by kind of request; None when no record has one."""
+    total, by_role, priced, unpriced, n = 0.0, {}, 0, 0, 0
+    for r in records:
+        c = r.get("cost")
+        if not isinstance(c, dict):
+            continue
+        n += 1
+        if any(v is None for v in c.values()):
+            unpriced += 1
+        if any(v is not None for v in c.values()):
+            priced += 1
+        for role, v in c.items():
+            if v is not None:
+                total += v
+                by_role[role] = by_role.get(role, 0.0) + v
+    if not n:
+        return None
+    return {"total": round(total, 6), "by_role": {k: round(v, 6) for k, v in sorted(by_role.items())},
+            "samples": n, "samples_priced": priced, "samples_unpriced": unpriced,
+            "per_sample": round(total / priced, 8) if priced else None}
+
+
 # =============================================================================
 # HTTP model client
 # =============================================================================
@@ -3931,8 +4119,10 @@ class ModelClient:
 
     def __init__(self, config: ClientConfig, *, gate: Optional[AdaptiveGate] = None,
                  cancel: Optional[threading.Event] = None, rng: Optional[random.Random] = None,
-                 health: Optional[_EndpointHealth] = None):
+                 health: Optional[_EndpointHealth] = None, meter: Optional["CostMeter"] = None,
+                 role: str = "model"):
         self.health = health  # None: plain bounded retries (no outage riding)
+        self.meter, self.role = meter, role  # what requests cost (--prices), and which kind of request they are
         self.config = _replace(config, base_url=_normalize_base_url(config.base_url))
         self.url = self.config.base_url + "/chat/completions"
         self._api_key = os.environ.get(config.api_key_env) or None
@@ -4119,10 +4309,12 @@ class ModelClient:
         if estimated and tool_calls:
             completion += _estimate_tokens("".join(c["arguments"] for c in tool_calls))
         details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+        cached = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
         return ChatResult(text=text, reasoning=reasoning, finish_reason=finish, prompt_tokens=prompt,
                           completion_tokens=completion, usage_estimated=estimated, latency_s=latency, ttft_s=ttft,
                           tool_calls=tool_calls, reasoning_tokens=_token_count(details, "reasoning_tokens"),
-                          model=str(model) if model is not None else None)
+                          model=str(model) if model is not None else None,
+                          cached_tokens=_token_count(cached, "cached_tokens"))
 
     # -- retries -----------------------------------------------------------------------------------------
     def _backoff_s(self, n_failed: int, err: ModelAPIError) -> float:
@@ -4167,8 +4359,19 @@ class ModelClient:
     def chat(self, messages: Sequence[Dict[str, Any]],
              tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
         """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
-        (kind, status, attempts) at the end."""
-        return self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
+        (kind, status, attempts) at the end. With a cost meter its cost is reserved before (BudgetReached when
+        --cost-limit would be passed) and counted after, from the usage."""
+        if self.meter is None:
+            return self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
+        held = self.meter.reserve(self.role, self.config.model, _estimate_tokens(json.dumps(
+            [messages, tools or []], ensure_ascii=False)), self.config.max_tokens)
+        res = None
+        try:
+            res = self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
+            return res
+        finally:
+            self.meter.settle(self.role, self.config.model, held, res.prompt_tokens if res else 0,
+                              (res.cached_tokens or 0) if res else 0, res.completion_tokens if res else 0)
 
     def completions(self, prompts: Sequence[Any], *, max_tokens: int = 1, logprobs: int = 1,
                     echo: bool = True) -> "CompletionsResult":
@@ -4348,6 +4551,7 @@ class MockConfig:
     tokenizer: bool = True             # offer /tokenize (vLLM's shape; llama.cpp kind: its own); False: none
     llama_cpp_python: bool = False     # /v1/completions as llama-cpp-python's server answers it (see _toy_completion)
     tools_refused: bool = False        # a request with tools gets HTTP 400 (a vLLM started without tool parsing)
+    cached_share: float = 0.0          # usage.prompt_tokens_details.cached_tokens: this share of the prompt tokens
 
 
 # The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
@@ -4931,6 +5135,8 @@ class _MockHandler:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
                  "total_tokens": prompt_tokens + len(pieces),
                  "completion_tokens_details": {"reasoning_tokens": min(n_thought, len(pieces))}}
+        if cfg.cached_share:
+            usage["prompt_tokens_details"] = {"cached_tokens": int(prompt_tokens * cfg.cached_share)}
         with st.lock:
             ttft = cfg.ttft_s * st.slowdown(st.active)
         return _MockReply(rid="chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48),
@@ -7086,7 +7292,7 @@ def _active_seconds(intervals: List[Tuple[float, float]]) -> float:
 # stays small in memory; named so that a field added to it is added in one place. A namedtuple made at first use
 # (making one compiles code: a cost at every start).
 _KEPT_FIELDS = ("status score cat scorer eclass ptok ctok est latency t1 t_start t_end rtok no_ans row_id epoch "
-                "extracted judged error finish served")
+                "extracted judged error finish served cost")
 _kept_type: Any = None
 
 
@@ -7112,7 +7318,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
                              rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")),
                              rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"),
                              rec.get("judge") or {}, rec.get("error"), rec.get("finish_reason"),
-                             rec.get("served_model"))
+                             rec.get("served_model"), rec.get("cost"))
     scores: List[float] = []
     by_cat: Dict[str, List[float]] = collections.defaultdict(list)
     by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
@@ -7128,7 +7334,7 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
     spans: List[Tuple[float, float]] = []
     for sid in sorted(latest):
         (status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans, row_id,
-         epoch, extracted, judged, error, finish, served) = latest[sid]
+         epoch, extracted, judged, error, finish, served, _cost) = latest[sid]
         if status == "ok" and finish:
             finishes[str(finish)] += 1
         if status == "ok" and served:
@@ -7198,6 +7404,9 @@ def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None)
             "output_tokens_per_s": _r(tok_c / active_s) if active_s > 0 else None,
         },
     }
+    cost = cost_summary({"cost": k.cost} for k in latest.values())
+    if cost is not None:
+        out["cost"] = cost
     mean = out["score"]["mean"]
     out["headline"] = "score %s %s" % ("-" if mean is None else "%.3f" % mean, _coverage_text(out))
     return out
@@ -7315,6 +7524,8 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
         "; judge prompt %s, completion %s" % (format(t["judge"]["prompt"], ","), format(t["judge"]["completion"], ","))
         if (t.get("judge") or {}).get("prompt") else "",
         " (%d samples estimated: server sent no usage)" % t["estimated_samples"] if t["estimated_samples"] else ""))
+    if summary.get("cost"):
+        lines.append(_cost_line(summary["cost"]))
     cut, answered = (summary.get("finish_reasons") or {}).get("length", 0), c["ok"]
     if cut:
         lines.append("cut: %d of %d answers stopped at the token limit (finish_reason length; --max-tokens or the "
@@ -7379,8 +7590,11 @@ class _Runner:
                  breaker_threshold: int = BREAKER_THRESHOLD, done_before: int = 0, failed_before: int = 0,
                  status_extra: Optional[Callable[[], str]] = None,
                  after_append: Optional[Callable[[Dict[str, Any]], None]] = None,
-                 fingerprint: Optional[Callable[[Any], Dict[str, str]]] = None, after_model: int = 0):
+                 fingerprint: Optional[Callable[[Any], Dict[str, str]]] = None, after_model: int = 0,
+                 meter: Optional[CostMeter] = None):
         self.store = store
+        self.meter = meter                  # --prices: each record gets what its requests cost
+        self.stopping = threading.Event()   # --cost-limit reached: no new item starts; those in flight finish
         self.after_model = after_model      # items a worker may hold past its model call (code: in the sandbox)
         self.fingerprint = fingerprint      # the run identity stamped on every record ("fp"), failed ones too
         self.status_extra = status_extra    # more text for the progress line (sessions, images)
@@ -7454,10 +7668,12 @@ class _Runner:
             if item is None:
                 inbox.put(None)  # the stop sentinel is passed on to the next worker
                 return
-            if self.cancel.is_set():
+            if self.cancel.is_set() or self.stopping.is_set():
                 continue
             with self._lock:
                 self.in_flight += 1
+            if self.meter is not None:
+                self.meter.sample_begin()
             try:
                 record = self._run_one(item)
             except _Cancelled:
@@ -7465,6 +7681,9 @@ class _Runner:
             finally:
                 with self._lock:
                     self.in_flight -= 1
+            cost = self.meter.sample_cost() if self.meter is not None else None
+            if record is not None and cost:
+                record["cost"] = cost
             if record is not None:
                 if self.fingerprint is not None:
                     record["fp"] = self.fingerprint(item)
@@ -7476,6 +7695,9 @@ class _Runner:
             return self.work(item)
         except _Cancelled:
             raise
+        except BudgetReached as exc:  # this item is not started over budget: the run ends, resumable
+            self.stop_budget(str(exc))
+            raise _Cancelled() from None
         except HarnessError as exc:
             return _failed_record(item, started, _redact(exc), _error_class_of(exc))
         except Exception as exc:  # a bug must cost one sample, not the run; the traceback goes to the log
@@ -7502,6 +7724,18 @@ class _Runner:
                        % (self.breaker.threshold, record.get("error_class"), record["id"], record["error"]),
                        consecutive=self.breaker.threshold)
 
+    def stop_budget(self, reason: str) -> None:
+        """--cost-limit reached: no new sample starts; those in flight finish (their requests already reserved);
+        the run ends with EXIT_BUDGET."""
+        with self._lock:
+            if self.stopping.is_set() or self.cancel.is_set():
+                return
+            self.status = "budget"
+            self.stop_reason = reason
+        self.store.event("cost_limit", reason=_redact(reason))
+        self.progress.message("evalharness: %s: no new sample starts; the ones in flight finish" % reason)
+        self.stopping.set()
+
     def abort(self, reason: str, **fields: Any) -> None:
         """Stop the run as aborted (exit 3): the breaker tripped or the outage budget ran out."""
         with self._lock:
@@ -7525,14 +7759,14 @@ class _Runner:
                         feed_error = item.error
                         self.cancel.set()
                         break
-                    while not self.cancel.is_set():
+                    while not self.cancel.is_set() and not self.stopping.is_set():
                         try:
                             inbox.put(item, timeout=0.2)
                             break
                         except queue.Full:
                             self._ensure_workers()
                             continue
-                    if self.cancel.is_set():
+                    if self.cancel.is_set() or self.stopping.is_set():
                         break
             finally:
                 while True:  # the sentinel must get in even when workers are slow to drain the queue
@@ -7540,7 +7774,7 @@ class _Runner:
                         inbox.put(None, timeout=0.2)
                         break
                     except queue.Full:
-                        if self.cancel.is_set():
+                        if self.cancel.is_set() or self.stopping.is_set():
                             _drain(inbox)
             self._join_workers()
         except KeyboardInterrupt:
@@ -7667,6 +7901,8 @@ class RunConfig:
     remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
     shard: Optional[Tuple[int, int]] = None  # (index, count): this process runs one shard, in OUT/shard-I-of-N
     shared_gate: bool = True      # shards under one OUT share the endpoint's limit (OUT/.gate/)
+    prices: Optional[str] = None            # --prices FILE: money per million tokens by model
+    cost_limit: Optional[float] = None      # --cost-limit: no request starts past it
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
@@ -8048,6 +8284,7 @@ class _Run:
         self.run_info: Dict[str, Any] = {}
         self.run_info_extra: Dict[str, Any] = {}  # what the kind adds to run.json's head (set by its start)
         self.runner: Optional[_Runner] = None
+        self.meter: Optional[CostMeter] = None  # --prices: what the requests cost (and --cost-limit)
 
     def fingerprint(self, item: Any) -> Dict[str, str]:
         """A record's fingerprint: the run's generation settings, the row's input and what it is scored against."""
@@ -8077,6 +8314,7 @@ def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None,
     run = _Run(cfg, kind, cancel or threading.Event())
     _check_run_options(cfg)
     kind.check(cfg)
+    run.meter = _cost_meter(cfg)
     kind.load(run, dataset)
     if kind.uses_model(cfg):
         if not cfg.base_url:
@@ -8097,6 +8335,27 @@ def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None,
         run.store.close()
 
 
+def _cost_meter(cfg: "RunConfig") -> Optional[CostMeter]:
+    """--prices and --cost-limit, checked before anything is read or written: a limit needs a price for every model
+    the run asks (the evaluated one, the judge)."""
+    if cfg.cost_limit is not None and cfg.cost_limit <= 0:
+        raise ConfigError("--cost-limit must be > 0, got %r" % cfg.cost_limit)
+    if not cfg.prices:
+        if cfg.cost_limit is not None:
+            raise ConfigError("--cost-limit needs --prices FILE (money per million tokens by model): prices cannot be "
+                              "fetched reliably, so the run takes them from you")
+        return None
+    prices = load_prices(cfg.prices)
+    models = [m for m in (cfg.model, cfg.judge_model) if m]
+    for model in models:
+        if model not in prices:
+            if cfg.cost_limit is not None:
+                raise ConfigError("--cost-limit: %s has no price for model %r; add a row for it (the models it "
+                                  "prices: %s)" % (cfg.prices, model, ", ".join(sorted(prices)) or "none"))
+            _log.warning("%s has no price for model %r: its cost shows as 'no price'", cfg.prices, model)
+    return CostMeter(prices, cfg.cost_limit)
+
+
 def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, str]:
     cfg, kind, store = run.cfg, run.kind, run.store
     assert store is not None
@@ -8106,6 +8365,11 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     settings = kind.settings(cfg)
     run.gen = _check_identity(store, run.previous, settings, restart=cfg.restart)
     kind.resume(run)
+    if run.meter is not None:  # earlier attempts' spending counts toward --cost-limit
+        ended = sum(float(ev.get("cost_spent") or 0.0) for ev in _read_jsonl_tolerant(store.path(RunStore.EVENTS))
+                    if ev.get("type") == "run_end")
+        stored = (cost_summary(r for r in store.iter_samples() if r.get("id") in run.ids) or {}).get("total") or 0.0
+        run.meter.spent_before = max(ended, stored)  # (a killed attempt wrote no end: its samples' cost at least)
     if run.client_cfg is not None:
         assert run.base_url is not None
         if not cfg.use_proxy:
@@ -8118,7 +8382,7 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         run.metrics = None if kind.agents else _start_server_metrics(cfg, gate, run.base_url)
         _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
                   "adaptive, starting at %d (%s), at most %d" % (gate.limit, run.initial_from, gate.max_limit))
-        run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health)
+        run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health, meter=run.meter)
     gate_initial = run.gate.limit if run.gate is not None else None
     started = time.time()
     try:
@@ -8143,7 +8407,7 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         runner = run.runner = _Runner(store, kind.work(run), total=run.total, label=cfg.task, cancel=run.cancel,
                                       progress_stream=progress_stream, progress=cfg.progress,
                                       done_before=len(run.done_ids), failed_before=run.failed_kept,
-                                      fingerprint=run.fingerprint, **kind.runner_options(run))
+                                      fingerprint=run.fingerprint, meter=run.meter, **kind.runner_options(run))
         run.health.on_trip = runner.abort
         status = runner.run(kind.pending(run))
     finally:
@@ -8176,8 +8440,12 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
                                           "status": status, "pid": os.getpid()}]
     if runner.stop_reason:
         info["stop_reason"] = _redact(runner.stop_reason)
+    if run.meter is not None:
+        info["cost"] = dict(run.meter.summary(), prices=os.path.abspath(cfg.prices or ""),
+                            samples=summary.get("cost"))
     store.write_json(RunStore.RUN, info)
-    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total)
+    store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total,
+                **({"cost_spent": round(run.meter.spent, 8)} if run.meter is not None else {}))
     _auto_report(store.dir)
     code, out = _end_run(cfg, summary, kind.title(run, _status_shown(status, summary)), extra, store, runner,
                          stdout, kind.noun)
@@ -8213,6 +8481,11 @@ def _end_run(cfg: RunConfig, summary: Dict[str, Any], title: str, extra: str, st
     if runner.status == "interrupted":
         _log.warning("interrupted: %d of %d %ss finished and saved; %s", c["finished"], c["total"], noun, hint)
         return EXIT_INTERRUPTED, store.dir
+    if runner.status == "budget":
+        _log.warning("cost limit reached (%s): %d of %d %ss finished and saved; raise --cost-limit and run the same "
+                     "command to resume (run directory %s)", _redact(runner.stop_reason), c["finished"], c["total"],
+                     noun, store.dir)
+        return EXIT_BUDGET, store.dir
     if c["failed"] or c["pending"]:
         errors = summary.get("errors") or {}
         infra = sum(n for cls, n in errors.items() if cls not in _KEEP_ON_RESUME)
@@ -8335,6 +8608,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
                 "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
                 "finish_reason": res.finish_reason, "served_model": res.model,
                 "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                **({"cached_tokens": res.cached_tokens} if res.cached_tokens is not None else {}),
                 "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
                 "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
                 "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
@@ -8342,7 +8616,7 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
 
 
 def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
-                  cancel: threading.Event) -> ModelClient:
+                  cancel: threading.Event, meter: Optional[CostMeter] = None) -> ModelClient:
     """The grader model's client: its own endpoint (default: the evaluated one) and its own gate, so grading
     never takes the evaluated model's permits; its tokens are counted apart (the record's "judge")."""
     base_url = _normalize_base_url(cfg.judge_base_url or cfg.base_url)
@@ -8356,7 +8630,7 @@ def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
     gate = AdaptiveGate(8, 1, 64, deadline_s=cfg.request_timeout_s)
     gate.on_event = lambda ev: store.event("judge_" + ev.pop("type"), **ev)
     _log.info("judge: %s at %s (its own gate, starting at 8)", judge_cfg.model, base_url)
-    return ModelClient(judge_cfg, gate=gate, cancel=cancel)
+    return ModelClient(judge_cfg, gate=gate, cancel=cancel, meter=meter, role="judge")
 
 
 def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Optional[Dict[str, Any]]:
@@ -8442,7 +8716,7 @@ class _QAKind(_Kind):
     def start(self, run: _Run) -> None:
         if "judge" in run.dataset.scorers:
             assert run.client_cfg is not None and run.store is not None
-            self.judge = _judge_client(run.cfg, run.client_cfg, run.store, run.cancel)
+            self.judge = _judge_client(run.cfg, run.client_cfg, run.store, run.cancel, run.meter)
 
     def dataset_info(self, run: _Run) -> Dict[str, Any]:
         base = run.dataset
@@ -14723,6 +14997,8 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         sw = data["swebench"]
         cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
             sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"])))
+    if s.get("cost"):
+        cards.append(("cost", _esc(_cost_line(s["cost"]).partition(": ")[2])))
     for line in _tools_lines(s)[:1]:
         cards.append(("BFCL aggregates", _esc(line.partition(": ")[2] or line)))
     for line in _loglik_lines(s):
@@ -14971,9 +15247,19 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
                                    "ci95": [round(lo_c, 6), round(hi_c, 6)]}
     # the other per-sample metrics, each over the samples that have it in both runs
     out["metrics"] = {}
-    for key in ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s"):
-        vals = [(float(ra[key]), float(rb[key])) for _, ra, rb in pairs
-                if isinstance(ra.get(key), (int, float)) and isinstance(rb.get(key), (int, float))
+    costs = {x: cost_summary(run["samples"].values()) for x, run in (("a", a), ("b", b))}
+    if costs["a"] or costs["b"]:
+        out["cost"] = {x: (c or {}).get("total") if (c or {}).get("samples_priced") else None
+                       for x, c in costs.items()}
+
+    def metric(rec: Dict[str, Any], key: str) -> Any:
+        if key == "cost":  # a sample's cost over its kinds of request (None: no price for one of them)
+            c = rec.get("cost")
+            return sum(c.values()) if isinstance(c, dict) and c and None not in c.values() else None
+        return rec.get(key)
+    for key in ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s", "cost"):
+        vals = [(float(metric(ra, key)), float(metric(rb, key))) for _, ra, rb in pairs
+                if isinstance(metric(ra, key), (int, float)) and isinstance(metric(rb, key), (int, float))
                 and ra.get("status") == "ok" and rb.get("status") == "ok"]
         if not vals:
             continue
@@ -15000,6 +15286,8 @@ def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
     for key, m in sorted((c.get("metrics") or {}).items()):
         lines.append("%s: A %.4g  B %.4g  B−A %+.4g  95%% CI [%+.4g, %+.4g] (n=%d)"
                      % (key, m["a"], m["b"], m["diff"], m["ci95"][0], m["ci95"][1], m["n"]))
+    if c.get("cost"):
+        lines.append("cost of the run: A %s  B %s" % (_fmt_money(c["cost"]["a"]), _fmt_money(c["cost"]["b"])))
     for key, label in (("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only "
                        "in A"), ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
                        ("resolved_only_in_b", "resolved only in B")):
@@ -15458,6 +15746,14 @@ def _parser_run(sub: Any, text: str) -> Any:
     run.add_argument("--rescore", action="store_true",
                      help="score every stored answer again with the current scorers, without model calls (a "
                           "changed scorer or reference is re-scored anyway) (default: off)")
+    run.add_argument("--prices", default=None, metavar="FILE",
+                     help="prices per million tokens by model (JSON or CSV: model, input, output, cached_input, "
+                          "threshold, input_above, cached_input_above, output_above): each sample's and the run's "
+                          "cost, by kind of request (default: no cost)")
+    run.add_argument("--cost-limit", type=float, default=None, metavar="AMOUNT",
+                     help="no request starts once what was spent plus what requests in flight reserved would pass "
+                          "AMOUNT; the run ends with exit %d, resumable by the same command with a higher limit "
+                          "(needs --prices) (default: none)" % EXIT_BUDGET)
     run.add_argument("--no-shared-gate", dest="shared_gate", action="store_false",
                      help="shards of one run do not share the endpoint's limit through OUT/.gate/ (each adapts on "
                           "its own; default: shared)")
@@ -16072,7 +16368,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
-                    progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate)
+                    progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate,
+                    prices=args.prices, cost_limit=args.cost_limit)
     if args.task in ("swe", "code", "harbor"):
         hosts = _docker_hosts(args)
         cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,
