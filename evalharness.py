@@ -3919,6 +3919,208 @@ def _probe_kv_pool(cfg: Any, base_url: str) -> Optional[Tuple[str, int]]:
     return pool
 
 
+# ----------------------------------------------------------------------------- rate limits (headers, --*-per-minute)
+# What hosted APIs say of their limits, read from every reply: group -> (limit, remaining, reset) header names, and
+# what one request costs against the group. OpenAI (and Azure OpenAI, Groq, Together, vLLM-fronting gateways):
+# x-ratelimit-*-requests / -tokens, reset as a duration ("1s", "6m0s", "20ms"); Anthropic-style APIs:
+# anthropic-ratelimit-requests / -input-tokens / -output-tokens, reset as an RFC 3339 time.
+RATE_HEADERS = (
+    ("requests", "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+    ("tokens", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    ("requests", "anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining",
+     "anthropic-ratelimit-requests-reset"),
+    ("input_tokens", "anthropic-ratelimit-input-tokens-limit", "anthropic-ratelimit-input-tokens-remaining",
+     "anthropic-ratelimit-input-tokens-reset"),
+    ("output_tokens", "anthropic-ratelimit-output-tokens-limit", "anthropic-ratelimit-output-tokens-remaining",
+     "anthropic-ratelimit-output-tokens-reset"),
+)
+_DURATION_RE = _LazyPattern(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+
+
+def _reset_s(value: Optional[str], now_wall: float) -> Optional[float]:
+    """A reset header: a duration ("6m0s", "1.5s", "20ms"), plain seconds, or an RFC 3339 time; seconds from now."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parts = _DURATION_RE.findall(value)
+    if parts and "".join(n + u for n, u in parts) == value.replace(" ", ""):
+        return sum(float(n) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[u] for n, u in parts)
+    m = re.match(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?$", value)
+    if m:
+        import calendar
+        t = calendar.timegm(tuple(int(x) for x in m.groups()[:6]) + (0, 0, 0)) + float(m.group(7) or 0)
+        tz = m.group(8)
+        if tz and tz != "Z":
+            sign = 1 if tz[0] == "+" else -1
+            t -= sign * (int(tz[1:3]) * 3600 + int(tz[-2:]) * 60)
+        return max(0.0, t - now_wall)
+    return None
+
+
+def _retry_after_ms(headers: Any) -> Optional[float]:
+    """retry-after-ms (seconds), then Retry-After."""
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return max(0.0, float(ms) / 1000.0)
+    except (TypeError, ValueError):
+        pass
+    return _retry_after_s(headers.get("Retry-After"))
+
+
+class RatePacer:
+    """Admission by rate, after the concurrency gate: a request starts only when neither its requests nor its
+    tokens would run a quota dry before it refills. Two sources: the limits the server states in its reply headers
+    (RATE_HEADERS: each group's bucket is modelled from its last reply — what remained, refilling at the limit
+    over the reset time — minus what was admitted since that request was sent), and the user's
+    --requests-per-minute / --tokens-per-minute (a sliding 60 s window, the shares of the live shards). Tokens are
+    reserved at admission (the prompt, estimated, plus --max-tokens) and the window's reservation is replaced by the
+    usage when the answer comes. ``clock`` is injectable (the gate simulator drives it)."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, rpm: Optional[float] = None, tpm: Optional[float] = None, *,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 share: Optional[Callable[[], Tuple[int, float, float]]] = None, margin: float = 0.0):
+        self.rpm, self.tpm, self._clock, self._wall, self._share = rpm, tpm, clock, wall, share
+        self.margin = margin  # the part of a stated quota kept unused (0.05: 5%)
+        self._lock = threading.Lock()  # guards the fields below
+        # admitted requests, each [t, cost, tokens]: t its start (updated when it is sent), tokens what it holds of
+        # the sliding minute (its reservation, then its usage)
+        self._window: "collections.deque[List[Any]]" = collections.deque()
+        self._admitted: "collections.deque[List[Any]]" = collections.deque()
+        self._stated: Dict[str, Dict[str, float]] = {}  # group -> limit, remaining, rate, t (the reply's send time)
+        self.seen: Dict[str, Dict[str, Any]] = {}       # what the run saw of each group (run.json, the report)
+        self.waited_s = 0.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rpm or self.tpm or self._stated)
+
+    @staticmethod
+    def costs(prompt_tokens: int, max_tokens: Optional[int]) -> Dict[str, float]:
+        out = float(max_tokens or DEFAULT_RESERVE_TOKENS)
+        return {"requests": 1.0, "tokens": prompt_tokens + out, "input_tokens": float(prompt_tokens),
+                "output_tokens": out}
+
+    def observe(self, headers: Any, sent_at: Optional[float] = None) -> None:
+        """A reply's headers (any status): the groups it states, as of when its request was sent."""
+        if headers is None:
+            return
+        now, wall = self._clock(), self._wall()
+        with self._lock:
+            for group, h_limit, h_remaining, h_reset in RATE_HEADERS:
+                try:
+                    limit, remaining = headers.get(h_limit), headers.get(h_remaining)
+                    if remaining is None:
+                        continue
+                    remaining_f = max(0.0, float(remaining))
+                    limit_f = float(limit) if limit is not None else None
+                except (TypeError, ValueError):
+                    continue
+                reset = _reset_s(headers.get(h_reset), wall)
+                top = limit_f if limit_f is not None else self._stated.get(group, {}).get("limit", remaining_f)
+                rate = (top - remaining_f) / reset if reset and top > remaining_f else (top / 60.0 if top else 0.0)
+                self._stated[group] = {"limit": top, "remaining": remaining_f, "rate": max(rate, 1e-9),
+                                       "t": sent_at if sent_at is not None else now}
+                seen = self.seen.setdefault(group, {"limit": top, "min_remaining": remaining_f, "replies": 0})
+                seen["limit"] = top
+                seen["min_remaining"] = min(seen["min_remaining"], remaining_f)
+                seen["replies"] += 1
+
+    def _level(self, group: str, now: float) -> float:
+        s = self._stated[group]
+        spent = sum(a[1].get(group, 0.0) for a in self._admitted if a[0] >= s["t"])  # (sent since that one)
+        return min(s["limit"], s["remaining"] + s["rate"] * (now - s["t"])) - spent
+
+    def delay(self, cost: Dict[str, float]) -> float:
+        """Seconds until a request of ``cost`` may start (0: now)."""
+        now = self._clock()
+        with self._lock:
+            return self._delay_locked(cost, now)
+
+    def _delay_locked(self, cost: Dict[str, float], now: float) -> float:
+        wait = 0.0
+        for group, s in self._stated.items():
+            need = cost.get(group, 0.0) + self.margin * s["limit"]
+            level = self._level(group, now)
+            if level < need:
+                wait = max(wait, (need - level) / s["rate"])
+        live, others_req, others_tok = self._share() if self._share is not None else (1, 0.0, 0.0)
+        while self._window and self._window[0][0] <= now - self.WINDOW_S:
+            self._window.popleft()
+        for limit, key, others in ((self.rpm, None, others_req), (self.tpm, "tokens", others_tok)):
+            if not limit:
+                continue
+            need = 1.0 if key is None else cost.get("tokens", 0.0)
+            used = len(self._window) if key is None else sum(w[2] for w in self._window)
+            # this shard's share, and the whole run's minute under the total (the others' as of their heartbeat)
+            cap = min(limit / max(1, live), limit - others) if live > 1 else limit
+            if used + need > cap:  # until enough of the window's oldest entries leave it
+                freed, t_free = 0.0, now
+                for t, _, tokens in self._window:
+                    freed += 1.0 if key is None else tokens
+                    t_free = t + self.WINDOW_S
+                    if used - freed + need <= cap:
+                        break
+                wait = max(wait, t_free - now)
+        return wait
+
+    def admit(self, cost: Dict[str, float]) -> List[Any]:
+        """Count a request that starts now; returns its entry (for sent and settle)."""
+        now = self._clock()
+        with self._lock:
+            entry = [now, dict(cost), cost.get("tokens", 0.0)]
+            self._admitted.append(entry)
+            while self._admitted and self._admitted[0][0] < now - 2 * self.WINDOW_S - 600:
+                self._admitted.popleft()
+            self._window.append(entry)
+            return entry
+
+    def sent(self, entry: Optional[List[Any]]) -> None:
+        """The request goes out now (after its gate permit): what a reply sent before now states does not count
+        it."""
+        if entry is not None:
+            with self._lock:
+                entry[0] = max(entry[0], self._clock())
+
+    def settle(self, entry: Optional[List[Any]], tokens: Optional[int]) -> None:
+        """The answer's usage replaces the reservation in the window (a failed request keeps it)."""
+        if entry is not None and tokens is not None:
+            with self._lock:
+                entry[2] = float(tokens)
+
+    def wait(self, cost: Dict[str, float], cancel: Optional[threading.Event] = None) -> List[Any]:
+        """Block until a request of ``cost`` may start, then admit it."""
+        while True:
+            with self._lock:
+                d = self._delay_locked(cost, self._clock())
+            if d <= 0:
+                return self.admit(cost)
+            self.waited_s += min(d, 1.0)
+            if cancel is not None:
+                if cancel.wait(min(d, 1.0)):
+                    raise _Cancelled()
+            else:
+                time.sleep(min(d, 1.0))
+
+    def usage(self) -> Tuple[float, float]:
+        """Requests and tokens started in the last minute (what a shard publishes to the others)."""
+        now = self._clock()
+        with self._lock:
+            recent = [w for w in self._window if w[0] > now - self.WINDOW_S]
+            return float(len(recent)), float(sum(w[2] for w in recent))
+
+    def summary(self) -> Dict[str, Any]:
+        with self._lock:
+            return {"requests_per_minute": self.rpm, "tokens_per_minute": self.tpm, "stated": dict(self.seen),
+                    "paced_s": round(self.waited_s, 3)}
+
+
 # ----------------------------------------------------------------------------- cost (--prices, --cost-limit)
 DEFAULT_RESERVE_TOKENS = 1024  # the output a request reserves under --cost-limit when --max-tokens is not set
 _PRICE_FIELDS = ("input", "cached_input", "output", "threshold", "input_above", "cached_input_above", "output_above")
@@ -4120,8 +4322,9 @@ class ModelClient:
     def __init__(self, config: ClientConfig, *, gate: Optional[AdaptiveGate] = None,
                  cancel: Optional[threading.Event] = None, rng: Optional[random.Random] = None,
                  health: Optional[_EndpointHealth] = None, meter: Optional["CostMeter"] = None,
-                 role: str = "model"):
+                 role: str = "model", pacer: Optional["RatePacer"] = None):
         self.health = health  # None: plain bounded retries (no outage riding)
+        self.pacer = pacer    # rate limits: the server's headers, --requests/--tokens-per-minute
         self.meter, self.role = meter, role  # what requests cost (--prices), and which kind of request they are
         self.config = _replace(config, base_url=_normalize_base_url(config.base_url))
         self.url = self.config.base_url + "/chat/completions"
@@ -4361,13 +4564,17 @@ class ModelClient:
         """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
         (kind, status, attempts) at the end. With a cost meter its cost is reserved before (BudgetReached when
         --cost-limit would be passed) and counted after, from the usage."""
+        estimate = _estimate_tokens(json.dumps([messages, tools or []], ensure_ascii=False)) \
+            if self.meter is not None or self.pacer is not None else 0
+        cost = RatePacer.costs(estimate, self.config.max_tokens) if self.pacer is not None else None
         if self.meter is None:
-            return self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
-        held = self.meter.reserve(self.role, self.config.model, _estimate_tokens(json.dumps(
-            [messages, tools or []], ensure_ascii=False)), self.config.max_tokens)
+            return self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed),
+                                      cost)
+        held = self.meter.reserve(self.role, self.config.model, estimate, self.config.max_tokens)
         res = None
         try:
-            res = self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
+            res = self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed),
+                                     cost)
             return res
         finally:
             self.meter.settle(self.role, self.config.model, held, res.prompt_tokens if res else 0,
@@ -4431,16 +4638,22 @@ class ModelClient:
         if self._api_key:
             headers["Authorization"] = "Bearer " + self._api_key
         req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
+        sent_at = time.monotonic()
         try:
-            return self._opener.open(req, timeout=timeout_s)
+            resp = self._opener.open(req, timeout=timeout_s)
+            if self.pacer is not None:
+                self.pacer.observe(resp.headers, sent_at)
+            return resp
         except urllib.error.HTTPError as exc:
+            if self.pacer is not None:
+                self.pacer.observe(exc.headers, sent_at)
             try:
                 detail = _error_detail(exc.read())
             except Exception:  # the body itself may fail to arrive
                 detail = ""
             raise ModelAPIError("HTTP %d from %s: %s" % (exc.code, url, detail or exc.reason),
                                 kind=_http_failure(exc.code)[0], status=exc.code,
-                                retry_after_s=_retry_after_s(exc.headers.get("Retry-After")))
+                                retry_after_s=_retry_after_ms(exc.headers))
         except urllib.error.URLError as exc:
             raise self._network_error(exc.reason, before_response=True) from None
         except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
@@ -4456,9 +4669,10 @@ class ModelClient:
         except (socket.timeout, ConnectionError, http.client.HTTPException, OSError) as exc:
             raise self._network_error(exc) from None
 
-    def _with_retries(self, attempt: Callable[[], Any]) -> Any:
+    def _with_retries(self, attempt: Callable[[], Any], cost: Optional[Dict[str, float]] = None) -> Any:
         """``attempt()`` (one request: a ChatResult or CompletionsResult) under a gate permit each time, retried
-        with backoff by the failure rules; the result carries its attempts and wall time."""
+        with backoff by the failure rules; the result carries its attempts and wall time. With a rate pacer that
+        knows limits, each attempt first waits until ``cost`` fits them."""
         cfg = self.config
         t_start = time.monotonic()
         attempts = 0
@@ -4468,7 +4682,11 @@ class ModelClient:
                 raise _Cancelled()
             attempts += 1
             err = None
+            # (counted even before any limit is known: the first reply's headers do not count the requests sent after it)
+            paced = self.pacer.wait(cost, self._cancel) if cost is not None and self.pacer is not None else None
             permit = self.gate.acquire(cancel=self._cancel) if self.gate is not None else None
+            if paced is not None:
+                self.pacer.sent(paced)
             t_attempt = time.monotonic()
             successes_at_send = self.health.successes if self.health is not None else 0
             if successes_then < 0:
@@ -4477,6 +4695,8 @@ class ModelClient:
             try:
                 result = attempt()
                 outcome, tokens, ttft = "ok", result.completion_tokens, result.ttft_s
+                if paced is not None:
+                    self.pacer.settle(paced, result.prompt_tokens + result.completion_tokens)
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
                 self._check_served(result.model)
@@ -4552,6 +4772,8 @@ class MockConfig:
     llama_cpp_python: bool = False     # /v1/completions as llama-cpp-python's server answers it (see _toy_completion)
     tools_refused: bool = False        # a request with tools gets HTTP 400 (a vLLM started without tool parsing)
     cached_share: float = 0.0          # usage.prompt_tokens_details.cached_tokens: this share of the prompt tokens
+    rate_limit: Tuple[float, ...] = ()  # (requests, tokens) a minute, as a hosted API: x-ratelimit headers, 429
+    rate_schedule: Tuple[Tuple[float, float], ...] = ()  # (seconds after the first request, quota factor)
 
 
 # The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
@@ -4816,6 +5038,44 @@ def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> 
 class _MockState:
     """Shared state of one mock server: load, counters, oracle."""
 
+    def rate_take(self, tokens: int) -> Tuple[bool, Dict[str, str]]:
+        """A hosted API's quotas (MockConfig.rate_limit, scaled by rate_schedule): token buckets of requests and
+        tokens a minute, refilled continuously. Takes one request and ``tokens`` when both fit; the x-ratelimit
+        headers either way, and Retry-After (seconds) and retry-after-ms when they do not."""
+        cfg = self.config
+        now = time.monotonic()
+        with self.lock:
+            if not hasattr(self, "_rate"):
+                self._rate = {"t0": now, "t": now, "factor": 1.0,
+                              "level": {"requests": float(cfg.rate_limit[0]), "tokens": float(cfg.rate_limit[1])}}
+            r = self._rate
+            factor = 1.0
+            for at, f in cfg.rate_schedule:
+                if now - r["t0"] >= at:
+                    factor = f
+            caps = {"requests": cfg.rate_limit[0] * factor, "tokens": cfg.rate_limit[1] * factor}
+            for k, cap in caps.items():
+                r["level"][k] = min(cap, r["level"][k] + (now - r["t"]) * cap / 60.0)
+            r["t"] = now
+            need = {"requests": 1.0, "tokens": float(tokens)}
+            wait = max(max(0.0, need[k] - r["level"][k]) / (caps[k] / 60.0) for k in caps)
+            if wait <= 0:
+                for k in caps:
+                    r["level"][k] -= need[k]
+                self.counters["rate_admitted_tokens"] += tokens
+            else:
+                self.counters["rate_limited"] += 1
+            headers = {}
+            for k, cap in caps.items():
+                level = max(0.0, r["level"][k])
+                headers["x-ratelimit-limit-%s" % k] = "%d" % cap
+                headers["x-ratelimit-remaining-%s" % k] = "%d" % level
+                headers["x-ratelimit-reset-%s" % k] = "%.3fs" % ((cap - level) / (cap / 60.0))
+            if wait > 0:
+                headers["Retry-After"] = "%d" % math.ceil(wait)
+                headers["retry-after-ms"] = "%d" % math.ceil(wait * 1000)
+            return wait <= 0, headers
+
     def __init__(self, config: MockConfig, oracle: Optional[Dict[str, QAItem]], swe: Sequence[Any] = ()):
         self.config = config
         self.oracle = oracle
@@ -4857,7 +5117,7 @@ class _MockHandler:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
+        for k, v in dict(getattr(self, "_rate_headers", None) or {}, **(headers or {})).items():
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(body)
@@ -5089,6 +5349,13 @@ class _MockHandler:
         reply = self._compose(req, messages, key)
         if reply is None:
             return
+        self._rate_headers = None
+        if cfg.rate_limit:  # a hosted API's quotas: requests and tokens a minute
+            ok, headers = self.state.rate_take(reply.usage["prompt_tokens"] + reply.usage["completion_tokens"])
+            if not ok:
+                self._error(429, "Rate limit reached: requests or tokens per minute", headers)
+                return
+            self._rate_headers = headers
         if stream:
             self._write_stream(reply, include_usage, fault)
         else:
@@ -5190,6 +5457,8 @@ class _MockHandler:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
+        for k, v in (getattr(self, "_rate_headers", None) or {}).items():
+            self.send_header(k, v)
         self.end_headers()
 
         def event(obj: Any) -> None:
@@ -7902,6 +8171,8 @@ class RunConfig:
     shard: Optional[Tuple[int, int]] = None  # (index, count): this process runs one shard, in OUT/shard-I-of-N
     shared_gate: bool = True      # shards under one OUT share the endpoint's limit (OUT/.gate/)
     prices: Optional[str] = None            # --prices FILE: money per million tokens by model
+    requests_per_minute: Optional[float] = None  # a shared key's share: paced across the run's live shards
+    tokens_per_minute: Optional[float] = None
     cost_limit: Optional[float] = None      # --cost-limit: no request starts past it
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
@@ -8285,6 +8556,8 @@ class _Run:
         self.run_info_extra: Dict[str, Any] = {}  # what the kind adds to run.json's head (set by its start)
         self.runner: Optional[_Runner] = None
         self.meter: Optional[CostMeter] = None  # --prices: what the requests cost (and --cost-limit)
+        self.pacer: Optional[RatePacer] = None  # rate limits: stated by the server, or --*-per-minute
+        self.rate_share: Optional[_RateShare] = None  # the live shards sharing --*-per-minute
 
     def fingerprint(self, item: Any) -> Dict[str, str]:
         """A record's fingerprint: the run's generation settings, the row's input and what it is scored against."""
@@ -8298,6 +8571,10 @@ def _check_run_options(cfg: "RunConfig") -> None:
             raise ConfigError("%s must be >= 1, got %d" % (name, value))
     if cfg.request_timeout_s <= 0:
         raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
+    for name, value in (("--requests-per-minute", cfg.requests_per_minute),
+                        ("--tokens-per-minute", cfg.tokens_per_minute)):
+        if value is not None and value <= 0:
+            raise ConfigError("%s must be > 0, got %r" % (name, value))
     if cfg.outage_budget_s <= 0:
         raise ConfigError("--outage-budget must be > 0 seconds, got %r" % cfg.outage_budget_s)
     if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
@@ -8382,7 +8659,15 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         run.metrics = None if kind.agents else _start_server_metrics(cfg, gate, run.base_url)
         _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
                   "adaptive, starting at %d (%s), at most %d" % (gate.limit, run.initial_from, gate.max_limit))
-        run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health, meter=run.meter)
+        share = _RateShare(os.path.join(_shard_parent(store.dir), SHARED_GATE_DIR), cfg.shard[0]) \
+            if cfg.shard is not None and (cfg.requests_per_minute or cfg.tokens_per_minute) else None
+        run.pacer = RatePacer(cfg.requests_per_minute, cfg.tokens_per_minute,
+                              share=share.live if share is not None else None)
+        if share is not None:
+            share.usage = run.pacer.usage
+        run.rate_share = share
+        run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health, meter=run.meter,
+                                 pacer=run.pacer)
     gate_initial = run.gate.limit if run.gate is not None else None
     started = time.time()
     try:
@@ -8412,6 +8697,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         status = runner.run(kind.pending(run))
     finally:
         kind.stop(run)
+        if getattr(run, "rate_share", None) is not None:
+            run.rate_share.close()
         if run.metrics is not None:
             run.metrics.close()
         if run.gate is not None:
@@ -8443,6 +8730,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     if run.meter is not None:
         info["cost"] = dict(run.meter.summary(), prices=os.path.abspath(cfg.prices or ""),
                             samples=summary.get("cost"))
+    if run.pacer is not None and (run.pacer.seen or run.pacer.rpm or run.pacer.tpm):
+        info["rate_limits"] = run.pacer.summary()
     store.write_json(RunStore.RUN, info)
     store.event("run_end", status=status, finished=summary["counts"]["finished"], total=run.total,
                 **({"cost_spent": round(run.meter.spent, 8)} if run.meter is not None else {}))
@@ -13964,6 +14253,58 @@ SHARED_GATE_HEARTBEAT_S = 0.5
 SHARED_GATE_STALE_S = 5.0
 
 
+class _RateShare:
+    """The live shards of a run, for --requests/--tokens-per-minute: each writes OUT/.gate/rate-shard-I.json every
+    heartbeat with what it started in the last minute; ``live()`` gives the count of fresh files (its own among
+    them) and the others' requests and tokens, so each paces at its share and all of them under the total. A shard
+    waits one heartbeat before its first request, to see the others that start with it."""
+
+    def __init__(self, gate_dir: str, index: int):
+        self.dir, self.index = gate_dir, index
+        os.makedirs(gate_dir, exist_ok=True)
+        self._path = os.path.join(gate_dir, "rate-shard-%d.json" % index)
+        self._stop = threading.Event()
+        self._live: Tuple[int, float, float] = (1, 0.0, 0.0)
+        self.usage: Callable[[], Tuple[float, float]] = lambda: (0.0, 0.0)  # the pacer's window (attach)
+        self.beat()
+        time.sleep(SHARED_GATE_HEARTBEAT_S + 0.1)
+        self.beat()
+        threading.Thread(target=self._run, name="evalharness-rate-share-0", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
+            try:
+                self.beat()
+            except Exception as exc:  # noqa: BLE001 - a lost shared filesystem: keep the last count
+                _log.debug("rate share: %s", exc)
+
+    def beat(self) -> None:
+        now = time.time()
+        requests, tokens = self.usage()
+        _write_json(self._path, {"index": self.index, "pid": os.getpid(), "t": now, "requests": requests,
+                                 "tokens": tokens})
+        live, o_req, o_tok = 1, 0.0, 0.0
+        for name in os.listdir(self.dir):
+            m = re.match(r"rate-shard-(\d+)\.json$", name)
+            if m and int(m.group(1)) != self.index:
+                peer = _read_json_file(os.path.join(self.dir, name))
+                if peer and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
+                    live += 1
+                    o_req += float(peer.get("requests") or 0)
+                    o_tok += float(peer.get("tokens") or 0)
+        self._live = (live, o_req, o_tok)
+
+    def live(self) -> Tuple[int, float, float]:
+        return self._live
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            os.unlink(self._path)
+        except OSError:
+            pass
+
+
 class _SharedLimit(Limit):
     """A limit algorithm shared by the shards of one run: see the comment above. ``limit`` is this shard's share;
     the leader's controller (a GradientLimit) works in the total. What it reads: every shard's successes (speed,
@@ -15746,6 +16087,13 @@ def _parser_run(sub: Any, text: str) -> Any:
     run.add_argument("--rescore", action="store_true",
                      help="score every stored answer again with the current scorers, without model calls (a "
                           "changed scorer or reference is re-scored anyway) (default: off)")
+    run.add_argument("--requests-per-minute", type=float, default=None, metavar="N",
+                     help="start at most N requests in any 60 s (a key shared with others; the run's live shards "
+                          "share it) (default: no cap; the server's own x-ratelimit headers are always followed)")
+    run.add_argument("--tokens-per-minute", type=float, default=None, metavar="N",
+                     help="at most N tokens in any 60 s: reserved at a request's start (its prompt, estimated, "
+                          "plus --max-tokens, else 1,024), then its usage (the live shards share it) (default: no "
+                          "cap)")
     run.add_argument("--prices", default=None, metavar="FILE",
                      help="prices per million tokens by model (JSON or CSV: model, input, output, cached_input, "
                           "threshold, input_above, cached_input_above, output_above): each sample's and the run's "
@@ -15850,6 +16198,12 @@ def _parser_mock(sub: Any, text: str) -> Any:
                            "(default: none)")
     mock.add_argument("--answers", default=None, metavar="FILE", help="the possible answers of --tools (default: "
                                                                       "possible_answer/<name> beside the questions)")
+    mock.add_argument("--rate-limit", default=None, metavar="RPM,TPM",
+                      help="requests and tokens a minute, as a hosted API: token buckets, x-ratelimit-* headers on "
+                           "every reply, 429 with Retry-After and retry-after-ms past them (default: none)")
+    mock.add_argument("--rate-schedule", default=None, metavar="T:F,...",
+                      help="with --rate-limit: from T seconds after the first request, quotas times F (e.g. "
+                           "30:0.5,60:1 halves them at 30 s and restores them at 60 s) (default: none)")
     mock.add_argument("--refuse-tools", action="store_true",
                       help="answer any request with tools HTTP 400, as vLLM without --enable-auto-tool-choice "
                            "(default: off)")
@@ -16369,7 +16723,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     prompt_template=_prompt_template_arg(args.prompt_template),
                     system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate,
-                    prices=args.prices, cost_limit=args.cost_limit)
+                    prices=args.prices, cost_limit=args.cost_limit,
+                    requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute)
     if args.task in ("swe", "code", "harbor"):
         hosts = _docker_hosts(args)
         cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,
@@ -16445,6 +16800,31 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rate_limit_arg(value: Optional[str]) -> Tuple[float, ...]:
+    if not value:
+        return ()
+    try:
+        rpm, tpm = (float(x) for x in value.split(","))
+    except ValueError:
+        raise ConfigError("--rate-limit must be RPM,TPM (two numbers), got %r" % value) from None
+    if rpm <= 0 or tpm <= 0:
+        raise ConfigError("--rate-limit: both numbers must be > 0, got %r" % value)
+    return (rpm, tpm)
+
+
+def _rate_schedule_arg(value: Optional[str]) -> Tuple[Tuple[float, float], ...]:
+    if not value:
+        return ()
+    try:
+        steps = tuple(sorted((float(a), float(b)) for a, b in (p.split(":") for p in value.split(","))))
+    except ValueError:
+        raise ConfigError("--rate-schedule must be T:F pairs (seconds:factor), e.g. 30:0.5,60:1; got %r" % value) \
+            from None
+    if any(f <= 0 for _, f in steps):
+        raise ConfigError("--rate-schedule: factors must be > 0, got %r" % value)
+    return steps
+
+
 def _cmd_serve_mock(args: argparse.Namespace) -> int:
     if not 0 <= args.skill <= 1:
         raise ConfigError("--skill must be in [0, 1], got %r" % args.skill)
@@ -16471,7 +16851,8 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
                      served=tuple(m.strip() for m in args.served.split(",") if m.strip()),
                      server_kind=args.server_kind, context_len=args.context_len, reply_model=args.reply_model,
                      tokenizer=args.tokenizer, llama_cpp_python=args.llama_cpp_python,
-                     tools_refused=args.refuse_tools)
+                     tools_refused=args.refuse_tools, rate_limit=_rate_limit_arg(args.rate_limit),
+                     rate_schedule=_rate_schedule_arg(args.rate_schedule))
     if args.swe and args.tasks:
         raise ConfigError("--swe and --tasks: the mock plays an agent for one kind at a time")
     swe = SWEDataset(args.swe).validate() if args.swe else TaskSet(args.tasks) if args.tasks else None

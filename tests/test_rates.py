@@ -1,0 +1,140 @@
+"""Rate limits: the pacer's model of the limits a server states in its headers and of --requests/--tokens-per-minute
+(virtual clock), the mock as a hosted API (--rate-limit) over loopback, and --tokens-per-minute held over a
+one-minute window by one process and by two shards of a run."""
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+from tests.support import MODULE, clean_env, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
+
+import evalharness as eh
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class TestPacer(unittest.TestCase):
+    def test_reset_headers_in_every_form(self):
+        self.assertEqual(eh._reset_s("6m0s", 0), 360.0)
+        self.assertEqual(eh._reset_s("1h2m3.5s", 0), 3723.5)
+        self.assertEqual(eh._reset_s("20ms", 0), 0.02)
+        self.assertEqual(eh._reset_s("7", 0), 7.0)
+        self.assertEqual(eh._reset_s("2026-12-03T10:00:30Z", 1796292000.0), 30.0)
+        self.assertIsNone(eh._reset_s("soon", 0))
+
+    def test_stated_limits_hold_requests_until_the_bucket_refills(self):
+        clock = Clock()
+        pacer = eh.RatePacer(clock=clock, wall=lambda: 0.0)
+        self.assertFalse(pacer.active)
+        # 60 a minute, 2 left, full again in 58 s: a request a second
+        pacer.observe({"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "2",
+                       "x-ratelimit-reset-requests": "58s"}, clock.t)
+        cost = eh.RatePacer.costs(10, 10)
+        self.assertEqual(pacer.delay(cost), 0.0)
+        pacer.admit(cost)
+        pacer.admit(cost)
+        self.assertAlmostEqual(pacer.delay(cost), 1.0, places=6)  # none left: the next refills in a second
+        clock.t += 1.0
+        self.assertEqual(pacer.delay(cost), 0.0)
+        # tokens: 1,000 left, refilling 100 a second; a request reserving 1,500 waits 5 s
+        pacer.observe({"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "1000",
+                       "x-ratelimit-reset-tokens": "50s"}, clock.t)
+        self.assertAlmostEqual(pacer.delay(eh.RatePacer.costs(500, 1000)), 5.0, places=6)
+        self.assertEqual(pacer.summary()["stated"]["tokens"]["min_remaining"], 1000.0)
+
+    def test_a_sliding_minute_of_tokens_and_requests(self):
+        clock = Clock()
+        pacer = eh.RatePacer(rpm=3, tpm=100, clock=clock)
+        cost = {"requests": 1.0, "tokens": 40.0}
+        entries = [pacer.wait(cost) for _ in range(2)]
+        self.assertAlmostEqual(pacer.delay(cost), 60.0)  # 80 + 40 > 100: until the first leaves the minute
+        pacer.settle(entries[0], 10)  # its usage replaces its reservation
+        self.assertEqual(pacer.delay(cost), 0.0)
+        pacer.admit(cost)
+        clock.t += 30
+        self.assertAlmostEqual(pacer.delay({"requests": 1.0, "tokens": 1.0}), 30.0)  # three requests this minute
+
+    def test_a_shard_paces_at_its_share_and_under_what_the_others_took(self):
+        clock = Clock()
+        pacer = eh.RatePacer(tpm=100, clock=clock, share=lambda: (2, 0.0, 70.0))
+        self.assertEqual(pacer.delay({"tokens": 30.0}), 0.0)
+        pacer.admit({"tokens": 30.0})
+        self.assertGreater(pacer.delay({"tokens": 1.0}), 0.0)  # 30 + 70 = the whole minute
+        pacer = eh.RatePacer(tpm=100, clock=clock, share=lambda: (2, 0.0, 0.0))
+        pacer.admit({"tokens": 50.0})
+        self.assertGreater(pacer.delay({"tokens": 1.0}), 0.0)  # its half
+
+
+class TestHostedMock(unittest.TestCase):
+    def test_a_run_follows_the_stated_limits_with_few_429s(self):
+        d = tempdir(self)
+        rows = qa_rows(90)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        mock = start_mock(self, oracle_rows=rows, rate_limit=(60.0, 100000.0), ttft_s=0.05)
+        out = os.path.join(d, "run")
+        t0 = time.monotonic()
+        res = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", mock.url, "--out", out,
+                       "--no-progress", "--max-tokens", "16"], timeout=300)
+        wall = time.monotonic() - t0
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(len(read_samples(out)), 90)
+        counters = mock.stats()["counters"]
+        self.assertLessEqual(counters.get("rate_limited", 0), 3, counters)  # paced, not refused
+        self.assertGreater(wall, 25)  # 60 a minute: 60 at once (the bucket is full), then one a second
+        with open(os.path.join(out, "run.json"), encoding="utf-8") as fh:
+            stated = json.load(fh)["rate_limits"]["stated"]
+        self.assertEqual(stated["requests"]["limit"], 60.0)
+        self.assertEqual(stated["tokens"]["limit"], 100000.0)
+
+
+def window_sums(records, seconds=60.0):
+    """(the largest sum of tokens sent in any window of SECONDS, the sum in the first window): a request went out
+    its latency before it finished (a sample's started_at is before its wait for the rate)."""
+    pts = sorted((r["finished_at"] - r["latency_s"], r["prompt_tokens"] + r["completion_tokens"]) for r in records)
+    best = 0
+    for i, (t, _) in enumerate(pts):
+        best = max(best, sum(n for u, n in pts[i:] if u < t + seconds))
+    first = sum(n for u, n in pts if u < pts[0][0] + seconds)
+    return best, first
+
+
+class TestTokensPerMinute(unittest.TestCase):
+    def test_one_process_and_two_shards_hold_the_tokens_per_minute(self):
+        """A minute's budget spent at once and the rest a minute later: the largest minute within 5% over it,
+        the first within 5% under it (one process, and two shards of one run started together)."""
+        d = tempdir(self)
+        tpm = 1500
+        rows = qa_rows(190)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        mock = start_mock(self, oracle_rows=rows)
+        base = [sys.executable, MODULE, "run", "--dataset", path, "--model", "m", "--base-url", mock.url,
+                "--no-progress", "--max-tokens", "8", "--tokens-per-minute", str(tpm)]
+        one, two = os.path.join(d, "one"), os.path.join(d, "two")
+        procs = [subprocess.Popen(base + ["--out", one], env=clean_env(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)]
+        procs += [subprocess.Popen(base + ["--out", two, "--shard", "%d/2" % i], env=clean_env(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+        for p in procs:
+            _, err = p.communicate(timeout=400)
+            self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        self.assertEqual(run_cli(["merge", two]).returncode, 0)
+        for out in (one, two):
+            with self.subTest(out=os.path.basename(out)):
+                recs = read_samples(out)
+                self.assertEqual(len(recs), 190)
+                self.assertGreater(sum(r["prompt_tokens"] + r["completion_tokens"] for r in recs), tpm)
+                best, first = window_sums(recs)
+                self.assertLessEqual(best, tpm * 1.05)
+                self.assertGreaterEqual(first, tpm * 0.95)
+
+
+if __name__ == "__main__":
+    unittest.main()
