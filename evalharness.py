@@ -3982,6 +3982,7 @@ class RatePacer:
     usage when the answer comes. ``clock`` is injectable (the gate simulator drives it)."""
 
     WINDOW_S = 60.0
+    JITTER_S = 0.05  # requests sent this close before a reply's request count against its stated state too
 
     def __init__(self, rpm: Optional[float] = None, tpm: Optional[float] = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -3993,6 +3994,9 @@ class RatePacer:
         # the sliding minute (its reservation, then its usage)
         self._window: "collections.deque[List[Any]]" = collections.deque()
         self._admitted: "collections.deque[List[Any]]" = collections.deque()
+        # what finished requests gave back of an output-token bucket (reserved at --max-tokens, charged as used):
+        # (t, tokens), counted against states sent before it
+        self._refunds: "collections.deque[Tuple[float, float]]" = collections.deque()
         self._stated: Dict[str, Dict[str, float]] = {}  # group -> limit, remaining, rate, t (the reply's send time)
         self.seen: Dict[str, Dict[str, Any]] = {}       # what the run saw of each group (run.json, the report)
         self.waited_s = 0.0
@@ -4022,11 +4026,13 @@ class RatePacer:
                     limit_f = float(limit) if limit is not None else None
                 except (TypeError, ValueError):
                     continue
+                at = sent_at if sent_at is not None else now
+                if group in self._stated and at < self._stated[group]["t"]:
+                    continue  # an answer to an older request (replies come out of order): the newer state stands
                 reset = _reset_s(headers.get(h_reset), wall)
                 top = limit_f if limit_f is not None else self._stated.get(group, {}).get("limit", remaining_f)
                 rate = (top - remaining_f) / reset if reset and top > remaining_f else (top / 60.0 if top else 0.0)
-                self._stated[group] = {"limit": top, "remaining": remaining_f, "rate": max(rate, 1e-9),
-                                       "t": sent_at if sent_at is not None else now}
+                self._stated[group] = {"limit": top, "remaining": remaining_f, "rate": max(rate, 1e-9), "t": at}
                 seen = self.seen.setdefault(group, {"limit": top, "min_remaining": remaining_f, "replies": 0})
                 seen["limit"] = top
                 seen["min_remaining"] = min(seen["min_remaining"], remaining_f)
@@ -4034,7 +4040,10 @@ class RatePacer:
 
     def _level(self, group: str, now: float) -> float:
         s = self._stated[group]
-        spent = sum(a[1].get(group, 0.0) for a in self._admitted if a[0] >= s["t"])  # (sent since that one)
+        # sent since that one (or just before: two requests sent at once may reach the server in either order)
+        spent = sum(a[1].get(group, 0.0) for a in self._admitted if a[0] >= s["t"] - self.JITTER_S)
+        if group == "output_tokens":
+            spent -= sum(n for t, n in self._refunds if t >= s["t"])
         return min(s["limit"], s["remaining"] + s["rate"] * (now - s["t"])) - spent
 
     def delay(self, cost: Dict[str, float]) -> float:
@@ -4072,14 +4081,16 @@ class RatePacer:
 
     def admit(self, cost: Dict[str, float]) -> List[Any]:
         """Count a request that starts now; returns its entry (for sent and settle)."""
-        now = self._clock()
         with self._lock:
-            entry = [now, dict(cost), cost.get("tokens", 0.0)]
-            self._admitted.append(entry)
-            while self._admitted and self._admitted[0][0] < now - 2 * self.WINDOW_S - 600:
-                self._admitted.popleft()
-            self._window.append(entry)
-            return entry
+            return self._admit_locked(cost, self._clock())
+
+    def _admit_locked(self, cost: Dict[str, float], now: float) -> List[Any]:
+        entry = [now, dict(cost), cost.get("tokens", 0.0)]
+        self._admitted.append(entry)
+        while self._admitted and self._admitted[0][0] < now - 2 * self.WINDOW_S - 600:
+            self._admitted.popleft()
+        self._window.append(entry)
+        return entry
 
     def sent(self, entry: Optional[List[Any]]) -> None:
         """The request goes out now (after its gate permit): what a reply sent before now states does not count
@@ -4088,19 +4099,28 @@ class RatePacer:
             with self._lock:
                 entry[0] = max(entry[0], self._clock())
 
-    def settle(self, entry: Optional[List[Any]], tokens: Optional[int]) -> None:
-        """The answer's usage replaces the reservation in the window (a failed request keeps it)."""
-        if entry is not None and tokens is not None:
-            with self._lock:
+    def settle(self, entry: Optional[List[Any]], tokens: Optional[int], output_tokens: Optional[int] = None) -> None:
+        """The answer's usage replaces the reservation in the window (a failed request keeps it); an output-token
+        bucket gets back what the answer did not use of its reservation."""
+        if entry is None:
+            return
+        with self._lock:
+            if tokens is not None:
                 entry[2] = float(tokens)
+            if output_tokens is not None:
+                now = self._clock()
+                self._refunds.append((now, max(0.0, entry[1].get("output_tokens", 0.0) - output_tokens)))
+                while self._refunds and self._refunds[0][0] < now - 2 * self.WINDOW_S - 600:
+                    self._refunds.popleft()
 
     def wait(self, cost: Dict[str, float], cancel: Optional[threading.Event] = None) -> List[Any]:
         """Block until a request of ``cost`` may start, then admit it."""
         while True:
-            with self._lock:
-                d = self._delay_locked(cost, self._clock())
-            if d <= 0:
-                return self.admit(cost)
+            with self._lock:  # checked and counted at once: two threads never both take the last of a quota
+                now = self._clock()
+                d = self._delay_locked(cost, now)
+                if d <= 0:
+                    return self._admit_locked(cost, now)
             self.waited_s += min(d, 1.0)
             if cancel is not None:
                 if cancel.wait(min(d, 1.0)):
@@ -4696,7 +4716,7 @@ class ModelClient:
                 result = attempt()
                 outcome, tokens, ttft = "ok", result.completion_tokens, result.ttft_s
                 if paced is not None:
-                    self.pacer.settle(paced, result.prompt_tokens + result.completion_tokens)
+                    self.pacer.settle(paced, result.prompt_tokens + result.completion_tokens, result.completion_tokens)
                 result.attempts = attempts
                 result.wall_s = time.monotonic() - t_start
                 self._check_served(result.model)
@@ -5067,7 +5087,7 @@ class _MockState:
                 self.counters["rate_limited"] += 1
             headers = {}
             for k, cap in caps.items():
-                level = max(0.0, r["level"][k])
+                level = math.floor(max(0.0, r["level"][k]))  # (whole requests and tokens, and the reset of those)
                 headers["x-ratelimit-limit-%s" % k] = "%d" % cap
                 headers["x-ratelimit-remaining-%s" % k] = "%d" % level
                 headers["x-ratelimit-reset-%s" % k] = "%.3fs" % ((cap - level) / (cap / 60.0))
@@ -15044,6 +15064,15 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
     elif cfg.get("scorer"):  # (a run.json that does not say which format was in effect)
         rows.append(("scorer", "%s (--scorer)" % cfg["scorer"]))
     rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
+    rl = info.get("rate_limits") or {}
+    if rl:  # what the server stated, the least it had left, and the user's caps
+        parts = ["%s: limit %d stated (least left %d, %d replies)" % (g, v.get("limit") or 0,
+                                                                      v.get("min_remaining") or 0,
+                                                                      v.get("replies") or 0)
+                 for g, v in sorted((rl.get("stated") or {}).items())]
+        parts += ["--%s %g" % (k.replace("_", "-"), rl[k]) for k in ("requests_per_minute", "tokens_per_minute")
+                  if rl.get(k)]
+        rows.append(("rate limits", "; ".join(parts) + "; requests waited %g s in all for them" % rl.get("paced_s", 0)))
     if info.get("docker_hosts"):
         rows.append(("engines", "; ".join("%s: %d instance(s)%s" % (h.get("host"), h.get("instances") or 0,
                                                                     ", down (%s)" % h["down"] if h.get("down") else "")

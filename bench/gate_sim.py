@@ -92,7 +92,7 @@ class Loop:
 
 class Req:
     __slots__ = ("job", "ctx", "out", "max_tokens", "session", "cb", "t_submit", "t_first", "done", "cancelled",
-                 "seq", "cached")
+                 "seq", "cached", "headers", "on_headers")
 
     def __init__(self, job, ctx, out, max_tokens, session, cb):
         self.job, self.ctx, self.out, self.max_tokens, self.session, self.cb = job, ctx, out, max_tokens, session, cb
@@ -100,6 +100,8 @@ class Req:
         self.done = self.cancelled = False
         self.seq = None
         self.cached = None  # prompt tokens the engine found in its prefix cache (first admission), as usage reports
+        self.headers = None  # server B with headers: its rate-limit headers on the reply
+        self.on_headers = None  # told when the reply's headers arrive (with its first token, as a stream's do)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -367,7 +369,8 @@ class Bucket:
 
 
 class ServerB:
-    def __init__(self, loop, prof, rng, err_rng, stats, brownouts=(), errors=True, quotas=True):
+    def __init__(self, loop, prof, rng, err_rng, stats, brownouts=(), errors=True, quotas=True, headers=False):
+        self.headers = headers  # every reply states the buckets (anthropic-ratelimit-* names), as hosted APIs do
         self.loop, self.p, self.rng, self.err_rng, self.stats = loop, dict(prof), rng, err_rng, stats
         self.buckets = {k: Bucket(self.p[k], 0.0) for k in ("rpm", "itpm", "otpm")}
         self.active = 0
@@ -403,17 +406,33 @@ class ServerB:
         needs = {"rpm": 1, "itpm": req.ctx, "otpm": req.max_tokens} if self.quotas else {}
         wait = max([self.buckets[k].wait_for(v) for k, v in needs.items()] + [0.0])
         if wait > 0:
+            self.state(req)
             self.loop.after(0.05, self._reply, req, "429", math.ceil(wait))
             return
         for k, v in needs.items():
             self.buckets[k].level -= v
+        self.state(req)
         self.active += 1
         slow = self.slow(now)
         ttft = math.exp(self.rng.gauss(math.log(0.8), 0.5)) + req.ctx / 20000.0
         speed = 60.0 * self.rng.uniform(0.8, 1.2)
         latency = (ttft + req.out / speed) * slow
         req.t_first = self.loop.now + int(ttft * slow * US)
+        if req.headers is not None and req.on_headers is not None:
+            self.loop.at(req.t_first, req.on_headers)
         self.loop.after(latency, self._complete, req)
+
+    def state(self, req):
+        """The reply's rate-limit headers: each bucket's limit, what remains and when it is full again."""
+        if not (self.headers and self.quotas):
+            return
+        req.headers = {}
+        for key, group in (("rpm", "requests"), ("itpm", "input-tokens"), ("otpm", "output-tokens")):
+            b = self.buckets[key]
+            level = max(0.0, b.level)
+            req.headers["anthropic-ratelimit-%s-limit" % group] = "%d" % b.cap
+            req.headers["anthropic-ratelimit-%s-remaining" % group] = "%d" % level
+            req.headers["anthropic-ratelimit-%s-reset" % group] = "%.3fs" % ((b.cap - level) / b.rate)
 
     def _complete(self, req):
         self.active -= 1
@@ -625,6 +644,43 @@ class GateAdapter:
         return self.gate.draining_until()
 
 
+class PacedGate(GateAdapter):
+    """evalharness's AdaptiveGate and, before it, its RatePacer reading the server's rate-limit headers (a run
+    against a hosted API that states them): a request starts when both admit it."""
+
+    def __init__(self, gate, clock):
+        super().__init__(gate)
+        self.clock = clock
+        self.pacer = eh.RatePacer(clock=clock, wall=lambda: 0.0)
+        self.next_t = None
+        self.entries = {}  # permit -> its pacer entry
+
+    def try_acquire(self, cost=None):
+        if cost is not None:
+            wait = self.pacer.delay(cost)
+            if wait > 0:
+                self.next_t = self.clock() + wait
+                return None
+        permit = self.gate.try_acquire()
+        if permit is not None and cost is not None:
+            self.entries[id(permit)] = self.pacer.admit(cost)
+        return permit
+
+    def release(self, permit, outcome="ok", output_tokens=0, retry_after=None, ttft_s=None, headers=None,
+                sent_at=None, **_):
+        self.pacer.observe(headers, sent_at)
+        entry = self.entries.pop(id(permit), None)
+        if outcome == "ok":  # as the client settles an answer: its usage
+            self.pacer.settle(entry, None, output_tokens)
+        super().release(permit, outcome, output_tokens, retry_after, ttft_s)
+
+    def draining_until(self):
+        until = self.gate.draining_until()
+        if self.next_t is not None and self.next_t > self.clock():
+            until = self.next_t if until is None else max(until, self.next_t)
+        return until
+
+
 def max_tokens_of(scenario):
     return 8192 if scenario == "S5" else 4096
 
@@ -664,20 +720,22 @@ class Run:
             self.server = EngineA(self.loop, prof, noise, self.stats)
         else:
             brownouts = []
-            if scenario in ("S3", "S6"):
+            if scenario in ("S3", "S3h", "S6"):
                 brng = random.Random("brown-%d" % seed)
                 t = brng.uniform(60, 240)
                 horizon = (T or 3000) * 1.5
                 while t < horizon:
                     d = brng.uniform(30, 60)
-                    brownouts.append((t, t + d, brng.uniform(2, 3) if scenario == "S3" else 3.0))
+                    brownouts.append((t, t + d, brng.uniform(2, 3) if scenario != "S6" else 3.0))
                     t += d + brng.uniform(120, 360)
             # S6 isolates false alarms: brownouts only (no quota, no 5xx; the hidden stream cap stays)
             self.server = ServerB(self.loop, prof, noise, errs, self.stats, brownouts, errors=(scenario != "S6"),
-                                  quotas=(scenario != "S6"))
+                                  quotas=(scenario != "S6"), headers=(scenario == "S3h"))
         self.timeout_s = prof["timeout_s"]
         self.limiter_name = limiter_name
         self.limiter = make_limiter(limiter_name, self.loop.clock, max_tokens_of(scenario), self.timeout_s)
+        if scenario == "S3h" and limiter_name == "adaptive":  # evalharness reads the headers it is sent
+            self.limiter = PacedGate(self.limiter.gate, self.loop.clock)
         if limiter_name == "adaptive" and scenario.startswith("S4"):  # as evalharness's agent runs: no queue
             self.limiter.gate._algorithm.queue_share = math.inf       # reading from first tokens
         # as evalharness: server metrics for single-turn runs only (agent runs do not read them)
@@ -693,7 +751,7 @@ class Run:
         self.session_gate = None
         self.t_end = 0
         self.pump_scheduled = False
-        if scenario in ("S2", "S3") and T:
+        if scenario in ("S2", "S3", "S3h") and T:
             f_drop = (2.0, 0.5) if scenario == "S2" else (0.5, None)
             f_back = (0.5, 2.0) if scenario == "S2" else (2.0, None)
             self.loop.at(int(T / 3 * US), self.server.scale, *f_drop)
@@ -742,7 +800,11 @@ class Run:
     def pump(self):
         self.pump_scheduled = False
         while self.pending:
-            permit = self.limiter.try_acquire()
+            if isinstance(self.limiter, PacedGate):  # what the next request reserves against the stated limits
+                ctx, out = self.jobs[self.pending[0]]
+                permit = self.limiter.try_acquire(eh.RatePacer.costs(ctx, self.max_tokens))
+            else:
+                permit = self.limiter.try_acquire()
             if permit is None:
                 break
             self.trace()
@@ -766,6 +828,8 @@ class Run:
             done_cb(job, req, kind, retry_after, state)
         req = Req(job, ctx, out, self.max_tokens, session, cb)
         state["req"] = req
+        if isinstance(self.limiter, PacedGate):  # a streamed answer's headers come before its tokens
+            req.on_headers = lambda: self.limiter.pacer.observe(req.headers, req.t_submit / US + 1e-9)
         self.server.submit(req)
         self.loop.after(self.timeout_s, self.on_timeout, req, state, done_cb, job)
 
@@ -786,7 +850,9 @@ class Run:
         if kind == "ok" and req is not None and req.t_first is not None:
             ttft = max(0.0, (req.t_first - req.t_submit) / US)
         self.limiter.release(state["permit"], self.outcome_of(kind), out if kind == "ok" else 0,
-                             rate_limited=(kind == "429"), retry_after=retry_after, ttft_s=ttft)
+                             rate_limited=(kind == "429"), retry_after=retry_after, ttft_s=ttft,
+                             headers=req.headers if req is not None else None,
+                             sent_at=req.t_submit / US + 1e-9 if req is not None and req.t_submit is not None else None)
         self.trace()
 
     def poll_metrics(self):
@@ -1193,7 +1259,7 @@ def evaluate(scenarios, seeds, jobs, log):
                 entries = [("oracle", oracle)] + list(zip(CONTENDERS, runs))
             end = oracle["makespan"]
             ph_rates = None
-            if scen in ("S2", "S3"):
+            if scen in ("S2", "S3", "S3h"):
                 ph_rates = [max(window_rate(r["bins"], a, b) for r in sweep.values()) for a, b in phases(t, end)]
             for name, r in entries:
                 m = per_lim[name.split("(")[0]]

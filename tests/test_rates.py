@@ -93,6 +93,9 @@ class TestHostedMock(unittest.TestCase):
             stated = json.load(fh)["rate_limits"]["stated"]
         self.assertEqual(stated["requests"]["limit"], 60.0)
         self.assertEqual(stated["tokens"]["limit"], 100000.0)
+        text = run_cli(["report", out]).stdout
+        self.assertRegex(text, r"rate limits: requests: limit 60 stated \(least left \d, \d+ replies\); tokens: limit "
+                               r"100000 stated")
 
 
 def window_sums(records, seconds=60.0):
