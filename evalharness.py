@@ -3986,7 +3986,9 @@ class RatePacer:
 
     def __init__(self, rpm: Optional[float] = None, tpm: Optional[float] = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 share: Optional[Callable[[], Tuple[int, float, float]]] = None, margin: float = 0.0):
+                 share: Optional[Callable[[], Tuple[int, float, float]]] = None, margin: float = 0.0,
+                 read_headers: bool = True):
+        self.read_headers = read_headers  # --rate-headers ignore: the stated limits are not followed
         self.rpm, self.tpm, self._clock, self._wall, self._share = rpm, tpm, clock, wall, share
         self.margin = margin  # the part of a stated quota kept unused (0.05: 5%)
         self._lock = threading.Lock()  # guards the fields below
@@ -4013,7 +4015,7 @@ class RatePacer:
 
     def observe(self, headers: Any, sent_at: Optional[float] = None) -> None:
         """A reply's headers (any status): the groups it states, as of when its request was sent."""
-        if headers is None:
+        if headers is None or not self.read_headers:
             return
         now, wall = self._clock(), self._wall()
         with self._lock:
@@ -8193,6 +8195,7 @@ class RunConfig:
     prices: Optional[str] = None            # --prices FILE: money per million tokens by model
     requests_per_minute: Optional[float] = None  # a shared key's share: paced across the run's live shards
     tokens_per_minute: Optional[float] = None
+    rate_headers: str = "follow"            # follow the x-ratelimit headers a server sends, or ignore them
     cost_limit: Optional[float] = None      # --cost-limit: no request starts past it
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
@@ -8682,7 +8685,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         share = _RateShare(os.path.join(_shard_parent(store.dir), SHARED_GATE_DIR), cfg.shard[0]) \
             if cfg.shard is not None and (cfg.requests_per_minute or cfg.tokens_per_minute) else None
         run.pacer = RatePacer(cfg.requests_per_minute, cfg.tokens_per_minute,
-                              share=share.live if share is not None else None)
+                              share=share.live if share is not None else None,
+                              read_headers=cfg.rate_headers != "ignore")
         if share is not None:
             share.usage = run.pacer.usage
         run.rate_share = share
@@ -16123,6 +16127,10 @@ def _parser_run(sub: Any, text: str) -> Any:
                      help="at most N tokens in any 60 s: reserved at a request's start (its prompt, estimated, "
                           "plus --max-tokens, else 1,024), then its usage (the live shards share it) (default: no "
                           "cap)")
+    run.add_argument("--rate-headers", default="follow", choices=("follow", "ignore"),
+                     help="follow: pace by the limits the server states in its replies (x-ratelimit-*, "
+                          "anthropic-ratelimit-*), so its quota is not run dry; ignore: only 429s slow the run "
+                          "(default %(default)s)")
     run.add_argument("--prices", default=None, metavar="FILE",
                      help="prices per million tokens by model (JSON or CSV: model, input, output, cached_input, "
                           "threshold, input_above, cached_input_above, output_above): each sample's and the run's "
@@ -16753,7 +16761,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     system_prompt=args.system_prompt, json_out=args.json_out,
                     progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate,
                     prices=args.prices, cost_limit=args.cost_limit,
-                    requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute)
+                    requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute,
+                    rate_headers=args.rate_headers)
     if args.task in ("swe", "code", "harbor"):
         hosts = _docker_hosts(args)
         cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,
