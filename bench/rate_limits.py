@@ -80,12 +80,17 @@ def main():
                 print("round %d %-10s rc=%d wall %.1f s, 429s %d%s" % (rnd, name, r["rc"], r["wall"], r["n429"],
                       " " + " ".join(r["err"]) if r["err"] else ""), flush=True)
         med = {n: sorted(x["wall"] for x in rs)[len(rs) // 2] for n, rs in results.items()}
-        best = min((n for n in med if n.startswith("fixed")), key=lambda n: med[n])
+        # a run that gave up samples (their retries spent on 429s) is not a whole run: its wall is not comparable
+        whole = {n for n, rs in results.items() if all(x["rc"] == 0 and x["rows"] == args.rows for x in rs)}
+        fixed = [n for n in med if n.startswith("fixed") and n in whole]
+        best = min(fixed, key=lambda n: med[n]) if fixed else None
         print("\nquota %g requests, %g tokens a minute, schedule %s; %d rows; medians over %d round(s)"
               % (args.rpm, args.tpm, args.schedule, args.rows, args.rounds))
         for n in med:
-            print("%-10s wall %6.1f s  (%.3fx the best fixed, %s)  429s %s" % (
-                n, med[n], med[n] / med[best], best, [x["n429"] for x in results[n]]))
+            print("%-16s wall %6.1f s  %s  429s %s" % (
+                n, med[n], ("(%.3fx the best whole fixed, %s)" % (med[n] / med[best], best)) if n in whole and best
+                else "(INCOMPLETE: samples failed after their retries)" if n not in whole else "",
+                [x["n429"] for x in results[n]]))
     finally:
         shutil.rmtree(tmp, True)
 
