@@ -8551,6 +8551,26 @@ class _Kind:
                                                                  run.dataset.name + _shard_label(run.cfg.shard), status)
 
 
+def _resume_rescoring(run: "_Run", noun: str,
+                      rescored: Callable[[Dict[str, Any], Any, str], Dict[str, Any]]) -> None:
+    """A kind's resume when its records hold what a score is computed from: plan it (_plan_resume), drop what runs
+    again, and score again without requests the finished rows whose score fingerprint changed
+    (``rescored(record, row, score fingerprint)``)."""
+    store, dataset, cfg = run.store, run.dataset, run.cfg
+    assert store is not None
+    plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
+    drop = plan["changed"] | plan["infra"] | plan["retry"]
+    items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]}
+    if drop or items or store.duplicates:
+        store.rewrite(lambda rec: None if rec["id"] in drop else rescored(
+            rec, items[rec["id"]], dataset.fps[rec["id"]][1]) if rec["id"] in items and rec.get("status") == "ok"
+            else rec)
+    run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
+    run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+    _log_plan(store, plan, len(run.done_ids) - len(items), dataset.count, noun)
+    run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+
+
 class _Run:
     """The state of one run, shared by the lifecycle and its kind's hooks."""
 
@@ -10253,7 +10273,29 @@ def _split_boundary(context: str, continuation: str) -> Tuple[str, str]:
     return context, continuation
 
 
-class ChoiceDataset:
+class _Fingerprinted:
+    """What the log-likelihood and tool-call datasets share: their validated ``items``, each row's fingerprints
+    (what it asks: ``_asked(it)`` and the run's setting; what scores it: ``_scored(it)``), and the rows in order."""
+
+    items: List[Any]
+    fps: Dict[str, Tuple[str, str]]
+
+    def _asked(self, it: Any) -> List[Any]:
+        raise NotImplementedError
+
+    def _scored(self, it: Any) -> List[Any]:
+        raise NotImplementedError
+
+    def fingerprint(self, setting: str) -> Any:
+        self.fps = {it.id: (_fingerprint(self._asked(it) + [setting]), _fingerprint(self._scored(it)))
+                    for it in self.items}
+        return self
+
+    def iter_items(self) -> Iterator[Any]:
+        return iter(self.items)
+
+
+class ChoiceDataset(_Fingerprinted):
     """A validated multiple-choice dataset (.jsonl, .jsonl.gz, .json) in one of CHOICE_LAYOUTS, detected from its
     first row and announced; few-shot examples (``shots`` of them, from ``fewshot_path`` or this file, never the
     row itself): mmlu's the first of the row's subject (lm-eval's first_n), the others drawn with a seed per row,
@@ -10314,13 +10356,11 @@ class ChoiceDataset:
             raise DatasetError("%s: no rows" % path)
         return docs
 
-    def fingerprint(self, tokenizer: str) -> "ChoiceDataset":
-        self.fps = {it.id: (_fingerprint([it.contexts, it.continuations, tokenizer]),
-                            _fingerprint([it.choices, it.gold, LOGLIK_SCORING])) for it in self.items}
-        return self
+    def _asked(self, it: ChoiceItem) -> List[Any]:  # (the setting: the token boundaries)
+        return [it.contexts, it.continuations]
 
-    def iter_items(self) -> Iterator[ChoiceItem]:
-        return iter(self.items)
+    def _scored(self, it: ChoiceItem) -> List[Any]:
+        return [it.choices, it.gold, LOGLIK_SCORING]
 
 
 # ----------------------------------------------------------------------------- requests and metrics
@@ -10546,19 +10586,8 @@ class _ChoiceKind(_Kind):
                 "num_fewshot": cfg.choice.num_fewshot, "fewshot_seed": cfg.choice.fewshot_seed,
                 "fewshot_file": _file_sha256(cfg.choice.fewshot_file) if cfg.choice.fewshot_file else None}
 
-    def resume(self, run: _Run) -> None:
-        store, dataset, cfg = run.store, run.dataset, run.cfg
-        assert store is not None
-        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-        drop = plan["changed"] | plan["infra"] | plan["retry"]
-        items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]}
-        if drop or items or store.duplicates:  # a changed metric: acc and acc_norm again from the stored values
-            store.rewrite(lambda rec: None if rec["id"] in drop else _rescored_choice(
-                rec, items[rec["id"]], dataset.fps[rec["id"]][1]) if rec["id"] in items and rec.get("ll") else rec)
-        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids) - len(items), dataset.count, "row")
-        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+    def resume(self, run: _Run) -> None:  # a changed metric: acc and acc_norm again from the stored values
+        _resume_rescoring(run, "row", _rescored_choice)
 
     def start(self, run: _Run) -> None:
         run.run_info_extra = {"layout": self.layout, "tokenization": self._tokenization(),
@@ -13774,7 +13803,7 @@ def _bfcl_rows(path: str) -> List[Tuple[str, Any]]:
     return rows
 
 
-class ToolDataset:
+class ToolDataset(_Fingerprinted):
     """A BFCL question file and its possible answers (--answers, else possible_answer/<the same name> beside it, as
     bfcl-eval ships them). Categories from the ids; the unsupported ones refused in one line."""
 
@@ -13800,13 +13829,13 @@ class ToolDataset:
             raise DatasetError("--answers %s: no such file" % answers)
         else:
             self.answers_path = None
-        self.rows: List[ToolRow] = []
+        self.items: List[ToolRow] = []
         for where, row in raw:
-            self.rows.append(self._row(where, row, truth))
-        if not self.rows:
+            self.items.append(self._row(where, row, truth))
+        if not self.items:
             raise DatasetError("%s: no questions" % path)
-        self.ids, self.count = _unique_ids(self.rows), len(self.rows)
-        self.categories = collections.Counter(r.category for r in self.rows)
+        self.ids, self.count = _unique_ids(self.items), len(self.items)
+        self.categories = collections.Counter(r.category for r in self.items)
         self.sha256 = _fingerprint([_file_sha256(path), _file_sha256(self.answers_path) if self.answers_path else None])
         self.fps: Dict[str, Tuple[str, str]] = {}
 
@@ -13848,13 +13877,11 @@ class ToolDataset:
                        expected=tuple(expected) if expected is not None and "relevance" not in category else None,
                        source=where)
 
-    def fingerprint(self, mode: str) -> "ToolDataset":
-        self.fps = {r.id: (_fingerprint([r.messages, r.functions, mode]),
-                           _fingerprint([r.expected, r.category, TOOLS_CHECKER])) for r in self.rows}
-        return self
+    def _asked(self, r: ToolRow) -> List[Any]:  # (the setting: the tool mode)
+        return [r.messages, r.functions]
 
-    def iter_items(self) -> Iterator[ToolRow]:
-        return iter(self.rows)
+    def _scored(self, r: ToolRow) -> List[Any]:
+        return [r.expected, r.category, TOOLS_CHECKER]
 
 
 def bfcl_messages(row: ToolRow, mode: str) -> List[Dict[str, Any]]:
@@ -13990,24 +14017,13 @@ class _ToolsKind(_Kind):
                 "extra_body": cfg.extra_body, "seed": cfg.seed, "tool_mode": cfg.tools.mode}
 
     def resume(self, run: _Run) -> None:
-        store, dataset, cfg = run.store, run.dataset, run.cfg
-        assert store is not None
-        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-        drop = plan["changed"] | plan["infra"] | plan["retry"]
-        rows = {r.id: r for r in dataset.iter_items() if r.id in plan["rescore"]}
+        mode = run.cfg.tools.mode
 
-        def rescored(rec: Dict[str, Any]) -> Dict[str, Any]:  # a changed answer file: checked again, no request
-            row = rows[rec["id"]]
-            verdict = bfcl_verdict(row, rec.get("made") or {}, cfg.tools.mode)
-            return dict(rec, **_tool_record(row, verdict), fp=dict(rec.get("fp") or {}, score=dataset.fps[row.id][1]),
+        def rescored(rec: Dict[str, Any], row: ToolRow, score_fp: str) -> Dict[str, Any]:  # a changed answer file
+            verdict = bfcl_verdict(row, rec.get("made") or {}, mode)
+            return dict(rec, **_tool_record(row, verdict), fp=dict(rec.get("fp") or {}, score=score_fp),
                         rescored_at=round(time.time(), 3))
-        if drop or rows or store.duplicates:
-            store.rewrite(lambda rec: None if rec["id"] in drop else rescored(rec)
-                          if rec["id"] in rows and rec.get("status") == "ok" else rec)
-        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids) - len(rows), dataset.count, "question")
-        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+        _resume_rescoring(run, "question", rescored)
 
     def start(self, run: _Run) -> None:
         d = run.dataset
@@ -14277,7 +14293,32 @@ SHARED_GATE_HEARTBEAT_S = 0.5
 SHARED_GATE_STALE_S = 5.0
 
 
-class _RateShare:
+class _ShardFile:
+    """A shard's file in OUT/.gate/, rewritten by ``beat`` every heartbeat in a thread of its own (a lost shared
+    filesystem keeps the last view); ``close`` stops it and removes the file, so the others stop counting it."""
+
+    _path: str
+    _stop: threading.Event
+
+    def beat(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
+            try:
+                self.beat()
+            except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: keep the last view
+                _log.debug("%s: %s", type(self).__name__, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            os.unlink(self._path)
+        except OSError:
+            pass
+
+
+class _RateShare(_ShardFile):
     """The live shards of a run, for --requests/--tokens-per-minute: each writes OUT/.gate/rate-shard-I.json every
     heartbeat with what it started in the last minute; ``live()`` gives the count of fresh files (its own among
     them) and the others' requests and tokens, so each paces at its share and all of them under the total. A shard
@@ -14294,13 +14335,6 @@ class _RateShare:
         time.sleep(SHARED_GATE_HEARTBEAT_S + 0.1)
         self.beat()
         threading.Thread(target=self._run, name="evalharness-rate-share-0", daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
-            try:
-                self.beat()
-            except Exception as exc:  # noqa: BLE001 - a lost shared filesystem: keep the last count
-                _log.debug("rate share: %s", exc)
 
     def beat(self) -> None:
         now = time.time()
@@ -14321,15 +14355,8 @@ class _RateShare:
     def live(self) -> Tuple[int, float, float]:
         return self._live
 
-    def close(self) -> None:
-        self._stop.set()
-        try:
-            os.unlink(self._path)
-        except OSError:
-            pass
 
-
-class _SharedLimit(Limit):
+class _SharedLimit(_ShardFile, Limit):
     """A limit algorithm shared by the shards of one run: see the comment above. ``limit`` is this shard's share;
     the leader's controller (a GradientLimit) works in the total. What it reads: every shard's successes (speed,
     load plus the others' in flight, first tokens) and overloads. What it does not: the server's queue gauges
@@ -14392,13 +14419,6 @@ class _SharedLimit(Limit):
                 self.limit = max(1.0, self.limit * self._inner.backoff_ratio)
             return self.limit
 
-    def _run(self) -> None:
-        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
-            try:
-                self.beat()
-            except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: keep the last view
-                _log.debug("shared gate: %s", exc)
-
     def beat(self) -> None:
         """Read the live shards' files, take the leader's role or its total, and write this shard's file."""
         now = self._clock()
@@ -14430,14 +14450,6 @@ class _SharedLimit(Limit):
                      "limit": self.limit, "total": self.total, "leader": leader, "live": self.live,
                      "overloads": self._overloads, "in_flight": self.gate.in_flight if self.gate else 0}
         _write_json(self._path, state)
-
-    def close(self) -> None:
-        """Stop the heartbeat and remove this shard's file (the others stop counting it at once)."""
-        self._stop.set()
-        try:
-            os.unlink(self._path)
-        except OSError:
-            pass
 
 
 # ----------------------------------------------------------------------------- Slurm (slurm submit / status)

@@ -221,7 +221,7 @@ def main():
             raw_rows = {r["id"]: r for _, r in eh._bfcl_rows(path)}
             truth = {r["id"]: r["ground_truth"] for _, r in eh._bfcl_rows(ds.answers_path)} if ds.answers_path \
                 else {}
-            for row in ds.rows:
+            for row in ds.items:
                 made_all = []
                 for label, calls in outputs(row):
                     for mode in ("native", "prompt"):

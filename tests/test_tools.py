@@ -90,7 +90,7 @@ def run_tools(path, mock, out, *extra):
 class TestChecker(unittest.TestCase):
     def setUp(self):
         self.ds = eh.ToolDataset(write_bfcl(tempdir(self)))
-        self.rows = {r.id: r for r in self.ds.rows}
+        self.rows = {r.id: r for r in self.ds.items}
 
     def verdict(self, rid, text):
         return eh.bfcl_verdict(self.rows[rid], {"text": text}, "prompt")
