@@ -93,6 +93,7 @@ argparse = _LazyModule("argparse")
 atexit = _LazyModule("atexit")
 base64 = _LazyModule("base64")
 bisect = _LazyModule("bisect")
+calendar = _LazyModule("calendar")
 collections = _LazyModule("collections")
 csv = _LazyModule("csv")
 decimal = _LazyModule("decimal")
@@ -550,6 +551,18 @@ def _fmt_duration(seconds: Optional[float]) -> str:
     return "%dh%02dm" % (seconds // 3600, (seconds % 3600) // 60)
 
 
+def _duration_words(seconds: Optional[float]) -> str:
+    """A duration as a person says it: "45 s", "3 min 12 s", "2 h 13 min", "3 d 4 h"."""
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    s = int(round(max(0.0, seconds)))
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return "%d %s" % (s // size, unit) + (" %d %s" % (rest, sub) if rest else "")
+    return "%d s" % s
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "x"
 
@@ -561,6 +574,45 @@ def _fit_line(parts: Sequence[Tuple[str, int]], width: int) -> str:
     while len(kept) > 1 and len(" | ".join(t for t, _ in kept)) > width:
         kept.remove(min(kept, key=lambda p: p[1]))
     return " | ".join(t for t, _ in kept)[:max(1, width)]
+
+
+class _StampedLines:
+    """stderr when it is no terminal (a cron log, a pipe): every line starts with a UTC timestamp, the log's
+    messages, argparse's errors, a traceback's lines and the progress lines alike, so a log that mixes runs can
+    be read in time order. The rest is the stream's own."""
+
+    stamps = True
+
+    def __init__(self, stream: Any):
+        self.wrapped = stream
+        self._at_start = True
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            out = []
+            for piece in text.splitlines(True):
+                if self._at_start:
+                    out.append(_utc_iso() + " ")
+                out.append(piece)
+                self._at_start = piece.endswith(("\n", "\r"))
+            self.wrapped.write("".join(out))
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+def _stamp_stderr() -> Optional[Any]:
+    """Put ``_StampedLines`` on sys.stderr when it is no terminal; returns the stream it replaced (None: left)."""
+    stream = sys.stderr
+    if stream is None or getattr(stream, "stamps", False) or getattr(stream, "isatty", lambda: False)():
+        return None
+    sys.stderr = _StampedLines(stream)
+    return stream
 
 
 _DRAWN: List["_Progress"] = []  # the progress lines being drawn on a terminal (messages go above them)
@@ -637,7 +689,8 @@ class _Progress:
             self._drawn = True
             self._last = parts
         else:
-            self._stream.write("%s %s\n" % (_utc_iso(), " | ".join(t for t, _ in parts)))
+            stamp = "" if getattr(self._stream, "stamps", False) else _utc_iso() + " "  # (else the stream's)
+            self._stream.write("%s%s\n" % (stamp, " | ".join(t for t, _ in parts)))
         self._stream.flush()
 
     def _columns(self) -> int:
@@ -3951,7 +4004,6 @@ def _reset_s(value: Optional[str], now_wall: float) -> Optional[float]:
         return sum(float(n) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[u] for n, u in parts)
     m = re.match(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?$", value)
     if m:
-        import calendar
         t = calendar.timegm(tuple(int(x) for x in m.groups()[:6]) + (0, 0, 0)) + float(m.group(7) or 0)
         tz = m.group(8)
         if tz and tz != "Z":
@@ -15099,10 +15151,45 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
                                          for m in info["merged_from"])))
     history = info.get("history") or []
     if history:
+        rows.append(("started", _started_took(history)))
         start, end = history[0].get("started_at"), history[-1].get("ended_at")
         rows.append(("ran", "%s to %s, %d attempt(s): %s" % (start, end or "(running)", len(history), "; ".join(
             "%s %s–%s" % (h.get("status"), h.get("started_at"), h.get("ended_at") or "") for h in history))))
     return rows
+
+
+def _iso_seconds(text: Any) -> Optional[float]:
+    """Seconds since the epoch of a run.json time ("2026-12-03T13:07:59Z"); None when it is not one."""
+    try:
+        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _started_took(history: List[Dict[str, Any]]) -> str:
+    """When a run started and how long it took, in words, from run.json's attempts (the report's row "started":
+    "Thu 3 Dec 2026 13:07 UTC, took 2 h 13 min"): the attempts' own time; with several, also their count and the
+    span from the first start to the last end, which holds the gaps between them."""
+    first = _iso_seconds(history[0].get("started_at"))
+    if first is None:
+        return "unknown (run.json holds no start time)"
+    spent, ended = 0.0, None
+    for h in history:
+        a, b = _iso_seconds(h.get("started_at")), _iso_seconds(h.get("ended_at"))
+        if a is not None and b is not None:
+            spent += max(0.0, b - a)
+            ended = b
+    day = time.gmtime(first)
+    text = "%s %d %s UTC" % (time.strftime("%a", day), day.tm_mday, time.strftime("%b %Y %H:%M", day))
+    running = not history[-1].get("ended_at")
+    if running:
+        text += ", still running" + (" (took %s before)" % _duration_words(spent) if spent else "")
+    else:
+        text += ", took %s" % _duration_words(spent)
+    if len(history) > 1 and ended is not None:
+        text += " over %d attempts (%s from the first start to the last end)" % (
+            len(history), _duration_words(ended - first))
+    return text
 
 
 def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
@@ -16937,6 +17024,16 @@ _COMMANDS = (
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit code (see --help)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    replaced = _stamp_stderr()
+    try:
+        return _main(argv)
+    finally:
+        if replaced is not None and isinstance(sys.stderr, _StampedLines):
+            sys.stderr.flush()
+            sys.stderr = replaced
+
+
+def _main(argv: List[str]) -> int:
     command = next((a for a in argv if not a.startswith("-")), "")  # the top-level options take no value
     parser = _build_parser(command if command in [c[0] for c in _COMMANDS] else "")
     args = parser.parse_args(argv)

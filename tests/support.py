@@ -4,6 +4,7 @@ Everything a helper starts is stopped in the test's cleanup, so a test leaves no
 """
 import atexit
 import json
+import re
 import os
 import shutil
 import signal
@@ -77,10 +78,14 @@ def clean_env(**extra) -> dict:
     return env
 
 
-def run_cli(args, *, env=None, timeout=120, cwd=None, python=None) -> subprocess.CompletedProcess:
-    """Run ``python evalharness.py ARGS`` in a subprocess; returns the CompletedProcess (text mode)."""
-    return subprocess.run([python or sys.executable, MODULE] + list(args), env=env or clean_env(), cwd=cwd or ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
+def run_cli(args, *, env=None, timeout=120, cwd=None, python=None, stamped=False) -> subprocess.CompletedProcess:
+    """Run ``python evalharness.py ARGS`` in a subprocess; returns the CompletedProcess (text mode). Its stderr (a
+    pipe: each line starts with a UTC timestamp) comes without the timestamps unless ``stamped``."""
+    res = subprocess.run([python or sys.executable, MODULE] + list(args), env=env or clean_env(), cwd=cwd or ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
+    if not stamped:
+        res.stderr = unstamped(res.stderr)
+    return res
 
 
 def read_samples(run_dir: str):
@@ -144,3 +149,11 @@ def kill_9_then_resume(test: unittest.TestCase, args, run_dir: str, lines: int, 
     got = [r["id"] for r in read_samples(run_dir)]
     test.assertEqual(sorted(got), sorted(ids))  # each once
     test.assertEqual(got[:len(kept)], kept)
+
+
+STAMP_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ "  # what starts every stderr line when stderr is no terminal
+
+
+def unstamped(text: str) -> str:
+    """stderr without the UTC timestamp that starts each of its lines when it is no terminal (a pipe)."""
+    return re.sub(r"(?m)^" + STAMP_RE, "", text)

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import unittest
 
-from tests.support import MODULE, clean_env, eh, qa_rows, run_cli, start_mock, tempdir, write_jsonl
+from tests.support import MODULE, STAMP_RE, clean_env, eh, qa_rows, run_cli, start_mock, tempdir, write_jsonl
 
 T0 = 1_800_000_000.0
 SECRET = "sk-evalharness-test-SECRET-0123456789abcdef"
@@ -210,6 +210,19 @@ class TestReportNumbers(unittest.TestCase):
         data = eh.report_data(eh.load_run(run))
         self.assertEqual((data["swebench"]["resolved_instances"], data["swebench"]["total_instances"]), (100, 300))
 
+    def test_the_configuration_says_when_the_run_started_and_how_long_it_took_in_words(self):
+        history = [{"status": "finished", "started_at": "2026-12-03T07:05:00Z", "ended_at": "2026-12-03T09:18:41Z"}]
+        self.assertEqual(eh._started_took(history), "Thu 3 Dec 2026 07:05 UTC, took 2 h 13 min")
+        running = history + [{"status": "running", "started_at": "2026-12-04T00:00:00Z", "ended_at": None}]
+        self.assertEqual(eh._started_took(running),
+                         "Thu 3 Dec 2026 07:05 UTC, still running (took 2 h 13 min before) over 2 attempts "
+                         "(2 h 13 min from the first start to the last end)")
+        self.assertEqual([eh._duration_words(s) for s in (0, 45, 60, 192, 3600, 7980, 90000, 3 * 86400)],
+                         ["0 s", "45 s", "1 min", "3 min 12 s", "1 h", "2 h 13 min", "1 d 1 h", "3 d"])
+        text = eh.format_report(eh.report_data(eh.load_run(qa_fixture(tempdir(self)))))
+        self.assertIn("\nstarted: Fri 15 Jan 2027 08:00 UTC, took 14 s over 2 attempts", text)
+        self.assertIn("2027-01-15T08:00:00Z to 2027-01-15T08:01:09Z", text)  # next to the span
+
     def test_bad_arguments_are_one_line_errors(self):
         d = tempdir(self)
         for argv, pattern in ((["report", d], "has no samples.jsonl"), (["report", os.path.join(d, "nope")],
@@ -217,7 +230,7 @@ class TestReportNumbers(unittest.TestCase):
             proc = subprocess.run([sys.executable, MODULE] + argv, env=clean_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
             self.assertEqual(proc.returncode, 2, proc.stderr)
-            self.assertRegex(proc.stderr.strip(), "^evalharness: .*" + pattern)
+            self.assertRegex(proc.stderr.strip(), "^" + STAMP_RE + "evalharness: .*" + pattern)
             self.assertEqual(len(proc.stderr.strip().splitlines()), 1)
 
 
@@ -324,7 +337,8 @@ class TestHtmlReport(unittest.TestCase):
         self.assertNotIn("alert('evil')</script>", page)
         config = page[page.index('id="config"'):]
         for text in ("m at gpu7", "temperature 0.0, max_tokens 256", "sha256 " + "ab" * 32, "evalharness 0.1.0",
-                     "2 attempt(s): killed"):
+                     "2 attempt(s): killed", "Fri 15 Jan 2027 08:00 UTC, took 14 s over 2 attempts (1 min 9 s "
+                     "from the first start to the last end)"):
             self.assertIn(text, config[:config.index("</table>")])
 
     def test_comparison_page_names_the_models_and_shows_a_flipped_samples_question(self):

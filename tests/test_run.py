@@ -575,11 +575,39 @@ class TestProgressLine(RunCase):
     def test_plain_lines_start_with_a_utc_timestamp(self):
         mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=10)
         res = run_cli(self.args(mock.url, os.path.join(self.dir, "run"), "--limit", "12", "--fixed-concurrency", "2"),
-                      env=clean_env(EVALHARNESS_PROGRESS_S="0.2"))
+                      env=clean_env(EVALHARNESS_PROGRESS_S="0.2"), stamped=True)
         plain = [line for line in res.stderr.splitlines() if " done" in line]
         self.assertTrue(plain, res.stderr)
         for line in plain:
             self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ qa \d+/12 done \| ")
+
+    def test_without_a_terminal_every_stderr_line_starts_with_a_utc_timestamp(self):
+        """A cron log mixes the log's messages, the progress lines and argparse's errors: each line of each is
+        stamped when stderr is a pipe (on a terminal none is: the tmux tests see lines start with 'evalharness:')."""
+        stamp = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ "
+        mock = start_mock(self, oracle_rows=self.rows, decode_tok_s=40, reasoning_tokens=10,
+                          reply_model="another-name")
+        res = run_cli(self.args(mock.url, os.path.join(self.dir, "run"), "--limit", "12", "--fixed-concurrency", "2"),
+                      env=clean_env(EVALHARNESS_PROGRESS_S="0.2"), stamped=True)
+        lines = res.stderr.splitlines()
+        self.assertTrue([line for line in lines if re.search(stamp + r"evalharness: the endpoint's replies", line)],
+                        res.stderr)  # a log message
+        self.assertTrue([line for line in lines if re.search(stamp + r"qa \d+/12 done", line)], res.stderr)
+        bad = run_cli(["run", "--bogus-option"], stamped=True)
+        bad_dataset = os.path.join(self.dir, "bad.jsonl")
+        with open(bad_dataset, "w") as fh:
+            fh.write('{"question": "2+2?", "tagret": "4"}\n')
+        missing = run_cli(["run", "--dataset", bad_dataset, "--model", "m", "--base-url", mock.url,
+                           "--out", os.path.join(self.dir, "bad")], stamped=True)
+        self.assertEqual(missing.returncode, 2, missing.stderr)
+        # the near-miss of a required column is named with the fix
+        self.assertIn("column 'tagret' looks like 'target': rename it, or map it: --field answer=tagret",
+                      missing.stderr)
+        for text in (res.stderr, bad.stderr, missing.stderr):
+            self.assertTrue(text.strip())
+            for line in text.splitlines():
+                self.assertRegex(line, stamp, text)
+        self.assertRegex(bad.stderr, stamp + r"evalharness run: error: unrecognized argument: --bogus-option")
 
     def test_the_progress_line_says_paused_while_the_gate_waits_out_an_overload(self):
         # the mock turns requests away at once with 429 + Retry-After 3: the gate admits nothing for 3 s

@@ -11,7 +11,7 @@ import unittest
 from unittest import mock
 
 from tests import dockerbed as bed
-from tests.support import MODULE, clean_env, eh, start_mock, tempdir, wait_until, write_jsonl
+from tests.support import MODULE, clean_env, eh, start_mock, tempdir, unstamped, wait_until, write_jsonl
 
 LOGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "logs")
 
@@ -195,7 +195,7 @@ class TestSWEDataset(unittest.TestCase):
                                "--base-url", "http://127.0.0.1:9/v1", "--out", out], env=clean_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(proc.returncode, 2, proc.stderr)
-        self.assertRegex(proc.stderr.strip(), r"^evalharness: .*swe\.jsonl:1: field 'problem_statement'")
+        self.assertRegex(unstamped(proc.stderr).strip(), r"^evalharness: .*swe\.jsonl:1: field 'problem_statement'")
         self.assertFalse(os.path.exists(out))
 
     def test_predictions_load_from_jsonl_list_and_dict_and_reject_unknown_ids(self):
