@@ -8249,6 +8249,7 @@ class RunConfig:
     tokens_per_minute: Optional[float] = None
     rate_headers: str = "follow"            # follow the x-ratelimit headers a server sends, or ignore them
     cost_limit: Optional[float] = None      # --cost-limit: no request starts past it
+    label: Optional[str] = None             # --label: a leaderboard's row (default: the model)
     # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
     swe: "SWEOptions" = _Factory(lambda: SWEOptions())
     score_only: Optional[str] = None
@@ -8779,6 +8780,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
             "history": _attempts(store),
         }
         run.run_info.update(run.run_info_extra)
+        if cfg.label:
+            run.run_info["label"] = cfg.label
         if cfg.shard is not None:
             run.run_info["shard"] = _shard_info(cfg, run.total, kind.samples_total(run))
         run.run_info["config"].pop("api_key_env_explicit", None)
@@ -15168,17 +15171,15 @@ def _iso_seconds(text: Any) -> Optional[float]:
 
 def _started_took(history: List[Dict[str, Any]]) -> str:
     """When a run started and how long it took, in words, from run.json's attempts (the report's row "started":
-    "Thu 3 Dec 2026 13:07 UTC, took 2 h 13 min"): the attempts' own time; with several, also their count and the
-    span from the first start to the last end, which holds the gaps between them."""
+    "Thu 3 Dec 2026 13:07 UTC, took 2 h 13 min"): the time some attempt ran (a merged run's shards ran at once);
+    with several, also their count and the span from the first start to the last end, which holds the gaps."""
     first = _iso_seconds(history[0].get("started_at"))
     if first is None:
         return "unknown (run.json holds no start time)"
-    spent, ended = 0.0, None
-    for h in history:
-        a, b = _iso_seconds(h.get("started_at")), _iso_seconds(h.get("ended_at"))
-        if a is not None and b is not None:
-            spent += max(0.0, b - a)
-            ended = b
+    spans = [(a, b) for a, b in ((_iso_seconds(h.get("started_at")), _iso_seconds(h.get("ended_at")))
+                                 for h in history) if a is not None and b is not None]
+    spent = _active_seconds(spans)  # (a merged run's shards ran at once: their union, not their sum)
+    ended = max((b for _, b in spans), default=None)
     day = time.gmtime(first)
     text = "%s %d %s UTC" % (time.strftime("%a", day), day.tm_mday, time.strftime("%b %Y %H:%M", day))
     running = not history[-1].get("ended_at")
@@ -15811,6 +15812,232 @@ def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: O
                                 warn, head, cats, rows, flipped, _SORT_JS))
 
 
+# ----------------------------------------------------------------------------- many runs: the leaderboard
+
+LEADERBOARD_HTML = "leaderboard.html"
+# each kind's headline, the summary's score (its per-sample mean, 95% interval and n)
+_HEADLINE_METRIC = {"qa": "score", "code": "pass@1", "swe": "resolved", "harbor": "reward", "choice": "acc",
+                    "perplexity": "bits/byte", "tools": "accuracy"}
+_BOARD_CSV = ("row", "label", "model", "column", "task", "dataset", "metric", "mean", "ci_low", "ci_high", "n",
+              "total", "finished", "failed", "pending", "complete", "status", "baseline", "delta", "delta_low",
+              "delta_high", "paired", "started_at", "run_dir")
+
+
+def _find_runs(paths: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(run directories, shard directories not merged) under ``paths``: a path that is a run directory is one run;
+    a folder is searched. The folders inside a run directory are not (a merged run's shard-I-of-N are its parts),
+    and a shard's own directory is never a run of its own."""
+    runs: List[str] = []
+    shards: List[str] = []
+    for top in paths:
+        if not os.path.isdir(top):
+            raise ConfigError("report: %r is not a directory (give run directories or folders holding them)" % top)
+        for here, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            if RunStore.RUN in files and RunStore.SAMPLES in files:
+                dirs[:] = []
+                info = _read_json_file(os.path.join(here, RunStore.RUN))
+                (shards if info.get("shard") else runs).append(os.path.normpath(here))
+    seen: set = set()
+    return ([d for d in runs if not (os.path.realpath(d) in seen or seen.add(os.path.realpath(d)))],
+            sorted(set(shards)))
+
+
+def _board_column(info: Dict[str, Any], task: str) -> Tuple[str, str, str]:
+    """(task, dataset name, its sha256) of a run: what makes its column."""
+    ds = info.get("dataset") or {}
+    return task, str(ds.get("name") or "?"), str(ds.get("sha256") or "")
+
+
+def _board_entry(run: Dict[str, Any]) -> Dict[str, Any]:
+    """One run's cell: its headline (the summary's score, as its own `report --json` gives it), counts, status."""
+    data = report_data(run)
+    js = report_json(dict(data, run_info=run["run"]))
+    info = run["run"]
+    history = info.get("history") or []
+    counts, score = js["counts"], js["score"]
+    task, name, sha = _board_column(info, js["task"])
+    status = js["status"]
+    return {"run_dir": run["dir"], "model": js.get("model"), "label": info.get("label") or js.get("model") or "?",
+            "task": task, "dataset": name, "sha256": sha, "gen": (info.get("identity") or {}).get("gen"),
+            "metric": _HEADLINE_METRIC.get(task, "score"), "mean": score.get("mean"), "ci95": score.get("ci95"),
+            "n": score.get("n"), "total": counts["total"], "finished": counts["finished"],
+            "failed": counts["failed"], "pending": counts["pending"],
+            "complete": bool(js.get("complete")) and status == "finished", "status": status,
+            "started_at": (history[0].get("started_at") if history else info.get("started_at")) or ""}
+
+
+def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: bool = False) -> Dict[str, Any]:
+    """Many runs at a glance: rows are models (run.json's label, else the model name), columns are datasets (task
+    and dataset; the same name with other contents is another column), each cell the run's headline with its 95%
+    interval and n, flagged when the run is incomplete. The latest run per (row, column, settings) unless
+    ``every``; a row with runs of other settings in a column gets a row per settings. ``baselines``: run
+    directories, or row labels, whose run is its column's baseline: each other cell of that column gets the paired
+    difference over the samples both runs scored (compare_runs). Runs are read one at a time; only a baseline's
+    samples stay in memory."""
+    run_dirs, shards = _find_runs(paths)
+    entries, skipped = [], []
+    for d in run_dirs:
+        try:
+            entries.append(_board_entry(load_run(d)))
+        except (ConfigError, OSError, ValueError) as exc:  # a damaged run is named, the others are shown
+            skipped.append({"run_dir": d, "why": str(exc)})
+    names: Dict[Tuple[str, str], set] = collections.defaultdict(set)
+    for e in entries:
+        names[(e["task"], e["dataset"])].add(e["sha256"])
+    for e in entries:
+        e["column"] = "%s %s" % (e["task"], e["dataset"]) + (
+            " (sha256 %s)" % e["sha256"][:8] if len(names[(e["task"], e["dataset"])]) > 1 else "")
+    latest: Dict[Tuple[str, str, Any], Dict[str, Any]] = {}
+    shown = []
+    for e in sorted(entries, key=lambda e: (e["started_at"], e["run_dir"])):
+        if every:
+            shown.append(e)
+        else:
+            latest[(e["label"], e["column"], e["gen"])] = e
+    shown = shown if every else sorted(latest.values(), key=lambda e: (e["started_at"], e["run_dir"]))
+    per_cell: Dict[Tuple[str, str], int] = collections.Counter((e["label"], e["column"]) for e in shown)
+    split = {e["label"] for e in shown if per_cell[(e["label"], e["column"])] > 1}
+    for e in shown:  # a label with several runs in one column: a row per run (its settings, or with --all its dir)
+        e["row"] = e["label"] if e["label"] not in split else "%s [%s]" % (
+            e["label"], os.path.basename(e["run_dir"]) if every else "settings %s" % str(e["gen"])[:8])
+    columns = sorted({e["column"] for e in shown})
+    base_of: Dict[str, Dict[str, Any]] = {}
+    for want in baselines:
+        if os.path.isdir(want):
+            real = os.path.realpath(want)
+            found = [e for e in shown if os.path.realpath(e["run_dir"]) == real]
+            if not found:
+                raise ConfigError("report: --baseline %s is not one of the runs shown (a shard, an older run of the "
+                                  "same settings, or outside the folders given?)" % want)
+        else:
+            found = [e for e in shown if want in (e["row"], e["label"])]
+            if not found:
+                raise ConfigError("report: --baseline %r names no run directory and no row; rows: %s"
+                                  % (want, ", ".join(sorted({e["row"] for e in shown})) or "none"))
+        for e in found:
+            if e["column"] in base_of and base_of[e["column"]] is not e:
+                raise ConfigError("report: two baselines for column %r: %s and %s (one per column)"
+                                  % (e["column"], base_of[e["column"]]["run_dir"], e["run_dir"]))
+            base_of[e["column"]] = e
+    for column, base in base_of.items():
+        base_run = load_run(base["run_dir"])
+        for e in shown:
+            if e["column"] != column:
+                continue
+            e["baseline"] = base["run_dir"]
+            if e is base:
+                continue
+            c = compare_runs(base_run, load_run(e["run_dir"]))
+            e["delta"] = {"diff": c["score"]["diff"], "ci95": c["score"]["ci95"], "paired": c["paired_scored"],
+                          "method": c["score"]["method"]}
+        del base_run
+    rows = sorted({e["row"] for e in shown})
+    return {"columns": columns, "rows": rows, "cells": shown, "skipped": skipped, "unmerged_shards": shards,
+            "incomplete": sum(1 for e in shown if not e["complete"]), "all_runs": every,
+            "baselines": {c: b["run_dir"] for c, b in sorted(base_of.items())}}
+
+
+def _cell_text(e: Optional[Dict[str, Any]]) -> str:
+    if e is None:
+        return "-"
+    text = "-" if e["mean"] is None else "%.3f [%.3f, %.3f] n=%d" % (e["mean"], e["ci95"][0], e["ci95"][1], e["n"])
+    if not e["complete"]:
+        text += " INCOMPLETE %d/%d" % (e["finished"] - e["failed"], e["total"])
+    if e.get("delta") and e["delta"]["diff"] is not None:
+        d = e["delta"]
+        text += " Δ%+.3f [%+.3f, %+.3f]" % (d["diff"], d["ci95"][0], d["ci95"][1])
+    elif e.get("baseline") == e["run_dir"]:
+        text += " (baseline)"
+    return text
+
+
+def _board_notes(board: Dict[str, Any]) -> List[str]:
+    notes = []
+    if board["incomplete"]:
+        notes.append("INCOMPLETE: %d cell(s) come from runs with failed or pending samples (their score is over the "
+                     "samples that finished; N/M counts those scored of the run's)" % board["incomplete"])
+    for d in board["unmerged_shards"]:
+        notes.append("not shown: %s is a shard, not a whole run (merge its folder: evalharness merge %s)"
+                     % (d, _shard_parent(d)))
+    for s in board["skipped"]:
+        notes.append("not shown: %s: %s" % (s["run_dir"], s["why"]))
+    return notes
+
+
+def format_leaderboard(board: Dict[str, Any]) -> str:
+    """The leaderboard as a text table: a row per model, a column per dataset (its headline metric named)."""
+    cols = board["columns"]
+    cell = {(e["row"], e["column"]): e for e in board["cells"]}
+    metric = {e["column"]: e["metric"] for e in board["cells"]}
+    head = ["model"] + ["%s (%s)" % (c, metric[c]) for c in cols]
+    body = [[r] + [_cell_text(cell.get((r, c))) for c in cols] for r in board["rows"]]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    lines = ["  ".join(x[i].ljust(widths[i]) for i in range(len(head))).rstrip() for x in [head] + body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if board["baselines"]:
+        lines.append("Δ: B − the column's baseline over the samples both scored, paired bootstrap 95%% CI (%s)"
+                     % "; ".join("%s: %s" % kv for kv in board["baselines"].items()))
+    return "\n".join(lines + _board_notes(board))
+
+
+def leaderboard_csv(board: Dict[str, Any]) -> str:
+    """One line per cell (a long table: every figure in a column of its own)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(_BOARD_CSV)
+    for e in sorted(board["cells"], key=lambda e: (e["row"], e["column"])):
+        d = e.get("delta") or {}
+        ci, dci = e["ci95"] or [None, None], d.get("ci95") or [None, None]
+        w.writerow([e["row"], e["label"], e["model"], e["column"], e["task"], e["dataset"], e["metric"], e["mean"],
+                    ci[0], ci[1], e["n"], e["total"], e["finished"], e["failed"], e["pending"], int(e["complete"]),
+                    e["status"], e.get("baseline") or "", d.get("diff"), dci[0], dci[1], d.get("paired"),
+                    e["started_at"], e["run_dir"]])
+    return buf.getvalue()
+
+
+def leaderboard_html(board: Dict[str, Any], page_dir: str) -> str:
+    """The leaderboard as one self-contained page: sortable by any column (a cell sorts by its headline), each cell
+    linked to its run's report.html (relative to the page)."""
+    cols = board["columns"]
+    cell = {(e["row"], e["column"]): e for e in board["cells"]}
+    metric = {e["column"]: e["metric"] for e in board["cells"]}
+    h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness leaderboard</title>"
+         "<style>%s</style></head><body><h1>evalharness leaderboard</h1><p class=muted>%d run(s), %d model(s), %d "
+         "dataset(s); each cell: the headline with its 95%% interval and n%s. Click a column to sort.</p>"
+         % (_CSS, len(board["cells"]), len(board["rows"]), len(cols),
+            "; Δ against the column's baseline, paired" if board["baselines"] else "")]
+    h.append("<table class=sortable id=leaderboard><thead><tr><th>model</th>%s</tr></thead><tbody>" % "".join(
+        "<th>%s<br><span class=muted>%s</span></th>" % (_esc(c), _esc(metric[c])) for c in cols))
+    for r in board["rows"]:
+        tds = ["<td>%s</td>" % _esc(r)]
+        for c in cols:
+            e = cell.get((r, c))
+            if e is None:
+                tds.append("<td data-v=''>-</td>")
+                continue
+            link = os.path.relpath(os.path.join(e["run_dir"], REPORT_HTML), page_dir).replace(os.sep, "/")
+            flag = "" if e["complete"] else " <span class=bad>INCOMPLETE %d/%d</span>" % (
+                e["finished"] - e["failed"], e["total"])
+            d = e.get("delta") or {}
+            delta = (" <span class=muted>Δ%+.3f [%+.3f, %+.3f]</span>" % (d["diff"], d["ci95"][0], d["ci95"][1])
+                     if d.get("diff") is not None else " <span class=muted>(baseline)</span>"
+                     if e.get("baseline") == e["run_dir"] else "")
+            value = "-" if e["mean"] is None else "%.3f" % e["mean"]
+            ci = "" if e["mean"] is None else " <span class=muted>[%.3f, %.3f] n=%d</span>" % (
+                e["ci95"][0], e["ci95"][1], e["n"])
+            tds.append("<td class=n data-v='%s'><a href=\"%s\">%s</a>%s%s%s</td>" % (
+                "" if e["mean"] is None else e["mean"], html.escape(urllib.parse.quote(link), quote=True), value, ci,
+                flag, delta))
+        h.append("<tr>%s</tr>" % "".join(tds))
+    h.append("</tbody></table>")
+    notes = _board_notes(board)
+    if notes:
+        h.append("<div class=warn>%s</div>" % "<br>".join(_esc(n) for n in notes))
+    h.append("<script>%s</script></body></html>" % _SORT_JS)
+    return "".join(h)
+
+
 
 def _auto_report(run_dir: str) -> None:
     """report.html at the end of every run; a report problem is logged, never fails the run."""
@@ -16203,6 +16430,9 @@ def _parser_run(sub: Any, text: str) -> Any:
                      metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
                                                  "from the file's column COLUMN; repeatable (default: none;"
                                                  " repeatable)")
+    run.add_argument("--label", default=None, metavar="TEXT",
+                     help="the name a leaderboard (report FOLDER) shows this run's row under, e.g. a checkpoint "
+                          "'ckpt-12000' (default: --model); not part of the run's settings")
     run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows"
                                                                                     " (default: all rows)")
     run.add_argument("--epochs", type=_positive_int, default=1, metavar="K",
@@ -16395,16 +16625,28 @@ def _parser_report(sub: Any, text: str) -> Any:
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             description="Recompute a run's results from samples.jsonl (works on a killed run). With "
                                         "two run directories: the same samples side by side (B − A with a paired "
-                                        "bootstrap 95% interval, flipped samples, SWE instances resolved by one).",
+                                        "bootstrap 95% interval, flipped samples, SWE instances resolved by one). "
+                                        "With a folder of runs (or three or more runs, or --baseline, --csv, --all): a "
+                                        "leaderboard, a row per model and a column per dataset.",
                             epilog="examples:\n  evalharness report runs/nightly\n  evalharness report runs/nightly "
                                    "--html            # writes runs/nightly/report.html\n  evalharness report "
-                                   "runs/a runs/b --json\n")
+                                   "runs/a runs/b --json\n  evalharness report runs/ --baseline llama-3-8b --html   "
+                                   "# writes runs/leaderboard.html\n")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     report.add_argument("--html", nargs="?", const="", default=None, metavar="PATH",
                         help="write the self-contained HTML report (default RUN_DIR/report.html; comparing two runs: "
-                             "A/comparison.html)")
+                             "A/comparison.html; a leaderboard: FOLDER/leaderboard.html, with each run's report.html "
+                             "written where it is missing)")
     report.add_argument("--json", dest="json_out", action="store_true",
                         help="JSON on stdout (default: the text table)")
+    report.add_argument("--csv", dest="csv_out", action="store_true",
+                        help="a leaderboard as CSV on stdout, one line per cell (default: the text table)")
+    report.add_argument("--baseline", action="append", default=[], metavar="RUN_DIR|ROW",
+                        help="a leaderboard's baseline: a run directory (for its column) or a row's label (for "
+                             "every column it has a run in); the other cells of its column get the paired difference "
+                             "(repeat for other columns; default: none)")
+    report.add_argument("--all", dest="all_runs", action="store_true",
+                        help="a leaderboard of every run, not only the latest per model, dataset and settings")
     return report, []
 
 
@@ -16734,10 +16976,49 @@ def _images_release(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if failed else EXIT_OK
 
 
+def _is_run_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, RunStore.SAMPLES)) or os.path.isfile(os.path.join(path, RunStore.RUN))
+
+
+def _holds_runs(folder: str) -> bool:
+    """Is there a run directory anywhere under ``folder``?"""
+    return any(RunStore.RUN in files and RunStore.SAMPLES in files for _, _, files in os.walk(folder))
+
+
+def _cmd_leaderboard(args: argparse.Namespace) -> int:
+    if args.json_out and args.csv_out:
+        raise ConfigError("report: --json and --csv both print on stdout: choose one")
+    board = leaderboard(args.run_dirs, baselines=args.baseline, every=args.all_runs)
+    if not board["cells"]:
+        raise ConfigError("report: no finished run under %s (a run directory holds run.json and samples.jsonl)%s"
+                          % (", ".join(args.run_dirs), "; only shards, not merged: %s" % ", ".join(
+                              board["unmerged_shards"]) if board["unmerged_shards"] else ""))
+    if args.html is not None:
+        path = args.html or os.path.join(args.run_dirs[0], LEADERBOARD_HTML)
+        for e in board["cells"]:  # each cell links to its run's report
+            page = os.path.join(e["run_dir"], REPORT_HTML)
+            if not os.path.exists(page):
+                run = load_run(e["run_dir"])
+                _atomic_write(page, render_html(report_data(run), run))
+        _atomic_write(path, _redact(leaderboard_html(board, os.path.dirname(os.path.abspath(path)))))
+        _log.info("leaderboard written to %s (%d runs)", path, len(board["cells"]))
+    if args.json_out:
+        sys.stdout.write(_redact(json.dumps(board, indent=2, sort_keys=True)) + "\n")
+    elif args.csv_out:
+        sys.stdout.write(_redact(leaderboard_csv(board)))
+    elif args.html is None:
+        sys.stdout.write(_redact(format_leaderboard(board)) + "\n")
+    left_out = board["incomplete"] + len(board["unmerged_shards"]) + len(board["skipped"])
+    if left_out:
+        _log.warning("%s", "; ".join(_board_notes(board)[:3]) + ("; ..." if len(_board_notes(board)) > 3 else ""))
+    return EXIT_FAILURE if left_out else EXIT_OK
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     _register_env_secrets()
-    if len(args.run_dirs) > 2:
-        raise ConfigError("report takes one run directory, or two to compare; got %d" % len(args.run_dirs))
+    if len(args.run_dirs) > 2 or args.baseline or args.csv_out or args.all_runs or \
+            any(os.path.isdir(d) and not _is_run_dir(d) and _holds_runs(d) for d in args.run_dirs):
+        return _cmd_leaderboard(args)
     runs = [load_run(d) for d in args.run_dirs]
     if len(runs) == 2:
         comparison = compare_runs(runs[0], runs[1])
@@ -16861,7 +17142,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate,
                     prices=args.prices, cost_limit=args.cost_limit,
                     requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute,
-                    rate_headers=args.rate_headers)
+                    rate_headers=args.rate_headers, label=args.label)
     if args.task in ("swe", "code", "harbor"):
         hosts = _docker_hosts(args)
         cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,

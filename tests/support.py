@@ -157,3 +157,17 @@ STAMP_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ "  # what starts every stderr line 
 def unstamped(text: str) -> str:
     """stderr without the UTC timestamp that starts each of its lines when it is no terminal (a pipe)."""
     return re.sub(r"(?m)^" + STAMP_RE, "", text)
+
+
+class ClassCtx:
+    """Lets the helpers made for a TestCase (tempdir, start_mock, the test beds) register class-level cleanups from
+    setUpClass: ``tempdir(ClassCtx(cls))``."""
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    def addCleanup(self, fn, *args, **kwargs):  # noqa: N802 - unittest's spelling
+        self.cls.addClassCleanup(fn, *args, **kwargs)
+
+    def fail(self, msg):
+        raise AssertionError(msg)

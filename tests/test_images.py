@@ -13,20 +13,9 @@ import time
 import unittest
 
 from tests import dockerbed as bed
-from tests.support import MODULE, ROOT, clean_env, dead_port, eh, tempdir, write_jsonl
+from tests.support import MODULE, ROOT, ClassCtx, clean_env, dead_port, eh, tempdir, write_jsonl
 
 
-class _ClassCtx:
-    """Lets the test-bed helpers (made for a TestCase) register class-level cleanups from setUpClass."""
-
-    def __init__(self, cls):
-        self.cls = cls
-
-    def addCleanup(self, fn, *args, **kwargs):  # noqa: N802 - unittest's spelling
-        self.cls.addClassCleanup(fn, *args, **kwargs)
-
-    def fail(self, msg):
-        raise AssertionError(msg)
 
 
 def _run_py(code: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -126,7 +115,7 @@ class _Fixture(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        ctx = _ClassCtx(cls)
+        ctx = ClassCtx(cls)
         bed.require_docker(ctx)
         cls.u = bed.unique("evh")
         cls.dir = tempdir(ctx)

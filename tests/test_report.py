@@ -226,7 +226,7 @@ class TestReportNumbers(unittest.TestCase):
     def test_bad_arguments_are_one_line_errors(self):
         d = tempdir(self)
         for argv, pattern in ((["report", d], "has no samples.jsonl"), (["report", os.path.join(d, "nope")],
-                              "is not a run directory"), (["report", d, d, d], "one run directory, or two")):
+                              "is not a run directory"), (["report", d, d, d], "no finished run under")):
             proc = subprocess.run([sys.executable, MODULE] + argv, env=clean_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
             self.assertEqual(proc.returncode, 2, proc.stderr)
