@@ -4035,6 +4035,7 @@ class RatePacer:
 
     WINDOW_S = 60.0
     JITTER_S = 0.05  # requests sent this close before a reply's request count against its stated state too
+    PLAIN_REPLIES = 16  # a server whose first replies state no limit states none: no admission is kept for it
 
     def __init__(self, rpm: Optional[float] = None, tpm: Optional[float] = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -4054,6 +4055,7 @@ class RatePacer:
         self._stated: Dict[str, Dict[str, float]] = {}  # group -> limit, remaining, rate, t (the reply's send time)
         self.seen: Dict[str, Dict[str, Any]] = {}       # what the run saw of each group (run.json, the report)
         self.waited_s = 0.0
+        self._plain = 0  # replies that stated no limit: after PLAIN_REPLIES of them, admissions are not kept
 
     @property
     def active(self) -> bool:
@@ -4071,6 +4073,8 @@ class RatePacer:
             return
         now, wall = self._clock(), self._wall()
         with self._lock:
+            if not any(h_remaining in headers for _, _, h_remaining, _ in RATE_HEADERS):
+                self._plain += 1
             for group, h_limit, h_remaining, h_reset in RATE_HEADERS:
                 try:
                     limit, remaining = headers.get(h_limit), headers.get(h_remaining)
@@ -4139,11 +4143,16 @@ class RatePacer:
             return self._admit_locked(cost, self._clock())
 
     def _admit_locked(self, cost: Dict[str, float], now: float) -> List[Any]:
-        entry = [now, dict(cost), cost.get("tokens", 0.0)]
-        self._admitted.append(entry)
-        while self._admitted and self._admitted[0][0] < now - 2 * self.WINDOW_S - 600:
-            self._admitted.popleft()
-        self._window.append(entry)
+        """(Entries are kept only where they count: against stated limits while a server may state them, in the
+        sliding minute under --requests-per-minute / --tokens-per-minute; a long run against a server that states
+        none keeps none.)"""
+        entry = [now, cost, cost.get("tokens", 0.0)]
+        if self.read_headers and (self._stated or self._plain < self.PLAIN_REPLIES):
+            self._admitted.append(entry)
+            while self._admitted and self._admitted[0][0] < now - 2 * self.WINDOW_S - 600:
+                self._admitted.popleft()
+        if self.rpm or self.tpm:
+            self._window.append(entry)
         return entry
 
     def sent(self, entry: Optional[List[Any]]) -> None:
@@ -4161,7 +4170,7 @@ class RatePacer:
         with self._lock:
             if tokens is not None:
                 entry[2] = float(tokens)
-            if output_tokens is not None:
+            if output_tokens is not None and "output_tokens" in self._stated:
                 now = self._clock()
                 self._refunds.append((now, max(0.0, entry[1].get("output_tokens", 0.0) - output_tokens)))
                 while self._refunds and self._refunds[0][0] < now - 2 * self.WINDOW_S - 600:

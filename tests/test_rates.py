@@ -50,6 +50,26 @@ class TestPacer(unittest.TestCase):
         self.assertAlmostEqual(pacer.delay(eh.RatePacer.costs(500, 1000)), 5.0, places=6)
         self.assertEqual(pacer.summary()["stated"]["tokens"]["min_remaining"], 1000.0)
 
+    def test_a_server_that_states_no_limit_leaves_no_admission_kept(self):
+        """Memory of a long run: a pacer with nothing to pace keeps nothing per request (it kept ~440 B each for
+        12 minutes: ~185 MB at 580 requests a second)."""
+        clock = Clock()
+        pacer = eh.RatePacer(clock=clock, wall=lambda: 0.0)
+        cost = eh.RatePacer.costs(10, 10)
+        for i in range(1000):
+            entry = pacer.wait(cost)
+            pacer.observe({"content-type": "application/json"}, clock.t)
+            pacer.settle(entry, 20, 5)
+            clock.t += 0.01
+        self.assertEqual(pacer.delay(cost), 0.0)
+        self.assertLessEqual(len(pacer._admitted), eh.RatePacer.PLAIN_REPLIES)  # the first replies, until told
+        self.assertEqual((len(pacer._window), len(pacer._refunds)), (0, 0))
+        # stated later after all (a proxy started sending them): paced from then on
+        pacer.observe({"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "1",
+                       "x-ratelimit-reset-requests": "59s"}, clock.t)
+        pacer.admit(cost)
+        self.assertAlmostEqual(pacer.delay(cost), 1.0, places=6)
+
     def test_a_sliding_minute_of_tokens_and_requests(self):
         clock = Clock()
         pacer = eh.RatePacer(rpm=3, tpm=100, clock=clock)
