@@ -4645,29 +4645,37 @@ class ModelClient:
     def chat(self, messages: Sequence[Dict[str, Any]],
              tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
         """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
-        (kind, status, attempts) at the end. With a cost meter its cost is reserved before (BudgetReached when
-        --cost-limit would be passed) and counted after, from the usage."""
-        estimate = _estimate_tokens(json.dumps([messages, tools or []], ensure_ascii=False)) \
-            if self.meter is not None or self.pacer is not None else 0
-        cost = RatePacer.costs(estimate, self.config.max_tokens) if self.pacer is not None else None
+        (kind, status, attempts) at the end."""
+        return self._metered(lambda: json.dumps([messages, tools or []], ensure_ascii=False), self.config.max_tokens,
+                             lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
+
+    def _metered(self, prompt_text: Callable[[], str], max_tokens: Optional[int], attempt: Callable[[], Any]) -> Any:
+        """``attempt`` with retries, paced by the rate pacer and priced by the cost meter: with a meter its cost is
+        reserved before (BudgetReached when --cost-limit would be passed: the prompt estimated from
+        ``prompt_text()``, plus ``max_tokens``) and counted after, from the usage."""
+        estimate = _estimate_tokens(prompt_text()) if self.meter is not None or self.pacer is not None else 0
+        cost = RatePacer.costs(estimate, max_tokens) if self.pacer is not None else None
         if self.meter is None:
-            return self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed),
-                                      cost)
-        held = self.meter.reserve(self.role, self.config.model, estimate, self.config.max_tokens)
+            return self._with_retries(attempt, cost)
+        held = self.meter.reserve(self.role, self.config.model, estimate, max_tokens)
         res = None
         try:
-            res = self._with_retries(lambda: self._request(messages, self.config.request_timeout_s, tools, seed),
-                                     cost)
+            res = self._with_retries(attempt, cost)
             return res
         finally:
             self.meter.settle(self.role, self.config.model, held, res.prompt_tokens if res else 0,
-                              (res.cached_tokens or 0) if res else 0, res.completion_tokens if res else 0)
+                              (getattr(res, "cached_tokens", 0) or 0) if res else 0,
+                              res.completion_tokens if res else 0)
 
     def completions(self, prompts: Sequence[Any], *, max_tokens: int = 1, logprobs: int = 1,
                     echo: bool = True) -> "CompletionsResult":
         """One ``/v1/completions`` request for several prompts (text, or token ids) asking for the prompt tokens'
-        log-probabilities (``echo``), with the same gate, retries and outage rules as chat."""
-        return self._with_retries(lambda: self._request_completions(prompts, max_tokens, logprobs, echo))
+        log-probabilities (``echo``), with the same gate, retries, outage rules, pacing and prices as chat (token
+        ids count as tokens, text is estimated)."""
+        def prompt_text() -> str:
+            return " ".join("xxx " * len(p) if isinstance(p, list) else str(p) for p in prompts)
+        return self._metered(prompt_text, max_tokens * len(prompts),
+                             lambda: self._request_completions(prompts, max_tokens, logprobs, echo))
 
     def _request_completions(self, prompts: Sequence[Any], max_tokens: int, logprobs: int,
                              echo: bool) -> "CompletionsResult":

@@ -69,6 +69,23 @@ class TestPrices(unittest.TestCase):
         cmp_text = run_cli(["report", out, other]).stdout
         self.assertIn("cost of the run: A %s  B no price" % eh._fmt_money(round(total, 6)), cmp_text)
 
+    def test_log_likelihood_requests_are_priced_too(self):
+        """--task choice asks /v1/completions (several prompts a request) and /tokenize: each record's cost is the
+        price table on the usage its completions requests reported (the tokenizer's requests report none)."""
+        from tests.test_loglik import ROWS
+        path = write_jsonl(os.path.join(self.d, "arc.jsonl"), ROWS["arc"])
+        mock = start_mock(self)
+        out = os.path.join(self.d, "choice")
+        res = run_cli(["run", "--task", "choice", "--dataset", path, "--model", "m", "--base-url", mock.url,
+                       "--out", out, "--no-progress", "--prices", self.prices, "--json"])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        recs = read_samples(out)
+        self.assertEqual(len(recs), len(ROWS["arc"]))
+        for r in recs:
+            self.assertGreater(r["prompt_tokens"], 0)
+            self.assertAlmostEqual(r["cost"]["model"], hand_cost(r), places=8)
+        self.assertAlmostEqual(json.loads(res.stdout)["cost"]["total"], sum(hand_cost(r) for r in recs), places=6)
+
     def test_an_unknown_model_says_no_price_never_zero(self):
         with open(self.prices, "w", encoding="utf-8") as fh:
             json.dump([dict(PRICES[0], model="other")], fh)
