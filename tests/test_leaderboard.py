@@ -9,7 +9,7 @@ import subprocess
 import unittest
 
 from tests.support import ClassCtx, qa_rows, run_cli, start_mock, tempdir, write_jsonl
-from tests.test_report import chromium
+from tests.test_report import require_chromium
 
 MODELS = (("m-small", 0.3), ("m-mid", 0.6), ("m-big", 0.95))
 
@@ -144,11 +144,7 @@ class TestLeaderboard(unittest.TestCase):
         self.assertIn("--baseline 'nobody' names no run directory and no row; rows: m-big, m-mid, small", bad.stderr)
 
     def test_the_html_page_in_chromium_shows_the_cells_sorts_by_a_column_and_links_each_run_s_report(self):
-        exe = chromium()
-        if not exe:
-            if os.environ.get("EVALHARNESS_REQUIRE_DOCKER") == "1":
-                self.fail("EVALHARNESS_REQUIRE_DOCKER=1 (CI) but chromium is not installed")
-            self.skipTest("chromium is not installed (Debian package chromium)")
+        exe = require_chromium(self)
         page = os.path.join(tempdir(self), "board.html")
         res = self.board("--html", page)
         self.assertEqual(res.returncode, 1, res.stderr)

@@ -98,6 +98,16 @@ def chromium() -> str:
     return ""
 
 
+def require_chromium(test: unittest.TestCase) -> str:
+    """The headless browser's executable; the test skips without one (fails under EVALHARNESS_REQUIRE_DOCKER=1)."""
+    exe = chromium()
+    if not exe:
+        if os.environ.get("EVALHARNESS_REQUIRE_DOCKER") == "1":
+            test.fail("EVALHARNESS_REQUIRE_DOCKER=1 (CI) but chromium is not installed")
+        test.skipTest("chromium is not installed (Debian package chromium)")
+    return exe
+
+
 class TestReportNumbers(unittest.TestCase):
 
     def test_table_numbers_match_hand_computed_values(self):
@@ -272,11 +282,7 @@ class TestHtmlReport(unittest.TestCase):
         self.assertTrue(eh._esc("token hf_abcdefghijklmnopqrstuvwxyz012345 <b>").endswith("&lt;b&gt;"))
 
     def test_html_opens_in_headless_chromium_with_charts_and_no_console_errors(self):
-        exe = chromium()
-        if not exe:
-            if os.environ.get("EVALHARNESS_REQUIRE_DOCKER") == "1":
-                self.fail("EVALHARNESS_REQUIRE_DOCKER=1 (CI) but chromium is not installed")
-            self.skipTest("chromium is not installed (Debian package chromium)")
+        exe = require_chromium(self)
         os.makedirs(ARTIFACTS, exist_ok=True)
         d = tempdir(self)
         for kind, run in (("qa", qa_fixture(d)), ("swe", swe_fixture(d))):
@@ -308,11 +314,7 @@ class TestHtmlReport(unittest.TestCase):
 
 
     def dom(self, path):
-        exe = chromium()
-        if not exe:
-            if os.environ.get("EVALHARNESS_REQUIRE_DOCKER") == "1":
-                self.fail("EVALHARNESS_REQUIRE_DOCKER=1 (CI) but chromium is not installed")
-            self.skipTest("chromium is not installed (Debian package chromium)")
+        exe = require_chromium(self)
         flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-background-networking", "--user-data-dir=" + tempdir(self), "--enable-logging=stderr",
                  "--v=0", "--dump-dom", "file://" + path]
