@@ -17011,14 +17011,16 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
                           % (", ".join(args.run_dirs), "; only shards, not merged: %s" % ", ".join(
                               board["unmerged_shards"]) if board["unmerged_shards"] else ""))
     if args.html is not None:
-        path = args.html or os.path.join(args.run_dirs[0], LEADERBOARD_HTML)
+        first = args.run_dirs[0]  # (given run directories, not a folder: beside the first)
+        path = args.html or os.path.join(os.path.dirname(os.path.abspath(first)) if _is_run_dir(first) else first,
+                                         LEADERBOARD_HTML)
         for e in board["cells"]:  # each cell links to its run's report
             page = os.path.join(e["run_dir"], REPORT_HTML)
             if not os.path.exists(page):
                 run = load_run(e["run_dir"])
                 _atomic_write(page, render_html(report_data(run), run))
         _atomic_write(path, _redact(leaderboard_html(board, os.path.dirname(os.path.abspath(path)))))
-        _log.info("leaderboard written to %s (%d runs)", path, len(board["cells"]))
+        _log.info("leaderboard written to %s (%d run(s))", path, len(board["cells"]))
     if args.json_out:
         sys.stdout.write(_redact(json.dumps(board, indent=2, sort_keys=True)) + "\n")
     elif args.csv_out:
