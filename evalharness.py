@@ -4129,7 +4129,7 @@ class RatePacer:
             cap = min(limit / max(1, live), limit - others) if live > 1 else limit
             if used + need > cap:  # until enough of the window's oldest entries leave it
                 freed, t_free = 0.0, now
-                for t, _, tokens in self._window:
+                for t, _, tokens, _ in self._window:
                     freed += 1.0 if key is None else tokens
                     t_free = t + self.WINDOW_S
                     if used - freed + need <= cap:
@@ -4146,21 +4146,41 @@ class RatePacer:
         """(Entries are kept only where they count: against stated limits while a server may state them, in the
         sliding minute under --requests-per-minute / --tokens-per-minute; a long run against a server that states
         none keeps none.)"""
-        entry = [now, cost, cost.get("tokens", 0.0)]
+        entry = [now, cost, cost.get("tokens", 0.0), False]  # [3]: held in _admitted
         if self.read_headers and (self._stated or self._plain < self.PLAIN_REPLIES):
             self._admitted.append(entry)
-            while self._admitted and self._admitted[0][0] < now - 2 * self.WINDOW_S - 600:
-                self._admitted.popleft()
+            entry[3] = True
+            self._trim(now)
         if self.rpm or self.tpm:
             self._window.append(entry)
         return entry
+
+    def _trim(self, now: float) -> None:
+        """Forget the admissions and refunds no stated state can count any more: a state counts what was sent since
+        its own request was (less JITTER_S), and states only move forward, so what is older than every group's is
+        out of every sum (and of the CPU of ``_level``, which would scan minutes of admissions); kept 12 minutes at
+        most otherwise. An admission forgotten while it waited at the gate comes back when it is sent."""
+        floor = now - 2 * self.WINDOW_S - 600
+        if self._stated:
+            floor = max(floor, min(s["t"] for s in self._stated.values()) - self.JITTER_S)
+        while self._admitted and self._admitted[0][0] < floor:
+            self._admitted.popleft()[3] = False
+        out = self._stated.get("output_tokens")
+        floor = max(now - 2 * self.WINDOW_S - 600, out["t"] if out else -math.inf)
+        while self._refunds and self._refunds[0][0] < floor:
+            self._refunds.popleft()
 
     def sent(self, entry: Optional[List[Any]]) -> None:
         """The request goes out now (after its gate permit): what a reply sent before now states does not count
         it."""
         if entry is not None:
             with self._lock:
-                entry[0] = max(entry[0], self._clock())
+                now = self._clock()
+                if now > entry[0]:
+                    entry[0] = now
+                    if not entry[3] and self.read_headers and (self._stated or self._plain < self.PLAIN_REPLIES):
+                        self._admitted.append(entry)  # (forgotten while it waited: it counts from now on)
+                        entry[3] = True
 
     def settle(self, entry: Optional[List[Any]], tokens: Optional[int], output_tokens: Optional[int] = None) -> None:
         """The answer's usage replaces the reservation in the window (a failed request keeps it); an output-token
@@ -4173,8 +4193,7 @@ class RatePacer:
             if output_tokens is not None and "output_tokens" in self._stated:
                 now = self._clock()
                 self._refunds.append((now, max(0.0, entry[1].get("output_tokens", 0.0) - output_tokens)))
-                while self._refunds and self._refunds[0][0] < now - 2 * self.WINDOW_S - 600:
-                    self._refunds.popleft()
+                self._trim(now)
 
     def wait(self, cost: Dict[str, float], cancel: Optional[threading.Event] = None) -> List[Any]:
         """Block until a request of ``cost`` may start, then admit it."""

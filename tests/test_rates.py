@@ -70,6 +70,24 @@ class TestPacer(unittest.TestCase):
         pacer.admit(cost)
         self.assertAlmostEqual(pacer.delay(cost), 1.0, places=6)
 
+    def test_admissions_older_than_every_stated_state_are_forgotten_and_one_sent_late_counts_again(self):
+        """_level sums what was sent since each state's request: what is older than all of them counts nowhere and
+        is dropped (it was scanned at every admission for 12 minutes: CPU growing with the request rate)."""
+        clock = Clock()
+        pacer = eh.RatePacer(clock=clock, wall=lambda: 0.0)
+        cost = eh.RatePacer.costs(10, 10)
+        waiting = pacer.admit(cost)  # admitted, then held at the concurrency gate for a long while
+        for i in range(2000):
+            pacer.sent(pacer.admit(cost))
+            clock.t += 0.01
+            # each reply states the bucket as of its request's send time, two requests back
+            pacer.observe({"x-ratelimit-limit-requests": "100000", "x-ratelimit-remaining-requests": "90000",
+                           "x-ratelimit-reset-requests": "60s"}, clock.t - 0.02)
+        self.assertLessEqual(len(pacer._admitted), 10)
+        level = pacer._level("requests", clock.t)
+        pacer.sent(waiting)  # sent at last: it counts against the states of requests sent before it
+        self.assertAlmostEqual(pacer._level("requests", clock.t), level - 1.0)
+
     def test_a_sliding_minute_of_tokens_and_requests(self):
         clock = Clock()
         pacer = eh.RatePacer(rpm=3, tpm=100, clock=clock)
