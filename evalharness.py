@@ -16682,7 +16682,7 @@ def _parser_report(sub: Any, text: str) -> Any:
                              "every column it has a run in); the other cells of its column get the paired difference "
                              "(repeat for other columns; default: none)")
     report.add_argument("--all", dest="all_runs", action="store_true",
-                        help="a leaderboard of every run, not only the latest per model, dataset and settings")
+                        help="a leaderboard of every run (default: the latest per model, dataset and settings)")
     return report, []
 
 
