@@ -8106,19 +8106,19 @@ class _Runner:
     def stop_budget(self, reason: str) -> None:
         """--cost-limit reached: no new sample starts; those in flight finish (their requests already reserved);
         the run ends with EXIT_BUDGET."""
-        with self._lock:
+        with self._lock:  # (checked and set at once: two workers reaching the limit together stop it once)
             if self.stopping.is_set() or self.cancel.is_set():
                 return
             self.status = "budget"
             self.stop_reason = reason
+            self.stopping.set()
         self.store.event("cost_limit", reason=_redact(reason))
         self.progress.message("evalharness: %s: no new sample starts; the ones in flight finish" % reason)
-        self.stopping.set()
 
     def abort(self, reason: str, **fields: Any) -> None:
         """Stop the run as aborted (exit 3): the breaker tripped or the outage budget ran out."""
-        with self._lock:
-            if self.cancel.is_set():
+        with self._lock:  # (once: two threads tripping together write one event)
+            if self.cancel.is_set() or self.status == "aborted":
                 return
             self.status = "aborted"
             self.stop_reason = reason
