@@ -4665,14 +4665,15 @@ class ModelClient:
              tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
         """Send one chat completion (offering ``tools`` when given) with bounded retries; raise ModelAPIError
         (kind, status, attempts) at the end."""
-        return self._metered(lambda: json.dumps([messages, tools or []], ensure_ascii=False), self.config.max_tokens,
+        return self._metered(lambda: _estimate_tokens(json.dumps([messages, tools or []], ensure_ascii=False)),
+                             self.config.max_tokens,
                              lambda: self._request(messages, self.config.request_timeout_s, tools, seed))
 
-    def _metered(self, prompt_text: Callable[[], str], max_tokens: Optional[int], attempt: Callable[[], Any]) -> Any:
+    def _metered(self, prompt_tokens: Callable[[], int], max_tokens: Optional[int], attempt: Callable[[], Any]) -> Any:
         """``attempt`` with retries, paced by the rate pacer and priced by the cost meter: with a meter its cost is
-        reserved before (BudgetReached when --cost-limit would be passed: the prompt estimated from
-        ``prompt_text()``, plus ``max_tokens``) and counted after, from the usage."""
-        estimate = _estimate_tokens(prompt_text()) if self.meter is not None or self.pacer is not None else 0
+        reserved before (BudgetReached when --cost-limit would be passed: ``prompt_tokens()``, an estimate, plus
+        ``max_tokens``) and counted after, from the usage."""
+        estimate = prompt_tokens() if self.meter is not None or self.pacer is not None else 0
         cost = RatePacer.costs(estimate, max_tokens) if self.pacer is not None else None
         if self.meter is None:
             return self._with_retries(attempt, cost)
@@ -4691,9 +4692,9 @@ class ModelClient:
         """One ``/v1/completions`` request for several prompts (text, or token ids) asking for the prompt tokens'
         log-probabilities (``echo``), with the same gate, retries, outage rules, pacing and prices as chat (token
         ids count as tokens, text is estimated)."""
-        def prompt_text() -> str:
-            return " ".join("xxx " * len(p) if isinstance(p, list) else str(p) for p in prompts)
-        return self._metered(prompt_text, max_tokens * len(prompts),
+        def prompt_tokens() -> int:
+            return sum(len(p) if isinstance(p, list) else _estimate_tokens(str(p)) for p in prompts)
+        return self._metered(prompt_tokens, max_tokens * len(prompts),
                              lambda: self._request_completions(prompts, max_tokens, logprobs, echo))
 
     def _request_completions(self, prompts: Sequence[Any], max_tokens: int, logprobs: int,
@@ -15859,6 +15860,16 @@ _BOARD_CSV = ("row", "label", "model", "column", "task", "dataset", "metric", "m
               "delta_high", "paired", "started_at", "run_dir")
 
 
+def _walk_run_dirs(top: str) -> Iterator[str]:
+    """The run directories (run.json and samples.jsonl) under ``top``, in name order; not the folders inside one
+    (its shards), nor hidden ones (.gate)."""
+    for here, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if RunStore.RUN in files and RunStore.SAMPLES in files:
+            dirs[:] = []
+            yield here
+
+
 def _find_runs(paths: Sequence[str]) -> Tuple[List[str], List[str]]:
     """(run directories, shard directories not merged) under ``paths``: a path that is a run directory is one run;
     a folder is searched. The folders inside a run directory are not (a merged run's shard-I-of-N are its parts),
@@ -15868,12 +15879,9 @@ def _find_runs(paths: Sequence[str]) -> Tuple[List[str], List[str]]:
     for top in paths:
         if not os.path.isdir(top):
             raise ConfigError("report: %r is not a directory (give run directories or folders holding them)" % top)
-        for here, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            if RunStore.RUN in files and RunStore.SAMPLES in files:
-                dirs[:] = []
-                info = _read_json_file(os.path.join(here, RunStore.RUN))
-                (shards if info.get("shard") else runs).append(os.path.normpath(here))
+        for here in _walk_run_dirs(top):
+            info = _read_json_file(os.path.join(here, RunStore.RUN))
+            (shards if info.get("shard") else runs).append(os.path.normpath(here))
     seen: set = set()
     return ([d for d in runs if not (os.path.realpath(d) in seen or seen.add(os.path.realpath(d)))],
             sorted(set(shards)))
@@ -15886,20 +15894,21 @@ def _board_column(info: Dict[str, Any], task: str) -> Tuple[str, str, str]:
 
 
 def _board_entry(run: Dict[str, Any]) -> Dict[str, Any]:
-    """One run's cell: its headline (the summary's score, as its own `report --json` gives it), counts, status."""
-    data = report_data(run)
-    js = report_json(dict(data, run_info=run["run"]))
+    """One run's cell: its headline (the summary's score, as its own `report --json` gives it: the same summarize
+    over the same records), counts, status."""
+    summary = summarize(run["samples"].values(), total=run["total"])
     info = run["run"]
     history = info.get("history") or []
-    counts, score = js["counts"], js["score"]
-    task, name, sha = _board_column(info, js["task"])
-    status = js["status"]
-    return {"run_dir": run["dir"], "model": js.get("model"), "label": info.get("label") or js.get("model") or "?",
+    counts, score = summary["counts"], summary["score"]
+    task, name, sha = _board_column(info, run["task"])
+    status = _live_status(run["dir"], info.get("status", "unknown"))
+    model = (info.get("endpoint") or {}).get("model")
+    return {"run_dir": run["dir"], "model": model, "label": info.get("label") or model or "?",
             "task": task, "dataset": name, "sha256": sha, "gen": (info.get("identity") or {}).get("gen"),
             "metric": _HEADLINE_METRIC.get(task, "score"), "mean": score.get("mean"), "ci95": score.get("ci95"),
             "n": score.get("n"), "total": counts["total"], "finished": counts["finished"],
             "failed": counts["failed"], "pending": counts["pending"],
-            "complete": bool(js.get("complete")) and status == "finished", "status": status,
+            "complete": bool(summary["complete"]) and status == "finished", "status": status,
             "started_at": (history[0].get("started_at") if history else info.get("started_at")) or ""}
 
 
@@ -15924,14 +15933,10 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
     for e in entries:
         e["column"] = "%s %s" % (e["task"], e["dataset"]) + (
             " (sha256 %s)" % e["sha256"][:8] if len(names[(e["task"], e["dataset"])]) > 1 else "")
-    latest: Dict[Tuple[str, str, Any], Dict[str, Any]] = {}
-    shown = []
-    for e in sorted(entries, key=lambda e: (e["started_at"], e["run_dir"])):
-        if every:
-            shown.append(e)
-        else:
-            latest[(e["label"], e["column"], e["gen"])] = e
-    shown = shown if every else sorted(latest.values(), key=lambda e: (e["started_at"], e["run_dir"]))
+    order = lambda e: (e["started_at"], e["run_dir"])  # noqa: E731
+    shown = sorted(entries, key=order)
+    if not every:  # the latest per (row, column, settings): a later start replaces an earlier one
+        shown = sorted({(e["label"], e["column"], e["gen"]): e for e in shown}.values(), key=order)
     per_cell: Dict[Tuple[str, str], int] = collections.Counter((e["label"], e["column"]) for e in shown)
     split = {e["label"] for e in shown if per_cell[(e["label"], e["column"])] > 1}
     for e in shown:  # a label with several runs in one column: a row per run (its settings, or with --all its dir)
@@ -17018,7 +17023,7 @@ def _is_run_dir(path: str) -> bool:
 
 def _holds_runs(folder: str) -> bool:
     """Is there a run directory anywhere under ``folder``?"""
-    return any(RunStore.RUN in files and RunStore.SAMPLES in files for _, _, files in os.walk(folder))
+    return next(_walk_run_dirs(folder), None) is not None
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -17046,10 +17051,10 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
         sys.stdout.write(_redact(leaderboard_csv(board)))
     elif args.html is None:
         sys.stdout.write(_redact(format_leaderboard(board)) + "\n")
-    left_out = board["incomplete"] + len(board["unmerged_shards"]) + len(board["skipped"])
-    if left_out:
-        _log.warning("%s", "; ".join(_board_notes(board)[:3]) + ("; ..." if len(_board_notes(board)) > 3 else ""))
-    return EXIT_FAILURE if left_out else EXIT_OK
+    notes = _board_notes(board)  # (incomplete cells, shards not merged, runs that could not be read)
+    if notes:
+        _log.warning("%s", "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))
+    return EXIT_FAILURE if notes else EXIT_OK
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
