@@ -4036,6 +4036,7 @@ class RatePacer:
     WINDOW_S = 60.0
     JITTER_S = 0.05  # requests sent this close before a reply's request count against its stated state too
     PLAIN_REPLIES = 16  # a server whose first replies state no limit states none: no admission is kept for it
+    SHARE_RECHECK_S = 0.5  # a shard held back by what the other shards sent looks again this much later
 
     def __init__(self, rpm: Optional[float] = None, tpm: Optional[float] = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -4123,18 +4124,22 @@ class RatePacer:
         for limit, key, others in ((self.rpm, None, others_req), (self.tpm, "tokens", others_tok)):
             if not limit:
                 continue
-            need = 1.0 if key is None else cost.get("tokens", 0.0)
+            share = limit / max(1, live)
+            # (a request larger than the share goes alone: when this shard's own minute is empty)
+            need = 1.0 if key is None else min(cost.get("tokens", 0.0), share)
             used = len(self._window) if key is None else sum(w[2] for w in self._window)
-            # this shard's share, and the whole run's minute under the total (the others' as of their heartbeat)
-            cap = min(limit / max(1, live), limit - others) if live > 1 else limit
+            # this shard's share, and the whole run's minute under the total (the others' as of their heartbeat,
+            # and what shards that ended sent in the minute)
+            cap = min(share, limit - others)
             if used + need > cap:  # until enough of the window's oldest entries leave it
-                freed, t_free = 0.0, now
+                freed, t_free = 0.0, None
                 for t, _, tokens, _ in self._window:
                     freed += 1.0 if key is None else tokens
-                    t_free = t + self.WINDOW_S
                     if used - freed + need <= cap:
+                        t_free = t + self.WINDOW_S
                         break
-                wait = max(wait, t_free - now)
+                # (else the others' minute has to age too: known at their next heartbeat)
+                wait = max(wait, t_free - now if t_free is not None else self.SHARE_RECHECK_S)
         return wait
 
     def admit(self, cost: Dict[str, float]) -> List[Any]:
@@ -4210,12 +4215,12 @@ class RatePacer:
             else:
                 time.sleep(min(d, 1.0))
 
-    def usage(self) -> Tuple[float, float]:
-        """Requests and tokens started in the last minute (what a shard publishes to the others)."""
+    def usage(self) -> List[Tuple[float, float, float]]:
+        """What started in the last minute, as (seconds ago, 1 request, its tokens) (what a shard publishes to the
+        others)."""
         now = self._clock()
         with self._lock:
-            recent = [w for w in self._window if w[0] > now - self.WINDOW_S]
-            return float(len(recent)), float(sum(w[2] for w in recent))
+            return [(now - w[0], 1.0, float(w[2])) for w in self._window if w[0] > now - self.WINDOW_S]
 
     def summary(self) -> Dict[str, Any]:
         with self._lock:
@@ -14412,9 +14417,15 @@ class _ShardFile:
 
 class _RateShare(_ShardFile):
     """The live shards of a run, for --requests/--tokens-per-minute: each writes OUT/.gate/rate-shard-I.json every
-    heartbeat with what it started in the last minute; ``live()`` gives the count of fresh files (its own among
-    them) and the others' requests and tokens, so each paces at its share and all of them under the total. A shard
-    waits one heartbeat before its first request, to see the others that start with it."""
+    heartbeat with what it started in the last minute, by second (``window``: [wall second, requests, tokens], the
+    second rounded up so an entry counts no shorter than it does at the server), and the shards it sees live
+    (``sees``). ``live()`` gives the count of fresh files not done (its own among them) and the others' requests
+    and tokens of the last minute, so each paces at its share and all of them under the total.
+
+    The two moments the live count changes: a shard that starts sends nothing until every live shard has written
+    a heartbeat that sees it (from then on each of them holds to its new share, and what it published of its last
+    minute is current); a shard that ends (or is killed) leaves its last minute in its file (``done``), which the
+    others count until it has aged out of the minute, as the server does."""
 
     def __init__(self, gate_dir: str, index: int):
         self.dir, self.index = gate_dir, index
@@ -14422,30 +14433,60 @@ class _RateShare(_ShardFile):
         self._path = os.path.join(gate_dir, "rate-shard-%d.json" % index)
         self._stop = threading.Event()
         self._live: Tuple[int, float, float] = (1, 0.0, 0.0)
-        self.usage: Callable[[], Tuple[float, float]] = lambda: (0.0, 0.0)  # the pacer's window (attach)
+        # the pacer's last minute: [(seconds ago, requests, tokens)] (attach)
+        self.usage: Callable[[], List[Tuple[float, float, float]]] = lambda: []
         self.beat()
-        time.sleep(SHARED_GATE_HEARTBEAT_S + 0.1)
-        self.beat()
+        deadline = time.monotonic() + SHARED_GATE_STALE_S
+        while True:
+            time.sleep(SHARED_GATE_HEARTBEAT_S + 0.1)
+            peers = self.beat()
+            if all(self.index in p.get("sees", ()) for p in peers) or time.monotonic() > deadline:
+                break  # (one that has not seen it in STALE_S is not live any more)
         threading.Thread(target=self._run, name="evalharness-rate-share-0", daemon=True).start()
 
-    def beat(self) -> None:
+    def _window(self, now: float) -> List[List[float]]:
+        by_second: Dict[float, List[float]] = {}
+        for ago, requests, tokens in self.usage():
+            second = float(math.ceil(now - ago))
+            cell = by_second.setdefault(second, [second, 0.0, 0.0])
+            cell[1] += requests
+            cell[2] += tokens
+        return [by_second[k] for k in sorted(by_second)]
+
+    def beat(self, done: bool = False) -> List[Dict[str, Any]]:
+        """Read the others, then publish this shard's minute and whom it saw; returns the live others' files."""
         now = time.time()
-        requests, tokens = self.usage()
-        _write_json(self._path, {"index": self.index, "pid": os.getpid(), "t": now, "requests": requests,
-                                 "tokens": tokens})
-        live, o_req, o_tok = 1, 0.0, 0.0
+        live: List[Dict[str, Any]] = []
+        o_req = o_tok = 0.0
         for name in os.listdir(self.dir):
             m = re.match(r"rate-shard-(\d+)\.json$", name)
-            if m and int(m.group(1)) != self.index:
-                peer = _read_json_file(os.path.join(self.dir, name))
-                if peer and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
-                    live += 1
-                    o_req += float(peer.get("requests") or 0)
-                    o_tok += float(peer.get("tokens") or 0)
-        self._live = (live, o_req, o_tok)
+            if not m or int(m.group(1)) == self.index:
+                continue
+            peer = _read_json_file(os.path.join(self.dir, name))
+            if not peer:
+                continue
+            for cell in peer.get("window") or ():  # live or not: what it sent counts for its minute
+                if now - float(cell[0]) < RatePacer.WINDOW_S:
+                    o_req += float(cell[1])
+                    o_tok += float(cell[2])
+            if not peer.get("done") and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
+                live.append(peer)
+        _write_json(self._path, {"index": self.index, "pid": os.getpid(), "t": now, "done": done,
+                                 "sees": sorted(int(p.get("index", -1)) for p in live),
+                                 "window": self._window(now)})
+        self._live = (1 + len(live), o_req, o_tok)
+        return live
 
     def live(self) -> Tuple[int, float, float]:
         return self._live
+
+    def close(self) -> None:
+        """Stop, leaving the last minute in the file for the others (``done``: no longer a live shard)."""
+        self._stop.set()
+        try:
+            self.beat(done=True)
+        except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: the others see it go stale
+            _log.debug("rate share: %s", exc)
 
 
 class _SharedLimit(_ShardFile, Limit):

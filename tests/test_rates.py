@@ -111,6 +111,30 @@ class TestPacer(unittest.TestCase):
         self.assertGreater(pacer.delay({"tokens": 1.0}), 0.0)  # its half
 
 
+    def test_a_shard_that_starts_waits_to_be_seen_and_one_that_ends_leaves_its_minute(self):
+        """Two _RateShare objects on one folder (their heartbeat threads, real files): the newcomer returns only
+        once the other's file says it saw it; the one that closes leaves its minute, which the other counts but
+        not as a live shard (CI once saw two shards spend 1710 of a 1500-token minute when one ended or started
+        while the other was spending its share)."""
+        d = tempdir(self)
+        first = eh._RateShare(d, 0)
+        self.addCleanup(first.close)
+        first.usage = lambda: [(10.0, 1.0, 600.0), (70.0, 1.0, 999.0)]  # the 70 s one is out of the minute
+        second = eh._RateShare(d, 1)
+        with open(os.path.join(d, "rate-shard-0.json"), encoding="utf-8") as fh:
+            self.assertIn(1, json.load(fh)["sees"])  # seen before it may send
+        self.assertEqual(second.live()[0], 2)
+        second.usage = lambda: [(5.0, 2.0, 300.0)]
+        time.sleep(2 * eh.SHARED_GATE_HEARTBEAT_S + 0.2)
+        self.assertEqual(first.live(), (2, 2.0, 300.0))
+        self.assertEqual(second.live(), (2, 1.0, 600.0))
+        first.close()
+        second.beat()
+        self.assertEqual(second.live(), (1, 1.0, 600.0))  # not live, its minute still counts
+        pacer = eh.RatePacer(tpm=1000, share=second.live)
+        self.assertEqual(pacer.delay({"tokens": 400.0}), 0.0)
+        self.assertGreater(pacer.delay({"tokens": 401.0}), 0.0)
+
 class TestHostedMock(unittest.TestCase):
     def test_a_run_follows_the_stated_limits_with_few_429s(self):
         d = tempdir(self)
