@@ -101,6 +101,7 @@ difflib = _LazyModule("difflib")
 email = _LazyModule("email", ("utils",))
 gzip = _LazyModule("gzip")
 hashlib = _LazyModule("hashlib")
+heapq = _LazyModule("heapq")
 html = _LazyModule("html")
 http = _LazyModule("http", ("client", "server"))
 ast = _LazyModule("ast")
@@ -523,19 +524,26 @@ def _wilson_ci(successes: float, n: int, z: float = 1.959964) -> Tuple[float, fl
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _mean_ci(values: Sequence[float]) -> Dict[str, Any]:
+def _mean_ci(values: Iterable[float]) -> Dict[str, Any]:
     """Mean with a 95% interval: Wilson for 0/1 scores, normal approximation (clipped to [0, 1]) otherwise."""
-    n = len(values)
+    acc = _Mean()
+    for v in values:
+        acc.add(v)
+    return _mean_ci_of(acc)
+
+
+def _mean_ci_of(acc: "_Mean") -> Dict[str, Any]:
+    """_mean_ci of the values a _Mean was fed."""
+    n = acc.n
     if n == 0:
         return {"mean": None, "ci95": None, "n": 0}
-    mean = sum(values) / n
-    if all(v in (0, 1) for v in values):
-        lo, hi = _wilson_ci(sum(values), n)
+    mean = acc.total / n
+    if acc.binary:
+        lo, hi = _wilson_ci(acc.total, n)
     elif n == 1:
         lo, hi = 0.0, 1.0
     else:
-        var = sum((v - mean) ** 2 for v in values) / (n - 1)
-        half = 1.959964 * math.sqrt(var / n)
+        half = 1.959964 * math.sqrt(acc.m2 / (n - 1) / n)
         lo, hi = max(0.0, mean - half), min(1.0, mean + half)
     return {"mean": round(mean, 6), "ci95": [round(lo, 6), round(hi, 6)], "n": n}
 
@@ -4392,25 +4400,10 @@ def _fmt_money(value: Optional[float]) -> str:
 
 def cost_summary(records: Iterable[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """The cost of a run's samples (their records' "cost"), by kind of request; None when no record has one."""
-    total, by_role, priced, unpriced, n = 0.0, {}, 0, 0, 0
+    acc = _CostSum()
     for r in records:
-        c = r.get("cost")
-        if not isinstance(c, dict):
-            continue
-        n += 1
-        if any(v is None for v in c.values()):
-            unpriced += 1
-        if any(v is not None for v in c.values()):
-            priced += 1
-        for role, v in c.items():
-            if v is not None:
-                total += v
-                by_role[role] = by_role.get(role, 0.0) + v
-    if not n:
-        return None
-    return {"total": round(total, 6), "by_role": {k: round(v, 6) for k, v in sorted(by_role.items())},
-            "samples": n, "samples_priced": priced, "samples_unpriced": unpriced,
-            "per_sample": round(total / priced, 8) if priced else None}
+        acc.add(r.get("cost"))
+    return acc.result()
 
 
 # =============================================================================
@@ -7673,128 +7666,259 @@ def _active_seconds(intervals: List[Tuple[float, float]]) -> float:
     return total
 
 
-# What summarize keeps of each sample record (the latest per id): a tuple, not the record, so a 100,000-row run
-# stays small in memory; named so that a field added to it is added in one place. A namedtuple made at first use
-# (making one compiles code: a cost at every start).
-_KEPT_FIELDS = ("status score cat scorer eclass ptok ctok est latency t1 t_start t_end rtok no_ans row_id epoch "
-                "extracted judged error finish served cost")
-_kept_type: Any = None
+SKETCH_EXACT = 65536  # values a _Quantiles keeps exactly; past them, log buckets (percentiles within 0.5%)
 
 
-def _Kept(*values: Any) -> Any:
-    global _kept_type
-    if _kept_type is None:
-        _kept_type = collections.namedtuple("_Kept", _KEPT_FIELDS)
-    return _kept_type(*values)
+class _Quantiles:
+    """Percentiles and a histogram of a stream of values in bounded memory: exact (the values kept) up to
+    SKETCH_EXACT of them, then counts in logarithmic buckets 1% wide (a percentile is its bucket's middle, within
+    0.5% of the exact one)."""
+
+    STEP = 0.009950330853168092  # log(1.01)
+
+    def __init__(self) -> None:
+        self.values: Optional[List[float]] = []
+        self.buckets: Dict[int, int] = {}
+        self.n, self.lo, self.hi = 0, math.inf, -math.inf
+        self._sorted = False
+
+    def add(self, v: float) -> None:
+        self.n += 1
+        self.lo, self.hi = min(self.lo, v), max(self.hi, v)
+        if self.values is not None:
+            self.values.append(v)
+            self._sorted = False
+            if len(self.values) > SKETCH_EXACT:
+                for x in self.values:
+                    self._bucket(x)
+                self.values = None
+        else:
+            self._bucket(v)
+
+    def _bucket(self, v: float) -> None:
+        key = -(1 << 30) if v <= 0 else int(math.floor(math.log(v) / self.STEP))
+        self.buckets[key] = self.buckets.get(key, 0) + 1
+
+    def _mid(self, key: int) -> float:
+        return 0.0 if key == -(1 << 30) else min(self.hi, max(self.lo, math.exp((key + 0.5) * self.STEP)))
+
+    @property
+    def exact(self) -> bool:
+        return self.values is not None
+
+    def sorted_values(self) -> List[float]:
+        assert self.values is not None
+        if not self._sorted:
+            self.values.sort()
+            self._sorted = True
+        return self.values
+
+    def percentile(self, p: float) -> Optional[float]:
+        if self.values is not None:
+            return _percentile(self.sorted_values(), p)
+        rank, seen = (self.n - 1) * p / 100.0, 0
+        for key in sorted(self.buckets):
+            seen += self.buckets[key]
+            if seen > rank:
+                return self._mid(key)
+        return self.hi
+
+    def histogram(self, bins: int = 30) -> Dict[str, Any]:
+        if self.values is not None:
+            return _histogram(self.values, bins)
+        lo, hi = self.lo, self.hi if self.hi > self.lo else self.lo + 1e-9
+        width = (hi - lo) / bins
+        counts = [0] * bins
+        for key, c in self.buckets.items():
+            counts[min(bins - 1, max(0, int((self._mid(key) - lo) / width)))] += c
+        return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
+
+
+class _Mean:
+    """Count, sum and spread of a stream of scores (Welford), and whether all are 0/1: what _mean_ci needs."""
+
+    __slots__ = ("n", "total", "mean", "m2", "binary")
+
+    def __init__(self) -> None:
+        self.n, self.total, self.mean, self.m2, self.binary = 0, 0.0, 0.0, 0.0, True
+
+    def add(self, v: float) -> None:
+        self.n += 1
+        self.total += v
+        d = v - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (v - self.mean)
+        if v not in (0, 1):
+            self.binary = False
+
+    def ci(self) -> Dict[str, Any]:
+        return _mean_ci_of(self)
+
+
+class _CostSum:
+    """The cost of a stream of sample records (their "cost"), by kind of request: cost_summary's figures."""
+
+    def __init__(self) -> None:
+        self.total, self.by_role, self.priced, self.unpriced, self.n = 0.0, {}, 0, 0, 0  # type: ignore[var-annotated]
+
+    def add(self, c: Any) -> None:
+        if not isinstance(c, dict):
+            return
+        self.n += 1
+        if any(v is None for v in c.values()):
+            self.unpriced += 1
+        if any(v is not None for v in c.values()):
+            self.priced += 1
+        for role, v in c.items():
+            if v is not None:
+                self.total += v
+                self.by_role[role] = self.by_role.get(role, 0.0) + v
+
+    def result(self) -> Optional[Dict[str, Any]]:
+        if not self.n:
+            return None
+        return {"total": round(self.total, 6), "by_role": {k: round(v, 6) for k, v in sorted(self.by_role.items())},
+                "samples": self.n, "samples_priced": self.priced, "samples_unpriced": self.unpriced,
+                "per_sample": round(self.total / self.priced, 8) if self.priced else None}
+
+
+class _Spans:
+    """The union of [start, end] intervals added in any order, kept merged (a run's are few once merged: one per
+    attempt), so its length needs no list of every sample's span."""
+
+    def __init__(self) -> None:
+        self.starts: List[float] = []
+        self.ends: List[float] = []
+
+    def add(self, s: float, e: float) -> None:
+        i = bisect.bisect_left(self.ends, s)  # the first interval that ends at or after s
+        j = bisect.bisect_right(self.starts, e)  # past the last that starts at or before e
+        if i < j:
+            s, e = min(s, self.starts[i]), max(e, self.ends[j - 1])
+        self.starts[i:j] = [s]
+        self.ends[i:j] = [e]
+
+    def length(self) -> float:
+        return sum(e - s for s, e in zip(self.starts, self.ends))
+
+
+class _Summary:
+    """The metrics of a run computed in one pass over its latest sample records, in any order, in memory that
+    does not grow with their count (sums, counts, a _Quantiles per latency; what grows: one entry per category,
+    scorer, error class, finish reason and served model, and per row under --epochs): ``summarize``'s figures."""
+
+    def __init__(self) -> None:
+        self.score, self.by_cat, self.by_scorer = _Mean(), {}, {}  # type: ignore[var-annotated]
+        self.failed_cat: Dict[str, int] = collections.Counter()
+        self.errors: Dict[str, int] = collections.Counter()
+        self.examples: Dict[str, Tuple[str, str]] = {}  # error class -> (the smallest id, its error)
+        self.tok = collections.Counter()  # type: ignore[var-annotated]
+        self.repeats: Dict[str, List[Tuple]] = collections.defaultdict(list)  # row id -> its samples (--epochs)
+        self.finishes: Dict[str, int] = collections.Counter()
+        self.served_as: Dict[str, int] = collections.Counter()
+        self.lat, self.ttft, self.spans, self.cost = _Quantiles(), _Quantiles(), _Spans(), _CostSum()
+
+    def add(self, rec: Dict[str, Any]) -> None:
+        status, score, cat = rec.get("status"), rec.get("score"), rec.get("category") or "uncategorized"
+        if status == "ok" and rec.get("finish_reason"):
+            self.finishes[str(rec["finish_reason"])] += 1
+        if status == "ok" and rec.get("served_model"):
+            self.served_as[str(rec["served_model"])] += 1
+        judged, tok = rec.get("judge") or {}, self.tok
+        tok["jp"] += judged.get("prompt_tokens") or 0
+        tok["jc"] += judged.get("completion_tokens") or 0
+        if rec.get("epoch") and rec.get("row_id") is not None:
+            self.repeats[rec["row_id"]].append((rec.get("epoch"), status, score, rec.get("extracted"),
+                                                    rec.get("scorer") or ""))
+        tok["r"] += rec.get("reasoning_tokens") or 0
+        tok["no_answer"] += bool(rec.get("no_answer"))
+        tok["p"] += rec.get("prompt_tokens") or 0
+        tok["c"] += rec.get("completion_tokens") or 0
+        tok["est"] += bool(rec.get("usage_estimated"))
+        if status == "ok" and score is not None:
+            v = float(score)
+            self.score.add(v)
+            self.by_cat.setdefault(cat, _Mean()).add(v)
+            self.by_scorer.setdefault(rec.get("scorer") or "", _Mean()).add(v)
+            if rec.get("latency_s") is not None:
+                self.lat.add(float(rec["latency_s"]))
+            if rec.get("ttft_s") is not None:
+                self.ttft.add(float(rec["ttft_s"]))
+        else:
+            eclass = rec.get("error_class") or "unknown"
+            self.failed_cat[cat] += 1
+            self.errors[eclass] += 1
+            sid = str(rec.get("id"))
+            if eclass not in self.examples or sid < self.examples[eclass][0]:
+                self.examples[eclass] = (sid, str(rec.get("error") or "")[:300])
+        if rec.get("started_at") is not None and rec.get("finished_at") is not None:
+            self.spans.add(float(rec["started_at"]), float(rec["finished_at"]))
+        self.cost.add(rec.get("cost"))
+
+    def result(self, total: Optional[int] = None) -> Dict[str, Any]:
+        n_ok, n_failed = self.score.n, sum(self.errors.values())
+        finished = n_ok + n_failed
+        total = finished if total is None else total
+
+        def group(values: Dict[str, _Mean], failed: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+            out = {}
+            for key in sorted(set(values) | set(failed or {})):
+                entry = values[key].ci() if key in values else _mean_ci(())
+                if failed is not None:
+                    entry["failed"] = failed.get(key, 0)
+                out[key] = entry
+            return out
+
+        tok, lat, ttft = self.tok, self.lat, self.ttft
+        active_s = self.spans.length()
+        pending = max(0, total - finished)
+        out = {
+            "counts": {"total": total, "finished": finished, "ok": n_ok, "failed": n_failed, "pending": pending},
+            # a score over fewer samples than the run has is not the run's score: say so wherever it is shown
+            "complete": n_failed == 0 and pending == 0,
+            "score": self.score.ci(),
+            "score_failed_as_wrong": {"mean": round(self.score.total / total, 6) if total else None, "n": total},
+            **({"repeats": _repeats_summary(self.repeats)} if self.repeats else {}),
+            "by_category": group(self.by_cat, self.failed_cat),
+            "by_scorer": group(self.by_scorer),
+            "errors": dict(sorted(self.errors.items())),
+            "error_examples": {k: v[1] for k, v in sorted(self.examples.items())},
+            "finish_reasons": dict(sorted(self.finishes.items())),
+            "served_models": dict(sorted(self.served_as.items())),
+            "tokens": {"prompt": tok["p"], "completion": tok["c"], "reasoning": tok["r"],
+                       "estimated_samples": tok["est"], "judge": {"prompt": tok["jp"], "completion": tok["jc"]}},
+            "no_answer": tok["no_answer"],   # replies whose reasoning used the whole budget (scored wrong)
+            "performance": {
+                "latency_s": {"p50": _r(lat.percentile(50)), "p95": _r(lat.percentile(95)),
+                              "p99": _r(lat.percentile(99))},
+                "ttft_s": {"p50": _r(ttft.percentile(50)), "p95": _r(ttft.percentile(95))},
+                "active_s": _r(active_s),
+                "samples_per_s": _r(finished / active_s) if active_s > 0 else None,
+                "output_tokens_per_s": _r(tok["c"] / active_s) if active_s > 0 else None,
+            },
+        }
+        cost = self.cost.result()
+        if cost is not None:
+            out["cost"] = cost
+        mean = out["score"]["mean"]
+        out["headline"] = "score %s %s" % ("-" if mean is None else "%.3f" % mean, _coverage_text(out))
+        return out
 
 
 def summarize(records: Iterable[Dict[str, Any]], *, total: Optional[int] = None) -> Dict[str, Any]:
-    """Metrics of a run computed from its sample records alone (so it works on a killed run).
+    """Metrics of a run computed from its sample records alone (so it works on a killed run); a later record of
+    an id replaces an earlier one. (A stream of latest records too large to hold: _Summary, fed one by one.)
 
     Everything outside ``performance`` depends only on what was answered, not on timing: two runs that produced
     the same answers have equal summaries apart from ``performance``.
     """
-    latest: Dict[str, _Kept] = {}
+    latest: Dict[str, Dict[str, Any]] = {}
     for rec in records:
-        latest[rec["id"]] = _Kept(rec.get("status"), rec.get("score"), rec.get("category") or "uncategorized",
-                             rec.get("scorer") or "", rec.get("error_class"), rec.get("prompt_tokens") or 0,
-                             rec.get("completion_tokens") or 0, bool(rec.get("usage_estimated")),
-                             rec.get("latency_s"), rec.get("ttft_s"), rec.get("started_at"), rec.get("finished_at"),
-                             rec.get("reasoning_tokens") or 0, bool(rec.get("no_answer")),
-                             rec.get("row_id") if rec.get("epoch") else None, rec.get("epoch"), rec.get("extracted"),
-                             rec.get("judge") or {}, rec.get("error"), rec.get("finish_reason"),
-                             rec.get("served_model"), rec.get("cost"))
-    scores: List[float] = []
-    by_cat: Dict[str, List[float]] = collections.defaultdict(list)
-    by_scorer: Dict[str, List[float]] = collections.defaultdict(list)
-    failed_cat: Dict[str, int] = collections.Counter()
-    errors: Dict[str, int] = collections.Counter()
-    tok_p = tok_c = n_est = tok_r = n_no_answer = tok_jp = tok_jc = 0
-    repeats: Dict[str, List[Tuple]] = collections.defaultdict(list)  # row id -> its samples (--epochs)
-    finishes: Dict[str, int] = collections.Counter()                 # finish_reason of the answered samples
-    served_as: Dict[str, int] = collections.Counter()                # the replies' model field
-    examples: Dict[str, str] = {}                                   # error class -> its first error
-    lat: List[float] = []
-    ttft: List[float] = []
-    spans: List[Tuple[float, float]] = []
-    for sid in sorted(latest):
-        (status, score, cat, scorer, eclass, ptok, ctok, est, latency, t1, t_start, t_end, rtok, no_ans, row_id,
-         epoch, extracted, judged, error, finish, served, _cost) = latest[sid]
-        if status == "ok" and finish:
-            finishes[str(finish)] += 1
-        if status == "ok" and served:
-            served_as[str(served)] += 1
-        tok_jp += judged.get("prompt_tokens") or 0
-        tok_jc += judged.get("completion_tokens") or 0
-        if row_id is not None:
-            repeats[row_id].append((epoch, status, score, extracted, scorer))
-        tok_r += rtok
-        n_no_answer += no_ans
-        tok_p += ptok
-        tok_c += ctok
-        n_est += est
-        if status == "ok" and score is not None:
-            scores.append(float(score))
-            by_cat[cat].append(float(score))
-            by_scorer[scorer].append(float(score))
-            if latency is not None:
-                lat.append(float(latency))
-            if t1 is not None:
-                ttft.append(float(t1))
-        else:
-            failed_cat[cat] += 1
-            errors[eclass or "unknown"] += 1
-            examples.setdefault(eclass or "unknown", str(error or "")[:300])
-        if t_start is not None and t_end is not None:
-            spans.append((float(t_start), float(t_end)))
-    n_ok, n_failed = len(scores), sum(errors.values())
-    finished = n_ok + n_failed
-    total = finished if total is None else total
-
-    def group(values: Dict[str, List[float]], failed: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
-        out = {}
-        for key in sorted(set(values) | set(failed or {})):
-            entry = _mean_ci(values.get(key, []))
-            if failed is not None:
-                entry["failed"] = failed.get(key, 0)
-            out[key] = entry
-        return out
-
-    lat.sort()
-    ttft.sort()
-    active_s = _active_seconds(spans)
-    pending = max(0, total - finished)
-    out = {
-        "counts": {"total": total, "finished": finished, "ok": n_ok, "failed": n_failed, "pending": pending},
-        # a score over fewer samples than the run has is not the run's score: say so wherever it is shown
-        "complete": n_failed == 0 and pending == 0,
-        "score": _mean_ci(scores),
-        "score_failed_as_wrong": {"mean": round(sum(scores) / total, 6) if total else None, "n": total},
-        **({"repeats": _repeats_summary(repeats)} if repeats else {}),
-        "by_category": group(by_cat, failed_cat),
-        "by_scorer": group(by_scorer),
-        "errors": dict(sorted(errors.items())),
-        "error_examples": dict(sorted(examples.items())),
-        "finish_reasons": dict(sorted(finishes.items())),
-        "served_models": dict(sorted(served_as.items())),
-        "tokens": {"prompt": tok_p, "completion": tok_c, "reasoning": tok_r, "estimated_samples": n_est,
-                   "judge": {"prompt": tok_jp, "completion": tok_jc}},
-        "no_answer": n_no_answer,   # replies whose reasoning used the whole budget (scored wrong)
-        "performance": {
-            "latency_s": {"p50": _r(_percentile(lat, 50)), "p95": _r(_percentile(lat, 95)),
-                          "p99": _r(_percentile(lat, 99))},
-            "ttft_s": {"p50": _r(_percentile(ttft, 50)), "p95": _r(_percentile(ttft, 95))},
-            "active_s": _r(active_s),
-            "samples_per_s": _r(finished / active_s) if active_s > 0 else None,
-            "output_tokens_per_s": _r(tok_c / active_s) if active_s > 0 else None,
-        },
-    }
-    cost = cost_summary({"cost": k.cost} for k in latest.values())
-    if cost is not None:
-        out["cost"] = cost
-    mean = out["score"]["mean"]
-    out["headline"] = "score %s %s" % ("-" if mean is None else "%.3f" % mean, _coverage_text(out))
-    return out
+        latest[rec["id"]] = rec
+    acc = _Summary()
+    for rec in latest.values():
+        acc.add(rec)
+    return acc.result(total)
 
 
 _EXTRACTING_SCORERS = frozenset({"choice", "numeric", "math", "regex"})  # maj@K votes over their extracted answers
