@@ -7716,10 +7716,17 @@ class _Quantiles:
     def percentile(self, p: float) -> Optional[float]:
         if self.values is not None:
             return _percentile(self.sorted_values(), p)
-        rank, seen = (self.n - 1) * p / 100.0, 0
+        rank = (self.n - 1) * p / 100.0  # as _percentile: between the values of two ranks
+        lo = int(math.floor(rank))
+        a, b = self._at(lo), self._at(min(lo + 1, self.n - 1))
+        return a + (b - a) * (rank - lo)
+
+    def _at(self, index: int) -> float:
+        """The value of sorted rank ``index`` (its bucket's middle)."""
+        seen = 0
         for key in sorted(self.buckets):
             seen += self.buckets[key]
-            if seen > rank:
+            if seen > index:
                 return self._mid(key)
         return self.hi
 
@@ -8970,7 +8977,10 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
             run.gate.close()
 
     kind.settle(run)
-    summary = summarize((r for r in store.iter_samples() if r.get("id") in run.ids), total=run.total)
+    acc = _Summary()
+    for rec in _LatestRecords(store.path(RunStore.SAMPLES), run.ids):
+        acc.add(rec)
+    summary = acc.result(run.total)
     summary.update({"task": cfg.task, "model": run.model, "dataset": run.dataset.name, "status": status})
     extra = kind.finish(run, summary)
     store.write_json(RunStore.SUMMARY, summary)
@@ -14949,27 +14959,225 @@ def _read_json_file(path: str) -> Dict[str, Any]:
         return {}
 
 
-def load_run(run_dir: str) -> Dict[str, Any]:
-    """A run directory's records: the latest record per sample id (samples.jsonl), events, run.json."""
+STREAMED_TASKS = ("qa",)  # kinds whose report reads their records in one pass, keeping only what it shows
+PARTITION_BYTES = 32 << 20  # a samples file past this size is deduplicated through partitions on disk
+SAMPLES_SHOWN = 200  # wrong or failed samples a report lists (the smallest ids)
+
+
+def _numbered_records(path: str, upto: Optional[int] = None) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """(line number, record) of a JSONL file's records with an id (a torn or foreign line is skipped); the lines
+    before ``upto`` only."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for n, raw in enumerate(fh):
+            if upto is not None and n >= upto:
+                return
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "id" in rec:
+                yield n, rec
+
+
+def _run_json_lean(path: str) -> Tuple[Dict[str, Any], Optional[List[str]]]:
+    """run.json without its dataset's id list, and that list (None when it has none): the list is a run's only
+    part that grows with its rows."""
+    info = _read_json_file(path)
+    ds = info.get("dataset")
+    ids = ds.pop("ids", None) if isinstance(ds, dict) else None
+    return info, (list(map(str, ids)) if isinstance(ids, list) and ids else None)
+
+
+class _LatestRecords:
+    """The latest record of each sample id of a samples file (a later line of an id replaces an earlier one: a
+    retry), only the ids of ``wanted`` when given, in file order: iterate it once. Memory: what is dropped (a line
+    number for each superseded record) and, for a file past PARTITION_BYTES, one partition's ids at a time (the
+    ids and line numbers go to partition files by crc32 of the id, each read back on its own); never the records.
+    The file is read twice (ids, then records), up to the line count of the first read (a run still appending).
+    ``observe`` sees every parsed record of the first read (superseded ones too); ``count`` the ids kept."""
+
+    def __init__(self, path: str, wanted: Optional[Iterable[str]] = None,
+                 observe: Optional[Callable[[Dict[str, Any]], None]] = None):
+        self.path, self.count, self.lines = path, 0, 0
+        self.drop: set = set()
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        parts = 1 + size // PARTITION_BYTES
+        if parts == 1:
+            self._dedupe([(n, str(rec["id"])) for n, rec in self._first_read(observe)],
+                         None if wanted is None else wanted if isinstance(wanted, (set, frozenset)) else set(wanted))
+            return
+        tmp = tempfile.mkdtemp(prefix="evalharness-ids-")
+        try:
+            files = [open(os.path.join(tmp, "%d" % i), "w", encoding="utf-8") for i in range(parts)]
+            try:
+                for n, rec in self._first_read(observe):
+                    sid = str(rec["id"])
+                    files[zlib.crc32(sid.encode("utf-8")) % parts].write("%d\t%s\n" % (n, json.dumps(sid)))
+                for sid in wanted if wanted is not None else ():
+                    files[zlib.crc32(sid.encode("utf-8")) % parts].write("-1\t%s\n" % json.dumps(sid))
+            finally:
+                for fh in files:
+                    fh.close()
+            for i in range(parts):
+                seen: List[Tuple[int, str]] = []
+                want: Optional[set] = set() if wanted is not None else None
+                with open(os.path.join(tmp, "%d" % i), encoding="utf-8") as fh:
+                    for line in fh:
+                        n_s, sid_s = line.rstrip("\n").split("\t", 1)
+                        if n_s == "-1":
+                            want.add(json.loads(sid_s))  # type: ignore[union-attr]
+                        else:
+                            seen.append((int(n_s), json.loads(sid_s)))
+                self._dedupe(seen, want)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _first_read(self, observe: Optional[Callable[[Dict[str, Any]], None]]
+                    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        for n, rec in _numbered_records(self.path):
+            self.lines = n + 1
+            if observe is not None:
+                observe(rec)
+            yield n, {"id": rec["id"]}
+
+    def _dedupe(self, seen: List[Tuple[int, str]], want: Optional[set]) -> None:
+        last: Dict[str, int] = {}
+        for n, sid in seen:
+            prev = last.get(sid)
+            if prev is not None:
+                self.drop.add(prev)
+            last[sid] = n
+        for sid, n in last.items():
+            if want is not None and sid not in want:
+                self.drop.add(n)  # an id that left the dataset: not this run's result
+            else:
+                self.count += 1
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        for n, rec in _numbered_records(self.path, upto=self.lines):
+            if n not in self.drop:
+                yield rec
+
+
+class _FirstPass:
+    """What the report's time axis needs before the records are read (their first read, every stored attempt):
+    the first start, the last finish, and the latest time before each attempt's start (the idle gaps)."""
+
+    def __init__(self, events: Sequence[Dict[str, Any]]):
+        self.starts = sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start"
+                             and ev.get("t") is not None)
+        self.seg_max: List[Optional[float]] = [None] * (len(self.starts) + 1)  # latest time between two starts
+        self.t0, self.t_end, self.outcome = math.inf, -math.inf, False
+        for ev in events:
+            if ev.get("t") is not None and ev.get("type") != "run_start":
+                self._time(float(ev["t"]))
+
+    def _time(self, x: float) -> None:
+        k = bisect.bisect_right(self.starts, x)  # x is before starts[k]: it counts for the gap before that start
+        m = self.seg_max[k]
+        self.seg_max[k] = x if m is None else max(m, x)
+
+    def __call__(self, rec: Dict[str, Any]) -> None:
+        if "outcome" in rec:
+            self.outcome = True
+        s, e = rec.get("started_at"), rec.get("finished_at")
+        for x in (s, e):
+            if x is not None:
+                self._time(float(x))
+        if s is not None and e is not None:
+            self.t0, self.t_end = min(self.t0, float(s)), max(self.t_end, float(e))
+
+    def gaps(self) -> List[Tuple[float, float]]:
+        """_idle_gaps' answer: from the last thing before an attempt's start to that start, where longer than
+        IDLE_BREAK_S."""
+        out: List[Tuple[float, float]] = []
+        best: Optional[float] = None
+        for k, start in enumerate(self.starts):
+            m = self.seg_max[k]
+            best = m if best is None else (best if m is None else max(best, m))
+            if best is not None and start - best > IDLE_BREAK_S and (not out or best >= out[-1][1]):
+                out.append((best, start))
+        return out
+
+
+def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
+    """A run directory read in one pass over its latest records: run.json, events, the report's figures
+    (``summary``, ``series``, ``figures``) and ``samples``: every latest record by id, or with ``shown_only`` (a
+    report) for STREAMED_TASKS only the wrong and failed samples the report lists (``bad_total`` counts them
+    all), so that its memory does not grow with the run."""
     if not os.path.isdir(run_dir):
         raise ConfigError("report: %r is not a run directory" % run_dir)
     samples_path = os.path.join(run_dir, RunStore.SAMPLES)
     if not os.path.exists(samples_path):
         raise ConfigError("report: %s has no %s (not a run directory, or nothing finished yet)"
                           % (run_dir, RunStore.SAMPLES))
-    latest: Dict[str, Dict[str, Any]] = {}
-    for rec in _read_jsonl_tolerant(samples_path):
-        if "id" in rec:
-            latest[str(rec["id"])] = rec
-    run = _read_json_file(os.path.join(run_dir, RunStore.RUN))
-    ids = (run.get("dataset") or {}).get("ids")
-    if isinstance(ids, list) and ids:  # records of ids that left the dataset are not this run's results
-        wanted = set(map(str, ids))
-        latest = {k: v for k, v in latest.items() if k in wanted}
-    total = (run.get("dataset") or {}).get("rows") or len(latest)
-    task = run.get("task") or ("swe" if any("outcome" in r for r in latest.values()) else "qa")
-    return {"dir": run_dir, "run": run, "samples": latest, "events": _read_jsonl_tolerant(
-        os.path.join(run_dir, RunStore.EVENTS)), "total": max(int(total), len(latest)), "task": task}
+    info, ids = _run_json_lean(os.path.join(run_dir, RunStore.RUN))
+    events = _read_jsonl_tolerant(os.path.join(run_dir, RunStore.EVENTS))
+    first = _FirstPass(events)
+    latest = _LatestRecords(samples_path, ids, first)
+    task = info.get("task") or ("swe" if first.outcome else "qa")
+    keep = not shown_only or task not in STREAMED_TASKS
+    if keep and ids is not None:
+        info["dataset"]["ids"] = ids
+    total = max(int((info.get("dataset") or {}).get("rows") or latest.count), latest.count)
+    ids = None
+    acc, timeline, figures = _Summary(), _Timeline(first), _Figures()
+    samples: Dict[str, Dict[str, Any]] = {}
+    shown: List[Tuple[Any, ...]] = []  # a heap of the SAMPLES_SHOWN smallest ids of wrong or failed samples
+    bad_total = 0
+    for rec in latest:
+        acc.add(rec)
+        timeline.add(rec)
+        figures.add(rec)
+        if keep:
+            samples[str(rec["id"])] = rec
+        elif rec.get("status") != "ok" or (rec.get("score") or 0) < 1:
+            bad_total += 1
+            key = tuple(-ord(c) for c in str(rec["id"])) + (1,)  # (a max-heap on the id: the largest leaves)
+            item = (key, bad_total, rec)
+            if len(shown) < SAMPLES_SHOWN:
+                heapq.heappush(shown, item)
+            elif key > shown[0][0]:
+                heapq.heapreplace(shown, item)
+    if not keep:
+        samples = {str(r["id"]): r for r in sorted((x[2] for x in shown), key=lambda r: str(r["id"]))}
+    return {"dir": run_dir, "run": info, "samples": samples, "samples_all": keep, "bad_total": bad_total,
+            "events": events, "total": total, "task": task, "summary": acc.result(total),
+            "series": timeline.result(events, info), "figures": figures}
+
+
+class _Figures:
+    """The report's figures beside the summary, in one pass: failures by class (count, the smallest id and its
+    error), the latency histogram (request latency, else a sample's duration)."""
+
+    def __init__(self) -> None:
+        self.failures: Dict[str, Dict[str, Any]] = {}
+        self.lat, self.request_latency = _Quantiles(), False
+
+    def add(self, r: Dict[str, Any]) -> None:
+        if r.get("status") != "ok":
+            cls = r.get("error_class") or "unknown"
+            entry = self.failures.get(cls)
+            if entry is None:
+                entry = self.failures[cls] = {"count": 0, "example_id": r.get("id"), "example_error": r.get("error")}
+            elif str(r.get("id")) < str(entry["example_id"]):
+                entry.update(example_id=r.get("id"), example_error=r.get("error"))
+            entry["count"] += 1
+            return
+        if r.get("latency_s") is not None:
+            self.request_latency = True
+            self.lat.add(float(r["latency_s"]))
+        elif r.get("finished_at") and r.get("started_at"):
+            self.lat.add(float(r["finished_at"]) - float(r["started_at"]))
 
 
 def _live_status(run_dir: str, status: str) -> str:
@@ -14991,9 +15199,10 @@ def _live_status(run_dir: str, status: str) -> str:
 
 
 def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
-    """Everything the text, JSON and HTML reports show, computed from the run's files."""
-    records = list(run["samples"].values())
-    summary = summarize(records, total=run["total"])
+    """Everything the text, JSON and HTML reports show, from what load_run read in its one pass (the kinds' own
+    blocks from their records, which load_run keeps for them)."""
+    records = list(run["samples"].values()) if run.get("samples_all", True) else []
+    summary = dict(run["summary"])
     info = run["run"]
     data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"],
                             "status": _live_status(run["dir"], info.get("status", "unknown")),
@@ -15008,14 +15217,8 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
     summary["model"] = data["model"]
     if run["task"] in _KINDS:  # the kind's own block (choice's acc_norm, perplexity's figures), as its run printed it
         _KINDS[run["task"]]().merged(summary, [r for r in records if r.get("status") == "ok"], info)
-    failures: Dict[str, Dict[str, Any]] = {}
-    for rec in records:
-        if rec.get("status") != "ok":
-            cls = rec.get("error_class") or "unknown"
-            entry = failures.setdefault(cls, {"count": 0, "example_id": rec.get("id"),
-                                              "example_error": rec.get("error")})
-            entry["count"] += 1
-    data["failures"] = dict(sorted(failures.items(), key=lambda kv: -kv[1]["count"]))
+    figures = run["figures"]
+    data["failures"] = dict(sorted(figures.failures.items(), key=lambda kv: -kv[1]["count"]))
     if run["task"] == "swe":
         ids = sorted(set(run["samples"]) | set((info.get("dataset") or {}).get("ids") or []))
         data["swebench"] = swebench_report(records, ids)
@@ -15029,14 +15232,9 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
         data["tasks_short"] = [{k: r.get(k) for k in ("id", "category", "verdict", "reward", "rewards", "why",
                                                       "exit_reason", "steps", "verifier_exit", "verifier_tail")}
                                for r in _tasks_short(records)[:200]]
-    data["series"] = _timeline(records, run["events"], info)
-    lat = sorted(float(r["latency_s"]) if r.get("latency_s") is not None else
-                 float(r["finished_at"]) - float(r["started_at"]) for r in records
-                 if r.get("status") == "ok" and (r.get("latency_s") is not None or
-                                                 (r.get("finished_at") and r.get("started_at"))))
-    data["latency_hist"] = _histogram(lat)
-    data["latency_label"] = "request latency" if any(r.get("latency_s") is not None for r in records) else \
-        "sample duration"
+    data["series"] = run["series"]
+    data["latency_hist"] = figures.lat.histogram()
+    data["latency_label"] = "request latency" if figures.request_latency else "sample duration"
     return data
 
 
@@ -15200,100 +15398,153 @@ def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
 IDLE_BREAK_S = 60.0  # idle time between a run's attempts longer than this is cut out of the report's time axis
 
 
-def _idle_gaps(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]) -> List[Tuple[float, float]]:
-    """The idle stretches between attempts (a resume hours after a crash or an interrupt): from the last thing that
-    happened before an attempt started to that start, where longer than IDLE_BREAK_S."""
-    times = sorted({float(x) for r in records for x in (r.get("started_at"), r.get("finished_at")) if x is not None}
-                   | {float(ev["t"]) for ev in events if ev.get("t") is not None and ev.get("type") != "run_start"})
-    gaps: List[Tuple[float, float]] = []
-    for start in sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None):
-        i = bisect.bisect_left(times, start)
-        if i and start - times[i - 1] > IDLE_BREAK_S and (not gaps or times[i - 1] >= gaps[-1][1]):
-            gaps.append((times[i - 1], start))
-    return gaps
+class _Timeline:
+    """Series over run time (seconds from the first start) from a stream of records: samples in flight, the gate
+    limit, drain pauses, completions and output tokens per second (binned). Idle time between attempts is cut out
+    (_FirstPass.gaps): the axis is time with the run active, and "breaks" says where (x) and how long (idle_s) each
+    cut is. Up to SKETCH_EXACT records the in-flight series is exact (every start and end); past that, it is the
+    count in flight at FINE_BINS instants (from the starts and ends counted per bin) over the first pass's span of
+    every stored attempt, and the completion bins are made of those bins."""
 
+    FINE_BINS = 6000
 
-def _timeline(records: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]],
-              info: Dict[str, Any]) -> Dict[str, Any]:
-    """Series over run time (seconds from the first start): samples in flight, the gate limit, drain pauses,
-    completions and output tokens per second (binned). Idle time between attempts is cut out (_idle_gaps): the
-    axis is time with the run active, and "breaks" says where (x) and how long (idle_s) each cut is."""
-    gaps = _idle_gaps(records, events)
-    if gaps:
-        def squeezed(t: Any) -> float:
-            t = float(t)
-            return t - sum(min(t, b) - a for a, b in gaps if t > a)
-        records = [dict(r, started_at=squeezed(r["started_at"]), finished_at=squeezed(r["finished_at"]))
-                   for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
-        events = [dict(ev, t=squeezed(ev["t"])) if ev.get("t") is not None else ev for ev in events]
-    spans = [(float(r["started_at"]), float(r["finished_at"]), int(r.get("completion_tokens") or 0))
-             for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
-    if not spans:
-        return {"t0": None, "in_flight": [], "limit": [], "drains": [], "rate": [], "tokens": []}
-    t0 = min(s for s, _, _ in spans)
-    t_end = max(e for _, e, _ in spans)
-    # in flight: a QA sample's request (its successful attempt: latency_s before it finished, so retries' backoff
-    # waits do not count), a SWE instance's whole session
-    flights = [(max(float(r["finished_at"]) - float(r["latency_s"]), float(r["started_at"])), float(r["finished_at"]))
-               if isinstance(r.get("latency_s"), (int, float)) else (float(r["started_at"]), float(r["finished_at"]))
-               for r in records if r.get("started_at") is not None and r.get("finished_at") is not None]
-    steps: List[Tuple[float, int]] = []
-    for s, e in flights:
-        steps.append((s - t0, 1))
-        steps.append((e - t0, -1))
-    steps.sort()
-    in_flight, level = [], 0
-    for t, d in steps:
-        level += d
-        in_flight.append((round(t, 3), level))
-    in_flight = _downsample_steps(in_flight, 600)
-    conc = info.get("concurrency") or {}
-    limit: List[Tuple[float, int]] = []
-    if conc.get("initial") is not None:
-        limit.append((0.0, int(conc["initial"])))
-    drains = []
-    for ev in events:
-        t = ev.get("t")
-        if t is None or t < t0 - 1:
-            continue
-        if ev.get("type") == "limit" and ev.get("limit") is not None:
-            limit.append((round(float(t) - t0, 3), int(ev["limit"])))
-        elif ev.get("type") == "drain_end" and drains and drains[-1][1] > float(t) - t0:
-            drains[-1] = (drains[-1][0], round(float(t) - t0, 3))  # over early: a request succeeded
-        elif ev.get("type") == "drain":
-            drains.append((round(float(t) - t0, 3), round(float(t) - t0 + float(ev.get("drain_s") or 0), 3)))
-            if ev.get("limit") is not None:
+    def __init__(self, first: _FirstPass):
+        self.first, self.gaps = first, first.gaps()
+        self.rows: Optional[List[Tuple[float, float, float, int]]] = []  # (start, finish, flight start, tokens)
+        self.n = 0
+
+    def _squeezed(self, t: float) -> float:
+        return t - sum(min(t, b) - a for a, b in self.gaps if t > a)
+
+    def add(self, r: Dict[str, Any]) -> None:
+        if r.get("started_at") is None or r.get("finished_at") is None:
+            return
+        s, e = float(r["started_at"]), float(r["finished_at"])
+        # in flight: a QA sample's request (its successful attempt: latency_s before it finished, so retries'
+        # backoff waits do not count), a SWE instance's whole session
+        f = max(e - float(r["latency_s"]), s) if isinstance(r.get("latency_s"), (int, float)) else s
+        row = (self._squeezed(s), self._squeezed(e), self._squeezed(f), int(r.get("completion_tokens") or 0))
+        self.n += 1
+        if self.rows is not None:
+            self.rows.append(row)
+            if len(self.rows) > SKETCH_EXACT:
+                self._start_bins()
+                for x in self.rows:
+                    self._bin(x)
+                self.rows = None
+        else:
+            self._bin(row)
+
+    def _start_bins(self) -> None:
+        self.t0 = self._squeezed(self.first.t0)
+        self.t_end = max(self._squeezed(self.first.t_end), self.t0 + 1e-6)
+        self.width = (self.t_end - self.t0) / self.FINE_BINS
+        self.up, self.down, self.done, self.toks = ([0] * self.FINE_BINS for _ in range(4))
+
+    def _bin(self, row: Tuple[float, float, float, int]) -> None:
+        _, e, f, tok = row
+        last = self.FINE_BINS - 1
+        i = min(last, max(0, int((f - self.t0) / self.width)))
+        j = min(last, max(0, int((e - self.t0) / self.width)))
+        self.up[i] += 1
+        self.down[j] += 1
+        self.done[j] += 1
+        self.toks[j] += tok
+
+    def result(self, events: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> Dict[str, Any]:
+        if not self.n:
+            return {"t0": None, "in_flight": [], "limit": [], "drains": [], "rate": [], "tokens": []}
+        gaps = self.gaps
+        if gaps:
+            events = [dict(ev, t=self._squeezed(float(ev["t"]))) if ev.get("t") is not None else ev
+                      for ev in events]
+        if self.rows is not None:
+            t0 = min(r[0] for r in self.rows)
+            t_end = max(r[1] for r in self.rows)
+            steps: List[Tuple[float, int]] = []
+            for _, e, f, _ in self.rows:
+                steps.append((f - t0, 1))
+                steps.append((e - t0, -1))
+            steps.sort()
+            in_flight, level = [], 0
+            for t, d in steps:
+                level += d
+                in_flight.append((round(t, 3), level))
+        else:
+            t0, t_end, width = self.t0, self.t_end, self.width
+            in_flight, level = [], 0
+            for i in range(self.FINE_BINS):
+                level += self.up[i] - self.down[i]
+                in_flight.append((round((i + 1) * width, 3), level))
+        in_flight = _downsample_steps(in_flight, 600)
+        conc = info.get("concurrency") or {}
+        limit: List[Tuple[float, int]] = []
+        if conc.get("initial") is not None:
+            limit.append((0.0, int(conc["initial"])))
+        drains = []
+        for ev in events:
+            t = ev.get("t")
+            if t is None or t < t0 - 1:
+                continue
+            if ev.get("type") == "limit" and ev.get("limit") is not None:
                 limit.append((round(float(t) - t0, 3), int(ev["limit"])))
-    if limit:
-        limit.append((round(t_end - t0, 3), limit[-1][1]))
-    limit = _downsample_steps(sorted(limit), 600)
-    # about eight completions a bin on average (bursty completions in one-second bins read as a comb of spikes),
-    # at most 120 bins and none shorter than a second
-    n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1, len(spans) // 8))
-    width = max((t_end - t0) / n_bins, 1e-9)
-    done = [0] * n_bins
-    toks = [0] * n_bins
-    for _, e, tok in spans:
-        i = min(n_bins - 1, int((e - t0) / width))
-        done[i] += 1
-        toks[i] += tok
-    marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
-    starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
-    breaks = [(round(b - sum(y - x for x, y in gaps[:i + 1]) - t0, 3), round(b - a, 3)) for i, (a, b) in
-              enumerate(gaps)]
-    for t in sorted(starts)[1:]:
-        if t >= t0:
-            idle = next((s for x, s in breaks if abs(x - (t - t0)) < 1e-3), None)
-            marks.append((round(t - t0, 3), "resume" if idle is None else "resume (%s idle, cut)"
-                           % _fmt_duration(idle)))
-    for ev in events:
-        if ev.get("t") is not None and float(ev["t"]) >= t0 and (
-                ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and ev.get("status") == "aborted")):
-            marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else "aborted"))
-    return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit, "drains": drains,
-            "marks": sorted(marks), "breaks": breaks,
-            "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
-            "tokens": [round(c / width, 2) for c in toks]}
+            elif ev.get("type") == "drain_end" and drains and drains[-1][1] > float(t) - t0:
+                drains[-1] = (drains[-1][0], round(float(t) - t0, 3))  # over early: a request succeeded
+            elif ev.get("type") == "drain":
+                drains.append((round(float(t) - t0, 3), round(float(t) - t0 + float(ev.get("drain_s") or 0), 3)))
+                if ev.get("limit") is not None:
+                    limit.append((round(float(t) - t0, 3), int(ev["limit"])))
+        if limit:
+            limit.append((round(t_end - t0, 3), limit[-1][1]))
+        limit = _downsample_steps(sorted(limit), 600)
+        # about eight completions a bin on average (bursty completions in one-second bins read as a comb of spikes),
+        # at most 120 bins and none shorter than a second
+        n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1, self.n // 8))
+        width = max((t_end - t0) / n_bins, 1e-9)
+        done = [0] * n_bins
+        toks = [0] * n_bins
+        if self.rows is not None:
+            for _, e, _, tok in self.rows:
+                i = min(n_bins - 1, int((e - t0) / width))
+                done[i] += 1
+                toks[i] += tok
+        else:
+            for k in range(self.FINE_BINS):
+                i = min(n_bins - 1, int(((k + 0.5) * self.width) / width))
+                done[i] += self.done[k]
+                toks[i] += self.toks[k]
+        marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
+        starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
+        breaks = [(round(b - sum(y - x for x, y in gaps[:i + 1]) - t0, 3), round(b - a, 3)) for i, (a, b) in
+                  enumerate(gaps)]
+        for t in sorted(starts)[1:]:
+            if t >= t0:
+                idle = next((s for x, s in breaks if abs(x - (t - t0)) < 1e-3), None)
+                marks.append((round(t - t0, 3), "resume" if idle is None else "resume (%s idle, cut)"
+                               % _fmt_duration(idle)))
+        for ev in events:
+            if ev.get("t") is not None and float(ev["t"]) >= t0 and (
+                    ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and
+                                                         ev.get("status") == "aborted")):
+                marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else
+                              "aborted"))
+        return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit,
+                "drains": drains, "marks": sorted(marks), "breaks": breaks,
+                "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
+                "tokens": [round(c / width, 2) for c in toks]}
+
+
+def _timeline(records: Iterable[Dict[str, Any]], events: Sequence[Dict[str, Any]],
+              info: Dict[str, Any]) -> Dict[str, Any]:
+    """_Timeline's series of a list of records (its first pass over them, then the pass itself)."""
+    records = list(records)
+    first = _FirstPass(events)
+    for r in records:
+        first(r)
+    timeline = _Timeline(first)
+    for r in records:
+        timeline.add(r)
+    return timeline.result(events, info)
 
 
 def _downsample_steps(points: List[Tuple[float, int]], limit: int) -> List[Tuple[float, int]]:
@@ -15764,7 +16015,7 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append(_documents_html(data["documents"]))
     elif data["task"] == "harbor":
         h.append(_tasks_html(data, run))
-    elif run["samples"]:
+    elif run["samples"] or run.get("bad_total") == 0 and data["summary"]["counts"]["finished"]:
         h.append(_qa_samples_html(run))
     h.append("<script>%s</script></body></html>" % _SORT_JS)
     return "".join(h)
@@ -15834,6 +16085,7 @@ def _qa_samples_html(run: Dict[str, Any], limit: int = 200) -> str:
     """Wrong and failed samples (up to ``limit``): the question, the reference, the extracted answer, the response
     (its reasoning collapsed), the score, and for a failure its error class and message."""
     bad = [r for r in run["samples"].values() if r.get("status") != "ok" or (r.get("score") or 0) < 1]
+    bad_total = len(bad) if run.get("samples_all", True) else run["bad_total"]
     h = ["<h2>Wrong or failed samples</h2>"]
     if not bad:
         return "".join(h) + "<p class=muted>Every sample scored 1.</p>"
@@ -15858,13 +16110,13 @@ def _qa_samples_html(run: Dict[str, Any], limit: int = 200) -> str:
                      _esc(r.get("score")) if ok else "–", _cut_details(question, QUESTION_SHOWN_CHARS),
                      _esc(r.get("answer") or ""), _esc(r.get("extracted") or "") if ok else "–", said))
     h.append("</tbody></table>")
-    if len(bad) > limit:
-        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>" % (len(bad) - limit))
+    if bad_total > min(limit, len(bad)):
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>" % (bad_total - min(limit, len(bad))))
     return "".join(h)
 
 
 def write_html_report(run_dir: str, path: Optional[str] = None) -> str:
-    run = load_run(run_dir)
+    run = load_run(run_dir, shown_only=True)
     data = report_data(run)
     path = path or os.path.join(run_dir, REPORT_HTML)
     _atomic_write(path, render_html(data, run))
@@ -16061,7 +16313,7 @@ def _board_column(info: Dict[str, Any], task: str) -> Tuple[str, str, str]:
 def _board_entry(run: Dict[str, Any]) -> Dict[str, Any]:
     """One run's cell: its headline (the summary's score, as its own `report --json` gives it: the same summarize
     over the same records), counts, status."""
-    summary = summarize(run["samples"].values(), total=run["total"])
+    summary = run["summary"]
     info = run["run"]
     history = info.get("history") or []
     counts, score = summary["counts"], summary["score"]
@@ -16089,7 +16341,7 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
     entries, skipped = [], []
     for d in run_dirs:
         try:
-            entries.append(_board_entry(load_run(d)))
+            entries.append(_board_entry(load_run(d, shown_only=True)))
         except (ConfigError, OSError, ValueError) as exc:  # a damaged run is named, the others are shown
             skipped.append({"run_dir": d, "why": str(exc)})
     names: Dict[Tuple[str, str], set] = collections.defaultdict(set)
@@ -17206,7 +17458,7 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
         for e in board["cells"]:  # each cell links to its run's report
             page = os.path.join(e["run_dir"], REPORT_HTML)
             if not os.path.exists(page):
-                run = load_run(e["run_dir"])
+                run = load_run(e["run_dir"], shown_only=True)
                 _atomic_write(page, render_html(report_data(run), run))
         _atomic_write(path, _redact(leaderboard_html(board, os.path.dirname(os.path.abspath(path)))))
         _log.info("leaderboard written to %s (%d run(s))", path, len(board["cells"]))
@@ -17227,7 +17479,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if len(args.run_dirs) > 2 or args.baseline or args.csv_out or args.all_runs or \
             any(os.path.isdir(d) and not _is_run_dir(d) and _holds_runs(d) for d in args.run_dirs):
         return _cmd_leaderboard(args)
-    runs = [load_run(d) for d in args.run_dirs]
+    runs = [load_run(d, shown_only=len(args.run_dirs) == 1) for d in args.run_dirs]
     if len(runs) == 2:
         comparison = compare_runs(runs[0], runs[1])
         if args.html is not None:
@@ -17396,7 +17648,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if args.json_out:
         sys.stdout.write(_redact(json.dumps(summary, indent=2, sort_keys=True)) + "\n")
     else:
-        sys.stdout.write(_redact(format_report(report_data(load_run(args.out)))) + "\n")
+        sys.stdout.write(_redact(format_report(report_data(load_run(args.out, shown_only=True)))) + "\n")
         sys.stdout.write("merged %d of %d shard(s) into %s%s\n" % (len(summary["shards"]["merged"]),
                          summary["shards"]["count"], args.out, " (partial: %s)" % "; ".join(summary["shards"]["gaps"])
                          if summary["shards"]["gaps"] else ""))

@@ -1,0 +1,172 @@
+"""A report read in one pass (issue 39): the latest record per id through partition files, the summary and figures
+fed records in any order, percentiles past the exact limit, and a real run's report read for display (only the
+samples it lists kept) against the same run read whole."""
+import json
+import math
+import os
+import random
+import unittest
+
+from tests.support import eh, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
+
+
+def patched(test, **values):
+    """Set module constants of evalharness for one test."""
+    for name, value in values.items():
+        old = getattr(eh, name)
+        setattr(eh, name, value)
+        test.addCleanup(setattr, eh, name, old)
+
+
+def record(rng, i, sid):
+    ok = rng.random() < 0.8
+    start = 1000.0 + i * 0.37 + rng.random()
+    return {"id": sid, "status": "ok" if ok else "failed", "score": float(rng.random() < 0.6) if ok else None,
+            "category": rng.choice(["a", "b", "c"]), "scorer": "exact",
+            "error": None if ok else "boom %d" % i, "error_class": None if ok else rng.choice(["overload", "http"]),
+            "prompt_tokens": rng.randint(5, 50), "completion_tokens": rng.randint(1, 64),
+            "latency_s": round(rng.lognormvariate(0, 0.7), 4), "ttft_s": round(rng.random(), 4),
+            "started_at": round(start, 3), "finished_at": round(start + 0.5 + rng.random() * 3, 3),
+            "finish_reason": "stop", "served_model": "m", "cost": {"answer": round(rng.random() / 100, 6)}}
+
+
+class TestLatestRecords(unittest.TestCase):
+    def test_partitions_on_disk_give_the_latest_record_of_each_wanted_id_in_file_order(self):
+        """3,000 lines of 1,000 ids (each written 1 to 4 times: retries) and 100 ids no longer in the dataset: the
+        same records through 1 partition and through ~60 (4 KB each), as a dict of the last line per id would
+        give; a line appended after the first read is not read."""
+        rng = random.Random(7)
+        d = tempdir(self)
+        path = os.path.join(d, "samples.jsonl")
+        lines = []
+        for i in range(3000):
+            sid = "q%04d" % rng.randrange(1100)
+            lines.append(dict(record(rng, i, sid), line=i))
+        wanted = ["q%04d" % i for i in range(1000)]
+        expect = {}
+        for r in lines:
+            expect.pop(r["id"], None)
+            expect[r["id"]] = r
+        expect = [r for r in sorted(expect.values(), key=lambda r: r["line"]) if r["id"] in set(wanted)]
+        for size in (eh.PARTITION_BYTES, 4096):
+            with self.subTest(partition_bytes=size):
+                patched(self, PARTITION_BYTES=size)
+                with open(path, "w", encoding="utf-8") as fh:
+                    for r in lines:
+                        fh.write(json.dumps(r, sort_keys=True) + "\n")
+                    fh.write('{"id": "q0001", "status": "o')  # a torn tail
+                latest = eh._LatestRecords(path, wanted)
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write("\n" + json.dumps(dict(lines[0], line=-1)) + "\n")  # after the first read
+                got = list(latest)
+                self.assertEqual([r["line"] for r in got], [r["line"] for r in expect])
+                self.assertEqual(latest.count, len(expect))
+                self.assertGreater(len(expect), 900)
+
+
+class TestOnePass(unittest.TestCase):
+    def test_quantiles_past_the_exact_limit_stay_within_half_a_percent(self):
+        patched(self, SKETCH_EXACT=500)
+        rng = random.Random(3)
+        values = [rng.lognormvariate(0, 1.2) for _ in range(20000)]
+        q = eh._Quantiles()
+        for v in values:
+            q.add(v)
+        self.assertFalse(q.exact)
+        exact = sorted(values)
+        for p in (1, 50, 90, 95, 99):
+            want = eh._percentile(exact, p)
+            self.assertLess(abs(q.percentile(p) - want) / want, 0.005, p)
+        hist, ref = q.histogram(), eh._histogram(values)
+        self.assertEqual(sum(hist["counts"]), len(values))
+        self.assertEqual(hist["edges"], ref["edges"])
+        self.assertLess(max(abs(a - b) for a, b in zip(hist["counts"], ref["counts"])), 0.02 * len(values))
+
+    def test_the_summary_fed_in_any_order_equals_summarize_and_plain_arithmetic(self):
+        rng = random.Random(11)
+        recs = [record(rng, i, "s%d" % i) for i in range(2000)]
+        want = eh.summarize(recs, total=2100)
+        shuffled = list(recs)
+        rng.shuffle(shuffled)
+        acc = eh._Summary()
+        for r in shuffled:
+            acc.add(r)
+        got = acc.result(2100)
+        self.assertEqual(json.dumps(got, sort_keys=True), json.dumps(want, sort_keys=True))
+        scores = [r["score"] for r in recs if r["status"] == "ok"]
+        self.assertEqual(got["score"]["n"], len(scores))
+        self.assertAlmostEqual(got["score"]["mean"], sum(scores) / len(scores), places=6)
+        lo, hi = eh._wilson_ci(sum(scores), len(scores))
+        self.assertEqual(got["score"]["ci95"], [round(lo, 6), round(hi, 6)])
+        self.assertEqual(got["counts"]["pending"], 100)
+        self.assertAlmostEqual(got["performance"]["active_s"], eh._active_seconds(
+            [(r["started_at"], r["finished_at"]) for r in recs]), places=3)
+        failed = sorted((r["id"], r) for r in recs if r["status"] != "ok")
+        first = {}
+        for sid, r in failed:
+            first.setdefault(r["error_class"], r["error"])
+        self.assertEqual(got["error_examples"], first)  # the smallest id's error, in any order
+        self.assertAlmostEqual(got["cost"]["total"], sum(r["cost"]["answer"] for r in recs), places=5)
+        graded = [r["score"] for r in recs if r["status"] == "ok" and r["category"] == "a"]
+        mean = sum(graded) / len(graded)
+        ci = eh._mean_ci([v * 0.5 + 0.25 for v in graded])  # not 0/1: the normal interval
+        sd = math.sqrt(sum((v * 0.5 + 0.25 - (mean * 0.5 + 0.25)) ** 2 for v in graded) / (len(graded) - 1))
+        self.assertAlmostEqual(ci["ci95"][1] - ci["ci95"][0], 2 * 1.959964 * sd / math.sqrt(len(graded)), places=5)
+
+
+class TestReportReadForDisplay(unittest.TestCase):
+    def test_a_real_runs_report_read_in_one_pass_equals_the_whole_read_and_lists_the_smallest_wrong_ids(self):
+        """A run of 400 rows on the mock (it knows the answers of half: the rest are wrong), resumed once so that
+        the store holds superseded lines: `report --json` (read for display) equals the report of the run read
+        whole; with the limits made small in-process (10 samples listed, exact percentiles to 50 values, 2 KB
+        partitions), the same counts and scores, percentiles within 0.6%, the 10 smallest wrong ids listed and
+        the rest counted, the completions over time summing to the samples."""
+        d = tempdir(self)
+        rows = qa_rows(400)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        mock = start_mock(self, oracle_rows=rows[:200])
+        out = os.path.join(d, "run")
+        args = ["run", "--dataset", path, "--model", "m", "--base-url", mock.url, "--out", out, "--no-progress",
+                "--max-tokens", "16"]
+        self.assertIn(run_cli(args).returncode, (0, 1))
+        first = read_samples(out)
+        # a retried sample appended again: a later line of the same id replaces it
+        with open(os.path.join(out, "samples.jsonl"), "a", encoding="utf-8") as fh:
+            for r in first[:30]:
+                fh.write(json.dumps(dict(r, status="ok", score=1.0), sort_keys=True) + "\n")
+        res = run_cli(["report", out, "--json"])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        streamed = json.loads(res.stdout)
+        whole = eh.report_json(dict(eh.report_data(eh.load_run(out)), run_info=eh.load_run(out)["run"]))
+        whole = json.loads(json.dumps(whole))
+        self.assertEqual({k: v for k, v in streamed.items() if k != "report"},
+                         {k: v for k, v in whole.items() if k != "report"})
+        for key in ("failures", "series", "latency_hist", "latency_label"):
+            self.assertEqual(streamed["report"][key], whole["report"][key], key)
+        self.assertEqual(streamed["counts"]["finished"], 400)
+
+        patched(self, SAMPLES_SHOWN=10, SKETCH_EXACT=50, PARTITION_BYTES=2048)
+        run = eh.load_run(out, shown_only=True)
+        full = eh.load_run(out)
+        bad = sorted(sid for sid, r in full["samples"].items() if r.get("status") != "ok" or (r.get("score") or 0) < 1)
+        self.assertGreater(len(bad), 100)
+        self.assertEqual(list(run["samples"]), bad[:10])
+        self.assertEqual(run["bad_total"], len(bad))
+        s, w = run["summary"], eh.summarize(full["samples"].values(), total=full["total"])
+        for key in ("counts", "score", "by_category", "errors", "tokens"):
+            self.assertEqual(s[key], w[key], key)
+        for p in ("p50", "p95", "p99"):
+            self.assertLess(abs(s["performance"]["latency_s"][p] - w["performance"]["latency_s"][p]),
+                            0.006 * w["performance"]["latency_s"][p] + 1e-4, p)
+        series = run["series"]
+        self.assertAlmostEqual(sum(series["rate"]) * series["bin_s"], 400, delta=0.5)
+        self.assertLessEqual(max(v for _, v in series["in_flight"]), max(v for _, v in whole["report"]["series"]["in_flight"]))
+        page = eh.render_html(eh.report_data(run), run)
+        self.assertIn("%d more not shown" % (len(bad) - 10), page)
+        for sid in bad[:10]:
+            self.assertIn(">%s<" % sid, page)
+        self.assertNotIn(">%s<" % bad[10], page)
+
+
+if __name__ == "__main__":
+    unittest.main()
