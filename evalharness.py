@@ -449,13 +449,25 @@ def _utc_iso(ts: Optional[float] = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def _atomic_write(path: str, data: str) -> None:
-    """Write a file so that readers and crashes see either the old or the new content, never a mix."""
+def _atomic_write(path: str, data: Any) -> None:
+    """Write a file so that readers and crashes see either the old or the new content, never a mix. ``data``: a
+    string, or an iterable of strings (written as they come: a file larger than memory)."""
     tmp = "%s.tmp.%d.%d" % (path, os.getpid(), threading.get_ident())
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            if isinstance(data, str):
+                fh.write(data)
+            else:
+                for part in data:
+                    fh.write(part)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     os.replace(tmp, path)
 
 
@@ -14329,13 +14341,43 @@ def _shard_dirs(out: str, sources: Sequence[str]) -> List[str]:
     return dirs
 
 
-def _latest_records(run_dir: str, ids: set) -> Dict[str, Dict[str, Any]]:
-    """The last record of each id of IDS in a run directory's samples.jsonl (a torn last line is no record)."""
-    latest: Dict[str, Dict[str, Any]] = {}
-    for rec in _read_jsonl_tolerant(os.path.join(run_dir, RunStore.SAMPLES)):
-        if rec.get("id") in ids:
-            latest[rec["id"]] = rec
-    return latest
+MERGE_CHUNK_RECORDS = 20000  # a shard's records are sorted by id in runs of this many, on disk
+MERGE_SORT_DIR = ".merge.sort.tmp"  # in the merge's output directory, while it runs
+
+
+class _SortedShard:
+    """A shard's latest records in id order, in bounded memory: read once (its _LatestRecords), sorted in runs of
+    MERGE_CHUNK_RECORDS written to temporary files as "id<TAB>record line", then merged back (heapq.merge) as
+    (id, record line) pairs. ``count``: the records."""
+
+    def __init__(self, latest: "_LatestRecords", tmp: str, index: int):
+        self.count, self.files = latest.count, []  # type: ignore[var-annotated]
+        chunk: List[Tuple[str, str]] = []
+        for rec in latest:
+            chunk.append((str(rec["id"]), json.dumps(rec, ensure_ascii=False, sort_keys=True)))
+            if len(chunk) >= MERGE_CHUNK_RECORDS:
+                self._spill(chunk, tmp, index)
+                chunk = []
+        if chunk:
+            self._spill(chunk, tmp, index)
+
+    def _spill(self, chunk: List[Tuple[str, str]], tmp: str, index: int) -> None:
+        chunk.sort()
+        path = os.path.join(tmp, "shard-%d-%d" % (index, len(self.files)))
+        with open(path, "w", encoding="utf-8") as fh:
+            for sid, line in chunk:
+                fh.write(json.dumps(sid) + "\t" + line + "\n")
+        self.files.append(path)
+
+    @staticmethod
+    def _read(path: str) -> Iterator[Tuple[str, str]]:
+        with open(path, encoding="utf-8") as fh:
+            for row in fh:
+                sid, line = row.rstrip("\n").split("\t", 1)
+                yield json.loads(sid), line
+
+    def __iter__(self) -> Iterator[Tuple[str, str]]:
+        return heapq.merge(*(self._read(p) for p in self.files))
 
 
 def merge_runs(out: str, sources: Sequence[str] = (), *, partial: bool = False) -> Tuple[int, Dict[str, Any]]:
@@ -14346,10 +14388,10 @@ def merge_runs(out: str, sources: Sequence[str] = (), *, partial: bool = False) 
     is replaced atomically from the shards alone, so a merge killed at any point and run again gives the same
     output. Returns (exit code, summary)."""
     dirs = _shard_dirs(out, sources)
-    shards: Dict[int, Tuple[str, Dict[str, Any]]] = {}
+    shards: Dict[int, Tuple[str, Dict[str, Any], Any]] = {}  # index -> (dir, run.json without ids, its ids)
     ref: Optional[Tuple[str, Dict[str, Any]]] = None
     for d in dirs:
-        info = _read_json_file(os.path.join(d, RunStore.RUN))
+        info, ids = _run_json_lean(os.path.join(d, RunStore.RUN))
         if not info:
             raise ConfigError("merge: %s has no readable run.json: not a run directory" % d)
         shard = info.get("shard")
@@ -14363,35 +14405,35 @@ def merge_runs(out: str, sources: Sequence[str] = (), *, partial: bool = False) 
         if index in shards:
             raise ConfigError("merge: %s and %s are both shard %d of %d (overlapping shards); keep one"
                               % (shards[index][0], d, index, shard["count"]))
-        shards[index] = (d, info)
+        shards[index] = (d, info, ids)
     assert ref is not None
     count, total = ref[1]["shard"]["count"], ref[1]["shard"]["samples_total"]
     task = ref[1].get("task") or "qa"
-    records: Dict[str, Dict[str, Any]] = {}
-    where: Dict[str, str] = {}
     incomplete, missing = [], [i for i in range(count) if i not in shards]
+    here = _read_json_file(os.path.join(out, RunStore.RUN))
+    if here and "merged_from" not in here:
+        raise ConfigError("merge: %s holds a run of its own (not a merge); merge into another directory" % out)
+    latest: Dict[int, _LatestRecords] = {}
     for index in sorted(shards):
-        d, info = shards[index]
-        ids = set(info.get("dataset", {}).get("ids") or ())
-        latest = _latest_records(d, ids)
-        for sid, rec in latest.items():
-            if sid in records:
-                raise ConfigError("merge: sample %r is in both %s and %s (overlapping shards)" % (sid, where[sid], d))
-            records[sid], where[sid] = rec, d
-        want = info["shard"].get("samples", len(ids))
-        if len(latest) < want:
-            incomplete.append("shard %d (%s: %d of %d samples)" % (index, d, len(latest), want))
+        d, info, ids = shards[index]
+        latest[index] = _LatestRecords(os.path.join(d, RunStore.SAMPLES), ids() if ids is not None else ())
+        want = info["shard"].get("samples", latest[index].count)
+        if latest[index].count < want:
+            incomplete.append("shard %d (%s: %d of %d samples)" % (index, d, latest[index].count, want))
     gaps = ["shard %d of %d missing" % (i, count) for i in missing] + ["%s incomplete" % s for s in incomplete]
     if gaps and not partial:
         raise ConfigError("merge: %s; run them again (the same command resumes each), or add --partial to merge "
                           "what is there (flagged partial)" % "; ".join(gaps))
-    here = _read_json_file(os.path.join(out, RunStore.RUN))
-    if here and "merged_from" not in here:
-        raise ConfigError("merge: %s holds a run of its own (not a merge); merge into another directory" % out)
     os.makedirs(out, exist_ok=True)
     with _FileLock(os.path.join(out, ".merge.lock")):
         _remove_merge_litter(out)
-        summary = _write_merge(out, shards, records, total, task, gaps)
+        tmp = os.path.join(out, MERGE_SORT_DIR)  # (a merge killed here leaves it: the next one removes it)
+        os.makedirs(tmp)
+        try:
+            sorted_shards = {index: _SortedShard(latest[index], tmp, index) for index in sorted(shards)}
+            summary = _write_merge(out, shards, sorted_shards, total, task, gaps)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if gaps:
         _log.warning("merged a partial run into %s: %s", out, "; ".join(gaps))
     return (EXIT_FAILURE if gaps else EXIT_OK), summary
@@ -14419,12 +14461,29 @@ def _same_run(a: Tuple[str, Dict[str, Any]], b: Tuple[str, Dict[str, Any]]) -> N
                               "shards on their own" % (da, db, what, detail))
 
 
-def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], records: Dict[str, Dict[str, Any]],
-                 total: int, task: str, gaps: List[str]) -> Dict[str, Any]:
+def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any], Any]],
+                 sorted_shards: Dict[int, "_SortedShard"], total: int, task: str, gaps: List[str]) -> Dict[str, Any]:
     first = shards[min(shards)][1]
-    ordered = [records[k] for k in sorted(records)]
-    _atomic_write(os.path.join(out, RunStore.SAMPLES),
-                  "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in ordered))
+    acc = _Summary()
+    keep = task not in STREAMED_TASKS  # the kinds' blocks (and SWE's files) read their records: a few thousand
+    ordered: List[Dict[str, Any]] = []
+
+    def merged_lines() -> Iterator[str]:
+        last: Optional[Tuple[str, int]] = None
+        def tagged(index: int) -> Iterator[Tuple[str, int, str]]:
+            for sid, line in sorted_shards[index]:
+                yield sid, index, line
+        for sid, index, line in heapq.merge(*(tagged(i) for i in sorted(sorted_shards))):
+            if last is not None and last[0] == sid:
+                raise ConfigError("merge: sample %r is in both %s and %s (overlapping shards)"
+                                  % (sid, shards[last[1]][0], shards[index][0]))
+            last = (sid, index)
+            rec = json.loads(line)
+            acc.add(rec)
+            if keep:
+                ordered.append(rec)
+            yield line + "\n"
+    _atomic_write(os.path.join(out, RunStore.SAMPLES), merged_lines())
     events = []
     for index in sorted(shards):
         for ev in _read_jsonl_tolerant(os.path.join(shards[index][0], RunStore.EVENTS)):
@@ -14434,7 +14493,7 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
                   "".join(json.dumps(ev, ensure_ascii=False, sort_keys=True) + "\n" for ev in events))
     status = "partial" if gaps else "finished"
     infos = [shards[i][1] for i in sorted(shards)]
-    summary = summarize(ordered, total=total)
+    summary = acc.result(total)
     summary.update({"task": task, "model": (first.get("endpoint") or {}).get("model"),
                     "dataset": (first.get("dataset") or {}).get("name"), "status": status,
                     "shards": {"count": first["shard"]["count"], "merged": sorted(shards), "gaps": gaps}})
@@ -14442,7 +14501,7 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
         _KINDS[task]().merged(summary, [r for r in ordered if r.get("status") == "ok"], first)
     if task == "swe":
         summary["mode"] = first.get("mode")
-        ids = sorted({i for info in infos for i in (info.get("dataset") or {}).get("ids") or ()})
+        ids = sorted({i for index in shards if shards[index][2] is not None for i in shards[index][2]()})
         report = swebench_report(ordered, ids)
         summary["swebench"] = {k: v for k, v in report.items() if not k.endswith("_ids")}
         _write_json(os.path.join(out, SWE_REPORT_FILE), report)
@@ -14464,8 +14523,7 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
     ends = [i.get("ended_at") for i in infos if i.get("ended_at")]
     run_info.update({
         "status": status, "started_at": min(starts) if starts else None, "ended_at": max(ends) if ends else None,
-        "dataset": dict(first.get("dataset") or {}, rows=total,
-                        ids=sorted({i for info in infos for i in (info.get("dataset") or {}).get("ids") or ()})),
+        "dataset": dict(first.get("dataset") or {}, rows=total, ids=_IDS_PLACEHOLDER),
         "history": sorted((dict(h, shard=i["shard"]["index"]) for i in infos for h in i.get("history") or ()),
                           key=lambda h: (h.get("started_at") or "", h["shard"])),
         "merged_from": [{"shard": i["shard"]["index"], "dir": os.path.abspath(shards[i["shard"]["index"]][0]),
@@ -14475,13 +14533,49 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any]]], record
     })
     if gaps:
         run_info["gaps"] = gaps
-    _write_json(os.path.join(out, RunStore.RUN), run_info)
+    _write_json_with_ids(os.path.join(out, RunStore.RUN), run_info,
+                         [shards[i][2] for i in sorted(shards) if shards[i][2] is not None])
     _auto_report(out)
     return summary
 
 
+_IDS_PLACEHOLDER = "\x00ids\x00"
+
+
+def _write_json_with_ids(path: str, info: Dict[str, Any], sources: Sequence[Callable[[], Iterator[str]]]) -> None:
+    """_write_json of ``info`` whose dataset ids (the _IDS_PLACEHOLDER) are the sorted union of the ids of
+    ``sources`` (each yields its ids, sorted as run.json keeps them), written as they come: a merge of a million
+    rows holds none of them in a list. A source not in order is sorted in memory."""
+    text = json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    head, tail = text.split(json.dumps(_IDS_PLACEHOLDER), 1)
+    line = head[head.rindex("\n") + 1:]
+    indent = line[:len(line) - len(line.lstrip(" "))]  # of the "ids" key: its items two spaces further
+
+    def in_order(source: Callable[[], Iterator[str]]) -> Iterator[str]:
+        prev = None
+        for i in source():
+            if prev is not None and i < prev:
+                return iter(sorted(source()))
+            prev = i
+        return source()
+
+    def parts() -> Iterator[str]:
+        yield head
+        prev, n = None, 0
+        for i in heapq.merge(*(in_order(src) for src in sources)):
+            if i == prev:
+                continue
+            yield ("[\n" if n == 0 else ",\n") + indent + "  " + json.dumps(i, ensure_ascii=False)
+            prev, n = i, n + 1
+        yield ("\n" + indent + "]") if n else "[]"
+        yield tail
+    _atomic_write(path, parts())
+
+
 def _remove_merge_litter(out: str) -> None:
-    """The temporary files a killed merge left in OUT (written under a temporary name, never renamed)."""
+    """The temporary files a killed merge left in OUT (written under a temporary name, never renamed; its sorted
+    runs)."""
+    shutil.rmtree(os.path.join(out, MERGE_SORT_DIR), ignore_errors=True)
     for root, dirs, files in os.walk(out):
         dirs[:] = [d for d in dirs if os.path.relpath(os.path.join(root, d), out).split(os.sep)[0] in
                    SWE_OUTPUT_DIRS]
@@ -14985,13 +15079,65 @@ def _numbered_records(path: str, upto: Optional[int] = None) -> Iterator[Tuple[i
                 yield n, rec
 
 
-def _run_json_lean(path: str) -> Tuple[Dict[str, Any], Optional[List[str]]]:
-    """run.json without its dataset's id list, and that list (None when it has none): the list is a run's only
-    part that grows with its rows."""
+_IDS_START_RE = _LazyPattern(r'"ids":\s*\[')
+_IDS_ITEM_RE = _LazyPattern(r'\s*("(?:[^"\\]|\\.)*")\s*([,\]])')
+
+
+def _run_json_lean(path: str) -> Tuple[Dict[str, Any], Optional[Callable[[], Iterator[str]]]]:
+    """run.json without its dataset's id list, and a function that yields that list's ids one by one (None when
+    it has none): the list is a run's only part that grows with its rows, so it is scanned in the file's text,
+    never made a list of a million strings."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return {}, None
+    found = _ids_span(text)
+    if found is not None:
+        a, b = found
+        try:
+            info = json.loads(text[:a] + "[]" + text[b:])
+        except ValueError:
+            info = None
+        ds = info.get("dataset") if isinstance(info, dict) else None
+        if isinstance(ds, dict) and ds.get("ids") == []:  # the list cut out was the dataset's
+            ds.pop("ids")
+
+            def ids() -> Iterator[str]:
+                pos = a + 1
+                while True:
+                    m = _IDS_ITEM_RE.match(text, pos)
+                    if m is None:
+                        return
+                    yield json.loads(m.group(1))
+                    if m.group(2) == "]":
+                        return
+                    pos = m.end()
+            return info, (ids if b - a > 2 else None)
     info = _read_json_file(path)
     ds = info.get("dataset")
-    ids = ds.pop("ids", None) if isinstance(ds, dict) else None
-    return info, (list(map(str, ids)) if isinstance(ids, list) and ids else None)
+    listed = ds.pop("ids", None) if isinstance(ds, dict) else None
+    if not isinstance(listed, list) or not listed:
+        return info, None
+    return info, lambda: iter(map(str, listed))
+
+
+def _ids_span(text: str) -> Optional[Tuple[int, int]]:
+    """Where the "ids" list of strings is in run.json's text: [start of "[", just past "]"), or None."""
+    m = _IDS_START_RE.search(text)
+    if m is None:
+        return None
+    start = m.end() - 1
+    pos = m.end()
+    if text[pos:].lstrip().startswith("]"):
+        return start, text.index("]", pos) + 1
+    while True:
+        item = _IDS_ITEM_RE.match(text, pos)
+        if item is None:
+            return None  # not a list of strings: read the whole file
+        pos = item.end()
+        if item.group(2) == "]":
+            return start, pos
 
 
 class _LatestRecords:
@@ -15123,11 +15269,11 @@ def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
     info, ids = _run_json_lean(os.path.join(run_dir, RunStore.RUN))
     events = _read_jsonl_tolerant(os.path.join(run_dir, RunStore.EVENTS))
     first = _FirstPass(events)
-    latest = _LatestRecords(samples_path, ids, first)
+    latest = _LatestRecords(samples_path, ids() if ids is not None else None, first)
     task = info.get("task") or ("swe" if first.outcome else "qa")
     keep = not shown_only or task not in STREAMED_TASKS
     if keep and ids is not None:
-        info["dataset"]["ids"] = ids
+        info["dataset"]["ids"] = list(ids())
     total = max(int((info.get("dataset") or {}).get("rows") or latest.count), latest.count)
     ids = None
     acc, timeline, figures = _Summary(), _Timeline(first), _Figures()

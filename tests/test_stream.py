@@ -170,3 +170,76 @@ class TestReportReadForDisplay(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestMergeInBoundedMemory(unittest.TestCase):
+    def test_a_merge_sorted_in_small_runs_on_disk_equals_the_merge_in_one_run_and_names_an_overlap(self):
+        """Two shards of a 300-row run (real processes on the mock), one with a retried sample appended: merged
+        in-process with runs of 7 records and 2 KB partitions, the output files are byte for byte those of the
+        merge with the default sizes; run.json's ids are the sorted union of the shards' ids, written without a
+        list; a sample both shards list (forged in one shard's run.json: two real shards never overlap) stops the
+        merge with both directories named and the previous output intact."""
+        d = tempdir(self)
+        rows = qa_rows(300)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        mock = start_mock(self, oracle_rows=rows[:200])
+        out = os.path.join(d, "run")
+        for i in range(2):
+            res = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", mock.url, "--out", out,
+                           "--no-progress", "--max-tokens", "16", "--shard", "%d/2" % i])
+            self.assertEqual(res.returncode, 0, res.stderr)
+        shard0 = os.path.join(out, "shard-0-of-2")
+        recs = read_samples(shard0)
+        with open(os.path.join(shard0, "samples.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(dict(recs[3], score=0.5), sort_keys=True) + "\n")
+
+        def merged_files():
+            code, _ = eh.merge_runs(out)
+            self.assertEqual(code, 0)
+            got = {}
+            for name in ("samples.jsonl", "run.json", "summary.json"):
+                with open(os.path.join(out, name), encoding="utf-8") as fh:
+                    got[name] = fh.read()
+            self.assertFalse(os.path.exists(os.path.join(out, eh.MERGE_SORT_DIR)))
+            return got
+        whole = merged_files()
+        patched(self, MERGE_CHUNK_RECORDS=7, PARTITION_BYTES=2048)
+        small = merged_files()
+        self.assertEqual(small["samples.jsonl"], whole["samples.jsonl"])
+        self.assertEqual(json.loads(small["run.json"])["dataset"], json.loads(whole["run.json"])["dataset"])
+        self.assertEqual(small["summary.json"], whole["summary.json"])
+        lines = [json.loads(x) for x in small["samples.jsonl"].splitlines()]
+        self.assertEqual([r["id"] for r in lines], sorted(r["id"] for r in lines))
+        self.assertEqual(len(lines), 300)
+        self.assertEqual(next(r for r in lines if r["id"] == recs[3]["id"])["score"], 0.5)  # the later line
+        union = set()
+        for i in range(2):
+            with open(os.path.join(out, "shard-%d-of-2" % i, "run.json"), encoding="utf-8") as fh:
+                union |= set(json.load(fh)["dataset"]["ids"])
+        self.assertEqual(json.loads(small["run.json"])["dataset"]["ids"], sorted(union))
+
+        shard1_json = os.path.join(out, "shard-1-of-2", "run.json")
+        with open(shard1_json, encoding="utf-8") as fh:
+            info = json.load(fh)
+        info["dataset"]["ids"] = sorted(info["dataset"]["ids"] + [recs[0]["id"]])
+        with open(os.path.join(out, "shard-1-of-2", "samples.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(recs[0], sort_keys=True) + "\n")
+        with open(shard1_json, "w", encoding="utf-8") as fh:
+            json.dump(info, fh)
+        res = run_cli(["merge", out])
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertRegex(res.stderr.strip(), r"sample '%s' is in both \S+shard-0-of-2 and \S+shard-1-of-2 "
+                                             r"\(overlapping shards\)$" % recs[0]["id"])
+        with open(os.path.join(out, "samples.jsonl"), encoding="utf-8") as fh:
+            self.assertEqual(fh.read(), whole["samples.jsonl"])  # the last merge's output, whole
+
+    def test_run_json_ids_are_read_one_by_one_whatever_their_characters(self):
+        d = tempdir(self)
+        ids = ['a"b', "c\\d", "e]f", "ünï", "g,h", "x" * 300]
+        path = os.path.join(d, "run.json")
+        for listed in (ids, [], [1, 2]):
+            with self.subTest(listed=listed[:2]):
+                eh._write_json(path, {"dataset": {"ids": listed, "name": "n", "rows": 3}, "config": {"x": 1}})
+                info, got = eh._run_json_lean(path)
+                self.assertEqual(info, {"dataset": {"name": "n", "rows": 3}, "config": {"x": 1}})
+                self.assertEqual(list(got()) if got else [], [str(i) for i in listed])
