@@ -1313,16 +1313,16 @@ class Dataset:
             if name not in _ROW_FIELDS:
                 raise ConfigError("--field %s=%s: %r is not a row field; fields: %s"
                                   % (name, self.fields[name], name, ", ".join(_ROW_FIELDS)))
-        seen: Dict[str, str] = {}
+        seen = self.fps  # (its keys: the ids so far; where each was is found again only for an error)
         unknown: set = set()
         for where, row, item in self._items():
             if isinstance(row, dict):
                 self._near_misses(row, where, unknown)
             if item.id in seen:
+                first = next(w for w, _, other in self._items() if other.id == item.id)
                 raise DatasetError("%s: field 'id' %r duplicates the id at %s; ids must be unique"
-                                   % (where, item.id, seen[item.id]))
-            seen[item.id] = where
-            self.fps[item.id] = _qa_fps(item)
+                                   % (where, item.id, first))
+            seen[item.id] = _qa_fps(item)
             self.scorers.add(item.scorer)
             if limit is not None and len(seen) >= limit:
                 break
@@ -7426,6 +7426,7 @@ class RunStore:
         # id -> (status, error_class, fingerprint) of the current record: what a resume decides on
         self.meta: Dict[str, Tuple[str, Optional[str], Optional[Dict[str, str]], bool]] = {}  # + holds a patch
         self.duplicates = 0                    # records an id's later record supersedes (compacted by rewrite)
+        self._meta_kept = True                 # meta is filled until forget_meta (the resume is planned)
         self.notes: List[str] = []           # what open() repaired or took over, for the log
 
     def path(self, name: str) -> str:
@@ -7526,10 +7527,17 @@ class RunStore:
         sid = rec["id"]
         if sid in self.finished:
             self.duplicates += 1
-        fp = rec.get("fp")
         self.finished[sid] = rec["status"]
-        self.meta[sid] = (rec["status"], rec.get("error_class"), fp if isinstance(fp, dict) else None,
-                          rec.get("model_patch") is not None or rec.get("program") is not None)
+        if self._meta_kept:
+            fp = rec.get("fp")
+            self.meta[sid] = (rec["status"], rec.get("error_class"), fp if isinstance(fp, dict) else None,
+                              rec.get("model_patch") is not None or rec.get("program") is not None)
+
+    def forget_meta(self) -> None:
+        """The resume is planned: ``meta`` is emptied and no longer kept (a million-row run holds only
+        ``finished``)."""
+        self._meta_kept = False
+        self.meta = {}
 
     def iter_samples(self, with_lineno: bool = False) -> Iterator[Any]:
         """Stream the records of samples.jsonl (the last record wins if an id appears twice)."""
@@ -8919,10 +8927,11 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
     assert store is not None
     for note in store.notes:
         _log.warning("%s: %s", store.dir, note)
-    run.previous = store.read_json(RunStore.RUN)
+    run.previous = _run_json_lean(store.path(RunStore.RUN))[0] or None  # (its id list: the run has its own)
     settings = kind.settings(cfg)
     run.gen = _check_identity(store, run.previous, settings, restart=cfg.restart)
     kind.resume(run)
+    store.forget_meta()  # what the plan read of each stored record: not needed again
     if run.meter is not None:  # earlier attempts' spending counts toward --cost-limit
         ended = sum(float(ev.get("cost_spent") or 0.0) for ev in _read_jsonl_tolerant(store.path(RunStore.EVENTS))
                     if ev.get("type") == "run_end")
