@@ -90,6 +90,7 @@ class _LazyLogger:
 
 
 argparse = _LazyModule("argparse")
+array = _LazyModule("array")
 atexit = _LazyModule("atexit")
 base64 = _LazyModule("base64")
 bisect = _LazyModule("bisect")
@@ -7697,7 +7698,7 @@ class _Quantiles:
     STEP = 0.009950330853168092  # log(1.01)
 
     def __init__(self) -> None:
-        self.values: Optional[List[float]] = []
+        self.values: Optional[Any] = array.array("d")  # (8 bytes a value, not a float object's 32)
         self.buckets: Dict[int, int] = {}
         self.n, self.lo, self.hi = 0, math.inf, -math.inf
         self._sorted = False
@@ -7726,10 +7727,10 @@ class _Quantiles:
     def exact(self) -> bool:
         return self.values is not None
 
-    def sorted_values(self) -> List[float]:
+    def sorted_values(self) -> Any:
         assert self.values is not None
         if not self._sorted:
-            self.values.sort()
+            self.values = array.array("d", sorted(self.values))
             self._sorted = True
         return self.values
 
@@ -15553,6 +15554,24 @@ def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
 IDLE_BREAK_S = 60.0  # idle time between a run's attempts longer than this is cut out of the report's time axis
 
 
+class _Rows:
+    """Rows of (start, finish, flight start, tokens) kept as four arrays (a tuple of floats would take ~130 bytes a
+    row, these 32)."""
+
+    def __init__(self) -> None:
+        self.cols = (array.array("d"), array.array("d"), array.array("d"), array.array("q"))
+
+    def append(self, row: Tuple[float, float, float, int]) -> None:
+        for col, v in zip(self.cols, row):
+            col.append(v)
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    def __iter__(self) -> Iterator[Tuple[float, float, float, int]]:
+        return zip(*self.cols)
+
+
 class _Timeline:
     """Series over run time (seconds from the first start) from a stream of records: samples in flight, the gate
     limit, drain pauses, completions and output tokens per second (binned). Idle time between attempts is cut out
@@ -15565,7 +15584,8 @@ class _Timeline:
 
     def __init__(self, first: _FirstPass):
         self.first, self.gaps = first, first.gaps()
-        self.rows: Optional[List[Tuple[float, float, float, int]]] = []  # (start, finish, flight start, tokens)
+        # (start, finish, flight start, tokens) of each record, in four arrays: 32 bytes a record
+        self.rows: Optional[_Rows] = _Rows()
         self.n = 0
 
     def _squeezed(self, t: float) -> float:
@@ -15614,8 +15634,8 @@ class _Timeline:
             events = [dict(ev, t=self._squeezed(float(ev["t"]))) if ev.get("t") is not None else ev
                       for ev in events]
         if self.rows is not None:
-            t0 = min(r[0] for r in self.rows)
-            t_end = max(r[1] for r in self.rows)
+            t0 = min(self.rows.cols[0])
+            t_end = max(self.rows.cols[1])
             steps: List[Tuple[float, int]] = []
             for _, e, f, _ in self.rows:
                 steps.append((f - t0, 1))

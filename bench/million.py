@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A run of --rows rows (default 1,000,000) against the mock, killed with -9 part way and resumed, then `report`; and
-the same rows as two shards then `merge` (issue 39). Prints, for each step, its wall time and peak RSS, the store's
+the same rows as two shards (run at once) then `merge` (issue 39). Prints, for each step, its wall time and peak RSS, the store's
 append rate (rows/s while the run went), the resume's scan time (from the second process's start to its line
 "resuming OUT: N of M samples kept"), and the RSS per row above the fixed base (`--version`: the interpreter and
 the module). Run by hand (a million rows take about half an hour against the mock on 2 cores), never by CI.
@@ -59,12 +59,17 @@ def main():
         samples = os.path.join(out, "samples.jsonl")
         t0 = time.monotonic()
         first = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        stored = 0
+        seen, offset = 0, 0  # lines counted as the file grows (not the whole file every time)
         while first.poll() is None:
             time.sleep(2)
             if os.path.exists(samples):
-                stored = os.path.getsize(samples)
-                if stored and count_lines(samples) >= args.kill_at * args.rows:
+                with open(samples, "rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+                cut = chunk.rfind(b"\n") + 1
+                seen += chunk[:cut].count(b"\n")
+                offset += cut
+                if seen >= args.kill_at * args.rows:
                     break
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -100,10 +105,13 @@ def main():
             return
         # 4. two shards, then merge
         sharded = os.path.join(tmp, "sharded")
-        for i in (0, 1):
-            shard = [a if a != out else sharded for a in run] + ["--shard", "%d/2" % i]
-            wall, _, rss, rc = measure(shard, env)
-            print("shard %d of 2: %.1f s, peak RSS %.1f MB, exit %d" % (i, wall, rss, rc))
+        t0 = time.monotonic()
+        procs = [subprocess.Popen([a if a != out else sharded for a in run] + ["--shard", "%d/2" % i],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for i in (0, 1)]
+        for i, p in enumerate(procs):  # (at once, as the tasks of a Slurm array)
+            _, status, usage = os.wait4(p.pid, 0)
+            print("shard %d of 2 (both at once): %.1f s, peak RSS %.1f MB, exit %d"
+                  % (i, time.monotonic() - t0, usage.ru_maxrss / 1024.0, status >> 8))
         wall, _, rss, rc = measure([sys.executable, MODULE, "merge", sharded], env)
         print("merge:           %7.1f s, peak RSS %7.1f MB (%.2f KB per row above the base), exit %d"
               % (wall, rss, (rss - base) * 1024 / args.rows, rc))
