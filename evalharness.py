@@ -14360,10 +14360,12 @@ class _SortedShard:
     MERGE_CHUNK_RECORDS written to temporary files as "id<TAB>record line", then merged back (heapq.merge) as
     (id, record line) pairs. ``count``: the records."""
 
-    def __init__(self, latest: "_LatestRecords", tmp: str, index: int):
+    def __init__(self, latest: "_LatestRecords", tmp: str, index: Any, fields: Optional[Sequence[str]] = None):
         self.count, self.files = latest.count, []  # type: ignore[var-annotated]
         chunk: List[Tuple[str, str]] = []
         for rec in latest:
+            if fields is not None:  # (only these fields of each record)
+                rec = {k: rec[k] for k in fields if k in rec}
             chunk.append((str(rec["id"]), json.dumps(rec, ensure_ascii=False, sort_keys=True)))
             if len(chunk) >= MERGE_CHUNK_RECORDS:
                 self._spill(chunk, tmp, index)
@@ -14371,9 +14373,9 @@ class _SortedShard:
         if chunk:
             self._spill(chunk, tmp, index)
 
-    def _spill(self, chunk: List[Tuple[str, str]], tmp: str, index: int) -> None:
+    def _spill(self, chunk: List[Tuple[str, str]], tmp: str, index: Any) -> None:
         chunk.sort()
-        path = os.path.join(tmp, "shard-%d-%d" % (index, len(self.files)))
+        path = os.path.join(tmp, "shard-%s-%d" % (index, len(self.files)))
         with open(path, "w", encoding="utf-8") as fh:
             for sid, line in chunk:
                 fh.write(json.dumps(sid) + "\t" + line + "\n")
@@ -16314,64 +16316,164 @@ def _paired_bootstrap(diffs: Sequence[float], *, n_boot: int = 1000, seed: int =
     return (means[int(0.025 * n_boot)], means[min(n_boot - 1, int(0.975 * n_boot))])
 
 
-def compare_runs(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
-    """Two runs over the same samples: the score difference (B − A) with a paired bootstrap interval, the samples
-    that flipped either way and, for SWE runs, the instances only one of them resolved."""
-    common = sorted(set(a["samples"]) & set(b["samples"]))
-    pairs = [(sid, a["samples"][sid], b["samples"][sid]) for sid in common]
-    scored = [(sid, float(ra["score"]), float(rb["score"])) for sid, ra, rb in pairs
-              if ra.get("status") == "ok" and rb.get("status") == "ok" and ra.get("score") is not None
-              and rb.get("score") is not None]
-    diffs = [y - x for _, x, y in scored]
-    lo, hi = _paired_bootstrap(diffs)
-    out: Dict[str, Any] = {
-        "a": a["dir"], "b": b["dir"], "common": len(common), "paired_scored": len(scored),
-        "only_in_a": len(set(a["samples"]) - set(b["samples"])), "only_in_b": len(set(b["samples"]) - set(a["samples"])),
-        "score": {"a": round(sum(x for _, x, _ in scored) / len(scored), 6) if scored else None,
-                  "b": round(sum(y for _, _, y in scored) / len(scored), 6) if scored else None,
-                  "diff": round(sum(diffs) / len(diffs), 6) if diffs else None,
-                  "ci95": [round(lo, 6), round(hi, 6)] if diffs else None, "method": "paired bootstrap, 1000, seed 0"},
-        "improved": [sid for sid, x, y in scored if y > x], "regressed": [sid for sid, x, y in scored if y < x],
-        "failed_only_in_a": [sid for sid, ra, rb in pairs if ra.get("status") != "ok" and rb.get("status") == "ok"],
-        "failed_only_in_b": [sid for sid, ra, rb in pairs if ra.get("status") == "ok" and rb.get("status") != "ok"],
-    }
-    if a["task"] == "swe" or b["task"] == "swe":
-        out["resolved_only_in_a"] = [sid for sid, ra, rb in pairs if ra.get("resolved") and not rb.get("resolved")]
-        out["resolved_only_in_b"] = [sid for sid, ra, rb in pairs if rb.get("resolved") and not ra.get("resolved")]
-    out["a_model"] = ((a["run"].get("endpoint") or {}).get("model"))
-    out["b_model"] = ((b["run"].get("endpoint") or {}).get("model"))
-    by_cat: Dict[str, List[float]] = collections.defaultdict(list)
-    for sid, x, y in scored:
-        by_cat[str(b["samples"][sid].get("category") or "uncategorized")].append(y - x)
-    out["by_category"] = {}
-    for cat, d in sorted(by_cat.items()):
-        lo_c, hi_c = _paired_bootstrap(d)
-        out["by_category"][cat] = {"n": len(d), "diff": round(sum(d) / len(d), 6),
-                                   "ci95": [round(lo_c, 6), round(hi_c, 6)]}
-    # the other per-sample metrics, each over the samples that have it in both runs
-    out["metrics"] = {}
-    costs = {x: cost_summary(run["samples"].values()) for x, run in (("a", a), ("b", b))}
-    if costs["a"] or costs["b"]:
-        out["cost"] = {x: (c or {}).get("total") if (c or {}).get("samples_priced") else None
-                       for x, c in costs.items()}
+_COMPARED_METRICS = ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s", "cost")
+_COMPARED_FIELDS = ("id", "status", "score", "category", "resolved") + _COMPARED_METRICS
+_FLIP_KEYS = ("improved", "regressed", "failed_only_in_a", "failed_only_in_b", "resolved_only_in_a",
+              "resolved_only_in_b")
+FLIPS_LISTED = 1000  # ids a comparison lists of each kind of flip (the first by id; "flips" counts them all)
+
+
+class _PairedDiffs:
+    """Paired values (x in A, y in B) streamed in id order: their means and the mean difference with a 95%
+    interval, a paired bootstrap (1000, seed 0) over the differences kept while they are at most SKETCH_EXACT, the
+    normal approximation past that (a bootstrap of a million pairs is a billion draws)."""
+
+    def __init__(self) -> None:
+        self.n, self.sx, self.sy, self.d = 0, 0.0, 0.0, _Mean()
+        self.diffs: Optional[Any] = array.array("d")
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.d.add(y - x)
+        if self.diffs is not None:
+            self.diffs.append(y - x)
+            if len(self.diffs) > SKETCH_EXACT:
+                self.diffs = None
+
+    def interval(self) -> Tuple[float, float, str]:
+        if self.diffs is not None:
+            return _paired_bootstrap(list(self.diffs)) + ("paired bootstrap, 1000, seed 0",)
+        half = 1.959964 * math.sqrt(self.d.m2 / (self.n - 1) / self.n)
+        mean = self.d.total / self.n
+        return mean - half, mean + half, "normal approximation of the paired differences (n > %d)" % SKETCH_EXACT
+
+    def result(self, with_means: bool = True) -> Dict[str, Any]:
+        lo, hi, _ = self.interval()
+        out = {"n": self.n, "diff": round(self.d.total / self.n, 6), "ci95": [round(lo, 6), round(hi, 6)]}
+        if with_means:
+            out.update(a=round(self.sx / self.n, 6), b=round(self.sy / self.n, 6))
+        return out
+
+
+def _sorted_run(run: Dict[str, Any], tmp: str, tag: str) -> "_SortedShard":
+    """A run's latest records in id order, cut to what a comparison reads (_COMPARED_FIELDS; the records of
+    the first flips are read again in full), sorted on disk (_SortedShard)."""
+    info, ids = _run_json_lean(os.path.join(run["dir"], RunStore.RUN))
+    latest = _LatestRecords(os.path.join(run["dir"], RunStore.SAMPLES), ids() if ids is not None else None)
+    return _SortedShard(latest, tmp, tag, fields=_COMPARED_FIELDS)
+
+
+def compare_runs(a: Dict[str, Any], b: Dict[str, Any], shown: int = 100) -> Dict[str, Any]:
+    """Two runs over the same samples: the score difference (B − A) with a paired interval, the samples that
+    flipped either way and, for SWE runs, the instances only one of them resolved. Read in one pass over both
+    runs' records sorted by id on disk (each run's directory; memory does not grow with the runs): counts and sums,
+    the differences while there are at most SKETCH_EXACT of them (_PairedDiffs), the first FLIPS_LISTED ids of
+    each kind of flip; ``_flipped``: the whole records of the first ``shown`` samples worse and better in B (for
+    the HTML page; not part of the JSON)."""
+    swe = a["task"] == "swe" or b["task"] == "swe"
+    score, by_cat = _PairedDiffs(), {}  # type: ignore[var-annotated]
+    metrics = {k: _PairedDiffs() for k in _COMPARED_METRICS}
+    costs = {"a": _CostSum(), "b": _CostSum()}
+    counts = dict.fromkeys(("common", "only_in_a", "only_in_b"), 0)
+    flips: Dict[str, List[str]] = {k: [] for k in _FLIP_KEYS if swe or not k.startswith("resolved")}
+    flip_counts = dict.fromkeys(flips, 0)
+    wanted: Dict[str, str] = {}  # id -> "regressed" / "improved": the records the page shows
+
+    def flip(key: str, sid: str) -> None:
+        flip_counts[key] += 1
+        if len(flips[key]) < FLIPS_LISTED:
+            flips[key].append(sid)
+        if key in ("regressed", "improved") and flip_counts[key] <= shown:
+            wanted[sid] = key
 
     def metric(rec: Dict[str, Any], key: str) -> Any:
         if key == "cost":  # a sample's cost over its kinds of request (None: no price for one of them)
             c = rec.get("cost")
             return sum(c.values()) if isinstance(c, dict) and c and None not in c.values() else None
         return rec.get(key)
-    for key in ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s", "cost"):
-        vals = [(float(metric(ra, key)), float(metric(rb, key))) for _, ra, rb in pairs
-                if isinstance(metric(ra, key), (int, float)) and isinstance(metric(rb, key), (int, float))
-                and ra.get("status") == "ok" and rb.get("status") == "ok"]
-        if not vals:
-            continue
-        d = [y - x for x, y in vals]
-        lo_m, hi_m = _paired_bootstrap(d)
-        out["metrics"][key] = {"n": len(vals), "a": round(sum(x for x, _ in vals) / len(vals), 6),
-                               "b": round(sum(y for _, y in vals) / len(vals), 6),
-                               "diff": round(sum(d) / len(d), 6), "ci95": [round(lo_m, 6), round(hi_m, 6)]}
+    tmp = tempfile.mkdtemp(prefix="evalharness-compare-")
+    try:
+        stream_a, stream_b = iter(_sorted_run(a, tmp, "a")), iter(_sorted_run(b, tmp, "b"))
+        xa, xb = next(stream_a, None), next(stream_b, None)
+        while xa is not None or xb is not None:
+            if xb is None or (xa is not None and xa[0] < xb[0]):
+                counts["only_in_a"] += 1
+                costs["a"].add(json.loads(xa[1]).get("cost"))  # type: ignore[index]
+                xa = next(stream_a, None)
+                continue
+            if xa is None or xb[0] < xa[0]:
+                counts["only_in_b"] += 1
+                costs["b"].add(json.loads(xb[1]).get("cost"))
+                xb = next(stream_b, None)
+                continue
+            sid, ra, rb = xa[0], json.loads(xa[1]), json.loads(xb[1])
+            xa, xb = next(stream_a, None), next(stream_b, None)
+            counts["common"] += 1
+            costs["a"].add(ra.get("cost"))
+            costs["b"].add(rb.get("cost"))
+            ok_a, ok_b = ra.get("status") == "ok", rb.get("status") == "ok"
+            if ok_a and ok_b and ra.get("score") is not None and rb.get("score") is not None:
+                x, y = float(ra["score"]), float(rb["score"])
+                score.add(x, y)
+                by_cat.setdefault(str(rb.get("category") or "uncategorized"), _PairedDiffs()).add(x, y)
+                if y > x:
+                    flip("improved", sid)
+                elif y < x:
+                    flip("regressed", sid)
+            if not ok_a and ok_b:
+                flip("failed_only_in_a", sid)
+            elif ok_a and not ok_b:
+                flip("failed_only_in_b", sid)
+            if swe and ra.get("resolved") and not rb.get("resolved"):
+                flip("resolved_only_in_a", sid)
+            elif swe and rb.get("resolved") and not ra.get("resolved"):
+                flip("resolved_only_in_b", sid)
+            if ok_a and ok_b:
+                for key, acc in metrics.items():
+                    va, vb = metric(ra, key), metric(rb, key)
+                    if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
+                        acc.add(float(va), float(vb))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    lo, hi, method = score.interval() if score.n else (0.0, 0.0, "paired bootstrap, 1000, seed 0")
+    out: Dict[str, Any] = {
+        "a": a["dir"], "b": b["dir"], "common": counts["common"], "paired_scored": score.n,
+        "only_in_a": counts["only_in_a"], "only_in_b": counts["only_in_b"],
+        "score": {"a": round(score.sx / score.n, 6) if score.n else None,
+                  "b": round(score.sy / score.n, 6) if score.n else None,
+                  "diff": round(score.d.total / score.n, 6) if score.n else None,
+                  "ci95": [round(lo, 6), round(hi, 6)] if score.n else None, "method": method},
+        "flips": flip_counts,
+    }
+    out.update(flips)
+    out["a_model"] = ((a["run"].get("endpoint") or {}).get("model"))
+    out["b_model"] = ((b["run"].get("endpoint") or {}).get("model"))
+    out["by_category"] = {cat: acc.result(with_means=False) for cat, acc in sorted(by_cat.items())}
+    out["metrics"] = {key: acc.result() for key, acc in metrics.items() if acc.n}
+    cost = {x: c.result() for x, c in costs.items()}
+    if cost["a"] or cost["b"]:
+        out["cost"] = {x: (c or {}).get("total") if (c or {}).get("samples_priced") else None
+                       for x, c in cost.items()}
+    out["_flipped"] = _flipped_records(a, b, wanted) if wanted else []
     return out
+
+
+def _flipped_records(a: Dict[str, Any], b: Dict[str, Any], wanted: Dict[str, str]) -> List[Dict[str, Any]]:
+    """The whole records of the flipped samples the comparison page shows, read again from both runs."""
+    found: Dict[str, Dict[str, Any]] = {"a": {}, "b": {}}
+    for x, run in (("a", a), ("b", b)):
+        for _, rec in _numbered_records(os.path.join(run["dir"], RunStore.SAMPLES)):
+            if str(rec["id"]) in wanted:
+                found[x][str(rec["id"])] = rec  # (a later line of the id replaces it)
+    return [{"id": sid, "change": key, "a": found["a"].get(sid) or {}, "b": found["b"].get(sid) or {}}
+            for key in ("regressed", "improved") for sid in sorted(wanted) if wanted[sid] == key]
+
+
+def _comparison_json(c: Dict[str, Any]) -> Dict[str, Any]:
+    """A comparison as `report A B --json` prints it (without the records kept for its page)."""
+    return {k: v for k, v in c.items() if not k.startswith("_")}
 
 
 def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
@@ -16395,16 +16497,17 @@ def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
                        "in A"), ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
                        ("resolved_only_in_b", "resolved only in B")):
         if key in c:
-            ids = c[key]
-            lines.append("%-20s %4d%s" % (label + ":", len(ids), ("  " + ", ".join(map(str, ids[:limit])) +
-                                                                   (" …" if len(ids) > limit else "")) if ids else ""))
+            ids, n = c[key], (c.get("flips") or {}).get(key, len(c[key]))
+            lines.append("%-20s %4d%s" % (label + ":", n, ("  " + ", ".join(map(str, ids[:limit])) +
+                                                            (" …" if n > min(limit, len(ids)) else "")) if ids else ""))
     return "\n".join(lines)
 
 
 def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: Optional[Dict[str, Any]] = None,
                      limit: int = 100) -> str:
     rows = "".join("<tr><td>%s</td><td class=n>%d</td><td>%s</td></tr>" % (
-        _esc(label), len(c[key]), _esc(", ".join(map(str, c[key][:200])))) for key, label in (
+        _esc(label), (c.get("flips") or {}).get(key, len(c[key])), _esc(", ".join(map(str, c[key][:200])))
+        + (" …" if (c.get("flips") or {}).get(key, 0) > min(200, len(c[key])) else "")) for key, label in (
         ("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
         ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
         ("resolved_only_in_b", "resolved only in B")) if key in c)
@@ -16421,14 +16524,14 @@ def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: O
     flipped = ""
     if a is not None and b is not None:
         rows_f = []
-        for key, label in (("regressed", "worse in B"), ("improved", "better in B")):
-            for sid in c.get(key, [])[:limit]:
-                ra, rb = a["samples"][sid], b["samples"][sid]
-                rows_f.append("<tr><td>%s</td><td>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
-                    _esc(label), _esc(sid), _cut_details(str(rb.get("question") or ra.get("question") or ""),
-                                                         QUESTION_SHOWN_CHARS),
-                    _esc(rb.get("answer") or ""), _cut_details(str(ra.get("response") or ra.get("error") or ""), 300),
-                    _cut_details(str(rb.get("response") or rb.get("error") or ""), 300)))
+        for f in c.get("_flipped") or ():
+            sid, ra, rb = f["id"], f["a"], f["b"]
+            label = {"regressed": "worse in B", "improved": "better in B"}[f["change"]]
+            rows_f.append("<tr><td>%s</td><td>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
+                _esc(label), _esc(sid), _cut_details(str(rb.get("question") or ra.get("question") or ""),
+                                                     QUESTION_SHOWN_CHARS),
+                _esc(rb.get("answer") or ""), _cut_details(str(ra.get("response") or ra.get("error") or ""), 300),
+                _cut_details(str(rb.get("response") or rb.get("error") or ""), 300)))
         if rows_f:
             flipped = ("<h2>Flipped samples</h2><table class=sortable id=flipped><thead><tr><th>change</th><th>id</th>"
                        "<th>question</th><th>reference</th><th>A's response</th><th>B's response</th></tr></thead>"
@@ -16554,14 +16657,14 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
                                   % (e["column"], base_of[e["column"]]["run_dir"], e["run_dir"]))
             base_of[e["column"]] = e
     for column, base in base_of.items():
-        base_run = load_run(base["run_dir"])
+        base_run = load_run(base["run_dir"], shown_only=True)
         for e in shown:
             if e["column"] != column:
                 continue
             e["baseline"] = base["run_dir"]
             if e is base:
                 continue
-            c = compare_runs(base_run, load_run(e["run_dir"]))
+            c = compare_runs(base_run, load_run(e["run_dir"], shown_only=True), shown=0)
             e["delta"] = {"diff": c["score"]["diff"], "ci95": c["score"]["ci95"], "paired": c["paired_scored"],
                           "method": c["score"]["method"]}
         del base_run
@@ -17654,7 +17757,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if len(args.run_dirs) > 2 or args.baseline or args.csv_out or args.all_runs or \
             any(os.path.isdir(d) and not _is_run_dir(d) and _holds_runs(d) for d in args.run_dirs):
         return _cmd_leaderboard(args)
-    runs = [load_run(d, shown_only=len(args.run_dirs) == 1) for d in args.run_dirs]
+    runs = [load_run(d, shown_only=True) for d in args.run_dirs]  # (a comparison reads the records again, sorted)
     if len(runs) == 2:
         comparison = compare_runs(runs[0], runs[1])
         if args.html is not None:
@@ -17662,7 +17765,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             _atomic_write(path, _redact(_comparison_html(comparison, runs[0], runs[1])))
             _log.info("comparison written to %s", path)
         if args.json_out:
-            sys.stdout.write(_redact(json.dumps(comparison, indent=2, sort_keys=True)) + "\n")
+            sys.stdout.write(_redact(json.dumps(_comparison_json(comparison), indent=2, sort_keys=True)) + "\n")
         else:
             sys.stdout.write(_redact(format_comparison(comparison)) + "\n")
         if not comparison["common"]:

@@ -243,3 +243,56 @@ class TestMergeInBoundedMemory(unittest.TestCase):
                 info, got = eh._run_json_lean(path)
                 self.assertEqual(info, {"dataset": {"name": "n", "rows": 3}, "config": {"x": 1}})
                 self.assertEqual(list(got()) if got else [], [str(i) for i in listed])
+
+
+class TestComparisonInOnePass(unittest.TestCase):
+    def test_a_comparison_sorted_on_disk_equals_plain_arithmetic_over_the_whole_records(self):
+        """Two real runs of 300 rows (the mock knows the first 200, then the last 200, of the answers), compared
+        with runs of 7 records on disk, the bootstrap kept to 50 pairs (past it, the normal interval) and 5 ids
+        listed a flip: every count, mean and interval equals plain arithmetic over the two runs' whole records,
+        the listed flips are the first by id, and `report A B --json` (default sizes) has the same counts."""
+        d = tempdir(self)
+        rows = qa_rows(300)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        outs = []
+        for name, known in (("a", rows[:200]), ("b", rows[100:])):
+            mock = start_mock(self, oracle_rows=known, model="m-" + name)
+            out = os.path.join(d, name)
+            res = run_cli(["run", "--dataset", path, "--model", "m-" + name, "--base-url", mock.url, "--out", out,
+                           "--no-progress", "--max-tokens", "16"])
+            self.assertEqual(res.returncode, 0, res.stderr)
+            outs.append(out)
+        a, b = ({r["id"]: r for r in read_samples(o)} for o in outs)
+        common = sorted(set(a) & set(b))
+        pairs = [(a[i]["score"], b[i]["score"]) for i in common]
+        diffs = [y - x for x, y in pairs]
+        n = len(diffs)
+        mean = sum(diffs) / n
+        half = 1.959964 * math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1) / n)
+        improved = [i for i in common if b[i]["score"] > a[i]["score"]]
+        regressed = [i for i in common if b[i]["score"] < a[i]["score"]]
+        self.assertTrue(improved and regressed)
+
+        patched(self, MERGE_CHUNK_RECORDS=7, SKETCH_EXACT=50, FLIPS_LISTED=5)
+        c = eh.compare_runs(eh.load_run(outs[0], shown_only=True), eh.load_run(outs[1], shown_only=True), shown=3)
+        self.assertEqual((c["common"], c["paired_scored"], c["only_in_a"], c["only_in_b"]), (300, 300, 0, 0))
+        self.assertEqual(c["score"]["diff"], round(mean, 6))
+        self.assertEqual(c["score"]["ci95"], [round(mean - half, 6), round(mean + half, 6)])
+        self.assertIn("normal approximation", c["score"]["method"])
+        self.assertEqual(c["score"]["a"], round(sum(x for x, _ in pairs) / n, 6))
+        self.assertEqual((c["improved"], c["regressed"]), (improved[:5], regressed[:5]))
+        self.assertEqual((c["flips"]["improved"], c["flips"]["regressed"]), (len(improved), len(regressed)))
+        lat = [(a[i]["latency_s"], b[i]["latency_s"]) for i in common]
+        self.assertEqual(c["metrics"]["latency_s"]["diff"], round(sum(y - x for x, y in lat) / n, 6))
+        self.assertEqual([f["id"] for f in c["_flipped"]], sorted(regressed[:3]) + sorted(improved[:3]))
+        self.assertEqual(c["_flipped"][0]["a"]["question"], a[regressed[0]]["question"])
+        text = eh.format_comparison(c)
+        self.assertRegex(text, r"better in B:\s+%d  %s …" % (len(improved), ", ".join(improved[:5])))
+
+        res = run_cli(["report", outs[0], outs[1], "--json"])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        whole = json.loads(res.stdout)
+        self.assertNotIn("_flipped", whole)
+        self.assertEqual((whole["improved"], whole["regressed"]), (improved, regressed))
+        self.assertEqual(whole["score"]["diff"], c["score"]["diff"])
+        self.assertEqual(whole["score"]["method"], "paired bootstrap, 1000, seed 0")
