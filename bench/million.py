@@ -6,11 +6,13 @@ append rate (rows/s while the run went), the resume's scan time (from the second
 the module). Run by hand (a million rows take about half an hour against the mock on 2 cores), never by CI.
 
 Usage: python3 bench/million.py [--rows 1000000] [--reply-tokens 64] [--concurrency 8] [--kill-at 0.5] [--no-shards]
+       [--split-shards] [--from-run RUN_DIR --split-shards]
 Targets (issue 39): `report` and `merge` peak RSS at 1M rows <= 1.2x their 100k figure and < 200 MB; the run with its
 end-of-run report <= 1 KB per row above the fixed base.
 The machine is shared and noisy: compare figures from one run of this script, not across runs.
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -37,7 +39,23 @@ def main():
     ap.add_argument("--kill-at", type=float, default=0.5, help="kill -9 the run once this share of rows is stored")
     ap.add_argument("--no-shards", action="store_true", help="skip the two-shard run and its merge")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--split-shards", action="store_true",
+                    help="make the two shards by splitting the finished run's records by shard (the files two shard "
+                         "processes write) instead of running them: merge's figures without a second run's time")
+    ap.add_argument("--from-run", metavar="RUN_DIR",
+                    help="a finished run of --rows rows made by this script: only split it and merge (with "
+                         "--split-shards)")
     args = ap.parse_args()
+    if args.from_run:
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        _, _, base, _ = measure([sys.executable, MODULE, "--version"], env)
+        print("rows %d; fixed base (--version) peak RSS %.1f MB" % (args.rows, base))
+        tmp = tempfile.mkdtemp(prefix="evalharness-million-merge-")
+        try:
+            merge_step(args, args.from_run, os.path.join(tmp, "sharded"), None, env, base)
+        finally:
+            shutil.rmtree(tmp, True)
+        return
     tmp = tempfile.mkdtemp(prefix="evalharness-million-")
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["EVALHARNESS_PROGRESS_S"] = "60"
@@ -104,17 +122,7 @@ def main():
         if args.no_shards:
             return
         # 4. two shards, then merge
-        sharded = os.path.join(tmp, "sharded")
-        t0 = time.monotonic()
-        procs = [subprocess.Popen([a if a != out else sharded for a in run] + ["--shard", "%d/2" % i],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for i in (0, 1)]
-        for i, p in enumerate(procs):  # (at once, as the tasks of a Slurm array)
-            _, status, usage = os.wait4(p.pid, 0)
-            print("shard %d of 2 (both at once): %.1f s, peak RSS %.1f MB, exit %d"
-                  % (i, time.monotonic() - t0, usage.ru_maxrss / 1024.0, status >> 8))
-        wall, _, rss, rc = measure([sys.executable, MODULE, "merge", sharded], env)
-        print("merge:           %7.1f s, peak RSS %7.1f MB (%.2f KB per row above the base), exit %d"
-              % (wall, rss, (rss - base) * 1024 / args.rows, rc))
+        merge_step(args, out, os.path.join(tmp, "sharded"), run, env, base)
     finally:
         mock.terminate()
         mock.wait(10)
@@ -122,6 +130,51 @@ def main():
             print("kept", tmp)
         else:
             shutil.rmtree(tmp, True)
+
+
+def split_run(run_dir, sharded, count=2):
+    """The shards a --shard I/COUNT run of the same rows writes, made from a finished run: its records by
+    shard_of(id), its run.json with the shard's part (ids, shard block)."""
+    sys.path.insert(0, ROOT)
+    import evalharness as eh
+    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as fh:
+        info = json.load(fh)
+    dirs = [os.path.join(sharded, "shard-%d-of-%d" % (i, count)) for i in range(count)]
+    files = []
+    for d in dirs:
+        os.makedirs(d)
+        files.append(open(os.path.join(d, "samples.jsonl"), "w", encoding="utf-8"))
+    with open(os.path.join(run_dir, "samples.jsonl"), encoding="utf-8") as fh:
+        for line in fh:
+            files[eh.shard_of(json.loads(line)["id"], count)].write(line)
+    for f in files:
+        f.close()
+    ids = info["dataset"]["ids"]
+    for i, d in enumerate(dirs):
+        mine = [x for x in ids if eh.shard_of(x, count) == i]
+        part = dict(info, dataset=dict(info["dataset"], ids=mine),
+                    shard={"index": i, "count": count, "samples": len(mine), "samples_total": len(ids),
+                           "slurm_job": None, "host": "split"})
+        with open(os.path.join(d, "run.json"), "w", encoding="utf-8") as fh:
+            json.dump(part, fh, indent=2, sort_keys=True)
+
+
+def merge_step(args, out, sharded, run, env, base):
+    if args.split_shards:
+        t0 = time.monotonic()
+        split_run(out, sharded)
+        print("two shards split from the run's records in %.1f s (not run again)" % (time.monotonic() - t0))
+    else:
+        t0 = time.monotonic()
+        procs = [subprocess.Popen([a if a != out else sharded for a in run] + ["--shard", "%d/2" % i],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for i in (0, 1)]
+        for i, p in enumerate(procs):  # (at once, as the tasks of a Slurm array)
+            _, status, usage = os.wait4(p.pid, 0)
+            print("shard %d of 2 (both at once): %.1f s, peak RSS %.1f MB, exit %d"
+                  % (i, time.monotonic() - t0, usage.ru_maxrss / 1024.0, status >> 8))
+    wall, _, rss, rc = measure([sys.executable, MODULE, "merge", sharded], env)
+    print("merge:           %7.1f s, peak RSS %7.1f MB (%.2f KB per row above the base), exit %d"
+          % (wall, rss, (rss - base) * 1024 / args.rows, rc))
 
 
 if __name__ == "__main__":
