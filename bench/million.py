@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A run of --rows rows (default 1,000,000) against the mock, killed with -9 part way and resumed, then `report`; and
-the same rows as two shards (run at once) then `merge` (issue 39). Prints, for each step, its wall time and peak RSS, the store's
+the same rows as two shards (run at once) then `merge`, and `report RUN MERGED` (issue 39). Prints, for each step, its wall time and peak RSS, the store's
 append rate (rows/s while the run went), the resume's scan time (from the second process's start to its line
 "resuming OUT: N of M samples kept"), and the RSS per row above the fixed base (`--version`: the interpreter and
 the module). Run by hand (a million rows take about half an hour against the mock on 2 cores), never by CI.
@@ -174,6 +174,10 @@ def merge_step(args, out, sharded, run, env, base):
                   % (i, time.monotonic() - t0, usage.ru_maxrss / 1024.0, status >> 8))
     wall, _, rss, rc = measure([sys.executable, MODULE, "merge", sharded], env)
     print("merge:           %7.1f s, peak RSS %7.1f MB (%.2f KB per row above the base), exit %d"
+          % (wall, rss, (rss - base) * 1024 / args.rows, rc))
+    # 5. the run against its merged shards (the same records): `report A B`
+    wall, _, rss, rc = measure([sys.executable, MODULE, "report", out, sharded, "--json"], env)
+    print("report A B:      %7.1f s, peak RSS %7.1f MB (%.2f KB per row above the base), exit %d"
           % (wall, rss, (rss - base) * 1024 / args.rows, rc))
 
 
