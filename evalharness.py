@@ -15091,65 +15091,57 @@ def _numbered_records(path: str, upto: Optional[int] = None) -> Iterator[Tuple[i
                 yield n, rec
 
 
-_IDS_START_RE = _LazyPattern(r'"ids":\s*\[')
-_IDS_ITEM_RE = _LazyPattern(r'\s*("(?:[^"\\]|\\.)*")\s*([,\]])')
-
-
 def _run_json_lean(path: str) -> Tuple[Dict[str, Any], Optional[Callable[[], Iterator[str]]]]:
     """run.json without its dataset's id list, and a function that yields that list's ids one by one (None when
-    it has none): the list is a run's only part that grows with its rows, so it is scanned in the file's text,
-    never made a list of a million strings."""
+    it has none): the list is a run's only part that grows with its rows (17 MB of text for a million), so it is
+    read line by line as _write_json lays it out (one id a line), never held as text or as a list; a file laid
+    out otherwise is read whole."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        fh = open(path, "rb")
     except OSError:
         return {}, None
-    found = _ids_span(text)
-    if found is not None:
-        a, b = found
+    kept: List[bytes] = []
+    span: Optional[Tuple[int, int]] = None
+    with fh:
+        pos = 0
+        for line in fh:
+            start, pos = pos, pos + len(line)
+            if span is None and line.strip() == b'"ids": [':
+                first, strings = pos, True
+                for inner in fh:
+                    start, pos = pos, pos + len(inner)
+                    if inner.strip() in (b"]", b"],"):
+                        span = (first, start) if strings else None  # (a list of other things: read whole)
+                        kept.append(line.rstrip().rstrip(b"[") + b"[]" + inner.strip()[1:] + b"\n")
+                        break
+                    strings = strings and inner.lstrip().startswith(b'"')
+                continue
+            kept.append(line)
+    if span is not None:
         try:
-            info = json.loads(text[:a] + "[]" + text[b:])
+            info = json.loads(b"".join(kept).decode("utf-8"))
         except ValueError:
             info = None
         ds = info.get("dataset") if isinstance(info, dict) else None
         if isinstance(ds, dict) and ds.get("ids") == []:  # the list cut out was the dataset's
             ds.pop("ids")
+            a, b = span
 
             def ids() -> Iterator[str]:
-                pos = a + 1
-                while True:
-                    m = _IDS_ITEM_RE.match(text, pos)
-                    if m is None:
-                        return
-                    yield json.loads(m.group(1))
-                    if m.group(2) == "]":
-                        return
-                    pos = m.end()
-            return info, (ids if b - a > 2 else None)
+                with open(path, "rb") as fh:
+                    fh.seek(a)
+                    for raw in fh:
+                        a_line = raw.strip().rstrip(b",")
+                        if not a_line.startswith(b'"'):
+                            return
+                        yield json.loads(a_line.decode("utf-8"))
+            return info, (ids if b > a else None)
     info = _read_json_file(path)
     ds = info.get("dataset")
     listed = ds.pop("ids", None) if isinstance(ds, dict) else None
     if not isinstance(listed, list) or not listed:
         return info, None
     return info, lambda: iter(map(str, listed))
-
-
-def _ids_span(text: str) -> Optional[Tuple[int, int]]:
-    """Where the "ids" list of strings is in run.json's text: [start of "[", just past "]"), or None."""
-    m = _IDS_START_RE.search(text)
-    if m is None:
-        return None
-    start = m.end() - 1
-    pos = m.end()
-    if text[pos:].lstrip().startswith("]"):
-        return start, text.index("]", pos) + 1
-    while True:
-        item = _IDS_ITEM_RE.match(text, pos)
-        if item is None:
-            return None  # not a list of strings: read the whole file
-        pos = item.end()
-        if item.group(2) == "]":
-            return start, pos
 
 
 class _LatestRecords:
