@@ -13380,10 +13380,10 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
                 instance_template=opts.instance_template or TASK_INSTANCE_TEMPLATE), ctx.cancel,
                 on_turn=None if slot is None else lambda res, turn_s: ctx.sessions.report(
                     slot, res.prompt_tokens, res.completion_tokens, turn_s), fields=fields)
+            session_at.append(round(time.time(), 3))  # (before the place is given up: another may take it)
             if slot is not None:
                 ctx.sessions.leave(slot)
                 slot = None
-            session_at.append(round(time.time(), 3))
         verified = None if traj["exit_reason"] == "model_error" else verify_task(box, task, workdir)
     finally:
         if slot is not None:
