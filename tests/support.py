@@ -93,6 +93,13 @@ def read_samples(run_dir: str):
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def whole_samples(run_dir: str):
+    """read_samples of a run still writing: its whole lines only (the last may be half written)."""
+    with open(os.path.join(run_dir, "samples.jsonl"), "rb") as fh:
+        data = fh.read()
+    return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines() if line.strip()]
+
+
 def tree_text(run_dir: str) -> str:
     """Every file of a run directory concatenated (for secret scans)."""
     out = []

@@ -10,7 +10,7 @@ import time
 import unittest
 
 from tests.support import MODULE, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, \
-    wait_until, write_jsonl
+    wait_until, whole_samples, write_jsonl
 
 
 def deterministic(summary):
@@ -275,7 +275,7 @@ class TestOutages(IdentityCase):
         new_answer = {r["id"]: r["answer"] for i, r in enumerate(b_rows) if i % 2 == 0}
         for n_new in (2, 8):
             run = self.start_run(url, out, b)
-            self.assertTrue(wait_until(lambda: sum(1 for r in read_samples(out)
+            self.assertTrue(wait_until(lambda: sum(1 for r in whole_samples(out)
                                                    if new_answer.get(r["id"]) == r["answer"]) >= n_new, 30))
             run.send_signal(signal.SIGKILL)
             run.communicate()
