@@ -15162,15 +15162,14 @@ class _LatestRecords:
             size = 0
         parts = 1 + size // PARTITION_BYTES
         if parts == 1:
-            self._dedupe([(n, str(rec["id"])) for n, rec in self._first_read(observe)],
+            self._dedupe(list(self._first_read(observe)),
                          None if wanted is None else wanted if isinstance(wanted, (set, frozenset)) else set(wanted))
             return
         tmp = tempfile.mkdtemp(prefix="evalharness-ids-")
         try:
             files = [open(os.path.join(tmp, "%d" % i), "w", encoding="utf-8") for i in range(parts)]
             try:
-                for n, rec in self._first_read(observe):
-                    sid = str(rec["id"])
+                for n, sid in self._first_read(observe):
                     files[zlib.crc32(sid.encode("utf-8")) % parts].write("%d\t%s\n" % (n, json.dumps(sid)))
                 for sid in wanted if wanted is not None else ():
                     files[zlib.crc32(sid.encode("utf-8")) % parts].write("-1\t%s\n" % json.dumps(sid))
@@ -15192,12 +15191,13 @@ class _LatestRecords:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _first_read(self, observe: Optional[Callable[[Dict[str, Any]], None]]
-                    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
+                    ) -> Iterator[Tuple[int, str]]:
+        """(line number, id) of every record, each shown to ``observe``."""
         for n, rec in _numbered_records(self.path):
             self.lines = n + 1
             if observe is not None:
                 observe(rec)
-            yield n, {"id": rec["id"]}
+            yield n, str(rec["id"])
 
     def _dedupe(self, seen: List[Tuple[int, str]], want: Optional[set]) -> None:
         last: Dict[str, int] = {}
