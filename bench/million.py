@@ -24,7 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from overhead import MODULE, measure, write_rows  # noqa: E402
+from overhead import MODULE, Measured, measure, write_rows  # noqa: E402
 
 
 def count_lines(path):
@@ -98,22 +98,20 @@ def main():
               % (n_first, t_kill, n_first / t_kill))
         # 2. the same command resumes: the scan until its first line, then the rest
         t0 = time.monotonic()
-        second = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                  universal_newlines=True)
+        second = Measured(run, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, universal_newlines=True)
         line = ""
         while line is not None and "resuming " not in line:  # "resuming OUT: N of M samples kept"
-            line = second.stderr.readline() or None
+            line = second.proc.stderr.readline() or None
         scan = time.monotonic() - t0
-        rest = second.stderr.read()
-        _, status, usage = os.wait4(second.pid, 0)
+        rest = second.proc.stderr.read()
+        code, _, rss, _ = second.wait()
         wall = time.monotonic() - t0
-        rss = usage.ru_maxrss / 1024.0
         n_all = count_lines(samples)
         print("resume: the scan of the stored rows took %.1f s (%s)" % (scan, (line or "?").strip()[:140]))
         print("resumed run with its end-of-run report: %.1f s, %d rows appended (%.0f rows/s), peak RSS %.1f MB = "
               "%.2f KB per row above the base, exit %d" % (wall, n_all - n_first, (n_all - n_first) / wall, rss,
-                                                          (rss - base) * 1024 / args.rows, status >> 8))
-        if status >> 8:
+                                                          (rss - base) * 1024 / args.rows, code))
+        if code:
             sys.stderr.write(rest[-2000:])
         # 3. report
         for label, extra in (("report", []), ("report --json", ["--json"]), ("report --html", ["--html"])):
@@ -167,12 +165,12 @@ def merge_step(args, out, sharded, run, env, base):
         print("two shards split from the run's records in %.1f s (not run again)" % (time.monotonic() - t0))
     else:
         t0 = time.monotonic()
-        procs = [subprocess.Popen([a if a != out else sharded for a in run] + ["--shard", "%d/2" % i],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) for i in (0, 1)]
+        procs = [Measured([a if a != out else sharded for a in run] + ["--shard", "%d/2" % i], env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in (0, 1)]
         for i, p in enumerate(procs):  # (at once, as the tasks of a Slurm array)
-            _, status, usage = os.wait4(p.pid, 0)
+            code, _, rss, _ = p.wait()
             print("shard %d of 2 (both at once): %.1f s, peak RSS %.1f MB, exit %d"
-                  % (i, time.monotonic() - t0, usage.ru_maxrss / 1024.0, status >> 8))
+                  % (i, time.monotonic() - t0, rss, code))
     wall, _, rss, rc = measure([sys.executable, MODULE, "merge", sharded], env)
     print("merge:           %7.1f s, peak RSS %7.1f MB (%.2f KB per row above the base), exit %d"
           % (wall, rss, (rss - base) * 1024 / args.rows, rc))

@@ -35,18 +35,55 @@ for _ in range(n):
 """
 
 
+# A child's peak RSS read by the process that started it is not the child's own: subprocess starts children with
+# vfork (3.10+) or fork, and Linux keeps the starting process's high-water RSS in the child's (exec records the old
+# mm's peak; measured here: `--version` read 181 MB from a 181 MB bench). So each measured command starts from this
+# small launcher, which reports its own child's figures in a file: a bench that holds a million ids measures the
+# command, not itself.
+LAUNCHER = r"""
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as fh:
+    fh.write("%d %r %r" % (usage.ru_maxrss, usage.ru_utime, usage.ru_stime))
+sys.exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+"""
+
+
+class Measured:
+    """A command started through LAUNCHER (Popen's keywords pass through: stdout, stderr, universal_newlines);
+    ``wait()`` -> (exit code, CPU s of the command, its peak RSS MB, wall s since the start)."""
+
+    def __init__(self, cmd, env=None, **popen_kw):
+        fd, self.path = tempfile.mkstemp(prefix="evalharness-rusage-")
+        os.close(fd)
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, self.path] + list(cmd), env=env, **popen_kw)
+        self.pid = self.proc.pid
+
+    def wait(self):
+        _, status, _ = os.wait4(self.proc.pid, 0)
+        wall = time.monotonic() - self.t0
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        try:
+            with open(self.path) as fh:
+                maxrss, utime, stime = fh.read().split()
+        except (OSError, ValueError):  # the launcher itself died
+            maxrss, utime, stime = "0", "0", "0"
+        finally:
+            os.unlink(self.path)
+        return code, float(utime) + float(stime), int(maxrss) / 1024.0, wall
+
+
 def measure(cmd, env=None):
     """Run cmd; return (wall s, CPU s of the child, peak RSS MB of the child, exit code)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
-    err = proc.stderr.read().decode("utf-8", "replace")
-    proc.stderr.close()
-    if proc.returncode not in (0,):
+    run = Measured(cmd, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = run.proc.stderr.read().decode("utf-8", "replace")  # (read as it comes: a full pipe would stall it)
+    run.proc.stderr.close()
+    code, cpu, rss, wall = run.wait()
+    if code:
         sys.stderr.write(err[-2000:])
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, proc.returncode
+    return wall, cpu, rss, code
 
 
 def write_rows(path, n):
