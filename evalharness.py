@@ -16313,12 +16313,14 @@ _COMPARED_FIELDS = ("id", "status", "score", "category", "resolved") + _COMPARED
 _FLIP_KEYS = ("improved", "regressed", "failed_only_in_a", "failed_only_in_b", "resolved_only_in_a",
               "resolved_only_in_b")
 FLIPS_LISTED = 1000  # ids a comparison lists of each kind of flip (the first by id; "flips" counts them all)
+BOOTSTRAP_PAIRS = 10000  # paired differences a comparison bootstraps (1000 resamples = 1000 x n draws); past that the
+# normal approximation, whose ends are within 0.001 of the bootstrap's there (score differences of 10,001 pairs)
 
 
 class _PairedDiffs:
     """Paired values (x in A, y in B) streamed in id order: their means and the mean difference with a 95%
-    interval, a paired bootstrap (1000, seed 0) over the differences kept while they are at most SKETCH_EXACT, the
-    normal approximation past that (a bootstrap of a million pairs is a billion draws)."""
+    interval, a paired bootstrap (1000, seed 0) over the differences kept while they are at most BOOTSTRAP_PAIRS,
+    the normal approximation past that (a bootstrap of a million pairs is a billion draws); ``result`` names it."""
 
     def __init__(self) -> None:
         self.n, self.sx, self.sy, self.d = 0, 0.0, 0.0, _Mean()
@@ -16331,7 +16333,7 @@ class _PairedDiffs:
         self.d.add(y - x)
         if self.diffs is not None:
             self.diffs.append(y - x)
-            if len(self.diffs) > SKETCH_EXACT:
+            if len(self.diffs) > BOOTSTRAP_PAIRS:
                 self.diffs = None
 
     def interval(self) -> Tuple[float, float, str]:
@@ -16339,11 +16341,12 @@ class _PairedDiffs:
             return _paired_bootstrap(list(self.diffs)) + ("paired bootstrap, 1000, seed 0",)
         half = 1.959964 * math.sqrt(self.d.m2 / (self.n - 1) / self.n)
         mean = self.d.total / self.n
-        return mean - half, mean + half, "normal approximation of the paired differences (n > %d)" % SKETCH_EXACT
+        return mean - half, mean + half, "normal approximation of the paired differences (n > %d)" % BOOTSTRAP_PAIRS
 
     def result(self, with_means: bool = True) -> Dict[str, Any]:
-        lo, hi, _ = self.interval()
-        out = {"n": self.n, "diff": round(self.d.total / self.n, 6), "ci95": [round(lo, 6), round(hi, 6)]}
+        lo, hi, method = self.interval()
+        out = {"n": self.n, "diff": round(self.d.total / self.n, 6), "ci95": [round(lo, 6), round(hi, 6)],
+               "method": method}
         if with_means:
             out.update(a=round(self.sx / self.n, 6), b=round(self.sy / self.n, 6))
         return out
@@ -16512,7 +16515,8 @@ def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: O
         _esc(cat), m["n"], m["diff"], m["ci95"][0], m["ci95"][1]) for cat, m in (c.get("by_category") or {}).items())
     if cats:
         cats = ("<h2>By category</h2><table class=sortable id=categories><thead><tr><th>category</th><th>n</th>"
-                "<th>B − A</th><th>95%% CI (paired bootstrap)</th></tr></thead><tbody>%s</tbody></table>" % cats)
+                "<th>B − A</th><th>95%% CI</th></tr></thead><tbody>%s</tbody></table><p class=muted>%s</p>"
+                % (cats, _esc("; ".join(sorted({m["method"] for m in c["by_category"].values() if m.get("method")})))))
     flipped = ""
     if a is not None and b is not None:
         rows_f = []
@@ -16704,8 +16708,9 @@ def format_leaderboard(board: Dict[str, Any]) -> str:
     lines = ["  ".join(x[i].ljust(widths[i]) for i in range(len(head))).rstrip() for x in [head] + body]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if board["baselines"]:
-        lines.append("Δ: B − the column's baseline over the samples both scored, paired bootstrap 95%% CI (%s)"
-                     % "; ".join("%s: %s" % kv for kv in board["baselines"].items()))
+        lines.append("Δ: B − the column's baseline over the samples both scored, paired 95%% CI: bootstrap up to "
+                     "%d pairs, normal approximation past that (%s)"
+                     % (BOOTSTRAP_PAIRS, "; ".join("%s: %s" % kv for kv in board["baselines"].items())))
     return "\n".join(lines + _board_notes(board))
 
 

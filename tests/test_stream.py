@@ -273,7 +273,7 @@ class TestComparisonInOnePass(unittest.TestCase):
         regressed = [i for i in common if b[i]["score"] < a[i]["score"]]
         self.assertTrue(improved and regressed)
 
-        patched(self, MERGE_CHUNK_RECORDS=7, SKETCH_EXACT=50, FLIPS_LISTED=5)
+        patched(self, MERGE_CHUNK_RECORDS=7, BOOTSTRAP_PAIRS=50, FLIPS_LISTED=5)
         c = eh.compare_runs(eh.load_run(outs[0], shown_only=True), eh.load_run(outs[1], shown_only=True), shown=3)
         self.assertEqual((c["common"], c["paired_scored"], c["only_in_a"], c["only_in_b"]), (300, 300, 0, 0))
         self.assertEqual(c["score"]["diff"], round(mean, 6))
@@ -296,3 +296,14 @@ class TestComparisonInOnePass(unittest.TestCase):
         self.assertEqual((whole["improved"], whole["regressed"]), (improved, regressed))
         self.assertEqual(whole["score"]["diff"], c["score"]["diff"])
         self.assertEqual(whole["score"]["method"], "paired bootstrap, 1000, seed 0")
+        # each category's interval names its method: past the (patched) 50 pairs the normal one, as plain arithmetic
+        self.assertTrue(c["by_category"])
+        for cat, m in c["by_category"].items():
+            d_cat = [b[i]["score"] - a[i]["score"] for i in common if (b[i].get("category") or "uncategorized") == cat]
+            self.assertEqual(m["n"], len(d_cat))
+            self.assertGreater(len(d_cat), 50)  # (100 rows a category)
+            mu = sum(d_cat) / len(d_cat)
+            h = 1.959964 * math.sqrt(sum((x - mu) ** 2 for x in d_cat) / (len(d_cat) - 1) / len(d_cat))
+            self.assertIn("normal approximation", m["method"])
+            self.assertEqual(m["ci95"], [round(mu - h, 6), round(mu + h, 6)])
+            self.assertEqual(whole["by_category"][cat]["method"], "paired bootstrap, 1000, seed 0")
