@@ -15740,6 +15740,8 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
     ds = info.get("dataset") or {}
     host = urllib.parse.urlsplit(ep.get("base_url") or "").hostname
     rows.append(("model", "%s%s" % (ep.get("model") or "?", " at %s" % host if host else "")))
+    if info.get("label"):  # (--label: the leaderboard's row name for this run)
+        rows.append(("label", str(info["label"])))
     gen = ["%s %s" % (k, json.dumps(settings[k])) for k in ("temperature", "max_tokens", "seed", "epochs", "stream")
            if k in settings and settings[k] is not None]
     if settings.get("extra_body"):
@@ -15836,6 +15838,8 @@ def report_json(data: Dict[str, Any]) -> Dict[str, Any]:
     info = data.get("run_info") or {}
     out = dict(data["summary"], task=data["task"], model=data.get("model"), status=data["status"],
                dataset=(info.get("dataset") or {}).get("name") or data.get("dataset"))
+    if info.get("label"):
+        out["label"] = info["label"]
     if data.get("swebench"):
         out["swebench"] = {k: v for k, v in data["swebench"].items() if not k.endswith("_ids")}
         if info.get("mode"):

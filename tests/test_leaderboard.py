@@ -118,6 +118,20 @@ class TestLeaderboard(unittest.TestCase):
         self.assertIn("is a shard, not a whole run (merge its folder: evalharness merge %s)"
                       % os.path.join(self.d, "loose", "unmerged"), res.stdout)
 
+    def test_a_run_s_own_report_names_its_label(self):
+        """--label names the leaderboard's row and is shown in that run's own report (text, JSON, HTML)."""
+        own, other = self.own[("m-small", "alpha")], self.own[("m-big", "beta")]
+        self.assertEqual(own["label"], "small")
+        self.assertIn(["label", "small"], own["report"]["config_rows"])
+        self.assertNotIn("label", other)
+        self.assertNotIn("label", [k for k, _ in other["report"]["config_rows"]])
+        out = self.dirs[("m-small", "alpha")]
+        res = run_cli(["report", out])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertRegex(res.stdout, r"(?m)^\s*label:?\s+small$")
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+            self.assertIn("<tr><th>label</th><td>small</td></tr>", fh.read())
+
     def test_csv_parses_back_to_the_json_numbers(self):
         board = json.loads(self.board("--json").stdout)
         res = self.board("--csv")
