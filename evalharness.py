@@ -14352,16 +14352,19 @@ def _shard_dirs(out: str, sources: Sequence[str]) -> List[str]:
 
 
 MERGE_CHUNK_RECORDS = 20000  # a shard's records are sorted by id in runs of this many, on disk
+MERGE_FAN_IN = 128  # sorted runs open at once (all shards together); more are first merged on disk, a group at a
+# time, so ten million records (500 runs a shard) stay far below a default open-file limit of 1,024
 MERGE_SORT_DIR = ".merge.sort.tmp"  # in the merge's output directory, while it runs
 
 
 class _SortedShard:
     """A shard's latest records in id order, in bounded memory: read once (its _LatestRecords), sorted in runs of
     MERGE_CHUNK_RECORDS written to temporary files as "id<TAB>record line", then merged back (heapq.merge) as
-    (id, record line) pairs. ``count``: the records."""
+    (id, record line) pairs, from at most ``compact``'s number of files. ``count``: the records."""
 
     def __init__(self, latest: "_LatestRecords", tmp: str, index: Any, fields: Optional[Sequence[str]] = None):
-        self.count, self.files = latest.count, []  # type: ignore[var-annotated]
+        self.count, self.files, self.made = latest.count, [], 0  # type: ignore[var-annotated]
+        self.tmp, self.index = tmp, index
         chunk: List[Tuple[str, str]] = []
         for rec in latest:
             if fields is not None:  # (only these fields of each record)
@@ -14373,13 +14376,23 @@ class _SortedShard:
         if chunk:
             self._spill(chunk, tmp, index)
 
-    def _spill(self, chunk: List[Tuple[str, str]], tmp: str, index: Any) -> None:
-        chunk.sort()
-        path = os.path.join(tmp, "shard-%s-%d" % (index, len(self.files)))
+    def _spill(self, chunk: Iterable[Tuple[str, str]], tmp: str, index: Any, *, ordered: bool = False) -> None:
+        path = os.path.join(tmp, "shard-%s-%d" % (index, self.made))
+        self.made += 1
         with open(path, "w", encoding="utf-8") as fh:
-            for sid, line in chunk:
+            for sid, line in (chunk if ordered else sorted(chunk)):  # type: ignore[type-var]
                 fh.write(json.dumps(sid) + "\t" + line + "\n")
         self.files.append(path)
+
+    def compact(self, most: int) -> None:
+        """Merge the sorted runs on disk, at most MERGE_FAN_IN at a time, until at most ``most`` (>= 1) are left."""
+        most = max(1, most)
+        while len(self.files) > most:
+            k = min(MERGE_FAN_IN, len(self.files) - most + 1)
+            group, self.files = self.files[:k], self.files[k:]
+            self._spill(heapq.merge(*(self._read(p) for p in group)), self.tmp, self.index, ordered=True)
+            for p in group:
+                os.unlink(p)
 
     @staticmethod
     def _read(path: str) -> Iterator[Tuple[str, str]]:
@@ -14443,6 +14456,8 @@ def merge_runs(out: str, sources: Sequence[str] = (), *, partial: bool = False) 
         os.makedirs(tmp)
         try:
             sorted_shards = {index: _SortedShard(latest[index], tmp, index) for index in sorted(shards)}
+            for each in sorted_shards.values():
+                each.compact(MERGE_FAN_IN // len(sorted_shards))
             summary = _write_merge(out, shards, sorted_shards, total, task, gaps)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -16394,7 +16409,10 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any], shown: int = 100) -> Dict
         return rec.get(key)
     tmp = tempfile.mkdtemp(prefix="evalharness-compare-")
     try:
-        stream_a, stream_b = iter(_sorted_run(a, tmp, "a")), iter(_sorted_run(b, tmp, "b"))
+        sorted_a, sorted_b = _sorted_run(a, tmp, "a"), _sorted_run(b, tmp, "b")
+        for each in (sorted_a, sorted_b):
+            each.compact(MERGE_FAN_IN // 2)
+        stream_a, stream_b = iter(sorted_a), iter(sorted_b)
         xa, xb = next(stream_a, None), next(stream_b, None)
         while xa is not None or xb is not None:
             if xb is None or (xa is not None and xa[0] < xb[0]):

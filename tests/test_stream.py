@@ -203,7 +203,7 @@ class TestMergeInBoundedMemory(unittest.TestCase):
             self.assertFalse(os.path.exists(os.path.join(out, eh.MERGE_SORT_DIR)))
             return got
         whole = merged_files()
-        patched(self, MERGE_CHUNK_RECORDS=7, PARTITION_BYTES=2048)
+        patched(self, MERGE_CHUNK_RECORDS=7, PARTITION_BYTES=2048, MERGE_FAN_IN=4)  # (about 22 runs a shard)
         small = merged_files()
         self.assertEqual(small["samples.jsonl"], whole["samples.jsonl"])
         self.assertEqual(json.loads(small["run.json"])["dataset"], json.loads(whole["run.json"])["dataset"])
@@ -232,6 +232,40 @@ class TestMergeInBoundedMemory(unittest.TestCase):
                                              r"\(overlapping shards\)$" % recs[0]["id"])
         with open(os.path.join(out, "samples.jsonl"), encoding="utf-8") as fh:
             self.assertEqual(fh.read(), whole["samples.jsonl"])  # the last merge's output, whole
+
+    def test_sorted_runs_are_merged_on_disk_until_few_enough_are_open_at_once(self):
+        """A shard of 103 records sorted in runs of 5 (21 files), with at most 3 merged at a time down to 2 files:
+        never more than 3 runs open at once, the merged-away files removed, the records come back in id order."""
+        d = tempdir(self)
+        patched(self, MERGE_CHUNK_RECORDS=5, MERGE_FAN_IN=3)
+        rng = random.Random(3)
+        recs = [{"id": "r%03d" % i, "v": rng.random(), "text": "x\ty \u00e9"} for i in range(103)]
+        rng.shuffle(recs)
+
+        class Latest(list):
+            count = len(recs)
+        open_now, most = [0], [0]
+        read = eh._SortedShard._read
+
+        def counted(path):
+            open_now[0] += 1
+            most[0] = max(most[0], open_now[0])
+            try:
+                for x in read(path):
+                    yield x
+            finally:
+                open_now[0] -= 1
+        eh._SortedShard._read = staticmethod(counted)
+        self.addCleanup(setattr, eh._SortedShard, "_read", staticmethod(read))
+        srt = eh._SortedShard(Latest(recs), d, 0)
+        self.assertEqual(len(srt.files), 21)
+        srt.compact(2)
+        self.assertEqual(len(srt.files), 2)
+        self.assertEqual(sorted(os.listdir(d)), sorted(os.path.basename(p) for p in srt.files))
+        back = [(sid, json.loads(line)) for sid, line in srt]
+        self.assertEqual(most[0], 3)
+        self.assertEqual([sid for sid, _ in back], sorted(r["id"] for r in recs))
+        self.assertEqual([r for _, r in back], sorted(recs, key=lambda r: r["id"]))
 
     def test_run_json_ids_are_read_one_by_one_whatever_their_characters(self):
         d = tempdir(self)
@@ -273,7 +307,7 @@ class TestComparisonInOnePass(unittest.TestCase):
         regressed = [i for i in common if b[i]["score"] < a[i]["score"]]
         self.assertTrue(improved and regressed)
 
-        patched(self, MERGE_CHUNK_RECORDS=7, BOOTSTRAP_PAIRS=50, FLIPS_LISTED=5)
+        patched(self, MERGE_CHUNK_RECORDS=7, BOOTSTRAP_PAIRS=50, FLIPS_LISTED=5, MERGE_FAN_IN=6)
         c = eh.compare_runs(eh.load_run(outs[0], shown_only=True), eh.load_run(outs[1], shown_only=True), shown=3)
         self.assertEqual((c["common"], c["paired_scored"], c["only_in_a"], c["only_in_b"]), (300, 300, 0, 0))
         self.assertEqual(c["score"]["diff"], round(mean, 6))
