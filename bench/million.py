@@ -3,7 +3,9 @@
 the same rows as two shards (run at once, or split from the run's records) then `merge`, and `report RUN MERGED`
 (issue 39). Prints, for each step, its wall time and peak RSS, the store's append rate (rows/s while the run went),
 the resume's scan time (from the second process's start to its line "resuming OUT: N of M samples kept"), and the
-RSS per row above the fixed base (`--version`: the interpreter and the module). Run by hand (a million rows take
+RSS per row above the fixed base (`--version`: the interpreter and the module). Each peak RSS is the command's own:
+it starts from overhead.Measured's small launcher (a child started from this process would carry this process's
+high-water RSS, and this process holds the split run's ids). Run by hand (a million rows take
 about half an hour against the mock on 2 cores), never by CI.
 
 Usage: python3 bench/million.py [--rows 1000000] [--reply-tokens 64] [--concurrency 8] [--kill-at 0.5] [--no-shards]
