@@ -16314,6 +16314,17 @@ def write_html_report(run_dir: str, path: Optional[str] = None) -> str:
 # ----------------------------------------------------------------------------- comparison
 
 
+def _run_head(run_dir: str) -> Dict[str, Any]:
+    """What compare_runs needs of a run before it reads the records itself (sorted): its directory, run.json
+    without the id list, and its task; a run.json that does not name its task is read whole (load_run)."""
+    if not os.path.exists(os.path.join(run_dir, RunStore.SAMPLES)):
+        return load_run(run_dir, shown_only=True)  # (its error: no samples yet)
+    info, _ = _run_json_lean(os.path.join(run_dir, RunStore.RUN))
+    if not info or not info.get("task"):
+        return load_run(run_dir, shown_only=True)
+    return {"dir": run_dir, "run": info, "task": info["task"]}
+
+
 def _paired_bootstrap(diffs: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> Tuple[float, float]:
     """95% interval of the mean of paired differences by bootstrap (seeded: the same runs give the same interval)."""
     n = len(diffs)
@@ -17776,8 +17787,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if len(args.run_dirs) > 2 or args.baseline or args.csv_out or args.all_runs or \
             any(os.path.isdir(d) and not _is_run_dir(d) and _holds_runs(d) for d in args.run_dirs):
         return _cmd_leaderboard(args)
-    runs = [load_run(d, shown_only=True) for d in args.run_dirs]  # (a comparison reads the records again, sorted)
-    if len(runs) == 2:
+    if len(args.run_dirs) == 2:  # (a comparison reads the records itself, sorted)
+        runs = [_run_head(d) for d in args.run_dirs]
         comparison = compare_runs(runs[0], runs[1])
         if args.html is not None:
             path = args.html or os.path.join(runs[0]["dir"], "comparison.html")
@@ -17792,6 +17803,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
                          runs[0]["dir"], runs[1]["dir"])
             return EXIT_FAILURE
         return EXIT_OK
+    runs = [load_run(d, shown_only=True) for d in args.run_dirs]
     data = report_data(runs[0])
     if args.html is not None:
         path = args.html or os.path.join(runs[0]["dir"], REPORT_HTML)

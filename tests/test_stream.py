@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import shutil
 import unittest
 
 from tests.support import eh, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
@@ -341,3 +342,16 @@ class TestComparisonInOnePass(unittest.TestCase):
             self.assertIn("normal approximation", m["method"])
             self.assertEqual(m["ci95"], [round(mu - h, 6), round(mu + h, 6)])
             self.assertEqual(whole["by_category"][cat]["method"], "paired bootstrap, 1000, seed 0")
+        # a run.json that does not name its task (an older run) is read whole first: the same comparison
+        older = os.path.join(d, "b-older")
+        shutil.copytree(outs[1], older)
+        with open(os.path.join(older, "run.json"), encoding="utf-8") as fh:
+            info = json.load(fh)
+        del info["task"]
+        with open(os.path.join(older, "run.json"), "w", encoding="utf-8") as fh:
+            json.dump(info, fh)
+        self.assertEqual(eh._run_head(outs[1])["task"], "qa")
+        self.assertIn("summary", eh._run_head(older))  # (load_run's answer)
+        res = run_cli(["report", outs[0], older, "--json"])
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(dict(json.loads(res.stdout), b=whole["b"]), whole)
