@@ -14371,13 +14371,13 @@ class _SortedShard:
                 rec = {k: rec[k] for k in fields if k in rec}
             chunk.append((str(rec["id"]), json.dumps(rec, ensure_ascii=False, sort_keys=True)))
             if len(chunk) >= MERGE_CHUNK_RECORDS:
-                self._spill(chunk, tmp, index)
+                self._spill(chunk)
                 chunk = []
         if chunk:
-            self._spill(chunk, tmp, index)
+            self._spill(chunk)
 
-    def _spill(self, chunk: Iterable[Tuple[str, str]], tmp: str, index: Any, *, ordered: bool = False) -> None:
-        path = os.path.join(tmp, "shard-%s-%d" % (index, self.made))
+    def _spill(self, chunk: Iterable[Tuple[str, str]], *, ordered: bool = False) -> None:
+        path = os.path.join(self.tmp, "shard-%s-%d" % (self.index, self.made))
         self.made += 1
         with open(path, "w", encoding="utf-8") as fh:
             for sid, line in (chunk if ordered else sorted(chunk)):  # type: ignore[type-var]
@@ -14390,7 +14390,7 @@ class _SortedShard:
         while len(self.files) > most:
             k = min(MERGE_FAN_IN, len(self.files) - most + 1)
             group, self.files = self.files[:k], self.files[k:]
-            self._spill(heapq.merge(*(self._read(p) for p in group)), self.tmp, self.index, ordered=True)
+            self._spill(heapq.merge(*(self._read(p) for p in group)), ordered=True)
             for p in group:
                 os.unlink(p)
 

@@ -5,11 +5,11 @@ the same rows as two shards (run at once, or split from the run's records) then 
 the resume's scan time (from the second process's start to its line "resuming OUT: N of M samples kept"), and the
 RSS per row above the fixed base (`--version`: the interpreter and the module). Each peak RSS is the command's own:
 it starts from overhead.Measured's small launcher (a child started from this process would carry this process's
-high-water RSS, and this process holds the split run's ids). Run by hand (a million rows take
-about half an hour against the mock on 2 cores), never by CI.
+high-water RSS, and this process holds the split run's ids). Run by hand (a million rows take about half an hour
+against the mock on 2 cores), never by CI.
 
 Usage: python3 bench/million.py [--rows 1000000] [--reply-tokens 64] [--concurrency 8] [--kill-at 0.5] [--no-shards]
-       [--split-shards] [--from-run RUN_DIR --split-shards]
+       [--split-shards] [--from-run RUN_DIR]
 Targets (issue 39): `report` and `merge` peak RSS at 1M rows <= 1.2x their 100k figure and < 200 MB; the run with its
 end-of-run report <= 1 KB per row above the fixed base.
 The machine is shared and noisy: compare figures from one run of this script, not across runs.
@@ -46,10 +46,11 @@ def main():
                     help="make the two shards by splitting the finished run's records by shard (the files two shard "
                          "processes write) instead of running them: merge's figures without a second run's time")
     ap.add_argument("--from-run", metavar="RUN_DIR",
-                    help="a finished run of --rows rows made by this script: only split it and merge (with "
-                         "--split-shards)")
+                    help="a finished run of --rows rows made by this script: only split it into two shards "
+                         "(--split-shards is implied), merge them and compare")
     args = ap.parse_args()
     if args.from_run:
+        args.split_shards = True  # (there is no run command to run the shards with)
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
         _, _, base, _ = measure([sys.executable, MODULE, "--version"], env)
         print("rows %d; fixed base (--version) peak RSS %.1f MB" % (args.rows, base))
