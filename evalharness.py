@@ -179,6 +179,8 @@ EXIT_BUDGET = 4        # --cost-limit reached: the same command with a higher li
 EXIT_INTERRUPTED = 130
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_TASK = "qa"               # --task when none is given
+TOOL_MODES = ("native", "prompt")  # --tool-mode: native tool calls, or in the text of the reply
 DEFAULT_SCORER = "includes"       # free-text references ("Paris") score right inside a sentence; numbers stay whole
 DEFAULT_INITIAL_CONCURRENCY = 16  # first limit of the adaptive gate when no earlier run left one
 DEFAULT_MAX_CONCURRENCY = 256     # cap of the adaptive gate (and of worker threads)
@@ -752,6 +754,125 @@ class _Progress:
                     self._drawn = False
                 self._stream.flush()
 
+
+# ----------------------------------------------------------------------------- options a kind declares
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
+    return value
+
+
+def _field_mapping(text: str) -> Tuple[str, str]:
+    name, sep, column = text.partition("=")
+    if not sep or not name.strip() or not column.strip():
+        raise argparse.ArgumentTypeError("expected NAME=COLUMN, e.g. --field prompt=Question, got %r" % text)
+    return name.strip(), column.strip()
+
+
+def _json_object(text: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("not valid JSON (%s): %r" % (exc, text)) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object like '{\"top_p\": 0.9}', got %r" % text)
+    return value
+
+
+def _read_template(path: Optional[str], what: str) -> Optional[str]:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ConfigError("%s %r: %s" % (what, path, exc.strerror or exc)) from None
+
+class _Opt:
+    """One option of `run` that not every kind of evaluation uses: its flags and argparse's keywords, the
+    ``field`` its value fills (the kind's options record, or RunConfig for an _OptionSet of ``run`` fields) and
+    its ``default`` there. The parser gives it no default (argparse.SUPPRESS), so what was given is known: an
+    option the chosen kind does not use is refused. ``help`` may say %(default)s."""
+
+    def __init__(self, *flags: str, field: Optional[str] = None, default: Any = None, help: str = "",
+                 **kw: Any) -> None:
+        self.flags, self.kw, self.default = flags, kw, default
+        self.field = field or flags[0].lstrip("-").replace("-", "_")
+        self.help = help.replace("%(default)s", str(default))
+        self.name = flags[0].lstrip("-")  # its long name: a suite file's key (dashes or underscores)
+
+    def add_to(self, group: Any) -> None:
+        kw = dict(self.kw)
+        if "type" in kw:
+            kw["type"] = self._parse
+        group.add_argument(*self.flags, dest=self.field, default=argparse.SUPPRESS, help=self.help, **kw)
+
+    def _parse(self, text: str) -> Any:
+        """The option's type, whose ConfigError (a file it reads) argparse reports as its own usage error."""
+        try:
+            return self.kw["type"](text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    def given(self, value: Any, where: str, by_field: bool = False) -> Any:
+        """The value a mapping (a suite file) gives for this option, as the command line would store it: a
+        string goes through the option's type; a flag (store_true/false) takes a boolean, said of the flag
+        (``no_stream = true``) or, ``by_field``, of the value it sets (``stream = false``)."""
+        action = self.kw.get("action")
+        if action in ("store_true", "store_false"):
+            if not isinstance(value, bool):
+                raise ConfigError("%s: --%s is a flag: give true or false, got %r" % (where, self.name, value))
+            return value if by_field or action == "store_true" else not value
+        if action == "append":
+            values = value if isinstance(value, (list, tuple)) else [value]
+            return [self._typed(v, where) for v in values]
+        return self._typed(value, where)
+
+    def _typed(self, value: Any, where: str) -> Any:
+        kind = self.kw.get("type")
+        if kind is not None and isinstance(value, str):
+            try:
+                value = kind(value)
+            except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+                raise ConfigError("%s: --%s: %s" % (where, self.name, exc)) from None
+        choices = self.kw.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError("%s: --%s must be one of %s, got %r" % (where, self.name, ", ".join(map(str, choices)),
+                                                                    value))
+        return value
+
+
+class _OptionSet:
+    """Options used together by one or more kinds (a kind lists its sets in ``option_sets``): one group of the
+    `run` parser, titled with the kinds that use it. ``run``: its fields are RunConfig's (settings the lifecycle
+    reads, e.g. --epochs), else the kind's options record's."""
+
+    def __init__(self, title: str, *opts: _Opt, run: bool = False) -> None:
+        self.title, self.opts, self.run = title, opts, run
+
+
+_KINDS: Dict[str, type] = {}  # --task NAME -> its kind's class (filled by @_kind in each kind's section; read at
+# run time by the sections above the kinds, which dispatch through it and never name a kind)
+
+
+def _kind(cls: type) -> type:
+    """Register a kind of evaluation under its ``name`` (the --task it answers to)."""
+    _KINDS[cls.name] = cls  # type: ignore[attr-defined]
+    return cls
+
+
+def _refuse_other_kind(where: str, row: Dict[str, Any], task: str) -> None:
+    """A dataset whose first row is another kind's layout (the kinds' ``sniff``) is refused, naming its --task."""
+    for name, cls in _KINDS.items():
+        what = cls.sniff(row) if name != task else None  # type: ignore[attr-defined]
+        if what:
+            raise DatasetError("%s: its rows are %s: run it with --task %s" % (where, what, name))
+
 # =============================================================================
 # Datasets
 # =============================================================================
@@ -875,6 +996,18 @@ def _choice_letter(answer: Any, choices: Tuple[str, ...], labels: Tuple[str, ...
 
 
 _TEMPLATE_FIELD_RE = _LazyPattern(r"\{([A-Za-z_][\w ]*)\}")
+
+
+def _prompt_template_arg(value: Optional[str]) -> Optional[str]:
+    """--prompt-template: a file's path, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        return _read_template(value, "--prompt-template")
+    if not _TEMPLATE_FIELD_RE.search(value):
+        raise ConfigError("--prompt-template %r is neither a file nor a template naming a field such as {question}"
+                          % value)
+    return value
 
 
 def _prompt_text(question: str, choices: Sequence[str], template: Optional[str], row: Dict[str, Any],
@@ -1280,9 +1413,8 @@ class Dataset:
                 rows = self._raw()
                 first = next(rows, (None, None))[1]
                 rows.close()
-            if isinstance(first, dict) and _code_layout(first):
-                raise DatasetError("%s: its rows are the %s layout (a code benchmark): run it with --task code"
-                                   % (self.path or self.name, _code_layout(first)))
+            if isinstance(first, dict):
+                _refuse_other_kind(self.path or self.name, first, "qa")
             self.format = detect_format(first)
             if self.format:
                 fmt = FORMATS[self.format]
@@ -7088,6 +7220,78 @@ def dataset_images(path: str, template: Optional[str] = None) -> List[str]:
         images.append(_row_image(row, where, template))
     return list(dict.fromkeys(images))
 
+
+# ----------------------------------------------------------------------------- the image options of a run
+_IMAGE_OPTIONS = _OptionSet(
+    "images (each option wins over its environment variable)",
+    _Opt("--image-tars", default=None, metavar="DIR,...",
+         help="directories of image tarballs (.tar/.tar.gz/.tgz; single images or batches, docker-save or OCI layout) "
+              "(default $EVALHARNESS_IMAGE_TARS)"),
+    _Opt("--tar-index", default=None, metavar="PATH",
+         help="the tar index cache (default $EVALHARNESS_TAR_INDEX or %s)" % DEFAULT_TAR_INDEX),
+    _Opt("--image-store", default=None, metavar="URL|DIR",
+         help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory) (default: none)"),
+    _Opt("--image-mirrors", default=None, metavar="HOST:PORT,...",
+         help="registry mirrors tried in order (docker pull MIRROR/NAME, then tagged to NAME) (default: none)"),
+    _Opt("--mirror-timeout", type=float, default=DEFAULT_MIRROR_TIMEOUT_S, metavar="SECONDS",
+         help="limit for one pull from one mirror (default %(default)s)"),
+    _Opt("--allow-pull", action="store_true", default=False,
+         help="last resort: plain docker pull of the image name (default: off)"),
+    _Opt("--engine", default=None, choices=["docker", "podman"],
+         help="container engine (default $EVALHARNESS_ENGINE or docker)"),
+    _Opt("--docker-host", action="append", default=None, metavar="URL",
+         help="engine socket; repeat it (or a comma list in $EVALHARNESS_DOCKER_HOSTS) to spread a SWE run's "
+              "containers over several engines (default $DOCKER_HOST)"),
+    _Opt("--image-workers", type=_positive_int, default=None, metavar="N",
+         help="parallel deliveries (default $EVALHARNESS_IMAGE_WORKERS or %d)" % DEFAULT_IMAGE_WORKERS),
+    _Opt("--keep-images", action="store_true", default=None,
+         help="keep the images this process loads (default: removed at exit unless $EVALHARNESS_KEEP_SWE_IMAGES is "
+              "set)"))
+
+
+def _split_list(text: Optional[str]) -> List[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+@_record
+class ImageOptions:
+    """Where a run's container images come from and which engines run its containers (_IMAGE_OPTIONS)."""
+
+    tars: Tuple[str, ...] = ()
+    tar_index: Optional[str] = None
+    store: Optional[str] = None
+    mirrors: Tuple[str, ...] = ()
+    mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S
+    allow_pull: bool = False
+    engine: Optional[str] = None
+    docker_hosts: Tuple[str, ...] = ()     # empty: the default engine ($DOCKER_HOST)
+    workers: Optional[int] = None
+    keep: Optional[bool] = None
+
+    @classmethod
+    def of(cls, values: Dict[str, Any]) -> "ImageOptions":
+        """From the options' values (as _IMAGE_OPTIONS parses them), with their environment variables."""
+        tars = values.get("image_tars")
+        hosts = values.get("docker_host") or [os.environ.get("EVALHARNESS_DOCKER_HOSTS", "")]
+        return cls(tars=tuple(_split_list(tars if tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))),
+                   tar_index=values.get("tar_index"), store=values.get("image_store"),
+                   mirrors=tuple(_split_list(values.get("image_mirrors"))),
+                   mirror_timeout_s=values.get("mirror_timeout", DEFAULT_MIRROR_TIMEOUT_S),
+                   allow_pull=bool(values.get("allow_pull")), engine=values.get("engine"),
+                   docker_hosts=tuple(h for text in hosts for h in _split_list(text)),
+                   workers=values.get("image_workers"), keep=values.get("keep_images"))
+
+    @property
+    def docker_host(self) -> Optional[str]:
+        """The first engine (None: the default one)."""
+        return self.docker_hosts[0] if self.docker_hosts else None
+
+    def service(self, docker: "DockerCLI", **kw: Any) -> "ImageService":
+        """An image service on ``docker`` delivering from these sources."""
+        return ImageService(docker, tar_dirs=self.tars, store=self.store, mirrors=self.mirrors,
+                            allow_pull=self.allow_pull, workers=self.workers, index_path=self.tar_index,
+                            keep_images=self.keep, mirror_timeout_s=self.mirror_timeout_s, **kw)
+
 # =============================================================================
 # Sandbox
 # =============================================================================
@@ -8394,14 +8598,40 @@ def _failed_record(item: Any, started: float, error: str, error_class: str) -> D
 # the summary, the report and the exit code. A kind (_Kind) says only what is its own: how its rows are read, what
 # it asks the endpoint, how it scores, what it adds to the summary. README: "Adding a kind of evaluation".
 
+_SAMPLING_OPTIONS = _OptionSet(
+    "sampling",
+    _Opt("--temperature", type=float, default=0.0, help="sampling temperature sent with every request (default "
+                                                        "%(default)s)"),
+    _Opt("--max-tokens", type=_positive_int, default=None, metavar="N",
+         help="max_tokens sent with every request (default: none sent, so the server's own limit)"),
+    _Opt("--no-stream", field="stream", action="store_false", default=True,
+         help="use non-streaming requests (default: stream, which also measures time to first token)"),
+    run=True)
+_CHAT_ROW_OPTIONS = _OptionSet(
+    "prompts and repeats",
+    _Opt("--system-prompt", default=None, help="system message for rows that have none (default: none)"),
+    _Opt("--epochs", type=_positive_int, default=1, metavar="K",
+         help="run each row K times with distinct seeds (the run's --seed, or 0, plus 1..K); the summary adds mean@K "
+              "with a 95%% CI clustered by row, pass@k (unbiased) and maj@K (default %(default)s)"),
+    run=True)
+_RESCORE_OPTIONS = _OptionSet(
+    "re-scoring",
+    _Opt("--rescore", action="store_true", default=False,
+         help="score every stored answer again with the current scorers, without model calls (a changed scorer or "
+              "reference is re-scored anyway) (default: off)"),
+    run=True)
+
+
 @_record
 class RunConfig:
-    """Everything a `run` needs, as given on the command line (validated by run_evaluation and the kind)."""
+    """Everything a `run` needs: the settings every run has, and ``options``, the record of the kind's own
+    (each kind declares them: _Kind.option_sets; None: its defaults). Checked by run_evaluation and the kind."""
 
     dataset: Optional[str]
     model: str
     base_url: str
-    task: str = "qa"
+    task: str = DEFAULT_TASK
+    options: Any = None                          # the kind's options record (_Kind.Options)
     api_key_env: str = DEFAULT_API_KEY_ENV
     api_key_env_explicit: bool = False
     out: Optional[str] = None
@@ -8409,30 +8639,17 @@ class RunConfig:
     initial_concurrency: Optional[int] = None    # None = auto: this run's or the endpoint's last discovered limit
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     server_metrics: str = "auto"                 # auto | on | off: the endpoint's Prometheus /metrics
-    temperature: float = 0.0
-    max_tokens: Optional[int] = None
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     extra_body: Optional[Dict[str, Any]] = None
-    stream: bool = True
     max_retries: int = DEFAULT_MAX_RETRIES
     retry_failed: bool = False
     restart: bool = False         # a run directory holding other settings is started over (results moved aside)
-    rescore: bool = False         # re-score every stored answer with the current scorers (no model calls)
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     model_check: bool = True      # the pre-flight refuses a model the endpoint's non-empty /v1/models does not list
     seed: Optional[int] = None
-    epochs: int = 1               # each row this many times (distinct seeds): mean@K, pass@k, maj@K
-    judge_model: Optional[str] = None       # the grader of the judge scorer (default: the evaluated model)
-    judge_base_url: Optional[str] = None    # default: the evaluated endpoint
-    judge_api_key_env: Optional[str] = None  # default: --api-key-env
     resume_hint: Optional[str] = None  # how to resume, for messages (default: the same command)
     use_proxy: bool = False
-    scorer: Optional[str] = None               # None: the format's scorer, else DEFAULT_SCORER
-    format: str = "auto"
-    prompt_template: Optional[str] = None
-    fields: Tuple[Tuple[str, str], ...] = ()   # --field NAME=COLUMN
     limit: Optional[int] = None
-    system_prompt: Optional[str] = None
     json_out: bool = False
     progress: bool = True
     remember_limit: bool = True   # save the discovered limit for later runs on this endpoint (not for the demo)
@@ -8444,25 +8661,13 @@ class RunConfig:
     rate_headers: str = "follow"            # follow the x-ratelimit headers a server sends, or ignore them
     cost_limit: Optional[float] = None      # --cost-limit: no request starts past it
     label: Optional[str] = None             # --label: a leaderboard's row (default: the model)
-    # SWE runs: agent and sandbox settings, images, and --score-only PREDS (no agents)
-    swe: "SWEOptions" = _Factory(lambda: SWEOptions())
-    score_only: Optional[str] = None
-    code: "CodeOptions" = _Factory(lambda: CodeOptions())  # --task code: the sandbox and its limits
-    choice: "ChoiceOptions" = _Factory(lambda: ChoiceOptions())  # --task choice: few-shot examples
-    perplexity: "PerplexityOptions" = _Factory(lambda: PerplexityOptions())  # --task perplexity: window length
-    tools: "ToolOptions" = _Factory(lambda: ToolOptions())  # --task tools: native or prompt, the answers file
-    image_tars: Tuple[str, ...] = ()
-    image_store: Optional[str] = None
-    image_mirrors: Tuple[str, ...] = ()
-    allow_pull: bool = False
-    engine: Optional[str] = None
-    docker_host: Optional[str] = None
-    docker_hosts: Tuple[str, ...] = ()   # several engines for SWE containers (--docker-host repeated)
-    image_workers: Optional[int] = None
-    tar_index: Optional[str] = None
-    mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S
-    keep_images: Optional[bool] = None
-    pull_ahead: bool = True       # register every pending image when the run starts (off: only when a sample starts)
+    # the fields of the option sets with run=True: settings the lifecycle reads, used by the kinds that list them
+    temperature: float = 0.0                # _SAMPLING_OPTIONS
+    max_tokens: Optional[int] = None
+    stream: bool = True
+    system_prompt: Optional[str] = None     # _CHAT_ROW_OPTIONS
+    epochs: int = 1                         # each row this many times (distinct seeds): mean@K, pass@k, maj@K
+    rescore: bool = False                   # _RESCORE_OPTIONS: re-score every stored answer (no model calls)
 
 
 TRUNCATED_WARN_SHARE = 0.05   # more answers than this cut at the token limit: the run warns
@@ -8694,34 +8899,69 @@ def _preflight(cfg: RunConfig, client_cfg: ClientConfig, prompts: Iterable[str])
     return server
 
 
-_KINDS: Dict[str, type] = {}  # --task NAME -> its kind's class (filled by @_kind in each kind's section)
-
-
-def _kind(cls: type) -> type:
-    """Register a kind of evaluation under its ``name`` (the --task it answers to)."""
-    _KINDS[cls.name] = cls
-    return cls
-
-
 class _Kind:
-    """A kind of evaluation: the hooks run_evaluation calls, in its order (defaults do nothing). One object per
-    run: a kind keeps what it takes for the run (clients, containers, files) on itself."""
+    """A kind of evaluation: everything that is its own, as hooks with defaults (a kind writes only what differs).
+    One object per run (a kind keeps what it takes for the run on itself); reports, merge and comparison make one
+    to ask it about a run directory. The hooks, by where they are used:
+
+    - options: ``option_sets`` (the `run` options it uses beyond every run's: a parser group each, refused for the
+      kinds that do not list them), ``Options`` and ``options_record`` (its record from their values);
+    - the run (run_evaluation calls them in this order): check, load, uses_model, prompts, before_store,
+      settings, default_out, resume, start, dataset_info, samples_total, work, runner_options, pending, stop,
+      settle, finish, concurrency, exit_code, title;
+    - the run directory: ``merged`` (its summary block from records), ``merge_outputs`` (its own files),
+      ``output_dirs``, ``report_data`` / ``report_lines`` / ``report_json`` / ``html_cards`` / ``html_headline`` /
+      ``html_details`` (its report block), ``headline`` (the leaderboard's metric), ``flip_fields`` (the
+      comparison's);
+    - datasets: ``sniff`` (a row of its layout given to another kind is named)."""
 
     name = ""
     noun = "sample"          # what one of its rows is called in messages
+    rows = "its rows"        # what --dataset holds for it (the help)
     agents = False           # multi-turn sessions: a session gate, and a model gate that reads no server queue
     remembers_limit = True   # the discovered limit is kept for later runs on the same endpoint
+    option_sets: Tuple[_OptionSet, ...] = ()
+    Options: Any = None      # its options record (a @_record class), or None: it has none of its own
+    rescore = "record"       # a finished sample whose score fingerprint changed: "record" (its stored record scored
+    # again by rescored(), no request), "rerun" (run again from what it stored: work() reads self.prior), None (run
+    # again whole)
+    headline = "score"       # the name of its summary score (the leaderboard's column metric)
+    lower_is_better = False  # its headline: a smaller value is better (bits per byte)
+    streamed_report = False  # its report reads the records in one pass, keeping only the samples it shows
+    output_dirs: Tuple[str, ...] = ()  # its per-sample folders in a run directory (merge copies them)
+    flip_fields: Tuple[str, ...] = ()  # boolean record fields whose flips a comparison lists (besides the score's)
+    category_noun = "category"         # what a record's category is (the report's breakdown)
+    marks: Optional[str] = None  # a record field only its records have: a run.json without "task" is its kind
 
+    # --------------------------------------------------------------------- options
+    def options_record(self, values: Dict[str, Any]) -> Any:
+        """Its options record from ``values``: the field of every option of its own sets, given or default."""
+        return self.Options(**values) if self.Options is not None else None
+
+    # --------------------------------------------------------------------- the run
     def check(self, cfg: "RunConfig") -> None:
         """Its own options, checked before anything is read or written."""
 
     def load(self, run: "_Run", dataset: Any) -> None:
-        """Read and validate the rows (``dataset`` given: use it), take this shard's part; set run.dataset (with
-        .name, .sha256, .count) and run.model."""
+        """Read and validate the rows (``dataset`` given: use it); set run.dataset (with .name, .sha256, .count,
+        .ids, .fps) and run.model; then ``wrap`` it (this shard's part, the epochs) where its rows are final."""
         raise NotImplementedError
+
+    def wrap(self, run: "_Run", dataset: Any) -> Any:
+        """The rows this process runs: this shard's part of ``dataset``, each row --epochs times."""
+        cfg = run.cfg
+        if cfg.shard is not None:
+            dataset = _Shard(dataset, *cfg.shard)
+        if cfg.epochs > 1:
+            dataset = _Epochs(dataset, cfg.epochs, cfg.seed)
+        return dataset
 
     def uses_model(self, cfg: "RunConfig") -> bool:
         return True
+
+    def models(self, cfg: "RunConfig") -> List[str]:
+        """The models the run asks (their prices are needed for --cost-limit)."""
+        return [cfg.model]
 
     def prompts(self, run: "_Run") -> Iterable[str]:
         """The prompts the pre-flight's context warning measures."""
@@ -8738,10 +8978,51 @@ class _Kind:
         return _default_out(run.cfg.task, run.model, run.cfg.dataset or run.dataset.name,
                             _fingerprint(self.settings(run.cfg)))
 
-    def resume(self, run: "_Run") -> None:
-        """Plan the resume from the stored records (_plan_resume), rewrite what changes; set run.ids, run.total,
-        run.fps, run.plan, run.done_ids, run.failed_kept."""
+    def sample_ids(self, run: "_Run") -> Any:
+        """The ids of the samples this process runs (a set)."""
+        return run.dataset.ids
+
+    def fingerprints(self, run: "_Run") -> Dict[str, Tuple[str, str]]:
+        """id -> (input, score) fingerprints of every sample this process runs."""
+        return run.dataset.fps
+
+    def rescored(self, run: "_Run", rec: Dict[str, Any], item: Any, score_fp: str) -> Optional[Dict[str, Any]]:
+        """rescore "record": a stored ok record scored again with its row's current scorer and reference (no
+        request); None: it runs again."""
         raise NotImplementedError
+
+    def resume(self, run: "_Run") -> None:
+        """Plan the resume from the stored records (_plan_resume) and rewrite what changes, as ``rescore`` says;
+        set run.ids, run.total, run.fps, run.plan, run.done_ids, run.failed_kept (and self.prior for "rerun")."""
+        store, cfg = run.store, run.cfg
+        assert store is not None
+        ids, fps = self.sample_ids(run), self.fingerprints(run)
+        stray = [sid for sid in store.finished if sid not in ids]
+        if stray:
+            _log.warning("%d finished %s(s) in %s are not in the dataset (e.g. %r); they are kept but not counted",
+                         len(stray), self.noun, store.dir, stray[0])
+        plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed,
+                            rescore=cfg.rescore and self.rescore is not None)
+        again = plan["changed"] | plan["infra"] | plan["retry"]
+        items: Dict[str, Any] = {}
+        rerun: set = set()
+        if self.rescore == "record":
+            if plan["rescore"]:
+                items = {it.id: it for it in run.dataset.iter_items() if it.id in plan["rescore"]}
+        elif self.rescore == "rerun":  # its stored output is checked again (a changed reference, a failed check)
+            rerun = plan["rescore"] | plan["patch"]
+            again -= rerun
+        else:
+            again |= plan["rescore"] | plan["patch"]
+        if again or items or store.duplicates:
+            store.rewrite(lambda rec: None if rec["id"] in again else self.rescored(
+                run, rec, items[rec["id"]], fps[rec["id"]][1]) if rec["id"] in items and rec.get("status") == "ok"
+                else rec)
+        self.prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rerun} if rerun else {}
+        run.done_ids = {sid for sid in store.finished if sid in ids} - rerun
+        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
+        _log_plan(store, plan, len(run.done_ids) - len(items), len(ids), self.noun)
+        run.ids, run.total, run.fps, run.plan = ids, len(ids), fps, plan
 
     def start(self, run: "_Run") -> None:
         """Take the kind's resources (after the gate and the client, before run.json)."""
@@ -8752,8 +9033,13 @@ class _Kind:
                 "sha256": d.sha256, "rows": d.count, "ids": sorted(d.ids)}
 
     def samples_total(self, run: "_Run") -> int:
-        """The whole run's samples, for a shard's run.json."""
-        return run.total
+        """The whole run's samples (for a shard's run.json): its rows under the shard and the epochs, or what
+        the dataset says its whole run is (``samples_total``), times the epochs."""
+        d = run.dataset
+        while isinstance(d, (_Epochs, _Shard)):
+            d = d.dataset
+        whole = getattr(d, "samples_total", None)
+        return (d.count if whole is None else whole) * run.cfg.epochs
 
     def work(self, run: "_Run") -> Callable[[Any], Dict[str, Any]]:
         """One row -> its finished record: what the kind asks and how it scores."""
@@ -8776,14 +9062,15 @@ class _Kind:
         """Release the kind's resources (always called once the runner is done)."""
 
     def settle(self, run: "_Run") -> None:
-        """Put samples.jsonl in its final shape before the summary reads it (superseded records out)."""
+        """Put samples.jsonl in its final shape before the summary reads it: a sample checked again supersedes
+        its old record, which leaves the file."""
+        assert run.store is not None
+        if run.store.duplicates:
+            run.store.rewrite(lambda rec: rec)
 
     def finish(self, run: "_Run", summary: Dict[str, Any]) -> str:
         """Add to the summary (and write the kind's own files); return extra lines printed under the table."""
         return ""
-
-    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
-        """What ``finish`` adds to the summary, for `merge`: from the shards' records and the first's run.json."""
 
     def concurrency(self, run: "_Run") -> Dict[str, Any]:
         """What run.json's concurrency block adds for this kind."""
@@ -8797,25 +9084,121 @@ class _Kind:
         return "evalharness %s | model %s | dataset %s | %s" % (run.cfg.task, run.model,
                                                                  run.dataset.name + _shard_label(run.cfg.shard), status)
 
+    # --------------------------------------------------------------------- the run directory
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        """What ``finish`` adds to the summary, from the ok records and run.json (a report, a merge)."""
 
-def _resume_rescoring(run: "_Run", noun: str,
-                      rescored: Callable[[Dict[str, Any], Any, str], Dict[str, Any]]) -> None:
-    """A kind's resume when its records hold what a score is computed from: plan it (_plan_resume), drop what runs
-    again, and score again without requests the finished rows whose score fingerprint changed
-    (``rescored(record, row, score fingerprint)``)."""
-    store, dataset, cfg = run.store, run.dataset, run.cfg
-    assert store is not None
-    plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-    drop = plan["changed"] | plan["infra"] | plan["retry"]
-    items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]}
-    if drop or items or store.duplicates:
-        store.rewrite(lambda rec: None if rec["id"] in drop else rescored(
-            rec, items[rec["id"]], dataset.fps[rec["id"]][1]) if rec["id"] in items and rec.get("status") == "ok"
-            else rec)
-    run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
-    run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-    _log_plan(store, plan, len(run.done_ids) - len(items), dataset.count, noun)
-    run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+    def merge_outputs(self, out: str, shard_dirs: Sequence[str], records: Sequence[Dict[str, Any]],
+                      ids: Callable[[], List[str]], summary: Dict[str, Any], first: Dict[str, Any]) -> None:
+        """`merge`: the kind's own files in OUT from its shards (by default their ``output_dirs``, copied);
+        ``records``: every merged record (kept for kinds whose report is not streamed); ``ids()``: the run's."""
+        for d in shard_dirs:
+            _copy_tree_atomic(d, out, self.output_dirs)
+
+    def report_data(self, run: Dict[str, Any], records: List[Dict[str, Any]], data: Dict[str, Any]) -> None:
+        """Add its report block to ``data`` (what the text, JSON and HTML reports show) from the records load_run
+        kept (every latest record, unless ``streamed_report``)."""
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        """The text report's lines under the summary table."""
+        return []
+
+    def report_json(self, data: Dict[str, Any], out: Dict[str, Any]) -> None:
+        """What `report --json` adds at its top level (beside the summary)."""
+
+    def html_headline(self, data: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+        """The HTML report's first card (label, HTML), when the score is not the headline."""
+        return None
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        """The HTML report's cards of this kind (label, HTML), after the counts."""
+        return []
+
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        """The HTML report's per-sample section (default: the wrong and failed samples)."""
+        if run["samples"] or run.get("bad_total") == 0 and data["summary"]["counts"]["finished"]:
+            return _samples_html(run)
+        return ""
+
+    # --------------------------------------------------------------------- datasets
+    @staticmethod
+    def sniff(row: Dict[str, Any]) -> Optional[str]:
+        """A dataset row of this kind's layout given to another kind: a short description for the message that
+        names this --task ("the humaneval layout (a code benchmark)"), else None."""
+        return None
+
+
+def _with_system(messages: Sequence[Dict[str, Any]], system_prompt: Optional[str]) -> List[Dict[str, Any]]:
+    """A row's messages, with --system-prompt first when the row has no system message of its own."""
+    messages = list(messages)
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def _kind_of(task: Optional[str], records_marked: Callable[[str], bool] = lambda field: False) -> "_Kind":
+    """The kind of a run directory: run.json's task; a run.json too old to name it, the kind whose ``marks`` its
+    records have, else the default kind."""
+    if task in _KINDS:
+        return _KINDS[task]()
+    if task:
+        raise ConfigError("this run is of --task %r, which this evalharness does not know (kinds: %s)"
+                          % (task, ", ".join(_KINDS)))
+    for cls in _KINDS.values():
+        if cls.marks and records_marked(cls.marks):
+            return cls()
+    return _KINDS[DEFAULT_TASK]()
+
+
+def _option_sets() -> List[_OptionSet]:
+    """Every kind's option sets, each once, in the order the kinds were registered."""
+    out: List[_OptionSet] = []
+    for cls in _KINDS.values():
+        out.extend(s for s in cls.option_sets if s not in out)
+    return out
+
+
+def _users(option_set: _OptionSet) -> List[str]:
+    return [name for name, cls in _KINDS.items() if option_set in cls.option_sets]
+
+
+def _kind_config(cfg: "RunConfig", given: Dict[_Opt, Any], where: str = "") -> "RunConfig":
+    """``cfg`` with the kind's options: ``given`` (option -> value, as parsed) must all be options the kind uses
+    (one that is not is refused, naming the kinds that use it); the run fields go to RunConfig, the others, with
+    the defaults of the rest, into the kind's options record."""
+    if cfg.task not in _KINDS:
+        raise ConfigError("--task %r: no such kind of evaluation; use one of: %s" % (cfg.task, ", ".join(_KINDS)))
+    cls = _KINDS[cfg.task]
+    own = [s for s in cls.option_sets]
+    for opt in given:
+        if not any(opt in s.opts for s in own):
+            users = [u for s in _option_sets() if opt in s.opts for u in _users(s)]
+            raise ConfigError("%s--%s is not an option of --task %s: it is used by --task %s; drop it (or run that "
+                              "kind)" % (where + ": " if where else "", opt.name, cfg.task, ", ".join(users)))
+    run_values = {opt.field: value for opt, value in given.items() if any(opt in s.opts for s in own if s.run)}
+    values = {opt.field: given.get(opt, opt.default) for s in own if not s.run for opt in s.opts}
+    return _replace(cfg, options=cls().options_record(values), **run_values)
+
+
+def _given_options(task: str, mapping: Dict[str, Any], where: str) -> Dict[_Opt, Any]:
+    """A mapping of option names (a suite file's, or a suite benchmark's: long names with dashes or underscores,
+    or the option's field) to values, as the options given (for _kind_config); a name no kind has is refused with
+    the closest one."""
+    by_name: Dict[str, Tuple[_Opt, bool]] = {}
+    for s in _option_sets():
+        for opt in s.opts:
+            by_name[opt.name.replace("-", "_")] = (opt, False)
+            by_name.setdefault(opt.field, (opt, True))
+    given: Dict[_Opt, Any] = {}
+    for key, value in mapping.items():
+        found = by_name.get(str(key).replace("-", "_"))
+        if found is None:
+            close = difflib.get_close_matches(str(key).replace("-", "_"), list(by_name), n=1)
+            raise ConfigError("%s: %r is not an option of any kind%s" % (where, key, " (did you mean %r?)" % close[0]
+                                                                         if close else ""))
+        opt, by_field = found
+        given[opt] = opt.given(value, where, by_field)
+    return given
 
 
 class _Run:
@@ -8869,6 +9252,25 @@ def _check_run_options(cfg: "RunConfig") -> None:
         raise ConfigError("--outage-budget must be > 0 seconds, got %r" % cfg.outage_budget_s)
     if cfg.api_key_env_explicit and not os.environ.get(cfg.api_key_env):
         raise ConfigError("--api-key-env %s: that environment variable is not set" % cfg.api_key_env)
+    if cfg.max_retries < 0:
+        raise ConfigError("--max-retries must be >= 0, got %d" % cfg.max_retries)
+
+
+def _kind_options(cfg: "RunConfig", kind: _Kind) -> "RunConfig":
+    """``cfg`` whose options record is the kind's (its defaults when None), and whose run fields of option sets
+    the kind does not use hold their defaults (what the command line refuses, refused here for every caller)."""
+    for s in _option_sets():
+        if s.run and s not in kind.option_sets:
+            for opt in s.opts:
+                if getattr(cfg, opt.field) != opt.default:
+                    raise ConfigError("--%s is not an option of --task %s: it is used by --task %s" % (
+                        opt.name, kind.name, ", ".join(_users(s))))
+    if cfg.options is None:
+        return _kind_config(cfg, {})
+    if kind.Options is None or not isinstance(cfg.options, kind.Options):
+        raise ConfigError("RunConfig.options is a %s; --task %s takes a %s" % (
+            type(cfg.options).__name__, kind.name, getattr(kind.Options, "__name__", "None")))
+    return cfg
 
 
 def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None, progress_stream: Any = None,
@@ -8878,14 +9280,18 @@ def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None,
     if cfg.task not in _KINDS:
         raise ConfigError("--task %r: no such kind of evaluation; use one of: %s" % (cfg.task, ", ".join(_KINDS)))
     kind = _KINDS[cfg.task]()
+    cfg = _kind_options(cfg, kind)
     run = _Run(cfg, kind, cancel or threading.Event())
     _check_run_options(cfg)
     kind.check(cfg)
-    run.meter = _cost_meter(cfg)
-    kind.load(run, dataset)
     if kind.uses_model(cfg):
+        if not cfg.model:
+            raise ConfigError("--model is required, e.g. --model Qwen/Qwen3-8B")
         if not cfg.base_url:
             raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
+    run.meter = _cost_meter(cfg, kind)
+    kind.load(run, dataset)
+    if kind.uses_model(cfg):
         run.client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
                                       temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                       request_timeout_s=cfg.request_timeout_s, extra_body=cfg.extra_body,
@@ -8902,7 +9308,7 @@ def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None,
         run.store.close()
 
 
-def _cost_meter(cfg: "RunConfig") -> Optional[CostMeter]:
+def _cost_meter(cfg: "RunConfig", kind: _Kind) -> Optional[CostMeter]:
     """--prices and --cost-limit, checked before anything is read or written: a limit needs a price for every model
     the run asks (the evaluated one, the judge)."""
     if cfg.cost_limit is not None and cfg.cost_limit <= 0:
@@ -8913,7 +9319,7 @@ def _cost_meter(cfg: "RunConfig") -> Optional[CostMeter]:
                               "fetched reliably, so the run takes them from you")
         return None
     prices = load_prices(cfg.prices)
-    models = [m for m in (cfg.model, cfg.judge_model) if m]
+    models = [m for m in kind.models(cfg) if m]
     for model in models:
         if model not in prices:
             if cfg.cost_limit is not None:
@@ -9157,11 +9563,8 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
              judge: Optional[ModelClient] = None) -> Callable[[QAItem], Dict[str, Any]]:
     def work(item: QAItem) -> Dict[str, Any]:
         started = time.time()
-        messages = list(item.messages)
-        if system_prompt and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": system_prompt})
         try:
-            res = client.chat(messages, seed=item.seed)
+            res = client.chat(_with_system(item.messages, system_prompt), seed=item.seed)
         except ModelAPIError as exc:
             rec = _failed_record(item, started, _redact(exc), exc.error_class)
             rec["attempts"] = exc.attempts
@@ -9205,13 +9608,13 @@ def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
                   cancel: threading.Event, meter: Optional[CostMeter] = None) -> ModelClient:
     """The grader model's client: its own endpoint (default: the evaluated one) and its own gate, so grading
     never takes the evaluated model's permits; its tokens are counted apart (the record's "judge")."""
-    base_url = _normalize_base_url(cfg.judge_base_url or cfg.base_url)
-    key_env = cfg.judge_api_key_env or cfg.api_key_env
-    if cfg.judge_api_key_env and not os.environ.get(key_env):
+    model, base_url, key_env = cfg.options.judge(cfg)
+    base_url = _normalize_base_url(base_url)
+    if cfg.options.judge_api_key_env and not os.environ.get(key_env):
         raise ConfigError("--judge-api-key-env %s: that environment variable is not set" % key_env)
     if not cfg.use_proxy:
         exclude_from_proxy([base_url])
-    judge_cfg = _replace(client_cfg, base_url=base_url, model=cfg.judge_model or cfg.model,
+    judge_cfg = _replace(client_cfg, base_url=base_url, model=model,
                          api_key_env=key_env, temperature=0.0, max_tokens=None, extra_body=None, seed=None)
     gate = AdaptiveGate(8, 1, 64, deadline_s=cfg.request_timeout_s)
     gate.on_event = lambda ev: store.event("judge_" + ev.pop("type"), **ev)
@@ -9219,17 +9622,59 @@ def _judge_client(cfg: RunConfig, client_cfg: ClientConfig, store: RunStore,
     return ModelClient(judge_cfg, gate=gate, cancel=cancel, meter=meter, role="judge")
 
 
-def _rescored_qa(rec: Dict[str, Any], item: QAItem, fps: Tuple[str, str]) -> Optional[Dict[str, Any]]:
+def _rescored_qa(rec: Dict[str, Any], item: QAItem, score_fp: str) -> Optional[Dict[str, Any]]:
     """A stored answer scored again under the row's current scorer and reference (no model call)."""
     if not isinstance(rec.get("response"), str) or item.scorer == "judge":
         return None  # nothing to score, or a grader to ask: the sample runs again
     score, extracted = (0.0, "") if rec.get("no_answer") else score_response(item, rec["response"])
     return dict(rec, score=score, extracted=extracted, answer=item.answer, scorer=item.scorer,
-                category=item.category, fp=dict(rec["fp"], score=fps[1]), rescored_at=round(time.time(), 3))
+                category=item.category, fp=dict(rec["fp"], score=score_fp), rescored_at=round(time.time(), 3))
 
 
 def _prompt_of(item: QAItem, system_prompt: Optional[str]) -> str:
     return (system_prompt or "") + "".join(_content_text(m.get("content")) for m in item.messages)
+
+
+_QA_OPTIONS = _OptionSet(
+    "question answering",
+    _Opt("--format", default="auto", choices=["auto", "none"] + list(FORMATS),
+         help="a built-in benchmark layout with its prompt template and scorer: " + "; ".join(
+             "%s (%s)" % (k, f.columns) for k, f in FORMATS.items()).replace("%", "%%") +
+         "; auto (default) takes the one whose columns the first row has, and says so"),
+    _Opt("--prompt-template", default=None, metavar="FILE|TEXT", type=_prompt_template_arg,
+         help="the user message: {question}, {choices} ('A) ...' lines), {letters} ('A, B, C, D') and any row field, "
+              "e.g. 'Q: {question}'; a file's path or the text itself (default: the format's template)"),
+    _Opt("--scorer", default=None, choices=sorted(SCORERS),
+         help="scorer for rows that name none (default: the format's, else " + DEFAULT_SCORER + ": the reference "
+              "occurs in the reply word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' "
+              "does not in '711' or '11.5'; rows with choices default to 'choice'); changing it on resume re-scores "
+              "the stored answers"),
+    _Opt("--field", field="fields", action="append", type=_field_mapping, default=(), metavar="NAME=COLUMN",
+         help="read row field NAME (prompt, answer, id, choices, category, ...) from the file's column COLUMN; "
+              "repeatable (default: none)"),
+    _Opt("--judge-model", default=None, metavar="NAME",
+         help="grader model of the judge scorer (default: the evaluated model); part of the identity"),
+    _Opt("--judge-base-url", default=None, metavar="URL", help="the grader's endpoint (default: the evaluated one)"),
+    _Opt("--judge-api-key-env", default=None, metavar="VAR",
+         help="environment variable holding the grader's key (default: --api-key-env)"))
+
+
+@_record
+class QAOptions:
+    """--task qa's own settings."""
+
+    format: str = "auto"
+    prompt_template: Optional[str] = None
+    scorer: Optional[str] = None               # None: the format's scorer, else DEFAULT_SCORER
+    fields: Tuple[Tuple[str, str], ...] = ()   # --field NAME=COLUMN
+    judge_model: Optional[str] = None          # the grader of the judge scorer (default: the evaluated model)
+    judge_base_url: Optional[str] = None       # default: the evaluated endpoint
+    judge_api_key_env: Optional[str] = None    # default: --api-key-env
+
+    def judge(self, cfg: RunConfig) -> Tuple[str, str, str]:
+        """The grader's (model, base URL, key variable): each defaults to the evaluated endpoint's."""
+        return (self.judge_model or cfg.model, self.judge_base_url or cfg.base_url,
+                self.judge_api_key_env or cfg.api_key_env)
 
 
 @_kind
@@ -9237,67 +9682,54 @@ class _QAKind(_Kind):
     """Question answering: one chat request a row, scored by the row's scorer (or by a grader model)."""
 
     name = "qa"
+    rows = ".jsonl, .json (a list, or an object holding one), .csv or .tsv of questions"
+    option_sets = (_SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS, _QA_OPTIONS)
+    Options = QAOptions
+    streamed_report = True
 
     def __init__(self) -> None:
         self.judge: Optional[ModelClient] = None
 
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.epochs < 1:
-            raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
+    def options_record(self, values: Dict[str, Any]) -> QAOptions:
+        return QAOptions(**dict(values, fields=tuple(values["fields"])))
+
+    def models(self, cfg: RunConfig) -> List[str]:
+        return [cfg.model, cfg.options.judge_model]
 
     def load(self, run: _Run, dataset: Optional[Dataset]) -> None:
-        cfg = run.cfg
+        cfg, o = run.cfg, run.cfg.options
         if dataset is None:
             if not cfg.dataset:
                 raise ConfigError("--dataset is required")
-            dataset = load_dataset(cfg.dataset, default_scorer=cfg.scorer, limit=cfg.limit, fields=dict(cfg.fields),
-                                   format=cfg.format, template=cfg.prompt_template)
-        if cfg.shard is not None:
-            dataset = _Shard(dataset, *cfg.shard)  # type: ignore[assignment]
-        if cfg.epochs > 1:
-            dataset = _Epochs(dataset, cfg.epochs, cfg.seed)  # type: ignore[assignment]
-        run.dataset = dataset
+            dataset = load_dataset(cfg.dataset, default_scorer=o.scorer, limit=cfg.limit, fields=dict(o.fields),
+                                   format=o.format, template=o.prompt_template)
+        run.dataset = self.wrap(run, dataset)
 
     def prompts(self, run: _Run) -> Iterable[str]:
         return (_prompt_of(item, run.cfg.system_prompt) for item in run.dataset.iter_items())
 
     def before_store(self, run: _Run) -> None:
-        cfg = run.cfg
-        if "judge" in run.dataset.scorers and (cfg.judge_base_url or cfg.judge_model):
+        cfg, o = run.cfg, run.cfg.options
+        if "judge" in run.dataset.scorers and (o.judge_base_url or o.judge_model):
             assert run.client_cfg is not None
-            probe_endpoint(_replace(run.client_cfg, base_url=cfg.judge_base_url or cfg.base_url,
-                                    model=cfg.judge_model or cfg.model,
-                                    api_key_env=cfg.judge_api_key_env or cfg.api_key_env),
+            model, base_url, key_env = o.judge(cfg)
+            probe_endpoint(_replace(run.client_cfg, base_url=base_url, model=model, api_key_env=key_env),
                            check_model=cfg.model_check, flag="--judge-model")
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        o = cfg.options
         settings = {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt,
                     "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
                     "stream": cfg.stream, "seed": cfg.seed}
         if cfg.epochs > 1:
             settings["epochs"] = cfg.epochs
-        if cfg.scorer == "judge" or cfg.judge_model or cfg.judge_base_url:
-            settings["judge"] = {"model": cfg.judge_model or cfg.model, "base_url": cfg.judge_base_url,
+        if o.scorer == "judge" or o.judge_model or o.judge_base_url:
+            settings["judge"] = {"model": o.judge(cfg)[0], "base_url": o.judge_base_url,
                                  "template": _fingerprint(JUDGE_TEMPLATE)}
         return settings
 
-    def resume(self, run: _Run) -> None:
-        store, dataset, cfg = run.store, run.dataset, run.cfg
-        assert store is not None
-        stray = [sid for sid in store.finished if sid not in dataset.ids]
-        if stray:
-            _log.warning("%d finished sample(s) in %s are not in the dataset (e.g. %r); they are kept but not "
-                         "counted", len(stray), store.dir, stray[0])
-        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-        drop = plan["changed"] | plan["infra"] | plan["retry"]
-        items = {it.id: it for it in dataset.iter_items() if it.id in plan["rescore"]} if plan["rescore"] else {}
-        if drop or items or store.duplicates:
-            store.rewrite(lambda rec: None if rec["id"] in drop else
-                          _rescored_qa(rec, items[rec["id"]], dataset.fps[rec["id"]]) if rec["id"] in items else rec)
-        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids) - len(items), dataset.count, "sample")
-        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+    def rescored(self, run: _Run, rec: Dict[str, Any], item: QAItem, score_fp: str) -> Optional[Dict[str, Any]]:
+        return _rescored_qa(rec, item, score_fp)
 
     def start(self, run: _Run) -> None:
         if "judge" in run.dataset.scorers:
@@ -9310,10 +9742,6 @@ class _QAKind(_Kind):
             base = base.dataset
         # the format in effect (None: none matched, or --format none) and the scorer of rows that name none
         return dict(super().dataset_info(run), epochs=run.cfg.epochs, format=base.format, scorer=base.default_scorer)
-
-    def samples_total(self, run: _Run) -> int:
-        d = run.dataset
-        return d.dataset.dataset.count * run.cfg.epochs if isinstance(d, _Epochs) else d.dataset.count
 
     def work(self, run: _Run) -> Callable[[QAItem], Dict[str, Any]]:
         assert run.client is not None
@@ -10106,7 +10534,91 @@ class _CodeSandbox:
             shutil.rmtree(self._local_dir, True)
 
 
+def code_report(records: Sequence[Dict[str, Any]], info: Dict[str, Any], shown: int = 200) -> Dict[str, Any]:
+    """A code run's verdicts: the count of each class over the checked programs (timeouts and resource failures
+    among them), the sandbox that ran them (from run.json), the time the programs took, and the programs that did
+    not pass (id, verdict, why, first failing test, the output cut; the first ``shown`` by id)."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    counts = collections.Counter(str(r.get("verdict") or "?") for r in ok)
+    exec_s = sorted(float(r["exec_s"]) for r in ok if isinstance(r.get("exec_s"), (int, float)))
+    bad = sorted((r for r in ok if r.get("verdict") != "passed"), key=lambda r: (str(r.get("id")), r.get("epoch", 0)))
+    return {"layout": info.get("layout"), "mode": info.get("mode"), "sandbox": info.get("sandbox"),
+            "programs": len(ok), "verdicts": {v: counts[v] for v in list(CODE_VERDICTS) + sorted(
+                set(counts) - set(CODE_VERDICTS)) if counts.get(v)},
+            "exec_s": {"total": round(sum(exec_s), 3), "p50": _percentile(exec_s, 50), "max": exec_s[-1]}
+            if exec_s else None,
+            "not_passed": [{"id": r.get("id"), "verdict": r.get("verdict"), "why": _cut(str(r.get("why") or ""), 300),
+                            "failing_test": r.get("failing_test"), "output": _cut(str(r.get("output") or ""), 600)}
+                           for r in bad[:shown]], "not_passed_total": len(bad)}
+
+
+def _code_lines(code: Dict[str, Any], most: int = 10) -> List[str]:
+    """The text report's lines for a code run: verdict counts, the sandbox, the programs that did not pass."""
+    box = code.get("sandbox") or {}
+    where = ("docker image %s%s" % (box.get("image"), " (Python %s)" % box["python"] if box.get("python") else "")
+             if box.get("sandbox") == "docker" else
+             "local subprocesses of Python %s (not a security boundary)" % box.get("python", "?")
+             if box.get("sandbox") == "local" else "?")
+    lines = ["code verdicts (%d programs): %s" % (code["programs"], ", ".join(
+        "%s %d" % kv for kv in code["verdicts"].items()) or "none"),
+        "sandbox: %s; per test %s s, memory %s MB, processes %s, output %s" % (
+            where, box.get("timeout_s"), box.get("memory_mb"), box.get("processes"),
+            _fmt_bytes(box.get("output_bytes")))]
+    if code.get("exec_s"):
+        lines[-1] += "; programs ran %s s in all (p50 %s s, max %s s)" % (
+            _fmt_num(code["exec_s"]["total"]), _fmt_num(code["exec_s"]["p50"]), _fmt_num(code["exec_s"]["max"]))
+    if code["not_passed_total"]:
+        lines.append("programs that did not pass (%d%s):" % (code["not_passed_total"], ", first %d" % most
+                                                             if code["not_passed_total"] > most else ""))
+        for r in code["not_passed"][:most]:
+            lines.append("  %s: %s: %s" % (r["id"], r["verdict"], _truncate_output(r["why"], 160)))
+    return lines
+
+
+def _code_html(code: Dict[str, Any]) -> str:
+    """The HTML report's code section: verdict counts and the programs that did not pass with their output."""
+    h = ["<h2>Programs</h2><p>%s</p>" % "<br>".join(_esc(x) for x in _code_lines(code, most=0)[:2])]
+    if not code["not_passed"]:
+        return "".join(h) + "<p class=muted>Every checked program passed.</p>"
+    h.append("<table class=sortable id=programs><thead><tr><th>id</th><th>verdict</th><th>why</th><th>failing test"
+             "</th><th>output</th></tr></thead><tbody>")
+    for r in code["not_passed"]:
+        h.append("<tr><td>%s</td><td class=bad>%s</td><td>%s</td><td class=n>%s</td><td>%s</td></tr>" % (
+            _esc(r["id"]), _esc(r["verdict"]), _esc(r["why"]), "" if r["failing_test"] is None else
+            int(r["failing_test"]) + 1, _cut_details(r["output"], 200) if r["output"] else ""))
+    h.append("</tbody></table>")
+    if code["not_passed_total"] > len(code["not_passed"]):
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
+                 % (code["not_passed_total"] - len(code["not_passed"])))
+    return "".join(h)
+
+
 # ----------------------------------------------------------------------------- the kind
+_CODE_OPTIONS = _OptionSet(
+    "code",
+    _Opt("--sandbox", default=None, choices=["docker", "local"],
+         help="where programs run: docker (warm containers of --code-image with no network, a read-only root, a tmpfs "
+              "work folder, memory/pids/output limits, no added capabilities, a non-root user) or local (processes of "
+              "this user with resource limits in a temporary folder: NOT a security boundary, never the default) "
+              "(default: docker; an error when no engine answers)"),
+    _Opt("--code-image", default=DEFAULT_CODE_IMAGE, metavar="IMAGE",
+         help="the sandbox image; its python3 runs the programs; delivered like SWE images (--image-tars, "
+              "--image-store, --image-mirrors) (default %(default)s)"),
+    _Opt("--code-timeout", type=float, default=CodeLimits.timeout_s, metavar="SECONDS",
+         help="wall-clock limit of a program (HumanEval, MBPP) or of one test case (LiveCodeBench), enforced inside "
+              "the sandbox (default %(default)s)"),
+    _Opt("--code-memory", type=_positive_int, default=CodeLimits.memory_mb, metavar="MB",
+         help="address space of a program, and the container's memory (default %(default)s)"),
+    _Opt("--code-workers", type=_positive_int, default=4, metavar="N",
+         help="warm containers (or local driver processes) running programs in parallel (default %(default)s)"))
+_REFERENCE_OPTIONS = _OptionSet(
+    "reference check",
+    _Opt("--check-reference", action="store_true", default=False,
+         help="no model: run the dataset's own solutions (code: each row's reference solution in the sandbox; harbor: "
+              "each task's solution/solve.sh, then its verifier) and report the ones that fail (a broken image, "
+              "sandbox or task shows here, before any model is blamed); exit 1 when any fails (default: off)"))
+
+
 @_record
 class CodeOptions:
     """--task code's own settings."""
@@ -10115,6 +10627,7 @@ class CodeOptions:
     sandbox_auto: bool = True        # --sandbox not given: docker when an engine answers
     workers: int = 4                 # warm containers (or local driver processes) running programs
     check_reference: bool = False    # run the dataset's own solutions (no model)
+    images: ImageOptions = ImageOptions()  # the sandbox image's sources and the engine
 
 
 @_kind
@@ -10122,7 +10635,14 @@ class _CodeKind(_Kind):
     """Code generation: a chat request a row, the program extracted from the reply and run in the sandbox."""
 
     name = "code"
+    rows = "HumanEval, MBPP or LiveCodeBench rows as shipped (.jsonl, .jsonl.gz, .json)"
     noun = "problem"
+    option_sets = (_SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS, _CODE_OPTIONS, _REFERENCE_OPTIONS,
+                   _IMAGE_OPTIONS)
+    Options = CodeOptions
+    rescore = "rerun"   # a stored program whose checks changed (tests, sandbox, limits), or whose run failed in the
+    # sandbox, is run again without asking the model
+    headline = "pass@1"
 
     def __init__(self) -> None:
         self.sandbox: Optional[_CodeSandbox] = None
@@ -10133,48 +10653,58 @@ class _CodeKind(_Kind):
         self.docker: Optional[DockerCLI] = None
         self.layout: Optional[str] = None
 
+    def options_record(self, values: Dict[str, Any]) -> CodeOptions:
+        box = values["sandbox"] or "docker"
+        limits = CodeLimits(sandbox=box, image=_normalize_ref(values["code_image"]) if box == "docker" else "",
+                            timeout_s=values["code_timeout"], memory_mb=values["code_memory"])
+        return CodeOptions(limits=limits, sandbox_auto=values["sandbox"] is None, workers=values["code_workers"],
+                           check_reference=values["check_reference"], images=ImageOptions.of(values))
+
+    @staticmethod
+    def sniff(row: Dict[str, Any]) -> Optional[str]:
+        layout = _code_layout(row)
+        return "the %s layout (a code benchmark)" % layout if layout else None
+
     def check(self, cfg: RunConfig) -> None:
-        o = cfg.code
+        o = cfg.options
         if o.limits.sandbox not in ("docker", "local"):
             raise ConfigError("--sandbox must be docker or local, got %r" % o.limits.sandbox)
         if o.limits.timeout_s <= 0:
             raise ConfigError("--code-timeout must be > 0 seconds, got %r" % o.limits.timeout_s)
         if o.workers < 1:
             raise ConfigError("--code-workers must be >= 1, got %d" % o.workers)
-        if cfg.epochs < 1:
-            raise ConfigError("--epochs must be >= 1, got %d" % cfg.epochs)
         if not cfg.dataset:
             raise ConfigError("--dataset is required (HumanEval, MBPP or LiveCodeBench rows: .jsonl, .jsonl.gz, "
                               ".json)")
 
     def uses_model(self, cfg: RunConfig) -> bool:
-        return not cfg.code.check_reference
+        return not cfg.options.check_reference
 
     def load(self, run: _Run, dataset: Any) -> None:
         cfg = run.cfg
         ds = CodeDataset(cfg.dataset, cfg.limit)
         _log.info("%s: %s layout (%d rows): the layout's prompt, programs checked in the sandbox",
                   ds.name, ds.layout, ds.count)
-        if cfg.code.check_reference:
+        if cfg.options.check_reference:
             missing = [p.id for p in ds.items if p.reference is None]
             if missing:
                 raise ConfigError("--check-reference: %d row(s) carry no reference solution (e.g. %r; LiveCodeBench "
                                   "files ship none)" % (len(missing), missing[0]))
             run.model = "reference"
-        self.limits, self.layout = cfg.code.limits, ds.layout
+        self.limits, self.layout = cfg.options.limits, ds.layout
         run.dataset = ds
 
     def prompts(self, run: _Run) -> Iterable[str]:
         return ("".join(m["content"] for m in p.messages) for p in run.dataset.iter_items())
 
     def before_store(self, run: _Run) -> None:
-        cfg = run.cfg
+        o = run.cfg.options
         if self.limits.sandbox == "docker":
-            self.docker = DockerCLI(cfg.engine, host=cfg.docker_host)
+            self.docker = DockerCLI(o.images.engine, host=o.images.docker_host)
             try:
                 self.docker.server_version(timeout_s=15.0)
             except DockerError as exc:
-                if cfg.code.sandbox_auto:
+                if o.sandbox_auto:
                     raise ConfigError("no container engine answers (%s): start one, or pass --sandbox local to run "
                                       "the programs as local processes (NOT a security boundary)"
                                       % _last_lines(str(exc), 1)) from None
@@ -10183,16 +10713,11 @@ class _CodeKind(_Kind):
         else:
             _log.warning("--sandbox local: programs run as processes of this user with resource limits in a "
                          "temporary folder; this is NOT a security boundary")
-        sandbox_fp = _fingerprint(_asdict(self.limits))
-        base = run.dataset
-        base.fingerprint(sandbox_fp)
-        if cfg.shard is not None:
-            run.dataset = _Shard(base, *cfg.shard)  # type: ignore[arg-type]
-        if cfg.epochs > 1:
-            run.dataset = _Epochs(run.dataset, cfg.epochs, cfg.seed)  # type: ignore[arg-type]
+        run.dataset.fingerprint(_fingerprint(_asdict(self.limits)))
+        run.dataset = self.wrap(run, run.dataset)
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
-        if cfg.code.check_reference:
+        if cfg.options.check_reference:
             return {"task": "code", "mode": "check-reference"}
         settings = {"task": "code", "model": cfg.model, "system_prompt": cfg.system_prompt,
                     "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
@@ -10201,52 +10726,27 @@ class _CodeKind(_Kind):
             settings["epochs"] = cfg.epochs
         return settings
 
-    def resume(self, run: _Run) -> None:
-        store, dataset, cfg = run.store, run.dataset, run.cfg
-        assert store is not None
-        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-        # a stored program whose checks changed (tests, sandbox, limits), or whose run failed in the sandbox, is
-        # run again without asking the model
-        rescore = plan["rescore"] | plan["patch"]
-        drop = (plan["changed"] | plan["infra"] | plan["retry"]) - rescore
-        if drop or store.duplicates:
-            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
-        self.prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rescore} if rescore else {}
-        run.done_ids = {sid for sid in store.finished if sid in dataset.ids} - rescore
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids), dataset.count, "problem")
-        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
-
     def start(self, run: _Run) -> None:
-        cfg, store = run.cfg, run.store
+        cfg, store, o = run.cfg, run.store, run.cfg.options
         assert store is not None
         run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
-        run.run_info_extra = {"mode": "check-reference" if cfg.code.check_reference else "model",
+        run.run_info_extra = {"mode": "check-reference" if o.check_reference else "model",
                               "sandbox": _asdict(self.limits), "layout": self.layout}
         if self.docker is not None:
             reaped = reap_leftover_containers(self.docker)
             if reaped:
                 store.event("containers_reaped", names=reaped)
             self.pool = _ExecPool(2)
-            self.images = ImageService(self.docker, tar_dirs=cfg.image_tars, store=cfg.image_store,
-                                       mirrors=cfg.image_mirrors, allow_pull=cfg.allow_pull,
-                                       workers=cfg.image_workers, index_path=cfg.tar_index,
-                                       keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
-                                       on_event=lambda kind, **f: store.event(kind, **f))
-        self.sandbox = _CodeSandbox(self.limits, workers=cfg.code.workers, docker=self.docker, pool=self.pool,
+            self.images = o.images.service(self.docker, on_event=lambda kind, **f: store.event(kind, **f))
+        self.sandbox = _CodeSandbox(self.limits, workers=o.workers, docker=self.docker, pool=self.pool,
                                     run_id=run_id, images=self.images)
 
     def dataset_info(self, run: _Run) -> Dict[str, Any]:
         return dict(super().dataset_info(run), layout=self.layout, epochs=run.cfg.epochs)
 
-    def samples_total(self, run: _Run) -> int:
-        d = run.dataset
-        whole = d.dataset if isinstance(d, _Epochs) else d
-        whole = whole.dataset if isinstance(whole, _Shard) else whole
-        return whole.count * run.cfg.epochs
-
     def work(self, run: _Run) -> Callable[[CodeProblem], Dict[str, Any]]:
-        client, cfg, sandbox, prior = run.client, run.cfg, self.sandbox, self.prior
+        client, cfg, sandbox, prior, reference = run.client, run.cfg, self.sandbox, self.prior, \
+            run.cfg.options.check_reference
         assert sandbox is not None
 
         def work(p: CodeProblem) -> Dict[str, Any]:
@@ -10259,16 +10759,13 @@ class _CodeKind(_Kind):
                                                      "latency_s", "ttft_s", "attempts", "reasoning_chars")})
                 code = old.get("program")
                 rec["rescored_at"] = round(time.time(), 3)
-            elif cfg.code.check_reference:
+            elif reference:
                 code = p.reference
                 rec["response"] = None
             else:
                 assert client is not None
-                messages = list(p.messages)
-                if cfg.system_prompt and messages[0]["role"] != "system":
-                    messages.insert(0, {"role": "system", "content": cfg.system_prompt})
                 try:
-                    res = client.chat(messages, seed=p.seed)
+                    res = client.chat(_with_system(p.messages, cfg.system_prompt), seed=p.seed)
                 except ModelAPIError as exc:
                     failed = _failed_record(p, started, _redact(exc), exc.error_class)
                     failed["attempts"] = exc.attempts
@@ -10304,15 +10801,10 @@ class _CodeKind(_Kind):
 
     def runner_options(self, run: _Run) -> Dict[str, Any]:
         # enough samples past their model call to fill every warm container's batch: the sandbox batches what waits
-        in_sandbox = run.cfg.code.workers * CODE_BATCH
+        in_sandbox = run.cfg.options.workers * CODE_BATCH
         if run.gate is not None:
             return dict(super().runner_options(run), workers=run.gate.max_limit + in_sandbox, after_model=in_sandbox)
         return {"workers": in_sandbox, "gate": None}
-
-    def settle(self, run: _Run) -> None:
-        assert run.store is not None
-        if run.store.duplicates:  # programs checked again: the new record supersedes the old one
-            run.store.rewrite(lambda rec: rec)
 
     def stop(self, run: _Run) -> None:
         if self.sandbox is not None:
@@ -10330,7 +10822,7 @@ class _CodeKind(_Kind):
         self.merged(summary, recs, run.run_info)
         verdicts = summary["code"]["verdicts"]
         line = "code: %s" % ", ".join("%s %d" % (v, verdicts[v]) for v in CODE_VERDICTS if verdicts.get(v))
-        if run.cfg.code.check_reference:
+        if run.cfg.options.check_reference:
             failing_refs = [r for r in recs if r.get("verdict") != "passed"]
             line = "reference check: %d of %d reference solutions pass in the sandbox (%s)\n%s" % (
                 verdicts.get("passed", 0), len(recs), self.limits.image if self.limits.sandbox == "docker" else
@@ -10347,6 +10839,15 @@ class _CodeKind(_Kind):
                            "verdicts": dict(sorted(collections.Counter(str(r.get("verdict") or "?")
                                                                        for r in records).items()))}
 
+    def report_data(self, run: Dict[str, Any], records: List[Dict[str, Any]], data: Dict[str, Any]) -> None:
+        data["code"] = code_report(records, run["run"])
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        return _code_lines(data["code"])
+
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        return _code_html(data["code"])
+
     def exit_code(self, run: _Run, summary: Dict[str, Any], code: int) -> int:
         failing = (summary.get("code") or {}).get("failing_references")
         if code == EXIT_OK and failing:
@@ -10357,7 +10858,7 @@ class _CodeKind(_Kind):
         return code
 
     def title(self, run: _Run, status: str) -> str:
-        what = "code (reference check)" if run.cfg.code.check_reference else "code"
+        what = "code (reference check)" if run.cfg.options.check_reference else "code"
         return "evalharness %s | model %s | dataset %s | %s" % (what, run.model, run.dataset.name +
                                                                  _shard_label(run.cfg.shard), status)
 
@@ -10781,6 +11282,17 @@ def probe_loglik(client: ModelClient, server: Dict[str, Any]) -> _LoglikAccess:
 
 
 # ----------------------------------------------------------------------------- the kind
+_CHOICE_OPTIONS = _OptionSet(
+    "multiple choice by log-likelihood",
+    _Opt("--num-fewshot", type=int, default=0, metavar="N",
+         help="solved examples before each row (mmlu: the first N of its subject; else drawn with --fewshot-seed per "
+              "row, never the row itself) (default %(default)s)"),
+    _Opt("--fewshot-file", default=None, metavar="FILE",
+         help="draw the examples from this file of the same layout (default: the dataset itself)"),
+    _Opt("--fewshot-seed", type=int, default=1234, metavar="N",
+         help="the seed of the examples' draw (default %(default)s)"))
+
+
 @_record
 class ChoiceOptions:
     """--task choice's own settings."""
@@ -10796,7 +11308,11 @@ class _ChoiceKind(_Kind):
     over its tokens; acc and acc_norm."""
 
     name = "choice"
+    rows = "multiple-choice rows (MMLU, ARC, HellaSwag and like layouts)"
     noun = "row"
+    option_sets = (_RESCORE_OPTIONS, _CHOICE_OPTIONS)
+    Options = ChoiceOptions
+    headline = "acc"
 
     def __init__(self) -> None:
         self.access = _LoglikAccess()
@@ -10805,13 +11321,11 @@ class _ChoiceKind(_Kind):
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
             raise ConfigError("--dataset is required (multiple-choice rows in one of: %s)" % ", ".join(CHOICE_LAYOUTS))
-        if cfg.choice.num_fewshot < 0:
-            raise ConfigError("--num-fewshot must be >= 0, got %d" % cfg.choice.num_fewshot)
-        if cfg.epochs != 1:
-            raise ConfigError("--epochs: log-likelihoods are deterministic; --task choice runs each row once")
+        if cfg.options.num_fewshot < 0:
+            raise ConfigError("--num-fewshot must be >= 0, got %d" % cfg.options.num_fewshot)
 
     def load(self, run: _Run, dataset: Any) -> None:
-        cfg, o = run.cfg, run.cfg.choice
+        cfg, o = run.cfg, run.cfg.options
         ds = ChoiceDataset(cfg.dataset, limit=cfg.limit, shots=o.num_fewshot, fewshot_path=o.fewshot_file,
                            seed=o.fewshot_seed)
         _log.info("%s: %s layout (%d rows), %d-shot: each choice scored by log-likelihood", ds.name, ds.layout,
@@ -10828,30 +11342,26 @@ class _ChoiceKind(_Kind):
         self.access = probe_loglik(probe, run.server or {})
         _log.info("token boundaries: %s", self.access.describe())
         run.dataset.fingerprint(self._tokenization())
-        if run.cfg.shard is not None:
-            run.dataset = _Shard(run.dataset, *run.cfg.shard)
+        run.dataset = self.wrap(run, run.dataset)
 
     def _tokenization(self) -> str:
         return self.access.tokenization
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        o = cfg.options
         return {"task": "choice", "model": cfg.model, "extra_body": cfg.extra_body, "seed": cfg.seed,
-                "num_fewshot": cfg.choice.num_fewshot, "fewshot_seed": cfg.choice.fewshot_seed,
-                "fewshot_file": _file_sha256(cfg.choice.fewshot_file) if cfg.choice.fewshot_file else None}
+                "num_fewshot": o.num_fewshot, "fewshot_seed": o.fewshot_seed,
+                "fewshot_file": _file_sha256(o.fewshot_file) if o.fewshot_file else None}
 
-    def resume(self, run: _Run) -> None:  # a changed metric: acc and acc_norm again from the stored values
-        _resume_rescoring(run, "row", _rescored_choice)
+    def rescored(self, run: _Run, rec: Dict[str, Any], item: Any, score_fp: str) -> Dict[str, Any]:
+        return _rescored_choice(rec, item, score_fp)  # a changed metric: acc and acc_norm from the stored values
 
     def start(self, run: _Run) -> None:
         run.run_info_extra = {"layout": self.layout, "tokenization": self._tokenization(),
-                              "requests": self.access.describe(), "num_fewshot": run.cfg.choice.num_fewshot}
+                              "requests": self.access.describe(), "num_fewshot": run.cfg.options.num_fewshot}
 
     def dataset_info(self, run: _Run) -> Dict[str, Any]:
         return dict(super().dataset_info(run), layout=self.layout)
-
-    def samples_total(self, run: _Run) -> int:
-        d = run.dataset
-        return d.dataset.count if isinstance(d, _Shard) else d.count
 
     def work(self, run: _Run) -> Callable[[ChoiceItem], Dict[str, Any]]:
         assert run.client is not None
@@ -10900,12 +11410,24 @@ class _ChoiceKind(_Kind):
     def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
         recs = self.finished_ok(run)
         self.merged(summary, recs, dict(run.run_info, layout=self.layout, tokenization=self._tokenization(),
-                                        num_fewshot=run.cfg.choice.num_fewshot))
+                                        num_fewshot=run.cfg.options.num_fewshot))
         norm = summary["choice"]["acc_norm"]
         if not recs:
             return ""
         return "acc_norm %.3f [%.3f, %.3f] (each log-likelihood over its choice's characters); token boundaries: " \
                "%s\n" % (norm["mean"], norm["ci95"][0], norm["ci95"][1], self._tokenization())
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        choice = data["summary"].get("choice") or {}
+        norm = choice.get("acc_norm") or {}
+        if norm.get("mean") is None:
+            return []
+        return ["acc_norm %.3f [%.3f, %.3f] (n=%d; the score above is acc); %s layout, %s-shot, token boundaries: %s"
+                % (norm["mean"], norm["ci95"][0], norm["ci95"][1], norm["n"], choice.get("layout"),
+                   choice.get("num_fewshot"), choice.get("tokenization"))]
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        return [("acc_norm", _esc(line.partition(" ")[2])) for line in self.report_lines(data)]
 
 
 # ----------------------------------------------------------------------------- perplexity
@@ -11023,6 +11545,50 @@ def perplexity_documents(records: Sequence[Dict[str, Any]], shown: int = 200) ->
     return {"documents": docs[:shown], "total": len(docs)}
 
 
+def _fig(v: Any) -> str:
+    """A perplexity table's cell: counts as they are, figures to 4 decimals, a missing one as a dash."""
+    if v is None:
+        return "-"
+    return "%.4f" % v if isinstance(v, float) and abs(v) < 1e9 else "%.4g" % v if isinstance(v, float) else str(v)
+
+
+def _document_lines(docs: Dict[str, Any], most: int = 10) -> List[str]:
+    """The text report's table of a perplexity run's documents, highest bits per byte first."""
+    if not docs["total"]:
+        return []
+    lines = ["documents (%d%s, highest bits per byte first):" % (
+        docs["total"], ", first %d" % most if docs["total"] > most else ""),
+        "  %-24s %8s %8s %10s %12s %12s %9s" % ("id", "tokens", "words", "bytes", "word ppl", "byte ppl", "bits/B")]
+    for d in docs["documents"][:most]:
+        lines.append("  %-24s %8s %8s %10s %12s %12s %9s" % (
+            _cut(str(d["id"]), 24), _fig(d["tokens"]), _fig(d["words"]), _fig(d["bytes"]), _fig(d["word_perplexity"]),
+            _fig(d["byte_perplexity"]), _fig(d["bits_per_byte"])))
+    return lines
+
+
+def _documents_html(docs: Dict[str, Any]) -> str:
+    """The HTML report's table of a perplexity run's documents (sortable; the first 200 by bits per byte)."""
+    h = ["<h2>Documents</h2><table class=sortable id=documents><thead><tr><th>id</th><th>category</th><th>tokens</th>"
+         "<th>windows</th><th>words</th><th>bytes</th><th>log-likelihood</th><th>word perplexity</th>"
+         "<th>byte perplexity</th><th>bits per byte</th></tr></thead><tbody>"]
+    for d in docs["documents"]:
+        h.append("<tr><td>%s</td><td>%s</td>%s</tr>" % (_esc(d["id"]), _esc(d["category"]), "".join(
+            "<td class=n>%s</td>" % _esc(_fig(d[k])) for k in ("tokens", "windows", "words", "bytes",
+                                                                   "loglikelihood", "word_perplexity",
+                                                                   "byte_perplexity", "bits_per_byte"))))
+    h.append("</tbody></table>")
+    if docs["total"] > len(docs["documents"]):
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
+                 % (docs["total"] - len(docs["documents"])))
+    return "".join(h)
+
+
+_PERPLEXITY_OPTIONS = _OptionSet(
+    "perplexity",
+    _Opt("--max-length", type=int, default=None, metavar="TOKENS",
+         help="tokens a rolling window predicts (default: the served context length minus 1, else 2047)"))
+
+
 @_record
 class PerplexityOptions:
     """--task perplexity's own settings."""
@@ -11036,7 +11602,13 @@ class _PerplexityKind(_Kind):
     /v1/completions request a window); word and byte perplexity and bits per byte over the corpus."""
 
     name = "perplexity"
+    rows = "JSONL rows with 'text', a .txt file, or a folder of them"
     noun = "document"
+    option_sets = (_PERPLEXITY_OPTIONS,)
+    Options = PerplexityOptions
+    rescore = None
+    headline = "bits/byte"
+    lower_is_better = True
 
     def __init__(self) -> None:
         self.tokenizer: Optional[Tuple[str, str, Any]] = None
@@ -11046,8 +11618,8 @@ class _PerplexityKind(_Kind):
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
             raise ConfigError("--dataset is required (JSONL rows with 'text', a .txt file, or a folder of them)")
-        if cfg.perplexity.max_length is not None and cfg.perplexity.max_length < 2:
-            raise ConfigError("--max-length must be >= 2 tokens, got %d" % cfg.perplexity.max_length)
+        if cfg.options.max_length is not None and cfg.options.max_length < 2:
+            raise ConfigError("--max-length must be >= 2 tokens, got %d" % cfg.options.max_length)
 
     def load(self, run: _Run, dataset: Any) -> None:
         ds = TextDataset(run.cfg.dataset, run.cfg.limit)
@@ -11069,7 +11641,7 @@ class _PerplexityKind(_Kind):
                                                    run.client_cfg.base_url, "no tokenizer endpoint"
                                                    if self.tokenizer is None else "no token-id prompts"))
         ctx = (run.server or {}).get("context_len")
-        self.max_len = run.cfg.perplexity.max_length or (int(ctx) - 1 if ctx else 2047)
+        self.max_len = run.cfg.options.max_length or (int(ctx) - 1 if ctx else 2047)
         _, url, body = self.tokenizer
         bos = probe.tokenize(url, body("", True))
         self.prefix = bos[0] if bos else None
@@ -11078,33 +11650,16 @@ class _PerplexityKind(_Kind):
                   "nothing (the tokenizer has no start token: each document's first token is not scored)",
                   self.tokenizer[0])
         run.dataset.fingerprint(self.tokenizer[0])
-        if run.cfg.shard is not None:
-            run.dataset = _Shard(run.dataset, *run.cfg.shard)
+        run.dataset = self.wrap(run, run.dataset)
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
         return {"task": "perplexity", "model": cfg.model, "extra_body": cfg.extra_body,
-                "max_length": cfg.perplexity.max_length}
-
-    def resume(self, run: _Run) -> None:
-        store, dataset, cfg = run.store, run.dataset, run.cfg
-        assert store is not None
-        plan = _plan_resume(store, dataset.fps, retry_failed=cfg.retry_failed, rescore=False)
-        drop = plan["changed"] | plan["infra"] | plan["retry"] | plan["rescore"]
-        if drop or store.duplicates:
-            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
-        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids), dataset.count, "document")
-        run.ids, run.total, run.fps, run.plan = dataset.ids, dataset.count, dataset.fps, plan
+                "max_length": cfg.options.max_length}
 
     def start(self, run: _Run) -> None:
         assert self.tokenizer is not None
         run.run_info_extra = {"tokenization": self.tokenizer[0], "max_length": self.max_len,
                               "prefix_token": self.prefix}
-
-    def samples_total(self, run: _Run) -> int:
-        d = run.dataset
-        return d.dataset.count if isinstance(d, _Shard) else d.count
 
     def work(self, run: _Run) -> Callable[[TextDoc], Dict[str, Any]]:
         assert run.client is not None and self.tokenizer is not None
@@ -11156,6 +11711,27 @@ class _PerplexityKind(_Kind):
         return ("perplexity over %d document(s), %d tokens: word perplexity %.4f, byte perplexity %.4f, bits per "
                 "byte %.4f (the score above: each document's bits per byte)\n"
                 % (m["documents"], m["tokens"], m["word_perplexity"], m["byte_perplexity"], m["bits_per_byte"]))
+
+    def report_data(self, run: Dict[str, Any], records: List[Dict[str, Any]], data: Dict[str, Any]) -> None:
+        data["documents"] = perplexity_documents(records)
+
+    def _figures_line(self, data: Dict[str, Any]) -> List[str]:
+        ppl = data["summary"].get("perplexity") or {}
+        if ppl.get("word_perplexity") is None:
+            return []
+        return ["perplexity over %d document(s), %d tokens: word perplexity %.4f, byte perplexity %.4f, bits per byte "
+                "%.4f (windows of %s tokens; token boundaries: %s)" % (
+                    ppl["documents"], ppl["tokens"], ppl["word_perplexity"], ppl["byte_perplexity"],
+                    ppl["bits_per_byte"], ppl.get("max_length"), ppl.get("tokenization"))]
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        return self._figures_line(data) + _document_lines(data["documents"])
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        return [("perplexity", _esc(line.partition(": ")[2])) for line in self._figures_line(data)]
+
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        return _documents_html(data["documents"]) if data["documents"]["total"] else ""
 
 
 # =============================================================================
@@ -11702,9 +12278,58 @@ def swe_eval_script(inst: SWEInstance) -> str:
 
 
 
+_AGENT_OPTIONS = _OptionSet(
+    "agent tasks",
+    _Opt("--step-limit", type=int, default=100, metavar="N", help="model calls per instance (default %(default)s)"),
+    _Opt("--exec-timeout", field="exec_timeout_s", type=float, default=60.0, metavar="SECONDS",
+         help="one bash action, enforced inside the container (default %(default)s)"),
+    _Opt("--sample-timeout", field="sample_timeout_s", type=float, default=3600.0, metavar="SECONDS",
+         help="wall time of one agent session (default %(default)s)"),
+    _Opt("--max-sample-tokens", type=int, default=0, metavar="N",
+         help="prompt+completion tokens per session; 0 = no limit (default %(default)s)"),
+    _Opt("--eval-timeout", field="eval_timeout_s", type=float, default=1800.0, metavar="SECONDS",
+         help="the scoring test run (default %(default)s)"),
+    _Opt("--image-timeout", field="image_timeout_s", type=float, default=DEFAULT_IMAGE_WAIT_S, metavar="SECONDS",
+         help="how long a sample waits for its image (default %(default)s)"),
+    _Opt("--max-containers", type=_positive_int, default=None, metavar="N",
+         help="instances at once on each engine host (--docker-host), each holding one container (default: no cap "
+              "below --max-sessions)"),
+    _Opt("--exec-workers", type=int, default=4, metavar="N",
+         help="threads through which every container call runs (default %(default)s)"),
+    _Opt("--max-sessions", type=int, default=16, metavar="N",
+         help="cap on concurrent agent sessions; below it the session gate finds the count that gets the most done "
+              "(default %(default)s)"),
+    _Opt("--system-template", default=None, metavar="FILE",
+         help="system prompt template file (default: the built-in template)"),
+    _Opt("--instance-template", default=None, metavar="FILE",
+         help="instance prompt template file ({problem_statement}, {workdir}, {instance_id}, {repo}, {exec_timeout}) "
+              "(default: the built-in template)"),
+    _Opt("--memory", default=None, help="container memory limit, e.g. 4g (default: no limit)"),
+    _Opt("--cpus", default=None, help="container CPU limit, e.g. 2 (default: no limit)"),
+    _Opt("--pids-limit", type=int, default=None, metavar="N", help="container process limit (default: the engine's)"),
+    _Opt("--network-none", action="store_true", default=False,
+         help="task containers get no network (default: off, the engine's default network)"),
+    _Opt("--no-pull-ahead", field="pull_ahead", action="store_false", default=True,
+         help="deliver each image only when its sample starts (for comparison; default: all pending images are "
+              "delivered in the background from the start)"))
+_SWE_OPTIONS = _OptionSet(
+    "SWE-bench",
+    _Opt("--score-only", default=None, metavar="PREDS",
+         help="score an existing SWE-bench predictions file (.jsonl, .json list or dict) without agents; 'gold' scores "
+              "the dataset's own patches (default: agents make the patches)"),
+    _Opt("--image-template", default=None, metavar="TEMPLATE",
+         help="image name from instance_id (default %s; a row's 'image' wins)" % SWE_IMAGE_TEMPLATE))
+_TOOL_MODE_OPTIONS = _OptionSet(
+    "tool use",
+    _Opt("--tool-mode", nargs="?", const="native", default=None, choices=TOOL_MODES,
+         help="how the model acts: native (tool calls: for swe and harbor one `bash` function) or prompt (in the "
+              "reply's text: swe and harbor a fenced bash block, tools BFCL's prompt format, its calls parsed); a bare "
+              "--tool-mode is native (default: each kind's usual way: swe and harbor prompt, tools native)"))
+
+
 @_record
 class SWEOptions:
-    """Agent and sandbox settings of a SWE run."""
+    """Agent and sandbox settings of a SWE run (and of a Harbor run: --check-reference instead of --score-only)."""
 
     step_limit: int = 100               # model calls per sample
     exec_timeout_s: float = 60.0        # one bash action, enforced inside the container
@@ -11722,6 +12347,24 @@ class SWEOptions:
     tool_mode: bool = False
     sandbox: SandboxConfig = SandboxConfig()
     max_containers: Optional[int] = None  # per engine host: instances at once (each holds one container)
+    images: ImageOptions = ImageOptions()
+    pull_ahead: bool = True             # register every pending image when the run starts (off: when a sample starts)
+    score_only: Optional[str] = None    # swe: score these predictions (no agents)
+    check_reference: bool = False       # harbor: each task's own solution in place of an agent
+
+    @classmethod
+    def of(cls, values: Dict[str, Any]) -> "SWEOptions":
+        """From the values of _AGENT_OPTIONS, _IMAGE_OPTIONS, _TOOL_MODE_OPTIONS and the kind's own options."""
+        own = {k: values[k] for k in ("step_limit", "exec_timeout_s", "sample_timeout_s", "max_sample_tokens",
+                                      "eval_timeout_s", "image_timeout_s", "exec_workers", "max_sessions",
+                                      "max_containers", "pull_ahead")}
+        return cls(**own, system_template=_read_template(values["system_template"], "--system-template"),
+                   instance_template=_read_template(values["instance_template"], "--instance-template"),
+                   image_template=values.get("image_template"), tool_mode=values["tool_mode"] == "native",
+                   sandbox=SandboxConfig(memory=values["memory"], cpus=values["cpus"], pids_limit=values["pids_limit"],
+                                         network_none=values["network_none"]),
+                   images=ImageOptions.of(values), score_only=values.get("score_only"),
+                   check_reference=bool(values.get("check_reference")))
 
 
 SWE_SYSTEM_TEMPLATE = """You are a helpful assistant that can interact with a computer shell to solve programming tasks.
@@ -12378,7 +13021,7 @@ def _swe_score_one(ctx: _SWEContext, inst: SWEInstance, prior: Dict[str, Dict[st
 
 def _swe_settings(cfg: "RunConfig", mode: str) -> Dict[str, Any]:
     """The settings that make a SWE run what it is (its identity: a change refuses to resume)."""
-    o = cfg.swe
+    o = cfg.options
     settings: Dict[str, Any] = {"task": "swe", "mode": mode, "sandbox": _asdict(o.sandbox)}
     if mode == "agent":
         settings.update(model=cfg.model, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
@@ -12451,15 +13094,111 @@ def _swe_line(report: Dict[str, Any]) -> str:
                len(report["incomplete_ids"])))
 
 
+_REPORT_BUDGET_CHARS = 2_000_000   # patch and trajectory text across one HTML report; the rest stays on disk
+_REPORT_TABLE_CHARS = 4_300_000    # the SWE instance table, markup included (the whole report stays under 5 MB)
+_TRAJ_MESSAGE_CHARS = 2000         # one message in the HTML report
+
+
+def _diff_html(patch: str) -> str:
+    out = []
+    for line in patch.splitlines():
+        tag = "ins" if line.startswith("+") and not line.startswith("+++") else \
+            "del" if line.startswith("-") and not line.startswith("---") else \
+            "em" if line.startswith("@@") else ""
+        out.append("<%s>%s</%s>" % (tag, _esc(line), tag) if tag else _esc(line))
+    return "\n".join(out)
+
+
+def _trajectory_html(traj: Dict[str, Any], budget: int) -> str:
+    parts, used = [], 0
+    for m in traj.get("messages") or []:
+        content = m.get("content") or ""
+        if m.get("tool_calls"):
+            content += "\n" + "\n".join("[tool call %s] %s" % (c.get("function", {}).get("name"),
+                                                               c.get("function", {}).get("arguments"))
+                                        for c in m["tool_calls"])
+        text = str(content)
+        if len(text) > _TRAJ_MESSAGE_CHARS:
+            text = text[:_TRAJ_MESSAGE_CHARS // 2] + "\n[... %d characters not shown ...]\n" % (
+                len(text) - _TRAJ_MESSAGE_CHARS) + text[-_TRAJ_MESSAGE_CHARS // 2:]
+        if used + len(text) > budget:
+            parts.append('<p class="note">The rest of this trajectory is not shown (report size limit); the full '
+                         'text is in %s/.</p>' % TRAJ_DIR)
+            break
+        used += len(text)
+        parts.append('<div class="msg"><div class="role">%s</div><pre>%s</pre></div>' % (_esc(m.get("role")),
+                                                                                        _esc(text)))
+    return "".join(parts)
+
+
+def _swe_instances_html(run: Dict[str, Any]) -> str:
+    """The per-instance table; each row opens the patch as a diff and the trajectory. The text per instance
+    shrinks as instances grow (below ~1.5k characters trajectories are only named), and the table is rendered
+    again with half the text while it exceeds the size budget."""
+    budget = min(40_000, _REPORT_BUDGET_CHARS // max(1, len(run["samples"])))
+    trajectories: Dict[str, Dict[str, Any]] = {}  # read once, even when the table is rendered again smaller
+    while True:
+        table = _swe_table(run, budget, trajectories)
+        if len(table) <= _REPORT_TABLE_CHARS or budget < 50:
+            return table
+        budget //= 2
+
+
+def _swe_table(run: Dict[str, Any], budget: int, trajectories: Dict[str, Dict[str, Any]]) -> str:
+    samples = run["samples"]
+    inline = budget >= 1500
+    h = ["<h2>Instances</h2><table class=sortable id=instances><thead><tr><th>instance</th><th>resolved</th>"
+         "<th>outcome</th><th>FAIL_TO_PASS</th><th>PASS_TO_PASS</th><th>turns</th><th>exit reason</th></tr></thead>"
+         "<tbody>"]
+    for iid in sorted(samples):
+        rec = samples[iid]
+        f2p, p2p = rec.get("f2p") or [0, 0], rec.get("p2p") or [0, 0]
+        traj_path = os.path.join(TRAJ_DIR, _slug(iid) + ".json")
+        if inline and traj_path not in trajectories:
+            trajectories[traj_path] = _read_json_file(os.path.join(run["dir"], traj_path))
+        traj = trajectories.get(traj_path, {}) if inline else {}
+        patch = rec.get("model_patch") or traj.get("patch") or ""
+        if len(patch) > budget // 2:
+            cut = budget // 2
+            patch = patch[:cut] + "\n[… %d more characters in preds.jsonl]" % (len(patch) - cut)
+        if traj:
+            steps = _trajectory_html(traj, budget)
+        elif not inline and os.path.exists(os.path.join(run["dir"], traj_path)):
+            steps = "<p class=note>trajectory: %s</p>" % _esc(traj_path)
+        else:
+            steps = "<p class=muted>no trajectory (%s)</p>" % _esc(rec.get("error") or "scored only")
+        detail = "<details><summary>%s</summary>%s%s</details>" % (
+            _esc(iid), ("<div class=role>patch</div><pre>%s</pre>" % _diff_html(patch)) if patch else
+            "<p class=muted>empty patch</p>", steps)
+        ok = rec.get("resolved")
+        h.append('<tr><td>%s<td class=%s>%s<td>%s<td class=n>%d/%d<td class=n>%d/%d<td class=n>%s<td>%s</tr>' % (
+            detail, "ok" if ok else "bad", "yes" if ok else "no", _esc(rec.get("outcome") or rec.get("status")),
+            f2p[0], f2p[1], p2p[0], p2p[1], _esc(rec.get("steps", "–")),
+            _esc((rec.get("exit_reason") or rec.get("error_class") or "") + (" · on %s" % rec["docker_host"] if
+                                                                            rec.get("docker_host") else ""))))
+    h.append("</tbody></table>")
+    return "".join(h)
+
+
 @_kind
 class _SWEKind(_Kind):
     """SWE-bench: an agent session a row in the instance's container, its patch scored as the official harness
     scores it; or, with --score-only, given patches scored (no model)."""
 
     name = "swe"
+    rows = "SWE-bench instances (.jsonl, .json)"
     noun = "instance"
     agents = True
     remembers_limit = False  # (an agent run's limit is its model gate's, read without the server's queue)
+    option_sets = (_SAMPLING_OPTIONS, _RESCORE_OPTIONS, _AGENT_OPTIONS, _SWE_OPTIONS, _TOOL_MODE_OPTIONS,
+                   _IMAGE_OPTIONS)
+    Options = SWEOptions
+    rescore = "rerun"   # the agent finished: its saved patch is scored again (a changed reference, a failed scoring)
+    headline = "resolved"
+    output_dirs = (TRAJ_DIR, "reports", "logs")
+    flip_fields = ("resolved",)
+    category_noun = "repository"
+    marks = "outcome"
 
     def __init__(self) -> None:
         self.preds: Dict[str, str] = {}
@@ -12473,8 +13212,11 @@ class _SWEKind(_Kind):
         self.preds_file: Optional[_AppendFile] = None
         self.todo: List[SWEInstance] = []
 
+    def options_record(self, values: Dict[str, Any]) -> SWEOptions:
+        return SWEOptions.of(values)
+
     def check(self, cfg: RunConfig) -> None:
-        opts = cfg.swe
+        opts = cfg.options
         for name, value in (("--step-limit", opts.step_limit), ("--exec-workers", opts.exec_workers),
                             ("--max-sessions", opts.max_sessions)):
             if value < 1:
@@ -12487,24 +13229,24 @@ class _SWEKind(_Kind):
             raise ConfigError("--dataset is required (SWE-bench instances, .jsonl or .json)")
 
     def uses_model(self, cfg: RunConfig) -> bool:
-        return not cfg.score_only
+        return not cfg.options.score_only
 
     def load(self, run: _Run, dataset: Any) -> None:
-        cfg = run.cfg
-        dataset = SWEDataset(cfg.dataset, image_template=cfg.swe.image_template).validate(cfg.limit)
-        if cfg.score_only:
-            self.preds, pred_model = load_predictions(cfg.score_only, dataset)
+        cfg, o = run.cfg, run.cfg.options
+        dataset = SWEDataset(cfg.dataset, image_template=o.image_template).validate(cfg.limit)
+        if o.score_only:
+            self.preds, pred_model = load_predictions(o.score_only, dataset)
             run.model = cfg.model or pred_model or "unknown"
-        dataset.samples_total = len(self.preds) if cfg.score_only else dataset.count  # the whole run's
+        dataset.samples_total = len(self.preds) if o.score_only else dataset.count  # the whole run's
         if cfg.shard is not None:
             dataset.shard(*cfg.shard)
             self.preds = {i: p for i, p in self.preds.items() if i in dataset.ids}
         run.dataset = dataset
 
     def before_store(self, run: _Run) -> None:
-        cfg = run.cfg
-        for host in cfg.docker_hosts or (cfg.docker_host,):  # a run that cannot work at all says so once, up front
-            docker = DockerCLI(cfg.engine, host=host)
+        images = run.cfg.options.images
+        for host in images.docker_hosts or (None,):  # a run that cannot work at all says so once, up front
+            docker = DockerCLI(images.engine, host=host)
             try:
                 docker.server_version(timeout_s=15.0)
                 self.engines.append((host or "default", docker, None))
@@ -12520,45 +13262,39 @@ class _SWEKind(_Kind):
                 _log.warning("container engine %s does not answer (%s): the run goes on without it", name, why)
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
-        return _swe_settings(cfg, "score-only" if cfg.score_only else "agent")
+        return _swe_settings(cfg, "score-only" if cfg.options.score_only else "agent")
 
     def default_out(self, run: _Run) -> str:
-        cfg = run.cfg
+        cfg, preds = run.cfg, run.cfg.options.score_only
         return _default_out("swe", run.model, cfg.dataset, _fingerprint(
-            [self.settings(cfg), os.path.abspath(cfg.score_only) if cfg.score_only and cfg.score_only != "gold"
-             else cfg.score_only]))
+            [self.settings(cfg), os.path.abspath(preds) if preds and preds != "gold" else preds]))
+
+    def sample_ids(self, run: _Run) -> Any:
+        return set(self.preds) if run.cfg.options.score_only else set(run.dataset.ids)
+
+    def fingerprints(self, run: _Run) -> Dict[str, Tuple[str, str]]:
+        o, dataset = run.cfg.options, run.dataset
+        return {i: _swe_fps(dataset.by_id[i], o, self.preds[i] if o.score_only else None)
+                for i in self.sample_ids(run)}
 
     def resume(self, run: _Run) -> None:
-        cfg, store, dataset = run.cfg, run.store, run.dataset
-        assert store is not None
-        ids = set(self.preds) if cfg.score_only else set(dataset.ids)
-        fps = {i: _swe_fps(dataset.by_id[i], cfg.swe, self.preds[i] if cfg.score_only else None) for i in ids}
-        plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed, rescore=cfg.rescore)
-        # the agent finished: its saved patch is scored again (a changed reference, or a scoring that failed)
-        rescore = plan["rescore"] | plan["patch"]
-        drop = (plan["changed"] | plan["infra"] | plan["retry"]) - rescore
-        if drop or store.duplicates:
-            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
-        self.prior = {r["id"]: r for r in store.iter_samples() if r["id"] in rescore} if rescore else {}
-        if not cfg.score_only:
+        super().resume(run)
+        assert run.store is not None
+        if not run.cfg.options.score_only:
             self.preds = {i: r.get("model_patch") or "" for i, r in self.prior.items()}
-        _rewrite_preds(store, ids)
-        run.done_ids = {sid for sid in store.finished if sid in ids} - rescore
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids), len(ids), "instance")
-        run.ids, run.total, run.fps, run.plan = ids, len(ids), fps, plan
-        self.todo = [inst for inst in dataset.items if inst.id in ids and inst.id not in run.done_ids]
+        _rewrite_preds(run.store, run.ids)
+        self.todo = [inst for inst in run.dataset.items if inst.id in run.ids and inst.id not in run.done_ids]
 
     def start(self, run: _Run) -> None:
         self._start_hosts(run)
-        run.run_info_extra["mode"] = "score-only" if run.cfg.score_only else "agent"
+        run.run_info_extra["mode"] = "score-only" if run.cfg.options.score_only else "agent"
         assert run.store is not None
         self.preds_file = _AppendFile(run.store.path(PREDS_FILE))
 
     def _start_hosts(self, run: _Run) -> None:
         """The engine hosts (leftovers reaped, an image service and exec pool each), their placement, the session
         gate and the context every sample shares."""
-        cfg, store, opts = run.cfg, run.store, run.cfg.swe
+        cfg, store, opts = run.cfg, run.store, run.cfg.options
         assert store is not None
         run_id = hashlib.sha1(os.path.abspath(store.dir).encode()).hexdigest()[:12]
         run.run_info_extra = {"run_id": run_id}
@@ -12569,11 +13305,8 @@ class _SWEKind(_Kind):
                 _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped),
                           ", ".join(reaped[:5]))
                 store.event("containers_reaped", names=reaped, **({"host": name} if several else {}))
-            images = ImageService(docker, tar_dirs=cfg.image_tars, store=cfg.image_store, mirrors=cfg.image_mirrors,
-                                  allow_pull=cfg.allow_pull, workers=cfg.image_workers, index_path=cfg.tar_index,
-                                  keep_images=cfg.keep_images, mirror_timeout_s=cfg.mirror_timeout_s,
-                                  on_event=lambda kind, _h=name, **f: store.event(kind, **(
-                                      dict(f, host=_h) if several else f)))
+            images = opts.images.service(docker, on_event=lambda kind, _h=name, **f: store.event(kind, **(
+                dict(f, host=_h) if several else f)))
             self.hosts.append(_EngineHost(name, docker, images, _ExecPool(opts.exec_workers), opts.max_containers,
                                           why))
         self.placement = _Placement(self.hosts, on_event=lambda kind, **f: store.event(kind, **f))
@@ -12626,15 +13359,15 @@ class _SWEKind(_Kind):
             if pred is not None and preds_file is not None:
                 preds_file.append(pred)
 
-        opts: Dict[str, Any] = {"workers": max(1, min(run.cfg.swe.max_sessions, len(self.todo))), "gate": None,
+        opts: Dict[str, Any] = {"workers": max(1, min(run.cfg.options.max_sessions, len(self.todo))), "gate": None,
                                 "status_extra": extra}
         if preds_file is not None:  # (a container-task run writes no predictions)
             opts["after_append"] = after_append
         return opts
 
     def pending(self, run: _Run) -> Iterator[SWEInstance]:
-        if run.cfg.pull_ahead and len(self.hosts) == 1:  # deliveries overlap generation; without it (and over
-            self.hosts[0].images.register([inst.image for inst in self.todo])  # several hosts) an instance
+        if run.cfg.options.pull_ahead and len(self.hosts) == 1:  # deliveries overlap generation; without it (and
+            self.hosts[0].images.register([inst.image for inst in self.todo])  # over several hosts) an instance
         return iter(self.todo)                                                 # registers its image where placed
 
     def stop(self, run: _Run) -> None:
@@ -12647,9 +13380,8 @@ class _SWEKind(_Kind):
             host.images.close()
 
     def settle(self, run: _Run) -> None:
+        super().settle(run)
         assert run.store is not None
-        if run.store.duplicates:  # re-scored instances: their new record supersedes the old one, which leaves
-            run.store.rewrite(lambda rec: rec)  # the file
         _rewrite_preds(run.store, run.ids)
 
     def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
@@ -12676,13 +13408,53 @@ class _SWEKind(_Kind):
 
     def title(self, run: _Run, status: str) -> str:
         return "evalharness swe%s | model %s | dataset %s | %s" % (
-            " (score only)" if run.cfg.score_only else "", run.model,
+            " (score only)" if run.cfg.options.score_only else "", run.model,
             run.dataset.name + _shard_label(run.cfg.shard), status)
+
+    def merge_outputs(self, out: str, shard_dirs: Sequence[str], records: Sequence[Dict[str, Any]],
+                      ids: Callable[[], List[str]], summary: Dict[str, Any], first: Dict[str, Any]) -> None:
+        summary["mode"] = first.get("mode")
+        report = swebench_report(records, ids())
+        summary["swebench"] = {k: v for k, v in report.items() if not k.endswith("_ids")}
+        _write_json(os.path.join(out, SWE_REPORT_FILE), report)
+        preds = [p for p in (_pred_line(r) for r in records) if p]
+        _atomic_write(os.path.join(out, PREDS_FILE),
+                      "".join(json.dumps(p, ensure_ascii=False, sort_keys=True) + "\n" for p in preds))
+        super().merge_outputs(out, shard_dirs, records, ids, summary, first)
+
+    def report_data(self, run: Dict[str, Any], records: List[Dict[str, Any]], data: Dict[str, Any]) -> None:
+        ids = sorted(set(run["samples"]) | set((run["run"].get("dataset") or {}).get("ids") or []))
+        data["swebench"] = swebench_report(records, ids)
+        data["swebench"]["total_instances"] = max(data["swebench"]["total_instances"], run["total"])
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        return [_swe_line(data["swebench"])]
+
+    def report_json(self, data: Dict[str, Any], out: Dict[str, Any]) -> None:
+        out["swebench"] = {k: v for k, v in data["swebench"].items() if not k.endswith("_ids")}
+        info = data.get("run_info") or {}
+        if info.get("mode"):
+            out["mode"] = info["mode"]
+
+    def html_headline(self, data: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+        # SWE-bench's rate: resolved over all instances (errors and unfinished count as not)
+        sw = data["swebench"]
+        total = max(1, sw["total_instances"])
+        return ("resolved of %d instances" % sw["total_instances"],
+                _ci_text(_mean_ci([1.0] * sw["resolved_instances"] + [0.0] * (total - sw["resolved_instances"]))))
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        sw = data["swebench"]
+        return [("resolved / empty patch / errors", "%d / %d / %d" % (
+            sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"]))]
+
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        return _swe_instances_html(run)
 
 
 def run_swe(cfg: RunConfig, *, stdout: Any = None, progress_stream: Any = None,
             cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
-    """Run (or resume) a SWE evaluation (agents in containers, SWE-bench scoring), or with ``cfg.score_only``
+    """Run (or resume) a SWE evaluation (agents in containers, SWE-bench scoring), or with --score-only
     score an existing predictions file (run_evaluation with --task swe); return (exit code, run directory)."""
     return run_evaluation(_replace(cfg, task="swe"), stdout=stdout, progress_stream=progress_stream, cancel=cancel)
 
@@ -13447,14 +14219,51 @@ def _task_lines(summary: Dict[str, Any], records: Sequence[Dict[str, Any]], most
     return lines
 
 
+def _tasks_html(data: Dict[str, Any], run: Dict[str, Any], steps_shown: int = 5) -> str:
+    """The HTML report's container tasks: the figures, then each task below reward 1 with its instruction, the
+    agent's last steps (from its trajectory) and the verifier's output (from logs/)."""
+    h = ["<h2>Tasks</h2><p>%s</p>" % "<br>".join(_esc(x) for x in (data.get("task_lines") or [])[:2])]
+    if not data.get("tasks_short"):
+        return "".join(h) + "<p class=muted>Every verified task earned reward 1.</p>"
+    h.append("<table class=sortable id=tasks><thead><tr><th>task</th><th>verdict</th><th>reward</th><th>why</th>"
+             "<th>details</th></tr></thead><tbody>")
+    for r in data["tasks_short"]:
+        name = _slug(str(r["id"]))
+        traj = _read_json_file(os.path.join(run["dir"], TRAJ_DIR, name + ".json"))
+        steps = [s for s in traj.get("steps") or () if s.get("action")][-steps_shown:]
+        try:
+            with open(os.path.join(run["dir"], "logs", name + ".verifier.txt"), encoding="utf-8",
+                      errors="replace") as fh:
+                verifier = fh.read()
+        except OSError:
+            verifier = r.get("verifier_tail") or ""
+        sample = run["samples"].get(r["id"]) or {}
+        details = "<details><summary>instruction, last steps, verifier output</summary><pre>%s</pre>%s<pre>%s</pre>" \
+                  "</details>" % (_esc(sample.get("question") or ""), "".join(
+                      "<pre><em>$ %s</em>exit %s%s</pre>" % (_esc(_cut(s["action"], 2000)), _esc(s.get("returncode")),
+                                                          " (timed out)" if s.get("timed_out") else "")
+                      for s in steps), _esc(_truncate_output(verifier, 20000)))
+        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td>%s</td><td>%s</td></tr>" % (
+            _esc(r["id"]), _esc(r.get("verdict")), _esc(r.get("reward")), _esc(r.get("why") or ""), details))
+    h.append("</tbody></table>")
+    return "".join(h)
+
+
 @_kind
 class _HarborKind(_SWEKind):
     """Container tasks in Harbor's folder layout (Terminal-Bench 2): an agent session a task in the task's own
     container, then the task's verifier; or, with --check-reference, the task's solution in place of an agent."""
 
     name = "harbor"
+    rows = "a folder of Harbor task folders, or a JSONL list of them"
     noun = "task"
+    option_sets = (_SAMPLING_OPTIONS, _AGENT_OPTIONS, _REFERENCE_OPTIONS, _TOOL_MODE_OPTIONS, _IMAGE_OPTIONS)
+    rescore = None
+    headline = "reward"
     output_dirs = (TRAJ_DIR, "logs")
+    flip_fields = ()
+    category_noun = "category"
+    marks = None
 
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
@@ -13462,12 +14271,12 @@ class _HarborKind(_SWEKind):
         super().check(cfg)
 
     def uses_model(self, cfg: RunConfig) -> bool:
-        return not cfg.code.check_reference
+        return not cfg.options.check_reference
 
     def load(self, run: _Run, dataset: Any) -> None:
         cfg = run.cfg
         tasks = TaskSet(cfg.dataset, cfg.limit)
-        if cfg.code.check_reference:
+        if cfg.options.check_reference:
             run.model = "reference"
             missing = [t.id for t in tasks.items if not t.error and not t.solution]
             if missing:
@@ -13480,32 +14289,28 @@ class _HarborKind(_SWEKind):
         run.dataset = tasks
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
-        mode = "reference" if cfg.code.check_reference else "agent"
+        mode = "reference" if cfg.options.check_reference else "agent"
         return dict(_swe_settings(cfg, mode if mode == "agent" else "score-only"), task="harbor", mode=mode)
 
     def default_out(self, run: _Run) -> str:
         return _default_out("harbor", run.model, run.cfg.dataset, _fingerprint(self.settings(run.cfg)))
 
+    def sample_ids(self, run: _Run) -> Any:
+        return set(run.dataset.ids)
+
+    def fingerprints(self, run: _Run) -> Dict[str, Tuple[str, str]]:
+        return {t.id: (_fingerprint([t.digest, t.error, t.image]), "") for t in run.dataset.items}
+
     def resume(self, run: _Run) -> None:
-        cfg, store, dataset = run.cfg, run.store, run.dataset
-        assert store is not None
-        fps = {t.id: (_fingerprint([t.digest, t.error, t.image]), "") for t in dataset.items}
-        plan = _plan_resume(store, fps, retry_failed=cfg.retry_failed, rescore=False)
-        drop = plan["changed"] | plan["infra"] | plan["retry"] | plan["rescore"] | plan.get("patch", set())
-        if drop or store.duplicates:
-            store.rewrite(lambda rec: None if rec["id"] in drop else rec)
-        run.done_ids = {sid for sid in store.finished if sid in dataset.ids}
-        run.failed_kept = sum(1 for sid in run.done_ids if store.finished[sid] == "failed")
-        _log_plan(store, plan, len(run.done_ids), dataset.count, "task")
-        run.ids, run.total, run.fps, run.plan = set(dataset.ids), dataset.count, fps, plan
-        self.todo = [t for t in dataset.items if t.id not in run.done_ids]
+        _Kind.resume(self, run)
+        self.todo = [t for t in run.dataset.items if t.id not in run.done_ids]
 
     def start(self, run: _Run) -> None:
         self._start_hosts(run)
-        run.run_info_extra["mode"] = "reference" if run.cfg.code.check_reference else "agent"
+        run.run_info_extra["mode"] = "reference" if run.cfg.options.check_reference else "agent"
 
     def work(self, run: _Run) -> Callable[[HarborTask], Dict[str, Any]]:
-        ctx, placement, reference = self.ctx, self.placement, run.cfg.code.check_reference
+        ctx, placement, reference = self.ctx, self.placement, run.cfg.options.check_reference
         assert ctx is not None and placement is not None
 
         def work(task: HarborTask) -> Dict[str, Any]:
@@ -13515,14 +14320,12 @@ class _HarborKind(_SWEKind):
         return work
 
     def pending(self, run: _Run) -> Iterator[HarborTask]:
-        if run.cfg.pull_ahead and len(self.hosts) == 1:
+        if run.cfg.options.pull_ahead and len(self.hosts) == 1:
             self.hosts[0].images.register([t.image for t in self.todo if not t.build and not t.error])
         return iter(self.todo)
 
     def settle(self, run: _Run) -> None:
-        assert run.store is not None
-        if run.store.duplicates:
-            run.store.rewrite(lambda rec: rec)
+        _Kind.settle(self, run)
 
     def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
         verdicts = collections.Counter(str(r.get("verdict")) for r in records if r.get("verdict"))
@@ -13542,7 +14345,7 @@ class _HarborKind(_SWEKind):
         if len(self.hosts) > 1 and self.placement is not None:
             run.run_info["docker_hosts"] = self.placement.summary()
         lines = _task_lines(summary, records)
-        if run.cfg.code.check_reference:
+        if run.cfg.options.check_reference:
             short = sorted(r["id"] for r in records if r.get("reward") is None or r["reward"] < 1)
             summary["reference_short"] = short
             lines.append("reference check: %d of %d task(s) earn reward 1 with their own solution%s" % (
@@ -13550,9 +14353,34 @@ class _HarborKind(_SWEKind):
                 ", ".join(short) if short else ""))
         return "\n".join(lines) + "\n" if lines else ""
 
+    def merge_outputs(self, out: str, shard_dirs: Sequence[str], records: Sequence[Dict[str, Any]],
+                      ids: Callable[[], List[str]], summary: Dict[str, Any], first: Dict[str, Any]) -> None:
+        _Kind.merge_outputs(self, out, shard_dirs, records, ids, summary, first)
+
+    def report_data(self, run: Dict[str, Any], records: List[Dict[str, Any]], data: Dict[str, Any]) -> None:
+        data["task_lines"] = _task_lines(data["summary"], records)
+        data["tasks_short"] = [{k: r.get(k) for k in ("id", "category", "verdict", "reward", "rewards", "why",
+                                                      "exit_reason", "steps", "verifier_exit", "verifier_tail")}
+                               for r in _tasks_short(records)[:200]]
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        return list(data["task_lines"])
+
+    def report_json(self, data: Dict[str, Any], out: Dict[str, Any]) -> None:
+        pass
+
+    def html_headline(self, data: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+        return None
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        return []
+
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        return _tasks_html(data, run)
+
     def exit_code(self, run: _Run, summary: Dict[str, Any], code: int) -> int:
         short = summary.get("reference_short")
-        if run.cfg.code.check_reference and short and code == EXIT_OK:
+        if run.cfg.options.check_reference and short and code == EXIT_OK:
             _log.error("--check-reference: %d task(s) do not earn reward 1 with their own solution (e.g. %s): the task "
                        "or its environment is broken; fix that before any agent is blamed", len(short), short[0])
             return EXIT_FAILURE
@@ -13560,7 +14388,7 @@ class _HarborKind(_SWEKind):
 
     def title(self, run: _Run, status: str) -> str:
         return "evalharness harbor%s | model %s | dataset %s | %s" % (
-            " (reference check)" if run.cfg.code.check_reference else "", run.model,
+            " (reference check)" if run.cfg.options.check_reference else "", run.model,
             run.dataset.name + _shard_label(run.cfg.shard), status)
 
 # =============================================================================
@@ -13579,7 +14407,6 @@ BFCL_REFUSED = (("multi_turn", "needs BFCL's simulated back-ends (file system, t
                 ("simple_java", "Java values are checked through BFCL's Java type converter, not reproduced here"),
                 ("simple_javascript", "JavaScript values are checked through BFCL's JavaScript type converter, not "
                                       "reproduced here"))
-TOOL_MODES = ("native", "prompt")
 _BFCL_PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
                   "dict": dict, "any": str}
 _BFCL_TO_OPENAPI = {"integer": "integer", "number": "number", "float": "number", "string": "string",
@@ -14202,6 +15029,13 @@ def _tools_lines(summary: Dict[str, Any]) -> List[str]:
 
 
 # ----------------------------------------------------------------------------- the kind
+_TOOLS_OPTIONS = _OptionSet(
+    "tool calls",
+    _Opt("--answers", default=None, metavar="FILE",
+         help="the possible-answer file of the BFCL questions (default: possible_answer/<the questions' file name> "
+              "beside them, as bfcl-eval ships them)"))
+
+
 @_record
 class ToolOptions:
     """--task tools's own settings."""
@@ -14224,31 +15058,36 @@ class _ToolsKind(_Kind):
     decoded and checked as bfcl-eval's AST checker checks it."""
 
     name = "tools"
+    rows = "a BFCL question file (possible_answer/ beside it)"
     noun = "question"
+    option_sets = (_SAMPLING_OPTIONS, _RESCORE_OPTIONS, _TOOL_MODE_OPTIONS, _TOOLS_OPTIONS)
+    Options = ToolOptions
+    headline = "accuracy"
+
+    def options_record(self, values: Dict[str, Any]) -> ToolOptions:
+        return ToolOptions(mode=values["tool_mode"] or "native", answers=values["answers"])
 
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
             raise ConfigError("--dataset is required (a BFCL question file, e.g. BFCL_v4_simple_python.json)")
-        if cfg.tools.mode not in TOOL_MODES:
-            raise ConfigError("--tool-mode must be native or prompt for --task tools, got %r" % cfg.tools.mode)
-        if cfg.epochs != 1:
-            raise ConfigError("--epochs: --task tools asks each question once")
+        if cfg.options.mode not in TOOL_MODES:
+            raise ConfigError("--tool-mode must be native or prompt for --task tools, got %r" % cfg.options.mode)
 
     def load(self, run: _Run, dataset: Any) -> None:
         cfg = run.cfg
-        ds = ToolDataset(cfg.dataset, answers=cfg.tools.answers, limit=cfg.limit).fingerprint(cfg.tools.mode)
+        ds = ToolDataset(cfg.dataset, answers=cfg.options.answers, limit=cfg.limit).fingerprint(cfg.options.mode)
         _log.info("%s: BFCL questions (%s), possible answers %s; asked with %s", ds.name, ", ".join(
             "%s %d" % kv for kv in sorted(ds.categories.items())), ds.answers_path or "none needed",
-            "native tool calls" if cfg.tools.mode == "native" else "BFCL's prompt format (--tool-mode prompt)")
-        run.dataset = _Shard(ds, *cfg.shard) if cfg.shard is not None else ds
+            "native tool calls" if cfg.options.mode == "native" else "BFCL's prompt format (--tool-mode prompt)")
+        run.dataset = self.wrap(run, ds)
 
     def prompts(self, run: _Run) -> Iterable[str]:
-        mode = run.cfg.tools.mode
+        mode = run.cfg.options.mode
         return ("\n".join(m["content"] for m in bfcl_messages(r, mode)) + json.dumps(bfcl_tools(r.functions))
                 for r in run.dataset.iter_items())
 
     def before_store(self, run: _Run) -> None:
-        if run.cfg.tools.mode != "native":
+        if run.cfg.options.mode != "native":
             return
         assert run.client_cfg is not None
         probe = ModelClient(_replace(run.client_cfg, max_retries=1))
@@ -14267,29 +15106,21 @@ class _ToolsKind(_Kind):
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
         return {"task": "tools", "model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
-                "extra_body": cfg.extra_body, "seed": cfg.seed, "tool_mode": cfg.tools.mode}
+                "extra_body": cfg.extra_body, "seed": cfg.seed, "tool_mode": cfg.options.mode}
 
-    def resume(self, run: _Run) -> None:
-        mode = run.cfg.tools.mode
-
-        def rescored(rec: Dict[str, Any], row: ToolRow, score_fp: str) -> Dict[str, Any]:  # a changed answer file
-            verdict = bfcl_verdict(row, rec.get("made") or {}, mode)
-            return dict(rec, **_tool_record(row, verdict), fp=dict(rec.get("fp") or {}, score=score_fp),
-                        rescored_at=round(time.time(), 3))
-        _resume_rescoring(run, "question", rescored)
+    def rescored(self, run: _Run, rec: Dict[str, Any], row: ToolRow, score_fp: str) -> Dict[str, Any]:
+        verdict = bfcl_verdict(row, rec.get("made") or {}, run.cfg.options.mode)  # (a changed answer file)
+        return dict(rec, **_tool_record(row, verdict), fp=dict(rec.get("fp") or {}, score=score_fp),
+                    rescored_at=round(time.time(), 3))
 
     def start(self, run: _Run) -> None:
         d = run.dataset
-        run.run_info_extra = {"tool_mode": run.cfg.tools.mode, "answers": os.path.abspath(d.answers_path)
+        run.run_info_extra = {"tool_mode": run.cfg.options.mode, "answers": os.path.abspath(d.answers_path)
                               if d.answers_path else None, "checker": TOOLS_CHECKER}
-
-    def samples_total(self, run: _Run) -> int:
-        d = run.dataset
-        return d.dataset.count if isinstance(d, _Shard) else d.count
 
     def work(self, run: _Run) -> Callable[[ToolRow], Dict[str, Any]]:
         assert run.client is not None
-        client, mode = run.client, run.cfg.tools.mode
+        client, mode = run.client, run.cfg.options.mode
 
         def work(row: ToolRow) -> Dict[str, Any]:
             started = time.time()
@@ -14321,14 +15152,17 @@ class _ToolsKind(_Kind):
         lines = _tools_lines(summary)
         return "\n".join(lines) + "\n" if lines else ""
 
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        return _tools_lines(data["summary"])
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        return [("BFCL aggregates", _esc(line.partition(": ")[2] or line)) for line in _tools_lines(data["summary"])[:1]]
+
 # =============================================================================
 # Scale-out
 # =============================================================================
 # `run --shard I/N` runs one part of a dataset in OUT/shard-I-of-N (the partition: shard_of, in Datasets);
 # `merge OUT` makes one run of the shards, as one host would have written it.
-
-SWE_OUTPUT_DIRS = (TRAJ_DIR, "reports", "logs")  # a SWE run's per-instance files, copied by merge
-
 
 def _shard_dirs(out: str, sources: Sequence[str]) -> List[str]:
     """The shard run directories named by SOURCES (each a shard, or a directory holding shard-I-of-N folders);
@@ -14433,7 +15267,7 @@ def merge_runs(out: str, sources: Sequence[str] = (), *, partial: bool = False) 
         shards[index] = (d, info, ids)
     assert ref is not None
     count, total = ref[1]["shard"]["count"], ref[1]["shard"]["samples_total"]
-    task = ref[1].get("task") or "qa"
+    task = _kind_of(ref[1].get("task")).name
     incomplete, missing = [], [i for i in range(count) if i not in shards]
     here = _read_json_file(os.path.join(out, RunStore.RUN))
     if here and "merged_from" not in here:
@@ -14492,7 +15326,8 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any], Any]],
                  sorted_shards: Dict[int, "_SortedShard"], total: int, task: str, gaps: List[str]) -> Dict[str, Any]:
     first = shards[min(shards)][1]
     acc = _Summary()
-    keep = task not in STREAMED_TASKS  # the kinds' blocks (and SWE's files) read their records: a few thousand
+    kind = _kind_of(task)
+    keep = not kind.streamed_report  # the kinds' blocks (and their files) read their records: a few thousand
     ordered: List[Dict[str, Any]] = []
 
     def merged_lines() -> Iterator[str]:
@@ -14524,22 +15359,9 @@ def _write_merge(out: str, shards: Dict[int, Tuple[str, Dict[str, Any], Any]],
     summary.update({"task": task, "model": (first.get("endpoint") or {}).get("model"),
                     "dataset": (first.get("dataset") or {}).get("name"), "status": status,
                     "shards": {"count": first["shard"]["count"], "merged": sorted(shards), "gaps": gaps}})
-    if task in _KINDS:
-        _KINDS[task]().merged(summary, [r for r in ordered if r.get("status") == "ok"], first)
-    if task == "swe":
-        summary["mode"] = first.get("mode")
-        ids = sorted({i for index in shards if shards[index][2] is not None for i in shards[index][2]()})
-        report = swebench_report(ordered, ids)
-        summary["swebench"] = {k: v for k, v in report.items() if not k.endswith("_ids")}
-        _write_json(os.path.join(out, SWE_REPORT_FILE), report)
-        preds = [p for p in (_pred_line(r) for r in ordered) if p]
-        _atomic_write(os.path.join(out, PREDS_FILE),
-                      "".join(json.dumps(p, ensure_ascii=False, sort_keys=True) + "\n" for p in preds))
-        for index in sorted(shards):
-            _copy_tree_atomic(shards[index][0], out, SWE_OUTPUT_DIRS)
-    elif getattr(_KINDS.get(task), "output_dirs", ()):  # per-sample files (trajectories, verifier logs)
-        for index in sorted(shards):
-            _copy_tree_atomic(shards[index][0], out, _KINDS[task].output_dirs)
+    kind.merged(summary, [r for r in ordered if r.get("status") == "ok"], first)
+    kind.merge_outputs(out, [shards[i][0] for i in sorted(shards)], ordered, lambda: sorted(
+        {i for index in shards if shards[index][2] is not None for i in shards[index][2]()}), summary, first)
     _write_json(os.path.join(out, RunStore.SUMMARY), summary)
     # a shard's own figures (its limit is its share of the endpoint, its config names its shard) are not the
     # run's: they stay in merged_from, per shard
@@ -14605,7 +15427,7 @@ def _remove_merge_litter(out: str) -> None:
     shutil.rmtree(os.path.join(out, MERGE_SORT_DIR), ignore_errors=True)
     for root, dirs, files in os.walk(out):
         dirs[:] = [d for d in dirs if os.path.relpath(os.path.join(root, d), out).split(os.sep)[0] in
-                   SWE_OUTPUT_DIRS]
+                   {sub for cls in _KINDS.values() for sub in cls.output_dirs}]  # type: ignore[attr-defined]
         for name in files:
             if ".tmp." in name or (name.startswith(".") and ".merge." in name and name != ".merge.lock"):
                 try:
@@ -15048,9 +15870,6 @@ def format_slurm_status(st: Dict[str, Any]) -> str:
 # compares two runs sample by sample with a paired bootstrap interval.
 
 REPORT_HTML = "report.html"
-_REPORT_BUDGET_CHARS = 2_000_000   # patch and trajectory text across one HTML report; the rest stays on disk
-_REPORT_TABLE_CHARS = 4_300_000    # the SWE instance table, markup included (the whole report stays under 5 MB)
-_TRAJ_MESSAGE_CHARS = 2000         # one message in the HTML report
 
 
 def _read_jsonl_tolerant(path: str) -> List[Dict[str, Any]]:
@@ -15080,7 +15899,6 @@ def _read_json_file(path: str) -> Dict[str, Any]:
         return {}
 
 
-STREAMED_TASKS = ("qa",)  # kinds whose report reads their records in one pass, keeping only what it shows
 PARTITION_BYTES = 32 << 20  # a samples file past this size is deduplicated through partitions on disk
 SAMPLES_SHOWN = 200  # wrong or failed samples a report lists (the smallest ids)
 
@@ -15241,7 +16059,9 @@ class _FirstPass:
         self.starts = sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start"
                              and ev.get("t") is not None)
         self.seg_max: List[Optional[float]] = [None] * (len(self.starts) + 1)  # latest time between two starts
-        self.t0, self.t_end, self.outcome = math.inf, -math.inf, False
+        self.t0, self.t_end = math.inf, -math.inf
+        self.marks = {cls.marks for cls in _KINDS.values() if cls.marks}  # type: ignore[attr-defined]
+        self.marked: set = set()  # the kinds' marks (_Kind.marks) its records have
         for ev in events:
             if ev.get("t") is not None and ev.get("type") != "run_start":
                 self._time(float(ev["t"]))
@@ -15252,8 +16072,8 @@ class _FirstPass:
         self.seg_max[k] = x if m is None else max(m, x)
 
     def __call__(self, rec: Dict[str, Any]) -> None:
-        if "outcome" in rec:
-            self.outcome = True
+        if len(self.marked) < len(self.marks):
+            self.marked.update(m for m in self.marks if m in rec)
         s, e = rec.get("started_at"), rec.get("finished_at")
         for x in (s, e):
             if x is not None:
@@ -15289,8 +16109,9 @@ def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
     events = _read_jsonl_tolerant(os.path.join(run_dir, RunStore.EVENTS))
     first = _FirstPass(events)
     latest = _LatestRecords(samples_path, ids() if ids is not None else None, first)
-    task = info.get("task") or ("swe" if first.outcome else "qa")
-    keep = not shown_only or task not in STREAMED_TASKS
+    kind = _kind_of(info.get("task"), lambda field: field in first.marked)
+    task = kind.name
+    keep = not shown_only or not kind.streamed_report
     if keep and ids is not None:
         info["dataset"]["ids"] = list(ids())
     total = max(int((info.get("dataset") or {}).get("rows") or latest.count), latest.count)
@@ -15380,171 +16201,31 @@ def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
                             "base_url": (info.get("endpoint") or {}).get("base_url"),
                             "config_rows": _config_rows(info)}
     summary["model"] = data["model"]
-    if run["task"] in _KINDS:  # the kind's own block (choice's acc_norm, perplexity's figures), as its run printed it
-        _KINDS[run["task"]]().merged(summary, [r for r in records if r.get("status") == "ok"], info)
+    kind = _kind_of(run["task"])
+    kind.merged(summary, [r for r in records if r.get("status") == "ok"], info)  # its block, as its run printed it
     figures = run["figures"]
     data["failures"] = dict(sorted(figures.failures.items(), key=lambda kv: -kv[1]["count"]))
-    if run["task"] == "swe":
-        ids = sorted(set(run["samples"]) | set((info.get("dataset") or {}).get("ids") or []))
-        data["swebench"] = swebench_report(records, ids)
-        data["swebench"]["total_instances"] = max(data["swebench"]["total_instances"], run["total"])
-    if run["task"] == "code":
-        data["code"] = code_report(records, info)
-    if run["task"] == "perplexity":
-        data["documents"] = perplexity_documents(records)
-    if run["task"] == "harbor":
-        data["task_lines"] = _task_lines(summary, records)
-        data["tasks_short"] = [{k: r.get(k) for k in ("id", "category", "verdict", "reward", "rewards", "why",
-                                                      "exit_reason", "steps", "verifier_exit", "verifier_tail")}
-                               for r in _tasks_short(records)[:200]]
+    kind.report_data(run, records, data)
     data["series"] = run["series"]
     data["latency_hist"] = figures.lat.histogram()
     data["latency_label"] = "request latency" if figures.request_latency else "sample duration"
     return data
 
 
-def code_report(records: Sequence[Dict[str, Any]], info: Dict[str, Any], shown: int = 200) -> Dict[str, Any]:
-    """A code run's verdicts: the count of each class over the checked programs (timeouts and resource failures
-    among them), the sandbox that ran them (from run.json), the time the programs took, and the programs that did
-    not pass (id, verdict, why, first failing test, the output cut; the first ``shown`` by id)."""
-    ok = [r for r in records if r.get("status") == "ok"]
-    counts = collections.Counter(str(r.get("verdict") or "?") for r in ok)
-    exec_s = sorted(float(r["exec_s"]) for r in ok if isinstance(r.get("exec_s"), (int, float)))
-    bad = sorted((r for r in ok if r.get("verdict") != "passed"), key=lambda r: (str(r.get("id")), r.get("epoch", 0)))
-    return {"layout": info.get("layout"), "mode": info.get("mode"), "sandbox": info.get("sandbox"),
-            "programs": len(ok), "verdicts": {v: counts[v] for v in list(CODE_VERDICTS) + sorted(
-                set(counts) - set(CODE_VERDICTS)) if counts.get(v)},
-            "exec_s": {"total": round(sum(exec_s), 3), "p50": _percentile(exec_s, 50), "max": exec_s[-1]}
-            if exec_s else None,
-            "not_passed": [{"id": r.get("id"), "verdict": r.get("verdict"), "why": _cut(str(r.get("why") or ""), 300),
-                            "failing_test": r.get("failing_test"), "output": _cut(str(r.get("output") or ""), 600)}
-                           for r in bad[:shown]], "not_passed_total": len(bad)}
 
 
-def _code_lines(code: Dict[str, Any], most: int = 10) -> List[str]:
-    """The text report's lines for a code run: verdict counts, the sandbox, the programs that did not pass."""
-    box = code.get("sandbox") or {}
-    where = ("docker image %s%s" % (box.get("image"), " (Python %s)" % box["python"] if box.get("python") else "")
-             if box.get("sandbox") == "docker" else
-             "local subprocesses of Python %s (not a security boundary)" % box.get("python", "?")
-             if box.get("sandbox") == "local" else "?")
-    lines = ["code verdicts (%d programs): %s" % (code["programs"], ", ".join(
-        "%s %d" % kv for kv in code["verdicts"].items()) or "none"),
-        "sandbox: %s; per test %s s, memory %s MB, processes %s, output %s" % (
-            where, box.get("timeout_s"), box.get("memory_mb"), box.get("processes"),
-            _fmt_bytes(box.get("output_bytes")))]
-    if code.get("exec_s"):
-        lines[-1] += "; programs ran %s s in all (p50 %s s, max %s s)" % (
-            _fmt_num(code["exec_s"]["total"]), _fmt_num(code["exec_s"]["p50"]), _fmt_num(code["exec_s"]["max"]))
-    if code["not_passed_total"]:
-        lines.append("programs that did not pass (%d%s):" % (code["not_passed_total"], ", first %d" % most
-                                                             if code["not_passed_total"] > most else ""))
-        for r in code["not_passed"][:most]:
-            lines.append("  %s: %s: %s" % (r["id"], r["verdict"], _truncate_output(r["why"], 160)))
-    return lines
 
 
-def _loglik_lines(summary: Dict[str, Any]) -> List[str]:
-    """The log-likelihood kinds' figures for the reports: acc_norm (choice), perplexity (perplexity)."""
-    choice, ppl = summary.get("choice") or {}, summary.get("perplexity") or {}
-    norm = choice.get("acc_norm") or {}
-    lines = []
-    if norm.get("mean") is not None:
-        lines.append("acc_norm %.3f [%.3f, %.3f] (n=%d; the score above is acc); %s layout, %s-shot, token "
-                     "boundaries: %s" % (norm["mean"], norm["ci95"][0], norm["ci95"][1], norm["n"],
-                                         choice.get("layout"), choice.get("num_fewshot"), choice.get("tokenization")))
-    if ppl.get("word_perplexity") is not None:
-        lines.append("perplexity over %d document(s), %d tokens: word perplexity %.4f, byte perplexity %.4f, bits per "
-                     "byte %.4f (windows of %s tokens; token boundaries: %s)" % (
-                         ppl["documents"], ppl["tokens"], ppl["word_perplexity"], ppl["byte_perplexity"],
-                         ppl["bits_per_byte"], ppl.get("max_length"), ppl.get("tokenization")))
-    return lines
 
 
-def _fig(v: Any) -> str:
-    """A perplexity table's cell: counts as they are, figures to 4 decimals, a missing one as a dash."""
-    if v is None:
-        return "-"
-    return "%.4f" % v if isinstance(v, float) and abs(v) < 1e9 else "%.4g" % v if isinstance(v, float) else str(v)
 
 
-def _document_lines(docs: Dict[str, Any], most: int = 10) -> List[str]:
-    """The text report's table of a perplexity run's documents, highest bits per byte first."""
-    if not docs["total"]:
-        return []
-    lines = ["documents (%d%s, highest bits per byte first):" % (
-        docs["total"], ", first %d" % most if docs["total"] > most else ""),
-        "  %-24s %8s %8s %10s %12s %12s %9s" % ("id", "tokens", "words", "bytes", "word ppl", "byte ppl", "bits/B")]
-    for d in docs["documents"][:most]:
-        lines.append("  %-24s %8s %8s %10s %12s %12s %9s" % (
-            _cut(str(d["id"]), 24), _fig(d["tokens"]), _fig(d["words"]), _fig(d["bytes"]), _fig(d["word_perplexity"]),
-            _fig(d["byte_perplexity"]), _fig(d["bits_per_byte"])))
-    return lines
 
 
-def _documents_html(docs: Dict[str, Any]) -> str:
-    """The HTML report's table of a perplexity run's documents (sortable; the first 200 by bits per byte)."""
-    h = ["<h2>Documents</h2><table class=sortable id=documents><thead><tr><th>id</th><th>category</th><th>tokens</th>"
-         "<th>windows</th><th>words</th><th>bytes</th><th>log-likelihood</th><th>word perplexity</th>"
-         "<th>byte perplexity</th><th>bits per byte</th></tr></thead><tbody>"]
-    for d in docs["documents"]:
-        h.append("<tr><td>%s</td><td>%s</td>%s</tr>" % (_esc(d["id"]), _esc(d["category"]), "".join(
-            "<td class=n>%s</td>" % _esc(_fig(d[k])) for k in ("tokens", "windows", "words", "bytes",
-                                                                   "loglikelihood", "word_perplexity",
-                                                                   "byte_perplexity", "bits_per_byte"))))
-    h.append("</tbody></table>")
-    if docs["total"] > len(docs["documents"]):
-        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
-                 % (docs["total"] - len(docs["documents"])))
-    return "".join(h)
 
 
-def _tasks_html(data: Dict[str, Any], run: Dict[str, Any], steps_shown: int = 5) -> str:
-    """The HTML report's container tasks: the figures, then each task below reward 1 with its instruction, the
-    agent's last steps (from its trajectory) and the verifier's output (from logs/)."""
-    h = ["<h2>Tasks</h2><p>%s</p>" % "<br>".join(_esc(x) for x in (data.get("task_lines") or [])[:2])]
-    if not data.get("tasks_short"):
-        return "".join(h) + "<p class=muted>Every verified task earned reward 1.</p>"
-    h.append("<table class=sortable id=tasks><thead><tr><th>task</th><th>verdict</th><th>reward</th><th>why</th>"
-             "<th>details</th></tr></thead><tbody>")
-    for r in data["tasks_short"]:
-        name = _slug(str(r["id"]))
-        traj = _read_json_file(os.path.join(run["dir"], TRAJ_DIR, name + ".json"))
-        steps = [s for s in traj.get("steps") or () if s.get("action")][-steps_shown:]
-        try:
-            with open(os.path.join(run["dir"], "logs", name + ".verifier.txt"), encoding="utf-8",
-                      errors="replace") as fh:
-                verifier = fh.read()
-        except OSError:
-            verifier = r.get("verifier_tail") or ""
-        sample = run["samples"].get(r["id"]) or {}
-        details = "<details><summary>instruction, last steps, verifier output</summary><pre>%s</pre>%s<pre>%s</pre>" \
-                  "</details>" % (_esc(sample.get("question") or ""), "".join(
-                      "<pre><em>$ %s</em>exit %s%s</pre>" % (_esc(_cut(s["action"], 2000)), _esc(s.get("returncode")),
-                                                          " (timed out)" if s.get("timed_out") else "")
-                      for s in steps), _esc(_truncate_output(verifier, 20000)))
-        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td>%s</td><td>%s</td></tr>" % (
-            _esc(r["id"]), _esc(r.get("verdict")), _esc(r.get("reward")), _esc(r.get("why") or ""), details))
-    h.append("</tbody></table>")
-    return "".join(h)
 
 
-def _code_html(code: Dict[str, Any]) -> str:
-    """The HTML report's code section: verdict counts and the programs that did not pass with their output."""
-    h = ["<h2>Programs</h2><p>%s</p>" % "<br>".join(_esc(x) for x in _code_lines(code, most=0)[:2])]
-    if not code["not_passed"]:
-        return "".join(h) + "<p class=muted>Every checked program passed.</p>"
-    h.append("<table class=sortable id=programs><thead><tr><th>id</th><th>verdict</th><th>why</th><th>failing test"
-             "</th><th>output</th></tr></thead><tbody>")
-    for r in code["not_passed"]:
-        h.append("<tr><td>%s</td><td class=bad>%s</td><td>%s</td><td class=n>%s</td><td>%s</td></tr>" % (
-            _esc(r["id"]), _esc(r["verdict"]), _esc(r["why"]), "" if r["failing_test"] is None else
-            int(r["failing_test"]) + 1, _cut_details(r["output"], 200) if r["output"] else ""))
-    h.append("</tbody></table>")
-    if code["not_passed_total"] > len(code["not_passed"]):
-        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>"
-                 % (code["not_passed_total"] - len(code["not_passed"])))
-    return "".join(h)
 
 
 def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
@@ -15855,29 +16536,18 @@ def report_json(data: Dict[str, Any]) -> Dict[str, Any]:
                dataset=(info.get("dataset") or {}).get("name") or data.get("dataset"))
     if info.get("label"):
         out["label"] = info["label"]
-    if data.get("swebench"):
-        out["swebench"] = {k: v for k, v in data["swebench"].items() if not k.endswith("_ids")}
-        if info.get("mode"):
-            out["mode"] = info["mode"]
+    _kind_of(data["task"]).report_json(data, out)
     out["report"] = {k: v for k, v in data.items() if k not in ("summary", "run_info")}
     return out
 
 
 def format_report(data: Dict[str, Any]) -> str:
-    """The text report: the run's summary table (the same numbers the run printed) plus failures by class,
-    the discovered concurrency and, for SWE runs, SWE-bench's counts."""
+    """The text report: the run's summary table (the same numbers the run printed), the kind's lines (its
+    report_lines), failures by class, the discovered concurrency and the configuration."""
     title = "evalharness %s | model %s | dataset %s | %s" % (data["task"], data.get("model"), data.get("dataset"),
                                                               _status_shown(data["status"], data["summary"]))
     lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
-    if data.get("swebench"):
-        lines.append(_swe_line(data["swebench"]))
-    if data.get("code"):
-        lines.extend(_code_lines(data["code"]))
-    lines.extend(_loglik_lines(data["summary"]))
-    if data.get("documents"):
-        lines.extend(_document_lines(data["documents"]))
-    lines.extend(data.get("task_lines") or ())
-    lines.extend(_tools_lines(data["summary"]))
+    lines.extend(_kind_of(data["task"]).report_lines(data))
     if data.get("discovered_limit") is not None:
         lines.append("discovered concurrency: %s" % data["discovered_limit"])
     if data.get("server"):
@@ -16046,36 +16716,8 @@ def _ci_text(entry: Dict[str, Any]) -> str:
     return "%.3f <span class=muted>[%.3f, %.3f]</span>" % (entry["mean"], lo, hi)
 
 
-def _diff_html(patch: str) -> str:
-    out = []
-    for line in patch.splitlines():
-        tag = "ins" if line.startswith("+") and not line.startswith("+++") else \
-            "del" if line.startswith("-") and not line.startswith("---") else \
-            "em" if line.startswith("@@") else ""
-        out.append("<%s>%s</%s>" % (tag, _esc(line), tag) if tag else _esc(line))
-    return "\n".join(out)
 
 
-def _trajectory_html(traj: Dict[str, Any], budget: int) -> str:
-    parts, used = [], 0
-    for m in traj.get("messages") or []:
-        content = m.get("content") or ""
-        if m.get("tool_calls"):
-            content += "\n" + "\n".join("[tool call %s] %s" % (c.get("function", {}).get("name"),
-                                                               c.get("function", {}).get("arguments"))
-                                        for c in m["tool_calls"])
-        text = str(content)
-        if len(text) > _TRAJ_MESSAGE_CHARS:
-            text = text[:_TRAJ_MESSAGE_CHARS // 2] + "\n[... %d characters not shown ...]\n" % (
-                len(text) - _TRAJ_MESSAGE_CHARS) + text[-_TRAJ_MESSAGE_CHARS // 2:]
-        if used + len(text) > budget:
-            parts.append('<p class="note">The rest of this trajectory is not shown (report size limit); the full '
-                         'text is in %s/.</p>' % TRAJ_DIR)
-            break
-        used += len(text)
-        parts.append('<div class="msg"><div class="role">%s</div><pre>%s</pre></div>' % (_esc(m.get("role")),
-                                                                                        _esc(text)))
-    return "".join(parts)
 
 
 def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
@@ -16091,34 +16733,21 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
          '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
          % (_esc(data["run_dir"]), _esc(_status_shown(data["status"], s)), counts.get("finished", 0),
             counts.get("total", 0))]
-    if data.get("swebench"):  # SWE-bench's rate: resolved over all instances (errors and unfinished count as not)
-        sw = data["swebench"]
-        total = max(1, sw["total_instances"])
-        headline = ("resolved of %d instances" % sw["total_instances"],
-                    _ci_text(_mean_ci([1.0] * sw["resolved_instances"] + [0.0] * (total - sw["resolved_instances"]))))
-    elif _is_complete(s):
-        headline = ("score", _ci_text(score))
-    else:
-        wrong = s.get("score_failed_as_wrong") or {}
-        headline = ("score over %d of %d (INCOMPLETE)" % (counts.get("ok", 0), counts.get("total", 0)),
-                    _ci_text(score))
+    kind = _kind_of(data["task"])
+    headline = kind.html_headline(data)
+    wrong = s.get("score_failed_as_wrong") or {}
+    if headline is None:
+        headline = ("score", _ci_text(score)) if _is_complete(s) else (
+            "score over %d of %d (INCOMPLETE)" % (counts.get("ok", 0), counts.get("total", 0)), _ci_text(score))
     cards = [headline, ("samples ok / failed", "%d / %d" % (counts.get("ok", 0), counts.get("failed", 0)))]
-    if not data.get("swebench") and not _is_complete(s) and wrong.get("mean") is not None:
+    if headline[0].startswith("score") and not _is_complete(s) and wrong.get("mean") is not None:
         cards.append(("score counting failed and not run as wrong", "%.3f (n=%d)" % (wrong["mean"], wrong["n"])))
         h.append("<p class=warn><b>Incomplete run:</b> the score is over %d of %d samples (%d failed, %d not run)."
                  "</p>" % (counts.get("ok", 0), counts.get("total", 0), counts.get("failed", 0),
                            counts.get("pending", 0)))
-    if data.get("swebench"):
-        sw = data["swebench"]
-        cards.append(("resolved / empty patch / errors", "%d / %d / %d" % (
-            sw["resolved_instances"], sw["empty_patch_instances"], sw["error_instances"])))
+    cards.extend(kind.html_cards(data))
     if s.get("cost"):
         cards.append(("cost", _esc(_cost_line(s["cost"]).partition(": ")[2])))
-    for line in _tools_lines(s)[:1]:
-        cards.append(("BFCL aggregates", _esc(line.partition(": ")[2] or line)))
-    for line in _loglik_lines(s):
-        name, _, value = line.partition(" " if line.startswith("acc_norm") else ": ")
-        cards.append(("acc_norm" if line.startswith("acc_norm") else "perplexity", _esc(value)))
     cut = (s.get("finish_reasons") or {}).get("length", 0)
     if cut:
         cards.append(("answers cut at the token limit", "%d of %d" % (cut, counts.get("ok", 0))))
@@ -16142,14 +16771,14 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     if data.get("config_rows"):
         h.append("<h2>Run configuration</h2><table id=config><tbody>%s</tbody></table>" % "".join(
             "<tr><th>%s</th><td>%s</td></tr>" % (_esc(k), _esc(v)) for k, v in data["config_rows"]))
-    h.append("<h2>By %s</h2>" % ("repository" if data["task"] == "swe" else "category"))
+    h.append("<h2>By %s</h2>" % kind.category_noun)
     h.append('<table class=sortable id=breakdown><thead><tr><th>%s</th><th>n</th><th>mean [95%% CI]</th><th>failed'
-             '</th></tr></thead><tbody>' % ("repository" if data["task"] == "swe" else "category"))
+             '</th></tr></thead><tbody>' % kind.category_noun)
     for cat, e in by_cat.items():
         h.append('<tr><td>%s</td><td class=n>%d</td><td class=n data-v="%s">%s</td><td class=n>%d</td></tr>'
                  % (_esc(cat), e.get("n", 0), e.get("mean"), _ci_text(e), e.get("failed", 0)))
     h.append("</tbody></table>")
-    if s.get("by_scorer") and data["task"] != "swe":
+    if len(s.get("by_scorer") or ()) > 1:  # (one scorer: the score above)
         h.append('<table class=sortable id=scorers><thead><tr><th>scorer</th><th>n</th><th>mean [95% CI]</th></tr>'
                  '</thead><tbody>')
         for name, e in s["by_scorer"].items():
@@ -16159,7 +16788,7 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
     ser = data["series"]
     h.append("<h2>Load over time</h2>")
     marks = ser.get("marks") or ()
-    flying = "sessions" if data["task"] == "swe" else "requests in flight"
+    flying = "sessions" if kind.agents else "requests in flight"
     x_label = "seconds since the first sample started"
     if ser.get("breaks"):
         x_label = "seconds the run was active since the first sample started (idle time between attempts cut)"
@@ -16195,67 +16824,13 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append("</tbody></table>")
     else:
         h.append("<p class=muted>No sample failed.</p>")
-    if data["task"] == "swe":
-        h.append(_swe_instances_html(run))
-    elif data.get("code"):
-        h.append(_code_html(data["code"]))
-    elif data.get("documents"):
-        h.append(_documents_html(data["documents"]))
-    elif data["task"] == "harbor":
-        h.append(_tasks_html(data, run))
-    elif run["samples"] or run.get("bad_total") == 0 and data["summary"]["counts"]["finished"]:
-        h.append(_qa_samples_html(run))
+    h.append(kind.html_details(data, run))
     h.append("<script>%s</script></body></html>" % _SORT_JS)
     return "".join(h)
 
 
-def _swe_instances_html(run: Dict[str, Any]) -> str:
-    """The per-instance table; each row opens the patch as a diff and the trajectory. The text per instance
-    shrinks as instances grow (below ~1.5k characters trajectories are only named), and the table is rendered
-    again with half the text while it exceeds the size budget."""
-    budget = min(40_000, _REPORT_BUDGET_CHARS // max(1, len(run["samples"])))
-    trajectories: Dict[str, Dict[str, Any]] = {}  # read once, even when the table is rendered again smaller
-    while True:
-        table = _swe_table(run, budget, trajectories)
-        if len(table) <= _REPORT_TABLE_CHARS or budget < 50:
-            return table
-        budget //= 2
 
 
-def _swe_table(run: Dict[str, Any], budget: int, trajectories: Dict[str, Dict[str, Any]]) -> str:
-    samples = run["samples"]
-    inline = budget >= 1500
-    h = ["<h2>Instances</h2><table class=sortable id=instances><thead><tr><th>instance</th><th>resolved</th>"
-         "<th>outcome</th><th>FAIL_TO_PASS</th><th>PASS_TO_PASS</th><th>turns</th><th>exit reason</th></tr></thead>"
-         "<tbody>"]
-    for iid in sorted(samples):
-        rec = samples[iid]
-        f2p, p2p = rec.get("f2p") or [0, 0], rec.get("p2p") or [0, 0]
-        traj_path = os.path.join(TRAJ_DIR, _slug(iid) + ".json")
-        if inline and traj_path not in trajectories:
-            trajectories[traj_path] = _read_json_file(os.path.join(run["dir"], traj_path))
-        traj = trajectories.get(traj_path, {}) if inline else {}
-        patch = rec.get("model_patch") or traj.get("patch") or ""
-        if len(patch) > budget // 2:
-            cut = budget // 2
-            patch = patch[:cut] + "\n[… %d more characters in preds.jsonl]" % (len(patch) - cut)
-        if traj:
-            steps = _trajectory_html(traj, budget)
-        elif not inline and os.path.exists(os.path.join(run["dir"], traj_path)):
-            steps = "<p class=note>trajectory: %s</p>" % _esc(traj_path)
-        else:
-            steps = "<p class=muted>no trajectory (%s)</p>" % _esc(rec.get("error") or "scored only")
-        detail = "<details><summary>%s</summary>%s%s</details>" % (
-            _esc(iid), ("<div class=role>patch</div><pre>%s</pre>" % _diff_html(patch)) if patch else
-            "<p class=muted>empty patch</p>", steps)
-        ok = rec.get("resolved")
-        h.append('<tr><td>%s<td class=%s>%s<td>%s<td class=n>%d/%d<td class=n>%d/%d<td class=n>%s<td>%s</tr>' % (
-            detail, "ok" if ok else "bad", "yes" if ok else "no", _esc(rec.get("outcome") or rec.get("status")),
-            f2p[0], f2p[1], p2p[0], p2p[1], _esc(rec.get("steps", "–")),
-            _esc((rec.get("exit_reason") or rec.get("error_class") or "") + (" · on %s" % rec["docker_host"] if
-                                                                            rec.get("docker_host") else ""))))
-    h.append("</tbody></table>")
-    return "".join(h)
 
 
 QUESTION_SHOWN_CHARS = 300  # of a question in the report's table; the whole stored text is one click away
@@ -16269,7 +16844,7 @@ def _cut_details(text: str, shown: int, css: str = "") -> str:
     return "<details%s><summary>%s…</summary><pre>%s</pre></details>" % (css, _esc(text[:shown]), _esc(text))
 
 
-def _qa_samples_html(run: Dict[str, Any], limit: int = 200) -> str:
+def _samples_html(run: Dict[str, Any], limit: int = 200) -> str:
     """Wrong and failed samples (up to ``limit``): the question, the reference, the extracted answer, the response
     (its reasoning collapsed), the score, and for a failure its error class and message."""
     bad = [r for r in run["samples"].values() if r.get("status") != "ok" or (r.get("score") or 0) < 1]
@@ -16339,9 +16914,8 @@ def _paired_bootstrap(diffs: Sequence[float], *, n_boot: int = 1000, seed: int =
 
 
 _COMPARED_METRICS = ("latency_s", "ttft_s", "completion_tokens", "prompt_tokens", "steps", "agent_s", "cost")
-_COMPARED_FIELDS = ("id", "status", "score", "category", "resolved") + _COMPARED_METRICS
-_FLIP_KEYS = ("improved", "regressed", "failed_only_in_a", "failed_only_in_b", "resolved_only_in_a",
-              "resolved_only_in_b")
+_COMPARED_FIELDS = ("id", "status", "score", "category") + _COMPARED_METRICS
+_FLIP_KEYS = ("improved", "regressed", "failed_only_in_a", "failed_only_in_b")  # (and the kinds' flip_fields')
 FLIPS_LISTED = 1000  # ids a comparison lists of each kind of flip (the first by id; "flips" counts them all)
 BOOTSTRAP_PAIRS = 10000  # paired differences a comparison bootstraps (1000 resamples = 1000 x n draws); past that the
 # normal approximation, whose ends are within 0.001 of the bootstrap's there (score differences of 10,001 pairs)
@@ -16382,12 +16956,12 @@ class _PairedDiffs:
         return out
 
 
-def _sorted_run(run: Dict[str, Any], tmp: str, tag: str) -> "_SortedShard":
+def _sorted_run(run: Dict[str, Any], tmp: str, tag: str, flags: Sequence[str] = ()) -> "_SortedShard":
     """A run's latest records in id order, cut to what a comparison reads (_COMPARED_FIELDS; the records of
     the first flips are read again in full), sorted on disk (_SortedShard)."""
     info, ids = _run_json_lean(os.path.join(run["dir"], RunStore.RUN))
     latest = _LatestRecords(os.path.join(run["dir"], RunStore.SAMPLES), ids() if ids is not None else None)
-    return _SortedShard(latest, tmp, tag, fields=_COMPARED_FIELDS)
+    return _SortedShard(latest, tmp, tag, fields=_COMPARED_FIELDS + tuple(flags))
 
 
 def compare_runs(a: Dict[str, Any], b: Dict[str, Any], shown: int = 100) -> Dict[str, Any]:
@@ -16397,12 +16971,13 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any], shown: int = 100) -> Dict
     the differences while there are at most SKETCH_EXACT of them (_PairedDiffs), the first FLIPS_LISTED ids of
     each kind of flip; ``_flipped``: the whole records of the first ``shown`` samples worse and better in B (for
     the HTML page; not part of the JSON)."""
-    swe = a["task"] == "swe" or b["task"] == "swe"
+    flags = tuple(dict.fromkeys(_kind_of(a["task"]).flip_fields + _kind_of(b["task"]).flip_fields))
     score, by_cat = _PairedDiffs(), {}  # type: ignore[var-annotated]
     metrics = {k: _PairedDiffs() for k in _COMPARED_METRICS}
     costs = {"a": _CostSum(), "b": _CostSum()}
     counts = dict.fromkeys(("common", "only_in_a", "only_in_b"), 0)
-    flips: Dict[str, List[str]] = {k: [] for k in _FLIP_KEYS if swe or not k.startswith("resolved")}
+    flips: Dict[str, List[str]] = {k: [] for k in _FLIP_KEYS}
+    flips.update(("%s_only_in_%s" % (f, x), []) for f in flags for x in "ab")
     flip_counts = dict.fromkeys(flips, 0)
     wanted: Dict[str, str] = {}  # id -> "regressed" / "improved": the records the page shows
 
@@ -16420,7 +16995,7 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any], shown: int = 100) -> Dict
         return rec.get(key)
     tmp = tempfile.mkdtemp(prefix="evalharness-compare-")
     try:
-        sorted_a, sorted_b = _sorted_run(a, tmp, "a"), _sorted_run(b, tmp, "b")
+        sorted_a, sorted_b = _sorted_run(a, tmp, "a", flags), _sorted_run(b, tmp, "b", flags)
         for each in (sorted_a, sorted_b):
             each.compact(MERGE_FAN_IN // 2)
         stream_a, stream_b = iter(sorted_a), iter(sorted_b)
@@ -16454,10 +17029,11 @@ def compare_runs(a: Dict[str, Any], b: Dict[str, Any], shown: int = 100) -> Dict
                 flip("failed_only_in_a", sid)
             elif ok_a and not ok_b:
                 flip("failed_only_in_b", sid)
-            if swe and ra.get("resolved") and not rb.get("resolved"):
-                flip("resolved_only_in_a", sid)
-            elif swe and rb.get("resolved") and not ra.get("resolved"):
-                flip("resolved_only_in_b", sid)
+            for f in flags:
+                if ra.get(f) and not rb.get(f):
+                    flip("%s_only_in_a" % f, sid)
+                elif rb.get(f) and not ra.get(f):
+                    flip("%s_only_in_b" % f, sid)
             if ok_a and ok_b:
                 for key, acc in metrics.items():
                     va, vb = metric(ra, key), metric(rb, key)
@@ -16504,6 +17080,14 @@ def _comparison_json(c: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in c.items() if not k.startswith("_")}
 
 
+def _flip_labels(c: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """(key, label) of each kind of flip a comparison counted: the score's, the failures', the kinds' flip_fields'."""
+    out = [("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
+           ("failed_only_in_b", "failed only in B")]
+    return out + [(k, "%s only in %s" % (k[:-len("_only_in_a")], k[-1].upper())) for k in c.get("flips") or ()
+                  if k not in dict(out)]
+
+
 def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
     sc = c["score"]
     lines = ["compare  A = %s (model %s)" % (c["a"], c.get("a_model")), "         B = %s (model %s)" % (
@@ -16521,13 +17105,10 @@ def format_comparison(c: Dict[str, Any], limit: int = 20) -> str:
                      % (key, m["a"], m["b"], m["diff"], m["ci95"][0], m["ci95"][1], m["n"]))
     if c.get("cost"):
         lines.append("cost of the run: A %s  B %s" % (_fmt_money(c["cost"]["a"]), _fmt_money(c["cost"]["b"])))
-    for key, label in (("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only "
-                       "in A"), ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
-                       ("resolved_only_in_b", "resolved only in B")):
-        if key in c:
-            ids, n = c[key], (c.get("flips") or {}).get(key, len(c[key]))
-            lines.append("%-20s %4d%s" % (label + ":", n, ("  " + ", ".join(map(str, ids[:limit])) +
-                                                            (" …" if n > min(limit, len(ids)) else "")) if ids else ""))
+    for key, label in _flip_labels(c):
+        ids, n = c[key], (c.get("flips") or {}).get(key, len(c[key]))
+        lines.append("%-20s %4d%s" % (label + ":", n, ("  " + ", ".join(map(str, ids[:limit])) +
+                                                        (" …" if n > min(limit, len(ids)) else "")) if ids else ""))
     return "\n".join(lines)
 
 
@@ -16535,10 +17116,8 @@ def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: O
                      limit: int = 100) -> str:
     rows = "".join("<tr><td>%s</td><td class=n>%d</td><td>%s</td></tr>" % (
         _esc(label), (c.get("flips") or {}).get(key, len(c[key])), _esc(", ".join(map(str, c[key][:200])))
-        + (" …" if (c.get("flips") or {}).get(key, 0) > min(200, len(c[key])) else "")) for key, label in (
-        ("improved", "better in B"), ("regressed", "worse in B"), ("failed_only_in_a", "failed only in A"),
-        ("failed_only_in_b", "failed only in B"), ("resolved_only_in_a", "resolved only in A"),
-        ("resolved_only_in_b", "resolved only in B")) if key in c)
+        + (" …" if (c.get("flips") or {}).get(key, 0) > min(200, len(c[key])) else "")) for key, label in
+        _flip_labels(c))
     sc = c["score"]
     head = ("<p class=big>B − A = %+.4f <span class=muted>[%+.4f, %+.4f]</span></p><p class=muted>A %.4f · B %.4f · "
             "%d samples scored in both (%s)</p>" % (sc["diff"], sc["ci95"][0], sc["ci95"][1], sc["a"], sc["b"],
@@ -16576,9 +17155,6 @@ def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: O
 # ----------------------------------------------------------------------------- many runs: the leaderboard
 
 LEADERBOARD_HTML = "leaderboard.html"
-# each kind's headline, the summary's score (its per-sample mean, 95% interval and n)
-_HEADLINE_METRIC = {"qa": "score", "code": "pass@1", "swe": "resolved", "harbor": "reward", "choice": "acc",
-                    "perplexity": "bits/byte", "tools": "accuracy"}
 _BOARD_CSV = ("row", "label", "model", "column", "task", "dataset", "metric", "mean", "ci_low", "ci_high", "n",
               "total", "finished", "failed", "pending", "complete", "status", "baseline", "delta", "delta_low",
               "delta_high", "paired", "started_at", "run_dir")
@@ -16629,7 +17205,7 @@ def _board_entry(run: Dict[str, Any]) -> Dict[str, Any]:
     model = (info.get("endpoint") or {}).get("model")
     return {"run_dir": run["dir"], "model": model, "label": info.get("label") or model or "?",
             "task": task, "dataset": name, "sha256": sha, "gen": (info.get("identity") or {}).get("gen"),
-            "metric": _HEADLINE_METRIC.get(task, "score"), "mean": score.get("mean"), "ci95": score.get("ci95"),
+            "metric": _kind_of(task).headline, "mean": score.get("mean"), "ci95": score.get("ci95"),
             "n": score.get("n"), "total": counts["total"], "finished": counts["finished"],
             "failed": counts["failed"], "pending": counts["pending"],
             "complete": bool(summary["complete"]) and status == "finished", "status": status,
@@ -16926,31 +17502,7 @@ def _stdout_columns() -> int:
     return columns if columns > 0 else 80
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
-    return value
 
-
-def _field_mapping(text: str) -> Tuple[str, str]:
-    name, sep, column = text.partition("=")
-    if not sep or not name.strip() or not column.strip():
-        raise argparse.ArgumentTypeError("expected NAME=COLUMN, e.g. --field prompt=Question, got %r" % text)
-    return name.strip(), column.strip()
-
-
-def _json_object(text: str) -> Dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("not valid JSON (%s): %r" % (exc, text)) from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object like '{\"top_p\": 0.9}', got %r" % text)
-    return value
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -16962,11 +17514,6 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="environment variable holding the API key (default OPENAI_API_KEY; none is fine for "
                         "local servers); the key is never written anywhere")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature sent with every request"
-                                                                  " (default %(default)s)")
-    g.add_argument("--max-tokens", type=_positive_int, default=None, help="max_tokens sent with every request"
-                                                                          " (default: none sent, so the server's"
-                                                                          " own limit)")
     g.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help="limit for one request, first byte to last (default %(default)s)")
     g.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
@@ -16984,81 +17531,12 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                                                           "run's identity) (default: none sent)")
     g.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
                    help="JSON object merged into every request body, e.g. '{\"top_p\": 0.95}' (default: none)")
-    g.add_argument("--no-stream", dest="stream", action="store_false",
-                   help="use non-streaming requests (default: stream, which also measures time to first token)")
     g.add_argument("--use-proxy", action="store_true",
                    help="send requests through http(s)_proxy (default: endpoints bypass any proxy)")
 
 
-def _add_swe_options(p: argparse.ArgumentParser) -> None:
-    d = SWEOptions()
-    g = p.add_argument_group("agent tasks (--task swe; --task harbor: the agent options and limits, not --score-only)")
-    g.add_argument("--score-only", default=None, metavar="PREDS",
-                   help="score an existing SWE-bench predictions file (.jsonl, .json list or dict) without agents; "
-                        "'gold' scores the dataset's own patches (default: agents make the patches)")
-    g.add_argument("--image-template", default=None, metavar="TEMPLATE",
-                   help="image name from instance_id (default %s; a row's 'image' wins)" % SWE_IMAGE_TEMPLATE)
-    g.add_argument("--step-limit", type=int, default=d.step_limit, metavar="N", help="model calls per instance"
-                                                                                     " (default %(default)s)")
-    g.add_argument("--exec-timeout", type=float, default=d.exec_timeout_s, metavar="SECONDS",
-                   help="one bash action, enforced inside the container (default %(default)s)")
-    g.add_argument("--sample-timeout", type=float, default=d.sample_timeout_s, metavar="SECONDS",
-                   help="wall time of one agent session (default %(default)s)")
-    g.add_argument("--max-sample-tokens", type=int, default=0, metavar="N",
-                   help="prompt+completion tokens per session; 0 = no limit (default %(default)s)")
-    g.add_argument("--eval-timeout", type=float, default=d.eval_timeout_s, metavar="SECONDS",
-                   help="the scoring test run (default %(default)s)")
-    g.add_argument("--image-timeout", type=float, default=d.image_timeout_s, metavar="SECONDS",
-                   help="how long a sample waits for its image (default %(default)s)")
-    g.add_argument("--max-containers", type=_positive_int, default=None, metavar="N",
-                   help="instances at once on each engine host (--docker-host), each holding one container (default:"
-                        " no cap below --max-sessions)")
-    g.add_argument("--exec-workers", type=int, default=d.exec_workers, metavar="N",
-                   help="threads through which every container call runs (default %(default)s)")
-    g.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N",
-                   help="cap on concurrent agent sessions; below it the session gate finds the count that gets "
-                        "the most done (default %(default)s)")
-    g.add_argument("--system-template", default=None, metavar="FILE", help="system prompt template file (default:"
-                                                                           " the built-in template)")
-    g.add_argument("--instance-template", default=None, metavar="FILE",
-                   help="instance prompt template file ({problem_statement}, {workdir}, {instance_id}, {repo}, "
-                        "{exec_timeout}) (default: the built-in template)")
-    g.add_argument("--memory", default=None, help="container memory limit, e.g. 4g (default: no limit)")
-    g.add_argument("--cpus", default=None, help="container CPU limit, e.g. 2 (default: no limit)")
-    g.add_argument("--pids-limit", type=int, default=None, metavar="N", help="container process limit (default: the"
-                                                                             " engine's)")
-    g.add_argument("--network-none", action="store_true", help="task containers get no network (default: off, the"
-                                                               " engine's default network)")
-    g.add_argument("--tool-mode", nargs="?", const="native", default=None, choices=TOOL_MODES,
-                   help="swe/harbor: --tool-mode (native) acts through one `bash` function (tool calling) instead of "
-                        "fenced blocks, for endpoints that support tools (default: fenced blocks); tools: native "
-                        "tool calls, or prompt (BFCL's prompt format, the calls parsed from the text) (default: "
-                        "native)")
-    g.add_argument("--no-pull-ahead", dest="pull_ahead", action="store_false",
-                   help="deliver each image only when its sample starts (for comparison; default: all pending "
-                        "images are delivered in the background from the start)")
 
 
-def _prompt_template_arg(value: Optional[str]) -> Optional[str]:
-    """--prompt-template: a file's path, or the template text itself."""
-    if value is None:
-        return None
-    if os.path.isfile(value):
-        return _read_template(value, "--prompt-template")
-    if not _TEMPLATE_FIELD_RE.search(value):
-        raise ConfigError("--prompt-template %r is neither a file nor a template naming a field such as {question}"
-                          % value)
-    return value
-
-
-def _read_template(path: Optional[str], what: str) -> Optional[str]:
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise ConfigError("%s %r: %s" % (what, path, exc.strerror or exc)) from None
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -17115,32 +17593,10 @@ _IMAGE_ACTION_OPTIONS = {
 
 
 def _add_image_options(p: argparse.ArgumentParser, only: Optional[Sequence[str]] = None) -> None:
-    g = _OnlySome(p, p.add_argument_group("images (each option wins over its environment variable)"), only)
-    g.add_argument("--image-tars", default=None, metavar="DIR,...",
-                   help="directories of image tarballs (.tar/.tar.gz/.tgz; single images or batches, docker-save or "
-                        "OCI layout) (default $EVALHARNESS_IMAGE_TARS)")
-    g.add_argument("--tar-index", default=None, metavar="PATH",
-                   help="the tar index cache (default $EVALHARNESS_TAR_INDEX or %s)" % DEFAULT_TAR_INDEX)
-    g.add_argument("--image-store", default=None, metavar="URL|DIR",
-                   help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory)"
-                        " (default: none)")
-    g.add_argument("--image-mirrors", default=None, metavar="HOST:PORT,...",
-                   help="registry mirrors tried in order (docker pull MIRROR/NAME, then tagged to NAME) (default:"
-                        " none)")
-    g.add_argument("--mirror-timeout", type=float, default=DEFAULT_MIRROR_TIMEOUT_S, metavar="SECONDS",
-                   help="limit for one pull from one mirror (default %(default)s)")
-    g.add_argument("--allow-pull", action="store_true", help="last resort: plain docker pull of the image name"
-                                                             " (default: off)")
-    g.add_argument("--engine", default=None, choices=["docker", "podman"],
-                   help="container engine (default $EVALHARNESS_ENGINE or docker)")
-    g.add_argument("--docker-host", action="append", default=None, metavar="URL",
-                   help="engine socket; repeat it (or a comma list in $EVALHARNESS_DOCKER_HOSTS) to spread a SWE "
-                        "run's containers over several engines (default $DOCKER_HOST)")
-    g.add_argument("--image-workers", type=_positive_int, default=None, metavar="N",
-                   help="parallel deliveries (default $EVALHARNESS_IMAGE_WORKERS or %d)" % DEFAULT_IMAGE_WORKERS)
-    g.add_argument("--keep-images", action="store_true", default=None,
-                   help="keep the images this process loads (default: removed at exit unless "
-                        "$EVALHARNESS_KEEP_SWE_IMAGES is set)")
+    """The images command's options: the run's (_IMAGE_OPTIONS), with their defaults."""
+    g = _OnlySome(p, p.add_argument_group(_IMAGE_OPTIONS.title), only)
+    for opt in _IMAGE_OPTIONS.opts:
+        g.add_argument(*opt.flags, dest=opt.field, default=opt.default, help=opt.help, **opt.kw)
 
 
 def _parser_demo(sub: Any, text: str) -> Any:
@@ -17164,57 +17620,24 @@ def _parser_run(sub: Any, text: str) -> Any:
                          epilog="examples:\n  evalharness run --dataset qa.jsonl --model m --base-url "
                                 "http://127.0.0.1:8000/v1\n  evalharness run --dataset qa.jsonl --model m --out "
                                 "runs/nightly   # same command again resumes\n\n" + _EXIT_CODES_HELP)
-    run.add_argument("--task", default="qa", choices=list(_KINDS),
-                     help="the kind of evaluation: qa (questions, scored answers), code (programs run in a sandbox: "
-                          "HumanEval, MBPP, LiveCodeBench), choice (multiple choice by log-likelihood), perplexity, "
-                          "swe (agents in containers, SWE-bench), harbor (Harbor / Terminal-Bench task folders), "
-                          "tools (BFCL tool calls) (default %(default)s)")
+    run.add_argument("--task", default=DEFAULT_TASK, choices=list(_KINDS),
+                     help="the kind of evaluation: %s (default %%(default)s)" % "; ".join(
+                         "%s (%s)" % (name, (cls.__doc__ or "").split(":")[0].strip())
+                         for name, cls in _KINDS.items()))
     run.add_argument("--dataset", required=True, metavar="PATH",
-                     help=".jsonl, .json (a list, or an object holding one), .csv or .tsv: QA rows; SWE-bench "
-                          "instances for --task swe; a folder of task folders for harbor; a BFCL question file for "
-                          "tools (required)")
-    run.add_argument("--format", default="auto", choices=["auto", "none"] + list(FORMATS),
-                     help="a built-in benchmark layout with its prompt template and scorer: " + "; ".join(
-                         "%s (%s)" % (k, f.columns) for k, f in FORMATS.items()).replace("%", "%%") +
-                     "; auto (default) takes the one whose columns the first row has, and says so")
-    run.add_argument("--prompt-template", default=None, metavar="FILE|TEXT",
-                     help="the user message: {question}, {choices} ('A) ...' lines), {letters} ('A, B, C, D') and "
-                          "any row field, e.g. 'Q: {question}'; a file's path or the text itself (default: the"
-                          " format's template)")
-    run.add_argument("--scorer", default=None, choices=sorted(SCORERS),
-                     help="scorer for rows that name none (default: the format's, else " + DEFAULT_SCORER + ": the "
-                          "reference occurs in the reply word for word, so 'Paris' scores in 'The capital of France is Paris.' while '11' does not "
-                          "in '711' or '11.5'; rows with choices default to 'choice'); changing it on resume "
-                          "re-scores the stored answers")
-    run.add_argument("--judge-model", default=None, metavar="NAME",
-                     help="grader model of the judge scorer (default: the evaluated model); part of the identity")
-    run.add_argument("--judge-base-url", default=None, metavar="URL",
-                     help="the grader's endpoint (default: the evaluated one)")
-    run.add_argument("--judge-api-key-env", default=None, metavar="VAR",
-                     help="environment variable holding the grader's key (default: --api-key-env)")
-    run.add_argument("--field", dest="fields", action="append", type=_field_mapping, default=[],
-                     metavar="NAME=COLUMN", help="read row field NAME (prompt, answer, id, choices, category, ...) "
-                                                 "from the file's column COLUMN; repeatable (default: none;"
-                                                 " repeatable)")
+                     help="the rows, as each kind reads them: %s (required)" % "; ".join(
+                         "%s: %s" % (name, cls.rows) for name, cls in _KINDS.items()))
     run.add_argument("--label", default=None, metavar="TEXT",
                      help="the name a leaderboard (report FOLDER) shows this run's row under, e.g. a checkpoint "
                           "'ckpt-12000' (default: --model); not part of the run's settings")
     run.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows"
                                                                                     " (default: all rows)")
-    run.add_argument("--epochs", type=_positive_int, default=1, metavar="K",
-                     help="run each row K times with distinct seeds (the run's --seed, or 0, plus 1..K); the summary "
-                          "adds mean@K with a 95%% CI clustered by row, pass@k (unbiased) and maj@K (default"
-                          " %(default)s)")
-    run.add_argument("--system-prompt", default=None, help="system message for rows that have none (default: none)")
     run.add_argument("--retry-failed", action="store_true",
                      help="when resuming, also run again the samples that failed because of the request (e.g. HTTP "
                           "400); infrastructure failures are always run again (default: off)")
     run.add_argument("--restart", action="store_true",
                      help="start the run directory over (its results move to DIR/superseded/<time>/), e.g. after "
                           "changing a generation setting (default: off)")
-    run.add_argument("--rescore", action="store_true",
-                     help="score every stored answer again with the current scorers, without model calls (a "
-                          "changed scorer or reference is re-scored anyway) (default: off)")
     run.add_argument("--requests-per-minute", type=float, default=None, metavar="N",
                      help="start at most N requests in any 60 s (a key shared with others; the run's live shards "
                           "share it) (default: no cap; the server's own x-ratelimit headers are always followed)")
@@ -17244,53 +17667,15 @@ def _parser_run(sub: Any, text: str) -> Any:
                           "JOB_COMPLETION_INDEX (default: the whole dataset)")
     _add_client_options(run)
     _add_run_options(run)
-    _add_swe_options(run)
-    _add_code_options(run)
-    _add_choice_options(run)
-    _add_image_options(run)
+    for option_set in _option_sets():  # each kind's own options, in a group named after the kinds that use it
+        g = run.add_argument_group("%s (--task %s)" % (option_set.title, ", ".join(_users(option_set))))
+        for opt in option_set.opts:
+            opt.add_to(g)
     return run, []
 
 
-def _add_choice_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("multiple choice by log-likelihood (--task choice)")
-    g.add_argument("--num-fewshot", type=int, default=0, metavar="N",
-                   help="solved examples before each row (mmlu: the first N of its subject; else drawn with "
-                        "--fewshot-seed per row, never the row itself) (default %(default)s)")
-    g.add_argument("--fewshot-file", default=None, metavar="FILE",
-                   help="draw the examples from this file of the same layout (default: the dataset itself)")
-    g.add_argument("--fewshot-seed", type=int, default=ChoiceOptions.fewshot_seed, metavar="N",
-                   help="the seed of the examples' draw (default %(default)s)")
-    g = p.add_argument_group("tool calls (--task tools; --tool-mode native|prompt is with the agent options)")
-    g.add_argument("--answers", default=None, metavar="FILE",
-                   help="the possible-answer file of the BFCL questions (default: possible_answer/<the questions' "
-                        "file name> beside them, as bfcl-eval ships them)")
-    g = p.add_argument_group("perplexity (--task perplexity)")
-    g.add_argument("--max-length", type=int, default=None, metavar="TOKENS",
-                   help="tokens a rolling window predicts (default: the served context length minus 1, else 2047)")
 
 
-def _add_code_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("code (--task code)")
-    g.add_argument("--sandbox", default=None, choices=["docker", "local"],
-                   help="where programs run: docker (warm containers of --code-image with no network, a read-only "
-                        "root, a tmpfs work folder, memory/pids/output limits, no added capabilities, a non-root "
-                        "user) or local (processes of this user with resource limits in a temporary folder: NOT a "
-                        "security boundary, never the default) (default: docker; an error when no engine answers)")
-    g.add_argument("--code-image", default=DEFAULT_CODE_IMAGE, metavar="IMAGE",
-                   help="the sandbox image; its python3 runs the programs; delivered like SWE images (--image-tars, "
-                        "--image-store, --image-mirrors) (default %(default)s)")
-    g.add_argument("--code-timeout", type=float, default=CodeLimits.timeout_s, metavar="SECONDS",
-                   help="wall-clock limit of a program (HumanEval, MBPP) or of one test case (LiveCodeBench), "
-                        "enforced inside the sandbox (default %(default)s)")
-    g.add_argument("--code-memory", type=_positive_int, default=CodeLimits.memory_mb, metavar="MB",
-                   help="address space of a program, and the container's memory (default %(default)s)")
-    g.add_argument("--code-workers", type=_positive_int, default=CodeOptions.workers, metavar="N",
-                   help="warm containers (or local driver processes) running programs in parallel (default "
-                        "%(default)s)")
-    g.add_argument("--check-reference", action="store_true",
-                   help="no model: run the dataset's own solutions through the same sandbox and report the ones "
-                        "that fail (a broken image or sandbox shows here, before any model is blamed); exit 1 when "
-                        "any fails; with --task harbor each task's solution/solve.sh and its verifier (default: off)")
 
 
 def _parser_mock(sub: Any, text: str) -> Any:
@@ -17561,39 +17946,23 @@ def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
 # What each command does with its parsed options (the handlers _COMMANDS names), and main().
 
 
-def _docker_hosts(args: argparse.Namespace) -> List[str]:
-    """--docker-host, repeated or comma-separated, else $EVALHARNESS_DOCKER_HOSTS (empty: the default engine)."""
-    given = args.docker_host or [os.environ.get("EVALHARNESS_DOCKER_HOSTS", "")]
-    return [h for text in given for h in _split_list(text)]
-
-
 def _one_docker_host(args: argparse.Namespace) -> Optional[str]:
-    hosts = _docker_hosts(args)
+    hosts = ImageOptions.of(vars(args)).docker_hosts
     if len(hosts) > 1:
         raise ConfigError("images %s works on one engine at a time; run it once per --docker-host (got %s)"
                           % (args.action, ", ".join(hosts)))
     return hosts[0] if hosts else None
 
 
-def _split_list(text: Optional[str]) -> List[str]:
-    return [x.strip() for x in (text or "").split(",") if x.strip()]
-
-
-def _image_tars(args: argparse.Namespace) -> List[str]:
-    """The tar shipment directories: --image-tars, else $EVALHARNESS_IMAGE_TARS (an empty --image-tars: none)."""
-    return _split_list(args.image_tars if args.image_tars is not None else os.environ.get("EVALHARNESS_IMAGE_TARS"))
-
-
 def _image_service_from_args(args: argparse.Namespace, *, keep_images: Optional[bool] = None,
                              on_event: Optional[Callable[..., None]] = None, sources: bool = True) -> ImageService:
-    docker = DockerCLI(args.engine, host=_one_docker_host(args))
-    tars = _image_tars(args)
-    keep = keep_images if keep_images is not None else args.keep_images
-    return ImageService(docker, tar_dirs=tars if sources else (), store=args.image_store,
-                        mirrors=_split_list(args.image_mirrors) if sources else (), allow_pull=args.allow_pull and sources,
-                        workers=args.image_workers, index_path=args.tar_index, keep_images=keep,
-                        on_event=on_event, mirror_timeout_s=args.mirror_timeout,
-                        keep_reason="" if keep_images is None else "images %s keeps what it delivers" % args.action)
+    o = ImageOptions.of(vars(args))
+    if not sources:
+        o = _replace(o, tars=(), mirrors=(), allow_pull=False)
+    keep = keep_images if keep_images is not None else o.keep
+    return _replace(o, keep=keep).service(
+        DockerCLI(o.engine, host=_one_docker_host(args)), on_event=on_event,
+        keep_reason="" if keep_images is None else "images %s keeps what it delivers" % args.action)
 
 
 def _images_of_args(args: argparse.Namespace) -> List[str]:
@@ -17609,7 +17978,7 @@ def _images_of_args(args: argparse.Namespace) -> List[str]:
 def _cmd_images(args: argparse.Namespace) -> int:
     action = args.action
     if action == "index":
-        dirs = args.dirs or _image_tars(args)
+        dirs = args.dirs or list(ImageOptions.of(vars(args)).tars)
         if not dirs:
             raise ConfigError("images index: give directories (or --image-tars / EVALHARNESS_IMAGE_TARS)")
         index = TarIndex(dirs, args.tar_index)
@@ -17881,74 +18250,21 @@ def _export_demo(path: str) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
-    if args.score_only and args.task != "swe":
-        raise ConfigError("--score-only needs --task swe")
-    if args.check_reference and args.task not in ("code", "harbor"):
-        raise ConfigError("--check-reference needs --task code or --task harbor")
-    if not args.score_only and not args.check_reference:
-        if not args.model:
-            raise ConfigError("--model is required, e.g. --model Qwen/Qwen3-8B")
-        if not base_url:
-            raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
-    if args.max_retries < 0:
-        raise ConfigError("--max-retries must be >= 0, got %d" % args.max_retries)
-    cfg = RunConfig(dataset=args.dataset, model=args.model, base_url=base_url, task=args.task,
-                    api_key_env=args.api_key_env or DEFAULT_API_KEY_ENV,
+    cfg = RunConfig(dataset=args.dataset, model=args.model, base_url=args.base_url or os.environ.get("OPENAI_BASE_URL"),
+                    task=args.task, api_key_env=args.api_key_env or DEFAULT_API_KEY_ENV,
                     api_key_env_explicit=args.api_key_env is not None, out=args.out,
                     fixed_concurrency=args.fixed_concurrency, initial_concurrency=_initial_arg(args),
                     max_concurrency=args.max_concurrency, server_metrics=args.server_metrics,
-                    temperature=args.temperature, max_tokens=args.max_tokens,
-                    request_timeout_s=args.request_timeout, extra_body=args.extra_body, stream=args.stream,
+                    request_timeout_s=args.request_timeout, extra_body=args.extra_body,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
-                    restart=args.restart, rescore=args.rescore, outage_budget_s=args.outage_budget_s, seed=args.seed,
-                    model_check=args.model_check,
-                    epochs=args.epochs, judge_model=args.judge_model, judge_base_url=args.judge_base_url,
-                    judge_api_key_env=args.judge_api_key_env,
-                    scorer=args.scorer, fields=tuple(args.fields), limit=args.limit, format=args.format,
-                    prompt_template=_prompt_template_arg(args.prompt_template),
-                    system_prompt=args.system_prompt, json_out=args.json_out,
+                    restart=args.restart, outage_budget_s=args.outage_budget_s, seed=args.seed,
+                    model_check=args.model_check, limit=args.limit, json_out=args.json_out,
                     progress=args.progress, shard=parse_shard(args.shard), shared_gate=args.shared_gate,
                     prices=args.prices, cost_limit=args.cost_limit,
                     requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute,
                     rate_headers=args.rate_headers, label=args.label)
-    if args.task in ("swe", "code", "harbor"):
-        hosts = _docker_hosts(args)
-        cfg = _replace(cfg, image_tars=tuple(_image_tars(args)), image_store=args.image_store,
-                       image_mirrors=tuple(_split_list(args.image_mirrors)), allow_pull=args.allow_pull,
-                       engine=args.engine, docker_host=hosts[0] if hosts else None,
-                       docker_hosts=tuple(hosts) if len(hosts) > 1 else (), image_workers=args.image_workers,
-                       tar_index=args.tar_index, mirror_timeout_s=args.mirror_timeout, keep_images=args.keep_images)
-    if args.task == "code":
-        limits = CodeLimits(sandbox=args.sandbox or "docker", image=_normalize_ref(args.code_image)
-                            if (args.sandbox or "docker") == "docker" else "", timeout_s=args.code_timeout,
-                            memory_mb=args.code_memory)
-        cfg = _replace(cfg, code=CodeOptions(limits=limits, sandbox_auto=args.sandbox is None,
-                                             workers=args.code_workers, check_reference=args.check_reference))
-    if args.task == "choice":
-        cfg = _replace(cfg, choice=ChoiceOptions(num_fewshot=args.num_fewshot, fewshot_file=args.fewshot_file,
-                                                 fewshot_seed=args.fewshot_seed))
-    if args.task == "perplexity":
-        cfg = _replace(cfg, perplexity=PerplexityOptions(max_length=args.max_length))
-    if args.task == "tools":
-        cfg = _replace(cfg, tools=ToolOptions(mode=args.tool_mode or "native", answers=args.answers))
-    elif args.answers:
-        raise ConfigError("--answers needs --task tools")
-    if args.task == "harbor":
-        cfg = _replace(cfg, code=CodeOptions(check_reference=args.check_reference))
-    if args.task in ("swe", "harbor"):
-        sandbox = SandboxConfig(memory=args.memory, cpus=args.cpus, pids_limit=args.pids_limit,
-                                network_none=args.network_none)
-        swe = SWEOptions(step_limit=args.step_limit, exec_timeout_s=args.exec_timeout,
-                         sample_timeout_s=args.sample_timeout, max_sample_tokens=args.max_sample_tokens,
-                         eval_timeout_s=args.eval_timeout, image_timeout_s=args.image_timeout,
-                         exec_workers=args.exec_workers, max_sessions=args.max_sessions,
-                         system_template=_read_template(args.system_template, "--system-template"),
-                         instance_template=_read_template(args.instance_template, "--instance-template"),
-                         image_template=args.image_template, tool_mode=args.tool_mode == "native", sandbox=sandbox,
-                         max_containers=args.max_containers)
-        cfg = _replace(cfg, swe=swe, score_only=args.score_only, pull_ahead=args.pull_ahead)
-    code, _ = run_evaluation(cfg)
+    given = {opt: getattr(args, opt.field) for s in _option_sets() for opt in s.opts if hasattr(args, opt.field)}
+    code, _ = run_evaluation(_kind_config(cfg, given))
     return code
 
 

@@ -28,7 +28,7 @@ def _value(action):
     """A value the option accepts."""
     if action.choices:
         return str(list(action.choices)[0])
-    return {"extra_body": "{}", "fields": "a=b"}.get(action.dest, "1")
+    return {"extra_body": "{}", "fields": "a=b", "prompt_template": "Q: {question}"}.get(action.dest, "1")
 
 
 def _parse(argv, parser=None):
