@@ -3,26 +3,28 @@
 
 Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
 hosted APIs) on question-answer sets, on code benchmarks run in a sandbox, on base checkpoints by log-likelihood
-(multiple choice, perplexity) and on SWE-bench-style agentic tasks in Docker containers (images delivered from
-tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
+(multiple choice, perplexity), on tool calls (BFCL), and on SWE-bench-style and Harbor agentic tasks in Docker
+containers (images delivered from tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
 resumes, and every run writes a self-contained HTML report.
 
 Two commands a newcomer types:
     python3 evalharness.py demo        # the embedded demo set against an in-process mock model
     python3 tests/run.py               # the test suite
 
-Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers):
-    Compat, Constants, Errors, Utilities, Datasets, Scoring, Limits, Gates, HTTP model client, Mock model server,
-    Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Runs, QA, Code, Code sandbox,
-    Log-likelihood, SWE data and scoring, SWE agent and runs, Scale-out, Report, CLI, Commands
+Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers); a section
+uses the names of the sections above it, except through the kinds' registry (_KINDS: the sections above the kinds
+dispatch through it at run time and never name a kind):
+    Compat, Constants, Errors, Utilities, Scoring, Datasets, Limits, Gates, Requests, Endpoints, HTTP model client,
+    Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Shared gates, Report, HTML report,
+    Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE agent, SWE runs, Container tasks, Tool
+    calls, Mock model server, Scale-out, Comparison, Leaderboard, CLI, Slurm, Commands
 
-Adding a kind of evaluation (README has the long form): a section of its own after QA, holding a subclass of
-_Kind registered with @_kind (its ``name`` is the --task it answers to). Its hooks say how its rows are read and
-validated (load), what makes a run of it what it is (settings), what it asks the endpoint and how it scores
-(work), how a resume treats stored records (resume), and what it adds to the summary (finish); run_evaluation
-does everything else (identity, store, pre-flight, gates, client, run.json, events, progress, breaker, report,
-shards). Then its options in the CLI (_parser_run), its rows in the mock (MockServer) and its tests
-(tests/test_<kind>.py).
+Adding a kind of evaluation (README has the long form): a section of its own after QA, holding its options (an
+_OptionSet of _Opt, and the shared sets it uses), its options record, and a subclass of _Kind registered with @_kind
+(its ``name`` is the --task it answers to) that writes only what is its own: how its rows are read (load), what makes
+a run of it what it is (settings), what it asks and how it scores (work), and its blocks in the summary, the report,
+merge and the comparison; _Kind's defaults and run_evaluation do everything else. Then its tests
+(tests/test_<kind>.py, against the mock) and its parity bench against the official checker.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ __all__ = [
     "RunStore", "summarize", "format_summary",
     "RunConfig", "run_evaluation", "run_qa", "Limit", "SessionRule",
     "DockerCLI", "DockerError", "ImageError", "ImageService", "ImageStatus", "ImageStore", "TarIndex",
-    "SandboxError", "Container", "SWEInstance", "SWEDataset", "SWEOptions", "run_swe", "grade_tests",
+    "SandboxError", "Container", "SWEInstance", "SWEDataset", "SWEOptions", "ImageOptions", "run_swe", "grade_tests",
     "load_predictions", "load_run", "write_html_report", "compare_runs",
 ]
 
@@ -150,6 +152,7 @@ __all__ = [
 # Compat
 # =============================================================================
 # Every difference between Python 3.8 and 3.13 that the module relies on lives here.
+
 
 def _fcntl() -> Any:
     """The fcntl module (POSIX advisory locks), imported at first use; None where it is missing (the run lock then
@@ -211,6 +214,9 @@ DEFAULT_IMAGE_STATE = "/tmp/evalharness_loaded_images.json"    # EVALHARNESS_IMA
 SECRET_FIELD_RE = _LazyPattern(r"(?i)(key|token|secret|password|passwd|authorization|credential)")
 
 _log = _LazyLogger()
+
+
+SLURM_PYTHON = "python3"  # what the jobs run the program with: found on the nodes' PATH (slurm submit --python)
 
 # =============================================================================
 # Errors
@@ -318,7 +324,6 @@ def _error_class_of(exc: BaseException) -> str:
 
 class _Cancelled(Exception):
     """The run is stopping; the sample in hand is abandoned (it is not finished, so it is not recorded)."""
-
 
 # =============================================================================
 # Utilities
@@ -526,6 +531,28 @@ def _percentile(sorted_values: Sequence[float], p: float) -> Optional[float]:
     lo = int(math.floor(k))
     hi = min(lo + 1, len(sorted_values) - 1)
     return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo))
+
+
+class _Mean:
+    """Count, sum and spread of a stream of scores (Welford), and whether all are 0/1: what _mean_ci needs."""
+
+    __slots__ = ("n", "total", "mean", "m2", "binary")
+
+    def __init__(self) -> None:
+        self.n, self.total, self.mean, self.m2, self.binary = 0, 0.0, 0.0, 0.0, True
+
+    def add(self, v: float) -> None:
+        self.n += 1
+        self.total += v
+        d = v - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (v - self.mean)
+        if v not in (0, 1):
+            self.binary = False
+
+    def ci(self) -> Dict[str, Any]:
+        return _mean_ci_of(self)
+
 
 
 def _wilson_ci(successes: float, n: int, z: float = 1.959964) -> Tuple[float, float]:
@@ -757,6 +784,7 @@ class _Progress:
 
 # ----------------------------------------------------------------------------- options a kind declares
 
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -792,6 +820,7 @@ def _read_template(path: Optional[str], what: str) -> Optional[str]:
             return fh.read()
     except OSError as exc:
         raise ConfigError("%s %r: %s" % (what, path, exc.strerror or exc)) from None
+
 
 class _Opt:
     """One option of `run` that not every kind of evaluation uses: its flags and argparse's keywords, the
@@ -872,6 +901,463 @@ def _refuse_other_kind(where: str, row: Dict[str, Any], task: str) -> None:
         what = cls.sniff(row) if name != task else None  # type: ignore[attr-defined]
         if what:
             raise DatasetError("%s: its rows are %s: run it with --task %s" % (where, what, name))
+
+
+def _drain(q: "queue.Queue[Any]") -> None:
+    try:
+        while True:
+            q.get_nowait()
+    except queue.Empty:
+        pass
+
+
+def _truncate_output(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return ("%s\n[... %d characters elided: the output was too long; use head/tail/grep to see less at a time ...]"
+            "\n%s" % (text[:half], len(text) - 2 * half, text[-half:]))
+
+
+def _copy_tree_atomic(src_dir: str, out: str, subdirs: Sequence[str]) -> None:
+    """Copy SUBDIRS of SRC_DIR into OUT, each file through a temporary name (a killed merge leaves whole files)."""
+    for sub in subdirs:
+        top = os.path.join(src_dir, sub)
+        if not os.path.isdir(top):
+            continue
+        for root, _, files in os.walk(top):
+            dest_root = os.path.join(out, os.path.relpath(root, src_dir))
+            os.makedirs(dest_root, exist_ok=True)
+            for name in files:
+                if ".tmp." in name:
+                    continue
+                tmp = os.path.join(dest_root, ".%s.merge.%d" % (name, os.getpid()))
+                shutil.copyfile(os.path.join(root, name), tmp)
+                os.replace(tmp, os.path.join(dest_root, name))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _process_start_ticks(pid: int) -> str:
+    """The start time of process ``pid`` (clock ticks since boot, Linux); "" when unknown. With the pid it names a
+    process uniquely even after the pid is reused."""
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner_label() -> str:
+    pid = os.getpid()
+    return "%s:%d:%s" % (socket.gethostname(), pid, _process_start_ticks(pid))
+
+
+def _owner_alive(owner: str) -> Optional[bool]:
+    """Is the process named by an owner label still running? None when it ran on another host."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, ticks = rest.partition(":")
+    if host != socket.gethostname():
+        return None
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if not _pid_alive(pid):
+        return False
+    return not ticks or _process_start_ticks(pid) == ticks
+
+
+def _kind_of(task: Optional[str], records_marked: Callable[[str], bool] = lambda field: False) -> "_Kind":
+    """The kind of a run directory: run.json's task; a run.json too old to name it, the kind whose ``marks`` its
+    records have, else the default kind."""
+    if task in _KINDS:
+        return _KINDS[task]()
+    if task:
+        raise ConfigError("this run is of --task %r, which this evalharness does not know (kinds: %s)"
+                          % (task, ", ".join(_KINDS)))
+    for cls in _KINDS.values():
+        if cls.marks and records_marked(cls.marks):
+            return cls()
+    return _KINDS[DEFAULT_TASK]()
+
+
+def _option_sets() -> List[_OptionSet]:
+    """Every kind's option sets, each once, in the order the kinds were registered."""
+    out: List[_OptionSet] = []
+    for cls in _KINDS.values():
+        out.extend(s for s in cls.option_sets if s not in out)
+    return out
+
+
+def _users(option_set: _OptionSet) -> List[str]:
+    return [name for name, cls in _KINDS.items() if option_set in cls.option_sets]
+
+# =============================================================================
+# Scoring
+# =============================================================================
+
+_ARTICLES_RE = _LazyPattern(r"(?i)\b(a|an|the)\b")
+_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"  # string.punctuation (the string module imports re)
+_PUNCT_TABLE = str.maketrans({c: " " for c in _PUNCTUATION})
+_NUMBER_RE = _LazyPattern(r"(?:(?<![\d.])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+                          r"|(?:(?<![\d.])[-+])?\.\d+")
+_DEFAULT_REGEX = r"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*(.+)"
+
+
+def _normalize(text: str) -> str:
+    """Lower case, punctuation and articles removed, whitespace collapsed (SQuAD-style)."""
+    text = text.lower().translate(_PUNCT_TABLE)
+    text = _ARTICLES_RE.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _parse_number(text: str) -> Optional[float]:
+    """The last number in ``text`` (thousands separators, currency and units ignored), or None."""
+    matches = _NUMBER_RE.findall(text.replace("\u2212", "-"))
+    if not matches:
+        return None
+    try:
+        return float(matches[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _score_exact(item: QAItem, response: str) -> Tuple[float, str]:
+    got = response.strip()
+    return (1.0 if got == item.answer.strip() else 0.0), got
+
+
+def _score_normalized(item: QAItem, response: str) -> Tuple[float, str]:
+    got = _normalize(response)
+    return (1.0 if got == _normalize(item.answer) else 0.0), got
+
+
+def _score_regex(item: QAItem, response: str) -> Tuple[float, str]:
+    matches = list(re.finditer(item.pattern or _DEFAULT_REGEX, response))
+    if not matches:
+        return 0.0, ""
+    got = (matches[-1].group(1) or "").strip()  # the last match: models restate, the final one counts
+    return (1.0 if _normalize(got) == _normalize(item.answer) else 0.0), got
+
+
+_CHOICE_PATTERNS = [
+    # strongest first: an explicit statement of the answer
+    r"(?i:answer|option|choice)\s*(?i:is|:|=)?\s*(?:(?i:option)\s*)?[\(\[\*]*([A-Z])(?![A-Za-z])",
+    r"\(([A-Z])\)",                        # (B)
+    r"\*\*([A-Z])\*\*",                     # **B**
+    r"(?m)^\s*([A-Z])\s*[.):]",            # B. / B) at line start
+    r"(?m)^\s*([A-Z])\s*$",                # a lone letter on its own line
+    r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])",  # any standalone capital letter (last resort)
+]
+
+
+def _score_choice(item: QAItem, response: str) -> Tuple[float, str]:
+    letters = string.ascii_uppercase[:len(item.choices)]
+    got = ""
+    for pattern in _CHOICE_PATTERNS:
+        found = [m for m in re.findall(pattern, response) if m.upper() in letters]
+        # "A" as an article in the last-resort pattern is ambiguous: skip it unless it is the only candidate
+        if pattern == _CHOICE_PATTERNS[-1]:
+            found = [m for m in found if m != "A"] or found
+        if found:
+            got = found[-1].upper()
+            break
+    if not got:  # the model wrote an option's text instead of its letter: accept when exactly one option matches
+        norm = _normalize(response)
+        hits = [letters[i] for i, c in enumerate(item.choices)
+                if _normalize(c) and re.search(r"\b%s\b" % re.escape(_normalize(c)), norm)]
+        if len(hits) == 1:
+            got = hits[0]
+    return (1.0 if got == item.answer else 0.0), got
+
+
+def _score_numeric(item: QAItem, response: str) -> Tuple[float, str]:
+    want, got = _parse_number(item.answer), _parse_number(response)
+    if got is None or want is None:
+        return 0.0, ""
+    tol = item.tolerance if item.tolerance is not None else 1e-6 * max(1.0, abs(want))
+    return (1.0 if abs(got - want) <= tol else 0.0), repr(got)
+
+
+_TOKEN_WORD_RE = _LazyPattern(r"[-+]?\d[\d,]*(?:\.\d+)?|[^\W_]+")
+
+
+def _answer_tokens(text: str) -> List[str]:
+    """Lower-cased words and whole numbers (thousands separators dropped, "2.50" = "2.5"), articles dropped: a
+    number stays one token, so "11" is not found in "711" or "11.5"."""
+    out = []
+    for tok in _TOKEN_WORD_RE.findall(text.lower().replace("\u2212", "-")):
+        if tok[0].isdigit() or tok[0] in "+-":
+            try:
+                value = float(tok.replace(",", ""))
+            except ValueError:
+                continue
+            tok = ("%.10g" % value) if value == value else tok
+        elif tok in ("a", "an", "the"):
+            continue
+        out.append(tok)
+    return out
+
+
+def _score_includes(item: QAItem, response: str) -> Tuple[float, str]:
+    """The reference occurs in the response, word for word (normalized; numbers whole)."""
+    want, got = _answer_tokens(item.answer), _answer_tokens(response)
+    if not want:
+        return 0.0, ""
+    n = len(want)
+    for i in range(len(got) - n, -1, -1):  # the last occurrence is the one shown
+        if got[i:i + n] == want:
+            return 1.0, " ".join(want)
+    return 0.0, ""
+
+
+def _score_f1(item: QAItem, response: str) -> Tuple[float, str]:
+    """SQuAD's token F1 between the normalized response and reference (a partial score in [0, 1])."""
+    want, got = _normalize(item.answer).split(), _normalize(response).split()
+    common = sum((collections.Counter(want) & collections.Counter(got)).values())
+    if not want or not got or not common:
+        return (1.0 if want == got else 0.0), " ".join(got)
+    precision, recall = common / len(got), common / len(want)
+    return round(2 * precision * recall / (precision + recall), 6), " ".join(got)
+
+
+# ----------------------------------------------------------------------------- math answers
+# The final answer of a math reply (the last \boxed{}, else "the answer is …", else the last number), compared
+# with the reference after LaTeX normalisation, numerically when both sides evaluate (fractions, roots, pi), and
+# element by element for tuples and intervals. No computer algebra: 2x+2 and 2(x+1) are different answers.
+
+_STANDALONE_NUMBER_RE = _LazyPattern(r"(?<![A-Za-z\d.])[-+]?\d[\d,]*(?:\.\d+)?(?![A-Za-z\d])")  # not in AZYUK2A
+_ANSWER_IS_RE = _LazyPattern(r"(?i)(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)")
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    """The content of the last \\boxed{…} (or \\fbox{…}), nested braces included; None when there is none."""
+    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\s*", text)]
+    for m in reversed(starts):
+        i = m.end()
+        if i < len(text) and text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[i + 1:j]
+            continue  # unbalanced: try an earlier one
+        word = re.match(r"[^\s$]+", text[i:])  # \boxed 5
+        if word:
+            return word.group(0)
+    return None
+
+
+def _math_extract(text: str) -> str:
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    found = _ANSWER_IS_RE.findall(text)
+    if found:
+        return found[-1].strip().rstrip(".").strip()
+    maths = re.findall(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", text, re.S)
+    if maths:  # the last formula of the reply
+        return next(g for g in maths[-1] if g).strip()
+    if not re.search(r"[A-Za-z]{3,}", re.sub(r"\\[A-Za-z]+", "", text)):
+        return text.strip()  # a bare expression such as \frac{10}{9}
+    numbers = _STANDALONE_NUMBER_RE.findall(text.replace("\u2212", "-"))
+    return numbers[-1] if numbers else ""
+
+
+def _strip_command(text: str, names: str) -> str:
+    """\\text{abc} -> abc for the commands ``names`` (innermost first, so nesting unwinds)."""
+    pattern = re.compile(r"\\(?:%s)\s*\{([^{}]*)\}" % names)
+    while True:
+        new = pattern.sub(r"\1", text)
+        if new == text:
+            return text
+        text = new
+
+
+def _math_normalize(text: str) -> str:
+    s = text.strip()
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
+    s = re.sub(r"\\[!,;:]|\\ |~", " ", s)
+    s = re.sub(r"\\left|\\right|\\displaystyle", "", s)
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = _strip_command(s, "text|textbf|textit|mathrm|mathbf|mbox|operatorname")
+    s = re.sub(r"\^\s*\{?\\circ\}?|\\circ|°|\\degree", "", s)
+    s = re.sub(r"\\%|%|\\\$", "", s)
+    s = s.strip().rstrip(".").strip()
+    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)                      # x = 5 -> 5
+    m = re.match(r"^(.+?)\s+(?:[a-zA-Z]+\.?\s*)+$", s)  # 5 cm, \frac{1}{3} meters, 12 square units: the value
+    if m and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", m.group(1))):
+        s = m.group(1)
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)         # \frac12
+    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)
+    if re.match(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$", s):
+        s = s.replace(",", "")
+    s = re.sub(r"^([-+]?\d+)\.0*$", r"\1", s)
+    s = re.sub(r"^([-+]?\d+\.\d*?)0+$", r"\1", s)
+    s = re.sub(r"^([-+]?)\.(\d)", r"\g<1>0.\2", s)
+    return s
+
+
+class _MathValue:
+    """The value of a normalised answer built from numbers, + - * / ^, \\frac, \\sqrt, \\pi and brackets
+    (implicit products too: 2\\sqrt{3}); ValueError for anything else (letters, sets, …)."""
+
+    _TOKENS = _LazyPattern(r"\d+\.?\d*|\.\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*/^(){}]|\S")
+
+    def __init__(self, text: str):
+        self.toks = self._TOKENS.findall(text)
+        self.i = 0
+
+    def value(self) -> float:
+        v = self.expr()
+        if self.i != len(self.toks):
+            raise ValueError("trailing %r" % self.toks[self.i])
+        return v
+
+    def peek(self) -> Optional[str]:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, want: Optional[str] = None) -> str:
+        tok = self.peek()
+        if tok is None or (want is not None and tok != want):
+            raise ValueError("expected %r" % want)
+        self.i += 1
+        return tok
+
+    def expr(self) -> float:
+        v = self.term()
+        while self.peek() in ("+", "-"):
+            v = v + self.term() if self.take() == "+" else v - self.term()
+        return v
+
+    def term(self) -> float:
+        v = self.factor()
+        while True:
+            tok = self.peek()
+            if tok in ("*", "\\cdot", "\\times"):
+                self.take()
+                v *= self.factor()
+            elif tok == "/":
+                self.take()
+                v /= self.factor()
+            elif tok is not None and (tok[0].isdigit() or tok[0] == "." or tok in ("\\frac", "\\sqrt", "\\pi",
+                                                                                   "(", "{")):
+                v *= self.factor()  # implicit product
+            else:
+                return v
+
+    def factor(self) -> float:
+        if self.peek() in ("-", "+"):
+            return -self.factor() if self.take() == "-" else self.factor()
+        base = self.primary()
+        if self.peek() == "^":
+            self.take()
+            return float(base ** self.factor())
+        return base
+
+    def primary(self) -> float:
+        tok = self.take()
+        if tok[0].isdigit() or tok[0] == ".":
+            return float(tok)
+        if tok == "\\pi":
+            return math.pi
+        if tok == "\\frac":
+            return self.group() / self.group()
+        if tok == "\\sqrt":
+            return math.sqrt(self.group())
+        if tok in ("(", "{"):
+            v = self.expr()
+            self.take(")" if tok == "(" else "}")
+            return v
+        raise ValueError("not a number: %r" % tok)
+
+    def group(self) -> float:
+        self.take("{")
+        v = self.expr()
+        self.take("}")
+        return v
+
+
+def _math_value(text: str) -> Optional[float]:
+    try:
+        v = _MathValue(text).value()
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        return None
+    return v if isinstance(v, float) and math.isfinite(v) else None
+
+
+def _math_parts(text: str) -> Optional[Tuple[str, Tuple[str, ...]]]:
+    """(brackets, elements) of a tuple or interval ("(1,2]" -> ("(]", ("1", "2"))), split at top-level commas."""
+    brackets = ""
+    if len(text) >= 2 and text[0] in "([" and text[-1] in ")]":
+        brackets, text = text[0] + text[-1], text[1:-1]
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += 1 if ch in "([{" else -1 if ch in ")]}" else 0
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return (brackets, tuple(parts)) if len(parts) > 1 else None
+
+
+def math_equal(answer: str, reference: str) -> bool:
+    """Whether two final answers are the same (LaTeX normalised; numerically when both evaluate)."""
+    a, b = _math_normalize(answer), _math_normalize(reference)
+    if not a or not b:
+        return False
+    if a == b:
+        return True
+    va, vb = _math_value(a), _math_value(b)
+    if va is not None and vb is not None:
+        return abs(va - vb) <= 1e-9 * max(1.0, abs(va), abs(vb))
+    pa, pb = _math_parts(a), _math_parts(b)
+    if pa and pb and pa[0] == pb[0] and len(pa[1]) == len(pb[1]):
+        return all(math_equal(x, y) for x, y in zip(pa[1], pb[1]))
+    return False
+
+
+def _score_judge(item: QAItem, response: str) -> Tuple[float, str]:
+    raise HarnessError("the judge scorer asks a grader model; it runs inside `run` (see --judge-model)")
+
+
+def _score_math(item: QAItem, response: str) -> Tuple[float, str]:
+    got = _math_extract(response)
+    reference = _last_boxed(item.answer)  # a MATH "solution" holds its answer in \boxed{}
+    return (1.0 if got and math_equal(got, item.answer if reference is None else reference) else 0.0), got
+
+
+SCORERS: Dict[str, Callable[[QAItem, str], Tuple[float, str]]] = {
+    "exact": _score_exact,
+    "normalized": _score_normalized,
+    "includes": _score_includes,
+    "f1": _score_f1,
+    "regex": _score_regex,
+    "choice": _score_choice,
+    "numeric": _score_numeric,
+    "math": _score_math,
+    "judge": _score_judge,
+}
+
+
+def score_response(item: QAItem, response: str) -> Tuple[float, str]:
+    """Score a model response against an item with its scorer; returns (score in [0, 1], extracted answer)."""
+    return SCORERS[item.scorer](item, response)
 
 # =============================================================================
 # Datasets
@@ -1705,365 +2191,6 @@ def demo_dataset() -> List[Dict[str, Any]]:
         rows.append(row)
     return rows
 
-
-# =============================================================================
-# Scoring
-# =============================================================================
-
-_ARTICLES_RE = _LazyPattern(r"(?i)\b(a|an|the)\b")
-_PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"  # string.punctuation (the string module imports re)
-_PUNCT_TABLE = str.maketrans({c: " " for c in _PUNCTUATION})
-_NUMBER_RE = _LazyPattern(r"(?:(?<![\d.])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
-                          r"|(?:(?<![\d.])[-+])?\.\d+")
-_DEFAULT_REGEX = r"(?i)answer\s*(?:is|:)?\s*[:\-]?\s*(.+)"
-
-
-def _normalize(text: str) -> str:
-    """Lower case, punctuation and articles removed, whitespace collapsed (SQuAD-style)."""
-    text = text.lower().translate(_PUNCT_TABLE)
-    text = _ARTICLES_RE.sub(" ", text)
-    return " ".join(text.split())
-
-
-def _parse_number(text: str) -> Optional[float]:
-    """The last number in ``text`` (thousands separators, currency and units ignored), or None."""
-    matches = _NUMBER_RE.findall(text.replace("\u2212", "-"))
-    if not matches:
-        return None
-    try:
-        return float(matches[-1].replace(",", ""))
-    except ValueError:
-        return None
-
-
-def _score_exact(item: QAItem, response: str) -> Tuple[float, str]:
-    got = response.strip()
-    return (1.0 if got == item.answer.strip() else 0.0), got
-
-
-def _score_normalized(item: QAItem, response: str) -> Tuple[float, str]:
-    got = _normalize(response)
-    return (1.0 if got == _normalize(item.answer) else 0.0), got
-
-
-def _score_regex(item: QAItem, response: str) -> Tuple[float, str]:
-    matches = list(re.finditer(item.pattern or _DEFAULT_REGEX, response))
-    if not matches:
-        return 0.0, ""
-    got = (matches[-1].group(1) or "").strip()  # the last match: models restate, the final one counts
-    return (1.0 if _normalize(got) == _normalize(item.answer) else 0.0), got
-
-
-_CHOICE_PATTERNS = [
-    # strongest first: an explicit statement of the answer
-    r"(?i:answer|option|choice)\s*(?i:is|:|=)?\s*(?:(?i:option)\s*)?[\(\[\*]*([A-Z])(?![A-Za-z])",
-    r"\(([A-Z])\)",                        # (B)
-    r"\*\*([A-Z])\*\*",                     # **B**
-    r"(?m)^\s*([A-Z])\s*[.):]",            # B. / B) at line start
-    r"(?m)^\s*([A-Z])\s*$",                # a lone letter on its own line
-    r"(?<![A-Za-z'])([A-Z])(?![A-Za-z'])",  # any standalone capital letter (last resort)
-]
-
-
-def _score_choice(item: QAItem, response: str) -> Tuple[float, str]:
-    letters = string.ascii_uppercase[:len(item.choices)]
-    got = ""
-    for pattern in _CHOICE_PATTERNS:
-        found = [m for m in re.findall(pattern, response) if m.upper() in letters]
-        # "A" as an article in the last-resort pattern is ambiguous: skip it unless it is the only candidate
-        if pattern == _CHOICE_PATTERNS[-1]:
-            found = [m for m in found if m != "A"] or found
-        if found:
-            got = found[-1].upper()
-            break
-    if not got:  # the model wrote an option's text instead of its letter: accept when exactly one option matches
-        norm = _normalize(response)
-        hits = [letters[i] for i, c in enumerate(item.choices)
-                if _normalize(c) and re.search(r"\b%s\b" % re.escape(_normalize(c)), norm)]
-        if len(hits) == 1:
-            got = hits[0]
-    return (1.0 if got == item.answer else 0.0), got
-
-
-def _score_numeric(item: QAItem, response: str) -> Tuple[float, str]:
-    want, got = _parse_number(item.answer), _parse_number(response)
-    if got is None or want is None:
-        return 0.0, ""
-    tol = item.tolerance if item.tolerance is not None else 1e-6 * max(1.0, abs(want))
-    return (1.0 if abs(got - want) <= tol else 0.0), repr(got)
-
-
-_TOKEN_WORD_RE = _LazyPattern(r"[-+]?\d[\d,]*(?:\.\d+)?|[^\W_]+")
-
-
-def _answer_tokens(text: str) -> List[str]:
-    """Lower-cased words and whole numbers (thousands separators dropped, "2.50" = "2.5"), articles dropped: a
-    number stays one token, so "11" is not found in "711" or "11.5"."""
-    out = []
-    for tok in _TOKEN_WORD_RE.findall(text.lower().replace("\u2212", "-")):
-        if tok[0].isdigit() or tok[0] in "+-":
-            try:
-                value = float(tok.replace(",", ""))
-            except ValueError:
-                continue
-            tok = ("%.10g" % value) if value == value else tok
-        elif tok in ("a", "an", "the"):
-            continue
-        out.append(tok)
-    return out
-
-
-def _score_includes(item: QAItem, response: str) -> Tuple[float, str]:
-    """The reference occurs in the response, word for word (normalized; numbers whole)."""
-    want, got = _answer_tokens(item.answer), _answer_tokens(response)
-    if not want:
-        return 0.0, ""
-    n = len(want)
-    for i in range(len(got) - n, -1, -1):  # the last occurrence is the one shown
-        if got[i:i + n] == want:
-            return 1.0, " ".join(want)
-    return 0.0, ""
-
-
-def _score_f1(item: QAItem, response: str) -> Tuple[float, str]:
-    """SQuAD's token F1 between the normalized response and reference (a partial score in [0, 1])."""
-    want, got = _normalize(item.answer).split(), _normalize(response).split()
-    common = sum((collections.Counter(want) & collections.Counter(got)).values())
-    if not want or not got or not common:
-        return (1.0 if want == got else 0.0), " ".join(got)
-    precision, recall = common / len(got), common / len(want)
-    return round(2 * precision * recall / (precision + recall), 6), " ".join(got)
-
-
-# ----------------------------------------------------------------------------- math answers
-# The final answer of a math reply (the last \boxed{}, else "the answer is …", else the last number), compared
-# with the reference after LaTeX normalisation, numerically when both sides evaluate (fractions, roots, pi), and
-# element by element for tuples and intervals. No computer algebra: 2x+2 and 2(x+1) are different answers.
-
-_STANDALONE_NUMBER_RE = _LazyPattern(r"(?<![A-Za-z\d.])[-+]?\d[\d,]*(?:\.\d+)?(?![A-Za-z\d])")  # not in AZYUK2A
-_ANSWER_IS_RE = _LazyPattern(r"(?i)(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)")
-
-
-def _last_boxed(text: str) -> Optional[str]:
-    """The content of the last \\boxed{…} (or \\fbox{…}), nested braces included; None when there is none."""
-    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\s*", text)]
-    for m in reversed(starts):
-        i = m.end()
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                if depth == 0:
-                    return text[i + 1:j]
-            continue  # unbalanced: try an earlier one
-        word = re.match(r"[^\s$]+", text[i:])  # \boxed 5
-        if word:
-            return word.group(0)
-    return None
-
-
-def _math_extract(text: str) -> str:
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
-    found = _ANSWER_IS_RE.findall(text)
-    if found:
-        return found[-1].strip().rstrip(".").strip()
-    maths = re.findall(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", text, re.S)
-    if maths:  # the last formula of the reply
-        return next(g for g in maths[-1] if g).strip()
-    if not re.search(r"[A-Za-z]{3,}", re.sub(r"\\[A-Za-z]+", "", text)):
-        return text.strip()  # a bare expression such as \frac{10}{9}
-    numbers = _STANDALONE_NUMBER_RE.findall(text.replace("\u2212", "-"))
-    return numbers[-1] if numbers else ""
-
-
-def _strip_command(text: str, names: str) -> str:
-    """\\text{abc} -> abc for the commands ``names`` (innermost first, so nesting unwinds)."""
-    pattern = re.compile(r"\\(?:%s)\s*\{([^{}]*)\}" % names)
-    while True:
-        new = pattern.sub(r"\1", text)
-        if new == text:
-            return text
-        text = new
-
-
-def _math_normalize(text: str) -> str:
-    s = text.strip()
-    s = re.sub(r"^\$+|\$+$", "", s).strip()
-    s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
-    s = re.sub(r"\\[!,;:]|\\ |~", " ", s)
-    s = re.sub(r"\\left|\\right|\\displaystyle", "", s)
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = _strip_command(s, "text|textbf|textit|mathrm|mathbf|mbox|operatorname")
-    s = re.sub(r"\^\s*\{?\\circ\}?|\\circ|°|\\degree", "", s)
-    s = re.sub(r"\\%|%|\\\$", "", s)
-    s = s.strip().rstrip(".").strip()
-    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)                      # x = 5 -> 5
-    m = re.match(r"^(.+?)\s+(?:[a-zA-Z]+\.?\s*)+$", s)  # 5 cm, \frac{1}{3} meters, 12 square units: the value
-    if m and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", m.group(1))):
-        s = m.group(1)
-    s = re.sub(r"\s+", "", s)
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)         # \frac12
-    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
-    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)
-    if re.match(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$", s):
-        s = s.replace(",", "")
-    s = re.sub(r"^([-+]?\d+)\.0*$", r"\1", s)
-    s = re.sub(r"^([-+]?\d+\.\d*?)0+$", r"\1", s)
-    s = re.sub(r"^([-+]?)\.(\d)", r"\g<1>0.\2", s)
-    return s
-
-
-class _MathValue:
-    """The value of a normalised answer built from numbers, + - * / ^, \\frac, \\sqrt, \\pi and brackets
-    (implicit products too: 2\\sqrt{3}); ValueError for anything else (letters, sets, …)."""
-
-    _TOKENS = _LazyPattern(r"\d+\.?\d*|\.\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*/^(){}]|\S")
-
-    def __init__(self, text: str):
-        self.toks = self._TOKENS.findall(text)
-        self.i = 0
-
-    def value(self) -> float:
-        v = self.expr()
-        if self.i != len(self.toks):
-            raise ValueError("trailing %r" % self.toks[self.i])
-        return v
-
-    def peek(self) -> Optional[str]:
-        return self.toks[self.i] if self.i < len(self.toks) else None
-
-    def take(self, want: Optional[str] = None) -> str:
-        tok = self.peek()
-        if tok is None or (want is not None and tok != want):
-            raise ValueError("expected %r" % want)
-        self.i += 1
-        return tok
-
-    def expr(self) -> float:
-        v = self.term()
-        while self.peek() in ("+", "-"):
-            v = v + self.term() if self.take() == "+" else v - self.term()
-        return v
-
-    def term(self) -> float:
-        v = self.factor()
-        while True:
-            tok = self.peek()
-            if tok in ("*", "\\cdot", "\\times"):
-                self.take()
-                v *= self.factor()
-            elif tok == "/":
-                self.take()
-                v /= self.factor()
-            elif tok is not None and (tok[0].isdigit() or tok[0] == "." or tok in ("\\frac", "\\sqrt", "\\pi",
-                                                                                   "(", "{")):
-                v *= self.factor()  # implicit product
-            else:
-                return v
-
-    def factor(self) -> float:
-        if self.peek() in ("-", "+"):
-            return -self.factor() if self.take() == "-" else self.factor()
-        base = self.primary()
-        if self.peek() == "^":
-            self.take()
-            return float(base ** self.factor())
-        return base
-
-    def primary(self) -> float:
-        tok = self.take()
-        if tok[0].isdigit() or tok[0] == ".":
-            return float(tok)
-        if tok == "\\pi":
-            return math.pi
-        if tok == "\\frac":
-            return self.group() / self.group()
-        if tok == "\\sqrt":
-            return math.sqrt(self.group())
-        if tok in ("(", "{"):
-            v = self.expr()
-            self.take(")" if tok == "(" else "}")
-            return v
-        raise ValueError("not a number: %r" % tok)
-
-    def group(self) -> float:
-        self.take("{")
-        v = self.expr()
-        self.take("}")
-        return v
-
-
-def _math_value(text: str) -> Optional[float]:
-    try:
-        v = _MathValue(text).value()
-    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
-        return None
-    return v if isinstance(v, float) and math.isfinite(v) else None
-
-
-def _math_parts(text: str) -> Optional[Tuple[str, Tuple[str, ...]]]:
-    """(brackets, elements) of a tuple or interval ("(1,2]" -> ("(]", ("1", "2"))), split at top-level commas."""
-    brackets = ""
-    if len(text) >= 2 and text[0] in "([" and text[-1] in ")]":
-        brackets, text = text[0] + text[-1], text[1:-1]
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += 1 if ch in "([{" else -1 if ch in ")]}" else 0
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return (brackets, tuple(parts)) if len(parts) > 1 else None
-
-
-def math_equal(answer: str, reference: str) -> bool:
-    """Whether two final answers are the same (LaTeX normalised; numerically when both evaluate)."""
-    a, b = _math_normalize(answer), _math_normalize(reference)
-    if not a or not b:
-        return False
-    if a == b:
-        return True
-    va, vb = _math_value(a), _math_value(b)
-    if va is not None and vb is not None:
-        return abs(va - vb) <= 1e-9 * max(1.0, abs(va), abs(vb))
-    pa, pb = _math_parts(a), _math_parts(b)
-    if pa and pb and pa[0] == pb[0] and len(pa[1]) == len(pb[1]):
-        return all(math_equal(x, y) for x, y in zip(pa[1], pb[1]))
-    return False
-
-
-def _score_judge(item: QAItem, response: str) -> Tuple[float, str]:
-    raise HarnessError("the judge scorer asks a grader model; it runs inside `run` (see --judge-model)")
-
-
-def _score_math(item: QAItem, response: str) -> Tuple[float, str]:
-    got = _math_extract(response)
-    reference = _last_boxed(item.answer)  # a MATH "solution" holds its answer in \boxed{}
-    return (1.0 if got and math_equal(got, item.answer if reference is None else reference) else 0.0), got
-
-
-SCORERS: Dict[str, Callable[[QAItem, str], Tuple[float, str]]] = {
-    "exact": _score_exact,
-    "normalized": _score_normalized,
-    "includes": _score_includes,
-    "f1": _score_f1,
-    "regex": _score_regex,
-    "choice": _score_choice,
-    "numeric": _score_numeric,
-    "math": _score_math,
-    "judge": _score_judge,
-}
-
-
-def score_response(item: QAItem, response: str) -> Tuple[float, str]:
-    """Score a model response against an item with its scorer; returns (score in [0, 1], extracted answer)."""
-    return SCORERS[item.scorer](item, response)
-
 # =============================================================================
 # Limits
 # =============================================================================
@@ -2749,7 +2876,6 @@ class GradientLimit(Limit):
             self.limit = self.limit * self.backoff_ratio
             self._new_window(now + pause_s)  # admitted once the pause is over: its age counts from then
         return self.limit
-
 
 # =============================================================================
 # Gates
@@ -3488,7 +3614,6 @@ class SessionGate:
             self._cond.notify_all()
         self._tell(event)
 
-
 # =============================================================================
 # Requests
 # =============================================================================
@@ -3656,7 +3781,6 @@ def _error_detail(body: bytes) -> str:
         return str(err)[:300]
     except ValueError:
         return body.decode("utf-8", "replace").strip()[:300]
-
 
 # =============================================================================
 # Endpoints
@@ -3848,6 +3972,7 @@ def _context_warning(info: Dict[str, Any], max_tokens: Optional[int], prompts: I
             "requests (prompts estimated at ~4 characters a token): the server will cut those answers short or "
             "refuse them; lower --max-tokens" % (max_tokens, ctx, info.get("kind") + " " if info.get("kind") else "",
                                                   info.get("context_from"), over, total))
+
 
 class _EndpointHealth:
     """Whether an endpoint is answering, shared by every request of a run: an outage is not a result.
@@ -4551,6 +4676,32 @@ def cost_summary(records: Iterable[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return acc.result()
 
 
+class _CostSum:
+    """The cost of a stream of sample records (their "cost"), by kind of request: cost_summary's figures."""
+
+    def __init__(self) -> None:
+        self.total, self.by_role, self.priced, self.unpriced, self.n = 0.0, {}, 0, 0, 0  # type: ignore[var-annotated]
+
+    def add(self, c: Any) -> None:
+        if not isinstance(c, dict):
+            return
+        self.n += 1
+        if any(v is None for v in c.values()):
+            self.unpriced += 1
+        if any(v is not None for v in c.values()):
+            self.priced += 1
+        for role, v in c.items():
+            if v is not None:
+                self.total += v
+                self.by_role[role] = self.by_role.get(role, 0.0) + v
+
+    def result(self) -> Optional[Dict[str, Any]]:
+        if not self.n:
+            return None
+        return {"total": round(self.total, 6), "by_role": {k: round(v, 6) for k, v in sorted(self.by_role.items())},
+                "samples": self.n, "samples_priced": self.priced, "samples_unpriced": self.unpriced,
+                "per_sample": round(self.total / self.priced, 8) if self.priced else None}
+
 # =============================================================================
 # HTTP model client
 # =============================================================================
@@ -4982,868 +5133,6 @@ class ModelClient:
             _log.debug("retrying in %.2fs after: %s", wait, _redact(err))
             if self._cancel.wait(wait):
                 raise _Cancelled()
-
-# =============================================================================
-# Mock model server
-# =============================================================================
-# An OpenAI-compatible server with a capacity model, injected faults and an oracle policy. It runs as
-# `serve-mock`, in-process for `demo`, and in tests and benchmarks. The oracle reads the dataset itself: the harness
-# never passes answers to it.
-
-_MOCK_FAULTS = ("429", "503", "500", "400", "reset", "hang", "malformed", "truncate")
-_TOKEN_RE = _LazyPattern(r"\S+\s*|\s+")
-
-
-@_record
-class MockConfig:
-    """Behaviour of the mock model server. Times in seconds; speeds in tokens per second."""
-
-    model: str = "mock-model"
-    seed: int = 0
-    decode_tok_s: float = 0.0          # per-stream decode speed below the knee; 0 = instant
-    knee: int = 8                      # concurrent streams past which per-stream speed falls (aggregate saturates)
-    thrash: float = 0.0                # extra slowdown per stream past the knee (aggregate then falls: KV thrashing)
-    ttft_s: float = 0.0                # time to first token at low load (grows past the knee too)
-    max_concurrency: int = 0           # hard cap on concurrent requests; 0 = none
-    slots: int = 0                     # requests run at once, the rest wait in the server's queue (llama-server -np)
-                                       # and /metrics says so for vllm/sglang/llama.cpp kinds; 0 = all run
-    kv_tokens: int = 0                 # the KV pool /metrics states (vllm and sglang kinds; the mock keeps no cache)
-    overload_status: int = 429         # answer past the cap: 429 (with Retry-After) or 503
-    retry_after_s: float = 1.0
-    faults: Tuple[Tuple[str, float], ...] = ()   # (kind, probability) pairs, kinds in _MOCK_FAULTS
-    hang_s: float = 3600.0
-    reasoning_tokens: int = 0          # filler reasoning before the answer
-    reasoning_style: str = "field"     # field: sent as reasoning_content; think: as <think>…</think> in the content
-    skill: float = 0.8                 # oracle: probability that an answer is right (decided per prompt and seed)
-    send_usage: bool = True
-    api_key: Optional[str] = None      # when set, requests without "Bearer <api_key>" get 401
-    swe_policy: str = "oracle"         # SWE instances: oracle | noop | sleepy | chatty (see _swe_mock_reply)
-    served: Tuple[str, ...] = ()       # more model ids /v1/models lists after ``model``
-    server_kind: str = "mock"          # how /v1/models (and /props, /info) look: one of MOCK_SERVER_KINDS
-    context_len: int = 0               # the served context in tokens (listed as the kind does; enforced); 0 = none
-    reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
-    tokenizer: bool = True             # offer /tokenize (vLLM's shape; llama.cpp kind: its own); False: none
-    llama_cpp_python: bool = False     # /v1/completions as llama-cpp-python's server answers it (see _toy_completion)
-    tools_refused: bool = False        # a request with tools gets HTTP 400 (a vLLM started without tool parsing)
-    cached_share: float = 0.0          # usage.prompt_tokens_details.cached_tokens: this share of the prompt tokens
-    rate_limit: Tuple[float, ...] = ()  # (requests, tokens) a minute, as a hosted API: x-ratelimit headers, 429
-    rate_schedule: Tuple[Tuple[float, float], ...] = ()  # (seconds after the first request, quota factor)
-
-
-# The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
-# as the real ones do); "nolist" answers 404 at /v1/models (servers with no model list).
-MOCK_SERVER_KINDS = tuple(_SERVER_KINDS) + ("nolist",)
-
-
-def _mock_metrics(kind: _ServerKind, model: str, running: int, waiting: int) -> str:
-    """A kind's GET /metrics in the Prometheus text format: its gauges of running and waiting requests, with the
-    labels it carries (the real pages have many more metrics)."""
-    labels = "{%s}" % (kind.labels % {"model": model}) if kind.labels else ""
-    return "".join("# TYPE %s gauge\n%s%s %d\n" % (name, name, labels, value)
-                   for name, value in ((kind.running, running), (kind.waiting, waiting)))
-
-
-# and their statement of the KV pool's size (vLLM's info gauge carries it in labels, in blocks of 16 tokens)
-_MOCK_KV_POOL = {
-    "vllm": ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
-             '# TYPE vllm:cache_config_info gauge\n'
-             'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
-             'gpu_memory_utilization="0.9",num_gpu_blocks="%(blocks)d"} 1.0\n'),
-    "sglang": ('# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.\n'
-               '# TYPE sglang:max_total_num_tokens gauge\n'
-               'sglang:max_total_num_tokens{model_name="%(model)s",tp_rank="0"} %(tokens)d.0\n'),
-}
-
-
-def _mock_models(cfg: MockConfig) -> Optional[Dict[str, Any]]:
-    """The /v1/models body of ``cfg.server_kind`` (None: a 404)."""
-    kind, ctx = cfg.server_kind, cfg.context_len or None
-    if kind == "nolist":
-        return None
-    data = []
-    for mid in (cfg.model,) + tuple(cfg.served):
-        entry: Dict[str, Any] = {"id": mid, "object": "model", "created": 0}
-        owners = _SERVER_KINDS[kind].owners
-        entry["owned_by"] = owners[0] if owners else mid
-        if kind in ("vllm", "sglang"):
-            entry.update(root=mid, parent=None, max_model_len=ctx)
-        elif kind == "llama.cpp":
-            entry.update(meta={"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": 4 * (ctx or 1024), "n_embd": 64,
-                               "n_params": 1000000})
-        elif kind == "mock" and ctx:
-            entry["max_model_len"] = ctx
-        data.append(entry)
-    return {"object": "list", "data": data}
-
-
-def parse_faults(spec: str) -> Tuple[Tuple[str, float], ...]:
-    """Parse ``429=0.1,reset=0.05`` into fault pairs; ConfigError names the bad part."""
-    pairs = []
-    for part in [p.strip() for p in spec.split(",") if p.strip()]:
-        kind, _, prob = part.partition("=")
-        try:
-            p = float(prob)
-        except ValueError:
-            p = -1.0
-        if kind not in _MOCK_FAULTS or not 0 <= p <= 1:
-            raise ConfigError("--faults %r: %r must be KIND=PROBABILITY with KIND in %s and 0 <= P <= 1"
-                              % (spec, part, ", ".join(_MOCK_FAULTS)))
-        pairs.append((kind, p))
-    if sum(p for _, p in pairs) > 1:
-        raise ConfigError("--faults %r: probabilities add up to more than 1" % spec)
-    return tuple(pairs)
-
-
-def _unit_hash(*parts: Any) -> float:
-    """A deterministic number in [0, 1) from the parts (stable across processes, unlike hash())."""
-    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0 ** 64
-
-
-# The mock's language model, for /v1/completions: a token is a word with the whitespace before it (trailing
-# whitespace is a token of its own), and its log-probability is -(1 + 0.1 x its characters), whatever came before:
-# a test knows the exact log-likelihood of any text. The top token at each position is the token itself when it has
-# at most two characters, else " a" (-1.2). A token's id encodes its text (0 is end-of-text): no vocabulary to keep.
-_TOY_TOKEN_RE = _LazyPattern(r"\s*\S+|\s+")
-TOY_EOT = 0
-TOY_TOP = " a"
-
-
-def toy_tokens(text: str) -> List[str]:
-    return _TOY_TOKEN_RE.findall(text)
-
-
-def toy_logprob(token: str) -> float:
-    return -(1.0 + 0.1 * len(token))
-
-
-def toy_id(token: str) -> int:
-    return int.from_bytes(b"\x01" + token.encode("utf-8"), "big")
-
-
-def toy_token(token_id: int) -> str:
-    if token_id == TOY_EOT:
-        return ""
-    raw = int(token_id).to_bytes((int(token_id).bit_length() + 7) // 8, "big")
-    if not raw.startswith(b"\x01"):
-        raise ValueError("token id %d is not one of the mock's" % token_id)
-    return raw[1:].decode("utf-8")
-
-
-def _toy_completion(prompt: Any, max_tokens: int, echo: bool, logprobs: Optional[int], newer: bool,
-                    spm: bool = False) -> Dict[str, Any]:
-    """One /v1/completions choice of the toy model: the prompt (text or token ids) echoed with its tokens'
-    log-probabilities (the first is null: nothing predicts it), then ``max_tokens`` greedy tokens. ``newer``: the
-    shape llama-server answers in (``logprobs.content``, generated tokens only, no echo). ``spm``: as
-    llama-cpp-python's server with an SPM model: a space put before the text (so the echoed tokens spell one
-    character more than the prompt, and their offsets count it), and an empty byte token generated first."""
-    if isinstance(prompt, str):
-        tokens = toy_tokens(" " + prompt if spm else prompt)
-    else:
-        tokens = ["<|endoftext|>" if t == TOY_EOT else toy_token(t) for t in prompt]
-    generated = [""] * spm + [TOY_TOP] * max_tokens
-
-    def top(tok: str) -> Dict[str, float]:
-        best = tok if len(tok) <= 2 else TOY_TOP
-        return {best: toy_logprob(best)}
-    if newer:
-        content = [{"token": t, "logprob": toy_logprob(t), "top_logprobs": [{"token": k, "logprob": v}
-                                                                          for k, v in top(t).items()]}
-                   for t in generated]
-        return {"text": "".join(generated), "logprobs": {"content": content} if logprobs else None,
-                "finish_reason": "length"}
-    shown = (tokens if echo else []) + generated
-    values: List[Optional[float]] = [toy_logprob(t) if t != "<|endoftext|>" else None for t in shown]
-    tops: List[Optional[Dict[str, float]]] = [top(t) for t in shown]
-    if echo and tokens:
-        values[0], tops[0] = None, None
-    offsets, at = [], 0
-    for t in shown:
-        offsets.append(at)
-        at += 0 if t == "<|endoftext|>" else len(t)
-    text = "".join("" if t == "<|endoftext|>" else t for t in shown)
-    return {"text": text, "finish_reason": "length", "logprobs": {
-        "tokens": shown, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets} if logprobs else None,
-        "_prompt_tokens": len(tokens), "_completion_tokens": len(generated)}
-
-
-def _oracle_reply(item: QAItem, correct: bool) -> str:
-    if not isinstance(item, QAItem):  # another kind's row (a code problem): it says how the mock answers it
-        return item.mock_reply(correct)
-    answer = item.answer
-    if item.scorer == "choice":
-        letters = string.ascii_uppercase[:len(item.choices)]
-        letter = answer if correct else letters[(letters.index(answer) + 1) % len(letters)]
-        return "The answer is (%s)." % letter
-    if item.scorer == "numeric":
-        value = _parse_number(answer) if correct else (_parse_number(answer) or 0) + 7 + 10 * (item.tolerance or 0)
-        return "The result is %s." % (answer if correct else ("%g" % value))
-    if item.scorer == "regex":
-        return "Let me work it out. ANSWER: %s" % (answer if correct else "unknown")
-    if item.scorer == "normalized":
-        return (answer.upper() + ".") if correct else "I do not know."
-    if item.scorer in ("includes", "f1", "judge"):
-        return ("I am fairly sure it is %s." % answer) if correct else "I do not know."
-    if item.scorer == "math":
-        reference = _last_boxed(answer)
-        final = answer if reference is None else reference
-        return "Working it out step by step, the answer is $\\boxed{%s}$." % (final if correct else final + "+1")
-    return answer if correct else answer + "?"
-
-
-def _mock_judge_reply(prompt: str) -> Optional[str]:
-    """The mock as a grader (JUDGE_TEMPLATE): it compares the quoted response with the quoted reference (the
-    reference's words in the response, as the includes scorer does) and answers in the fixed verdict format."""
-    m = re.search(r"\[Reference answer\]\n(.*?)\n\n\[Response\]\n(.*?)\n\nDoes the response", prompt, re.S)
-    if m is None:
-        return None
-    agree = _score_includes(QAItem(id="judge", messages=(), answer=m.group(1), scorer="includes"), m.group(2))[0]
-    return "Comparing the final answers: they %s.\nGRADE: %s" % (("agree", "C") if agree else ("differ", "I"))
-
-
-SWE_MOCK_POLICIES = ("oracle", "noop", "sleepy", "chatty", "plant", "tamper", "linger")
-SLEEPY_COMMAND = "sleep 3600.25"  # outlives any exec timeout; sleepy checks afterwards that it was killed
-
-
-def _swe_mock_reply(instances: Sequence[Any], policy: str, messages: Sequence[Any]) -> str:
-    """The mock as an agent. It finds its instance by the problem statement in the conversation and acts by turn:
-    ``oracle`` applies the gold patch it read from the dataset itself (the harness never sends it) and submits;
-    ``noop`` submits at once; ``sleepy`` first runs a command that outlives the exec timeout, then checks that it
-    is gone and behaves like oracle; ``chatty`` never uses the fenced format."""
-    text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "user")
-    inst = next((i for i in instances if i.problem_statement in text), None)
-    if policy == "chatty" or inst is None:
-        return "I believe the bug is in the arithmetic helper. Let me think about it some more before acting."
-    turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-
-    def act(thought: str, command: str) -> str:
-        return "THOUGHT: %s\n\n```bash\n%s\n```" % (thought, command)
-
-    submit = act("The fix is in place; submitting.", "echo %s" % SUBMIT_SENTINEL)
-    if isinstance(inst, HarborTask):  # a container task: the policies of _task_mock_steps
-        steps = _task_mock_steps(inst, policy, act)
-        return (steps + [submit])[min(turn, len(steps))]
-    fix = act("Apply the fix.", "echo %s | base64 -d > /tmp/fix.patch && git apply /tmp/fix.patch && git status "
-              "--short" % base64.b64encode(inst.patch.encode("utf-8")).decode("ascii"))
-    steps = {"oracle": [fix, submit], "noop": [submit],
-             "sleepy": [act("Run the slow check.", SLEEPY_COMMAND),
-                        act("Is the slow command still running?",
-                            "ps -eo args | grep -c '^%s' || true" % SLEEPY_COMMAND), fix, submit]}[policy]
-    return steps[min(turn, len(steps) - 1)]
-
-
-def _realize(option: Any) -> Any:
-    """A value the checker allows, from BFCL's allowed values: a dict's keys each take their first allowed value
-    (a key whose only one is "" left out), a list's dicts the same."""
-    if isinstance(option, dict):
-        out = {}
-        for k, allowed in option.items():
-            pick = next((a for a in allowed if a != ""), None) if isinstance(allowed, list) else allowed
-            if pick is not None:
-                out[k] = _realize(pick)
-        return out
-    if isinstance(option, list):
-        return [_realize(v) if isinstance(v, dict) else v for v in option]
-    return option
-
-
-def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[str, List[Dict[str, Any]]]:
-    """The mock on a BFCL question: right with probability ``skill`` (per row, by seed): the expected calls with
-    each parameter's first allowed value (optional ones left out); no call on irrelevance rows, some call on
-    relevance ones. Wrong: the first function's name with "_wrong" (or a call where none should be, or none where
-    one should). As native tool calls (dots in names as underscores) or in BFCL's prompt format."""
-    right = _unit_hash(seed, row.id, "tools") < skill
-    if "relevance" in row.category:
-        wants_call = ("irrelevance" not in row.category) == right
-        f = row.functions[0] if row.functions else {"name": "lookup", "parameters": {"required": ["query"]}}
-        calls = [{f["name"]: {p: "x" for p in f["parameters"].get("required") or ()}}] if wants_call else []
-    else:
-        calls = [{name: _realize(params)} for call in row.expected for name, params in call.items()]
-        if not right:
-            calls = [{list(calls[0])[0] + "_wrong": list(calls[0].values())[0]}] + calls[1:]
-    if not calls:
-        return "None of the functions can answer that; I need more information.", []
-    if native:
-        return "", [{"id": "call_%d" % i, "type": "function", "function": {
-            "name": name.replace(".", "_"), "arguments": json.dumps(params)}}
-            for i, call in enumerate(calls) for name, params in call.items()]
-    return "[%s]" % ", ".join("%s(%s)" % (name, ", ".join("%s=%r" % kv for kv in params.items()))
-                              for call in calls for name, params in call.items()), []
-
-
-def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
-    """The mock's actions on a container task before it submits: ``oracle`` runs the task's solution/solve.sh
-    (read from the folder by the mock; the harness never sends it); ``noop`` nothing; ``plant`` writes reward 1
-    where the verifier puts it; ``tamper`` replaces /tests/test.sh with one that writes reward 1; ``linger`` leaves
-    a background process that writes reward 1 two seconds later (when the verifier runs)."""
-    if policy in ("oracle", "sleepy"):
-        with open(os.path.join(task.path, "solution", "solve.sh"), "rb") as fh:
-            script = base64.b64encode(fh.read()).decode("ascii")
-        return [act("Run the solution.", "echo %s | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh" % script)]
-    reward = "mkdir -p %s && echo 1 > %s/reward.txt" % (VERIFIER_DIR, VERIFIER_DIR)
-    return {"noop": [], "chatty": [],
-            "plant": [act("Write the reward myself.", reward)],
-            "tamper": [act("Replace the tests.", "mkdir -p %s && printf '%%s\\n' '%s' > %s/test.sh" % (
-                TESTS_DIR, reward, TESTS_DIR))],
-            "linger": [act("Leave a helper running.", "nohup sh -c 'sleep 2; %s' >/dev/null 2>&1 &" % reward)]
-            }[policy]
-
-
-class _MockState:
-    """Shared state of one mock server: load, counters, oracle."""
-
-    def rate_take(self, tokens: int) -> Tuple[bool, Dict[str, str]]:
-        """A hosted API's quotas (MockConfig.rate_limit, scaled by rate_schedule): token buckets of requests and
-        tokens a minute, refilled continuously. Takes one request and ``tokens`` when both fit; the x-ratelimit
-        headers either way, and Retry-After (seconds) and retry-after-ms when they do not."""
-        cfg = self.config
-        now = time.monotonic()
-        with self.lock:
-            if not hasattr(self, "_rate"):
-                self._rate = {"t0": now, "t": now, "factor": 1.0,
-                              "level": {"requests": float(cfg.rate_limit[0]), "tokens": float(cfg.rate_limit[1])}}
-            r = self._rate
-            factor = 1.0
-            for at, f in cfg.rate_schedule:
-                if now - r["t0"] >= at:
-                    factor = f
-            caps = {"requests": cfg.rate_limit[0] * factor, "tokens": cfg.rate_limit[1] * factor}
-            for k, cap in caps.items():
-                r["level"][k] = min(cap, r["level"][k] + (now - r["t"]) * cap / 60.0)
-            r["t"] = now
-            need = {"requests": 1.0, "tokens": float(tokens)}
-            wait = max(max(0.0, need[k] - r["level"][k]) / (caps[k] / 60.0) for k in caps)
-            if wait <= 0:
-                for k in caps:
-                    r["level"][k] -= need[k]
-                self.counters["rate_admitted_tokens"] += tokens
-            else:
-                self.counters["rate_limited"] += 1
-            headers = {}
-            for k, cap in caps.items():
-                level = math.floor(max(0.0, r["level"][k]))  # (whole requests and tokens, and the reset of those)
-                headers["x-ratelimit-limit-%s" % k] = "%d" % cap
-                headers["x-ratelimit-remaining-%s" % k] = "%d" % level
-                headers["x-ratelimit-reset-%s" % k] = "%.3fs" % ((cap - level) / (cap / 60.0))
-            if wait > 0:
-                headers["Retry-After"] = "%d" % math.ceil(wait)
-                headers["retry-after-ms"] = "%d" % math.ceil(wait * 1000)
-            return wait <= 0, headers
-
-    def __init__(self, config: MockConfig, oracle: Optional[Dict[str, QAItem]], swe: Sequence[Any] = ()):
-        self.config = config
-        self.oracle = oracle
-        self.swe = list(swe)  # SWE instances the mock plays an agent for
-        self.tool_rows: Dict[str, Any] = {}  # BFCL questions it answers with calls, by their last user message
-        self.lock = threading.Lock()  # guards active, waiting, counters, seen
-        self.active = 0
-        self.max_active = 0
-        self.waiting = 0  # requests queued for a slot (config.slots)
-        self.slots = threading.Semaphore(config.slots) if config.slots > 0 else None
-        self.counters: Dict[str, int] = collections.Counter()
-        self.seen: Dict[str, int] = collections.Counter()
-        self.closing = threading.Event()
-
-    def slowdown(self, active: int) -> float:
-        c = self.config
-        over = max(0, active - c.knee) / max(1, c.knee)
-        return max(1.0, active / max(1, c.knee)) * (1.0 + c.thrash * over)
-
-
-class _MockHandler:
-    """The mock's request handler: mixed before http.server.BaseHTTPRequestHandler when a server starts (so that
-    http.server, and the http.client and email it imports, load only for a mock)."""
-
-    server_version = "evalharness-mock/" + __version__
-    state: _MockState  # set on the per-server subclass
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's parameter name
-        pass
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        except OSError:
-            pass  # a deliberately reset connection
-
-    def _json(self, status: int, obj: Any, headers: Optional[Dict[str, str]] = None) -> None:
-        body = json.dumps(obj).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in dict(getattr(self, "_rate_headers", None) or {}, **(headers or {})).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _error(self, status: int, message: str, headers: Optional[Dict[str, str]] = None) -> None:
-        self._json(status, {"error": {"message": message, "type": "mock_error", "code": status}}, headers)
-
-    def do_GET(self) -> None:
-        st = self.state
-        cfg = st.config
-        if self.path.startswith(("/v1/", "/props", "/info")) and not self._authorized():
-            return
-        if self.path.rstrip("/") in ("/v1/models", "/models") and _mock_models(cfg) is not None:
-            self._json(200, _mock_models(cfg))
-        elif self.path == "/props" and cfg.server_kind == "llama.cpp":
-            self._json(200, {"default_generation_settings": {"n_ctx": cfg.context_len or 1024, "n_predict": -1},
-                             "total_slots": cfg.slots or 1, "model_path": cfg.model})
-        elif self.path == "/info" and cfg.server_kind == "tgi":
-            self._json(200, {"model_id": cfg.model, "max_total_tokens": cfg.context_len or 4096,
-                             "max_input_tokens": (cfg.context_len or 4096) - 1, "router": "text-generation-router"})
-        elif self.path == "/health":
-            self._json(200, {"status": "ok"})
-        elif self.path == "/metrics" and _SERVER_KINDS.get(cfg.server_kind, _SERVER_KINDS["mock"]).running:
-            with st.lock:
-                body = _mock_metrics(_SERVER_KINDS[cfg.server_kind], cfg.model, st.active, st.waiting)
-            if cfg.kv_tokens > 0 and cfg.server_kind in _MOCK_KV_POOL:
-                body += _MOCK_KV_POOL[cfg.server_kind] % {"model": cfg.model, "blocks": cfg.kv_tokens // 16,
-                                                          "tokens": cfg.kv_tokens}
-            raw = body.encode("utf-8")
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-        elif self.path == "/stats":
-            with st.lock:
-                self._json(200, {"active": st.active, "max_active": st.max_active, "counters": dict(st.counters)})
-        else:
-            self._error(404, "no route %s" % self.path)
-
-    def _authorized(self) -> bool:
-        """Whether the request carries the configured key; answers 401 when it does not."""
-        key = self.state.config.api_key
-        auth = self.headers.get("Authorization", "")
-        if key is None or auth == "Bearer " + key:
-            return True
-        # like a real provider, echo what was sent: the client must scrub it
-        self._error(401, "Incorrect API key provided: %s" % auth.replace("Bearer ", ""))
-        return False
-
-    def _reset(self) -> None:
-        import struct
-        self.wfile.flush()
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.connection.close()
-        self.close_connection = True
-
-    def do_POST(self) -> None:
-        st, cfg = self.state, self.state.config
-        path = self.path.rstrip("/")
-        if path in ("/v1/completions", "/completions", "/tokenize", "/extras/tokenize"):
-            if self._authorized():
-                self._completions_or_tokens(path)
-            return
-        if path not in ("/v1/chat/completions", "/chat/completions"):
-            self._error(404, "no route %s" % self.path)
-            return
-        if not self._authorized():
-            return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            req = json.loads(self.rfile.read(length).decode("utf-8"))
-            messages = req["messages"]
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("messages must be a non-empty list")
-            last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            self._error(400, "bad request: %s" % exc)
-            return
-        stream = bool(req.get("stream"))
-        include_usage = cfg.send_usage and (not stream or bool((req.get("stream_options") or {})
-                                                                 .get("include_usage")))
-        key = str(last_user)
-        if st.slots is not None:  # the server's own queue: wait for a slot (counted as waiting, not running)
-            with st.lock:
-                st.waiting += 1
-            while not st.slots.acquire(timeout=0.5):
-                if st.closing.is_set():
-                    with st.lock:
-                        st.waiting -= 1
-                    return
-            with st.lock:
-                st.waiting -= 1
-            self._slot_held = True
-        with st.lock:
-            st.seen[key] += 1
-            nth = st.seen[key]
-            st.counters["requests"] += 1
-            over_cap = cfg.max_concurrency > 0 and st.active >= cfg.max_concurrency
-            if not over_cap:
-                st.active += 1
-                st.max_active = max(st.max_active, st.active)
-        if over_cap:
-            self._uncount()  # (its slot, if it waited for one)
-            with st.lock:
-                st.counters["over_cap"] += 1
-            self._error(cfg.overload_status, "server at capacity", {"Retry-After": "%g" % cfg.retry_after_s})
-            return
-        self._active_counted = True
-        try:
-            fault = None
-            u = _unit_hash(cfg.seed, "fault", key, nth)
-            acc = 0.0
-            for kind, prob in cfg.faults:
-                acc += prob
-                if u < acc:
-                    fault = kind
-                    break
-            if fault:
-                with st.lock:
-                    st.counters["fault_" + fault] += 1
-            self._serve(req, messages, key, stream, include_usage, fault)
-        finally:
-            self._uncount()
-
-    def _completions_or_tokens(self, path: str) -> None:
-        """/v1/completions from the toy model (``_toy_completion``), or a tokenizer endpoint: vLLM's and SGLang's
-        /tokenize ({prompt} or {content}), llama-cpp-python's /extras/tokenize ({input})."""
-        st, cfg = self.state, self.state.config
-        try:
-            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8"))
-            if not isinstance(req, dict):
-                raise ValueError("the body must be a JSON object")
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._error(400, "bad request: %s" % exc)
-            return
-        with st.lock:
-            st.counters["requests"] += 1
-            st.counters[path.rsplit("/", 1)[-1]] += 1
-        if path.endswith("tokenize"):
-            text = req.get("input") if path == "/extras/tokenize" else req.get("prompt", req.get("content"))
-            if not cfg.tokenizer or not isinstance(text, str):
-                self._error(404 if not cfg.tokenizer else 400, "no route %s" % self.path if not cfg.tokenizer
-                            else "bad request: the text to tokenize is missing")
-                return
-            special = req.get("add_special_tokens", req.get("add_special", path == "/tokenize"))
-            if cfg.llama_cpp_python:  # its /extras/tokenize: always the start token, and the SPM space
-                special, text = True, " " + text
-            ids = [TOY_EOT] * bool(special) + [toy_id(t) for t in toy_tokens(text)]  # (the start token: EOT)
-            self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": cfg.context_len or None})
-            return
-        if cfg.ttft_s:  # the time a prefill takes (tests that stop a run mid-way need requests that last)
-            st.closing.wait(cfg.ttft_s)
-        prompt = req.get("prompt")
-        many = isinstance(prompt, list) and prompt and (isinstance(prompt[0], (str, list)))
-        prompts = list(prompt) if many else [prompt]
-        if cfg.llama_cpp_python and not all(isinstance(p, str) for p in prompts):  # prompt: Union[str, List[str]]
-            self._error(500, "1 validation error: {'type': 'string_type', 'loc': ('body', 'prompt', 'str'), "
-                             "'msg': 'Input should be a valid string'}")
-            return
-        if cfg.llama_cpp_python and len(prompts) > 1:  # (its assert len(body.prompt) <= 1)
-            self._error(500, "")
-            return
-        try:
-            if not prompts or not all(isinstance(p, str) or (isinstance(p, list) and all(
-                    isinstance(t, int) for t in p)) for p in prompts):
-                raise ValueError("prompt must be text, token ids, or a list of either")
-            max_tokens = int(req.get("max_tokens", 16))
-            newer = cfg.server_kind == "llama.cpp"  # llama-server: generated tokens' log-probabilities only
-            choices = [_toy_completion(p, max_tokens, bool(req.get("echo")), req.get("logprobs"), newer,
-                                       cfg.llama_cpp_python) for p in prompts]
-        except (ValueError, TypeError, UnicodeDecodeError) as exc:
-            self._error(400, "bad request: %s" % exc)
-            return
-        usage = {"prompt_tokens": sum(c.pop("_prompt_tokens", 0) for c in choices),
-                 "completion_tokens": sum(c.pop("_completion_tokens", max_tokens) for c in choices)}
-        if cfg.llama_cpp_python:  # (its start token is counted, and dropped from the echo)
-            usage["prompt_tokens"] += len(choices)
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        self._json(200, {"id": "cmpl-mock", "object": "text_completion", "created": int(time.time()),
-                         "model": cfg.reply_model or req.get("model") or cfg.model,
-                         "choices": [dict(c, index=i) for i, c in enumerate(choices)], "usage": usage})
-
-    def _uncount(self) -> None:
-        """Stop counting this request as active (before its last bytes go out, so a client that has read them
-        and sends its next request never sees itself counted twice)."""
-        if getattr(self, "_active_counted", False):
-            self._active_counted = False
-            with self.state.lock:
-                self.state.active -= 1
-        if getattr(self, "_slot_held", False):
-            self._slot_held = False
-            self.state.slots.release()
-
-    def _reply_text(self, key: str, messages: Sequence[Any] = (), seed: Any = None) -> str:
-        st = self.state
-        if st.swe:
-            return _swe_mock_reply(st.swe, st.config.swe_policy, messages)
-        judged = _mock_judge_reply(key)
-        if judged is not None:
-            return judged
-        if st.oracle is None:
-            return "This is the mock model."
-        item = st.oracle.get(key)
-        if item is None:
-            return "I have no reference for this question."
-        # a request's own seed (repeats of a row, --epochs) draws again; without one the answer is fixed per prompt
-        correct = _unit_hash(st.config.seed, "oracle", key, *(() if seed is None else (seed,))) < st.config.skill
-        return _oracle_reply(item, correct)
-
-    def _serve(self, req: Dict[str, Any], messages: List[Any], key: str, stream: bool, include_usage: bool,
-               fault: Optional[str]) -> None:
-        """A chat request: an injected fault, or the reply (``_compose``) written as one JSON body or a stream."""
-        cfg = self.state.config
-        if fault in ("429", "503", "500", "400"):
-            headers = {"Retry-After": "%g" % cfg.retry_after_s} if fault in ("429", "503") else {}
-            self._error(int(fault), "injected fault %s%s" % (fault, ": the prompt is too long for the context"
-                                                            if fault == "400" else ""), headers)
-            return
-        if fault == "hang":
-            self.state.closing.wait(cfg.hang_s)
-            return
-        if fault == "reset" and not stream:
-            self._reset()
-            return
-        if cfg.tools_refused and req.get("tools"):  # vLLM without tool parsing answers so
-            self._error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
-            return
-        reply = self._compose(req, messages, key)
-        if reply is None:
-            return
-        self._rate_headers = None
-        if cfg.rate_limit:  # a hosted API's quotas: requests and tokens a minute
-            ok, headers = self.state.rate_take(reply.usage["prompt_tokens"] + reply.usage["completion_tokens"])
-            if not ok:
-                self._error(429, "Rate limit reached: requests or tokens per minute", headers)
-                return
-            self._rate_headers = headers
-        if stream:
-            self._write_stream(reply, include_usage, fault)
-        else:
-            self._write_json(reply, include_usage, fault)
-
-    def _compose(self, req: Dict[str, Any], messages: List[Any], key: str) -> Optional["_MockReply"]:
-        """The reply to a chat request, as tokens with their pacing (None: the context is too small, answered 400)."""
-        st, cfg = self.state, self.state.config
-        text = self._reply_text(key, messages, req.get("seed"))
-        tool_calls: List[Dict[str, Any]] = []
-        if req.get("tools") and st.swe:  # tool-calling mode: the fenced action becomes one `bash` call
-            found = re.search(r"```bash\n(.*?)\n```", text, re.S)
-            if found:
-                tool_calls.append({"id": "call_%d" % random.getrandbits(32), "type": "function",
-                                   "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}})
-                text = text[:found.start()].strip()
-        if st.tool_rows:  # a BFCL question: calls drawn from its possible answers at the mock's skill
-            row = st.tool_rows.get(next((str(m.get("content")) for m in reversed(messages)
-                                         if isinstance(m, dict) and m.get("role") == "user"), ""))
-            if row is not None:
-                text, tool_calls = _tool_mock_reply(row, bool(req.get("tools")), cfg.skill, cfg.seed)
-        reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
-        thought = _TOKEN_RE.findall(reasoning + " ") if reasoning else []
-        if cfg.reasoning_style == "think" and thought:
-            pieces = [("content", t) for t in ["<think>"] + thought + ["</think>\n"]]
-        else:
-            pieces = [("reasoning_content", t) for t in thought]
-        n_thought = len(pieces)
-        pieces += [("content", t) for t in _TOKEN_RE.findall(text)]
-        prompt_tokens = sum(len(_TOKEN_RE.findall(str(m.get("content", "")))) for m in messages)
-        max_tokens = req.get("max_tokens")
-        if cfg.context_len and prompt_tokens + (max_tokens if isinstance(max_tokens, int) else 0) > cfg.context_len:
-            if cfg.server_kind == "llama.cpp" and prompt_tokens < cfg.context_len:
-                max_tokens = cfg.context_len - prompt_tokens  # llama.cpp cuts the answer at the slot's end
-            else:
-                self._error(400, "This model's maximum context length is %d tokens. However, you requested %d tokens "
-                            "(%d in the messages, %s in the completion). Please reduce the length of the messages "
-                            "or completion." % (cfg.context_len, prompt_tokens + (max_tokens or 0), prompt_tokens,
-                                                max_tokens or 0))
-                return None
-        finish = "stop"
-        if isinstance(max_tokens, int) and 0 < max_tokens < len(pieces):
-            pieces, finish = pieces[:max_tokens], "length"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
-                 "total_tokens": prompt_tokens + len(pieces),
-                 "completion_tokens_details": {"reasoning_tokens": min(n_thought, len(pieces))}}
-        if cfg.cached_share:
-            usage["prompt_tokens_details"] = {"cached_tokens": int(prompt_tokens * cfg.cached_share)}
-        with st.lock:
-            ttft = cfg.ttft_s * st.slowdown(st.active)
-        return _MockReply(rid="chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48),
-                          model=cfg.reply_model if cfg.reply_model is not None else req.get("model"),
-                          pieces=pieces, finish=finish, usage=usage, tool_calls=tool_calls, reasoning=bool(reasoning),
-                          ttft_s=ttft)
-
-    def _token_delay(self) -> float:
-        """Seconds one token takes at the current load."""
-        st = self.state
-        if st.config.decode_tok_s <= 0:
-            return 0.0
-        with st.lock:
-            active = st.active
-        return st.slowdown(active) / st.config.decode_tok_s
-
-    def _wait(self, seconds: float) -> None:
-        if seconds > 0:
-            self.state.closing.wait(seconds)
-
-    def _completed(self) -> None:
-        self._uncount()
-        with self.state.lock:
-            self.state.counters["completed"] += 1
-
-    def _write_json(self, reply: "_MockReply", include_usage: bool, fault: Optional[str]) -> None:
-        self._wait(reply.ttft_s + sum(self._token_delay() for _ in reply.pieces))
-        if fault == "malformed":
-            body = b'{"id": "broken", "choices": [{"message": '
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        finish = reply.finish
-        message = {"role": "assistant", "content": "".join(t for k, t in reply.pieces if k == "content")}
-        if reply.tool_calls:
-            message["tool_calls"] = list(reply.tool_calls)
-            finish = "tool_calls"
-        if reply.reasoning:
-            message["reasoning_content"] = "".join(t for k, t in reply.pieces if k == "reasoning_content")
-        out = {"id": reply.rid, "object": "chat.completion", "created": 0, "model": reply.model,
-               "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-        if include_usage:
-            out["usage"] = reply.usage
-        self._completed()
-        self._json(200, out)
-
-    def _write_stream(self, reply: "_MockReply", include_usage: bool, fault: Optional[str]) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        for k, v in (getattr(self, "_rate_headers", None) or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-
-        def event(obj: Any) -> None:
-            self.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
-
-        base = {"id": reply.rid, "object": "chat.completion.chunk", "created": 0, "model": reply.model}
-        event(dict(base, choices=[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]))
-        self.wfile.flush()
-        self._wait(reply.ttft_s)
-        debt = 0.0
-        pieces, finish = reply.pieces, reply.finish
-        for i, (field, tok) in enumerate(pieces):
-            if fault == "reset" and i == 1:
-                self._reset()
-                return
-            if fault == "malformed" and i == 1:
-                self.wfile.write(b'data: {"choices": [{"delta": {"content": \n\n')
-                self.wfile.flush()
-                return
-            if fault == "truncate" and i == len(pieces) // 2:
-                self.wfile.flush()
-                return  # the connection closes with no finish_reason and no [DONE]
-            event(dict(base, choices=[{"index": 0, "delta": {field: tok}, "finish_reason": None}]))
-            debt += self._token_delay()
-            if debt >= 0.002:  # sleep in slices of >= 2 ms: per-token sleeps would be all overhead
-                self.wfile.flush()
-                self._wait(debt)
-                debt = 0.0
-        for index, call in enumerate(reply.tool_calls):  # each in two pieces, as servers send them: id and name
-            args = call["function"]["arguments"]                # first, then the arguments
-            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(call, index=index, function={
-                "name": call["function"]["name"], "arguments": args[:len(args) // 2]})]}, "finish_reason": None}]))
-            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [{"index": index, "function": {
-                "arguments": args[len(args) // 2:]}}]}, "finish_reason": None}]))
-            finish = "tool_calls"
-        event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
-        if include_usage:
-            event(dict(base, choices=[], usage=reply.usage))
-        self._completed()
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-
-
-class _MockReply:
-    """A mock reply, composed once and written by either writer: its tokens as (field, text) pieces (reasoning
-    first), why it ended, its usage, a tool call, and the time to its first token at the load it met."""
-
-    __slots__ = ("rid", "model", "pieces", "finish", "usage", "tool_calls", "reasoning", "ttft_s")
-
-    def __init__(self, *, rid: str, model: Any, pieces: List[Tuple[str, str]], finish: str, usage: Dict[str, Any],
-                 tool_calls: Sequence[Dict[str, Any]], reasoning: bool, ttft_s: float):
-        self.rid, self.model, self.pieces, self.finish, self.usage = rid, model, pieces, finish, usage
-        self.tool_calls, self.reasoning, self.ttft_s = tool_calls, reasoning, ttft_s
-
-
-class _MockHTTPServer:
-    """Mixed before http.server.ThreadingHTTPServer when a server starts (see _MockHandler)."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 512
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], (ConnectionError, socket.timeout)):
-            return  # a client that hung up (timeout, Ctrl-C) is normal traffic, not a server error
-        super().handle_error(request, client_address)
-
-
-class MockServer:
-    """The mock model server bound to ``host:port`` (port 0 picks a free one), served by a background thread.
-
-    ``oracle`` is a Dataset whose rows the server answers from, right with probability ``config.skill``.
-    """
-
-    def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
-                 oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None,
-                 tools: Optional["ToolDataset"] = None):
-        if config.server_kind not in MOCK_SERVER_KINDS:
-            raise ConfigError("--server-kind must be one of %s, got %r" % (", ".join(MOCK_SERVER_KINDS),
-                                                                            config.server_kind))
-        if config.swe_policy not in SWE_MOCK_POLICIES:
-            raise ConfigError("--swe-policy must be one of %s, got %r" % (", ".join(SWE_MOCK_POLICIES),
-                                                                           config.swe_policy))
-        table = None
-        if oracle is not None:
-            table = {}
-            for item in oracle.iter_items():
-                user = [m["content"] for m in item.messages if m["role"] == "user"]
-                table[user[-1]] = item
-        self.state = _MockState(config, table, swe.items if swe is not None else ())
-        for row in (tools.iter_items() if tools is not None else ()):
-            self.state.tool_rows[next((m["content"] for m in reversed(row.messages) if m["role"] == "user"), "")] = row
-        handler = type("_BoundMockHandler", (_MockHandler, http.server.BaseHTTPRequestHandler), {"state": self.state})
-        server = type("_BoundMockHTTPServer", (_MockHTTPServer, http.server.ThreadingHTTPServer), {})
-        try:
-            self._httpd = server((host, port), handler)
-        except OSError as exc:
-            raise ConfigError("cannot listen on %s:%d: %s" % (host, port, exc.strerror or exc)) from None
-        self.host, self.port = self._httpd.server_address[:2]
-        self._thread: Optional[threading.Thread] = None
-
-    @property
-    def url(self) -> str:
-        return "http://%s:%d/v1" % (self.host, self.port)
-
-    def start(self) -> "MockServer":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="evalharness-mock-0", daemon=True)
-        self._thread.start()
-        return self
-
-    def stats(self) -> Dict[str, Any]:
-        with self.state.lock:
-            return {"active": self.state.active, "max_active": self.state.max_active,
-                    "counters": dict(self.state.counters)}
-
-    def close(self) -> None:
-        """Stop serving and wake hung handlers. Idempotent."""
-        if self._thread is None:
-            return
-        self.state.closing.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-        self._thread = None
-
-    def __enter__(self) -> "MockServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 # =============================================================================
 # Docker CLI
@@ -6695,7 +5984,6 @@ def _registry_has(mirror: str, ref: str, timeout_s: float = 5.0) -> Optional[boo
     except (urllib.error.URLError, OSError):
         return None
 
-
 # =============================================================================
 # Images
 # =============================================================================
@@ -7173,16 +6461,6 @@ def _read_image_state(path: str) -> Dict[str, Any]:
         return {}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 SWE_IMAGE_TEMPLATE = "swebench/sweb.eval.x86_64.{id_1776}:latest"
 
 
@@ -7365,36 +6643,6 @@ LABEL_INSTANCE = "evalharness.instance"
 LABEL_SLURM_JOB = "slurm.job"          # the Slurm job a container belongs to (SLURM_JOB_ID), when run by one
 SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 TIMEOUT_EXIT_CODES = (124, 137)        # timeout(1): TERM sent (124), or KILL after the grace (-k) period (137)
-
-
-def _process_start_ticks(pid: int) -> str:
-    """The start time of process ``pid`` (clock ticks since boot, Linux); "" when unknown. With the pid it names a
-    process uniquely even after the pid is reused."""
-    try:
-        with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def _owner_label() -> str:
-    pid = os.getpid()
-    return "%s:%d:%s" % (socket.gethostname(), pid, _process_start_ticks(pid))
-
-
-def _owner_alive(owner: str) -> Optional[bool]:
-    """Is the process named by an owner label still running? None when it ran on another host."""
-    host, _, rest = owner.partition(":")
-    pid_text, _, ticks = rest.partition(":")
-    if host != socket.gethostname():
-        return None
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if not _pid_alive(pid):
-        return False
-    return not ticks or _process_start_ticks(pid) == ticks
 
 
 def reap_leftover_containers(docker: DockerCLI) -> List[str]:
@@ -7871,6 +7119,206 @@ class RunStore:
         self.close()
 
 
+def _read_jsonl_tolerant(path: str) -> List[Dict[str, Any]]:
+    """Records of a JSONL file; a line that does not parse (a torn tail after a kill) is skipped."""
+    out: List[Dict[str, Any]] = []
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    try:
+                        rec = json.loads(raw.decode("utf-8"))
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict):
+                        out.append(rec)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _read_json_file(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+PARTITION_BYTES = 32 << 20  # a samples file past this size is deduplicated through partitions on disk
+
+
+def _numbered_records(path: str, upto: Optional[int] = None) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """(line number, record) of a JSONL file's records with an id (a torn or foreign line is skipped); the lines
+    before ``upto`` only."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for n, raw in enumerate(fh):
+            if upto is not None and n >= upto:
+                return
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "id" in rec:
+                yield n, rec
+
+
+def _run_json_lean(path: str) -> Tuple[Dict[str, Any], Optional[Callable[[], Iterator[str]]]]:
+    """run.json without its dataset's id list, and a function that yields that list's ids one by one (None when
+    it has none): the list is a run's only part that grows with its rows (17 MB of text for a million), so it is
+    read line by line as _write_json lays it out (one id a line), never held as text or as a list; a file laid
+    out otherwise is read whole."""
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return {}, None
+    kept: List[bytes] = []
+    span: Optional[Tuple[int, int]] = None
+    with fh:
+        pos = 0
+        for line in fh:
+            start, pos = pos, pos + len(line)
+            if span is None and line.strip() == b'"ids": [':
+                first, strings = pos, True
+                for inner in fh:
+                    start, pos = pos, pos + len(inner)
+                    if inner.strip() in (b"]", b"],"):
+                        span = (first, start) if strings else None  # (a list of other things: read whole)
+                        kept.append(line.rstrip().rstrip(b"[") + b"[]" + inner.strip()[1:] + b"\n")
+                        break
+                    strings = strings and inner.lstrip().startswith(b'"')
+                continue
+            kept.append(line)
+    if span is not None:
+        try:
+            info = json.loads(b"".join(kept).decode("utf-8"))
+        except ValueError:
+            info = None
+        ds = info.get("dataset") if isinstance(info, dict) else None
+        if isinstance(ds, dict) and ds.get("ids") == []:  # the list cut out was the dataset's
+            ds.pop("ids")
+            a, b = span
+
+            def ids() -> Iterator[str]:
+                with open(path, "rb") as fh:
+                    fh.seek(a)
+                    for raw in fh:
+                        a_line = raw.strip().rstrip(b",")
+                        if not a_line.startswith(b'"'):
+                            return
+                        yield json.loads(a_line.decode("utf-8"))
+            return info, (ids if b > a else None)
+    info = _read_json_file(path)
+    ds = info.get("dataset")
+    listed = ds.pop("ids", None) if isinstance(ds, dict) else None
+    if not isinstance(listed, list) or not listed:
+        return info, None
+    return info, lambda: iter(map(str, listed))
+
+
+class _LatestRecords:
+    """The latest record of each sample id of a samples file (a later line of an id replaces an earlier one: a
+    retry), only the ids of ``wanted`` when given, in file order: iterate it once. Memory: what is dropped (a line
+    number for each superseded record) and, for a file past PARTITION_BYTES, one partition's ids at a time (the
+    ids and line numbers go to partition files by crc32 of the id, each read back on its own); never the records.
+    The file is read twice (ids, then records), up to the line count of the first read (a run still appending).
+    ``observe`` sees every parsed record of the first read (superseded ones too); ``count`` the ids kept."""
+
+    def __init__(self, path: str, wanted: Optional[Iterable[str]] = None,
+                 observe: Optional[Callable[[Dict[str, Any]], None]] = None):
+        self.path, self.count, self.lines = path, 0, 0
+        self.drop: set = set()
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        parts = 1 + size // PARTITION_BYTES
+        if parts == 1:
+            self._dedupe(list(self._first_read(observe)),
+                         None if wanted is None else wanted if isinstance(wanted, (set, frozenset)) else set(wanted))
+            return
+        tmp = tempfile.mkdtemp(prefix="evalharness-ids-")
+        try:
+            files = [open(os.path.join(tmp, "%d" % i), "w", encoding="utf-8") for i in range(parts)]
+            try:
+                for n, sid in self._first_read(observe):
+                    files[zlib.crc32(sid.encode("utf-8")) % parts].write("%d\t%s\n" % (n, json.dumps(sid)))
+                for sid in wanted if wanted is not None else ():
+                    files[zlib.crc32(sid.encode("utf-8")) % parts].write("-1\t%s\n" % json.dumps(sid))
+            finally:
+                for fh in files:
+                    fh.close()
+            for i in range(parts):
+                seen: List[Tuple[int, str]] = []
+                want: Optional[set] = set() if wanted is not None else None
+                with open(os.path.join(tmp, "%d" % i), encoding="utf-8") as fh:
+                    for line in fh:
+                        n_s, sid_s = line.rstrip("\n").split("\t", 1)
+                        if n_s == "-1":
+                            want.add(json.loads(sid_s))  # type: ignore[union-attr]
+                        else:
+                            seen.append((int(n_s), json.loads(sid_s)))
+                self._dedupe(seen, want)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _first_read(self, observe: Optional[Callable[[Dict[str, Any]], None]]
+                    ) -> Iterator[Tuple[int, str]]:
+        """(line number, id) of every record, each shown to ``observe``."""
+        for n, rec in _numbered_records(self.path):
+            self.lines = n + 1
+            if observe is not None:
+                observe(rec)
+            yield n, str(rec["id"])
+
+    def _dedupe(self, seen: List[Tuple[int, str]], want: Optional[set]) -> None:
+        last: Dict[str, int] = {}
+        for n, sid in seen:
+            prev = last.get(sid)
+            if prev is not None:
+                self.drop.add(prev)
+            last[sid] = n
+        for sid, n in last.items():
+            if want is not None and sid not in want:
+                self.drop.add(n)  # an id that left the dataset: not this run's result
+            else:
+                self.count += 1
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        for n, rec in _numbered_records(self.path, upto=self.lines):
+            if n not in self.drop:
+                yield rec
+
+
+def _live_status(run_dir: str, status: str) -> str:
+    """run.json's status, except that a "running" run whose process is gone (killed with -9, host crash) is
+    "interrupted": the lock file names the holder (pid on host) and is emptied by a clean exit."""
+    if status != "running":
+        return status
+    try:
+        with open(os.path.join(run_dir, RunStore.LOCK), encoding="utf-8") as fh:
+            holder = fh.read().strip()
+    except OSError:
+        return "interrupted"
+    m = re.match(r"pid (\d+) on (\S+)", holder)
+    if not m:
+        return "interrupted"
+    if m.group(2) != socket.gethostname():
+        return "running (on %s)" % m.group(2)  # another host's process: cannot tell from here
+    return "running" if _pid_alive(int(m.group(1))) else "interrupted"
+
+
+def _shard_label(shard: Optional[Tuple[int, int]]) -> str:
+    """" (shard I of N: a part of the run)" for a shard's titles, so its score is never read as the run's."""
+    return "" if shard is None else " (shard %d of %d: a part of the run; merge OUT for the whole)" % shard
+
 # =============================================================================
 # Summary
 # =============================================================================
@@ -7964,54 +7412,6 @@ class _Quantiles:
         for key, c in self.buckets.items():
             counts[min(bins - 1, max(0, int((self._mid(key) - lo) / width)))] += c
         return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
-
-
-class _Mean:
-    """Count, sum and spread of a stream of scores (Welford), and whether all are 0/1: what _mean_ci needs."""
-
-    __slots__ = ("n", "total", "mean", "m2", "binary")
-
-    def __init__(self) -> None:
-        self.n, self.total, self.mean, self.m2, self.binary = 0, 0.0, 0.0, 0.0, True
-
-    def add(self, v: float) -> None:
-        self.n += 1
-        self.total += v
-        d = v - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (v - self.mean)
-        if v not in (0, 1):
-            self.binary = False
-
-    def ci(self) -> Dict[str, Any]:
-        return _mean_ci_of(self)
-
-
-class _CostSum:
-    """The cost of a stream of sample records (their "cost"), by kind of request: cost_summary's figures."""
-
-    def __init__(self) -> None:
-        self.total, self.by_role, self.priced, self.unpriced, self.n = 0.0, {}, 0, 0, 0  # type: ignore[var-annotated]
-
-    def add(self, c: Any) -> None:
-        if not isinstance(c, dict):
-            return
-        self.n += 1
-        if any(v is None for v in c.values()):
-            self.unpriced += 1
-        if any(v is not None for v in c.values()):
-            self.priced += 1
-        for role, v in c.items():
-            if v is not None:
-                self.total += v
-                self.by_role[role] = self.by_role.get(role, 0.0) + v
-
-    def result(self) -> Optional[Dict[str, Any]]:
-        if not self.n:
-            return None
-        return {"total": round(self.total, 6), "by_role": {k: round(v, 6) for k, v in sorted(self.by_role.items())},
-                "samples": self.n, "samples_priced": self.priced, "samples_unpriced": self.unpriced,
-                "per_sample": round(self.total / self.priced, 8) if self.priced else None}
 
 
 class _Spans:
@@ -8292,6 +7692,19 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
         lines.append("run directory: %s" % run_dir)
     return "\n".join(lines)
 
+
+def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
+    if not values:
+        return {"edges": [], "counts": []}
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        hi = lo + 1e-9
+    width = (hi - lo) / bins
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int((v - lo) / width))] += 1
+    return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
+
 # =============================================================================
 # Runner
 # =============================================================================
@@ -8552,14 +7965,6 @@ def _guarded(items: Iterable[Any]) -> Iterator[Any]:
         yield _FeedError(exc)
 
 
-def _drain(q: "queue.Queue[Any]") -> None:
-    try:
-        while True:
-            q.get_nowait()
-    except queue.Empty:
-        pass
-
-
 def _epoch_fields(item: Any) -> Dict[str, Any]:
     """row_id and epoch of a repeated sample (--epochs); nothing otherwise."""
     return {"row_id": item.row_id, "epoch": item.epoch} if getattr(item, "epoch", 0) else {}
@@ -8589,6 +7994,1058 @@ def _failed_record(item: Any, started: float, error: str, error_class: str) -> D
             **_question_fields(item),
             "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
 
+# =============================================================================
+# Shared gates
+# =============================================================================
+# The shards of a run under one OUT share the endpoint through OUT/.gate/: one small file per live shard, rewritten
+# every HEARTBEAT_S, with its requests in flight. The lowest live shard leads: its controller (the same
+# GradientLimit a lone run has) adapts the total concurrency of all shards, reading each of its requests' load as
+# the load the endpoint had (its own in flight plus the followers', from their files), and every shard runs at
+# the total over the live shards. So the shards together hold what one process would, and a shard that comes or
+# goes changes only the shares. A follower's overload cuts its own share at once and reaches the leader's
+# controller through its file. A shard whose file is older than STALE_S (killed) no longer counts; when the
+# leader goes, the next lowest leads from the total it was part of.
+SHARED_GATE_DIR = ".gate"
+SHARED_GATE_HEARTBEAT_S = 0.5
+SHARED_GATE_STALE_S = 5.0
+
+
+class _ShardFile:
+    """A shard's file in OUT/.gate/, rewritten by ``beat`` every heartbeat in a thread of its own (a lost shared
+    filesystem keeps the last view); ``close`` stops it and removes the file, so the others stop counting it."""
+
+    _path: str
+    _stop: threading.Event
+
+    def beat(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
+            try:
+                self.beat()
+            except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: keep the last view
+                _log.debug("%s: %s", type(self).__name__, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            os.unlink(self._path)
+        except OSError:
+            pass
+
+
+class _RateShare(_ShardFile):
+    """The live shards of a run, for --requests/--tokens-per-minute: each writes OUT/.gate/rate-shard-I.json every
+    heartbeat with what it started in the last minute, by second (``window``: [wall second, requests, tokens], the
+    second rounded up so an entry counts no shorter than it does at the server), and the shards it sees live
+    (``sees``). ``live()`` gives the count of fresh files not done (its own among them) and the others' requests
+    and tokens of the last minute, so each paces at its share and all of them under the total.
+
+    The two moments the live count changes: a shard that starts sends nothing until every live shard has written
+    a heartbeat that sees it (from then on each of them holds to its new share, and what it published of its last
+    minute is current); a shard that ends (or is killed) leaves its last minute in its file (``done``), which the
+    others count until it has aged out of the minute, as the server does."""
+
+    def __init__(self, gate_dir: str, index: int):
+        self.dir, self.index = gate_dir, index
+        os.makedirs(gate_dir, exist_ok=True)
+        self._path = os.path.join(gate_dir, "rate-shard-%d.json" % index)
+        self._stop = threading.Event()
+        self._live: Tuple[int, float, float] = (1, 0.0, 0.0)
+        # the pacer's last minute: [(seconds ago, requests, tokens)] (attach)
+        self.usage: Callable[[], List[Tuple[float, float, float]]] = lambda: []
+        self.beat()
+        deadline = time.monotonic() + SHARED_GATE_STALE_S
+        while True:
+            time.sleep(SHARED_GATE_HEARTBEAT_S + 0.1)
+            peers = self.beat()
+            if all(self.index in p.get("sees", ()) for p in peers) or time.monotonic() > deadline:
+                break  # (one that has not seen it in STALE_S is not live any more)
+        threading.Thread(target=self._run, name="evalharness-rate-share-0", daemon=True).start()
+
+    def _window(self, now: float) -> List[List[float]]:
+        by_second: Dict[float, List[float]] = {}
+        for ago, requests, tokens in self.usage():
+            second = float(math.ceil(now - ago))
+            cell = by_second.setdefault(second, [second, 0.0, 0.0])
+            cell[1] += requests
+            cell[2] += tokens
+        return [by_second[k] for k in sorted(by_second)]
+
+    def beat(self, done: bool = False) -> List[Dict[str, Any]]:
+        """Read the others, then publish this shard's minute and whom it saw; returns the live others' files."""
+        now = time.time()
+        live: List[Dict[str, Any]] = []
+        o_req = o_tok = 0.0
+        for name in os.listdir(self.dir):
+            m = re.match(r"rate-shard-(\d+)\.json$", name)
+            if not m or int(m.group(1)) == self.index:
+                continue
+            peer = _read_json_file(os.path.join(self.dir, name))
+            if not peer:
+                continue
+            for cell in peer.get("window") or ():  # live or not: what it sent counts for its minute
+                if now - float(cell[0]) < RatePacer.WINDOW_S:
+                    o_req += float(cell[1])
+                    o_tok += float(cell[2])
+            if not peer.get("done") and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
+                live.append(peer)
+        _write_json(self._path, {"index": self.index, "pid": os.getpid(), "t": now, "done": done,
+                                 "sees": sorted(int(p.get("index", -1)) for p in live),
+                                 "window": self._window(now)})
+        self._live = (1 + len(live), o_req, o_tok)
+        return live
+
+    def live(self) -> Tuple[int, float, float]:
+        return self._live
+
+    def close(self) -> None:
+        """Stop, leaving the last minute in the file for the others (``done``: no longer a live shard)."""
+        self._stop.set()
+        try:
+            self.beat(done=True)
+        except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: the others see it go stale
+            _log.debug("rate share: %s", exc)
+
+
+class _SharedLimit(_ShardFile, Limit):
+    """A limit algorithm shared by the shards of one run: see the comment above. ``limit`` is this shard's share;
+    the leader's controller (a GradientLimit) works in the total. What it reads: every shard's successes (speed,
+    load plus the others' in flight, first tokens) and overloads. What it does not: the server's queue gauges
+    (``on_server`` is the base's no-op, and a sharded run starts no metrics poller): they count every shard's
+    requests at one instant, while a shard knows the others' in flight only as of their last heartbeat."""
+
+    shared = True
+
+    def __init__(self, gate_dir: str, index: int, make_inner: Callable[[int], Any], initial: int, *,
+                 clock: Callable[[], float] = time.time, heartbeat: bool = True):
+        self.dir, self.index, self._make_inner, self._clock = gate_dir, index, make_inner, clock
+        self._inner = make_inner(initial)  # the leader's controller of the total
+        self.total = float(initial)
+        self.limit = float(initial)
+        self.leader = True
+        self.live = 1
+        self.gate: Optional[AdaptiveGate] = None  # this shard's gate (attach): its in-flight goes in the file
+        self._others = 0.0                # the leader's view: the followers' requests in flight
+        self._overloads = 0               # this shard's, published
+        self._seen: Dict[str, int] = {}   # the leader's view of the followers' overload counts
+        self._lock = threading.Lock()     # guards the fields above (the heartbeat thread and the gate)
+        self._stop = threading.Event()
+        os.makedirs(gate_dir, exist_ok=True)
+        self._path = os.path.join(gate_dir, "shard-%d.json" % index)
+        self.beat()
+        if heartbeat:  # (the tests beat by hand)
+            threading.Thread(target=self._run, name="evalharness-shared-gate-0", daemon=True).start()
+
+    @property
+    def discovered(self) -> Optional[float]:  # type: ignore[override]
+        found = self._inner.discovered if self.leader else None
+        return found / self.live if found else self.limit
+
+    def attach(self, gate: AdaptiveGate) -> None:
+        self.gate = gate
+
+    def window_stamp(self) -> int:
+        return self._inner.window_stamp()
+
+    def _share(self, total: float) -> float:
+        self.total = float(total)
+        self.limit = max(1.0, self.total / self.live)
+        return self.limit
+
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
+                  ttft_s: Optional[float] = None) -> float:
+        with self._lock:
+            if self.leader:
+                self._share(self._inner.on_sample(now, stamp, speed, load + self._others, elapsed_s, ttft_s))
+            return self.limit
+
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
+                    rate_limited: bool = False, refused: bool = False) -> float:
+        with self._lock:
+            self._overloads += 1
+            if self.leader:
+                self._share(self._inner.on_overload(now, pause_s, None if level is None else level + self._others,
+                                                    rate_limited=rate_limited, refused=refused))
+            else:  # at once; the leader cuts the total when it reads this overload from our file
+                self.limit = max(1.0, self.limit * self._inner.backoff_ratio)
+            return self.limit
+
+    def beat(self) -> None:
+        """Read the live shards' files, take the leader's role or its total, and write this shard's file."""
+        now = self._clock()
+        peers: Dict[int, Dict[str, Any]] = {}
+        for name in os.listdir(self.dir):
+            m = re.match(r"shard-(\d+)\.json$", name)
+            if not m or int(m.group(1)) == self.index:
+                continue
+            peer = _read_json_file(os.path.join(self.dir, name))
+            if peer and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
+                peers[int(m.group(1))] = peer
+        with self._lock:
+            leader = min([self.index] + list(peers)) == self.index
+            if leader and not self.leader:  # promoted: adapt on from the total it was part of
+                self._inner = self._make_inner(max(1, int(round(self.total))))
+                self._inner.limit = self.total
+            self.leader, self.live = leader, 1 + len(peers)
+            if leader:
+                self._others = sum(float(p.get("in_flight") or 0) for p in peers.values())
+                for i, peer in peers.items():
+                    count, before = int(peer.get("overloads") or 0), self._seen.get(str(i))
+                    if before is not None and count > before:  # a follower met an overload since the last beat
+                        self._inner.on_overload(time.monotonic(), 0.0, None)
+                    self._seen[str(i)] = count
+                self._share(self._inner.limit)
+            else:
+                self._share(float(peers[min(peers)].get("total") or self.total))
+            state = {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(), "t": now,
+                     "limit": self.limit, "total": self.total, "leader": leader, "live": self.live,
+                     "overloads": self._overloads, "in_flight": self.gate.in_flight if self.gate else 0}
+        _write_json(self._path, state)
+
+# =============================================================================
+# Report
+# =============================================================================
+# `report RUN_DIR` recomputes everything from samples.jsonl (so it works on a killed run), adds what events.jsonl
+# and run.json tell (concurrency over time, drain pauses, discovered limit), and renders a text table or JSON (the
+# page: HTML report); the kind's own block comes from its hooks (_Kind.report_data, report_lines, report_json),
+# reached through the registry.
+
+REPORT_HTML = "report.html"
+
+
+SAMPLES_SHOWN = 200  # wrong or failed samples a report lists (the smallest ids)
+
+
+class _FirstPass:
+    """What the report's time axis needs before the records are read (their first read, every stored attempt):
+    the first start, the last finish, and the latest time before each attempt's start (the idle gaps)."""
+
+    def __init__(self, events: Sequence[Dict[str, Any]]):
+        self.starts = sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start"
+                             and ev.get("t") is not None)
+        self.seg_max: List[Optional[float]] = [None] * (len(self.starts) + 1)  # latest time between two starts
+        self.t0, self.t_end = math.inf, -math.inf
+        self.marks = {cls.marks for cls in _KINDS.values() if cls.marks}  # type: ignore[attr-defined]
+        self.marked: set = set()  # the kinds' marks (_Kind.marks) its records have
+        for ev in events:
+            if ev.get("t") is not None and ev.get("type") != "run_start":
+                self._time(float(ev["t"]))
+
+    def _time(self, x: float) -> None:
+        k = bisect.bisect_right(self.starts, x)  # x is before starts[k]: it counts for the gap before that start
+        m = self.seg_max[k]
+        self.seg_max[k] = x if m is None else max(m, x)
+
+    def __call__(self, rec: Dict[str, Any]) -> None:
+        if len(self.marked) < len(self.marks):
+            self.marked.update(m for m in self.marks if m in rec)
+        s, e = rec.get("started_at"), rec.get("finished_at")
+        for x in (s, e):
+            if x is not None:
+                self._time(float(x))
+        if s is not None and e is not None:
+            self.t0, self.t_end = min(self.t0, float(s)), max(self.t_end, float(e))
+
+    def gaps(self) -> List[Tuple[float, float]]:
+        """_idle_gaps' answer: from the last thing before an attempt's start to that start, where longer than
+        IDLE_BREAK_S."""
+        out: List[Tuple[float, float]] = []
+        best: Optional[float] = None
+        for k, start in enumerate(self.starts):
+            m = self.seg_max[k]
+            best = m if best is None else (best if m is None else max(best, m))
+            if best is not None and start - best > IDLE_BREAK_S and (not out or best >= out[-1][1]):
+                out.append((best, start))
+        return out
+
+
+def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
+    """A run directory read in one pass over its latest records: run.json, events, the report's figures
+    (``summary``, ``series``, ``figures``) and ``samples``: every latest record by id, or with ``shown_only`` (a
+    report) for STREAMED_TASKS only the wrong and failed samples the report lists (``bad_total`` counts them
+    all), so that its memory does not grow with the run."""
+    if not os.path.isdir(run_dir):
+        raise ConfigError("report: %r is not a run directory" % run_dir)
+    samples_path = os.path.join(run_dir, RunStore.SAMPLES)
+    if not os.path.exists(samples_path):
+        raise ConfigError("report: %s has no %s (not a run directory, or nothing finished yet)"
+                          % (run_dir, RunStore.SAMPLES))
+    info, ids = _run_json_lean(os.path.join(run_dir, RunStore.RUN))
+    events = _read_jsonl_tolerant(os.path.join(run_dir, RunStore.EVENTS))
+    first = _FirstPass(events)
+    latest = _LatestRecords(samples_path, ids() if ids is not None else None, first)
+    kind = _kind_of(info.get("task"), lambda field: field in first.marked)
+    task = kind.name
+    keep = not shown_only or not kind.streamed_report
+    if keep and ids is not None:
+        info["dataset"]["ids"] = list(ids())
+    total = max(int((info.get("dataset") or {}).get("rows") or latest.count), latest.count)
+    ids = None
+    acc, timeline, figures = _Summary(), _Timeline(first), _Figures()
+    samples: Dict[str, Dict[str, Any]] = {}
+    shown: List[Tuple[Any, ...]] = []  # a heap of the SAMPLES_SHOWN smallest ids of wrong or failed samples
+    bad_total = 0
+    for rec in latest:
+        acc.add(rec)
+        timeline.add(rec)
+        figures.add(rec)
+        if keep:
+            samples[str(rec["id"])] = rec
+        elif rec.get("status") != "ok" or (rec.get("score") or 0) < 1:
+            bad_total += 1
+            key = tuple(-ord(c) for c in str(rec["id"])) + (1,)  # (a max-heap on the id: the largest leaves)
+            item = (key, bad_total, rec)
+            if len(shown) < SAMPLES_SHOWN:
+                heapq.heappush(shown, item)
+            elif key > shown[0][0]:
+                heapq.heapreplace(shown, item)
+    if not keep:
+        samples = {str(r["id"]): r for r in sorted((x[2] for x in shown), key=lambda r: str(r["id"]))}
+    return {"dir": run_dir, "run": info, "samples": samples, "samples_all": keep, "bad_total": bad_total,
+            "events": events, "total": total, "task": task, "summary": acc.result(total),
+            "series": timeline.result(events, info), "figures": figures}
+
+
+class _Figures:
+    """The report's figures beside the summary, in one pass: failures by class (count, the smallest id and its
+    error), the latency histogram (request latency, else a sample's duration)."""
+
+    def __init__(self) -> None:
+        self.failures: Dict[str, Dict[str, Any]] = {}
+        self.lat, self.request_latency = _Quantiles(), False
+
+    def add(self, r: Dict[str, Any]) -> None:
+        if r.get("status") != "ok":
+            cls = r.get("error_class") or "unknown"
+            entry = self.failures.get(cls)
+            if entry is None:
+                entry = self.failures[cls] = {"count": 0, "example_id": r.get("id"), "example_error": r.get("error")}
+            elif str(r.get("id")) < str(entry["example_id"]):
+                entry.update(example_id=r.get("id"), example_error=r.get("error"))
+            entry["count"] += 1
+            return
+        if r.get("latency_s") is not None:
+            self.request_latency = True
+            self.lat.add(float(r["latency_s"]))
+        elif r.get("finished_at") and r.get("started_at"):
+            self.lat.add(float(r["finished_at"]) - float(r["started_at"]))
+
+
+def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything the text, JSON and HTML reports show, from what load_run read in its one pass (the kinds' own
+    blocks from their records, which load_run keeps for them)."""
+    records = list(run["samples"].values()) if run.get("samples_all", True) else []
+    summary = dict(run["summary"])
+    info = run["run"]
+    data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"],
+                            "status": _live_status(run["dir"], info.get("status", "unknown")),
+                            "model": (info.get("endpoint") or {}).get("model"),
+                            "dataset": ((info.get("dataset") or {}).get("name") or "?") + _shard_label(
+                                (info["shard"]["index"], info["shard"]["count"]) if info.get("shard") else None),
+                            "summary": summary,
+                            "discovered_limit": info.get("discovered_limit"),
+                            "concurrency": info.get("concurrency"), "server": info.get("server"),
+                            "base_url": (info.get("endpoint") or {}).get("base_url"),
+                            "config_rows": _config_rows(info)}
+    summary["model"] = data["model"]
+    kind = _kind_of(run["task"])
+    kind.merged(summary, [r for r in records if r.get("status") == "ok"], info)  # its block, as its run printed it
+    figures = run["figures"]
+    data["failures"] = dict(sorted(figures.failures.items(), key=lambda kv: -kv[1]["count"]))
+    kind.report_data(run, records, data)
+    data["series"] = run["series"]
+    data["latency_hist"] = figures.lat.histogram()
+    data["latency_label"] = "request latency" if figures.request_latency else "sample duration"
+    return data
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+IDLE_BREAK_S = 60.0  # idle time between a run's attempts longer than this is cut out of the report's time axis
+
+
+class _Rows:
+    """Rows of (start, finish, flight start, tokens) kept as four arrays (a tuple of floats would take ~130 bytes a
+    row, these 32)."""
+
+    def __init__(self) -> None:
+        self.cols = (array.array("d"), array.array("d"), array.array("d"), array.array("q"))
+
+    def append(self, row: Tuple[float, float, float, int]) -> None:
+        for col, v in zip(self.cols, row):
+            col.append(v)
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    def __iter__(self) -> Iterator[Tuple[float, float, float, int]]:
+        return zip(*self.cols)
+
+
+class _Timeline:
+    """Series over run time (seconds from the first start) from a stream of records: samples in flight, the gate
+    limit, drain pauses, completions and output tokens per second (binned). Idle time between attempts is cut out
+    (_FirstPass.gaps): the axis is time with the run active, and "breaks" says where (x) and how long (idle_s) each
+    cut is. Up to SKETCH_EXACT records the in-flight series is exact (every start and end); past that, it is the
+    count in flight at FINE_BINS instants (from the starts and ends counted per bin) over the first pass's span of
+    every stored attempt, and the completion bins are made of those bins."""
+
+    FINE_BINS = 6000
+
+    def __init__(self, first: _FirstPass):
+        self.first, self.gaps = first, first.gaps()
+        # (start, finish, flight start, tokens) of each record, in four arrays: 32 bytes a record
+        self.rows: Optional[_Rows] = _Rows()
+        self.n = 0
+
+    def _squeezed(self, t: float) -> float:
+        return t - sum(min(t, b) - a for a, b in self.gaps if t > a)
+
+    def add(self, r: Dict[str, Any]) -> None:
+        if r.get("started_at") is None or r.get("finished_at") is None:
+            return
+        s, e = float(r["started_at"]), float(r["finished_at"])
+        # in flight: a QA sample's request (its successful attempt: latency_s before it finished, so retries'
+        # backoff waits do not count), a SWE instance's whole session
+        f = max(e - float(r["latency_s"]), s) if isinstance(r.get("latency_s"), (int, float)) else s
+        row = (self._squeezed(s), self._squeezed(e), self._squeezed(f), int(r.get("completion_tokens") or 0))
+        self.n += 1
+        if self.rows is not None:
+            self.rows.append(row)
+            if len(self.rows) > SKETCH_EXACT:
+                self._start_bins()
+                for x in self.rows:
+                    self._bin(x)
+                self.rows = None
+        else:
+            self._bin(row)
+
+    def _start_bins(self) -> None:
+        self.t0 = self._squeezed(self.first.t0)
+        self.t_end = max(self._squeezed(self.first.t_end), self.t0 + 1e-6)
+        self.width = (self.t_end - self.t0) / self.FINE_BINS
+        self.up, self.down, self.done, self.toks = ([0] * self.FINE_BINS for _ in range(4))
+
+    def _bin(self, row: Tuple[float, float, float, int]) -> None:
+        _, e, f, tok = row
+        last = self.FINE_BINS - 1
+        i = min(last, max(0, int((f - self.t0) / self.width)))
+        j = min(last, max(0, int((e - self.t0) / self.width)))
+        self.up[i] += 1
+        self.down[j] += 1
+        self.done[j] += 1
+        self.toks[j] += tok
+
+    def result(self, events: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> Dict[str, Any]:
+        if not self.n:
+            return {"t0": None, "in_flight": [], "limit": [], "drains": [], "rate": [], "tokens": []}
+        gaps = self.gaps
+        if gaps:
+            events = [dict(ev, t=self._squeezed(float(ev["t"]))) if ev.get("t") is not None else ev
+                      for ev in events]
+        if self.rows is not None:
+            t0 = min(self.rows.cols[0])
+            t_end = max(self.rows.cols[1])
+            steps: List[Tuple[float, int]] = []
+            for _, e, f, _ in self.rows:
+                steps.append((f - t0, 1))
+                steps.append((e - t0, -1))
+            steps.sort()
+            in_flight, level = [], 0
+            for t, d in steps:
+                level += d
+                in_flight.append((round(t, 3), level))
+        else:
+            t0, t_end, width = self.t0, self.t_end, self.width
+            in_flight, level = [], 0
+            for i in range(self.FINE_BINS):
+                level += self.up[i] - self.down[i]
+                in_flight.append((round((i + 1) * width, 3), level))
+        in_flight = _downsample_steps(in_flight, 600)
+        conc = info.get("concurrency") or {}
+        limit: List[Tuple[float, int]] = []
+        if conc.get("initial") is not None:
+            limit.append((0.0, int(conc["initial"])))
+        drains = []
+        for ev in events:
+            t = ev.get("t")
+            if t is None or t < t0 - 1:
+                continue
+            if ev.get("type") == "limit" and ev.get("limit") is not None:
+                limit.append((round(float(t) - t0, 3), int(ev["limit"])))
+            elif ev.get("type") == "drain_end" and drains and drains[-1][1] > float(t) - t0:
+                drains[-1] = (drains[-1][0], round(float(t) - t0, 3))  # over early: a request succeeded
+            elif ev.get("type") == "drain":
+                drains.append((round(float(t) - t0, 3), round(float(t) - t0 + float(ev.get("drain_s") or 0), 3)))
+                if ev.get("limit") is not None:
+                    limit.append((round(float(t) - t0, 3), int(ev["limit"])))
+        if limit:
+            limit.append((round(t_end - t0, 3), limit[-1][1]))
+        limit = _downsample_steps(sorted(limit), 600)
+        # about eight completions a bin on average (bursty completions in one-second bins read as a comb of spikes),
+        # at most 120 bins and none shorter than a second
+        n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1, self.n // 8))
+        width = max((t_end - t0) / n_bins, 1e-9)
+        done = [0] * n_bins
+        toks = [0] * n_bins
+        if self.rows is not None:
+            for _, e, _, tok in self.rows:
+                i = min(n_bins - 1, int((e - t0) / width))
+                done[i] += 1
+                toks[i] += tok
+        else:
+            for k in range(self.FINE_BINS):
+                i = min(n_bins - 1, int(((k + 0.5) * self.width) / width))
+                done[i] += self.done[k]
+                toks[i] += self.toks[k]
+        marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
+        starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
+        breaks = [(round(b - sum(y - x for x, y in gaps[:i + 1]) - t0, 3), round(b - a, 3)) for i, (a, b) in
+                  enumerate(gaps)]
+        for t in sorted(starts)[1:]:
+            if t >= t0:
+                idle = next((s for x, s in breaks if abs(x - (t - t0)) < 1e-3), None)
+                marks.append((round(t - t0, 3), "resume" if idle is None else "resume (%s idle, cut)"
+                               % _fmt_duration(idle)))
+        for ev in events:
+            if ev.get("t") is not None and float(ev["t"]) >= t0 and (
+                    ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and
+                                                         ev.get("status") == "aborted")):
+                marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else
+                              "aborted"))
+        return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit,
+                "drains": drains, "marks": sorted(marks), "breaks": breaks,
+                "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
+                "tokens": [round(c / width, 2) for c in toks]}
+
+
+def _timeline(records: Iterable[Dict[str, Any]], events: Sequence[Dict[str, Any]],
+              info: Dict[str, Any]) -> Dict[str, Any]:
+    """_Timeline's series of a list of records (its first pass over them, then the pass itself)."""
+    records = list(records)
+    first = _FirstPass(events)
+    for r in records:
+        first(r)
+    timeline = _Timeline(first)
+    for r in records:
+        timeline.add(r)
+    return timeline.result(events, info)
+
+
+def _downsample_steps(points: List[Tuple[float, int]], limit: int) -> List[Tuple[float, int]]:
+    """At most ``limit`` points of a step series, keeping each bin's peak (a spike must stay visible)."""
+    if len(points) <= limit:
+        return points
+    t_lo, t_hi = points[0][0], points[-1][0]
+    width = (t_hi - t_lo) / limit or 1.0
+    out: Dict[int, Tuple[float, int]] = {}
+    for t, v in points:
+        b = int((t - t_lo) / width)
+        if b not in out or v > out[b][1]:
+            out[b] = (t, v)
+    return [out[b] for b in sorted(out)]
+
+
+def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """The run's configuration from run.json, as (label, value) rows for the text and HTML reports: model,
+    endpoint host, generation settings, dataset and its sha256, scorer, harness and Python, when it ran."""
+    rows: List[Tuple[str, str]] = []
+    ep = info.get("endpoint") or {}
+    settings = (info.get("identity") or {}).get("settings") or {}
+    cfg = info.get("config") or {}
+    ds = info.get("dataset") or {}
+    host = urllib.parse.urlsplit(ep.get("base_url") or "").hostname
+    rows.append(("model", "%s%s" % (ep.get("model") or "?", " at %s" % host if host else "")))
+    if info.get("label"):  # (--label: the leaderboard's row name for this run)
+        rows.append(("label", str(info["label"])))
+    gen = ["%s %s" % (k, json.dumps(settings[k])) for k in ("temperature", "max_tokens", "seed", "epochs", "stream")
+           if k in settings and settings[k] is not None]
+    if settings.get("extra_body"):
+        gen.append("extra_body %s" % json.dumps(settings["extra_body"], sort_keys=True))
+    if settings.get("system_prompt"):
+        gen.append("system prompt of %d chars" % len(str(settings["system_prompt"])))
+    if gen:
+        rows.append(("generation", ", ".join(gen)))
+    if ds:
+        rows.append(("dataset", "%s (%s rows, sha256 %s)" % (ds.get("name"), ds.get("rows"), ds.get("sha256"))))
+    if ds.get("scorer"):  # rows that name no scorer get this one
+        rows.append(("scorer", "%s (%s)" % (ds["scorer"], "--scorer" if cfg.get("scorer") else "the %s format's"
+                                            % ds["format"] if ds.get("format") else "the default: no format matched"
+                                            if cfg.get("format") in (None, "auto") else "the default: --format none")))
+    elif cfg.get("scorer"):  # (a run.json that does not say which format was in effect)
+        rows.append(("scorer", "%s (--scorer)" % cfg["scorer"]))
+    rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
+    rl = info.get("rate_limits") or {}
+    if rl:  # what the server stated, the least it had left, and the user's caps
+        parts = ["%s: limit %d stated (least left %d, %d replies)" % (g, v.get("limit") or 0,
+                                                                      v.get("min_remaining") or 0,
+                                                                      v.get("replies") or 0)
+                 for g, v in sorted((rl.get("stated") or {}).items())]
+        parts += ["--%s %g" % (k.replace("_", "-"), rl[k]) for k in ("requests_per_minute", "tokens_per_minute")
+                  if rl.get(k)]
+        rows.append(("rate limits", "; ".join(parts) + "; requests waited %g s in all for them" % rl.get("paced_s", 0)))
+    if info.get("docker_hosts"):
+        rows.append(("engines", "; ".join("%s: %d instance(s)%s" % (h.get("host"), h.get("instances") or 0,
+                                                                    ", down (%s)" % h["down"] if h.get("down") else "")
+                                          for h in info["docker_hosts"])))
+    if info.get("merged_from"):
+        rows.append(("shards", "; ".join("%s on %s%s" % (m.get("shard"), m.get("host") or "?", ", Slurm job %s" %
+                                                         m["slurm_job"] if m.get("slurm_job") else "")
+                                         for m in info["merged_from"])))
+    history = info.get("history") or []
+    if history:
+        rows.append(("started", _started_took(history)))
+        start, end = history[0].get("started_at"), history[-1].get("ended_at")
+        rows.append(("ran", "%s to %s, %d attempt(s): %s" % (start, end or "(running)", len(history), "; ".join(
+            "%s %s–%s" % (h.get("status"), h.get("started_at"), h.get("ended_at") or "") for h in history))))
+    return rows
+
+
+def _iso_seconds(text: Any) -> Optional[float]:
+    """Seconds since the epoch of a run.json time ("2026-12-03T13:07:59Z"); None when it is not one."""
+    try:
+        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _started_took(history: List[Dict[str, Any]]) -> str:
+    """When a run started and how long it took, in words, from run.json's attempts (the report's row "started":
+    "Thu 3 Dec 2026 13:07 UTC, took 2 h 13 min"): the time some attempt ran (a merged run's shards ran at once);
+    with several, also their count and the span from the first start to the last end, which holds the gaps."""
+    first = _iso_seconds(history[0].get("started_at"))
+    if first is None:
+        return "unknown (run.json holds no start time)"
+    spans = [(a, b) for a, b in ((_iso_seconds(h.get("started_at")), _iso_seconds(h.get("ended_at")))
+                                 for h in history) if a is not None and b is not None]
+    spent = _active_seconds(spans)  # (a merged run's shards ran at once: their union, not their sum)
+    ended = max((b for _, b in spans), default=None)
+    day = time.gmtime(first)
+    text = "%s %d %s UTC" % (time.strftime("%a", day), day.tm_mday, time.strftime("%b %Y %H:%M", day))
+    running = not history[-1].get("ended_at")
+    if running:
+        text += ", still running" + (" (took %s before)" % _duration_words(spent) if spent else "")
+    else:
+        text += ", took %s" % _duration_words(spent)
+    if len(history) > 1 and ended is not None:
+        text += " over %d attempts (%s from the first start to the last end)" % (
+            len(history), _duration_words(ended - first))
+    return text
+
+
+def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
+    """What the pre-flight learnt of the endpoint, in one line."""
+    models = server.get("models")
+    parts = ["%s at %s" % (server.get("kind") or "server of unknown kind", base_url or "?")]
+    if models is not None:
+        parts.append("serving %s" % (", ".join(models[:5]) + (" and %d more" % (len(models) - 5)
+                                                              if len(models) > 5 else "") if models else "no model"))
+    if server.get("context_len"):
+        parts.append("context %d tokens (%s)" % (server["context_len"], server.get("context_from")))
+    if server.get("note"):
+        parts.append(server["note"])
+    return "; ".join(parts)
+
+
+def report_json(data: Dict[str, Any]) -> Dict[str, Any]:
+    """`report RUN --json`: the summary at the top, shaped as summary.json and `run --json` print it (counts,
+    score, headline, ..., task, model, dataset, status: the run's status now), with what only the report adds
+    (failures by class, the time series, the configuration rows, the endpoint) under "report"."""
+    info = data.get("run_info") or {}
+    out = dict(data["summary"], task=data["task"], model=data.get("model"), status=data["status"],
+               dataset=(info.get("dataset") or {}).get("name") or data.get("dataset"))
+    if info.get("label"):
+        out["label"] = info["label"]
+    _kind_of(data["task"]).report_json(data, out)
+    out["report"] = {k: v for k, v in data.items() if k not in ("summary", "run_info")}
+    return out
+
+
+def format_report(data: Dict[str, Any]) -> str:
+    """The text report: the run's summary table (the same numbers the run printed), the kind's lines (its
+    report_lines), failures by class, the discovered concurrency and the configuration."""
+    title = "evalharness %s | model %s | dataset %s | %s" % (data["task"], data.get("model"), data.get("dataset"),
+                                                              _status_shown(data["status"], data["summary"]))
+    lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
+    lines.extend(_kind_of(data["task"]).report_lines(data))
+    if data.get("discovered_limit") is not None:
+        lines.append("discovered concurrency: %s" % data["discovered_limit"])
+    if data.get("server"):
+        lines.append("endpoint: %s" % _server_line(data["server"], data.get("base_url")))
+    for label, value in data.get("config_rows") or ():
+        lines.append("%s: %s" % (label, value))
+    if data["failures"]:
+        lines.append("failures by class:")
+        for cls, f in data["failures"].items():
+            lines.append("  %-14s %5d  e.g. %s: %s" % (cls, f["count"], f["example_id"],
+                                                      _truncate_output(str(f["example_error"]), 200)))
+    return "\n".join(lines)
+
+
+_SECRET_ENV_RE = _LazyPattern(r"(?i)(API_?KEY|_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
+
+
+def _register_env_secrets() -> None:
+    """Secrets of this environment are scrubbed from reports (a report may be made by another process than the
+    run): values of variables named like ``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``, unless they look
+    like a path or a plain word (``GOOGLE_APPLICATION_CREDENTIALS=/path`` or ``*_PROVIDER=subprocess`` are not)."""
+    for name, value in os.environ.items():
+        if not _SECRET_ENV_RE.search(name) or not value:
+            continue
+        if len(value) < 12 or value.startswith(("/", "~", ".")) or any(c.isspace() for c in value):
+            continue
+        _register_secret(value)
+
+# =============================================================================
+# HTML report
+# =============================================================================
+# A run's report as one self-contained page: inline CSS and SVG charts, a few lines of inline script only to sort
+# tables; everything from the model or the dataset escaped (and scrubbed of secrets).
+
+
+def _esc(value: Any) -> str:
+    """Text for HTML: secrets scrubbed from the raw text first (never from markup), then escaped."""
+    return html.escape(_redact(value), quote=True)
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1b1f24;padding:0 16px}
+h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}
+.warn{background:#fff8c5;border:1px solid #d4a72c;padding:8px}
+table{border-collapse:collapse;margin:6px 0}th,td{padding:4px 10px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:top}
+th{background:#f6f8fa;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.cards{display:flex;gap:24px;flex-wrap:wrap}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;min-width:150px}
+svg{background:#fff;border:1px solid #eaeef2;border-radius:6px}svg text{font:11px system-ui,sans-serif;fill:#57606a}
+details{margin:2px 0}summary{cursor:pointer}pre{background:#f6f8fa;padding:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;max-height:480px;overflow-y:auto;margin:4px 0}
+.msg{border-left:3px solid #d0d7de;padding-left:8px;margin:6px 0}.role{font-weight:600;font-size:12px;text-transform:uppercase;color:#57606a}
+ins{color:#1a7f37;background:#e6ffec;display:block;text-decoration:none}del{color:#cf222e;background:#ffebe9;display:block;text-decoration:none}pre em{color:#8250df;display:block;font-style:normal}
+.note{font-style:italic;color:#9a6700}
+"""
+
+_SORT_JS = """
+document.querySelectorAll('table.sortable th').forEach(function(th, i) {
+  th.addEventListener('click', function() {
+    var table = th.closest('table'), body = table.tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows), asc = th.dataset.asc !== '1';
+    rows.sort(function(a, b) {
+      var x = a.cells[i].dataset.v || a.cells[i].textContent, y = b.cells[i].dataset.v || b.cells[i].textContent;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return asc ? c : -c;
+    });
+    rows.forEach(function(r) { body.appendChild(r); });
+    th.dataset.asc = asc ? '1' : '0';
+  });
+});
+document.body.dataset.ready = '1';
+"""
+
+
+def _svg_chart(title: str, series: Sequence[Tuple[str, str, Sequence[Tuple[float, float]], bool]], *,
+               x_label: str, y_label: str, shaded: Sequence[Tuple[float, float]] = (), width: int = 1100,
+               height: int = 260, chart_id: str = "", integer: bool = False,
+               marks: Sequence[Tuple[float, str]] = ()) -> str:
+    """A line chart as inline SVG: ``series`` = (name, colour, points, step?) ; ``shaded`` x ranges (drains);
+    ``marks`` labelled vertical lines (a resume, a breaker trip); ``integer`` y ticks for counts."""
+    pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
+    pts = [p for _, _, ps, _ in series for p in ps]
+    if not pts:
+        return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
+                'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
+    x_max = max(max(x for x, _ in pts), max((b for _, b in shaded), default=0),
+                max((x for x, _ in marks), default=0), 1e-9)
+    y_max = max(max(y for _, y in pts), 1e-9) * 1.08
+    if integer:
+        y_max = float(max(4, int(math.ceil(y_max / 4.0)) * 4))  # four equal integer steps
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+
+    def sx(x: float) -> float:
+        return pad_l + w * x / x_max
+
+    def sy(y: float) -> float:
+        return pad_t + h - h * y / y_max
+
+    out = ['<svg id="%s" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" data-points="%d">'
+           % (_esc(chart_id), width, height, width, height, len(pts)),
+           '<text x="%d" y="16" style="font-weight:600;fill:#1b1f24">%s</text>' % (pad_l, _esc(title))]
+    for a, b in shaded:
+        out.append('<rect class="drain" x="%.1f" y="%d" width="%.1f" height="%d" fill="#ffebe9" opacity="0.8">'
+                   '<title>drain %.1f–%.1f s</title></rect>' % (sx(a), pad_t, max(1.0, sx(b) - sx(a)), h, a, b))
+    for xm, label in marks:
+        out.append('<line class="mark" x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#57606a" stroke-dasharray="4 3"/>'
+                   '<text x="%.1f" y="%d" style="fill:#57606a">%s</text>' % (sx(xm), sx(xm), pad_t, pad_t + h,
+                                                                              sx(xm) + 3, pad_t + 10, _esc(label)))
+    for i in range(5):
+        yv = y_max * i / 4
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eaeef2"/><text x="%d" y="%.1f" '
+                   'text-anchor="end">%s</text>' % (pad_l, width - pad_r, sy(yv), sy(yv), pad_l - 6, sy(yv) + 4,
+                                                    "%d" % round(yv) if integer else _fmt_num(yv)))
+        xv = x_max * i / 4
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (sx(xv), height - 18, _fmt_num(xv)))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + w / 2, height - 4, _esc(x_label)))
+    out.append('<text x="12" y="%.1f" transform="rotate(-90 12 %.1f)" text-anchor="middle">%s</text>'
+               % (pad_t + h / 2, pad_t + h / 2, _esc(y_label)))
+    lx = width - pad_r - 150 * (len(series) + (1 if shaded else 0))
+    for name, colour, points, step in series:
+        coords = []
+        prev_y = None
+        for x, y in points:
+            if step and prev_y is not None:
+                coords.append("%.1f,%.1f" % (sx(x), sy(prev_y)))
+            coords.append("%.1f,%.1f" % (sx(x), sy(y)))
+            prev_y = y
+        out.append('<polyline class="series" data-name="%s" fill="none" stroke="%s" stroke-width="1.6" '
+                   'points="%s"/>' % (_esc(name), colour, " ".join(coords)))
+        out.append('<rect x="%d" y="%d" width="10" height="3" fill="%s"/><text x="%d" y="%d">%s</text>'
+                   % (lx, 11, colour, lx + 14, 16, _esc(name)))
+        lx += 150
+    if shaded:
+        out.append('<rect x="%d" y="9" width="10" height="8" fill="#ffebe9"/><text x="%d" y="16">drain pause'
+                   '</text>' % (lx, lx + 14))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _svg_bars(title: str, hist: Dict[str, Any], *, x_label: str, width: int = 1100, height: int = 240,
+              chart_id: str = "") -> str:
+    counts, edges = hist["counts"], hist["edges"]
+    if not counts:
+        return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
+                'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
+    pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
+    w, h = width - pad_l - pad_r, height - pad_t - pad_b
+    top = max(counts) * 1.08 or 1
+    bw = w / len(counts)
+    out = ['<svg id="%s" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" data-points="%d">'
+           % (_esc(chart_id), width, height, width, height, sum(counts)),
+           '<text x="%d" y="16" style="font-weight:600;fill:#1b1f24">%s</text>' % (pad_l, _esc(title))]
+    for i, c in enumerate(counts):
+        bh = h * c / top
+        out.append('<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#0969da"><title>%s–%s s: '
+                   '%d</title></rect>' % (pad_l + i * bw + 1, pad_t + h - bh, max(1.0, bw - 2), bh,
+                                          _fmt_num(edges[i]), _fmt_num(edges[i + 1]), c))
+    for i in range(5):
+        j = int(round(i * len(counts) / 4))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + j * bw, height - 18,
+                                                                            _fmt_num(edges[j])))
+        yv = top * i / 4
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>' % (pad_l - 6, pad_t + h - h * i / 4 + 4,
+                                                                         _fmt_num(yv)))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text></svg>' % (pad_l + w / 2, height - 4,
+                                                                               _esc(x_label)))
+    return "".join(out)
+
+
+def _fmt_num(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return "%d" % round(v)
+    if abs(v) >= 10:
+        return "%.1f" % v
+    return "%.2g" % v if abs(v) < 1 else "%.2f" % v
+
+
+def _ci_text(entry: Dict[str, Any]) -> str:
+    if not entry or entry.get("mean") is None:
+        return "–"
+    lo, hi = entry["ci95"]
+    return "%.3f <span class=muted>[%.3f, %.3f]</span>" % (entry["mean"], lo, hi)
+
+
+
+
+
+
+def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
+    """The self-contained HTML report (no external assets). Everything from the model or the dataset is escaped."""
+    s = data["summary"]
+    counts = s["counts"]
+    score = s.get("score") or {}
+    perf = s.get("performance") or {}
+    lat = perf.get("latency_s") or {}
+    title = "evalharness %s — %s on %s" % (data["task"], data.get("model") or "?", data.get("dataset") or "?")
+    h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>%s</title><style>%s</style></head><body>"
+         % (_esc(title), _CSS), "<h1>%s</h1>" % _esc(title),
+         '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
+         % (_esc(data["run_dir"]), _esc(_status_shown(data["status"], s)), counts.get("finished", 0),
+            counts.get("total", 0))]
+    kind = _kind_of(data["task"])
+    headline = kind.html_headline(data)
+    wrong = s.get("score_failed_as_wrong") or {}
+    if headline is None:
+        headline = ("score", _ci_text(score)) if _is_complete(s) else (
+            "score over %d of %d (INCOMPLETE)" % (counts.get("ok", 0), counts.get("total", 0)), _ci_text(score))
+    cards = [headline, ("samples ok / failed", "%d / %d" % (counts.get("ok", 0), counts.get("failed", 0)))]
+    if headline[0].startswith("score") and not _is_complete(s) and wrong.get("mean") is not None:
+        cards.append(("score counting failed and not run as wrong", "%.3f (n=%d)" % (wrong["mean"], wrong["n"])))
+        h.append("<p class=warn><b>Incomplete run:</b> the score is over %d of %d samples (%d failed, %d not run)."
+                 "</p>" % (counts.get("ok", 0), counts.get("total", 0), counts.get("failed", 0),
+                           counts.get("pending", 0)))
+    cards.extend(kind.html_cards(data))
+    if s.get("cost"):
+        cards.append(("cost", _esc(_cost_line(s["cost"]).partition(": ")[2])))
+    cut = (s.get("finish_reasons") or {}).get("length", 0)
+    if cut:
+        cards.append(("answers cut at the token limit", "%d of %d" % (cut, counts.get("ok", 0))))
+    if data.get("discovered_limit") is not None:
+        cards.append(("discovered concurrency", _esc(data["discovered_limit"])))
+    if data.get("server"):
+        cards.append(("endpoint", _esc(_server_line(data["server"], data.get("base_url")))))
+    other = {m: n for m, n in (s.get("served_models") or {}).items() if m != data.get("model")}
+    if other:
+        cards.append(("replies named another model", _esc(", ".join("%s (%d)" % kv for kv in sorted(other.items())))))
+    tokens = s.get("tokens") or {}
+    cards.append(("tokens in / out", "%s / %s" % (format(tokens.get("prompt", 0), ","),
+                                                  format(tokens.get("completion", 0), ","))))
+    cards.append(("latency p50 / p95 / p99 (s)", " / ".join(_fmt_num(lat[k]) if lat.get(k) is not None else "–"
+                                                           for k in ("p50", "p95", "p99"))))
+    cards.append(("throughput", "%s samples/s · %s tok/s" % (_fmt_num(perf.get("samples_per_s") or 0),
+                                                              _fmt_num(perf.get("output_tokens_per_s") or 0))))
+    h.append('<div class=cards>%s</div>' % "".join('<div class=card><div class=muted>%s</div><div class=big>%s'
+                                                    '</div></div>' % (_esc(k), v) for k, v in cards))
+    by_cat = s.get("by_category") or {}
+    if data.get("config_rows"):
+        h.append("<h2>Run configuration</h2><table id=config><tbody>%s</tbody></table>" % "".join(
+            "<tr><th>%s</th><td>%s</td></tr>" % (_esc(k), _esc(v)) for k, v in data["config_rows"]))
+    h.append("<h2>By %s</h2>" % kind.category_noun)
+    h.append('<table class=sortable id=breakdown><thead><tr><th>%s</th><th>n</th><th>mean [95%% CI]</th><th>failed'
+             '</th></tr></thead><tbody>' % kind.category_noun)
+    for cat, e in by_cat.items():
+        h.append('<tr><td>%s</td><td class=n>%d</td><td class=n data-v="%s">%s</td><td class=n>%d</td></tr>'
+                 % (_esc(cat), e.get("n", 0), e.get("mean"), _ci_text(e), e.get("failed", 0)))
+    h.append("</tbody></table>")
+    if len(s.get("by_scorer") or ()) > 1:  # (one scorer: the score above)
+        h.append('<table class=sortable id=scorers><thead><tr><th>scorer</th><th>n</th><th>mean [95% CI]</th></tr>'
+                 '</thead><tbody>')
+        for name, e in s["by_scorer"].items():
+            h.append('<tr><td>%s</td><td class=n>%d</td><td class=n>%s</td></tr>' % (_esc(name), e.get("n", 0),
+                                                                                   _ci_text(e)))
+        h.append("</tbody></table>")
+    ser = data["series"]
+    h.append("<h2>Load over time</h2>")
+    marks = ser.get("marks") or ()
+    flying = "sessions" if kind.agents else "requests in flight"
+    x_label = "seconds since the first sample started"
+    if ser.get("breaks"):
+        x_label = "seconds the run was active since the first sample started (idle time between attempts cut)"
+        h.append("<p class=muted>The time axis leaves out %s between attempts (at each dashed resume line).</p>"
+                 % _esc(" and ".join(_fmt_duration(idle) for _, idle in ser["breaks"])))
+    h.append(_svg_chart("concurrency limit and %s" % flying, [
+        (flying, "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
+        x_label=x_label, y_label="concurrent", shaded=ser["drains"],
+        chart_id="chart-concurrency", integer=True, marks=marks))
+    bins = ser.get("bin_s") or 1
+
+    def binned(values: Sequence[float]) -> List[Tuple[float, float]]:
+        pts = [(i * bins, v) for i, v in enumerate(values)]
+        return pts + [(len(values) * bins, values[-1])] if values else pts
+
+    h.append(_svg_chart("completed samples per second (%s s bins)" % _fmt_num(bins),
+                        [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
+                        x_label=x_label, y_label="samples/s",
+                        chart_id="chart-throughput", marks=marks))
+    h.append(_svg_chart("output tokens per second (%s s bins)" % _fmt_num(bins),
+                        [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
+                        x_label=x_label, y_label="tokens/s",
+                        chart_id="chart-tokens", marks=marks))
+    h.append(_svg_bars("%s histogram" % data["latency_label"], data["latency_hist"], x_label="seconds",
+                       chart_id="chart-latency"))
+    h.append("<h2>Failures</h2>")
+    if data["failures"]:
+        h.append('<table class=sortable id=failures><thead><tr><th>error class</th><th>count</th><th>example</th>'
+                 '</tr></thead><tbody>')
+        for cls, f in data["failures"].items():
+            h.append('<tr><td>%s</td><td class=n>%d</td><td><b>%s</b>: %s</td></tr>' % (
+                _esc(cls), f["count"], _esc(f["example_id"]), _esc(_truncate_output(str(f["example_error"]), 600))))
+        h.append("</tbody></table>")
+    else:
+        h.append("<p class=muted>No sample failed.</p>")
+    h.append(kind.html_details(data, run))
+    h.append("<script>%s</script></body></html>" % _SORT_JS)
+    return "".join(h)
+
+
+
+
+
+
+QUESTION_SHOWN_CHARS = 300  # of a question in the report's table; the whole stored text is one click away
+
+
+def _cut_details(text: str, shown: int, css: str = "") -> str:
+    """``text`` escaped, cut at ``shown`` characters with the whole text in a <details> (no script needed)."""
+    text = text or ""
+    if len(text) <= shown:
+        return "<span%s>%s</span>" % (css, _esc(text))
+    return "<details%s><summary>%s…</summary><pre>%s</pre></details>" % (css, _esc(text[:shown]), _esc(text))
+
+
+def _samples_html(run: Dict[str, Any], limit: int = 200) -> str:
+    """Wrong and failed samples (up to ``limit``): the question, the reference, the extracted answer, the response
+    (its reasoning collapsed), the score, and for a failure its error class and message."""
+    bad = [r for r in run["samples"].values() if r.get("status") != "ok" or (r.get("score") or 0) < 1]
+    bad_total = len(bad) if run.get("samples_all", True) else run["bad_total"]
+    h = ["<h2>Wrong or failed samples</h2>"]
+    if not bad:
+        return "".join(h) + "<p class=muted>Every sample scored 1.</p>"
+    h.append("<table class=sortable id=samples><thead><tr><th>id</th><th>category</th><th>score</th><th>question"
+             "</th><th>reference</th><th>extracted</th><th>response / error</th></tr></thead><tbody>")
+    for r in sorted(bad, key=lambda r: str(r.get("id")))[:limit]:
+        ok = r.get("status") == "ok"
+        if ok:
+            said = _cut_details(str(r.get("response") or ""), 400)
+            if r.get("reasoning"):
+                said += "<details class=muted><summary>reasoning (%d chars)</summary><pre>%s</pre></details>" % (
+                    r.get("reasoning_chars") or len(r["reasoning"]), _esc(r["reasoning"]))
+        else:
+            said = "<b class=bad>%s</b> %s" % (_esc(r.get("error_class") or "failed"),
+                                                _cut_details(str(r.get("error") or ""), 400))
+        question = str(r.get("question") or "")
+        if r.get("question_chars"):
+            question += "\n[… %d characters in all; the dataset has the rest]" % r["question_chars"]
+        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s"
+                 "</td></tr>" % (
+                     _esc(r.get("id")), _esc(r.get("category") or ""),
+                     _esc(r.get("score")) if ok else "–", _cut_details(question, QUESTION_SHOWN_CHARS),
+                     _esc(r.get("answer") or ""), _esc(r.get("extracted") or "") if ok else "–", said))
+    h.append("</tbody></table>")
+    if bad_total > min(limit, len(bad)):
+        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>" % (bad_total - min(limit, len(bad))))
+    return "".join(h)
+
+
+def write_html_report(run_dir: str, path: Optional[str] = None) -> str:
+    run = load_run(run_dir, shown_only=True)
+    data = report_data(run)
+    path = path or os.path.join(run_dir, REPORT_HTML)
+    _atomic_write(path, render_html(data, run))
+    return path
+
+
+def _auto_report(run_dir: str) -> None:
+    """report.html at the end of every run; a report problem is logged, never fails the run."""
+    try:
+        write_html_report(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the results are safe in samples.jsonl either way
+        _log.warning("could not write %s: %s", os.path.join(run_dir, REPORT_HTML), exc)
 
 # =============================================================================
 # Runs
@@ -8762,11 +9219,6 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
 def _shard_out(cfg: RunConfig, out: str) -> str:
     """The run directory of this process: OUT itself, or OUT/shard-I-of-N for --shard (merge OUT gathers them)."""
     return out if cfg.shard is None else os.path.join(out, SHARD_DIR_FORMAT % cfg.shard)
-
-
-def _shard_label(shard: Optional[Tuple[int, int]]) -> str:
-    """" (shard I of N: a part of the run)" for a shard's titles, so its score is never read as the run's."""
-    return "" if shard is None else " (shard %d of %d: a part of the run; merge OUT for the whole)" % shard
 
 
 def _shard_parent(run_dir: Optional[str]) -> str:
@@ -9134,32 +9586,6 @@ def _with_system(messages: Sequence[Dict[str, Any]], system_prompt: Optional[str
     if system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})
     return messages
-
-
-def _kind_of(task: Optional[str], records_marked: Callable[[str], bool] = lambda field: False) -> "_Kind":
-    """The kind of a run directory: run.json's task; a run.json too old to name it, the kind whose ``marks`` its
-    records have, else the default kind."""
-    if task in _KINDS:
-        return _KINDS[task]()
-    if task:
-        raise ConfigError("this run is of --task %r, which this evalharness does not know (kinds: %s)"
-                          % (task, ", ".join(_KINDS)))
-    for cls in _KINDS.values():
-        if cls.marks and records_marked(cls.marks):
-            return cls()
-    return _KINDS[DEFAULT_TASK]()
-
-
-def _option_sets() -> List[_OptionSet]:
-    """Every kind's option sets, each once, in the order the kinds were registered."""
-    out: List[_OptionSet] = []
-    for cls in _KINDS.values():
-        out.extend(s for s in cls.option_sets if s not in out)
-    return out
-
-
-def _users(option_set: _OptionSet) -> List[str]:
-    return [name for name, cls in _KINDS.items() if option_set in cls.option_sets]
 
 
 def _kind_config(cfg: "RunConfig", given: Dict[_Opt, Any], where: str = "") -> "RunConfig":
@@ -10159,12 +10585,12 @@ def code_verdict(p: CodeProblem, results: List[Dict[str, Any]], marker: str,
         return "error", "test %d did not run" % (len(results) + 1), len(results)
     return "passed", "", None
 
-
 # =============================================================================
 # Code sandbox
 # =============================================================================
 # Where the code kind's programs run (warm containers, or explicitly local processes) and the kind itself: its
 # options, its lifecycle hooks, its summary and exit code.
+
 
 @_record
 class CodeLimits:
@@ -10189,6 +10615,8 @@ import io, json, os, resource, select, shutil, signal, sys, tempfile, threading,
 job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
 sys.stdin = open(os.devnull)
 uid, lim, results = job["uid"], job["limits"], []
+
+
 def child(path, src):
     os.setsid()
     for what, value in ((resource.RLIMIT_AS, lim["memory_bytes"]), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
@@ -10218,6 +10646,8 @@ def child(path, src):
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
 def fork():
     for i in range(50):  # (a fork bomb's last processes may hold the pids limit for a moment)
         try:
@@ -10225,6 +10655,8 @@ def fork():
         except BlockingIOError:
             time.sleep(0.02 * (i + 1))
     return os.fork()
+
+
 def clean(work):
     if uid is not None:
         pid = fork()
@@ -10861,7 +11293,6 @@ class _CodeKind(_Kind):
         what = "code (reference check)" if run.cfg.options.check_reference else "code"
         return "evalharness %s | model %s | dataset %s | %s" % (what, run.model, run.dataset.name +
                                                                  _shard_label(run.cfg.shard), status)
-
 
 # =============================================================================
 # Log-likelihood
@@ -11733,7 +12164,6 @@ class _PerplexityKind(_Kind):
     def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
         return _documents_html(data["documents"]) if data["documents"]["total"] else ""
 
-
 # =============================================================================
 # SWE data and scoring
 # =============================================================================
@@ -12269,12 +12699,11 @@ def swe_eval_script(inst: SWEInstance) -> str:
               "echo '>>>>> Test Exit Code: '$rc", reset]
     return "\n".join(lines) + "\n"
 
-
 # =============================================================================
-# SWE agent and runs
+# SWE agent
 # =============================================================================
-# The agent loop (one bash action per reply, or one `bash` tool call), patch collection, scoring in a fresh
-# container, and `run_swe` with its run-directory outputs (preds.jsonl, trajectories/, reports/, logs/).
+# The agent loop (one bash action per reply, or one `bash` tool call), patch collection, and scoring in a fresh
+# container as the official harness scores (the SWE kind and its outputs: SWE runs).
 
 
 
@@ -12440,14 +12869,6 @@ def _fill(template: str, fields: Dict[str, Any]) -> str:
     for key, value in fields.items():
         template = template.replace("{%s}" % key, str(value))
     return template
-
-
-def _truncate_output(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return ("%s\n[... %d characters elided: the output was too long; use head/tail/grep to see less at a time ...]"
-            "\n%s" % (text[:half], len(text) - 2 * half, text[-half:]))
 
 
 def _observation(res: ExecResult, limit: int, timeout_s: float) -> str:
@@ -12652,10 +13073,11 @@ def score_patch(docker: DockerCLI, pool: _ExecPool, inst: SWEInstance, patch: st
     finally:
         box.remove()
 
-
-
-# ----------------------------------------------------------------------------- SWE run
-
+# =============================================================================
+# SWE runs
+# =============================================================================
+# The SWE kind: its run-directory outputs (preds.jsonl, swebench_report.json, trajectories/, reports/, logs/), its
+# instances placed over one or more engine hosts, its report blocks, and `run_swe`.
 
 PREDS_FILE = "preds.jsonl"
 TRAJ_DIR = "trajectories"
@@ -15159,10 +15581,873 @@ class _ToolsKind(_Kind):
         return [("BFCL aggregates", _esc(line.partition(": ")[2] or line)) for line in _tools_lines(data["summary"])[:1]]
 
 # =============================================================================
+# Mock model server
+# =============================================================================
+# An OpenAI-compatible server with a capacity model, injected faults and an oracle policy. It runs as
+# `serve-mock`, in-process for `demo`, and in tests and benchmarks. The oracle reads the dataset itself: the harness
+# never passes answers to it.
+
+_MOCK_FAULTS = ("429", "503", "500", "400", "reset", "hang", "malformed", "truncate")
+_TOKEN_RE = _LazyPattern(r"\S+\s*|\s+")
+
+
+@_record
+class MockConfig:
+    """Behaviour of the mock model server. Times in seconds; speeds in tokens per second."""
+
+    model: str = "mock-model"
+    seed: int = 0
+    decode_tok_s: float = 0.0          # per-stream decode speed below the knee; 0 = instant
+    knee: int = 8                      # concurrent streams past which per-stream speed falls (aggregate saturates)
+    thrash: float = 0.0                # extra slowdown per stream past the knee (aggregate then falls: KV thrashing)
+    ttft_s: float = 0.0                # time to first token at low load (grows past the knee too)
+    max_concurrency: int = 0           # hard cap on concurrent requests; 0 = none
+    slots: int = 0                     # requests run at once, the rest wait in the server's queue (llama-server -np)
+                                       # and /metrics says so for vllm/sglang/llama.cpp kinds; 0 = all run
+    kv_tokens: int = 0                 # the KV pool /metrics states (vllm and sglang kinds; the mock keeps no cache)
+    overload_status: int = 429         # answer past the cap: 429 (with Retry-After) or 503
+    retry_after_s: float = 1.0
+    faults: Tuple[Tuple[str, float], ...] = ()   # (kind, probability) pairs, kinds in _MOCK_FAULTS
+    hang_s: float = 3600.0
+    reasoning_tokens: int = 0          # filler reasoning before the answer
+    reasoning_style: str = "field"     # field: sent as reasoning_content; think: as <think>…</think> in the content
+    skill: float = 0.8                 # oracle: probability that an answer is right (decided per prompt and seed)
+    send_usage: bool = True
+    api_key: Optional[str] = None      # when set, requests without "Bearer <api_key>" get 401
+    swe_policy: str = "oracle"         # SWE instances: oracle | noop | sleepy | chatty (see _swe_mock_reply)
+    served: Tuple[str, ...] = ()       # more model ids /v1/models lists after ``model``
+    server_kind: str = "mock"          # how /v1/models (and /props, /info) look: one of MOCK_SERVER_KINDS
+    context_len: int = 0               # the served context in tokens (listed as the kind does; enforced); 0 = none
+    reply_model: Optional[str] = None  # the replies' "model" field; None = the request's model
+    tokenizer: bool = True             # offer /tokenize (vLLM's shape; llama.cpp kind: its own); False: none
+    llama_cpp_python: bool = False     # /v1/completions as llama-cpp-python's server answers it (see _toy_completion)
+    tools_refused: bool = False        # a request with tools gets HTTP 400 (a vLLM started without tool parsing)
+    cached_share: float = 0.0          # usage.prompt_tokens_details.cached_tokens: this share of the prompt tokens
+    rate_limit: Tuple[float, ...] = ()  # (requests, tokens) a minute, as a hosted API: x-ratelimit headers, 429
+    rate_schedule: Tuple[Tuple[float, float], ...] = ()  # (seconds after the first request, quota factor)
+
+
+# The server kinds the mock imitates (_SERVER_KINDS: /v1/models, llama.cpp's /props, TGI's /info and /metrics look
+# as the real ones do); "nolist" answers 404 at /v1/models (servers with no model list).
+MOCK_SERVER_KINDS = tuple(_SERVER_KINDS) + ("nolist",)
+
+
+def _mock_metrics(kind: _ServerKind, model: str, running: int, waiting: int) -> str:
+    """A kind's GET /metrics in the Prometheus text format: its gauges of running and waiting requests, with the
+    labels it carries (the real pages have many more metrics)."""
+    labels = "{%s}" % (kind.labels % {"model": model}) if kind.labels else ""
+    return "".join("# TYPE %s gauge\n%s%s %d\n" % (name, name, labels, value)
+                   for name, value in ((kind.running, running), (kind.waiting, waiting)))
+
+
+# and their statement of the KV pool's size (vLLM's info gauge carries it in labels, in blocks of 16 tokens)
+_MOCK_KV_POOL = {
+    "vllm": ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+             '# TYPE vllm:cache_config_info gauge\n'
+             'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+             'gpu_memory_utilization="0.9",num_gpu_blocks="%(blocks)d"} 1.0\n'),
+    "sglang": ('# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.\n'
+               '# TYPE sglang:max_total_num_tokens gauge\n'
+               'sglang:max_total_num_tokens{model_name="%(model)s",tp_rank="0"} %(tokens)d.0\n'),
+}
+
+
+def _mock_models(cfg: MockConfig) -> Optional[Dict[str, Any]]:
+    """The /v1/models body of ``cfg.server_kind`` (None: a 404)."""
+    kind, ctx = cfg.server_kind, cfg.context_len or None
+    if kind == "nolist":
+        return None
+    data = []
+    for mid in (cfg.model,) + tuple(cfg.served):
+        entry: Dict[str, Any] = {"id": mid, "object": "model", "created": 0}
+        owners = _SERVER_KINDS[kind].owners
+        entry["owned_by"] = owners[0] if owners else mid
+        if kind in ("vllm", "sglang"):
+            entry.update(root=mid, parent=None, max_model_len=ctx)
+        elif kind == "llama.cpp":
+            entry.update(meta={"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": 4 * (ctx or 1024), "n_embd": 64,
+                               "n_params": 1000000})
+        elif kind == "mock" and ctx:
+            entry["max_model_len"] = ctx
+        data.append(entry)
+    return {"object": "list", "data": data}
+
+
+def parse_faults(spec: str) -> Tuple[Tuple[str, float], ...]:
+    """Parse ``429=0.1,reset=0.05`` into fault pairs; ConfigError names the bad part."""
+    pairs = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        kind, _, prob = part.partition("=")
+        try:
+            p = float(prob)
+        except ValueError:
+            p = -1.0
+        if kind not in _MOCK_FAULTS or not 0 <= p <= 1:
+            raise ConfigError("--faults %r: %r must be KIND=PROBABILITY with KIND in %s and 0 <= P <= 1"
+                              % (spec, part, ", ".join(_MOCK_FAULTS)))
+        pairs.append((kind, p))
+    if sum(p for _, p in pairs) > 1:
+        raise ConfigError("--faults %r: probabilities add up to more than 1" % spec)
+    return tuple(pairs)
+
+
+def _unit_hash(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from the parts (stable across processes, unlike hash())."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0 ** 64
+
+
+# The mock's language model, for /v1/completions: a token is a word with the whitespace before it (trailing
+# whitespace is a token of its own), and its log-probability is -(1 + 0.1 x its characters), whatever came before:
+# a test knows the exact log-likelihood of any text. The top token at each position is the token itself when it has
+# at most two characters, else " a" (-1.2). A token's id encodes its text (0 is end-of-text): no vocabulary to keep.
+_TOY_TOKEN_RE = _LazyPattern(r"\s*\S+|\s+")
+TOY_EOT = 0
+TOY_TOP = " a"
+
+
+def toy_tokens(text: str) -> List[str]:
+    return _TOY_TOKEN_RE.findall(text)
+
+
+def toy_logprob(token: str) -> float:
+    return -(1.0 + 0.1 * len(token))
+
+
+def toy_id(token: str) -> int:
+    return int.from_bytes(b"\x01" + token.encode("utf-8"), "big")
+
+
+def toy_token(token_id: int) -> str:
+    if token_id == TOY_EOT:
+        return ""
+    raw = int(token_id).to_bytes((int(token_id).bit_length() + 7) // 8, "big")
+    if not raw.startswith(b"\x01"):
+        raise ValueError("token id %d is not one of the mock's" % token_id)
+    return raw[1:].decode("utf-8")
+
+
+def _toy_completion(prompt: Any, max_tokens: int, echo: bool, logprobs: Optional[int], newer: bool,
+                    spm: bool = False) -> Dict[str, Any]:
+    """One /v1/completions choice of the toy model: the prompt (text or token ids) echoed with its tokens'
+    log-probabilities (the first is null: nothing predicts it), then ``max_tokens`` greedy tokens. ``newer``: the
+    shape llama-server answers in (``logprobs.content``, generated tokens only, no echo). ``spm``: as
+    llama-cpp-python's server with an SPM model: a space put before the text (so the echoed tokens spell one
+    character more than the prompt, and their offsets count it), and an empty byte token generated first."""
+    if isinstance(prompt, str):
+        tokens = toy_tokens(" " + prompt if spm else prompt)
+    else:
+        tokens = ["<|endoftext|>" if t == TOY_EOT else toy_token(t) for t in prompt]
+    generated = [""] * spm + [TOY_TOP] * max_tokens
+
+    def top(tok: str) -> Dict[str, float]:
+        best = tok if len(tok) <= 2 else TOY_TOP
+        return {best: toy_logprob(best)}
+    if newer:
+        content = [{"token": t, "logprob": toy_logprob(t), "top_logprobs": [{"token": k, "logprob": v}
+                                                                          for k, v in top(t).items()]}
+                   for t in generated]
+        return {"text": "".join(generated), "logprobs": {"content": content} if logprobs else None,
+                "finish_reason": "length"}
+    shown = (tokens if echo else []) + generated
+    values: List[Optional[float]] = [toy_logprob(t) if t != "<|endoftext|>" else None for t in shown]
+    tops: List[Optional[Dict[str, float]]] = [top(t) for t in shown]
+    if echo and tokens:
+        values[0], tops[0] = None, None
+    offsets, at = [], 0
+    for t in shown:
+        offsets.append(at)
+        at += 0 if t == "<|endoftext|>" else len(t)
+    text = "".join("" if t == "<|endoftext|>" else t for t in shown)
+    return {"text": text, "finish_reason": "length", "logprobs": {
+        "tokens": shown, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets} if logprobs else None,
+        "_prompt_tokens": len(tokens), "_completion_tokens": len(generated)}
+
+
+def _oracle_reply(item: QAItem, correct: bool) -> str:
+    if not isinstance(item, QAItem):  # another kind's row (a code problem): it says how the mock answers it
+        return item.mock_reply(correct)
+    answer = item.answer
+    if item.scorer == "choice":
+        letters = string.ascii_uppercase[:len(item.choices)]
+        letter = answer if correct else letters[(letters.index(answer) + 1) % len(letters)]
+        return "The answer is (%s)." % letter
+    if item.scorer == "numeric":
+        value = _parse_number(answer) if correct else (_parse_number(answer) or 0) + 7 + 10 * (item.tolerance or 0)
+        return "The result is %s." % (answer if correct else ("%g" % value))
+    if item.scorer == "regex":
+        return "Let me work it out. ANSWER: %s" % (answer if correct else "unknown")
+    if item.scorer == "normalized":
+        return (answer.upper() + ".") if correct else "I do not know."
+    if item.scorer in ("includes", "f1", "judge"):
+        return ("I am fairly sure it is %s." % answer) if correct else "I do not know."
+    if item.scorer == "math":
+        reference = _last_boxed(answer)
+        final = answer if reference is None else reference
+        return "Working it out step by step, the answer is $\\boxed{%s}$." % (final if correct else final + "+1")
+    return answer if correct else answer + "?"
+
+
+def _mock_judge_reply(prompt: str) -> Optional[str]:
+    """The mock as a grader (JUDGE_TEMPLATE): it compares the quoted response with the quoted reference (the
+    reference's words in the response, as the includes scorer does) and answers in the fixed verdict format."""
+    m = re.search(r"\[Reference answer\]\n(.*?)\n\n\[Response\]\n(.*?)\n\nDoes the response", prompt, re.S)
+    if m is None:
+        return None
+    agree = _score_includes(QAItem(id="judge", messages=(), answer=m.group(1), scorer="includes"), m.group(2))[0]
+    return "Comparing the final answers: they %s.\nGRADE: %s" % (("agree", "C") if agree else ("differ", "I"))
+
+
+SWE_MOCK_POLICIES = ("oracle", "noop", "sleepy", "chatty", "plant", "tamper", "linger")
+SLEEPY_COMMAND = "sleep 3600.25"  # outlives any exec timeout; sleepy checks afterwards that it was killed
+
+
+def _swe_mock_reply(instances: Sequence[Any], policy: str, messages: Sequence[Any]) -> str:
+    """The mock as an agent. It finds its instance by the problem statement in the conversation and acts by turn:
+    ``oracle`` applies the gold patch it read from the dataset itself (the harness never sends it) and submits;
+    ``noop`` submits at once; ``sleepy`` first runs a command that outlives the exec timeout, then checks that it
+    is gone and behaves like oracle; ``chatty`` never uses the fenced format."""
+    text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "user")
+    inst = next((i for i in instances if i.problem_statement in text), None)
+    if policy == "chatty" or inst is None:
+        return "I believe the bug is in the arithmetic helper. Let me think about it some more before acting."
+    turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+
+    def act(thought: str, command: str) -> str:
+        return "THOUGHT: %s\n\n```bash\n%s\n```" % (thought, command)
+
+    submit = act("The fix is in place; submitting.", "echo %s" % SUBMIT_SENTINEL)
+    if isinstance(inst, HarborTask):  # a container task: the policies of _task_mock_steps
+        steps = _task_mock_steps(inst, policy, act)
+        return (steps + [submit])[min(turn, len(steps))]
+    fix = act("Apply the fix.", "echo %s | base64 -d > /tmp/fix.patch && git apply /tmp/fix.patch && git status "
+              "--short" % base64.b64encode(inst.patch.encode("utf-8")).decode("ascii"))
+    steps = {"oracle": [fix, submit], "noop": [submit],
+             "sleepy": [act("Run the slow check.", SLEEPY_COMMAND),
+                        act("Is the slow command still running?",
+                            "ps -eo args | grep -c '^%s' || true" % SLEEPY_COMMAND), fix, submit]}[policy]
+    return steps[min(turn, len(steps) - 1)]
+
+
+def _realize(option: Any) -> Any:
+    """A value the checker allows, from BFCL's allowed values: a dict's keys each take their first allowed value
+    (a key whose only one is "" left out), a list's dicts the same."""
+    if isinstance(option, dict):
+        out = {}
+        for k, allowed in option.items():
+            pick = next((a for a in allowed if a != ""), None) if isinstance(allowed, list) else allowed
+            if pick is not None:
+                out[k] = _realize(pick)
+        return out
+    if isinstance(option, list):
+        return [_realize(v) if isinstance(v, dict) else v for v in option]
+    return option
+
+
+def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[str, List[Dict[str, Any]]]:
+    """The mock on a BFCL question: right with probability ``skill`` (per row, by seed): the expected calls with
+    each parameter's first allowed value (optional ones left out); no call on irrelevance rows, some call on
+    relevance ones. Wrong: the first function's name with "_wrong" (or a call where none should be, or none where
+    one should). As native tool calls (dots in names as underscores) or in BFCL's prompt format."""
+    right = _unit_hash(seed, row.id, "tools") < skill
+    if "relevance" in row.category:
+        wants_call = ("irrelevance" not in row.category) == right
+        f = row.functions[0] if row.functions else {"name": "lookup", "parameters": {"required": ["query"]}}
+        calls = [{f["name"]: {p: "x" for p in f["parameters"].get("required") or ()}}] if wants_call else []
+    else:
+        calls = [{name: _realize(params)} for call in row.expected for name, params in call.items()]
+        if not right:
+            calls = [{list(calls[0])[0] + "_wrong": list(calls[0].values())[0]}] + calls[1:]
+    if not calls:
+        return "None of the functions can answer that; I need more information.", []
+    if native:
+        return "", [{"id": "call_%d" % i, "type": "function", "function": {
+            "name": name.replace(".", "_"), "arguments": json.dumps(params)}}
+            for i, call in enumerate(calls) for name, params in call.items()]
+    return "[%s]" % ", ".join("%s(%s)" % (name, ", ".join("%s=%r" % kv for kv in params.items()))
+                              for call in calls for name, params in call.items()), []
+
+
+def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
+    """The mock's actions on a container task before it submits: ``oracle`` runs the task's solution/solve.sh
+    (read from the folder by the mock; the harness never sends it); ``noop`` nothing; ``plant`` writes reward 1
+    where the verifier puts it; ``tamper`` replaces /tests/test.sh with one that writes reward 1; ``linger`` leaves
+    a background process that writes reward 1 two seconds later (when the verifier runs)."""
+    if policy in ("oracle", "sleepy"):
+        with open(os.path.join(task.path, "solution", "solve.sh"), "rb") as fh:
+            script = base64.b64encode(fh.read()).decode("ascii")
+        return [act("Run the solution.", "echo %s | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh" % script)]
+    reward = "mkdir -p %s && echo 1 > %s/reward.txt" % (VERIFIER_DIR, VERIFIER_DIR)
+    return {"noop": [], "chatty": [],
+            "plant": [act("Write the reward myself.", reward)],
+            "tamper": [act("Replace the tests.", "mkdir -p %s && printf '%%s\\n' '%s' > %s/test.sh" % (
+                TESTS_DIR, reward, TESTS_DIR))],
+            "linger": [act("Leave a helper running.", "nohup sh -c 'sleep 2; %s' >/dev/null 2>&1 &" % reward)]
+            }[policy]
+
+
+class _MockState:
+    """Shared state of one mock server: load, counters, oracle."""
+
+    def rate_take(self, tokens: int) -> Tuple[bool, Dict[str, str]]:
+        """A hosted API's quotas (MockConfig.rate_limit, scaled by rate_schedule): token buckets of requests and
+        tokens a minute, refilled continuously. Takes one request and ``tokens`` when both fit; the x-ratelimit
+        headers either way, and Retry-After (seconds) and retry-after-ms when they do not."""
+        cfg = self.config
+        now = time.monotonic()
+        with self.lock:
+            if not hasattr(self, "_rate"):
+                self._rate = {"t0": now, "t": now, "factor": 1.0,
+                              "level": {"requests": float(cfg.rate_limit[0]), "tokens": float(cfg.rate_limit[1])}}
+            r = self._rate
+            factor = 1.0
+            for at, f in cfg.rate_schedule:
+                if now - r["t0"] >= at:
+                    factor = f
+            caps = {"requests": cfg.rate_limit[0] * factor, "tokens": cfg.rate_limit[1] * factor}
+            for k, cap in caps.items():
+                r["level"][k] = min(cap, r["level"][k] + (now - r["t"]) * cap / 60.0)
+            r["t"] = now
+            need = {"requests": 1.0, "tokens": float(tokens)}
+            wait = max(max(0.0, need[k] - r["level"][k]) / (caps[k] / 60.0) for k in caps)
+            if wait <= 0:
+                for k in caps:
+                    r["level"][k] -= need[k]
+                self.counters["rate_admitted_tokens"] += tokens
+            else:
+                self.counters["rate_limited"] += 1
+            headers = {}
+            for k, cap in caps.items():
+                level = math.floor(max(0.0, r["level"][k]))  # (whole requests and tokens, and the reset of those)
+                headers["x-ratelimit-limit-%s" % k] = "%d" % cap
+                headers["x-ratelimit-remaining-%s" % k] = "%d" % level
+                headers["x-ratelimit-reset-%s" % k] = "%.3fs" % ((cap - level) / (cap / 60.0))
+            if wait > 0:
+                headers["Retry-After"] = "%d" % math.ceil(wait)
+                headers["retry-after-ms"] = "%d" % math.ceil(wait * 1000)
+            return wait <= 0, headers
+
+    def __init__(self, config: MockConfig, oracle: Optional[Dict[str, QAItem]], swe: Sequence[Any] = ()):
+        self.config = config
+        self.oracle = oracle
+        self.swe = list(swe)  # SWE instances the mock plays an agent for
+        self.tool_rows: Dict[str, Any] = {}  # BFCL questions it answers with calls, by their last user message
+        self.lock = threading.Lock()  # guards active, waiting, counters, seen
+        self.active = 0
+        self.max_active = 0
+        self.waiting = 0  # requests queued for a slot (config.slots)
+        self.slots = threading.Semaphore(config.slots) if config.slots > 0 else None
+        self.counters: Dict[str, int] = collections.Counter()
+        self.seen: Dict[str, int] = collections.Counter()
+        self.closing = threading.Event()
+
+    def slowdown(self, active: int) -> float:
+        c = self.config
+        over = max(0, active - c.knee) / max(1, c.knee)
+        return max(1.0, active / max(1, c.knee)) * (1.0 + c.thrash * over)
+
+
+class _MockHandler:
+    """The mock's request handler: mixed before http.server.BaseHTTPRequestHandler when a server starts (so that
+    http.server, and the http.client and email it imports, load only for a mock)."""
+
+    server_version = "evalharness-mock/" + __version__
+    state: _MockState  # set on the per-server subclass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's parameter name
+        pass
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass  # a deliberately reset connection
+
+    def _json(self, status: int, obj: Any, headers: Optional[Dict[str, str]] = None) -> None:
+        body = json.dumps(obj).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in dict(getattr(self, "_rate_headers", None) or {}, **(headers or {})).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, headers: Optional[Dict[str, str]] = None) -> None:
+        self._json(status, {"error": {"message": message, "type": "mock_error", "code": status}}, headers)
+
+    def do_GET(self) -> None:
+        st = self.state
+        cfg = st.config
+        if self.path.startswith(("/v1/", "/props", "/info")) and not self._authorized():
+            return
+        if self.path.rstrip("/") in ("/v1/models", "/models") and _mock_models(cfg) is not None:
+            self._json(200, _mock_models(cfg))
+        elif self.path == "/props" and cfg.server_kind == "llama.cpp":
+            self._json(200, {"default_generation_settings": {"n_ctx": cfg.context_len or 1024, "n_predict": -1},
+                             "total_slots": cfg.slots or 1, "model_path": cfg.model})
+        elif self.path == "/info" and cfg.server_kind == "tgi":
+            self._json(200, {"model_id": cfg.model, "max_total_tokens": cfg.context_len or 4096,
+                             "max_input_tokens": (cfg.context_len or 4096) - 1, "router": "text-generation-router"})
+        elif self.path == "/health":
+            self._json(200, {"status": "ok"})
+        elif self.path == "/metrics" and _SERVER_KINDS.get(cfg.server_kind, _SERVER_KINDS["mock"]).running:
+            with st.lock:
+                body = _mock_metrics(_SERVER_KINDS[cfg.server_kind], cfg.model, st.active, st.waiting)
+            if cfg.kv_tokens > 0 and cfg.server_kind in _MOCK_KV_POOL:
+                body += _MOCK_KV_POOL[cfg.server_kind] % {"model": cfg.model, "blocks": cfg.kv_tokens // 16,
+                                                          "tokens": cfg.kv_tokens}
+            raw = body.encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+        elif self.path == "/stats":
+            with st.lock:
+                self._json(200, {"active": st.active, "max_active": st.max_active, "counters": dict(st.counters)})
+        else:
+            self._error(404, "no route %s" % self.path)
+
+    def _authorized(self) -> bool:
+        """Whether the request carries the configured key; answers 401 when it does not."""
+        key = self.state.config.api_key
+        auth = self.headers.get("Authorization", "")
+        if key is None or auth == "Bearer " + key:
+            return True
+        # like a real provider, echo what was sent: the client must scrub it
+        self._error(401, "Incorrect API key provided: %s" % auth.replace("Bearer ", ""))
+        return False
+
+    def _reset(self) -> None:
+        import struct
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
+    def do_POST(self) -> None:
+        st, cfg = self.state, self.state.config
+        path = self.path.rstrip("/")
+        if path in ("/v1/completions", "/completions", "/tokenize", "/extras/tokenize"):
+            if self._authorized():
+                self._completions_or_tokens(path)
+            return
+        if path not in ("/v1/chat/completions", "/chat/completions"):
+            self._error(404, "no route %s" % self.path)
+            return
+        if not self._authorized():
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            req = json.loads(self.rfile.read(length).decode("utf-8"))
+            messages = req["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages must be a non-empty list")
+            last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._error(400, "bad request: %s" % exc)
+            return
+        stream = bool(req.get("stream"))
+        include_usage = cfg.send_usage and (not stream or bool((req.get("stream_options") or {})
+                                                                 .get("include_usage")))
+        key = str(last_user)
+        if st.slots is not None:  # the server's own queue: wait for a slot (counted as waiting, not running)
+            with st.lock:
+                st.waiting += 1
+            while not st.slots.acquire(timeout=0.5):
+                if st.closing.is_set():
+                    with st.lock:
+                        st.waiting -= 1
+                    return
+            with st.lock:
+                st.waiting -= 1
+            self._slot_held = True
+        with st.lock:
+            st.seen[key] += 1
+            nth = st.seen[key]
+            st.counters["requests"] += 1
+            over_cap = cfg.max_concurrency > 0 and st.active >= cfg.max_concurrency
+            if not over_cap:
+                st.active += 1
+                st.max_active = max(st.max_active, st.active)
+        if over_cap:
+            self._uncount()  # (its slot, if it waited for one)
+            with st.lock:
+                st.counters["over_cap"] += 1
+            self._error(cfg.overload_status, "server at capacity", {"Retry-After": "%g" % cfg.retry_after_s})
+            return
+        self._active_counted = True
+        try:
+            fault = None
+            u = _unit_hash(cfg.seed, "fault", key, nth)
+            acc = 0.0
+            for kind, prob in cfg.faults:
+                acc += prob
+                if u < acc:
+                    fault = kind
+                    break
+            if fault:
+                with st.lock:
+                    st.counters["fault_" + fault] += 1
+            self._serve(req, messages, key, stream, include_usage, fault)
+        finally:
+            self._uncount()
+
+    def _completions_or_tokens(self, path: str) -> None:
+        """/v1/completions from the toy model (``_toy_completion``), or a tokenizer endpoint: vLLM's and SGLang's
+        /tokenize ({prompt} or {content}), llama-cpp-python's /extras/tokenize ({input})."""
+        st, cfg = self.state, self.state.config
+        try:
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8"))
+            if not isinstance(req, dict):
+                raise ValueError("the body must be a JSON object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._error(400, "bad request: %s" % exc)
+            return
+        with st.lock:
+            st.counters["requests"] += 1
+            st.counters[path.rsplit("/", 1)[-1]] += 1
+        if path.endswith("tokenize"):
+            text = req.get("input") if path == "/extras/tokenize" else req.get("prompt", req.get("content"))
+            if not cfg.tokenizer or not isinstance(text, str):
+                self._error(404 if not cfg.tokenizer else 400, "no route %s" % self.path if not cfg.tokenizer
+                            else "bad request: the text to tokenize is missing")
+                return
+            special = req.get("add_special_tokens", req.get("add_special", path == "/tokenize"))
+            if cfg.llama_cpp_python:  # its /extras/tokenize: always the start token, and the SPM space
+                special, text = True, " " + text
+            ids = [TOY_EOT] * bool(special) + [toy_id(t) for t in toy_tokens(text)]  # (the start token: EOT)
+            self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": cfg.context_len or None})
+            return
+        if cfg.ttft_s:  # the time a prefill takes (tests that stop a run mid-way need requests that last)
+            st.closing.wait(cfg.ttft_s)
+        prompt = req.get("prompt")
+        many = isinstance(prompt, list) and prompt and (isinstance(prompt[0], (str, list)))
+        prompts = list(prompt) if many else [prompt]
+        if cfg.llama_cpp_python and not all(isinstance(p, str) for p in prompts):  # prompt: Union[str, List[str]]
+            self._error(500, "1 validation error: {'type': 'string_type', 'loc': ('body', 'prompt', 'str'), "
+                             "'msg': 'Input should be a valid string'}")
+            return
+        if cfg.llama_cpp_python and len(prompts) > 1:  # (its assert len(body.prompt) <= 1)
+            self._error(500, "")
+            return
+        try:
+            if not prompts or not all(isinstance(p, str) or (isinstance(p, list) and all(
+                    isinstance(t, int) for t in p)) for p in prompts):
+                raise ValueError("prompt must be text, token ids, or a list of either")
+            max_tokens = int(req.get("max_tokens", 16))
+            newer = cfg.server_kind == "llama.cpp"  # llama-server: generated tokens' log-probabilities only
+            choices = [_toy_completion(p, max_tokens, bool(req.get("echo")), req.get("logprobs"), newer,
+                                       cfg.llama_cpp_python) for p in prompts]
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            self._error(400, "bad request: %s" % exc)
+            return
+        usage = {"prompt_tokens": sum(c.pop("_prompt_tokens", 0) for c in choices),
+                 "completion_tokens": sum(c.pop("_completion_tokens", max_tokens) for c in choices)}
+        if cfg.llama_cpp_python:  # (its start token is counted, and dropped from the echo)
+            usage["prompt_tokens"] += len(choices)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        self._json(200, {"id": "cmpl-mock", "object": "text_completion", "created": int(time.time()),
+                         "model": cfg.reply_model or req.get("model") or cfg.model,
+                         "choices": [dict(c, index=i) for i, c in enumerate(choices)], "usage": usage})
+
+    def _uncount(self) -> None:
+        """Stop counting this request as active (before its last bytes go out, so a client that has read them
+        and sends its next request never sees itself counted twice)."""
+        if getattr(self, "_active_counted", False):
+            self._active_counted = False
+            with self.state.lock:
+                self.state.active -= 1
+        if getattr(self, "_slot_held", False):
+            self._slot_held = False
+            self.state.slots.release()
+
+    def _reply_text(self, key: str, messages: Sequence[Any] = (), seed: Any = None) -> str:
+        st = self.state
+        if st.swe:
+            return _swe_mock_reply(st.swe, st.config.swe_policy, messages)
+        judged = _mock_judge_reply(key)
+        if judged is not None:
+            return judged
+        if st.oracle is None:
+            return "This is the mock model."
+        item = st.oracle.get(key)
+        if item is None:
+            return "I have no reference for this question."
+        # a request's own seed (repeats of a row, --epochs) draws again; without one the answer is fixed per prompt
+        correct = _unit_hash(st.config.seed, "oracle", key, *(() if seed is None else (seed,))) < st.config.skill
+        return _oracle_reply(item, correct)
+
+    def _serve(self, req: Dict[str, Any], messages: List[Any], key: str, stream: bool, include_usage: bool,
+               fault: Optional[str]) -> None:
+        """A chat request: an injected fault, or the reply (``_compose``) written as one JSON body or a stream."""
+        cfg = self.state.config
+        if fault in ("429", "503", "500", "400"):
+            headers = {"Retry-After": "%g" % cfg.retry_after_s} if fault in ("429", "503") else {}
+            self._error(int(fault), "injected fault %s%s" % (fault, ": the prompt is too long for the context"
+                                                            if fault == "400" else ""), headers)
+            return
+        if fault == "hang":
+            self.state.closing.wait(cfg.hang_s)
+            return
+        if fault == "reset" and not stream:
+            self._reset()
+            return
+        if cfg.tools_refused and req.get("tools"):  # vLLM without tool parsing answers so
+            self._error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+            return
+        reply = self._compose(req, messages, key)
+        if reply is None:
+            return
+        self._rate_headers = None
+        if cfg.rate_limit:  # a hosted API's quotas: requests and tokens a minute
+            ok, headers = self.state.rate_take(reply.usage["prompt_tokens"] + reply.usage["completion_tokens"])
+            if not ok:
+                self._error(429, "Rate limit reached: requests or tokens per minute", headers)
+                return
+            self._rate_headers = headers
+        if stream:
+            self._write_stream(reply, include_usage, fault)
+        else:
+            self._write_json(reply, include_usage, fault)
+
+    def _compose(self, req: Dict[str, Any], messages: List[Any], key: str) -> Optional["_MockReply"]:
+        """The reply to a chat request, as tokens with their pacing (None: the context is too small, answered 400)."""
+        st, cfg = self.state, self.state.config
+        text = self._reply_text(key, messages, req.get("seed"))
+        tool_calls: List[Dict[str, Any]] = []
+        if req.get("tools") and st.swe:  # tool-calling mode: the fenced action becomes one `bash` call
+            found = re.search(r"```bash\n(.*?)\n```", text, re.S)
+            if found:
+                tool_calls.append({"id": "call_%d" % random.getrandbits(32), "type": "function",
+                                   "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}})
+                text = text[:found.start()].strip()
+        if st.tool_rows:  # a BFCL question: calls drawn from its possible answers at the mock's skill
+            row = st.tool_rows.get(next((str(m.get("content")) for m in reversed(messages)
+                                         if isinstance(m, dict) and m.get("role") == "user"), ""))
+            if row is not None:
+                text, tool_calls = _tool_mock_reply(row, bool(req.get("tools")), cfg.skill, cfg.seed)
+        reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
+        thought = _TOKEN_RE.findall(reasoning + " ") if reasoning else []
+        if cfg.reasoning_style == "think" and thought:
+            pieces = [("content", t) for t in ["<think>"] + thought + ["</think>\n"]]
+        else:
+            pieces = [("reasoning_content", t) for t in thought]
+        n_thought = len(pieces)
+        pieces += [("content", t) for t in _TOKEN_RE.findall(text)]
+        prompt_tokens = sum(len(_TOKEN_RE.findall(str(m.get("content", "")))) for m in messages)
+        max_tokens = req.get("max_tokens")
+        if cfg.context_len and prompt_tokens + (max_tokens if isinstance(max_tokens, int) else 0) > cfg.context_len:
+            if cfg.server_kind == "llama.cpp" and prompt_tokens < cfg.context_len:
+                max_tokens = cfg.context_len - prompt_tokens  # llama.cpp cuts the answer at the slot's end
+            else:
+                self._error(400, "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                            "(%d in the messages, %s in the completion). Please reduce the length of the messages "
+                            "or completion." % (cfg.context_len, prompt_tokens + (max_tokens or 0), prompt_tokens,
+                                                max_tokens or 0))
+                return None
+        finish = "stop"
+        if isinstance(max_tokens, int) and 0 < max_tokens < len(pieces):
+            pieces, finish = pieces[:max_tokens], "length"
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
+                 "total_tokens": prompt_tokens + len(pieces),
+                 "completion_tokens_details": {"reasoning_tokens": min(n_thought, len(pieces))}}
+        if cfg.cached_share:
+            usage["prompt_tokens_details"] = {"cached_tokens": int(prompt_tokens * cfg.cached_share)}
+        with st.lock:
+            ttft = cfg.ttft_s * st.slowdown(st.active)
+        return _MockReply(rid="chatcmpl-%d" % random.Random(_unit_hash(cfg.seed, key)).getrandbits(48),
+                          model=cfg.reply_model if cfg.reply_model is not None else req.get("model"),
+                          pieces=pieces, finish=finish, usage=usage, tool_calls=tool_calls, reasoning=bool(reasoning),
+                          ttft_s=ttft)
+
+    def _token_delay(self) -> float:
+        """Seconds one token takes at the current load."""
+        st = self.state
+        if st.config.decode_tok_s <= 0:
+            return 0.0
+        with st.lock:
+            active = st.active
+        return st.slowdown(active) / st.config.decode_tok_s
+
+    def _wait(self, seconds: float) -> None:
+        if seconds > 0:
+            self.state.closing.wait(seconds)
+
+    def _completed(self) -> None:
+        self._uncount()
+        with self.state.lock:
+            self.state.counters["completed"] += 1
+
+    def _write_json(self, reply: "_MockReply", include_usage: bool, fault: Optional[str]) -> None:
+        self._wait(reply.ttft_s + sum(self._token_delay() for _ in reply.pieces))
+        if fault == "malformed":
+            body = b'{"id": "broken", "choices": [{"message": '
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        finish = reply.finish
+        message = {"role": "assistant", "content": "".join(t for k, t in reply.pieces if k == "content")}
+        if reply.tool_calls:
+            message["tool_calls"] = list(reply.tool_calls)
+            finish = "tool_calls"
+        if reply.reasoning:
+            message["reasoning_content"] = "".join(t for k, t in reply.pieces if k == "reasoning_content")
+        out = {"id": reply.rid, "object": "chat.completion", "created": 0, "model": reply.model,
+               "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if include_usage:
+            out["usage"] = reply.usage
+        self._completed()
+        self._json(200, out)
+
+    def _write_stream(self, reply: "_MockReply", include_usage: bool, fault: Optional[str]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        for k, v in (getattr(self, "_rate_headers", None) or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+
+        def event(obj: Any) -> None:
+            self.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
+
+        base = {"id": reply.rid, "object": "chat.completion.chunk", "created": 0, "model": reply.model}
+        event(dict(base, choices=[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]))
+        self.wfile.flush()
+        self._wait(reply.ttft_s)
+        debt = 0.0
+        pieces, finish = reply.pieces, reply.finish
+        for i, (field, tok) in enumerate(pieces):
+            if fault == "reset" and i == 1:
+                self._reset()
+                return
+            if fault == "malformed" and i == 1:
+                self.wfile.write(b'data: {"choices": [{"delta": {"content": \n\n')
+                self.wfile.flush()
+                return
+            if fault == "truncate" and i == len(pieces) // 2:
+                self.wfile.flush()
+                return  # the connection closes with no finish_reason and no [DONE]
+            event(dict(base, choices=[{"index": 0, "delta": {field: tok}, "finish_reason": None}]))
+            debt += self._token_delay()
+            if debt >= 0.002:  # sleep in slices of >= 2 ms: per-token sleeps would be all overhead
+                self.wfile.flush()
+                self._wait(debt)
+                debt = 0.0
+        for index, call in enumerate(reply.tool_calls):  # each in two pieces, as servers send them: id and name
+            args = call["function"]["arguments"]                # first, then the arguments
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(call, index=index, function={
+                "name": call["function"]["name"], "arguments": args[:len(args) // 2]})]}, "finish_reason": None}]))
+            event(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [{"index": index, "function": {
+                "arguments": args[len(args) // 2:]}}]}, "finish_reason": None}]))
+            finish = "tool_calls"
+        event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish}]))
+        if include_usage:
+            event(dict(base, choices=[], usage=reply.usage))
+        self._completed()
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+class _MockReply:
+    """A mock reply, composed once and written by either writer: its tokens as (field, text) pieces (reasoning
+    first), why it ended, its usage, a tool call, and the time to its first token at the load it met."""
+
+    __slots__ = ("rid", "model", "pieces", "finish", "usage", "tool_calls", "reasoning", "ttft_s")
+
+    def __init__(self, *, rid: str, model: Any, pieces: List[Tuple[str, str]], finish: str, usage: Dict[str, Any],
+                 tool_calls: Sequence[Dict[str, Any]], reasoning: bool, ttft_s: float):
+        self.rid, self.model, self.pieces, self.finish, self.usage = rid, model, pieces, finish, usage
+        self.tool_calls, self.reasoning, self.ttft_s = tool_calls, reasoning, ttft_s
+
+
+class _MockHTTPServer:
+    """Mixed before http.server.ThreadingHTTPServer when a server starts (see _MockHandler)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 512
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, socket.timeout)):
+            return  # a client that hung up (timeout, Ctrl-C) is normal traffic, not a server error
+        super().handle_error(request, client_address)
+
+
+class MockServer:
+    """The mock model server bound to ``host:port`` (port 0 picks a free one), served by a background thread.
+
+    ``oracle`` is a Dataset whose rows the server answers from, right with probability ``config.skill``.
+    """
+
+    def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
+                 oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None,
+                 tools: Optional["ToolDataset"] = None):
+        if config.server_kind not in MOCK_SERVER_KINDS:
+            raise ConfigError("--server-kind must be one of %s, got %r" % (", ".join(MOCK_SERVER_KINDS),
+                                                                            config.server_kind))
+        if config.swe_policy not in SWE_MOCK_POLICIES:
+            raise ConfigError("--swe-policy must be one of %s, got %r" % (", ".join(SWE_MOCK_POLICIES),
+                                                                           config.swe_policy))
+        table = None
+        if oracle is not None:
+            table = {}
+            for item in oracle.iter_items():
+                user = [m["content"] for m in item.messages if m["role"] == "user"]
+                table[user[-1]] = item
+        self.state = _MockState(config, table, swe.items if swe is not None else ())
+        for row in (tools.iter_items() if tools is not None else ()):
+            self.state.tool_rows[next((m["content"] for m in reversed(row.messages) if m["role"] == "user"), "")] = row
+        handler = type("_BoundMockHandler", (_MockHandler, http.server.BaseHTTPRequestHandler), {"state": self.state})
+        server = type("_BoundMockHTTPServer", (_MockHTTPServer, http.server.ThreadingHTTPServer), {})
+        try:
+            self._httpd = server((host, port), handler)
+        except OSError as exc:
+            raise ConfigError("cannot listen on %s:%d: %s" % (host, port, exc.strerror or exc)) from None
+        self.host, self.port = self._httpd.server_address[:2]
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        return "http://%s:%d/v1" % (self.host, self.port)
+
+    def start(self) -> "MockServer":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="evalharness-mock-0", daemon=True)
+        self._thread.start()
+        return self
+
+    def stats(self) -> Dict[str, Any]:
+        with self.state.lock:
+            return {"active": self.state.active, "max_active": self.state.max_active,
+                    "counters": dict(self.state.counters)}
+
+    def close(self) -> None:
+        """Stop serving and wake hung handlers. Idempotent."""
+        if self._thread is None:
+            return
+        self.state.closing.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+        self._thread = None
+
+    def __enter__(self) -> "MockServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+# =============================================================================
 # Scale-out
 # =============================================================================
 # `run --shard I/N` runs one part of a dataset in OUT/shard-I-of-N (the partition: shard_of, in Datasets);
 # `merge OUT` makes one run of the shards, as one host would have written it.
+
 
 def _shard_dirs(out: str, sources: Sequence[str]) -> List[str]:
     """The shard run directories named by SOURCES (each a shard, or a directory holding shard-I-of-N folders);
@@ -15435,1458 +16720,11 @@ def _remove_merge_litter(out: str) -> None:
                 except OSError:
                     pass
 
-
-def _copy_tree_atomic(src_dir: str, out: str, subdirs: Sequence[str]) -> None:
-    """Copy SUBDIRS of SRC_DIR into OUT, each file through a temporary name (a killed merge leaves whole files)."""
-    for sub in subdirs:
-        top = os.path.join(src_dir, sub)
-        if not os.path.isdir(top):
-            continue
-        for root, _, files in os.walk(top):
-            dest_root = os.path.join(out, os.path.relpath(root, src_dir))
-            os.makedirs(dest_root, exist_ok=True)
-            for name in files:
-                if ".tmp." in name:
-                    continue
-                tmp = os.path.join(dest_root, ".%s.merge.%d" % (name, os.getpid()))
-                shutil.copyfile(os.path.join(root, name), tmp)
-                os.replace(tmp, os.path.join(dest_root, name))
-
-
-# ----------------------------------------------------------------------------- one endpoint, many shards
-# The shards of a run under one OUT share the endpoint through OUT/.gate/: one small file per live shard, rewritten
-# every HEARTBEAT_S, with its requests in flight. The lowest live shard leads: its controller (the same
-# GradientLimit a lone run has) adapts the total concurrency of all shards, reading each of its requests' load as
-# the load the endpoint had (its own in flight plus the followers', from their files), and every shard runs at
-# the total over the live shards. So the shards together hold what one process would, and a shard that comes or
-# goes changes only the shares. A follower's overload cuts its own share at once and reaches the leader's
-# controller through its file. A shard whose file is older than STALE_S (killed) no longer counts; when the
-# leader goes, the next lowest leads from the total it was part of.
-SHARED_GATE_DIR = ".gate"
-SHARED_GATE_HEARTBEAT_S = 0.5
-SHARED_GATE_STALE_S = 5.0
-
-
-class _ShardFile:
-    """A shard's file in OUT/.gate/, rewritten by ``beat`` every heartbeat in a thread of its own (a lost shared
-    filesystem keeps the last view); ``close`` stops it and removes the file, so the others stop counting it."""
-
-    _path: str
-    _stop: threading.Event
-
-    def beat(self) -> None:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
-            try:
-                self.beat()
-            except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: keep the last view
-                _log.debug("%s: %s", type(self).__name__, exc)
-
-    def close(self) -> None:
-        self._stop.set()
-        try:
-            os.unlink(self._path)
-        except OSError:
-            pass
-
-
-class _RateShare(_ShardFile):
-    """The live shards of a run, for --requests/--tokens-per-minute: each writes OUT/.gate/rate-shard-I.json every
-    heartbeat with what it started in the last minute, by second (``window``: [wall second, requests, tokens], the
-    second rounded up so an entry counts no shorter than it does at the server), and the shards it sees live
-    (``sees``). ``live()`` gives the count of fresh files not done (its own among them) and the others' requests
-    and tokens of the last minute, so each paces at its share and all of them under the total.
-
-    The two moments the live count changes: a shard that starts sends nothing until every live shard has written
-    a heartbeat that sees it (from then on each of them holds to its new share, and what it published of its last
-    minute is current); a shard that ends (or is killed) leaves its last minute in its file (``done``), which the
-    others count until it has aged out of the minute, as the server does."""
-
-    def __init__(self, gate_dir: str, index: int):
-        self.dir, self.index = gate_dir, index
-        os.makedirs(gate_dir, exist_ok=True)
-        self._path = os.path.join(gate_dir, "rate-shard-%d.json" % index)
-        self._stop = threading.Event()
-        self._live: Tuple[int, float, float] = (1, 0.0, 0.0)
-        # the pacer's last minute: [(seconds ago, requests, tokens)] (attach)
-        self.usage: Callable[[], List[Tuple[float, float, float]]] = lambda: []
-        self.beat()
-        deadline = time.monotonic() + SHARED_GATE_STALE_S
-        while True:
-            time.sleep(SHARED_GATE_HEARTBEAT_S + 0.1)
-            peers = self.beat()
-            if all(self.index in p.get("sees", ()) for p in peers) or time.monotonic() > deadline:
-                break  # (one that has not seen it in STALE_S is not live any more)
-        threading.Thread(target=self._run, name="evalharness-rate-share-0", daemon=True).start()
-
-    def _window(self, now: float) -> List[List[float]]:
-        by_second: Dict[float, List[float]] = {}
-        for ago, requests, tokens in self.usage():
-            second = float(math.ceil(now - ago))
-            cell = by_second.setdefault(second, [second, 0.0, 0.0])
-            cell[1] += requests
-            cell[2] += tokens
-        return [by_second[k] for k in sorted(by_second)]
-
-    def beat(self, done: bool = False) -> List[Dict[str, Any]]:
-        """Read the others, then publish this shard's minute and whom it saw; returns the live others' files."""
-        now = time.time()
-        live: List[Dict[str, Any]] = []
-        o_req = o_tok = 0.0
-        for name in os.listdir(self.dir):
-            m = re.match(r"rate-shard-(\d+)\.json$", name)
-            if not m or int(m.group(1)) == self.index:
-                continue
-            peer = _read_json_file(os.path.join(self.dir, name))
-            if not peer:
-                continue
-            for cell in peer.get("window") or ():  # live or not: what it sent counts for its minute
-                if now - float(cell[0]) < RatePacer.WINDOW_S:
-                    o_req += float(cell[1])
-                    o_tok += float(cell[2])
-            if not peer.get("done") and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
-                live.append(peer)
-        _write_json(self._path, {"index": self.index, "pid": os.getpid(), "t": now, "done": done,
-                                 "sees": sorted(int(p.get("index", -1)) for p in live),
-                                 "window": self._window(now)})
-        self._live = (1 + len(live), o_req, o_tok)
-        return live
-
-    def live(self) -> Tuple[int, float, float]:
-        return self._live
-
-    def close(self) -> None:
-        """Stop, leaving the last minute in the file for the others (``done``: no longer a live shard)."""
-        self._stop.set()
-        try:
-            self.beat(done=True)
-        except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: the others see it go stale
-            _log.debug("rate share: %s", exc)
-
-
-class _SharedLimit(_ShardFile, Limit):
-    """A limit algorithm shared by the shards of one run: see the comment above. ``limit`` is this shard's share;
-    the leader's controller (a GradientLimit) works in the total. What it reads: every shard's successes (speed,
-    load plus the others' in flight, first tokens) and overloads. What it does not: the server's queue gauges
-    (``on_server`` is the base's no-op, and a sharded run starts no metrics poller): they count every shard's
-    requests at one instant, while a shard knows the others' in flight only as of their last heartbeat."""
-
-    shared = True
-
-    def __init__(self, gate_dir: str, index: int, make_inner: Callable[[int], Any], initial: int, *,
-                 clock: Callable[[], float] = time.time, heartbeat: bool = True):
-        self.dir, self.index, self._make_inner, self._clock = gate_dir, index, make_inner, clock
-        self._inner = make_inner(initial)  # the leader's controller of the total
-        self.total = float(initial)
-        self.limit = float(initial)
-        self.leader = True
-        self.live = 1
-        self.gate: Optional[AdaptiveGate] = None  # this shard's gate (attach): its in-flight goes in the file
-        self._others = 0.0                # the leader's view: the followers' requests in flight
-        self._overloads = 0               # this shard's, published
-        self._seen: Dict[str, int] = {}   # the leader's view of the followers' overload counts
-        self._lock = threading.Lock()     # guards the fields above (the heartbeat thread and the gate)
-        self._stop = threading.Event()
-        os.makedirs(gate_dir, exist_ok=True)
-        self._path = os.path.join(gate_dir, "shard-%d.json" % index)
-        self.beat()
-        if heartbeat:  # (the tests beat by hand)
-            threading.Thread(target=self._run, name="evalharness-shared-gate-0", daemon=True).start()
-
-    @property
-    def discovered(self) -> Optional[float]:  # type: ignore[override]
-        found = self._inner.discovered if self.leader else None
-        return found / self.live if found else self.limit
-
-    def attach(self, gate: AdaptiveGate) -> None:
-        self.gate = gate
-
-    def window_stamp(self) -> int:
-        return self._inner.window_stamp()
-
-    def _share(self, total: float) -> float:
-        self.total = float(total)
-        self.limit = max(1.0, self.total / self.live)
-        return self.limit
-
-    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
-                  ttft_s: Optional[float] = None) -> float:
-        with self._lock:
-            if self.leader:
-                self._share(self._inner.on_sample(now, stamp, speed, load + self._others, elapsed_s, ttft_s))
-            return self.limit
-
-    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False, refused: bool = False) -> float:
-        with self._lock:
-            self._overloads += 1
-            if self.leader:
-                self._share(self._inner.on_overload(now, pause_s, None if level is None else level + self._others,
-                                                    rate_limited=rate_limited, refused=refused))
-            else:  # at once; the leader cuts the total when it reads this overload from our file
-                self.limit = max(1.0, self.limit * self._inner.backoff_ratio)
-            return self.limit
-
-    def beat(self) -> None:
-        """Read the live shards' files, take the leader's role or its total, and write this shard's file."""
-        now = self._clock()
-        peers: Dict[int, Dict[str, Any]] = {}
-        for name in os.listdir(self.dir):
-            m = re.match(r"shard-(\d+)\.json$", name)
-            if not m or int(m.group(1)) == self.index:
-                continue
-            peer = _read_json_file(os.path.join(self.dir, name))
-            if peer and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
-                peers[int(m.group(1))] = peer
-        with self._lock:
-            leader = min([self.index] + list(peers)) == self.index
-            if leader and not self.leader:  # promoted: adapt on from the total it was part of
-                self._inner = self._make_inner(max(1, int(round(self.total))))
-                self._inner.limit = self.total
-            self.leader, self.live = leader, 1 + len(peers)
-            if leader:
-                self._others = sum(float(p.get("in_flight") or 0) for p in peers.values())
-                for i, peer in peers.items():
-                    count, before = int(peer.get("overloads") or 0), self._seen.get(str(i))
-                    if before is not None and count > before:  # a follower met an overload since the last beat
-                        self._inner.on_overload(time.monotonic(), 0.0, None)
-                    self._seen[str(i)] = count
-                self._share(self._inner.limit)
-            else:
-                self._share(float(peers[min(peers)].get("total") or self.total))
-            state = {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(), "t": now,
-                     "limit": self.limit, "total": self.total, "leader": leader, "live": self.live,
-                     "overloads": self._overloads, "in_flight": self.gate.in_flight if self.gate else 0}
-        _write_json(self._path, state)
-
-
-# ----------------------------------------------------------------------------- Slurm (slurm submit / status)
-# The same program as an sbatch array of `run --shard auto/N` tasks, then a merge job (afterany). Scripts, the
-# tasks' output and jobs.json (what was submitted) go to OUT/slurm/. Secrets never reach a script: a task reads
-# its key from the environment sbatch hands it (the submitter's, by default).
-SLURM_DIR = "slurm"
-SLURM_JOBS = "jobs.json"
-SLURM_PYTHON = "python3"  # what the jobs run the program with: found on the nodes' PATH (slurm submit --python)
-
-
-def _slurm_runs_with(python: str, program: str) -> str:
-    return "%s%s with %s (%s)" % (
-        program, "" if program.endswith(".pyz") else " (the module)", python,
-        "from the nodes' PATH; slurm submit --python PATH names another" if python == SLURM_PYTHON else
-        "slurm submit --python")
-
-
-def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
-    """The run options of `slurm submit ... -- RUN OPTIONS`, checked as `run` checks them; and the absolute OUT."""
-    args = list(run_args)
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if args[:1] == ["run"]:
-        args = args[1:]
-    parsed = _build_parser("run").parse_args(["run"] + args)  # a bad option fails here, not in N jobs
-    if parsed.shard is not None:
-        raise ConfigError("slurm submit sets --shard itself (auto/N with N = --shards); remove it")
-    if not parsed.out:
-        raise ConfigError("slurm submit needs the run's --out: a directory on the filesystem every node shares")
-    out = os.path.abspath(parsed.out)
-    fixed: List[str] = []
-    skip = False
-    for a in args:  # --out made absolute: the jobs may start elsewhere
-        if skip:
-            skip = False
-            continue
-        if a == "--out":
-            skip = True
-            continue
-        if a.startswith("--out="):
-            continue
-        fixed.append(a)
-    return fixed + ["--out", out], out
-
-
-def _sbatch_lines(opts: Dict[str, Any]) -> List[str]:
-    lines = []
-    for flag, key in (("--partition", "partition"), ("--time", "time"), ("--cpus-per-task", "cpus"),
-                      ("--mem", "mem")):
-        if opts.get(key):
-            lines.append("#SBATCH %s=%s" % (flag, opts[key]))
-    lines += ["#SBATCH %s" % extra for extra in opts.get("sbatch_options") or ()]
-    return lines
-
-
-def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional[int] = None,
-                 partition: Optional[str] = None, time_limit: Optional[str] = None, cpus: Optional[int] = None,
-                 mem: Optional[str] = None, sbatch_options: Sequence[str] = (), python: Optional[str] = None,
-                 program: Optional[str] = None, dry_run: bool = False) -> Dict[str, Any]:
-    """Write OUT/slurm/array.sh (an sbatch --array=0-(N-1)%M of `run ... --shard auto/N`) and merge.sh (`merge OUT
-    --partial`, after all tasks whatever their end) and submit both; returns what was submitted (jobs.json's
-    entry). Submitting the same command again resumes every shard. The scripts run ``python`` (default
-    ``python3`` from the nodes' PATH: this interpreter's path may not exist on them) with ``program`` (default:
-    this zipapp or module, which must be on a filesystem the nodes see). ``dry_run``: nothing is written or
-    submitted; the entry carries the scripts' text ("array_text", "merge_text")."""
-    if shards < 1:
-        raise ConfigError("--shards must be >= 1, got %d" % shards)
-    args, out = _slurm_run_args(run_args)
-    python = python or SLURM_PYTHON
-    program = os.path.abspath(program or sys.argv[0])
-    if not os.path.isfile(program):
-        raise ConfigError("slurm submit: cannot find the program to run (%r); give --program PATH" % program)
-    if not dry_run and shutil.which("sbatch") is None:
-        raise ConfigError("slurm submit: sbatch is not on PATH (submit from a Slurm login node, or use --dry-run)")
-    sdir = os.path.join(out, SLURM_DIR)
-    name = "evalharness-" + _slug(os.path.basename(out))[:40]
-    opts = {"partition": partition, "time": time_limit, "cpus": cpus, "mem": mem, "sbatch_options": sbatch_options}
-    array = "0-%d" % (shards - 1) + ("%%%d" % max_parallel if max_parallel else "")
-    command = [python, program, "run"] + args + ["--shard", "auto/%d" % shards]
-    here = "#SBATCH --chdir=%s" % os.getcwd()  # relative paths of the command mean what they meant here
-    task = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array, here,
-                      "#SBATCH --output=%s" % os.path.join(sdir, "%A_%a.out")] + _sbatch_lines(opts) + [
-        "# one shard of the run; the same script again resumes it (written by evalharness slurm submit)",
-        "# runs %s" % _slurm_runs_with(python, program),
-        "exec " + " ".join(shlex.quote(a) for a in command), ""])
-    merge_cmd = [python, program, "merge", out, "--partial"]
-    merge = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s-merge" % name, here,
-                       "#SBATCH --output=%s" % os.path.join(sdir, "merge-%j.out")]
-                      + _sbatch_lines({"partition": partition, "sbatch_options": sbatch_options}) + [
-        "# the shards of the run made one (missing or incomplete ones named, exit 1)",
-        "# runs %s" % _slurm_runs_with(python, program),
-        "exec " + " ".join(shlex.quote(a) for a in merge_cmd), ""])
-    paths = {k: os.path.join(sdir, k + ".sh") for k in ("array", "merge")}
-    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
-                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out,
-                             "python": python, "program": program}
-    if dry_run:
-        return dict(entry, array_text=task, merge_text=merge)
-    os.makedirs(sdir, exist_ok=True)
-    for key, text in (("array", task), ("merge", merge)):
-        _atomic_write(paths[key], text)
-        os.chmod(paths[key], 0o755)
-    entry["array_job"] = _sbatch(["--parsable", paths["array"]])
-    entry["merge_job"] = _sbatch(["--parsable", "--dependency=afterany:%s" % entry["array_job"], paths["merge"]])
-    jobs_path = os.path.join(sdir, SLURM_JOBS)
-    history = _read_json_file(jobs_path).get("submissions") or []
-    _write_json(jobs_path, {"submissions": history + [entry]})
-    return entry
-
-
-def _sbatch(args: List[str]) -> str:
-    try:
-        res = subprocess.run(["sbatch"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             universal_newlines=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError("sbatch did not run: %s" % exc) from None
-    if res.returncode != 0:
-        raise ConfigError("sbatch refused the job: %s" % (res.stderr.strip().splitlines() or ["exit %d" %
-                                                                                             res.returncode])[-1])
-    return res.stdout.strip().split(";")[0]
-
-
-def _slurm_states(job_ids: Sequence[str]) -> Dict[str, Dict[str, str]]:
-    """{job id or ARRAY_TASK: {"state", "exit", "node"}} from squeue (queued, running) and scontrol (ended jobs
-    Slurm still remembers); sacct where accounting is on."""
-    states: Dict[str, Dict[str, str]] = {}
-    ids = [j for j in job_ids if j]
-    if not ids:
-        return states
-    for job in ids:
-        res = _slurm_cmd(["scontrol", "show", "job", "-o", job])
-        for line in res.splitlines():
-            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-            if not f.get("JobId"):
-                continue
-            key = ("%s_%s" % (f["ArrayJobId"], f["ArrayTaskId"]) if f.get("ArrayTaskId") and
-                   f.get("ArrayJobId") else f["JobId"])
-            states[key] = {"state": f.get("JobState", "?"), "exit": f.get("ExitCode", ""),
-                           "node": f.get("NodeList", "") if f.get("NodeList") != "(null)" else ""}
-    res = _slurm_cmd(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i|%T|%N"])
-    for line in res.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3:
-            states.setdefault(parts[0], {}).update(state=parts[1], node=parts[2])
-    return states
-
-
-def _slurm_cmd(cmd: List[str]) -> str:
-    try:
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
-                             timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return res.stdout if res.returncode == 0 else ""
-
-
-def slurm_status(out: str) -> Dict[str, Any]:
-    """Each shard's Slurm state (squeue, scontrol) and progress (its run directory), and the merge job's."""
-    sdir = os.path.join(out, SLURM_DIR)
-    subs = _read_json_file(os.path.join(sdir, SLURM_JOBS)).get("submissions") or []
-    if not subs:
-        raise ConfigError("%s: no Slurm submission (%s); submit with: evalharness slurm submit --shards N -- "
-                          "--out %s ..." % (out, os.path.join(sdir, SLURM_JOBS), out))
-    last = subs[-1]
-    count = last["shards"]
-    states = _slurm_states([last.get("array_job"), last.get("merge_job")])
-    rows = []
-    for i in range(count):
-        d = os.path.join(out, SHARD_DIR_FORMAT % (i, count))
-        info = _read_json_file(os.path.join(d, RunStore.RUN))
-        done = len({r.get("id") for r in _read_jsonl_tolerant(os.path.join(d, RunStore.SAMPLES))})
-        st = states.get("%s_%d" % (last.get("array_job"), i), {})
-        rows.append({"shard": i, "slurm": st.get("state", "unknown"), "node": st.get("node", ""),
-                     "exit": st.get("exit", ""), "run": _live_status(d, info.get("status", "not started"))
-                     if info else "not started", "done": done, "samples": (info.get("shard") or {}).get("samples")})
-    merged = _read_json_file(os.path.join(out, RunStore.SUMMARY))
-    return {"out": out, "array_job": last.get("array_job"), "merge_job": last.get("merge_job"),
-            "submissions": len(subs), "shards": rows,
-            "merge": dict(states.get(str(last.get("merge_job")), {}), result=merged.get("status")
-                          if merged.get("shards") else None)}
-
-
-def format_slurm_status(st: Dict[str, Any]) -> str:
-    lines = ["%s: array job %s, merge job %s (submission %d)" % (st["out"], st["array_job"], st["merge_job"],
-                                                                 st["submissions"]),
-             "  shard  slurm        node   run          samples"]
-    done = total = 0
-    for r in st["shards"]:
-        n = r["samples"]
-        done += r["done"]
-        total += n or 0
-        lines.append("  %5d  %-11s  %-5s  %-11s  %s" % (r["shard"], r["slurm"], r["node"] or "-", r["run"],
-                                                       "%d/%s" % (r["done"], n if n is not None else "?")))
-    m = st["merge"]
-    lines.append("  merge  %-11s  %s" % (m.get("state", "unknown"), "result: %s" % m["result"] if m.get("result")
-                                         else "not merged yet"))
-    lines.append("  %d of %s samples finished" % (done, total or "?"))
-    return "\n".join(lines)
-
-
 # =============================================================================
-# Report
+# Comparison
 # =============================================================================
-# `report RUN_DIR` recomputes everything from samples.jsonl (so it works on a killed run), adds what events.jsonl
-# and run.json tell (concurrency over time, drain pauses, discovered limit), and renders a text table, JSON, or one
-# self-contained HTML file (inline CSS and SVG; a few lines of inline script only to sort tables). `report A B`
-# compares two runs sample by sample with a paired bootstrap interval.
-
-REPORT_HTML = "report.html"
-
-
-def _read_jsonl_tolerant(path: str) -> List[Dict[str, Any]]:
-    """Records of a JSONL file; a line that does not parse (a torn tail after a kill) is skipped."""
-    out: List[Dict[str, Any]] = []
-    try:
-        with open(path, "rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    try:
-                        rec = json.loads(raw.decode("utf-8"))
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict):
-                        out.append(rec)
-    except FileNotFoundError:
-        pass
-    return out
-
-
-def _read_json_file(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-PARTITION_BYTES = 32 << 20  # a samples file past this size is deduplicated through partitions on disk
-SAMPLES_SHOWN = 200  # wrong or failed samples a report lists (the smallest ids)
-
-
-def _numbered_records(path: str, upto: Optional[int] = None) -> Iterator[Tuple[int, Dict[str, Any]]]:
-    """(line number, record) of a JSONL file's records with an id (a torn or foreign line is skipped); the lines
-    before ``upto`` only."""
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        return
-    with fh:
-        for n, raw in enumerate(fh):
-            if upto is not None and n >= upto:
-                return
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and "id" in rec:
-                yield n, rec
-
-
-def _run_json_lean(path: str) -> Tuple[Dict[str, Any], Optional[Callable[[], Iterator[str]]]]:
-    """run.json without its dataset's id list, and a function that yields that list's ids one by one (None when
-    it has none): the list is a run's only part that grows with its rows (17 MB of text for a million), so it is
-    read line by line as _write_json lays it out (one id a line), never held as text or as a list; a file laid
-    out otherwise is read whole."""
-    try:
-        fh = open(path, "rb")
-    except OSError:
-        return {}, None
-    kept: List[bytes] = []
-    span: Optional[Tuple[int, int]] = None
-    with fh:
-        pos = 0
-        for line in fh:
-            start, pos = pos, pos + len(line)
-            if span is None and line.strip() == b'"ids": [':
-                first, strings = pos, True
-                for inner in fh:
-                    start, pos = pos, pos + len(inner)
-                    if inner.strip() in (b"]", b"],"):
-                        span = (first, start) if strings else None  # (a list of other things: read whole)
-                        kept.append(line.rstrip().rstrip(b"[") + b"[]" + inner.strip()[1:] + b"\n")
-                        break
-                    strings = strings and inner.lstrip().startswith(b'"')
-                continue
-            kept.append(line)
-    if span is not None:
-        try:
-            info = json.loads(b"".join(kept).decode("utf-8"))
-        except ValueError:
-            info = None
-        ds = info.get("dataset") if isinstance(info, dict) else None
-        if isinstance(ds, dict) and ds.get("ids") == []:  # the list cut out was the dataset's
-            ds.pop("ids")
-            a, b = span
-
-            def ids() -> Iterator[str]:
-                with open(path, "rb") as fh:
-                    fh.seek(a)
-                    for raw in fh:
-                        a_line = raw.strip().rstrip(b",")
-                        if not a_line.startswith(b'"'):
-                            return
-                        yield json.loads(a_line.decode("utf-8"))
-            return info, (ids if b > a else None)
-    info = _read_json_file(path)
-    ds = info.get("dataset")
-    listed = ds.pop("ids", None) if isinstance(ds, dict) else None
-    if not isinstance(listed, list) or not listed:
-        return info, None
-    return info, lambda: iter(map(str, listed))
-
-
-class _LatestRecords:
-    """The latest record of each sample id of a samples file (a later line of an id replaces an earlier one: a
-    retry), only the ids of ``wanted`` when given, in file order: iterate it once. Memory: what is dropped (a line
-    number for each superseded record) and, for a file past PARTITION_BYTES, one partition's ids at a time (the
-    ids and line numbers go to partition files by crc32 of the id, each read back on its own); never the records.
-    The file is read twice (ids, then records), up to the line count of the first read (a run still appending).
-    ``observe`` sees every parsed record of the first read (superseded ones too); ``count`` the ids kept."""
-
-    def __init__(self, path: str, wanted: Optional[Iterable[str]] = None,
-                 observe: Optional[Callable[[Dict[str, Any]], None]] = None):
-        self.path, self.count, self.lines = path, 0, 0
-        self.drop: set = set()
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = 0
-        parts = 1 + size // PARTITION_BYTES
-        if parts == 1:
-            self._dedupe(list(self._first_read(observe)),
-                         None if wanted is None else wanted if isinstance(wanted, (set, frozenset)) else set(wanted))
-            return
-        tmp = tempfile.mkdtemp(prefix="evalharness-ids-")
-        try:
-            files = [open(os.path.join(tmp, "%d" % i), "w", encoding="utf-8") for i in range(parts)]
-            try:
-                for n, sid in self._first_read(observe):
-                    files[zlib.crc32(sid.encode("utf-8")) % parts].write("%d\t%s\n" % (n, json.dumps(sid)))
-                for sid in wanted if wanted is not None else ():
-                    files[zlib.crc32(sid.encode("utf-8")) % parts].write("-1\t%s\n" % json.dumps(sid))
-            finally:
-                for fh in files:
-                    fh.close()
-            for i in range(parts):
-                seen: List[Tuple[int, str]] = []
-                want: Optional[set] = set() if wanted is not None else None
-                with open(os.path.join(tmp, "%d" % i), encoding="utf-8") as fh:
-                    for line in fh:
-                        n_s, sid_s = line.rstrip("\n").split("\t", 1)
-                        if n_s == "-1":
-                            want.add(json.loads(sid_s))  # type: ignore[union-attr]
-                        else:
-                            seen.append((int(n_s), json.loads(sid_s)))
-                self._dedupe(seen, want)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def _first_read(self, observe: Optional[Callable[[Dict[str, Any]], None]]
-                    ) -> Iterator[Tuple[int, str]]:
-        """(line number, id) of every record, each shown to ``observe``."""
-        for n, rec in _numbered_records(self.path):
-            self.lines = n + 1
-            if observe is not None:
-                observe(rec)
-            yield n, str(rec["id"])
-
-    def _dedupe(self, seen: List[Tuple[int, str]], want: Optional[set]) -> None:
-        last: Dict[str, int] = {}
-        for n, sid in seen:
-            prev = last.get(sid)
-            if prev is not None:
-                self.drop.add(prev)
-            last[sid] = n
-        for sid, n in last.items():
-            if want is not None and sid not in want:
-                self.drop.add(n)  # an id that left the dataset: not this run's result
-            else:
-                self.count += 1
-
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
-        for n, rec in _numbered_records(self.path, upto=self.lines):
-            if n not in self.drop:
-                yield rec
-
-
-class _FirstPass:
-    """What the report's time axis needs before the records are read (their first read, every stored attempt):
-    the first start, the last finish, and the latest time before each attempt's start (the idle gaps)."""
-
-    def __init__(self, events: Sequence[Dict[str, Any]]):
-        self.starts = sorted(float(ev["t"]) for ev in events if ev.get("type") == "run_start"
-                             and ev.get("t") is not None)
-        self.seg_max: List[Optional[float]] = [None] * (len(self.starts) + 1)  # latest time between two starts
-        self.t0, self.t_end = math.inf, -math.inf
-        self.marks = {cls.marks for cls in _KINDS.values() if cls.marks}  # type: ignore[attr-defined]
-        self.marked: set = set()  # the kinds' marks (_Kind.marks) its records have
-        for ev in events:
-            if ev.get("t") is not None and ev.get("type") != "run_start":
-                self._time(float(ev["t"]))
-
-    def _time(self, x: float) -> None:
-        k = bisect.bisect_right(self.starts, x)  # x is before starts[k]: it counts for the gap before that start
-        m = self.seg_max[k]
-        self.seg_max[k] = x if m is None else max(m, x)
-
-    def __call__(self, rec: Dict[str, Any]) -> None:
-        if len(self.marked) < len(self.marks):
-            self.marked.update(m for m in self.marks if m in rec)
-        s, e = rec.get("started_at"), rec.get("finished_at")
-        for x in (s, e):
-            if x is not None:
-                self._time(float(x))
-        if s is not None and e is not None:
-            self.t0, self.t_end = min(self.t0, float(s)), max(self.t_end, float(e))
-
-    def gaps(self) -> List[Tuple[float, float]]:
-        """_idle_gaps' answer: from the last thing before an attempt's start to that start, where longer than
-        IDLE_BREAK_S."""
-        out: List[Tuple[float, float]] = []
-        best: Optional[float] = None
-        for k, start in enumerate(self.starts):
-            m = self.seg_max[k]
-            best = m if best is None else (best if m is None else max(best, m))
-            if best is not None and start - best > IDLE_BREAK_S and (not out or best >= out[-1][1]):
-                out.append((best, start))
-        return out
-
-
-def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
-    """A run directory read in one pass over its latest records: run.json, events, the report's figures
-    (``summary``, ``series``, ``figures``) and ``samples``: every latest record by id, or with ``shown_only`` (a
-    report) for STREAMED_TASKS only the wrong and failed samples the report lists (``bad_total`` counts them
-    all), so that its memory does not grow with the run."""
-    if not os.path.isdir(run_dir):
-        raise ConfigError("report: %r is not a run directory" % run_dir)
-    samples_path = os.path.join(run_dir, RunStore.SAMPLES)
-    if not os.path.exists(samples_path):
-        raise ConfigError("report: %s has no %s (not a run directory, or nothing finished yet)"
-                          % (run_dir, RunStore.SAMPLES))
-    info, ids = _run_json_lean(os.path.join(run_dir, RunStore.RUN))
-    events = _read_jsonl_tolerant(os.path.join(run_dir, RunStore.EVENTS))
-    first = _FirstPass(events)
-    latest = _LatestRecords(samples_path, ids() if ids is not None else None, first)
-    kind = _kind_of(info.get("task"), lambda field: field in first.marked)
-    task = kind.name
-    keep = not shown_only or not kind.streamed_report
-    if keep and ids is not None:
-        info["dataset"]["ids"] = list(ids())
-    total = max(int((info.get("dataset") or {}).get("rows") or latest.count), latest.count)
-    ids = None
-    acc, timeline, figures = _Summary(), _Timeline(first), _Figures()
-    samples: Dict[str, Dict[str, Any]] = {}
-    shown: List[Tuple[Any, ...]] = []  # a heap of the SAMPLES_SHOWN smallest ids of wrong or failed samples
-    bad_total = 0
-    for rec in latest:
-        acc.add(rec)
-        timeline.add(rec)
-        figures.add(rec)
-        if keep:
-            samples[str(rec["id"])] = rec
-        elif rec.get("status") != "ok" or (rec.get("score") or 0) < 1:
-            bad_total += 1
-            key = tuple(-ord(c) for c in str(rec["id"])) + (1,)  # (a max-heap on the id: the largest leaves)
-            item = (key, bad_total, rec)
-            if len(shown) < SAMPLES_SHOWN:
-                heapq.heappush(shown, item)
-            elif key > shown[0][0]:
-                heapq.heapreplace(shown, item)
-    if not keep:
-        samples = {str(r["id"]): r for r in sorted((x[2] for x in shown), key=lambda r: str(r["id"]))}
-    return {"dir": run_dir, "run": info, "samples": samples, "samples_all": keep, "bad_total": bad_total,
-            "events": events, "total": total, "task": task, "summary": acc.result(total),
-            "series": timeline.result(events, info), "figures": figures}
-
-
-class _Figures:
-    """The report's figures beside the summary, in one pass: failures by class (count, the smallest id and its
-    error), the latency histogram (request latency, else a sample's duration)."""
-
-    def __init__(self) -> None:
-        self.failures: Dict[str, Dict[str, Any]] = {}
-        self.lat, self.request_latency = _Quantiles(), False
-
-    def add(self, r: Dict[str, Any]) -> None:
-        if r.get("status") != "ok":
-            cls = r.get("error_class") or "unknown"
-            entry = self.failures.get(cls)
-            if entry is None:
-                entry = self.failures[cls] = {"count": 0, "example_id": r.get("id"), "example_error": r.get("error")}
-            elif str(r.get("id")) < str(entry["example_id"]):
-                entry.update(example_id=r.get("id"), example_error=r.get("error"))
-            entry["count"] += 1
-            return
-        if r.get("latency_s") is not None:
-            self.request_latency = True
-            self.lat.add(float(r["latency_s"]))
-        elif r.get("finished_at") and r.get("started_at"):
-            self.lat.add(float(r["finished_at"]) - float(r["started_at"]))
-
-
-def _live_status(run_dir: str, status: str) -> str:
-    """run.json's status, except that a "running" run whose process is gone (killed with -9, host crash) is
-    "interrupted": the lock file names the holder (pid on host) and is emptied by a clean exit."""
-    if status != "running":
-        return status
-    try:
-        with open(os.path.join(run_dir, RunStore.LOCK), encoding="utf-8") as fh:
-            holder = fh.read().strip()
-    except OSError:
-        return "interrupted"
-    m = re.match(r"pid (\d+) on (\S+)", holder)
-    if not m:
-        return "interrupted"
-    if m.group(2) != socket.gethostname():
-        return "running (on %s)" % m.group(2)  # another host's process: cannot tell from here
-    return "running" if _pid_alive(int(m.group(1))) else "interrupted"
-
-
-def report_data(run: Dict[str, Any]) -> Dict[str, Any]:
-    """Everything the text, JSON and HTML reports show, from what load_run read in its one pass (the kinds' own
-    blocks from their records, which load_run keeps for them)."""
-    records = list(run["samples"].values()) if run.get("samples_all", True) else []
-    summary = dict(run["summary"])
-    info = run["run"]
-    data: Dict[str, Any] = {"run_dir": run["dir"], "task": run["task"],
-                            "status": _live_status(run["dir"], info.get("status", "unknown")),
-                            "model": (info.get("endpoint") or {}).get("model"),
-                            "dataset": ((info.get("dataset") or {}).get("name") or "?") + _shard_label(
-                                (info["shard"]["index"], info["shard"]["count"]) if info.get("shard") else None),
-                            "summary": summary,
-                            "discovered_limit": info.get("discovered_limit"),
-                            "concurrency": info.get("concurrency"), "server": info.get("server"),
-                            "base_url": (info.get("endpoint") or {}).get("base_url"),
-                            "config_rows": _config_rows(info)}
-    summary["model"] = data["model"]
-    kind = _kind_of(run["task"])
-    kind.merged(summary, [r for r in records if r.get("status") == "ok"], info)  # its block, as its run printed it
-    figures = run["figures"]
-    data["failures"] = dict(sorted(figures.failures.items(), key=lambda kv: -kv[1]["count"]))
-    kind.report_data(run, records, data)
-    data["series"] = run["series"]
-    data["latency_hist"] = figures.lat.histogram()
-    data["latency_label"] = "request latency" if figures.request_latency else "sample duration"
-    return data
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-def _histogram(values: Sequence[float], bins: int = 30) -> Dict[str, Any]:
-    if not values:
-        return {"edges": [], "counts": []}
-    lo, hi = min(values), max(values)
-    if hi <= lo:
-        hi = lo + 1e-9
-    width = (hi - lo) / bins
-    counts = [0] * bins
-    for v in values:
-        counts[min(bins - 1, int((v - lo) / width))] += 1
-    return {"edges": [round(lo + i * width, 6) for i in range(bins + 1)], "counts": counts}
-
-
-IDLE_BREAK_S = 60.0  # idle time between a run's attempts longer than this is cut out of the report's time axis
-
-
-class _Rows:
-    """Rows of (start, finish, flight start, tokens) kept as four arrays (a tuple of floats would take ~130 bytes a
-    row, these 32)."""
-
-    def __init__(self) -> None:
-        self.cols = (array.array("d"), array.array("d"), array.array("d"), array.array("q"))
-
-    def append(self, row: Tuple[float, float, float, int]) -> None:
-        for col, v in zip(self.cols, row):
-            col.append(v)
-
-    def __len__(self) -> int:
-        return len(self.cols[0])
-
-    def __iter__(self) -> Iterator[Tuple[float, float, float, int]]:
-        return zip(*self.cols)
-
-
-class _Timeline:
-    """Series over run time (seconds from the first start) from a stream of records: samples in flight, the gate
-    limit, drain pauses, completions and output tokens per second (binned). Idle time between attempts is cut out
-    (_FirstPass.gaps): the axis is time with the run active, and "breaks" says where (x) and how long (idle_s) each
-    cut is. Up to SKETCH_EXACT records the in-flight series is exact (every start and end); past that, it is the
-    count in flight at FINE_BINS instants (from the starts and ends counted per bin) over the first pass's span of
-    every stored attempt, and the completion bins are made of those bins."""
-
-    FINE_BINS = 6000
-
-    def __init__(self, first: _FirstPass):
-        self.first, self.gaps = first, first.gaps()
-        # (start, finish, flight start, tokens) of each record, in four arrays: 32 bytes a record
-        self.rows: Optional[_Rows] = _Rows()
-        self.n = 0
-
-    def _squeezed(self, t: float) -> float:
-        return t - sum(min(t, b) - a for a, b in self.gaps if t > a)
-
-    def add(self, r: Dict[str, Any]) -> None:
-        if r.get("started_at") is None or r.get("finished_at") is None:
-            return
-        s, e = float(r["started_at"]), float(r["finished_at"])
-        # in flight: a QA sample's request (its successful attempt: latency_s before it finished, so retries'
-        # backoff waits do not count), a SWE instance's whole session
-        f = max(e - float(r["latency_s"]), s) if isinstance(r.get("latency_s"), (int, float)) else s
-        row = (self._squeezed(s), self._squeezed(e), self._squeezed(f), int(r.get("completion_tokens") or 0))
-        self.n += 1
-        if self.rows is not None:
-            self.rows.append(row)
-            if len(self.rows) > SKETCH_EXACT:
-                self._start_bins()
-                for x in self.rows:
-                    self._bin(x)
-                self.rows = None
-        else:
-            self._bin(row)
-
-    def _start_bins(self) -> None:
-        self.t0 = self._squeezed(self.first.t0)
-        self.t_end = max(self._squeezed(self.first.t_end), self.t0 + 1e-6)
-        self.width = (self.t_end - self.t0) / self.FINE_BINS
-        self.up, self.down, self.done, self.toks = ([0] * self.FINE_BINS for _ in range(4))
-
-    def _bin(self, row: Tuple[float, float, float, int]) -> None:
-        _, e, f, tok = row
-        last = self.FINE_BINS - 1
-        i = min(last, max(0, int((f - self.t0) / self.width)))
-        j = min(last, max(0, int((e - self.t0) / self.width)))
-        self.up[i] += 1
-        self.down[j] += 1
-        self.done[j] += 1
-        self.toks[j] += tok
-
-    def result(self, events: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> Dict[str, Any]:
-        if not self.n:
-            return {"t0": None, "in_flight": [], "limit": [], "drains": [], "rate": [], "tokens": []}
-        gaps = self.gaps
-        if gaps:
-            events = [dict(ev, t=self._squeezed(float(ev["t"]))) if ev.get("t") is not None else ev
-                      for ev in events]
-        if self.rows is not None:
-            t0 = min(self.rows.cols[0])
-            t_end = max(self.rows.cols[1])
-            steps: List[Tuple[float, int]] = []
-            for _, e, f, _ in self.rows:
-                steps.append((f - t0, 1))
-                steps.append((e - t0, -1))
-            steps.sort()
-            in_flight, level = [], 0
-            for t, d in steps:
-                level += d
-                in_flight.append((round(t, 3), level))
-        else:
-            t0, t_end, width = self.t0, self.t_end, self.width
-            in_flight, level = [], 0
-            for i in range(self.FINE_BINS):
-                level += self.up[i] - self.down[i]
-                in_flight.append((round((i + 1) * width, 3), level))
-        in_flight = _downsample_steps(in_flight, 600)
-        conc = info.get("concurrency") or {}
-        limit: List[Tuple[float, int]] = []
-        if conc.get("initial") is not None:
-            limit.append((0.0, int(conc["initial"])))
-        drains = []
-        for ev in events:
-            t = ev.get("t")
-            if t is None or t < t0 - 1:
-                continue
-            if ev.get("type") == "limit" and ev.get("limit") is not None:
-                limit.append((round(float(t) - t0, 3), int(ev["limit"])))
-            elif ev.get("type") == "drain_end" and drains and drains[-1][1] > float(t) - t0:
-                drains[-1] = (drains[-1][0], round(float(t) - t0, 3))  # over early: a request succeeded
-            elif ev.get("type") == "drain":
-                drains.append((round(float(t) - t0, 3), round(float(t) - t0 + float(ev.get("drain_s") or 0), 3)))
-                if ev.get("limit") is not None:
-                    limit.append((round(float(t) - t0, 3), int(ev["limit"])))
-        if limit:
-            limit.append((round(t_end - t0, 3), limit[-1][1]))
-        limit = _downsample_steps(sorted(limit), 600)
-        # about eight completions a bin on average (bursty completions in one-second bins read as a comb of spikes),
-        # at most 120 bins and none shorter than a second
-        n_bins = max(1, min(120, int(math.ceil(t_end - t0)) or 1, self.n // 8))
-        width = max((t_end - t0) / n_bins, 1e-9)
-        done = [0] * n_bins
-        toks = [0] * n_bins
-        if self.rows is not None:
-            for _, e, _, tok in self.rows:
-                i = min(n_bins - 1, int((e - t0) / width))
-                done[i] += 1
-                toks[i] += tok
-        else:
-            for k in range(self.FINE_BINS):
-                i = min(n_bins - 1, int(((k + 0.5) * self.width) / width))
-                done[i] += self.done[k]
-                toks[i] += self.toks[k]
-        marks = []  # where a resumed attempt started, and where the breaker or the outage budget stopped the run
-        starts = [float(ev["t"]) for ev in events if ev.get("type") == "run_start" and ev.get("t") is not None]
-        breaks = [(round(b - sum(y - x for x, y in gaps[:i + 1]) - t0, 3), round(b - a, 3)) for i, (a, b) in
-                  enumerate(gaps)]
-        for t in sorted(starts)[1:]:
-            if t >= t0:
-                idle = next((s for x, s in breaks if abs(x - (t - t0)) < 1e-3), None)
-                marks.append((round(t - t0, 3), "resume" if idle is None else "resume (%s idle, cut)"
-                               % _fmt_duration(idle)))
-        for ev in events:
-            if ev.get("t") is not None and float(ev["t"]) >= t0 and (
-                    ev.get("type") == "breaker_open" or (ev.get("type") == "run_end" and
-                                                         ev.get("status") == "aborted")):
-                marks.append((round(float(ev["t"]) - t0, 3), "breaker" if ev.get("type") == "breaker_open" else
-                              "aborted"))
-        return {"t0": t0, "duration_s": round(t_end - t0, 3), "in_flight": in_flight, "limit": limit,
-                "drains": drains, "marks": sorted(marks), "breaks": breaks,
-                "bin_s": round(width, 4), "rate": [round(c / width, 4) for c in done],
-                "tokens": [round(c / width, 2) for c in toks]}
-
-
-def _timeline(records: Iterable[Dict[str, Any]], events: Sequence[Dict[str, Any]],
-              info: Dict[str, Any]) -> Dict[str, Any]:
-    """_Timeline's series of a list of records (its first pass over them, then the pass itself)."""
-    records = list(records)
-    first = _FirstPass(events)
-    for r in records:
-        first(r)
-    timeline = _Timeline(first)
-    for r in records:
-        timeline.add(r)
-    return timeline.result(events, info)
-
-
-def _downsample_steps(points: List[Tuple[float, int]], limit: int) -> List[Tuple[float, int]]:
-    """At most ``limit`` points of a step series, keeping each bin's peak (a spike must stay visible)."""
-    if len(points) <= limit:
-        return points
-    t_lo, t_hi = points[0][0], points[-1][0]
-    width = (t_hi - t_lo) / limit or 1.0
-    out: Dict[int, Tuple[float, int]] = {}
-    for t, v in points:
-        b = int((t - t_lo) / width)
-        if b not in out or v > out[b][1]:
-            out[b] = (t, v)
-    return [out[b] for b in sorted(out)]
-
-
-def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
-    """The run's configuration from run.json, as (label, value) rows for the text and HTML reports: model,
-    endpoint host, generation settings, dataset and its sha256, scorer, harness and Python, when it ran."""
-    rows: List[Tuple[str, str]] = []
-    ep = info.get("endpoint") or {}
-    settings = (info.get("identity") or {}).get("settings") or {}
-    cfg = info.get("config") or {}
-    ds = info.get("dataset") or {}
-    host = urllib.parse.urlsplit(ep.get("base_url") or "").hostname
-    rows.append(("model", "%s%s" % (ep.get("model") or "?", " at %s" % host if host else "")))
-    if info.get("label"):  # (--label: the leaderboard's row name for this run)
-        rows.append(("label", str(info["label"])))
-    gen = ["%s %s" % (k, json.dumps(settings[k])) for k in ("temperature", "max_tokens", "seed", "epochs", "stream")
-           if k in settings and settings[k] is not None]
-    if settings.get("extra_body"):
-        gen.append("extra_body %s" % json.dumps(settings["extra_body"], sort_keys=True))
-    if settings.get("system_prompt"):
-        gen.append("system prompt of %d chars" % len(str(settings["system_prompt"])))
-    if gen:
-        rows.append(("generation", ", ".join(gen)))
-    if ds:
-        rows.append(("dataset", "%s (%s rows, sha256 %s)" % (ds.get("name"), ds.get("rows"), ds.get("sha256"))))
-    if ds.get("scorer"):  # rows that name no scorer get this one
-        rows.append(("scorer", "%s (%s)" % (ds["scorer"], "--scorer" if cfg.get("scorer") else "the %s format's"
-                                            % ds["format"] if ds.get("format") else "the default: no format matched"
-                                            if cfg.get("format") in (None, "auto") else "the default: --format none")))
-    elif cfg.get("scorer"):  # (a run.json that does not say which format was in effect)
-        rows.append(("scorer", "%s (--scorer)" % cfg["scorer"]))
-    rows.append(("harness", "evalharness %s, Python %s" % (info.get("evalharness_version"), info.get("python"))))
-    rl = info.get("rate_limits") or {}
-    if rl:  # what the server stated, the least it had left, and the user's caps
-        parts = ["%s: limit %d stated (least left %d, %d replies)" % (g, v.get("limit") or 0,
-                                                                      v.get("min_remaining") or 0,
-                                                                      v.get("replies") or 0)
-                 for g, v in sorted((rl.get("stated") or {}).items())]
-        parts += ["--%s %g" % (k.replace("_", "-"), rl[k]) for k in ("requests_per_minute", "tokens_per_minute")
-                  if rl.get(k)]
-        rows.append(("rate limits", "; ".join(parts) + "; requests waited %g s in all for them" % rl.get("paced_s", 0)))
-    if info.get("docker_hosts"):
-        rows.append(("engines", "; ".join("%s: %d instance(s)%s" % (h.get("host"), h.get("instances") or 0,
-                                                                    ", down (%s)" % h["down"] if h.get("down") else "")
-                                          for h in info["docker_hosts"])))
-    if info.get("merged_from"):
-        rows.append(("shards", "; ".join("%s on %s%s" % (m.get("shard"), m.get("host") or "?", ", Slurm job %s" %
-                                                         m["slurm_job"] if m.get("slurm_job") else "")
-                                         for m in info["merged_from"])))
-    history = info.get("history") or []
-    if history:
-        rows.append(("started", _started_took(history)))
-        start, end = history[0].get("started_at"), history[-1].get("ended_at")
-        rows.append(("ran", "%s to %s, %d attempt(s): %s" % (start, end or "(running)", len(history), "; ".join(
-            "%s %s–%s" % (h.get("status"), h.get("started_at"), h.get("ended_at") or "") for h in history))))
-    return rows
-
-
-def _iso_seconds(text: Any) -> Optional[float]:
-    """Seconds since the epoch of a run.json time ("2026-12-03T13:07:59Z"); None when it is not one."""
-    try:
-        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def _started_took(history: List[Dict[str, Any]]) -> str:
-    """When a run started and how long it took, in words, from run.json's attempts (the report's row "started":
-    "Thu 3 Dec 2026 13:07 UTC, took 2 h 13 min"): the time some attempt ran (a merged run's shards ran at once);
-    with several, also their count and the span from the first start to the last end, which holds the gaps."""
-    first = _iso_seconds(history[0].get("started_at"))
-    if first is None:
-        return "unknown (run.json holds no start time)"
-    spans = [(a, b) for a, b in ((_iso_seconds(h.get("started_at")), _iso_seconds(h.get("ended_at")))
-                                 for h in history) if a is not None and b is not None]
-    spent = _active_seconds(spans)  # (a merged run's shards ran at once: their union, not their sum)
-    ended = max((b for _, b in spans), default=None)
-    day = time.gmtime(first)
-    text = "%s %d %s UTC" % (time.strftime("%a", day), day.tm_mday, time.strftime("%b %Y %H:%M", day))
-    running = not history[-1].get("ended_at")
-    if running:
-        text += ", still running" + (" (took %s before)" % _duration_words(spent) if spent else "")
-    else:
-        text += ", took %s" % _duration_words(spent)
-    if len(history) > 1 and ended is not None:
-        text += " over %d attempts (%s from the first start to the last end)" % (
-            len(history), _duration_words(ended - first))
-    return text
-
-
-def _server_line(server: Dict[str, Any], base_url: Optional[str]) -> str:
-    """What the pre-flight learnt of the endpoint, in one line."""
-    models = server.get("models")
-    parts = ["%s at %s" % (server.get("kind") or "server of unknown kind", base_url or "?")]
-    if models is not None:
-        parts.append("serving %s" % (", ".join(models[:5]) + (" and %d more" % (len(models) - 5)
-                                                              if len(models) > 5 else "") if models else "no model"))
-    if server.get("context_len"):
-        parts.append("context %d tokens (%s)" % (server["context_len"], server.get("context_from")))
-    if server.get("note"):
-        parts.append(server["note"])
-    return "; ".join(parts)
-
-
-def report_json(data: Dict[str, Any]) -> Dict[str, Any]:
-    """`report RUN --json`: the summary at the top, shaped as summary.json and `run --json` print it (counts,
-    score, headline, ..., task, model, dataset, status: the run's status now), with what only the report adds
-    (failures by class, the time series, the configuration rows, the endpoint) under "report"."""
-    info = data.get("run_info") or {}
-    out = dict(data["summary"], task=data["task"], model=data.get("model"), status=data["status"],
-               dataset=(info.get("dataset") or {}).get("name") or data.get("dataset"))
-    if info.get("label"):
-        out["label"] = info["label"]
-    _kind_of(data["task"]).report_json(data, out)
-    out["report"] = {k: v for k, v in data.items() if k not in ("summary", "run_info")}
-    return out
-
-
-def format_report(data: Dict[str, Any]) -> str:
-    """The text report: the run's summary table (the same numbers the run printed), the kind's lines (its
-    report_lines), failures by class, the discovered concurrency and the configuration."""
-    title = "evalharness %s | model %s | dataset %s | %s" % (data["task"], data.get("model"), data.get("dataset"),
-                                                              _status_shown(data["status"], data["summary"]))
-    lines = [format_summary(data["summary"], title=title, run_dir=data["run_dir"])]
-    lines.extend(_kind_of(data["task"]).report_lines(data))
-    if data.get("discovered_limit") is not None:
-        lines.append("discovered concurrency: %s" % data["discovered_limit"])
-    if data.get("server"):
-        lines.append("endpoint: %s" % _server_line(data["server"], data.get("base_url")))
-    for label, value in data.get("config_rows") or ():
-        lines.append("%s: %s" % (label, value))
-    if data["failures"]:
-        lines.append("failures by class:")
-        for cls, f in data["failures"].items():
-            lines.append("  %-14s %5d  e.g. %s: %s" % (cls, f["count"], f["example_id"],
-                                                      _truncate_output(str(f["example_error"]), 200)))
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- HTML
-
-
-def _esc(value: Any) -> str:
-    """Text for HTML: secrets scrubbed from the raw text first (never from markup), then escaped."""
-    return html.escape(_redact(value), quote=True)
-
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1b1f24;padding:0 16px}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
-.muted{color:#57606a}.big{font-size:28px;font-weight:600}.ok{color:#1a7f37}.bad{color:#cf222e}
-.warn{background:#fff8c5;border:1px solid #d4a72c;padding:8px}
-table{border-collapse:collapse;margin:6px 0}th,td{padding:4px 10px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:top}
-th{background:#f6f8fa;cursor:pointer;user-select:none}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.cards{display:flex;gap:24px;flex-wrap:wrap}.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;min-width:150px}
-svg{background:#fff;border:1px solid #eaeef2;border-radius:6px}svg text{font:11px system-ui,sans-serif;fill:#57606a}
-details{margin:2px 0}summary{cursor:pointer}pre{background:#f6f8fa;padding:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;max-height:480px;overflow-y:auto;margin:4px 0}
-.msg{border-left:3px solid #d0d7de;padding-left:8px;margin:6px 0}.role{font-weight:600;font-size:12px;text-transform:uppercase;color:#57606a}
-ins{color:#1a7f37;background:#e6ffec;display:block;text-decoration:none}del{color:#cf222e;background:#ffebe9;display:block;text-decoration:none}pre em{color:#8250df;display:block;font-style:normal}
-.note{font-style:italic;color:#9a6700}
-"""
-
-_SORT_JS = """
-document.querySelectorAll('table.sortable th').forEach(function(th, i) {
-  th.addEventListener('click', function() {
-    var table = th.closest('table'), body = table.tBodies[0];
-    var rows = Array.prototype.slice.call(body.rows), asc = th.dataset.asc !== '1';
-    rows.sort(function(a, b) {
-      var x = a.cells[i].dataset.v || a.cells[i].textContent, y = b.cells[i].dataset.v || b.cells[i].textContent;
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return asc ? c : -c;
-    });
-    rows.forEach(function(r) { body.appendChild(r); });
-    th.dataset.asc = asc ? '1' : '0';
-  });
-});
-document.body.dataset.ready = '1';
-"""
-
-
-def _svg_chart(title: str, series: Sequence[Tuple[str, str, Sequence[Tuple[float, float]], bool]], *,
-               x_label: str, y_label: str, shaded: Sequence[Tuple[float, float]] = (), width: int = 1100,
-               height: int = 260, chart_id: str = "", integer: bool = False,
-               marks: Sequence[Tuple[float, str]] = ()) -> str:
-    """A line chart as inline SVG: ``series`` = (name, colour, points, step?) ; ``shaded`` x ranges (drains);
-    ``marks`` labelled vertical lines (a resume, a breaker trip); ``integer`` y ticks for counts."""
-    pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
-    pts = [p for _, _, ps, _ in series for p in ps]
-    if not pts:
-        return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
-                'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
-    x_max = max(max(x for x, _ in pts), max((b for _, b in shaded), default=0),
-                max((x for x, _ in marks), default=0), 1e-9)
-    y_max = max(max(y for _, y in pts), 1e-9) * 1.08
-    if integer:
-        y_max = float(max(4, int(math.ceil(y_max / 4.0)) * 4))  # four equal integer steps
-    w, h = width - pad_l - pad_r, height - pad_t - pad_b
-
-    def sx(x: float) -> float:
-        return pad_l + w * x / x_max
-
-    def sy(y: float) -> float:
-        return pad_t + h - h * y / y_max
-
-    out = ['<svg id="%s" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" data-points="%d">'
-           % (_esc(chart_id), width, height, width, height, len(pts)),
-           '<text x="%d" y="16" style="font-weight:600;fill:#1b1f24">%s</text>' % (pad_l, _esc(title))]
-    for a, b in shaded:
-        out.append('<rect class="drain" x="%.1f" y="%d" width="%.1f" height="%d" fill="#ffebe9" opacity="0.8">'
-                   '<title>drain %.1f–%.1f s</title></rect>' % (sx(a), pad_t, max(1.0, sx(b) - sx(a)), h, a, b))
-    for xm, label in marks:
-        out.append('<line class="mark" x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#57606a" stroke-dasharray="4 3"/>'
-                   '<text x="%.1f" y="%d" style="fill:#57606a">%s</text>' % (sx(xm), sx(xm), pad_t, pad_t + h,
-                                                                              sx(xm) + 3, pad_t + 10, _esc(label)))
-    for i in range(5):
-        yv = y_max * i / 4
-        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eaeef2"/><text x="%d" y="%.1f" '
-                   'text-anchor="end">%s</text>' % (pad_l, width - pad_r, sy(yv), sy(yv), pad_l - 6, sy(yv) + 4,
-                                                    "%d" % round(yv) if integer else _fmt_num(yv)))
-        xv = x_max * i / 4
-        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (sx(xv), height - 18, _fmt_num(xv)))
-    out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + w / 2, height - 4, _esc(x_label)))
-    out.append('<text x="12" y="%.1f" transform="rotate(-90 12 %.1f)" text-anchor="middle">%s</text>'
-               % (pad_t + h / 2, pad_t + h / 2, _esc(y_label)))
-    lx = width - pad_r - 150 * (len(series) + (1 if shaded else 0))
-    for name, colour, points, step in series:
-        coords = []
-        prev_y = None
-        for x, y in points:
-            if step and prev_y is not None:
-                coords.append("%.1f,%.1f" % (sx(x), sy(prev_y)))
-            coords.append("%.1f,%.1f" % (sx(x), sy(y)))
-            prev_y = y
-        out.append('<polyline class="series" data-name="%s" fill="none" stroke="%s" stroke-width="1.6" '
-                   'points="%s"/>' % (_esc(name), colour, " ".join(coords)))
-        out.append('<rect x="%d" y="%d" width="10" height="3" fill="%s"/><text x="%d" y="%d">%s</text>'
-                   % (lx, 11, colour, lx + 14, 16, _esc(name)))
-        lx += 150
-    if shaded:
-        out.append('<rect x="%d" y="9" width="10" height="8" fill="#ffebe9"/><text x="%d" y="16">drain pause'
-                   '</text>' % (lx, lx + 14))
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _svg_bars(title: str, hist: Dict[str, Any], *, x_label: str, width: int = 1100, height: int = 240,
-              chart_id: str = "") -> str:
-    counts, edges = hist["counts"], hist["edges"]
-    if not counts:
-        return ('<svg id="%s" class="chart empty" width="%d" height="60" data-points="0"><text x="12" y="34">%s: '
-                'no data</text></svg>' % (_esc(chart_id), width, _esc(title)))
-    pad_l, pad_r, pad_t, pad_b = 52, 16, 28, 36
-    w, h = width - pad_l - pad_r, height - pad_t - pad_b
-    top = max(counts) * 1.08 or 1
-    bw = w / len(counts)
-    out = ['<svg id="%s" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" data-points="%d">'
-           % (_esc(chart_id), width, height, width, height, sum(counts)),
-           '<text x="%d" y="16" style="font-weight:600;fill:#1b1f24">%s</text>' % (pad_l, _esc(title))]
-    for i, c in enumerate(counts):
-        bh = h * c / top
-        out.append('<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#0969da"><title>%s–%s s: '
-                   '%d</title></rect>' % (pad_l + i * bw + 1, pad_t + h - bh, max(1.0, bw - 2), bh,
-                                          _fmt_num(edges[i]), _fmt_num(edges[i + 1]), c))
-    for i in range(5):
-        j = int(round(i * len(counts) / 4))
-        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (pad_l + j * bw, height - 18,
-                                                                            _fmt_num(edges[j])))
-        yv = top * i / 4
-        out.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>' % (pad_l - 6, pad_t + h - h * i / 4 + 4,
-                                                                         _fmt_num(yv)))
-    out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text></svg>' % (pad_l + w / 2, height - 4,
-                                                                               _esc(x_label)))
-    return "".join(out)
-
-
-def _fmt_num(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return "%d" % round(v)
-    if abs(v) >= 10:
-        return "%.1f" % v
-    return "%.2g" % v if abs(v) < 1 else "%.2f" % v
-
-
-def _ci_text(entry: Dict[str, Any]) -> str:
-    if not entry or entry.get("mean") is None:
-        return "–"
-    lo, hi = entry["ci95"]
-    return "%.3f <span class=muted>[%.3f, %.3f]</span>" % (entry["mean"], lo, hi)
-
-
-
-
-
-
-def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
-    """The self-contained HTML report (no external assets). Everything from the model or the dataset is escaped."""
-    s = data["summary"]
-    counts = s["counts"]
-    score = s.get("score") or {}
-    perf = s.get("performance") or {}
-    lat = perf.get("latency_s") or {}
-    title = "evalharness %s — %s on %s" % (data["task"], data.get("model") or "?", data.get("dataset") or "?")
-    h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>%s</title><style>%s</style></head><body>"
-         % (_esc(title), _CSS), "<h1>%s</h1>" % _esc(title),
-         '<p class=muted>run %s · status %s · %d of %d samples finished</p>'
-         % (_esc(data["run_dir"]), _esc(_status_shown(data["status"], s)), counts.get("finished", 0),
-            counts.get("total", 0))]
-    kind = _kind_of(data["task"])
-    headline = kind.html_headline(data)
-    wrong = s.get("score_failed_as_wrong") or {}
-    if headline is None:
-        headline = ("score", _ci_text(score)) if _is_complete(s) else (
-            "score over %d of %d (INCOMPLETE)" % (counts.get("ok", 0), counts.get("total", 0)), _ci_text(score))
-    cards = [headline, ("samples ok / failed", "%d / %d" % (counts.get("ok", 0), counts.get("failed", 0)))]
-    if headline[0].startswith("score") and not _is_complete(s) and wrong.get("mean") is not None:
-        cards.append(("score counting failed and not run as wrong", "%.3f (n=%d)" % (wrong["mean"], wrong["n"])))
-        h.append("<p class=warn><b>Incomplete run:</b> the score is over %d of %d samples (%d failed, %d not run)."
-                 "</p>" % (counts.get("ok", 0), counts.get("total", 0), counts.get("failed", 0),
-                           counts.get("pending", 0)))
-    cards.extend(kind.html_cards(data))
-    if s.get("cost"):
-        cards.append(("cost", _esc(_cost_line(s["cost"]).partition(": ")[2])))
-    cut = (s.get("finish_reasons") or {}).get("length", 0)
-    if cut:
-        cards.append(("answers cut at the token limit", "%d of %d" % (cut, counts.get("ok", 0))))
-    if data.get("discovered_limit") is not None:
-        cards.append(("discovered concurrency", _esc(data["discovered_limit"])))
-    if data.get("server"):
-        cards.append(("endpoint", _esc(_server_line(data["server"], data.get("base_url")))))
-    other = {m: n for m, n in (s.get("served_models") or {}).items() if m != data.get("model")}
-    if other:
-        cards.append(("replies named another model", _esc(", ".join("%s (%d)" % kv for kv in sorted(other.items())))))
-    tokens = s.get("tokens") or {}
-    cards.append(("tokens in / out", "%s / %s" % (format(tokens.get("prompt", 0), ","),
-                                                  format(tokens.get("completion", 0), ","))))
-    cards.append(("latency p50 / p95 / p99 (s)", " / ".join(_fmt_num(lat[k]) if lat.get(k) is not None else "–"
-                                                           for k in ("p50", "p95", "p99"))))
-    cards.append(("throughput", "%s samples/s · %s tok/s" % (_fmt_num(perf.get("samples_per_s") or 0),
-                                                              _fmt_num(perf.get("output_tokens_per_s") or 0))))
-    h.append('<div class=cards>%s</div>' % "".join('<div class=card><div class=muted>%s</div><div class=big>%s'
-                                                    '</div></div>' % (_esc(k), v) for k, v in cards))
-    by_cat = s.get("by_category") or {}
-    if data.get("config_rows"):
-        h.append("<h2>Run configuration</h2><table id=config><tbody>%s</tbody></table>" % "".join(
-            "<tr><th>%s</th><td>%s</td></tr>" % (_esc(k), _esc(v)) for k, v in data["config_rows"]))
-    h.append("<h2>By %s</h2>" % kind.category_noun)
-    h.append('<table class=sortable id=breakdown><thead><tr><th>%s</th><th>n</th><th>mean [95%% CI]</th><th>failed'
-             '</th></tr></thead><tbody>' % kind.category_noun)
-    for cat, e in by_cat.items():
-        h.append('<tr><td>%s</td><td class=n>%d</td><td class=n data-v="%s">%s</td><td class=n>%d</td></tr>'
-                 % (_esc(cat), e.get("n", 0), e.get("mean"), _ci_text(e), e.get("failed", 0)))
-    h.append("</tbody></table>")
-    if len(s.get("by_scorer") or ()) > 1:  # (one scorer: the score above)
-        h.append('<table class=sortable id=scorers><thead><tr><th>scorer</th><th>n</th><th>mean [95% CI]</th></tr>'
-                 '</thead><tbody>')
-        for name, e in s["by_scorer"].items():
-            h.append('<tr><td>%s</td><td class=n>%d</td><td class=n>%s</td></tr>' % (_esc(name), e.get("n", 0),
-                                                                                   _ci_text(e)))
-        h.append("</tbody></table>")
-    ser = data["series"]
-    h.append("<h2>Load over time</h2>")
-    marks = ser.get("marks") or ()
-    flying = "sessions" if kind.agents else "requests in flight"
-    x_label = "seconds since the first sample started"
-    if ser.get("breaks"):
-        x_label = "seconds the run was active since the first sample started (idle time between attempts cut)"
-        h.append("<p class=muted>The time axis leaves out %s between attempts (at each dashed resume line).</p>"
-                 % _esc(" and ".join(_fmt_duration(idle) for _, idle in ser["breaks"])))
-    h.append(_svg_chart("concurrency limit and %s" % flying, [
-        (flying, "#0969da", ser["in_flight"], True), ("gate limit", "#cf222e", ser["limit"], True)],
-        x_label=x_label, y_label="concurrent", shaded=ser["drains"],
-        chart_id="chart-concurrency", integer=True, marks=marks))
-    bins = ser.get("bin_s") or 1
-
-    def binned(values: Sequence[float]) -> List[Tuple[float, float]]:
-        pts = [(i * bins, v) for i, v in enumerate(values)]
-        return pts + [(len(values) * bins, values[-1])] if values else pts
-
-    h.append(_svg_chart("completed samples per second (%s s bins)" % _fmt_num(bins),
-                        [("samples/s", "#1a7f37", binned(ser["rate"]), True)],
-                        x_label=x_label, y_label="samples/s",
-                        chart_id="chart-throughput", marks=marks))
-    h.append(_svg_chart("output tokens per second (%s s bins)" % _fmt_num(bins),
-                        [("tokens/s", "#8250df", binned(ser["tokens"]), True)],
-                        x_label=x_label, y_label="tokens/s",
-                        chart_id="chart-tokens", marks=marks))
-    h.append(_svg_bars("%s histogram" % data["latency_label"], data["latency_hist"], x_label="seconds",
-                       chart_id="chart-latency"))
-    h.append("<h2>Failures</h2>")
-    if data["failures"]:
-        h.append('<table class=sortable id=failures><thead><tr><th>error class</th><th>count</th><th>example</th>'
-                 '</tr></thead><tbody>')
-        for cls, f in data["failures"].items():
-            h.append('<tr><td>%s</td><td class=n>%d</td><td><b>%s</b>: %s</td></tr>' % (
-                _esc(cls), f["count"], _esc(f["example_id"]), _esc(_truncate_output(str(f["example_error"]), 600))))
-        h.append("</tbody></table>")
-    else:
-        h.append("<p class=muted>No sample failed.</p>")
-    h.append(kind.html_details(data, run))
-    h.append("<script>%s</script></body></html>" % _SORT_JS)
-    return "".join(h)
-
-
-
-
-
-
-QUESTION_SHOWN_CHARS = 300  # of a question in the report's table; the whole stored text is one click away
-
-
-def _cut_details(text: str, shown: int, css: str = "") -> str:
-    """``text`` escaped, cut at ``shown`` characters with the whole text in a <details> (no script needed)."""
-    text = text or ""
-    if len(text) <= shown:
-        return "<span%s>%s</span>" % (css, _esc(text))
-    return "<details%s><summary>%s…</summary><pre>%s</pre></details>" % (css, _esc(text[:shown]), _esc(text))
-
-
-def _samples_html(run: Dict[str, Any], limit: int = 200) -> str:
-    """Wrong and failed samples (up to ``limit``): the question, the reference, the extracted answer, the response
-    (its reasoning collapsed), the score, and for a failure its error class and message."""
-    bad = [r for r in run["samples"].values() if r.get("status") != "ok" or (r.get("score") or 0) < 1]
-    bad_total = len(bad) if run.get("samples_all", True) else run["bad_total"]
-    h = ["<h2>Wrong or failed samples</h2>"]
-    if not bad:
-        return "".join(h) + "<p class=muted>Every sample scored 1.</p>"
-    h.append("<table class=sortable id=samples><thead><tr><th>id</th><th>category</th><th>score</th><th>question"
-             "</th><th>reference</th><th>extracted</th><th>response / error</th></tr></thead><tbody>")
-    for r in sorted(bad, key=lambda r: str(r.get("id")))[:limit]:
-        ok = r.get("status") == "ok"
-        if ok:
-            said = _cut_details(str(r.get("response") or ""), 400)
-            if r.get("reasoning"):
-                said += "<details class=muted><summary>reasoning (%d chars)</summary><pre>%s</pre></details>" % (
-                    r.get("reasoning_chars") or len(r["reasoning"]), _esc(r["reasoning"]))
-        else:
-            said = "<b class=bad>%s</b> %s" % (_esc(r.get("error_class") or "failed"),
-                                                _cut_details(str(r.get("error") or ""), 400))
-        question = str(r.get("question") or "")
-        if r.get("question_chars"):
-            question += "\n[… %d characters in all; the dataset has the rest]" % r["question_chars"]
-        h.append("<tr><td>%s</td><td>%s</td><td class=n>%s</td><td class=q>%s</td><td>%s</td><td>%s</td><td>%s"
-                 "</td></tr>" % (
-                     _esc(r.get("id")), _esc(r.get("category") or ""),
-                     _esc(r.get("score")) if ok else "–", _cut_details(question, QUESTION_SHOWN_CHARS),
-                     _esc(r.get("answer") or ""), _esc(r.get("extracted") or "") if ok else "–", said))
-    h.append("</tbody></table>")
-    if bad_total > min(limit, len(bad)):
-        h.append("<p class=note>%d more not shown; all are in samples.jsonl.</p>" % (bad_total - min(limit, len(bad))))
-    return "".join(h)
-
-
-def write_html_report(run_dir: str, path: Optional[str] = None) -> str:
-    run = load_run(run_dir, shown_only=True)
-    data = report_data(run)
-    path = path or os.path.join(run_dir, REPORT_HTML)
-    _atomic_write(path, render_html(data, run))
-    return path
-
-
-# ----------------------------------------------------------------------------- comparison
+# `report A B`: two runs over the same samples, B - A with a paired interval, read in one pass over both runs'
+# records sorted by id on disk.
 
 
 def _run_head(run_dir: str) -> Dict[str, Any]:
@@ -17151,8 +16989,10 @@ def _comparison_html(c: Dict[str, Any], a: Optional[Dict[str, Any]] = None, b: O
             "</body></html>" % (_CSS, _esc(c["a"]), _esc(c.get("a_model")), _esc(c["b"]), _esc(c.get("b_model")),
                                 warn, head, cats, rows, flipped, _SORT_JS))
 
-
-# ----------------------------------------------------------------------------- many runs: the leaderboard
+# =============================================================================
+# Leaderboard
+# =============================================================================
+# `report FOLDER`: many runs at a glance, a row per model and a column per dataset.
 
 LEADERBOARD_HTML = "leaderboard.html"
 _BOARD_CSV = ("row", "label", "model", "column", "task", "dataset", "metric", "mean", "ci_low", "ci_high", "n",
@@ -17379,31 +17219,6 @@ def leaderboard_html(board: Dict[str, Any], page_dir: str) -> str:
     h.append("<script>%s</script></body></html>" % _SORT_JS)
     return "".join(h)
 
-
-
-def _auto_report(run_dir: str) -> None:
-    """report.html at the end of every run; a report problem is logged, never fails the run."""
-    try:
-        write_html_report(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the results are safe in samples.jsonl either way
-        _log.warning("could not write %s: %s", os.path.join(run_dir, REPORT_HTML), exc)
-
-
-_SECRET_ENV_RE = _LazyPattern(r"(?i)(API_?KEY|_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
-
-
-def _register_env_secrets() -> None:
-    """Secrets of this environment are scrubbed from reports (a report may be made by another process than the
-    run): values of variables named like ``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``, unless they look
-    like a path or a plain word (``GOOGLE_APPLICATION_CREDENTIALS=/path`` or ``*_PROVIDER=subprocess`` are not)."""
-    for name, value in os.environ.items():
-        if not _SECRET_ENV_RE.search(name) or not value:
-            continue
-        if len(value) < 12 or value.startswith(("/", "~", ".")) or any(c.isspace() for c in value):
-            continue
-        _register_secret(value)
-
-
 # =============================================================================
 # CLI
 # =============================================================================
@@ -17415,6 +17230,7 @@ _EXIT_CODES_HELP = """exit codes:
   2    usage, configuration or dataset error, or a run directory made with other settings (nothing was run)
   3    aborted: the endpoint gave no success for the outage budget (--outage-budget, default %ds), or the
        circuit breaker saw %d consecutive samples fail with 401/403/404 or an endpoint never reached
+  4    --cost-limit reached: finished samples are saved; the same command with a higher limit resumes
   130  interrupted (Ctrl-C or SIGTERM); finished samples are saved, re-run the same command to resume
 """ % (DEFAULT_OUTAGE_BUDGET_S, BREAKER_THRESHOLD)
 
@@ -17912,13 +17728,26 @@ def _parser_slurm(sub: Any, text: str) -> Any:
     return slurm, list(ssub.choices.values())
 
 
+# The command line as a table: (name, help, its parser's builder); each one's handler is in _HANDLERS (Commands).
+_COMMANDS = (
+    ("demo", "run the embedded demo set against an in-process mock model", _parser_demo),
+    ("run", "evaluate a model on a dataset (resumable)", _parser_run),
+    ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock),
+    ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
+    ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
+    ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge),
+    ("slurm", "run a run as a Slurm array job of shards and a merge job; their status", _parser_slurm),
+)
+
+
 def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """The command line. ONLY names the one subcommand whose options are built (the others are their name and
     help, enough for --help, --version and a mistyped command): argparse costs milliseconds per hundred options,
     paid at every start. None builds them all (the tests' view)."""
     parser = type("_ArgumentParser", (_ArgumentParser, argparse.ArgumentParser), {})(
         prog="evalharness", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Evaluate LLM endpoints (OpenAI-compatible) on QA sets; one file, standard library only.",
+        description="Evaluate LLM endpoints (OpenAI-compatible) on benchmarks of every kind (run --task: %s); one "
+                    "file, standard library only." % ", ".join(_KINDS),
         epilog=_MAIN_HELP)
     parser.add_argument("--version", action="version", version="evalharness " + __version__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
@@ -17926,7 +17755,7 @@ def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     sub.required = True
 
     built = []
-    for name, text, build, _handler in _COMMANDS:
+    for name, text, build in _COMMANDS:
         if only is None or only == name:
             p, nested = build(sub, text)
             built += [p] + nested
@@ -17939,6 +17768,205 @@ def _build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
                             "(default: off)")
     return parser
 
+# =============================================================================
+# Slurm
+# =============================================================================
+# The same program as an sbatch array of `run --shard auto/N` tasks, then a merge job (afterany). Scripts, the
+# tasks' output and jobs.json (what was submitted) go to OUT/slurm/. Secrets never reach a script: a task reads
+# its key from the environment sbatch hands it (the submitter's, by default).
+
+SLURM_DIR = "slurm"
+SLURM_JOBS = "jobs.json"
+
+
+def _slurm_runs_with(python: str, program: str) -> str:
+    return "%s%s with %s (%s)" % (
+        program, "" if program.endswith(".pyz") else " (the module)", python,
+        "from the nodes' PATH; slurm submit --python PATH names another" if python == SLURM_PYTHON else
+        "slurm submit --python")
+
+
+def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
+    """The run options of `slurm submit ... -- RUN OPTIONS`, checked as `run` checks them; and the absolute OUT."""
+    args = list(run_args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args[:1] == ["run"]:
+        args = args[1:]
+    parsed = _build_parser("run").parse_args(["run"] + args)  # a bad option fails here, not in N jobs
+    if parsed.shard is not None:
+        raise ConfigError("slurm submit sets --shard itself (auto/N with N = --shards); remove it")
+    if not parsed.out:
+        raise ConfigError("slurm submit needs the run's --out: a directory on the filesystem every node shares")
+    out = os.path.abspath(parsed.out)
+    fixed: List[str] = []
+    skip = False
+    for a in args:  # --out made absolute: the jobs may start elsewhere
+        if skip:
+            skip = False
+            continue
+        if a == "--out":
+            skip = True
+            continue
+        if a.startswith("--out="):
+            continue
+        fixed.append(a)
+    return fixed + ["--out", out], out
+
+
+def _sbatch_lines(opts: Dict[str, Any]) -> List[str]:
+    lines = []
+    for flag, key in (("--partition", "partition"), ("--time", "time"), ("--cpus-per-task", "cpus"),
+                      ("--mem", "mem")):
+        if opts.get(key):
+            lines.append("#SBATCH %s=%s" % (flag, opts[key]))
+    lines += ["#SBATCH %s" % extra for extra in opts.get("sbatch_options") or ()]
+    return lines
+
+
+def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional[int] = None,
+                 partition: Optional[str] = None, time_limit: Optional[str] = None, cpus: Optional[int] = None,
+                 mem: Optional[str] = None, sbatch_options: Sequence[str] = (), python: Optional[str] = None,
+                 program: Optional[str] = None, dry_run: bool = False) -> Dict[str, Any]:
+    """Write OUT/slurm/array.sh (an sbatch --array=0-(N-1)%M of `run ... --shard auto/N`) and merge.sh (`merge OUT
+    --partial`, after all tasks whatever their end) and submit both; returns what was submitted (jobs.json's
+    entry). Submitting the same command again resumes every shard. The scripts run ``python`` (default
+    ``python3`` from the nodes' PATH: this interpreter's path may not exist on them) with ``program`` (default:
+    this zipapp or module, which must be on a filesystem the nodes see). ``dry_run``: nothing is written or
+    submitted; the entry carries the scripts' text ("array_text", "merge_text")."""
+    if shards < 1:
+        raise ConfigError("--shards must be >= 1, got %d" % shards)
+    args, out = _slurm_run_args(run_args)
+    python = python or SLURM_PYTHON
+    program = os.path.abspath(program or sys.argv[0])
+    if not os.path.isfile(program):
+        raise ConfigError("slurm submit: cannot find the program to run (%r); give --program PATH" % program)
+    if not dry_run and shutil.which("sbatch") is None:
+        raise ConfigError("slurm submit: sbatch is not on PATH (submit from a Slurm login node, or use --dry-run)")
+    sdir = os.path.join(out, SLURM_DIR)
+    name = "evalharness-" + _slug(os.path.basename(out))[:40]
+    opts = {"partition": partition, "time": time_limit, "cpus": cpus, "mem": mem, "sbatch_options": sbatch_options}
+    array = "0-%d" % (shards - 1) + ("%%%d" % max_parallel if max_parallel else "")
+    command = [python, program, "run"] + args + ["--shard", "auto/%d" % shards]
+    here = "#SBATCH --chdir=%s" % os.getcwd()  # relative paths of the command mean what they meant here
+    task = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array, here,
+                      "#SBATCH --output=%s" % os.path.join(sdir, "%A_%a.out")] + _sbatch_lines(opts) + [
+        "# one shard of the run; the same script again resumes it (written by evalharness slurm submit)",
+        "# runs %s" % _slurm_runs_with(python, program),
+        "exec " + " ".join(shlex.quote(a) for a in command), ""])
+    merge_cmd = [python, program, "merge", out, "--partial"]
+    merge = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s-merge" % name, here,
+                       "#SBATCH --output=%s" % os.path.join(sdir, "merge-%j.out")]
+                      + _sbatch_lines({"partition": partition, "sbatch_options": sbatch_options}) + [
+        "# the shards of the run made one (missing or incomplete ones named, exit 1)",
+        "# runs %s" % _slurm_runs_with(python, program),
+        "exec " + " ".join(shlex.quote(a) for a in merge_cmd), ""])
+    paths = {k: os.path.join(sdir, k + ".sh") for k in ("array", "merge")}
+    entry: Dict[str, Any] = {"submitted_at": _utc_iso(), "shards": shards, "max_parallel": max_parallel,
+                             "array_script": paths["array"], "merge_script": paths["merge"], "out": out,
+                             "python": python, "program": program}
+    if dry_run:
+        return dict(entry, array_text=task, merge_text=merge)
+    os.makedirs(sdir, exist_ok=True)
+    for key, text in (("array", task), ("merge", merge)):
+        _atomic_write(paths[key], text)
+        os.chmod(paths[key], 0o755)
+    entry["array_job"] = _sbatch(["--parsable", paths["array"]])
+    entry["merge_job"] = _sbatch(["--parsable", "--dependency=afterany:%s" % entry["array_job"], paths["merge"]])
+    jobs_path = os.path.join(sdir, SLURM_JOBS)
+    history = _read_json_file(jobs_path).get("submissions") or []
+    _write_json(jobs_path, {"submissions": history + [entry]})
+    return entry
+
+
+def _sbatch(args: List[str]) -> str:
+    try:
+        res = subprocess.run(["sbatch"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError("sbatch did not run: %s" % exc) from None
+    if res.returncode != 0:
+        raise ConfigError("sbatch refused the job: %s" % (res.stderr.strip().splitlines() or ["exit %d" %
+                                                                                             res.returncode])[-1])
+    return res.stdout.strip().split(";")[0]
+
+
+def _slurm_states(job_ids: Sequence[str]) -> Dict[str, Dict[str, str]]:
+    """{job id or ARRAY_TASK: {"state", "exit", "node"}} from squeue (queued, running) and scontrol (ended jobs
+    Slurm still remembers); sacct where accounting is on."""
+    states: Dict[str, Dict[str, str]] = {}
+    ids = [j for j in job_ids if j]
+    if not ids:
+        return states
+    for job in ids:
+        res = _slurm_cmd(["scontrol", "show", "job", "-o", job])
+        for line in res.splitlines():
+            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            if not f.get("JobId"):
+                continue
+            key = ("%s_%s" % (f["ArrayJobId"], f["ArrayTaskId"]) if f.get("ArrayTaskId") and
+                   f.get("ArrayJobId") else f["JobId"])
+            states[key] = {"state": f.get("JobState", "?"), "exit": f.get("ExitCode", ""),
+                           "node": f.get("NodeList", "") if f.get("NodeList") != "(null)" else ""}
+    res = _slurm_cmd(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i|%T|%N"])
+    for line in res.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3:
+            states.setdefault(parts[0], {}).update(state=parts[1], node=parts[2])
+    return states
+
+
+def _slurm_cmd(cmd: List[str]) -> str:
+    try:
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout if res.returncode == 0 else ""
+
+
+def slurm_status(out: str) -> Dict[str, Any]:
+    """Each shard's Slurm state (squeue, scontrol) and progress (its run directory), and the merge job's."""
+    sdir = os.path.join(out, SLURM_DIR)
+    subs = _read_json_file(os.path.join(sdir, SLURM_JOBS)).get("submissions") or []
+    if not subs:
+        raise ConfigError("%s: no Slurm submission (%s); submit with: evalharness slurm submit --shards N -- "
+                          "--out %s ..." % (out, os.path.join(sdir, SLURM_JOBS), out))
+    last = subs[-1]
+    count = last["shards"]
+    states = _slurm_states([last.get("array_job"), last.get("merge_job")])
+    rows = []
+    for i in range(count):
+        d = os.path.join(out, SHARD_DIR_FORMAT % (i, count))
+        info = _read_json_file(os.path.join(d, RunStore.RUN))
+        done = len({r.get("id") for r in _read_jsonl_tolerant(os.path.join(d, RunStore.SAMPLES))})
+        st = states.get("%s_%d" % (last.get("array_job"), i), {})
+        rows.append({"shard": i, "slurm": st.get("state", "unknown"), "node": st.get("node", ""),
+                     "exit": st.get("exit", ""), "run": _live_status(d, info.get("status", "not started"))
+                     if info else "not started", "done": done, "samples": (info.get("shard") or {}).get("samples")})
+    merged = _read_json_file(os.path.join(out, RunStore.SUMMARY))
+    return {"out": out, "array_job": last.get("array_job"), "merge_job": last.get("merge_job"),
+            "submissions": len(subs), "shards": rows,
+            "merge": dict(states.get(str(last.get("merge_job")), {}), result=merged.get("status")
+                          if merged.get("shards") else None)}
+
+
+def format_slurm_status(st: Dict[str, Any]) -> str:
+    lines = ["%s: array job %s, merge job %s (submission %d)" % (st["out"], st["array_job"], st["merge_job"],
+                                                                 st["submissions"]),
+             "  shard  slurm        node   run          samples"]
+    done = total = 0
+    for r in st["shards"]:
+        n = r["samples"]
+        done += r["done"]
+        total += n or 0
+        lines.append("  %5d  %-11s  %-5s  %-11s  %s" % (r["shard"], r["slurm"], r["node"] or "-", r["run"],
+                                                       "%d/%s" % (r["done"], n if n is not None else "?")))
+    m = st["merge"]
+    lines.append("  merge  %-11s  %s" % (m.get("state", "unknown"), "result: %s" % m["result"] if m.get("result")
+                                         else "not merged yet"))
+    lines.append("  %d of %s samples finished" % (done, total or "?"))
+    return "\n".join(lines)
 
 # =============================================================================
 # Commands
@@ -18375,16 +18403,9 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# The command line as a table: (name, help, its parser's builder, its handler). Adding a command is one line here.
-_COMMANDS = (
-    ("demo", "run the embedded demo set against an in-process mock model", _parser_demo, _cmd_demo),
-    ("run", "evaluate a model on a dataset (resumable)", _parser_run, _cmd_run),
-    ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock, _cmd_serve_mock),
-    ("report", "summary table, HTML report, or a comparison of two runs", _parser_report, _cmd_report),
-    ("images", "index, plan, pre-load, push/pull and release container images", _parser_images, _cmd_images),
-    ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge, _cmd_merge),
-    ("slurm", "run a run as a Slurm array job of shards and a merge job; their status", _parser_slurm, _cmd_slurm),
-)
+# Each command's handler (the commands are named in _COMMANDS, with their help and parser).
+_HANDLERS = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "report": _cmd_report,
+             "images": _cmd_images, "merge": _cmd_merge, "slurm": _cmd_slurm}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -18404,7 +18425,7 @@ def _main(argv: List[str]) -> int:
     parser = _build_parser(command if command in [c[0] for c in _COMMANDS] else "")
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    handler = next(c[3] for c in _COMMANDS if c[0] == args.command)
+    handler = _HANDLERS[args.command]
     interrupts = [0]
 
     def on_signal(signum: int, frame: Any) -> None:

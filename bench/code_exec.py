@@ -56,8 +56,8 @@ def main():
             cfg = eh.RunConfig(dataset=data, model="m", base_url=url, task="code",
                                out=os.path.join(tmp, "run%d" % r), epochs=args.epochs, progress=False,
                                json_out=True, remember_limit=False,
-                               code=eh.CodeOptions(limits=eh.CodeLimits(image=args.image, timeout_s=args.timeout),
-                                                   sandbox_auto=False, workers=args.workers))
+                               options=eh.CodeOptions(limits=eh.CodeLimits(image=args.image, timeout_s=args.timeout),
+                                                      sandbox_auto=False, workers=args.workers))
             t0 = time.monotonic()
             out = io.StringIO()
             code, _ = eh.run_evaluation(cfg, stdout=out)

@@ -84,7 +84,7 @@ def main():
             try:
                 cfg = eh.RunConfig(dataset=path, model="m", base_url=url, task="choice",
                                    out=os.path.join(tmp, "run-%s" % tokenizer), progress=False, json_out=True,
-                                   remember_limit=False, choice=eh.ChoiceOptions(num_fewshot=args.fewshot))
+                                   remember_limit=False, options=eh.ChoiceOptions(num_fewshot=args.fewshot))
                 before = counters(url)
                 t0, c0 = time.monotonic(), time.process_time()
                 code, _ = eh.run_evaluation(cfg, stdout=io.StringIO())

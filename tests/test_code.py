@@ -77,8 +77,8 @@ class TestLayouts(unittest.TestCase):
             path = os.path.join(d, name)
             write_gz(path, rows) if name.endswith(".gz") else write_jsonl(path, rows)
             with self.assertLogs("evalharness", "INFO") as logs:
-                run = eh._Run(eh.RunConfig(dataset=path, model="m", base_url="x", task="code"), eh._CodeKind(),
-                              None)
+                run = eh._Run(eh._kind_config(eh.RunConfig(dataset=path, model="m", base_url="x", task="code"), {}),
+                              eh._CodeKind(), None)
                 run.kind.load(run, None)
             self.assertEqual(run.dataset.layout, layout)
             self.assertEqual(run.dataset.count, len(rows))

@@ -111,8 +111,9 @@ class TestPodman(unittest.TestCase):
         ds = eh.SWEDataset(ds_path).validate()
         mock = start_mock(self, swe=ds, swe_policy="sleepy")
         cfg = eh.RunConfig(dataset=ds_path, model="m", base_url=mock.url, task="swe", out=os.path.join(d, "run"),
-                           progress=False, fixed_concurrency=2, keep_images=True, engine="podman",
-                           swe=eh.SWEOptions(exec_timeout_s=2, eval_timeout_s=120))
+                           progress=False, fixed_concurrency=2,
+                           options=eh.SWEOptions(exec_timeout_s=2, eval_timeout_s=120,
+                                                 images=eh.ImageOptions(keep=True, engine="podman")))
         code, run_dir = eh.run_swe(cfg, stdout=io.StringIO())
         with open(os.path.join(run_dir, "samples.jsonl")) as fh:
             rec = json.loads(fh.readline())

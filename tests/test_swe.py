@@ -311,10 +311,10 @@ class _SWEBed(unittest.TestCase):
     def run_swe(self, out, *, mock=None, policy="oracle", score_only=None, cancel=None, stream=True, **opts):
         if mock is None and score_only is None:
             mock = start_mock(self, swe=self.ds, swe_policy=policy)
-        swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3), **opts))
+        swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3,
+                                        images=eh.ImageOptions(keep=True), score_only=score_only), **opts))
         cfg = eh.RunConfig(dataset=self.dataset, model="m", base_url=mock.url if mock else None, task="swe",
-                           out=out, progress=False, swe=swe, score_only=score_only, fixed_concurrency=4,
-                           keep_images=True, stream=stream)
+                           out=out, progress=False, options=swe, fixed_concurrency=4, stream=stream)
         import io
         buf = io.StringIO()
         code, run_dir = eh.run_swe(cfg, stdout=buf, cancel=cancel)
@@ -657,9 +657,10 @@ class TestSWEShards(_SWEBed):
         self.assertEqual(code, 0)
         out = os.path.join(d, "sharded")
         for i in range(2):
-            swe = eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3)
+            swe = eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3,
+                                images=eh.ImageOptions(keep=True))
             cfg = eh.RunConfig(dataset=self.dataset, model="m", base_url=mock.url, task="swe", out=out,
-                               progress=False, swe=swe, fixed_concurrency=4, keep_images=True, shard=(i, 2))
+                               progress=False, options=swe, fixed_concurrency=4, shard=(i, 2))
             code, shard_dir = eh.run_swe(cfg, stdout=__import__("io").StringIO())
             self.assertEqual(shard_dir, os.path.join(out, "shard-%d-of-2" % i))
         code, summary = eh.merge_runs(out)
@@ -800,10 +801,10 @@ class TestSessionGateMemory(_SWEBed):
     """An agent run reads the server's KV pool from /metrics once and admits agents by their contexts against it."""
 
     def run_adaptive(self, mock, **cfg):
-        swe = eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3)
+        swe = eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=120, max_sessions=3, images=eh.ImageOptions(keep=True))
         config = eh.RunConfig(**dict(dict(dataset=self.dataset, model="m", base_url=mock.url, task="swe",
-                                          out=os.path.join(tempdir(self), "run"), progress=False, swe=swe,
-                                          keep_images=True), **cfg))
+                                          out=os.path.join(tempdir(self), "run"), progress=False, options=swe),
+                                     **cfg))
         import io
         buf = io.StringIO()
         code, run_dir = eh.run_swe(config, stdout=buf)
@@ -849,9 +850,10 @@ class TestSWEResume(_SWEBed):
         return write_jsonl(os.path.join(d, "one.jsonl"), [row]), row
 
     def run_one(self, dataset, out, mock, **opts):
-        swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=1), **opts))
+        swe = eh.SWEOptions(**dict(dict(exec_timeout_s=20, eval_timeout_s=120, max_sessions=1,
+                                        images=eh.ImageOptions(keep=True)), **opts))
         cfg = eh.RunConfig(dataset=dataset, model="m", base_url=mock.url, task="swe", out=out,
-                           progress=False, swe=swe, fixed_concurrency=2, keep_images=True)
+                           progress=False, options=swe, fixed_concurrency=2)
         import io
         return eh.run_swe(cfg, stdout=io.StringIO())[0]
 
@@ -902,8 +904,9 @@ class TestSWEResume(_SWEBed):
         self.assertEqual(self.samples(out)[row["instance_id"]], first)
         import io
         cfg = eh.RunConfig(dataset=dataset, model="m", base_url=mock.url, task="swe", out=out,
-                           progress=False, swe=eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=3, max_sessions=1),
-                           fixed_concurrency=2, keep_images=True, retry_failed=True)
+                           progress=False, options=eh.SWEOptions(exec_timeout_s=20, eval_timeout_s=3, max_sessions=1,
+                                                                 images=eh.ImageOptions(keep=True)),
+                           fixed_concurrency=2, retry_failed=True)
         self.assertEqual(eh.run_swe(cfg, stdout=io.StringIO())[0], 1)
         (again,) = self.samples(out).values()
         self.assertIn("rescored_at", again)
