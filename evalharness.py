@@ -534,12 +534,13 @@ def _percentile(sorted_values: Sequence[float], p: float) -> Optional[float]:
 
 
 class _Mean:
-    """Count, sum and spread of a stream of scores (Welford), and whether all are 0/1: what _mean_ci needs."""
+    """Count, sum and spread of a stream of scores (Welford), whether all are 0/1 and all in [0, 1]: what _mean_ci
+    needs."""
 
-    __slots__ = ("n", "total", "mean", "m2", "binary")
+    __slots__ = ("n", "total", "mean", "m2", "binary", "unit")
 
     def __init__(self) -> None:
-        self.n, self.total, self.mean, self.m2, self.binary = 0, 0.0, 0.0, 0.0, True
+        self.n, self.total, self.mean, self.m2, self.binary, self.unit = 0, 0.0, 0.0, 0.0, True, True
 
     def add(self, v: float) -> None:
         self.n += 1
@@ -549,6 +550,8 @@ class _Mean:
         self.m2 += d * (v - self.mean)
         if v not in (0, 1):
             self.binary = False
+            if not 0 <= v <= 1:
+                self.unit = False
 
     def ci(self) -> Dict[str, Any]:
         return _mean_ci_of(self)
@@ -582,11 +585,13 @@ def _mean_ci_of(acc: "_Mean") -> Dict[str, Any]:
     mean = acc.total / n
     if acc.binary:
         lo, hi = _wilson_ci(acc.total, n)
-    elif n == 1:
-        lo, hi = 0.0, 1.0
+    elif n == 1:  # one value that is not 0/1 (a document's bits per byte, a fractional reward): no interval
+        return {"mean": round(mean, 6), "ci95": None, "n": 1}
     else:
         half = 1.959964 * math.sqrt(acc.m2 / (n - 1) / n)
-        lo, hi = max(0.0, mean - half), min(1.0, mean + half)
+        lo, hi = mean - half, mean + half
+        if acc.unit:  # (scores in [0, 1]: so is their interval; bits per byte are not clipped)
+            lo, hi = max(0.0, lo), min(1.0, hi)
     return {"mean": round(mean, 6), "ci95": [round(lo, 6), round(hi, 6)], "n": n}
 
 
@@ -1775,6 +1780,16 @@ def _iter_json_list(text: str, pos: int, path: str) -> Iterator[Tuple[str, Any]]
         pos = ws.match(text, pos + 1).end()
 
 
+def _json_lines_head(text: str) -> Optional[Dict[str, Any]]:
+    """The first row of a text that is JSON Lines (its first two lines each a JSON object), else None."""
+    lines = [line for line in text.splitlines() if line.strip()][:2]
+    try:
+        rows = [json.loads(line) for line in lines]
+    except ValueError:
+        return None
+    return rows[0] if len(rows) == 2 and all(isinstance(r, dict) for r in rows) else None
+
+
 def _iter_json_rows(path: str) -> Iterator[Tuple[str, Any]]:
     """A .json dataset: a list of rows, or an object holding exactly one list of rows (``{"data": [...]}``, as
     some exports wrap it); a UTF-8 BOM is accepted."""
@@ -1788,6 +1803,12 @@ def _iter_json_rows(path: str) -> Iterator[Tuple[str, Any]]:
         try:
             top = json.loads(text)
         except ValueError as exc:
+            first = _json_lines_head(text)
+            if first is not None:  # JSON Lines in a .json file (BFCL ships its files so): another kind's layout?
+                _refuse_other_kind(path, first, "qa")
+                raise DatasetError("%s:%d: invalid JSON: %s: the file holds one JSON object per line (JSON Lines): "
+                                   "rename it .jsonl" % (path, getattr(exc, "lineno", 1), getattr(exc, "msg", exc))
+                                   ) from None
             raise DatasetError("%s:%d: invalid JSON: %s" % (path, getattr(exc, "lineno", 1),
                                                            getattr(exc, "msg", exc))) from None
         lists = [k for k, v in top.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
@@ -3864,6 +3885,21 @@ class _Probe:
             return status, None, hdrs, "not JSON"
 
 
+def _answers(config: ClientConfig) -> Callable[[], bool]:
+    """Whether the endpoint answers a cheap request (GET /models: any HTTP status below 500), asked at most every
+    OUTAGE_POLL_S (the answer is kept that long)."""
+    probe, url, last = _Probe(config), _normalize_base_url(config.base_url) + "/models", [-math.inf, False]
+    lock = threading.Lock()  # guards last: one probe at a time
+
+    def answers() -> bool:
+        with lock:
+            if time.monotonic() - last[0] >= OUTAGE_POLL_S:
+                status = probe(url)[0]
+                last[:] = [time.monotonic(), status is not None and status < 500]
+            return bool(last[1])
+    return answers
+
+
 def _server_root(base_url: str) -> str:
     """The server's own root (llama.cpp's /props, TGI's /info): the base URL without its /v1."""
     return re.sub(r"/v1$", "", base_url)
@@ -3980,7 +4016,10 @@ class _EndpointHealth:
     An outage starts at the first failure after the last success. While it lasts, a failing request keeps
     retrying (at most OUTAGE_POLL_S apart) past its --max-retries, so a server restart costs time, not samples;
     a request gives up after its retries only when it failed with an error of its own (not a refused or turned
-    away connection) while the endpoint answered other requests (then the trouble is this request's). When an outage reaches ``budget_s`` the run is aborted
+    away connection) while the endpoint answered other requests (then the trouble is this request's), or when
+    only failing requests are left in the run (``left``: nothing else runs or waits) and the endpoint answers a cheap
+    request (``answers``: its model list): then they failed on their own, not in an outage, and the run ends
+    normally with them failed (run again by a resume). When an outage reaches ``budget_s`` the run is aborted
     (``on_trip``), and the samples in flight stay pending for the resume.
     """
 
@@ -3993,6 +4032,21 @@ class _EndpointHealth:
         self.last_error = ""
         self.tripped = ""                                   # the reason, once the budget ran out
         self.on_trip: Optional[Callable[[str], None]] = None
+        self.failing = 0  # requests between a failed attempt and their end
+        self.left: Optional[Callable[[], Optional[int]]] = None  # the samples in flight once nothing else is left
+        # to run (None while rows still wait), set by the run
+        self.answers: Optional[Callable[[], bool]] = None   # a cheap request to the endpoint got an answer
+
+    def failing_alone(self) -> bool:
+        """Only failing requests are left in the run, and the endpoint answers a cheap request: they fail on their
+        own (asked at most every OUTAGE_POLL_S)."""
+        if self.left is None or self.answers is None:
+            return False
+        in_flight = self.left()
+        with self._lock:
+            if in_flight is None or self.failing < in_flight:
+                return False
+        return self.answers()
 
     def success(self) -> None:
         with self._lock:
@@ -4312,6 +4366,10 @@ class RatePacer:
     usage when the answer comes. ``clock`` is injectable (the gate simulator drives it)."""
 
     WINDOW_S = 60.0
+    # under --requests/--tokens-per-minute a request counts this much longer than the minute: it reaches the server
+    # a little after it is sent (a connection set up, a proxy, a busy accept queue), so a server counting arrivals
+    # over any 60 s never sees more than the cap (without it: 121 of 120 within 60 s, once in two runs)
+    ARRIVAL_MARGIN_S = 1.0
     JITTER_S = 0.05  # requests sent this close before a reply's request count against its stated state too
     PLAIN_REPLIES = 16  # a server whose first replies state no limit states none: no admission is kept for it
     SHARE_RECHECK_S = 0.5  # a shard held back by what the other shards sent looks again this much later
@@ -4397,7 +4455,8 @@ class RatePacer:
             if level < need:
                 wait = max(wait, (need - level) / s["rate"])
         live, others_req, others_tok = self._share() if self._share is not None else (1, 0.0, 0.0)
-        while self._window and self._window[0][0] <= now - self.WINDOW_S:
+        hold = self.WINDOW_S + self.ARRIVAL_MARGIN_S
+        while self._window and self._window[0][0] <= now - hold:
             self._window.popleft()
         for limit, key, others in ((self.rpm, None, others_req), (self.tpm, "tokens", others_tok)):
             if not limit:
@@ -4414,7 +4473,7 @@ class RatePacer:
                 for t, _, tokens, _ in self._window:
                     freed += 1.0 if key is None else tokens
                     if used - freed + need <= cap:
-                        t_free = t + self.WINDOW_S
+                        t_free = t + hold
                         break
                 # (else the others' minute has to age too: known at their next heartbeat)
                 wait = max(wait, t_free - now if t_free is not None else self.SHARE_RECHECK_S)
@@ -4498,7 +4557,8 @@ class RatePacer:
         others)."""
         now = self._clock()
         with self._lock:
-            return [(now - w[0], 1.0, float(w[2])) for w in self._window if w[0] > now - self.WINDOW_S]
+            return [(now - w[0], 1.0, float(w[2])) for w in self._window
+                    if w[0] > now - self.WINDOW_S - self.ARRIVAL_MARGIN_S]
 
     def summary(self) -> Dict[str, Any]:
         with self._lock:
@@ -4698,7 +4758,9 @@ class _CostSum:
     def result(self) -> Optional[Dict[str, Any]]:
         if not self.n:
             return None
-        return {"total": round(self.total, 6), "by_role": {k: round(v, 6) for k, v in sorted(self.by_role.items())},
+        # (no sample priced: no total, as the text says "no price"; 0.0 would read as free)
+        return {"total": round(self.total, 6) if self.priced else None,
+                "by_role": {k: round(v, 6) for k, v in sorted(self.by_role.items())},
                 "samples": self.n, "samples_priced": self.priced, "samples_unpriced": self.unpriced,
                 "per_sample": round(self.total / self.priced, 8) if self.priced else None}
 
@@ -4949,11 +5011,14 @@ class ModelClient:
         if refused or err.turned_away:
             # nothing listened, or the server never took the request: the endpoint's trouble, never this
             # request's, whatever others got (answers to requests in flight when the server went down, or just
-            # after it came back, land around these attempts); the outage budget decides when the run stops
-            return False
+            # after it came back, land around these attempts); the outage budget decides when the run stops --
+            # unless nothing else is left in the run and the endpoint answers a cheap request: then it is this
+            # request's (a server that closes the connection on these rows only)
+            return err.turned_away and attempts > cfg.max_retries and health.failing_alone()
         # past its retries, a request gives up only if the endpoint had answered others since its first attempt
-        # by the time its latest attempt went out (its own trouble: an error of its own while others get answers)
-        return attempts > cfg.max_retries and successes_at_send > successes_then
+        # by the time its latest attempt went out (its own trouble: an error of its own while others get answers),
+        # or, with nothing else left in the run, if the endpoint answers a cheap request
+        return attempts > cfg.max_retries and (successes_at_send > successes_then or health.failing_alone())
 
     def chat(self, messages: Sequence[Dict[str, Any]],
              tools: Optional[Sequence[Dict[str, Any]]] = None, seed: Optional[int] = None) -> ChatResult:
@@ -5078,10 +5143,18 @@ class ModelClient:
         """``attempt()`` (one request: a ChatResult or CompletionsResult) under a gate permit each time, retried
         with backoff by the failure rules; the result carries its attempts and wall time. With a rate pacer that
         knows limits, each attempt first waits until ``cost`` fits them."""
-        cfg = self.config
         t_start = time.monotonic()
-        attempts = 0
-        successes_then = -1  # the endpoint's success count when this request's first attempt went out
+        state = [0, -1, False]  # attempts; the endpoint's success count when its first attempt went out; failing
+        try:
+            return self._attempts(attempt, cost, t_start, state)
+        finally:
+            if state[2] and self.health is not None:
+                with self.health._lock:
+                    self.health.failing -= 1
+
+    def _attempts(self, attempt: Callable[[], Any], cost: Optional[Dict[str, float]], t_start: float,
+                  state: List[Any]) -> Any:
+        attempts, successes_then = state[0], state[1]
         while True:
             if self._cancel.is_set():
                 raise _Cancelled()
@@ -5120,6 +5193,11 @@ class ModelClient:
                                       retry_after_s=err.retry_after_s if outcome == "overload" else None,
                                       ttft_s=ttft)
             err.attempts = attempts
+            state[0], state[1] = attempts, successes_then
+            if self.health is not None and not state[2]:  # failing from now on (failing_alone counts it)
+                with self.health._lock:
+                    self.health.failing += 1
+                state[2] = True
             if self.health is not None:
                 if err.kind != "fatal" and self.health.failure(err):
                     raise _Cancelled()  # the outage budget ran out: the run stops, this sample stays pending
@@ -7622,6 +7700,8 @@ def format_summary(summary: Dict[str, Any], *, title: str = "", run_dir: str = "
     def ci(entry: Dict[str, Any]) -> str:
         if entry.get("mean") is None:
             return "%6s  %-16s" % ("-", "")
+        if entry.get("ci95") is None:
+            return "%6.3f  %-16s" % (entry["mean"], "(no interval)")
         lo, hi = entry["ci95"]
         return "%6.3f  [%.3f, %.3f]" % (entry["mean"], lo, hi)
 
@@ -7766,6 +7846,7 @@ class _Runner:
         self.done = self.done_before
         self.failed = self.failed_before
         self.in_flight = 0
+        self.fed = False  # every item was handed to the workers (nothing more will start)
         self.first_failure_shown = False
         self.status = "finished"
         self.stop_reason = ""
@@ -7900,6 +7981,13 @@ class _Runner:
         self.store.event("breaker_open", reason=_redact(reason), **fields)
         self.cancel.set()
 
+    def left(self) -> Optional[int]:
+        """The samples in flight once every item has started (None while items still wait to start)."""
+        if not self.fed or not self._inbox.empty():
+            return None
+        with self._lock:
+            return self.in_flight
+
     def run(self, items: Iterable[Any]) -> str:
         """Run every item; return "finished", "aborted" (breaker) or "interrupted" (Ctrl-C / SIGTERM)."""
         inbox = self._inbox
@@ -7922,6 +8010,8 @@ class _Runner:
                             continue
                     if self.cancel.is_set() or self.stopping.is_set():
                         break
+                else:
+                    self.fed = True
             finally:
                 while True:  # the sentinel must get in even when workers are slow to drain the queue
                     try:
@@ -8086,7 +8176,7 @@ class _RateShare(_ShardFile):
             if not peer:
                 continue
             for cell in peer.get("window") or ():  # live or not: what it sent counts for its minute
-                if now - float(cell[0]) < RatePacer.WINDOW_S:
+                if now - float(cell[0]) < RatePacer.WINDOW_S + RatePacer.ARRIVAL_MARGIN_S:
                     o_req += float(cell[1])
                     o_tok += float(cell[2])
             if not peer.get("done") and now - float(peer.get("t") or 0) <= SHARED_GATE_STALE_S:
@@ -8582,8 +8672,11 @@ def _config_rows(info: Dict[str, Any]) -> List[Tuple[str, str]]:
         gen.append("system prompt of %d chars" % len(str(settings["system_prompt"])))
     if gen:
         rows.append(("generation", ", ".join(gen)))
-    if ds:
-        rows.append(("dataset", "%s (%s rows, sha256 %s)" % (ds.get("name"), ds.get("rows"), ds.get("sha256"))))
+    if ds:  # ("rows" counts samples: each row --epochs times)
+        epochs = int(ds.get("epochs") or 1)
+        size = "%s rows" % ds.get("rows") if epochs == 1 or not isinstance(ds.get("rows"), int) else \
+            "%d rows x %d epochs = %d samples" % (ds["rows"] // epochs, epochs, ds["rows"])
+        rows.append(("dataset", "%s (%s, sha256 %s)" % (ds.get("name"), size, ds.get("sha256"))))
     if ds.get("scorer"):  # rows that name no scorer get this one
         rows.append(("scorer", "%s (%s)" % (ds["scorer"], "--scorer" if cfg.get("scorer") else "the %s format's"
                                             % ds["format"] if ds.get("format") else "the default: no format matched"
@@ -8866,6 +8959,8 @@ def _fmt_num(v: float) -> str:
 def _ci_text(entry: Dict[str, Any]) -> str:
     if not entry or entry.get("mean") is None:
         return "–"
+    if entry.get("ci95") is None:
+        return "%.3f <span class=muted>(n=%s: no interval)</span>" % (entry["mean"], entry.get("n"))
     lo, hi = entry["ci95"]
     return "%.3f <span class=muted>[%.3f, %.3f]</span>" % (entry["mean"], lo, hi)
 
@@ -8899,6 +8994,14 @@ def render_html(data: Dict[str, Any], run: Dict[str, Any]) -> str:
         h.append("<p class=warn><b>Incomplete run:</b> the score is over %d of %d samples (%d failed, %d not run)."
                  "</p>" % (counts.get("ok", 0), counts.get("total", 0), counts.get("failed", 0),
                            counts.get("pending", 0)))
+    rep_k = s.get("repeats")
+    if rep_k:  # --epochs: mean@K clustered by row, pass@k, maj@K (as the text summary gives them)
+        cards.append(("mean@%d (95%% CI clustered by row, %d rows)" % (rep_k["epochs"], rep_k["rows"]),
+                      _ci_text(rep_k["mean"])))
+        cards.append(("pass@k" + (" / maj@%d" % rep_k["maj"]["k"] if rep_k["maj"]["mean"] is not None else ""),
+                      _esc(" · ".join("pass@%s %.3f" % (k, v["value"]) for k, v in rep_k["pass_at"].items()) +
+                           (" · maj@%d %.3f" % (rep_k["maj"]["k"], rep_k["maj"]["mean"])
+                            if rep_k["maj"]["mean"] is not None else ""))))
     cards.extend(kind.html_cards(data))
     if s.get("cost"):
         cards.append(("cost", _esc(_cost_line(s["cost"]).partition(": ")[2])))
@@ -9820,6 +9923,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
                                       done_before=len(run.done_ids), failed_before=run.failed_kept,
                                       fingerprint=run.fingerprint, meter=run.meter, **kind.runner_options(run))
         run.health.on_trip = runner.abort
+        if run.client_cfg is not None:  # (only failing requests left: does the endpoint answer?)
+            run.health.left, run.health.answers = runner.left, _answers(run.client_cfg)
         status = runner.run(kind.pending(run))
     finally:
         kind.stop(run)
@@ -11142,11 +11247,25 @@ class _CodeKind(_Kind):
                                       % _last_lines(str(exc), 1)) from None
                 raise ConfigError("--sandbox docker: the container engine does not answer: %s"
                                   % _last_lines(str(exc), 1)) from None
+            self._check_image(o.images)
         else:
             _log.warning("--sandbox local: programs run as processes of this user with resource limits in a "
                          "temporary folder; this is NOT a security boundary")
         run.dataset.fingerprint(_fingerprint(_asdict(self.limits)))
         run.dataset = self.wrap(run, run.dataset)
+
+    def _check_image(self, images: ImageOptions) -> None:
+        """The sandbox image, before any request: on the engine, or deliverable from the run's image sources;
+        else one line naming it and the ways to provide it (nothing is written)."""
+        assert self.docker is not None
+        with _replace(images, keep=True).service(self.docker) as probe:
+            (ref, source, _), = probe.plan([self.limits.image])
+        if source == "missing":
+            raise ConfigError(
+                "the sandbox image %s is not on the container engine and no --image-tars, --image-store or "
+                "--image-mirrors delivers it: on a connected host `docker pull %s && docker save %s -o sandbox.tar`, "
+                "then here `docker load -i sandbox.tar` (or --image-tars DIR); or name an image the engine has with "
+                "--code-image (any image with python3 >= 3.8 and a shell; README: Code benchmarks)" % (ref, ref, ref))
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
         if cfg.options.check_reference:
@@ -11222,8 +11341,12 @@ class _CodeKind(_Kind):
                     return dict(rec, status="failed", score=None, error=_redact(exc), error_class="sandbox",
                                 started_at=round(started, 3), finished_at=round(time.time(), 3))
                 verdict, why, failing = code_verdict(p, results, marker, self.limits)
+                # exec_s: the program's own time (its test runs, as the driver timed them); sandbox_s: from handing
+                # it to the sandbox to its verdict (the wait for a warm container and its batch included)
                 rec.update(status="ok", score=1.0 if verdict == "passed" else 0.0, error=None, error_class=None,
-                           verdict=verdict, why=why, failing_test=failing, exec_s=round(time.monotonic() - t0, 4),
+                           verdict=verdict, why=why, failing_test=failing,
+                           exec_s=round(sum(float(r.get("seconds") or 0.0) for r in results), 4),
+                           sandbox_s=round(time.monotonic() - t0, 4),
                            tests_run=len(results),
                            output=_cut((results[failing] if failing is not None and failing < len(results) else
                                         results[-1]).get("err") or "", 2000) if verdict != "passed" else "")
@@ -12014,6 +12137,12 @@ def _documents_html(docs: Dict[str, Any]) -> str:
     return "".join(h)
 
 
+def _ppl_words(text: str) -> int:
+    """A document's words as lm-eval counts them for word perplexity: the pieces of re.split(r"\s+", text), so
+    leading or trailing whitespace counts one empty piece each (a document ending in a newline: one more)."""
+    return len(re.split(r"\s+", text))
+
+
 _PERPLEXITY_OPTIONS = _OptionSet(
     "perplexity",
     _Opt("--max-length", type=int, default=None, metavar="TOKENS",
@@ -12101,7 +12230,7 @@ class _PerplexityKind(_Kind):
             try:
                 ids = client.tokenize(url, body(doc.text, False))
                 windows = rolling_windows(ids, prefix if prefix is not None else -1, max_len)
-                ll, scored, latency = 0.0, 0, 0.0
+                ll, scored, latency, sent = 0.0, 0, 0.0, 0
                 for ctx, pred in windows:
                     ctx = [] if ctx == [-1] else ctx  # no start token: the first token stays unscored
                     res = client.completions([ctx + pred])
@@ -12113,14 +12242,16 @@ class _PerplexityKind(_Kind):
                     ll += sum(known)
                     scored += len(known)
                     latency += res.latency_s
+                    sent += res.prompt_tokens or len(ctx) + len(pred)
             except ModelAPIError as exc:
                 return {"id": doc.id, "status": "failed", "score": None, "error": _redact(exc),
                         "error_class": exc.error_class, "category": doc.category,
                         "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
-            nbytes, words = len(doc.text.encode("utf-8")), len(re.split(r"\s+", doc.text))
+            nbytes, words = len(doc.text.encode("utf-8")), _ppl_words(doc.text)
             figures = _ppl_figures(ll, words, nbytes)
             return {"id": doc.id, "status": "ok", "error": None, "error_class": None, "category": doc.category,
                     "scorer": "bits_per_byte", "ll": round(ll, 6), "tokens": len(ids), "scored_tokens": scored,
+                    "prompt_tokens": sent, "completion_tokens": 0,  # (the windows' tokens sent, each scored once)
                     "windows": len(windows), "words": words, "bytes": nbytes,
                     "word_perplexity": figures["word_perplexity"], "byte_perplexity": figures["byte_perplexity"],
                     "score": figures["bits_per_byte"],  # this document's bits per byte
@@ -12737,7 +12868,9 @@ _AGENT_OPTIONS = _OptionSet(
     _Opt("--cpus", default=None, help="container CPU limit, e.g. 2 (default: no limit)"),
     _Opt("--pids-limit", type=int, default=None, metavar="N", help="container process limit (default: the engine's)"),
     _Opt("--network-none", action="store_true", default=False,
-         help="task containers get no network (default: off, the engine's default network)"),
+         help="every task container gets no network, whatever the task says (default: swe, the engine's default "
+              "network; harbor, each task's own allow_internet, which is on unless the task turns it off, as in "
+              "Harbor)"),
     _Opt("--no-pull-ahead", field="pull_ahead", action="store_false", default=True,
          help="deliver each image only when its sample starts (for comparison; default: all pending images are "
               "delivered in the background from the start)"))
@@ -14180,7 +14313,7 @@ class HarborTask:
     build_timeout_s: float = 600.0
     cpus: Optional[float] = None
     memory_mb: Optional[int] = None
-    network: bool = False               # allow_internet (or network_mode "public"); default: no network
+    network: bool = True                # allow_internet (or network_mode); Harbor's default: a public network
     env: Tuple[Tuple[str, str], ...] = ()
     reward_key: Optional[str] = None    # [metadata] reward_key: the headline of a reward.json (default: the mean)
     solution: bool = False
@@ -14320,7 +14453,7 @@ def read_task(folder: str, source: str = "") -> HarborTask:
             solution_env=_env_table(tables["solution"].get("env"), "[solution] env"),
             build_timeout_s=_num(envt, "build_timeout_sec", "[environment]") or 600.0,
             cpus=_num(envt, "cpus", "[environment]"), memory_mb=_num(envt, "memory_mb", "[environment]", True),
-            network=bool(allow) if allow is not None else mode in ("public", "bridge"),
+            network=bool(allow) if allow is not None else mode not in ("none",),  # (Harbor's default: on)
             env=_env_table(envt.get("env"), "[environment] env"),
             reward_key=str(meta["reward_key"]) if meta.get("reward_key") else None,
             solution=os.path.isfile(os.path.join(folder, "solution", "solve.sh")))
@@ -14471,6 +14604,13 @@ def _tar_members(data: bytes, limit: int = 1 << 20) -> Dict[str, bytes]:
     return out
 
 
+# what a verifier prints when it cannot reach the network (curl, wget, pip, apt, uv, Python's socket and requests)
+_NETWORK_FAILURE_RE = _LazyPattern(r"(?i)could not resolve host|temporary failure in name resolution|name or service "
+                                   r"not known|failed to establish a new connection|network is unreachable|could not "
+                                   r"connect to server|unable to resolve host|no address associated with hostname|"
+                                   r"getaddrinfo failed|failed to fetch http|could not resolve '|connection refused")
+
+
 def verify_task(box: Container, task: HarborTask, workdir: str) -> Dict[str, Any]:
     """Verification as Harbor's shared mode does it, in the agent's container: every process the agent left is
     killed (nothing can write a reward later), /tests and /logs/verifier are emptied (nothing planted counts),
@@ -14591,10 +14731,16 @@ def _task_one(ctx: _SWEContext, task: HarborTask, reference: bool) -> Dict[str, 
         exc = traj["error"]
         return _task_record(task, started, status="failed", score=None, error=_redact(exc),
                             error_class=_error_class_of(exc), **agent)
+    why = verified["why"]
+    if (verified["reward"] is None or verified["reward"] < 1) and _NETWORK_FAILURE_RE.search(verified["output"]):
+        why = (why + "; " if why else "") + "the verifier's output shows a failed name lookup or connection: %s" % (
+            "this run gave every task no network (--network-none)" if opts.sandbox.network_none else
+            "the task turns its network off (allow_internet = false)" if not task.network else
+            "the task had a network, which could not reach that host")
     return _task_record(task, started, status="ok", error=None, error_class=None,
                         score=verified["reward"] if verified["reward"] is not None else 0.0,
                         reward=verified["reward"], rewards=verified["rewards"], verdict=verified["verdict"],
-                        why=verified["why"], verifier_exit=verified["verifier_exit"],
+                        why=why, verifier_exit=verified["verifier_exit"],
                         verifier_s=verified["verifier_s"], verifier_tail=_last_lines(_redact(verified["output"]), 5),
                         environment=how, image_s=round(image_s, 3), workdir=workdir,
                         **({"session_at": session_at} if len(session_at) == 2 else {}),
@@ -14635,9 +14781,10 @@ def _task_lines(summary: Dict[str, Any], records: Sequence[Dict[str, Any]], most
     short = _tasks_short(records)
     if short:
         lines.append("tasks below reward 1 (%d%s):" % (len(short), ", first %d" % most if len(short) > most else ""))
-        for r in short[:most]:
-            lines.append("  %s: %s%s" % (r["id"], r.get("verdict"), ": %s" % r["why"] if r.get("why") else
-                                         " (reward %s)" % r.get("reward")))
+        for r in short[:most]:  # (rewarded: the verifier gave a reward, here below 1; its last lines say why)
+            what = "reward %s" % r.get("reward") if r.get("verdict") == "rewarded" else str(r.get("verdict"))
+            why = r.get("why") or _last_lines(str(r.get("verifier_tail") or ""), 1, 200) or "the verifier said nothing"
+            lines.append("  %s: %s: %s" % (r["id"], what, why))
     return lines
 
 
@@ -14730,6 +14877,8 @@ class _HarborKind(_SWEKind):
     def start(self, run: _Run) -> None:
         self._start_hosts(run)
         run.run_info_extra["mode"] = "reference" if run.cfg.options.check_reference else "agent"
+        run.run_info_extra["network"] = "none for every task (--network-none)" if \
+            run.cfg.options.sandbox.network_none else "each task's own (allow_internet; on unless the task says false)"
 
     def work(self, run: _Run) -> Callable[[HarborTask], Dict[str, Any]]:
         ctx, placement, reference = self.ctx, self.placement, run.cfg.options.check_reference
@@ -15320,6 +15469,7 @@ class ToolDataset(_Fingerprinted):
             raw = raw[:limit]
         self.answers_path = answers or os.path.join(os.path.dirname(os.path.abspath(path)), "possible_answer",
                                                     os.path.basename(path))
+        expected_at = self.answers_path
         truth: Dict[str, Any] = {}
         if os.path.isfile(self.answers_path):
             for where, row in _bfcl_rows(self.answers_path):
@@ -15331,6 +15481,12 @@ class ToolDataset(_Fingerprinted):
             raise DatasetError("--answers %s: no such file" % answers)
         else:
             self.answers_path = None
+            needing = [where for where, row in raw if isinstance(row, dict) and isinstance(row.get("id"), str) and
+                       "relevance" not in bfcl_category(row["id"])]
+            if needing:
+                raise DatasetError("%s: its possible answers are missing: %s does not exist (bfcl-eval ships them in "
+                                   "possible_answer/ beside the question files: copy that folder too, or give the file "
+                                   "with --answers FILE)" % (path, expected_at))
         self.items: List[ToolRow] = []
         for where, row in raw:
             self.items.append(self._row(where, row, truth))
@@ -15432,18 +15588,24 @@ def bfcl_summary(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             "reasons": dict(reasons.most_common())}
 
 
+_BFCL_AGGREGATES = (("non_live_ast", "non-live AST", 4), ("live_ast", "live AST", 4), ("irrelevance", "irrelevance", 2),
+                    ("relevance", "relevance", 1))  # (key, label, its categories)
+
+
+def _bfcl_aggregates(summary: Dict[str, Any]) -> List[Tuple[str, Optional[float], List[str]]]:
+    """(label, accuracy, categories missing) of each BFCL aggregate the run has a category of: the accuracy is None
+    when a category of it is missing (not run)."""
+    t = summary.get("tools") or {}
+    return [(label, t[key]["accuracy"], t[key]["missing"]) for key, label, parts in _BFCL_AGGREGATES
+            if t.get(key) and (t[key]["accuracy"] is not None or len(t[key]["missing"]) < parts)]
+
+
 def _tools_lines(summary: Dict[str, Any]) -> List[str]:
     t = summary.get("tools") or {}
     if not t:
         return []
-    parts = []
-    for key, label in (("non_live_ast", "non-live AST"), ("live_ast", "live AST"), ("irrelevance", "irrelevance"),
-                       ("relevance", "relevance")):
-        agg = t[key]
-        if agg["accuracy"] is not None:
-            parts.append("%s %.4f" % (label, agg["accuracy"]))
-        elif len(agg["missing"]) < {"non_live_ast": 4, "live_ast": 4, "irrelevance": 2, "relevance": 1}[key]:
-            parts.append("%s - (no %s)" % (label, ", ".join(agg["missing"])))
+    parts = ["%s %.4f" % (label, acc) if acc is not None else "%s - (no %s)" % (label, ", ".join(missing))
+             for label, acc, missing in _bfcl_aggregates(summary)]
     lines = ["BFCL (%s tool calls; %s): %s" % (t.get("mode"), TOOLS_CHECKER, "; ".join(parts) or "no aggregate")]
     if t.get("reasons"):
         lines.append("misses by reason: " + ", ".join("%s %d" % kv for kv in t["reasons"].items()))
@@ -15488,6 +15650,11 @@ class _ToolsKind(_Kind):
 
     def options_record(self, values: Dict[str, Any]) -> ToolOptions:
         return ToolOptions(mode=values["tool_mode"] or "native", answers=values["answers"])
+
+    @staticmethod
+    def sniff(row: Dict[str, Any]) -> Optional[str]:
+        return "BFCL questions (tool calls: id, question, function)" if isinstance(row.get("question"), list) and \
+            isinstance(row.get("function"), list) and isinstance(row.get("id"), str) else None
 
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
@@ -15577,8 +15744,15 @@ class _ToolsKind(_Kind):
     def report_lines(self, data: Dict[str, Any]) -> List[str]:
         return _tools_lines(data["summary"])
 
+    def html_headline(self, data: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+        s = data["summary"]  # the run's accuracy over the questions asked (an incomplete run: the default's flag)
+        return ("accuracy over %d questions" % s["counts"]["ok"], _ci_text(s["score"])) if _is_complete(s) else None
+
     def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
-        return [("BFCL aggregates", _esc(line.partition(": ")[2] or line)) for line in _tools_lines(data["summary"])[:1]]
+        # each BFCL aggregate beside it: its figure, or, with a category of it not in the run, that it is partial
+        return [("BFCL " + label, "%.4f" % acc if acc is not None else
+                 "<span class=muted style='font-size:14px'>not computed: no %s in this run</span>"
+                 % _esc(", ".join(missing))) for label, acc, missing in _bfcl_aggregates(data["summary"])]
 
 # =============================================================================
 # Mock model server
@@ -15869,14 +16043,18 @@ def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[s
 
 
 def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
-    """The mock's actions on a container task before it submits: ``oracle`` runs the task's solution/solve.sh
-    (read from the folder by the mock; the harness never sends it); ``noop`` nothing; ``plant`` writes reward 1
+    """The mock's actions on a container task before it submits: ``oracle`` copies the task's solution/ to
+    /solution and runs ``bash /solution/solve.sh``, as Harbor's oracle agent does (read from the folder by the mock;
+    the harness never sends it), so a solve.sh that calls files beside it works; ``noop`` nothing; ``plant`` writes reward 1
     where the verifier puts it; ``tamper`` replaces /tests/test.sh with one that writes reward 1; ``linger`` leaves
     a background process that writes reward 1 two seconds later (when the verifier runs)."""
     if policy in ("oracle", "sleepy"):
-        with open(os.path.join(task.path, "solution", "solve.sh"), "rb") as fh:
-            script = base64.b64encode(fh.read()).decode("ascii")
-        return [act("Run the solution.", "echo %s | base64 -d > /tmp/solve.sh && bash /tmp/solve.sh" % script)]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(os.path.join(task.path, "solution"), arcname=".")
+        folder = base64.b64encode(buf.getvalue()).decode("ascii")
+        return [act("Run the solution.", "mkdir -p %s && echo %s | base64 -d | tar -xzf - -C %s && bash %s/solve.sh"
+                    % (SOLUTION_DIR, folder, SOLUTION_DIR, SOLUTION_DIR))]
     reward = "mkdir -p %s && echo 1 > %s/reward.txt" % (VERIFIER_DIR, VERIFIER_DIR)
     return {"noop": [], "chatty": [],
             "plant": [act("Write the reward myself.", reward)],
@@ -17122,7 +17300,8 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
 def _cell_text(e: Optional[Dict[str, Any]]) -> str:
     if e is None:
         return "-"
-    text = "-" if e["mean"] is None else "%.3f [%.3f, %.3f] n=%d" % (e["mean"], e["ci95"][0], e["ci95"][1], e["n"])
+    text = "-" if e["mean"] is None else "%.3f n=%d" % (e["mean"], e["n"]) if e["ci95"] is None else \
+        "%.3f [%.3f, %.3f] n=%d" % (e["mean"], e["ci95"][0], e["ci95"][1], e["n"])
     if not e["complete"]:
         text += " INCOMPLETE %d/%d" % (e["finished"] - e["failed"], e["total"])
     if e.get("delta") and e["delta"]["diff"] is not None:
@@ -17206,8 +17385,8 @@ def leaderboard_html(board: Dict[str, Any], page_dir: str) -> str:
                      if d.get("diff") is not None else " <span class=muted>(baseline)</span>"
                      if e.get("baseline") == e["run_dir"] else "")
             value = "-" if e["mean"] is None else "%.3f" % e["mean"]
-            ci = "" if e["mean"] is None else " <span class=muted>[%.3f, %.3f] n=%d</span>" % (
-                e["ci95"][0], e["ci95"][1], e["n"])
+            ci = "" if e["mean"] is None else " <span class=muted>n=%d</span>" % e["n"] if e["ci95"] is None else \
+                " <span class=muted>[%.3f, %.3f] n=%d</span>" % (e["ci95"][0], e["ci95"][1], e["n"])
             tds.append("<td class=n data-v='%s'><a href=\"%s\">%s</a>%s%s%s</td>" % (
                 "" if e["mean"] is None else e["mean"], html.escape(urllib.parse.quote(link), quote=True), value, ci,
                 flag, delta))
