@@ -6137,8 +6137,10 @@ class ImageService:
                  keep_images: Optional[bool] = None, on_event: Optional[Callable[..., None]] = None,
                  listing_ttl_s: float = DEFAULT_LISTING_TTL_S, mirror_timeout_s: float = DEFAULT_MIRROR_TIMEOUT_S,
                  pull_timeout_s: float = DEFAULT_PULL_TIMEOUT_S, load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
-                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None, keep_reason: str = ""):
+                 state_path: Optional[str] = None, tmp_dir: Optional[str] = None, keep_reason: str = "",
+                 run_dir: Optional[str] = None):
         self.docker = docker or DockerCLI()
+        self.run_dir = os.path.abspath(run_dir) if run_dir else None  # the run it serves (the state file says so)
         self.tar_dirs = list(tar_dirs)
         self.store = ImageStore(store) if isinstance(store, str) else store
         self.mirrors = [m.strip().rstrip("/") for m in mirrors if m.strip()]
@@ -6196,15 +6198,19 @@ class ImageService:
         if not new:
             return
         listing = self._local_images()
+        present = []
         for ref in new:
             entry = self._entries[ref]
             if listing is None:
                 self._finish(entry, "ready", source="optimistic")
             elif ref in listing:
                 self._finish(entry, "ready", source="local")
+                present.append(ref)
             else:
                 entry.state = "pending"
                 self._queue.put(ref)
+        if present:  # loaded by another process, maybe: `images release` leaves them while this one lives
+            _update_image_state(self.state_path, use=present, user=self._user())
         self._start_workers()
 
     def wait_ready(self, image: str, timeout_s: float = DEFAULT_IMAGE_WAIT_S,
@@ -6449,10 +6455,14 @@ class ImageService:
 
     # -- release --------------------------------------------------------------------------------------------
 
+    def _user(self) -> Dict[str, Any]:
+        """Who uses an image: this process (its owner label: host, pid and start time) and its run directory."""
+        return {"owner": _owner_label(), "pid": os.getpid(), "run_dir": self.run_dir}
+
     def _record_loaded(self, ref: str, pending: bool = False) -> None:
-        _update_image_state(self.state_path, add={ref: {"pid": os.getpid(), "owner": _owner_label(),
-                                                        "host": self.docker.host or os.environ.get("DOCKER_HOST", ""),
-                                                        "time": _utc_iso(), "pending": pending}})
+        _update_image_state(self.state_path, add={ref: dict(
+            self._user(), host=self.docker.host or os.environ.get("DOCKER_HOST", ""), time=_utc_iso(),
+            pending=pending)})
 
     def _release(self, refs: Sequence[str]) -> List[str]:
         removed = []
@@ -6495,6 +6505,9 @@ class ImageService:
             if not entry.done.is_set():
                 self._finish(entry, "failed", error="image %s: the image service closed first" % entry.ref)
         self.release()
+        used = [ref for ref, e in self._entries.items() if e.source == "local"]
+        if used:  # this process no longer uses them
+            _update_image_state(self.state_path, unuse=used, user=self._user())
         if _live_services is not None:
             _live_services.discard(self)
 
@@ -6513,17 +6526,26 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _update_image_state(path: str, *, add: Optional[Dict[str, Any]] = None,
-                        remove: Sequence[str] = ()) -> Dict[str, Any]:
-    """Read-modify-write the state file of images evalharness loaded (for `images release` after a crash)."""
+def _update_image_state(path: str, *, add: Optional[Dict[str, Any]] = None, remove: Sequence[str] = (),
+                        use: Sequence[str] = (), unuse: Sequence[str] = (),
+                        user: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Read-modify-write, under its lock, the state file of images evalharness loaded (for `images release`):
+    ``add`` entries (who loaded each), ``remove`` them; ``use``/``unuse``: ``user`` (a process and its run) starts or
+    stops using images the file holds (loaded by another process), so a release leaves them while it lives."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with _FileLock(path + ".lock"):
             state = _read_image_state(path)
+            changed = bool(add or remove)
             state.update(add or {})
             for ref in remove:
                 state.pop(ref, None)
-            if add or remove:
+            for ref in list(use) + list(unuse):
+                if ref in state and user is not None:
+                    users = [u for u in state[ref].get("users") or () if u.get("owner") != user["owner"]]
+                    state[ref] = dict(state[ref], users=users + ([user] if ref in use else []))
+                    changed = True
+            if changed:
                 _write_json(path, {"version": 1, "images": state})
             return state
     except OSError as exc:
@@ -11288,7 +11310,8 @@ class _CodeKind(_Kind):
             if reaped:
                 store.event("containers_reaped", names=reaped)
             self.pool = _ExecPool(2)
-            self.images = o.images.service(self.docker, on_event=lambda kind, **f: store.event(kind, **f))
+            self.images = o.images.service(self.docker, on_event=lambda kind, **f: store.event(kind, **f),
+                                           run_dir=store.dir)
         self.sandbox = _CodeSandbox(self.limits, workers=o.workers, docker=self.docker, pool=self.pool,
                                     run_id=run_id, images=self.images)
 
@@ -13860,8 +13883,8 @@ class _SWEKind(_Kind):
                 _log.info("removed %d container(s) left by a run that is gone: %s", len(reaped),
                           ", ".join(reaped[:5]))
                 store.event("containers_reaped", names=reaped, **({"host": name} if several else {}))
-            images = opts.images.service(docker, on_event=lambda kind, _h=name, **f: store.event(kind, **(
-                dict(f, host=_h) if several else f)))
+            images = opts.images.service(docker, run_dir=store.dir, on_event=lambda kind, _h=name, **f: store.event(
+                kind, **(dict(f, host=_h) if several else f)))
             self.hosts.append(_EngineHost(name, docker, images, _ExecPool(opts.exec_workers), opts.max_containers,
                                           why))
         self.placement = _Placement(self.hosts, on_event=lambda kind, **f: store.event(kind, **f))
@@ -17221,9 +17244,12 @@ def _board_entry(run: Dict[str, Any]) -> Dict[str, Any]:
     task, name, sha = _board_column(info, run["task"])
     status = _live_status(run["dir"], info.get("status", "unknown"))
     model = (info.get("endpoint") or {}).get("model")
+    kind = _kind_of(task)
     return {"run_dir": run["dir"], "model": model, "label": info.get("label") or model or "?",
             "task": task, "dataset": name, "sha256": sha, "gen": (info.get("identity") or {}).get("gen"),
-            "metric": _kind_of(task).headline, "mean": score.get("mean"), "ci95": score.get("ci95"),
+            "settings": _flat_settings((info.get("identity") or {}).get("settings") or {}),
+            "metric": kind.headline, "lower_is_better": kind.lower_is_better,
+            "mean": score.get("mean"), "ci95": score.get("ci95"),
             "n": score.get("n"), "total": counts["total"], "finished": counts["finished"],
             "failed": counts["failed"], "pending": counts["pending"],
             "complete": bool(summary["complete"]) and status == "finished", "status": status,
@@ -17257,9 +17283,13 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
         shown = sorted({(e["label"], e["column"], e["gen"]): e for e in shown}.values(), key=order)
     per_cell: Dict[Tuple[str, str], int] = collections.Counter((e["label"], e["column"]) for e in shown)
     split = {e["label"] for e in shown if per_cell[(e["label"], e["column"])] > 1}
-    for e in shown:  # a label with several runs in one column: a row per run (its settings, or with --all its dir)
+    differ = {label: _settings_that_differ([e for e in shown if e["label"] == label]) for label in split}
+    for e in shown:  # a label with several runs in one column: a row per run (the settings that differ, or with
+        # --all its dir)
         e["row"] = e["label"] if e["label"] not in split else "%s [%s]" % (
-            e["label"], os.path.basename(e["run_dir"]) if every else "settings %s" % str(e["gen"])[:8])
+            e["label"], os.path.basename(e["run_dir"]) if every else ", ".join(
+                "%s %s" % (k, _show_setting(e["settings"].get(k))) for k in differ[e["label"]])
+            or "settings %s" % str(e["gen"])[:8])
     columns = sorted({e["column"] for e in shown})
     base_of: Dict[str, Dict[str, Any]] = {}
     for want in baselines:
@@ -17297,6 +17327,17 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
             "baselines": {c: b["run_dir"] for c, b in sorted(base_of.items())}}
 
 
+def _settings_that_differ(entries: Sequence[Dict[str, Any]]) -> List[str]:
+    """The settings (run.json's identity, flattened) whose values differ among ``entries`` (one row's runs)."""
+    keys = sorted({k for e in entries for k in e["settings"]} - {"task", "model"})
+    return [k for k in keys if len({json.dumps(e["settings"].get(k), sort_keys=True) for e in entries}) > 1]
+
+
+def _metric_head(e: Dict[str, Any]) -> str:
+    """A column's metric as its header names it: lower-is-better ones say so."""
+    return e["metric"] + (", lower is better" if e.get("lower_is_better") else "")
+
+
 def _cell_text(e: Optional[Dict[str, Any]]) -> str:
     if e is None:
         return "-"
@@ -17325,16 +17366,23 @@ def _board_notes(board: Dict[str, Any]) -> List[str]:
     return notes
 
 
-def format_leaderboard(board: Dict[str, Any]) -> str:
-    """The leaderboard as a text table: a row per model, a column per dataset (its headline metric named)."""
+def format_leaderboard(board: Dict[str, Any], width: int = 0) -> str:
+    """The leaderboard as a text table: a row per model, a column per dataset (its headline metric named, and
+    whether lower is better); a table wider than ``width`` (the terminal) is given a column at a time instead."""
     cols = board["columns"]
     cell = {(e["row"], e["column"]): e for e in board["cells"]}
-    metric = {e["column"]: e["metric"] for e in board["cells"]}
+    metric = {e["column"]: _metric_head(e) for e in board["cells"]}
     head = ["model"] + ["%s (%s)" % (c, metric[c]) for c in cols]
     body = [[r] + [_cell_text(cell.get((r, c))) for c in cols] for r in board["rows"]]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     lines = ["  ".join(x[i].ljust(widths[i]) for i in range(len(head))).rstrip() for x in [head] + body]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if width and max(len(line) for line in lines) > width:  # transposed: a block per column, a line per row
+        rw = max(len(r) for r in board["rows"])
+        lines = []
+        for c in cols:
+            lines.append("%s (%s)" % (c, metric[c]))
+            lines.extend("  %s  %s" % (r.ljust(rw), _cell_text(cell.get((r, c)))) for r in board["rows"])
     if board["baselines"]:
         lines.append("Δ: B − the column's baseline over the samples both scored, paired 95%% CI: bootstrap up to "
                      "%d pairs, normal approximation past that (%s)"
@@ -17362,7 +17410,7 @@ def leaderboard_html(board: Dict[str, Any], page_dir: str) -> str:
     linked to its run's report.html (relative to the page)."""
     cols = board["columns"]
     cell = {(e["row"], e["column"]): e for e in board["cells"]}
-    metric = {e["column"]: e["metric"] for e in board["cells"]}
+    metric = {e["column"]: _metric_head(e) for e in board["cells"]}
     h = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>evalharness leaderboard</title>"
          "<style>%s</style></head><body><h1>evalharness leaderboard</h1><p class=muted>%d run(s), %d model(s), %d "
          "dataset(s); each cell: the headline with its 95%% interval and n%s. Click a column to sort.</p>"
@@ -18290,32 +18338,73 @@ def _images_plan(args: argparse.Namespace, images: List[str]) -> int:
 
 
 def _images_release(args: argparse.Namespace) -> int:
+    """Remove the images evalharness processes loaded and left, under the state file's lock: never one a running
+    container uses, and (unless --all) only when the process that loaded it has exited and no live evalharness
+    process uses it (one that found it present and ran on it)."""
     docker = DockerCLI(args.engine, host=_one_docker_host(args))
     path = os.environ.get("EVALHARNESS_IMAGE_STATE") or DEFAULT_IMAGE_STATE
-    state = _read_image_state(path)
     removed, kept, failed = [], [], 0
-    for ref, info in sorted(state.items()):
-        owner = str(info.get("owner") or "")
-        alive = _owner_alive(owner) if owner else _pid_alive(int(info.get("pid") or 0))
-        if not args.all and alive is not False and owner != _owner_label():
-            kept.append(ref)  # its process still runs (or ran on another host): it releases its own images
-            continue
-        try:
-            docker.rmi([ref])
-            removed.append(ref)
-        except DockerError as exc:
-            if re.search(r"no such image|not found|image not known", exc.stderr, re.I):
-                removed.append(ref)  # already gone: forget it
-            else:
-                failed += 1
-                _log.error("%s", exc)
-    _update_image_state(path, remove=removed)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with _FileLock(path + ".lock"):  # (the processes that load and use images update the file under it too)
+        state = _read_image_state(path)
+        running = _running_image_ids(docker) if state else set()
+        for ref, info in sorted(state.items()):
+            why = _release_hold(docker, ref, info, running, every=args.all)
+            if why:
+                kept.append((ref, why))
+                continue
+            try:
+                docker.rmi([ref])
+                removed.append(ref)
+            except DockerError as exc:
+                if re.search(r"no such image|not found|image not known", exc.stderr, re.I):
+                    removed.append(ref)  # already gone: forget it
+                else:
+                    failed += 1
+                    _log.error("%s", exc)
+        if removed:
+            for ref in removed:
+                state.pop(ref, None)
+            _write_json(path, {"version": 1, "images": state})
     for ref in removed:
         sys.stdout.write("removed %s\n" % ref)
+    for ref, why in kept:
+        sys.stdout.write("kept %s: %s\n" % (ref, why))
     sys.stdout.write("%d removed, %d kept%s, %d failed\n" % (
-        len(removed), len(kept), " (their loading process is still running; --all removes them too)" if kept else "",
-        failed))
+        len(removed), len(kept), " (--all also removes those whose processes still run; never one a running "
+        "container uses)" if kept else "", failed))
     return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _running_image_ids(docker: DockerCLI) -> set:
+    """The image IDs of the engine's running containers."""
+    ids = docker.text(["ps", "-q"], timeout_s=60).split()
+    if not ids:
+        return set()
+    return {_full_id(x.strip()) for x in docker.text(["inspect", "--format", "{{.Image}}"] + ids,
+                                                     timeout_s=60).split() if x.strip()}
+
+
+def _release_hold(docker: DockerCLI, ref: str, info: Dict[str, Any], running: set, *, every: bool) -> str:
+    """Why ``images release`` keeps an image of the state file ("" when it may go)."""
+    try:
+        image = docker.image_id(ref)
+    except DockerError:
+        image = None
+    if image is not None and image in running:
+        return "a running container uses it"
+    if every:
+        return ""
+    me = _owner_label()
+    for who, entry in [("loaded by", info)] + [("used by", u) for u in info.get("users") or ()]:
+        owner = str(entry.get("owner") or "")
+        if owner == me:
+            continue
+        alive = _owner_alive(owner) if owner else _pid_alive(int(entry.get("pid") or 0))
+        if alive is not False:  # running (or on another host: it releases its own images)
+            return "%s process %s%s, still running" % (who, entry.get("pid") or owner, " (run %s)" % entry["run_dir"]
+                                                       if entry.get("run_dir") else "")
+    return ""
 
 
 def _is_run_dir(path: str) -> bool:
@@ -18351,7 +18440,7 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     elif args.csv_out:
         sys.stdout.write(_redact(leaderboard_csv(board)))
     elif args.html is None:
-        sys.stdout.write(_redact(format_leaderboard(board)) + "\n")
+        sys.stdout.write(_redact(format_leaderboard(board, width=_stdout_columns())) + "\n")
     notes = _board_notes(board)  # (incomplete cells, shards not merged, runs that could not be read)
     if notes:
         _log.warning("%s", "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))

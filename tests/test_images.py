@@ -403,6 +403,56 @@ class TestServiceOnTheMainDaemon(_Fixture):
                 self.assertFalse(bed.image_exists(loaded))
                 self.assertTrue(bed.image_exists(present))
 
+    def test_release_leaves_what_a_live_process_uses_or_a_running_container_runs(self):
+        """Issue 49 (13): one process loads an image and exits (keeping it); a second, still running, found it
+        present and uses it: `images release` keeps it, naming that process and its run; once the second has
+        exited it goes. An image a running container uses is kept even with --all."""
+        used, boxed = self.refs[8], self.refs[7]
+        state = os.path.join(tempdir(self), "state.json")
+        env = clean_env(EVALHARNESS_KEEP_SWE_IMAGES="1", EVALHARNESS_IMAGE_STATE=state)
+        for ref in (used, boxed):
+            bed.rmi(ref)
+            out = _run_py("""
+                svc = eh.ImageService(tar_dirs=[%r], index_path=%r)
+                print(svc.wait_ready(%r, 120).source)
+                svc.close()
+            """ % (self.batch, self.index_path + ".r", ref), env)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.split(), ["tar:" + self.batch])  # loaded, kept: its loader has exited
+        run_dir = os.path.join(tempdir(self), "later-run")
+        second = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\nimport evalharness "
+                                   "as eh\nsvc = eh.ImageService(run_dir=%r)\nsvc.register([%r])\nprint("
+                                   "svc.wait_ready(%r, 60).source, flush=True)\nsys.stdin.readline()\nsvc.close()"
+                                   % (ROOT, run_dir, used, used)], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, universal_newlines=True)
+        self.addCleanup(lambda: second.poll() is None and second.kill())
+        self.assertEqual(second.stdout.readline().split(), ["local"])  # it found the image present and uses it
+        box = bed.docker("run", "-d", "--network", "none", boxed, "sleep", "300").stdout.strip()
+        self.addCleanup(bed.docker, "rm", "-f", box)
+
+        def release(*extra):
+            res = subprocess.run([sys.executable, MODULE, "images", "release"] + list(extra), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            return res.stdout
+
+        out = release()
+        self.assertIn("kept %s: used by process %d (run %s), still running" % (used, second.pid, run_dir), out)
+        self.assertIn("kept %s: a running container uses it" % boxed, out)
+        self.assertTrue(bed.image_exists(used) and bed.image_exists(boxed))
+        self.assertIn("kept %s: a running container uses it" % boxed, release("--all"))  # never that one
+        second.stdin.write("\n")
+        second.stdin.flush()
+        self.assertEqual(second.wait(60), 0)
+        out = release()
+        self.assertIn("removed " + used, out)
+        self.assertFalse(bed.image_exists(used))
+        bed.docker("rm", "-f", box)
+        self.assertIn("removed " + boxed, release())
+        self.assertFalse(bed.image_exists(boxed))
+        with open(state) as fh:
+            self.assertEqual(json.load(fh)["images"], {})
+
     def test_cli_index_push_pull_and_load_with_progress_lines(self):
         d = tempdir(self)
         url, _root = bed.start_put_store(self)
