@@ -8005,8 +8005,11 @@ class _Runner:
 
     def left(self) -> Optional[int]:
         """The samples in flight once every item has started (None while items still wait to start)."""
-        if not self.fed or not self._inbox.empty():
+        if not self.fed:
             return None
+        with self._inbox.mutex:  # (the stop sentinel, None, stays in the queue: each worker puts it back)
+            if any(x is not None for x in self._inbox.queue):
+                return None
         with self._lock:
             return self.in_flight
 
@@ -17283,13 +17286,23 @@ def leaderboard(paths: Sequence[str], *, baselines: Sequence[str] = (), every: b
         shown = sorted({(e["label"], e["column"], e["gen"]): e for e in shown}.values(), key=order)
     per_cell: Dict[Tuple[str, str], int] = collections.Counter((e["label"], e["column"]) for e in shown)
     split = {e["label"] for e in shown if per_cell[(e["label"], e["column"])] > 1}
-    differ = {label: _settings_that_differ([e for e in shown if e["label"] == label]) for label in split}
-    for e in shown:  # a label with several runs in one column: a row per run (the settings that differ, or with
-        # --all its dir)
-        e["row"] = e["label"] if e["label"] not in split else "%s [%s]" % (
-            e["label"], os.path.basename(e["run_dir"]) if every else ", ".join(
-                "%s %s" % (k, _show_setting(e["settings"].get(k))) for k in differ[e["label"]])
-            or "settings %s" % str(e["gen"])[:8])
+    differ: Dict[str, set] = collections.defaultdict(set)  # label -> the settings its runs in one column differ by
+    for (label, column), n in per_cell.items():
+        if n > 1:
+            differ[label].update(_settings_that_differ([e for e in shown if (e["label"], e["column"]) ==
+                                                        (label, column)]))
+    for e in shown:  # a label with several runs in one column: a row per run, named by the settings that differ
+        # (with --all by its directory); a run of that label with none of those settings keeps the plain label
+        keys = sorted(k for k in differ[e["label"]] if k in e["settings"])
+        if e["label"] not in split:
+            e["row"] = e["label"]
+        elif every:
+            e["row"] = "%s [%s]" % (e["label"], os.path.basename(e["run_dir"]))
+        elif keys:
+            e["row"] = "%s [%s]" % (e["label"], ", ".join("%s %s" % (k, _show_setting(e["settings"][k]))
+                                                          for k in keys))
+        else:
+            e["row"] = e["label"] if differ[e["label"]] else "%s [settings %s]" % (e["label"], str(e["gen"])[:8])
     columns = sorted({e["column"] for e in shown})
     base_of: Dict[str, Dict[str, Any]] = {}
     for want in baselines:

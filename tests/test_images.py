@@ -440,13 +440,13 @@ class TestServiceOnTheMainDaemon(_Fixture):
         self.assertIn("kept %s: used by process %d (run %s), still running" % (used, second.pid, run_dir), out)
         self.assertIn("kept %s: a running container uses it" % boxed, out)
         self.assertTrue(bed.image_exists(used) and bed.image_exists(boxed))
-        self.assertIn("kept %s: a running container uses it" % boxed, release("--all"))  # never that one
         second.stdin.write("\n")
         second.stdin.flush()
         self.assertEqual(second.wait(60), 0)
         out = release()
         self.assertIn("removed " + used, out)
         self.assertFalse(bed.image_exists(used))
+        self.assertIn("kept %s: a running container uses it" % boxed, release("--all"))  # never that one
         bed.docker("rm", "-f", box)
         self.assertIn("removed " + boxed, release())
         self.assertFalse(bed.image_exists(boxed))
