@@ -160,6 +160,16 @@ MUTANTS = (
            "        if refused or err.turned_away:\n            # nothing listened",
            "        if False:\n            # nothing listened",
            "tests.test_client.TestOutageRace"),
+    mutant("ppl-words-whitespace",
+           "perplexity's word count is lm-eval's re.split(r'\\s+', text): a trailing newline counts one more piece",
+           'return len(re.split(r"\\s+", text))',
+           "return len(text.split())",
+           "tests.test_first_runs.TestNumbers.test_the_word_count_is_lm_evals_a_trailing_newline_one_more"),
+    mutant("rate-older-reply-wins",
+           "a rate-limit reply to an older request never overwrites the state a newer request's reply stated",
+           'if group in self._stated and at < self._stated[group]["t"]:',
+           'if False and group in self._stated and at < self._stated[group]["t"]:',
+           "tests.test_first_runs.TestNumbers.test_a_reply_to_an_older_request_never_overwrites_a_newer_stated_state"),
 )
 
 # ----------------------------------------------------------------------------- one mutant

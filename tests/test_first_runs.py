@@ -314,7 +314,7 @@ class TestMessages(unittest.TestCase):
         self.assertIn("run --task: qa, code, choice, perplexity, swe, harbor, tools", " ".join(top.split()))
         run = " ".join(run_cli(["run", "--help"]).stdout.split())
         self.assertIn("4 --cost-limit reached", run)
-        tool_mode = run.split("--tool-mode [{native,prompt}] ", 1)[1].split(" --", 1)[0]
+        tool_mode = run.split("--tool-mode [{native,prompt}] ", 1)[1].split("(--task tools):", 1)[0]
         self.assertEqual(tool_mode.count("default"), 1, tool_mode)
 
 
