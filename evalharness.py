@@ -4,8 +4,8 @@
 Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
 hosted APIs) on question-answer sets, on code benchmarks run in a sandbox, on base checkpoints by log-likelihood
 (multiple choice, perplexity), on tool calls (BFCL), and on SWE-bench-style and Harbor agentic tasks in Docker
-containers (images delivered from tarballs, an image store or registry mirrors); results are appended crash-safe to a run directory that a re-run
-resumes, and every run writes a self-contained HTML report.
+containers (images delivered from tarballs, an image store or registry mirrors); results are appended crash-safe to
+a run directory that a re-run resumes, and every run writes a self-contained HTML report.
 
 Two commands a newcomer types:
     python3 evalharness.py demo        # the embedded demo set against an in-process mock model
@@ -6608,7 +6608,8 @@ _IMAGE_OPTIONS = _OptionSet(
     _Opt("--tar-index", default=None, metavar="PATH",
          help="the tar index cache (default $EVALHARNESS_TAR_INDEX or %s)" % DEFAULT_TAR_INDEX),
     _Opt("--image-store", default=None, metavar="URL|DIR",
-         help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory) (default: none)"),
+         help="image store: per-image .tar.gz + index.json with sha256 (HTTP with PUT, or a directory) (default: "
+              "none)"),
     _Opt("--image-mirrors", default=None, metavar="HOST:PORT,...",
          help="registry mirrors tried in order (docker pull MIRROR/NAME, then tagged to NAME) (default: none)"),
     _Opt("--mirror-timeout", type=float, default=DEFAULT_MIRROR_TIMEOUT_S, metavar="SECONDS",

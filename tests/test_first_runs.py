@@ -10,7 +10,7 @@ import threading
 import unittest
 
 from tests import dockerbed as bed
-from tests.support import (ROOT, clean_env, eh, read_samples, run_cli, start_mock, tempdir, write_jsonl)
+from tests.support import (clean_env, eh, read_samples, run_cli, start_mock, tempdir, write_jsonl)
 from tests.test_tasks import BASE, write_task
 from tests.test_tools import write_bfcl
 
@@ -96,6 +96,18 @@ class TestRequestsFailingAlone(unittest.TestCase):
 
 # ----------------------------------------------------------------------------- numbers
 
+def simple_python(test, d):
+    """BFCL's simple_python rows of the tool tests as D/BFCL_v4_simple_python.json, and a mock answering them right
+    (skill 1)."""
+    from tests.test_tools import bfcl_rows
+    qs, ans = bfcl_rows()
+    path = write_bfcl(d, "BFCL_v4_simple_python.json", [q for q in qs if q["id"].startswith("simple_python")],
+                      [a for a in ans if a["id"].startswith("simple_python")])
+    mock = eh.MockServer(eh.MockConfig(model="m", skill=1.0), tools=eh.ToolDataset(path)).start()
+    test.addCleanup(mock.close)
+    return path, mock
+
+
 class TestNumbers(unittest.TestCase):
     def test_an_epochs_run_shows_mean_at_k_and_pass_at_k_in_its_html_report(self):
         """Item 5 (and 9: rows and samples both said)."""
@@ -158,12 +170,7 @@ class TestNumbers(unittest.TestCase):
         """Item 6: a run of simple_python only: the first card is its accuracy; non-live AST is shown as not
         computed (its other categories were not run), never as the headline."""
         d = tempdir(self)
-        from tests.test_tools import bfcl_rows
-        qs, ans = bfcl_rows()
-        path = write_bfcl(d, "BFCL_v4_simple_python.json", [q for q in qs if q["id"].startswith("simple_python")],
-                          [a for a in ans if a["id"].startswith("simple_python")])
-        mock = eh.MockServer(eh.MockConfig(model="m", skill=1.0), tools=eh.ToolDataset(path)).start()
-        self.addCleanup(mock.close)
+        path, mock = simple_python(self, d)
         out = os.path.join(d, "run")
         res = run_cli(["run", "--task", "tools", "--dataset", path, "--model", "m", "--base-url", mock.url,
                        "--out", out, "--no-progress"])
@@ -252,13 +259,8 @@ class TestTextReports(unittest.TestCase):
     def test_the_leaderboard_names_the_settings_that_differ_marks_lower_is_better_and_fits_the_width(self):
         """Item 10: two runs of one model differing by --tool-mode, and a perplexity run, in one folder."""
         d = tempdir(self)
-        from tests.test_tools import bfcl_rows
         from tests.test_loglik import start_mock as loglik_mock
-        qs, ans = bfcl_rows()
-        path = write_bfcl(d, "BFCL_v4_simple_python.json", [q for q in qs if q["id"].startswith("simple_python")],
-                          [a for a in ans if a["id"].startswith("simple_python")])
-        mock = eh.MockServer(eh.MockConfig(model="m", skill=1.0), tools=eh.ToolDataset(path)).start()
-        self.addCleanup(mock.close)
+        path, mock = simple_python(self, d)
         runs = os.path.join(d, "runs")
         for mode in ("native", "prompt"):
             res = run_cli(["run", "--task", "tools", "--dataset", path, "--model", "m", "--base-url", mock.url,
