@@ -8132,9 +8132,14 @@ class _ShardFile:
 
     _path: str
     _stop: threading.Event
+    _beating: Optional[threading.Thread] = None
 
     def beat(self) -> None:
         raise NotImplementedError
+
+    def _start_beating(self, name: str) -> None:
+        self._beating = threading.Thread(target=self._run, name=name, daemon=True)
+        self._beating.start()
 
     def _run(self) -> None:
         while not self._stop.wait(SHARED_GATE_HEARTBEAT_S):
@@ -8145,6 +8150,8 @@ class _ShardFile:
 
     def close(self) -> None:
         self._stop.set()
+        if self._beating is not None and self._beating is not threading.current_thread():
+            self._beating.join(timeout=10)  # (a beat in progress would write the file again after the unlink)
         try:
             os.unlink(self._path)
         except OSError:
@@ -8178,7 +8185,7 @@ class _RateShare(_ShardFile):
             peers = self.beat()
             if all(self.index in p.get("sees", ()) for p in peers) or time.monotonic() > deadline:
                 break  # (one that has not seen it in STALE_S is not live any more)
-        threading.Thread(target=self._run, name="evalharness-rate-share-0", daemon=True).start()
+        self._start_beating("evalharness-rate-share-0")
 
     def _window(self, now: float) -> List[List[float]]:
         by_second: Dict[float, List[float]] = {}
@@ -8252,7 +8259,7 @@ class _SharedLimit(_ShardFile, Limit):
         self._path = os.path.join(gate_dir, "shard-%d.json" % index)
         self.beat()
         if heartbeat:  # (the tests beat by hand)
-            threading.Thread(target=self._run, name="evalharness-shared-gate-0", daemon=True).start()
+            self._start_beating("evalharness-shared-gate-0")
 
     @property
     def discovered(self) -> Optional[float]:  # type: ignore[override]
@@ -9759,8 +9766,9 @@ def _given_options(task: str, mapping: Dict[str, Any], where: str) -> Dict[_Opt,
 class _Run:
     """The state of one run, shared by the lifecycle and its kind's hooks."""
 
-    def __init__(self, cfg: "RunConfig", kind: _Kind, cancel: threading.Event):
+    def __init__(self, cfg: "RunConfig", kind: _Kind, cancel: threading.Event, shared: Any = None):
         self.cfg, self.kind, self.cancel = cfg, kind, cancel
+        self.shared = shared  # a suite's _Endpoint: what the runs on one endpoint share (None: a run of its own)
         self.dataset: Any = None
         self.model = cfg.model
         self.client_cfg: Optional[ClientConfig] = None
@@ -9786,6 +9794,8 @@ class _Run:
         self.meter: Optional[CostMeter] = None  # --prices: what the requests cost (and --cost-limit)
         self.pacer: Optional[RatePacer] = None  # rate limits: stated by the server, or --*-per-minute
         self.rate_share: Optional[_RateShare] = None  # the live shards sharing --*-per-minute
+        if shared is not None:
+            self.health = shared.health
 
     def fingerprint(self, item: Any) -> Dict[str, str]:
         """A record's fingerprint: the run's generation settings, the row's input and what it is scored against."""
@@ -9829,14 +9839,15 @@ def _kind_options(cfg: "RunConfig", kind: _Kind) -> "RunConfig":
 
 
 def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None, progress_stream: Any = None,
-                   cancel: Optional[threading.Event] = None) -> Tuple[int, str]:
+                   cancel: Optional[threading.Event] = None, shared: Any = None) -> Tuple[int, str]:
     """Run (or resume) an evaluation of the kind ``cfg.task`` names; return (exit code, run directory). Prints the
-    summary on ``stdout``. Everything that can be checked is checked before the run directory is touched."""
+    summary on ``stdout``. Everything that can be checked is checked before the run directory is touched.
+    ``shared``: a suite's _Endpoint, whose gate, metrics, pacer, health and cost meter the run uses."""
     if cfg.task not in _KINDS:
         raise ConfigError("--task %r: no such kind of evaluation; use one of: %s" % (cfg.task, ", ".join(_KINDS)))
     kind = _KINDS[cfg.task]()
     cfg = _kind_options(cfg, kind)
-    run = _Run(cfg, kind, cancel or threading.Event())
+    run = _Run(cfg, kind, cancel or threading.Event(), shared)
     _check_run_options(cfg)
     kind.check(cfg)
     if kind.uses_model(cfg):
@@ -9844,7 +9855,7 @@ def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None,
             raise ConfigError("--model is required, e.g. --model Qwen/Qwen3-8B")
         if not cfg.base_url:
             raise ConfigError("--base-url is required (or set OPENAI_BASE_URL), e.g. http://127.0.0.1:8000/v1")
-    run.meter = _cost_meter(cfg, kind)
+    run.meter = shared.meter if shared is not None else _cost_meter(cfg, kind)
     kind.load(run, dataset)
     if kind.uses_model(cfg):
         run.client_cfg = ClientConfig(base_url=cfg.base_url, model=cfg.model, api_key_env=cfg.api_key_env,
@@ -9884,6 +9895,26 @@ def _cost_meter(cfg: "RunConfig", kind: _Kind) -> Optional[CostMeter]:
     return CostMeter(prices, cfg.cost_limit)
 
 
+def _endpoint_parts(run: _Run, on_event: Callable[[Dict[str, Any]], None]) -> None:
+    """The run's model gate (its events to ``on_event``), the server's metrics, the rate pacer (and the shards'
+    share of --*-per-minute): set on ``run``."""
+    cfg, kind, store = run.cfg, run.kind, run.store
+    assert run.base_url is not None and store is not None
+    gate, run.initial_from = _make_gate(cfg, run.base_url, run.previous, store.dir, agents=kind.agents)
+    gate.on_event = on_event
+    run.gate = gate
+    # (the model gate of agents reads no server queue: in gate_sim's agent family the hold at what the server runs
+    # starved the turns; their session gate reads the server's KV pool size instead, once)
+    run.metrics = None if kind.agents else _start_server_metrics(cfg, gate, run.base_url)
+    share = _RateShare(os.path.join(_shard_parent(store.dir), SHARED_GATE_DIR), cfg.shard[0]) \
+        if cfg.shard is not None and (cfg.requests_per_minute or cfg.tokens_per_minute) else None
+    run.pacer = RatePacer(cfg.requests_per_minute, cfg.tokens_per_minute, share=share.live if share is not None
+                          else None, read_headers=cfg.rate_headers != "ignore")
+    if share is not None:
+        share.usage = run.pacer.usage
+    run.rate_share = share
+
+
 def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, str]:
     cfg, kind, store = run.cfg, run.kind, run.store
     assert store is not None
@@ -9903,22 +9934,14 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         assert run.base_url is not None
         if not cfg.use_proxy:
             exclude_from_proxy([run.base_url])
-        gate, run.initial_from = _make_gate(cfg, run.base_url, run.previous, store.dir, agents=kind.agents)
-        gate.on_event = lambda ev: store.event(ev.pop("type"), **ev)
-        run.gate = gate
-        # (the model gate of agents reads no server queue: in gate_sim's agent family the hold at what the server
-        # runs starved the turns; their session gate reads the server's KV pool size instead, once)
-        run.metrics = None if kind.agents else _start_server_metrics(cfg, gate, run.base_url)
+        if run.shared is not None:  # a suite: the endpoint's gate, metrics, pacer and health, shared by its runs
+            run.shared.join(run)
+        else:
+            _endpoint_parts(run, lambda ev: store.event(ev.pop("type"), **ev))
+        gate = run.gate
+        assert gate is not None
         _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
                   "adaptive, starting at %d (%s), at most %d" % (gate.limit, run.initial_from, gate.max_limit))
-        share = _RateShare(os.path.join(_shard_parent(store.dir), SHARED_GATE_DIR), cfg.shard[0]) \
-            if cfg.shard is not None and (cfg.requests_per_minute or cfg.tokens_per_minute) else None
-        run.pacer = RatePacer(cfg.requests_per_minute, cfg.tokens_per_minute,
-                              share=share.live if share is not None else None,
-                              read_headers=cfg.rate_headers != "ignore")
-        if share is not None:
-            share.usage = run.pacer.usage
-        run.rate_share = share
         run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health, meter=run.meter,
                                  pacer=run.pacer)
     gate_initial = run.gate.limit if run.gate is not None else None
@@ -9948,18 +9971,22 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
                                       progress_stream=progress_stream, progress=cfg.progress,
                                       done_before=len(run.done_ids), failed_before=run.failed_kept,
                                       fingerprint=run.fingerprint, meter=run.meter, **kind.runner_options(run))
-        run.health.on_trip = runner.abort
-        if run.client_cfg is not None:  # (only failing requests left: does the endpoint answer?)
-            run.health.left, run.health.answers = runner.left, _answers(run.client_cfg)
+        if run.shared is None:
+            run.health.on_trip = runner.abort
+            if run.client_cfg is not None:  # (only failing requests left: does the endpoint answer?)
+                run.health.left, run.health.answers = runner.left, _answers(run.client_cfg)
         status = runner.run(kind.pending(run))
     finally:
         kind.stop(run)
-        if getattr(run, "rate_share", None) is not None:
-            run.rate_share.close()
-        if run.metrics is not None:
-            run.metrics.close()
-        if run.gate is not None:
-            run.gate.close()
+        if run.shared is not None:
+            run.shared.leave(run)  # (the suite closes what its runs share)
+        else:
+            if run.rate_share is not None:
+                run.rate_share.close()
+            if run.metrics is not None:
+                run.metrics.close()
+            if run.gate is not None:
+                run.gate.close()
 
     kind.settle(run)
     acc = _Summary()
@@ -9981,7 +10008,8 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
                                           "server_metrics": run.metrics.server if run.metrics is not None else None},
                                          **kind.concurrency(run))})
         if (kind.remembers_limit and gate.adaptive and status != "aborted" and cfg.remember_limit
-                and not gate.shared):  # (a shard's limit is its share: not kept)
+                and not gate.shared and run.shared is None):  # (a shard's limit is its share: not kept; a suite
+            # keeps its endpoint's once, at its end)
             _save_limit(run.base_url or "", cfg.model, gate.discovered_limit)
     info["history"] = info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
                                           "status": status, "pid": os.getpid()}]
@@ -12165,7 +12193,7 @@ def _documents_html(docs: Dict[str, Any]) -> str:
 
 
 def _ppl_words(text: str) -> int:
-    """A document's words as lm-eval counts them for word perplexity: the pieces of re.split(r"\s+", text), so
+    r"""A document's words as lm-eval counts them for word perplexity: the pieces of re.split(r"\s+", text), so
     leading or trailing whitespace counts one empty piece each (a document ending in a newline: one more)."""
     return len(re.split(r"\s+", text))
 
