@@ -8226,6 +8226,8 @@ class _RateShare(_ShardFile):
     def close(self) -> None:
         """Stop, leaving the last minute in the file for the others (``done``: no longer a live shard)."""
         self._stop.set()
+        if self._beating is not None and self._beating is not threading.current_thread():
+            self._beating.join(timeout=10)  # (a beat in progress would write "live" over the "done")
         try:
             self.beat(done=True)
         except Exception as exc:  # noqa: BLE001 - a full or lost shared filesystem: the others see it go stale
