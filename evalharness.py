@@ -1006,6 +1006,20 @@ def _option_sets() -> List[_OptionSet]:
 def _users(option_set: _OptionSet) -> List[str]:
     return [name for name, cls in _KINDS.items() if option_set in cls.option_sets]
 
+
+def _stdout_columns() -> int:
+    """shutil.get_terminal_size((80, 24)).columns, without importing shutil: $COLUMNS, else stdout's terminal."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
 # =============================================================================
 # Scoring
 # =============================================================================
@@ -9931,7 +9945,12 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         ended = sum(float(ev.get("cost_spent") or 0.0) for ev in _read_jsonl_tolerant(store.path(RunStore.EVENTS))
                     if ev.get("type") == "run_end")
         stored = (cost_summary(r for r in store.iter_samples() if r.get("id") in run.ids) or {}).get("total") or 0.0
-        run.meter.spent_before = max(ended, stored)  # (a killed attempt wrote no end: its samples' cost at least)
+        before = max(ended, stored)  # (a killed attempt wrote no end: its samples' cost at least)
+        if run.shared is not None:  # a suite's meter: every benchmark's earlier spending
+            with run.shared.endpoint.lock:
+                run.meter.spent_before += before
+        else:
+            run.meter.spent_before = before
     if run.client_cfg is not None:
         assert run.base_url is not None
         if not cfg.use_proxy:
@@ -17491,6 +17510,448 @@ def leaderboard_html(board: Dict[str, Any], page_dir: str) -> str:
     return "".join(h)
 
 # =============================================================================
+# Suites
+# =============================================================================
+# `suite FILE`: many (model, benchmark) runs in one process, a run directory each (OUT/<label or model>/<benchmark>/,
+# today's layout, so report, merge, resume and the leaderboard work on each), every benchmark of one endpoint on one
+# gate: they all start at once in the file's order and share the endpoint's concurrency, so the server never idles
+# while work remains and a small benchmark is never starved by a large one (each has as many requests waiting at the
+# gate as the gate admits). OUT/suite.json says what the suite is and how each benchmark ended.
+
+SUITE_FILE = "suite.json"
+_SUITE_TOP = ("name", "model", "base_url", "label", "out", "defaults", "benchmark", "api_key_env")
+# the options every run has, by the name a suite file gives them: (RunConfig field, converter)
+_SUITE_RUN_KEYS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
+    "fixed_concurrency": ("fixed_concurrency", int), "concurrency": ("fixed_concurrency", int),
+    "initial_concurrency": ("initial_concurrency", int), "max_concurrency": ("max_concurrency", int),
+    "server_metrics": ("server_metrics", str), "request_timeout": ("request_timeout_s", float),
+    "max_retries": ("max_retries", int), "outage_budget": ("outage_budget_s", float), "extra_body": ("extra_body", dict),
+    "seed": ("seed", int), "limit": ("limit", int), "api_key_env": ("api_key_env", str), "prices": ("prices", str),
+    "cost_limit": ("cost_limit", float), "requests_per_minute": ("requests_per_minute", float),
+    "tokens_per_minute": ("tokens_per_minute", float), "rate_headers": ("rate_headers", str),
+    "retry_failed": ("retry_failed", bool), "restart": ("restart", bool), "use_proxy": ("use_proxy", bool),
+    "model_check": ("model_check", bool), "shared_gate": ("shared_gate", bool)}
+# option values that name files: relative to the suite file (a prompt template only when such a file exists)
+_SUITE_PATHS = ("dataset", "fewshot_file", "answers", "prices", "system_template", "instance_template", "score_only",
+                "tar_index", "image_store", "image_tars", "prompt_template")
+
+
+@_record
+class SuiteEntry:
+    """One (model, benchmark) run of a suite."""
+
+    benchmark: str
+    label: str
+    cfg: RunConfig
+    endpoint: Tuple[str, str, str]   # (base URL, model, key variable): the runs that share a gate
+
+
+def _suite_value(key: str, value: Any, base: str) -> Any:
+    """A suite file's value, a path in it made relative to the file's folder."""
+    name = key.replace("-", "_")
+    if name not in _SUITE_PATHS or not isinstance(value, str) or not value or os.path.isabs(value) or \
+            "://" in value or value == "gold":
+        return value
+    if name == "image_tars":
+        return ",".join(v if os.path.isabs(v) else os.path.join(base, v) for v in _split_list(value))
+    joined = os.path.join(base, value)
+    return joined if name != "prompt_template" or os.path.isfile(joined) else value
+
+
+def _suite_options(task: str, table: Dict[str, Any], where: str, base: str, strict: bool
+                   ) -> Tuple[Dict[str, Any], Dict[_Opt, Any]]:
+    """(RunConfig fields, the kind's options given) of a table of options; an option of no kind is refused with the
+    closest name; one of another kind is refused when ``strict`` (a benchmark's own), else left out (the defaults
+    apply where the kind takes them)."""
+    run: Dict[str, Any] = {}
+    rest: Dict[str, Any] = {}
+    known = set(_SUITE_RUN_KEYS) | {n for s in _option_sets() for o in s.opts for n in (o.name.replace("-", "_"),
+                                                                                       o.field)}
+    for key, value in table.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise ConfigError("%s: %r is not an option of any kind%s" % (where, key, " (did you mean %r?)" % close[0]
+                                                                        if close else ""))
+        value = _suite_value(name, value, base)
+        if name in _SUITE_RUN_KEYS:
+            field, convert = _SUITE_RUN_KEYS[name]
+            try:
+                run[field] = convert(value) if not isinstance(value, convert) else value  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise ConfigError("%s: %r must be %s, got %r" % (where, key, convert.__name__, value)) from None
+        else:
+            rest[name] = value
+    given = _given_options(task, rest, where)
+    own = {opt for s in _KINDS[task].option_sets for opt in s.opts}  # type: ignore[attr-defined]
+    if not strict:
+        given = {opt: v for opt, v in given.items() if opt in own}
+    return run, given
+
+
+def load_suite(path: str, *, model: Optional[str] = None, base_url: Optional[str] = None,
+               label: Optional[str] = None, out: Optional[str] = None, only: Sequence[str] = (),
+               shard: Optional[Tuple[int, int]] = None) -> Tuple[Dict[str, Any], List[SuiteEntry]]:
+    """A suite file (TOML, or JSON of the same structure) checked whole before anything runs: its head (name, out,
+    the file's text) and its entries, one per (model, benchmark), each a RunConfig its kind has checked. A bad file
+    is one ConfigError naming the file, the benchmark and the key."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError("suite %s: %s" % (path, exc.strerror or exc)) from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else toml_loads(text)
+    except ValueError as exc:
+        raise ConfigError("suite %s: not valid %s: %s" % (path, "JSON" if path.endswith(".json") else "TOML", exc)) \
+            from None
+    if not isinstance(data, dict):
+        raise ConfigError("suite %s: must be a table of keys (name, model, base_url, defaults, benchmark, ...)" % path)
+    base = os.path.dirname(os.path.abspath(path))
+    for key in data:
+        if key not in _SUITE_TOP:
+            close = difflib.get_close_matches(str(key), _SUITE_TOP, n=1)
+            raise ConfigError("suite %s: unknown key %r%s (keys: %s)" % (
+                path, key, " (did you mean %r?)" % close[0] if close else "", ", ".join(_SUITE_TOP)))
+    name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
+    defaults = data.get("defaults") or {}
+    benches = data.get("benchmark")
+    if not isinstance(defaults, dict):
+        raise ConfigError("suite %s: [defaults] must be a table of options" % path)
+    if not isinstance(benches, list) or not benches or not all(isinstance(b, dict) for b in benches):
+        raise ConfigError("suite %s: no [[benchmark]] tables (each: name, task, dataset and its options)" % path)
+    models = data.get("model")
+    if isinstance(models, list):  # [[model]] tables: every benchmark for every model
+        if not all(isinstance(m, dict) and m.get("model") for m in models):
+            raise ConfigError("suite %s: each [[model]] needs a 'model' (and base_url, label, options)" % path)
+        model_tables = [dict(m) for m in models]
+    else:
+        model_tables = [{"model": models, "base_url": data.get("base_url"), "label": data.get("label")}]
+    if model or base_url or label:  # the command line wins
+        model_tables = [dict(m, **{k: v for k, v in (("model", model), ("base_url", base_url), ("label", label))
+                                   if v}) for m in model_tables]
+    names = [str(b.get("name") or "") for b in benches]
+    for i, b in enumerate(benches):
+        if not names[i] or not re.fullmatch(r"[A-Za-z0-9][\w.-]*", names[i]):
+            raise ConfigError("suite %s: benchmark %d: 'name' must be a word (letters, digits, . _ -), got %r"
+                              % (path, i + 1, b.get("name")))
+        if names.count(names[i]) > 1:
+            raise ConfigError("suite %s: two benchmarks are named %r; names must be unique" % (path, names[i]))
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise ConfigError("suite %s: --only %s: no such benchmark (benchmarks: %s)" % (
+            path, ", ".join(unknown), ", ".join(names)))
+    out = out or data.get("out") and os.path.join(base, str(data["out"])) or os.path.join("runs", _slug(name))
+    entries: List[SuiteEntry] = []
+    labels = [str(m.get("label") or m.get("model") or "") for m in model_tables]
+    if len(set(labels)) < len(labels):
+        raise ConfigError("suite %s: two [[model]] tables have the label %r: give each its own label" % (
+            path, next(x for x in labels if labels.count(x) > 1)))
+    for m, row_label in zip(model_tables, labels):
+        m_opts = {k: v for k, v in m.items() if k not in ("model", "base_url", "label")}
+        for b, bench in zip(benches, names):
+            if only and bench not in only:
+                continue
+            where = "suite %s [%s]" % (path, bench)
+            task = str(b.get("task") or DEFAULT_TASK)
+            if task not in _KINDS:
+                raise ConfigError("%s: task %r: no such kind of evaluation; use one of: %s" % (
+                    where, task, ", ".join(_KINDS)))
+            if not b.get("dataset"):
+                raise ConfigError("%s: 'dataset' is required" % where)
+            dataset = _suite_value("dataset", str(b["dataset"]), base)
+            if not os.path.exists(dataset):
+                raise ConfigError("%s: dataset %s does not exist (paths are relative to the suite file)"
+                                  % (where, dataset))
+            run: Dict[str, Any] = {}
+            given: Dict[_Opt, Any] = {}
+            for table, strict in ((defaults, False), (m_opts, False),
+                                  ({k: v for k, v in b.items() if k not in ("name", "task", "dataset")}, True)):
+                r, g = _suite_options(task, table, where, base, strict)
+                run.update(r)
+                given.update(g)
+            base_url_m = m.get("base_url") or os.environ.get("OPENAI_BASE_URL")
+            cfg = RunConfig(dataset=dataset, model=str(m["model"]) if m.get("model") else None,  # type: ignore
+                            base_url=base_url_m, task=task, label=row_label or None, progress=False,
+                            out=os.path.join(out, _slug(row_label or "model"), bench), shard=shard,
+                            resume_hint="re-run the same suite command to resume", **run)
+            cfg = _kind_config(cfg, given, where)
+            kind = _KINDS[task]()
+            cfg = _kind_options(cfg, kind)
+            if kind.uses_model(cfg) and not (cfg.model and cfg.base_url):  # type: ignore[attr-defined]
+                raise ConfigError("%s: no %s: give %s in the file (or %s on the command line)" % (
+                    where, "model" if not cfg.model else "base_url", "model = ..." if not cfg.model else
+                    "base_url = ...", "--model" if not cfg.model else "--base-url"))
+            entries.append(SuiteEntry(bench, row_label, cfg, (_normalize_base_url(base_url_m) if base_url_m else "",
+                                                              cfg.model or "", cfg.api_key_env)))
+    head = {"name": name, "out": out, "file": os.path.abspath(path), "text": text,
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+    return head, entries
+
+
+class _Endpoint:
+    """What the runs of a suite on one endpoint share: one gate (the concurrency found for all their requests, chat
+    and log-likelihood alike), its server metrics poller, its rate pacer, the outage health (an outage is the
+    endpoint's: it stops all of them), the cost meter (the suite's). Made by the first run that joins; its gate's
+    events go to every run that uses it; closed by the suite."""
+
+    def __init__(self, budget_s: float, meter: Optional[CostMeter]):
+        self.lock = threading.Lock()  # guards runs and the parts while a run joins
+        self.health = _EndpointHealth(budget_s)
+        self.meter = meter
+        self.runs: List[_Run] = []
+        self.gate: Optional[AdaptiveGate] = None
+        self.metrics: Optional[_ServerMetrics] = None
+        self.pacer: Optional[RatePacer] = None
+        self.rate_share: Optional[_RateShare] = None
+        self.initial_from: Optional[str] = None
+        self.expected = 0  # the suite's runs on this endpoint
+        self.arrived = 0   # those that joined, or ended without joining
+
+    def join(self, run: _Run) -> None:
+        with self.lock:
+            if self.gate is None:
+                _endpoint_parts(run, self._event)
+                self.gate, self.metrics, self.pacer = run.gate, run.metrics, run.pacer
+                self.rate_share, self.initial_from = run.rate_share, run.initial_from
+                assert run.client_cfg is not None
+                self.health.answers, self.health.left, self.health.on_trip = \
+                    _answers(run.client_cfg), self._left, self._trip
+            else:
+                run.gate, run.metrics, run.pacer = self.gate, self.metrics, self.pacer
+                run.rate_share, run.initial_from = self.rate_share, self.initial_from
+            self.runs.append(run)
+            self.arrived += 1
+
+    def skipped(self) -> None:
+        """A run of the suite on this endpoint ended without joining (refused at its pre-flight)."""
+        with self.lock:
+            self.arrived += 1
+
+    def leave(self, run: _Run) -> None:
+        """A run is done with the endpoint (what it shares stays open for the others)."""
+
+    def _event(self, ev: Dict[str, Any]) -> None:
+        kind = ev.pop("type")
+        with self.lock:
+            stores = [r.store for r in self.runs if r.store is not None]
+        for store in stores:
+            store.event(kind, **ev)
+
+    def _left(self) -> Optional[int]:
+        """The endpoint's samples in flight once nothing else of the suite is left to start on it."""
+        if self.arrived < self.expected:
+            return None
+        total = 0
+        with self.lock:
+            runs = list(self.runs)
+        for r in runs:
+            n = r.runner.left() if r.runner is not None else None
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def _trip(self, reason: str) -> None:
+        with self.lock:
+            runners = [r.runner for r in self.runs if r.runner is not None]
+        for runner in runners:
+            runner.abort(reason)
+
+    def close(self, remember: bool) -> None:
+        if self.rate_share is not None:
+            self.rate_share.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.gate is not None:
+            self.gate.close()
+            run = self.runs[0] if self.runs else None
+            if remember and run is not None and self.gate.adaptive and not self.gate.shared and run.base_url:
+                _save_limit(run.base_url, run.cfg.model, self.gate.discovered_limit)
+
+
+def _suite_meter(entries: Sequence[SuiteEntry]) -> Optional[CostMeter]:
+    """The suite's one cost meter (its --cost-limit covers every benchmark), from the first entry's prices."""
+    priced = [e for e in entries if e.cfg.prices]
+    if not priced:
+        if any(e.cfg.cost_limit is not None for e in entries):
+            raise ConfigError("suite: cost_limit needs prices (money per million tokens by model)")
+        return None
+    first = priced[0].cfg
+    prices = load_prices(first.prices or "")
+    limit = next((e.cfg.cost_limit for e in entries if e.cfg.cost_limit is not None), None)
+    if limit is not None:
+        for e in entries:
+            for m in _KINDS[e.cfg.task]().models(e.cfg):  # type: ignore[attr-defined]
+                if m and m not in prices:
+                    raise ConfigError("suite: cost_limit: %s has no price for model %r" % (first.prices, m))
+    return CostMeter(prices, limit)
+
+
+def run_suite(head: Dict[str, Any], entries: Sequence[SuiteEntry], *, stdout: Any = None, progress: bool = True,
+              json_out: bool = False, cancel: Optional[threading.Event] = None) -> int:
+    """Run every entry at once, each a run_evaluation in a thread of its own on its endpoint's shared parts; write
+    OUT/suite.json as they end; print the suite's table; return one exit code over the suite."""
+    stdout = stdout or sys.stdout
+    out = head["out"]
+    os.makedirs(out, exist_ok=True)
+    cancel = cancel or threading.Event()
+    meter = _suite_meter(entries)
+    endpoints: Dict[Tuple[str, str, str], _Endpoint] = {}
+    for e in entries:
+        if e.endpoint not in endpoints:
+            endpoints[e.endpoint] = _Endpoint(e.cfg.outage_budget_s, meter)
+        endpoints[e.endpoint].expected += 1
+    shard = entries[0].cfg.shard if entries else None
+    state_path = os.path.join(out, SUITE_FILE if shard is None else "suite.%s.json" % (SHARD_DIR_FORMAT % shard))
+    states: Dict[int, Dict[str, Any]] = {
+        i: {"model": e.cfg.model, "label": e.label, "benchmark": e.benchmark, "task": e.cfg.task,
+            "run_dir": _shard_out(e.cfg, e.cfg.out or ""), "state": "pending"} for i, e in enumerate(entries)}
+    lock = threading.Lock()  # guards states and the file
+
+    def save() -> None:
+        with lock:
+            _write_json(state_path, dict(head, shard=list(shard) if shard else None,
+                                         benchmarks=[states[i] for i in sorted(states)]))
+
+    save()
+    runs: Dict[int, _Run] = {}
+
+    def one(i: int, e: SuiteEntry) -> None:
+        states[i]["state"] = "running"
+        ep = endpoints[e.endpoint]
+        try:
+            code, _ = run_evaluation(e.cfg, stdout=io.StringIO(), cancel=cancel, shared=_Joined(ep, runs, i))
+            st = {EXIT_OK: "finished", EXIT_FAILURE: "incomplete", EXIT_BUDGET: "cost limit",
+                  EXIT_INTERRUPTED: "interrupted"}.get(code, "exit %d" % code)
+            why = ""
+        except CircuitOpenError as exc:
+            code, st, why = EXIT_BREAKER, "aborted", _redact(exc)
+        except HarnessError as exc:  # refused at its pre-flight (or a bad dataset): the others go on
+            code, st, why = exc.exit_code if exc.exit_code != EXIT_USAGE else EXIT_FAILURE, "refused", _redact(exc)
+        except Exception as exc:  # noqa: BLE001 - one benchmark's bug must not stop the others
+            _log.debug("suite benchmark %s crashed", e.benchmark, exc_info=True)
+            code, st, why = EXIT_FAILURE, "error", _redact("%s: %s" % (type(exc).__name__, exc))
+        if i not in runs:
+            ep.skipped()
+        with lock:
+            states[i].update(state=st, exit=code, **({"why": why} if why else {}))
+        save()
+        line = "suite %s: %s/%s %s" % (head["name"], e.label, e.benchmark, st)
+        run = runs.get(i)
+        if run is not None and run.runner is not None:
+            line += " (%d of %d samples, %d failed)" % (run.runner.done, run.total, run.runner.failed)
+        _log.info("%s%s", line, ": %s" % why if why else "")
+
+    threads = []
+    for i, e in enumerate(entries):  # in the file's order; each joins its endpoint's gate as it starts
+        t = threading.Thread(target=one, args=(i, e), name="evalharness-suite-%d" % i, daemon=True)
+        threads.append(t)
+    bar = _Progress(lambda: _suite_line(head, entries, states, runs, endpoints), enabled=progress).start()
+    interrupted = False
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.set()
+        _log.error("interrupted: the benchmarks' finished samples are saved; the same suite command resumes them")
+        for t in threads:
+            t.join(60)
+    finally:
+        bar.close()
+        for ep in endpoints.values():
+            ep.close(remember=not interrupted)
+    dirs = [s["run_dir"] for s in states.values() if os.path.isfile(os.path.join(s["run_dir"], RunStore.SAMPLES))]
+    if shard is None and dirs:  # the suite's table: a row per model (its label), a column per benchmark
+        board = _suite_board(dirs, [states[i] for i in sorted(states)])
+        stdout.write((json.dumps(dict(board, suite=head["name"], benchmarks=[states[i] for i in sorted(states)]),
+                                 indent=2, sort_keys=True) if json_out else
+                      format_leaderboard(board, width=_stdout_columns())) + "\n")
+    codes = [s.get("exit", EXIT_FAILURE) for s in states.values()]
+    refused = [s for s in states.values() if s["state"] in ("refused", "error")]
+    if refused:
+        _log.warning("suite %s: %d benchmark(s) did not run: %s", head["name"], len(refused), "; ".join(
+            "%s/%s: %s" % (s["label"], s["benchmark"], s.get("why")) for s in refused[:3]))
+    if interrupted or EXIT_INTERRUPTED in codes:
+        return EXIT_INTERRUPTED
+    for code in (EXIT_BUDGET, EXIT_BREAKER):
+        if code in codes:
+            return code
+    return EXIT_OK if all(c == EXIT_OK for c in codes) else EXIT_FAILURE
+
+
+def _suite_board(dirs: Sequence[str], benchmarks: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The leaderboard of a suite's run directories, a column per benchmark (its name, in the file's order)."""
+    board = leaderboard(dirs, every=True)
+    bench_of = {os.path.realpath(b["run_dir"]): b["benchmark"] for b in benchmarks}
+    order = list(dict.fromkeys(b["benchmark"] for b in benchmarks))
+    for cell in board["cells"]:
+        cell["column"] = bench_of.get(os.path.realpath(cell["run_dir"]), cell["column"])
+    board["columns"] = [c for c in order if any(cell["column"] == c for cell in board["cells"])]
+    return board
+
+
+class _Joined:
+    """A suite run's handle on its endpoint: joins it (and is seen by the suite's progress) when the run asks."""
+
+    def __init__(self, endpoint: _Endpoint, runs: Dict[int, _Run], index: int):
+        self.endpoint, self.runs, self.index = endpoint, runs, index
+        self.health, self.meter = endpoint.health, endpoint.meter
+
+    def join(self, run: _Run) -> None:
+        self.runs[self.index] = run
+        self.endpoint.join(run)
+
+    def leave(self, run: _Run) -> None:
+        self.endpoint.leave(run)
+
+
+def _suite_line(head: Dict[str, Any], entries: Sequence[SuiteEntry], states: Dict[int, Dict[str, Any]],
+                runs: Dict[int, _Run], endpoints: Dict[Any, _Endpoint]) -> List[Tuple[str, int]]:
+    """The suite's progress line: benchmarks done, samples done of those known, failed, rate, ETA, the gates."""
+    ended = sum(1 for s in states.values() if s["state"] not in ("pending", "running"))
+    done = failed = total = before = 0
+    t0 = None
+    for run in list(runs.values()):
+        r = run.runner
+        if r is None:
+            continue
+        done, failed, total, before = done + r.done, failed + r.failed, total + run.total, before + r.done_before
+        t0 = r.t0 if t0 is None else min(t0, r.t0)
+    elapsed = time.monotonic() - t0 if t0 is not None else 0.0
+    rate = (done - before) / elapsed if elapsed > 0 else 0.0
+    eta = (total - done) / rate if rate > 0 and total > done else None
+    parts = [("suite %s: %d/%d benchmarks" % (head["name"], ended, len(entries)), 9),
+             ("%d/%d samples" % (done, total), 8), ("%d failed" % failed, 7), ("%.1f/s" % rate, 3),
+             ("ETA %s" % (_fmt_duration(eta) if eta is not None else "?"), 6)]
+    limits = [ep.gate.limit for ep in endpoints.values() if ep.gate is not None]
+    if limits:
+        parts.append(("limit %s" % "/".join(map(str, limits)), 5))
+    return parts
+
+
+def merge_suite(out: str, *, partial: bool = False) -> Tuple[int, List[Dict[str, Any]]]:
+    """`merge OUT` of a suite run as shards: each benchmark's shards merged into its run directory, and
+    OUT/suite.json made from the shards' states."""
+    parts = sorted(n for n in os.listdir(out) if n.startswith("suite.shard-") and n.endswith(".json"))
+    if not parts:
+        raise ConfigError("merge: %s holds no suite shards (suite.shard-I-of-N.json)" % out)
+    first = _read_json_file(os.path.join(out, parts[0]))
+    worst, merged = EXIT_OK, []
+    for b in first.get("benchmarks") or ():
+        run_dir = _shard_parent(b["run_dir"])
+        code, summary = merge_runs(run_dir, partial=partial)
+        worst = max(worst, code)
+        merged.append(dict(b, run_dir=run_dir, state="merged" if code == EXIT_OK else "partial",
+                           shards=summary["shards"]["merged"]))
+    _write_json(os.path.join(out, SUITE_FILE), dict(first, shard=None, benchmarks=merged))
+    return worst, merged
+
+# =============================================================================
 # CLI
 # =============================================================================
 
@@ -17573,23 +18034,6 @@ class _ArgumentParser:
         """argparse's, with the width shutil.get_terminal_size would give (argparse makes one per option and
         imports shutil for it, which imports the compression modules: ~2 ms of every start)."""
         return self.formatter_class(prog=self.prog, width=_stdout_columns() - 2)
-
-
-def _stdout_columns() -> int:
-    """shutil.get_terminal_size((80, 24)).columns, without importing shutil: $COLUMNS, else stdout's terminal."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return columns if columns > 0 else 80
-
-
-
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -17858,6 +18302,31 @@ def _parser_mock(sub: Any, text: str) -> Any:
     return mock, []
 
 
+def _parser_suite(sub: Any, text: str) -> Any:
+    suite = sub.add_parser("suite", help=text, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Run a suite file (TOML, or JSON of the same structure): every benchmark for "
+                                       "every model, in one process, a run directory each (OUT/<label or model>/"
+                                       "<benchmark>/), every benchmark of one endpoint on one gate; then the suite's "
+                                       "table. The same command resumes (README: Suites).",
+                           epilog="examples:\n  evalharness suite nightly.toml --label ckpt-12000\n  evalharness "
+                                  "suite nightly.toml --only mmlu,gsm8k --out runs/try\n\n" + _EXIT_CODES_HELP)
+    suite.add_argument("file", metavar="FILE", help="the suite file (required)")
+    suite.add_argument("--model", default=None, help="the endpoint's model, for every benchmark (default: the file's)")
+    suite.add_argument("--base-url", default=None, help="the endpoint (default: the file's, else $OPENAI_BASE_URL)")
+    suite.add_argument("--label", default=None, metavar="TEXT",
+                       help="the row name, e.g. a checkpoint (default: the file's label, else the model)")
+    suite.add_argument("--out", default=None, metavar="DIR", help="where the suite's runs go (default: the file's "
+                                                                  "out, else runs/<name>)")
+    suite.add_argument("--only", default=None, metavar="NAME,...", help="run these benchmarks only (default: all)")
+    suite.add_argument("--shard", default=None, metavar="I/N|auto|auto/N",
+                       help="run shard I of N of every benchmark (merge OUT makes the suite whole) (default: all)")
+    suite.add_argument("--json", dest="json_out", action="store_true",
+                       help="the suite's table as JSON on stdout (default: the text table)")
+    suite.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress line on stderr (default: one line for the suite)")
+    return suite, []
+
+
 def _parser_report(sub: Any, text: str) -> Any:
     report = sub.add_parser("report", help=text,
                             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -18003,6 +18472,7 @@ def _parser_slurm(sub: Any, text: str) -> Any:
 _COMMANDS = (
     ("demo", "run the embedded demo set against an in-process mock model", _parser_demo),
     ("run", "evaluate a model on a dataset (resumable)", _parser_run),
+    ("suite", "run many benchmarks for one or more models in one process, one gate per endpoint", _parser_suite),
     ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock),
     ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
     ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
@@ -18608,7 +19078,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_suite(args: argparse.Namespace) -> int:
+    _register_env_secrets()
+    head, entries = load_suite(args.file, model=args.model, base_url=args.base_url, label=args.label, out=args.out,
+                               only=_split_list(args.only), shard=parse_shard(args.shard))
+    return run_suite(head, entries, progress=args.progress, json_out=args.json_out)
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
+    if not args.shard_dirs and os.path.isdir(args.out) and any(
+            n.startswith("suite.shard-") for n in os.listdir(args.out)):  # a suite's shards: every benchmark
+        code, merged = merge_suite(args.out, partial=args.partial)
+        for b in merged:
+            sys.stdout.write("merged %s/%s: shards %s into %s\n" % (b["label"], b["benchmark"], ", ".join(
+                map(str, b["shards"])), b["run_dir"]))
+        return code
     code, summary = merge_runs(args.out, args.shard_dirs, partial=args.partial)
     if args.json_out:
         sys.stdout.write(_redact(json.dumps(summary, indent=2, sort_keys=True)) + "\n")
@@ -18716,7 +19200,7 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
 
 
 # Each command's handler (the commands are named in _COMMANDS, with their help and parser).
-_HANDLERS = {"demo": _cmd_demo, "run": _cmd_run, "serve-mock": _cmd_serve_mock, "report": _cmd_report,
+_HANDLERS = {"demo": _cmd_demo, "run": _cmd_run, "suite": _cmd_suite, "serve-mock": _cmd_serve_mock, "report": _cmd_report,
              "images": _cmd_images, "merge": _cmd_merge, "slurm": _cmd_slurm}
 
 
