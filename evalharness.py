@@ -17,7 +17,7 @@ dispatch through it at run time and never name a kind):
     Compat, Constants, Errors, Utilities, Scoring, Datasets, Limits, Gates, Requests, Endpoints, HTTP model client,
     Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Shared gates, Report, HTML report,
     Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE agent, SWE runs, Container tasks, Tool
-    calls, Mock model server, Scale-out, Comparison, Leaderboard, CLI, Slurm, Commands
+    calls, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm, Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding its options (an
 _OptionSet of _Opt, and the shared sets it uses), its options record, and a subclass of _Kind registered with @_kind
@@ -17944,7 +17944,14 @@ def merge_suite(out: str, *, partial: bool = False) -> Tuple[int, List[Dict[str,
     worst, merged = EXIT_OK, []
     for b in first.get("benchmarks") or ():
         run_dir = _shard_parent(b["run_dir"])
-        code, summary = merge_runs(run_dir, partial=partial)
+        try:
+            code, summary = merge_runs(run_dir, partial=partial)
+        except ConfigError as exc:  # (a benchmark refused in every shard has none to merge: the others go on)
+            if not partial:
+                raise
+            worst = max(worst, EXIT_FAILURE)
+            merged.append(dict(b, run_dir=run_dir, state="not merged", why=_redact(exc), shards=[]))
+            continue
         worst = max(worst, code)
         merged.append(dict(b, run_dir=run_dir, state="merged" if code == EXIT_OK else "partial",
                            shards=summary["shards"]["merged"]))
@@ -18528,10 +18535,13 @@ def _slurm_runs_with(python: str, program: str) -> str:
 
 
 def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
-    """The run options of `slurm submit ... -- RUN OPTIONS`, checked as `run` checks them; and the absolute OUT."""
+    """The command of `slurm submit ... -- RUN OPTIONS` (`run ...`, the default, or `suite FILE ...`), checked as
+    that command checks them (a suite file whole), without --shard; and the absolute OUT."""
     args = list(run_args)
     if args[:1] == ["--"]:
         args = args[1:]
+    if args[:1] == ["suite"]:
+        return _slurm_suite_args(args)
     if args[:1] == ["run"]:
         args = args[1:]
     parsed = _build_parser("run").parse_args(["run"] + args)  # a bad option fails here, not in N jobs
@@ -18552,7 +18562,24 @@ def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
         if a.startswith("--out="):
             continue
         fixed.append(a)
-    return fixed + ["--out", out], out
+    return ["run"] + fixed + ["--out", out], out
+
+
+def _slurm_suite_args(args: List[str]) -> Tuple[List[str], str]:
+    """`suite FILE ...` for `slurm submit`: the file read and checked here (a bad one fails now, not in N jobs), its
+    path and OUT made absolute (the jobs may start elsewhere)."""
+    parsed = _build_parser("suite").parse_args(args)
+    if parsed.shard is not None:
+        raise ConfigError("slurm submit sets --shard itself (auto/N with N = --shards); remove it")
+    head, _ = load_suite(parsed.file, model=parsed.model, base_url=parsed.base_url, label=parsed.label,
+                         out=parsed.out, only=_split_list(parsed.only))
+    out = os.path.abspath(head["out"])
+    fixed = ["suite", os.path.abspath(parsed.file)]
+    for flag, value in (("--model", parsed.model), ("--base-url", parsed.base_url), ("--label", parsed.label),
+                        ("--only", parsed.only)):
+        if value:
+            fixed += [flag, value]
+    return fixed + ["--no-progress", "--out", out], out
 
 
 def _sbatch_lines(opts: Dict[str, Any]) -> List[str]:
@@ -18588,11 +18615,12 @@ def slurm_submit(run_args: Sequence[str], *, shards: int, max_parallel: Optional
     name = "evalharness-" + _slug(os.path.basename(out))[:40]
     opts = {"partition": partition, "time": time_limit, "cpus": cpus, "mem": mem, "sbatch_options": sbatch_options}
     array = "0-%d" % (shards - 1) + ("%%%d" % max_parallel if max_parallel else "")
-    command = [python, program, "run"] + args + ["--shard", "auto/%d" % shards]
+    command = [python, program] + args + ["--shard", "auto/%d" % shards]
     here = "#SBATCH --chdir=%s" % os.getcwd()  # relative paths of the command mean what they meant here
     task = "\n".join(["#!/bin/sh", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array, here,
                       "#SBATCH --output=%s" % os.path.join(sdir, "%A_%a.out")] + _sbatch_lines(opts) + [
-        "# one shard of the run; the same script again resumes it (written by evalharness slurm submit)",
+        "# one shard of the %s; the same script again resumes it (written by evalharness slurm submit)" % (
+            "suite: every benchmark" if args[0] == "suite" else "run"),
         "# runs %s" % _slurm_runs_with(python, program),
         "exec " + " ".join(shlex.quote(a) for a in command), ""])
     merge_cmd = [python, program, "merge", out, "--partial"]
@@ -18678,18 +18706,28 @@ def slurm_status(out: str) -> Dict[str, Any]:
     states = _slurm_states([last.get("array_job"), last.get("merge_job")])
     rows = []
     for i in range(count):
-        d = os.path.join(out, SHARD_DIR_FORMAT % (i, count))
-        info = _read_json_file(os.path.join(d, RunStore.RUN))
-        done = len({r.get("id") for r in _read_jsonl_tolerant(os.path.join(d, RunStore.SAMPLES))})
+        shard = SHARD_DIR_FORMAT % (i, count)
+        suite = _read_json_file(os.path.join(out, "suite.%s.json" % shard))
+        # a run's shard is OUT/shard-I-of-N; a suite's, that shard of every benchmark (suite.shard-I-of-N.json)
+        dirs = [b["run_dir"] for b in suite.get("benchmarks") or ()] or [os.path.join(out, shard)]
+        done, samples, runs = 0, 0, []
+        for d in dirs:
+            info = _read_json_file(os.path.join(d, RunStore.RUN))
+            done += len({r.get("id") for r in _read_jsonl_tolerant(os.path.join(d, RunStore.SAMPLES))})
+            samples += int((info.get("shard") or {}).get("samples") or 0)
+            runs.append(_live_status(d, info.get("status", "not started")) if info else "not started")
         st = states.get("%s_%d" % (last.get("array_job"), i), {})
         rows.append({"shard": i, "slurm": st.get("state", "unknown"), "node": st.get("node", ""),
-                     "exit": st.get("exit", ""), "run": _live_status(d, info.get("status", "not started"))
-                     if info else "not started", "done": done, "samples": (info.get("shard") or {}).get("samples")})
+                     "exit": st.get("exit", ""), "done": done, "samples": samples or None,
+                     "run": next((r for r in runs if r != "finished"), "finished")})
     merged = _read_json_file(os.path.join(out, RunStore.SUMMARY))
+    result = merged.get("status") if merged.get("shards") else None
+    suite = _read_json_file(os.path.join(out, SUITE_FILE))
+    if suite.get("benchmarks") and all(b.get("state") in ("merged", "partial") for b in suite["benchmarks"]):
+        result = "finished" if all(b["state"] == "merged" for b in suite["benchmarks"]) else "partial"
     return {"out": out, "array_job": last.get("array_job"), "merge_job": last.get("merge_job"),
             "submissions": len(subs), "shards": rows,
-            "merge": dict(states.get(str(last.get("merge_job")), {}), result=merged.get("status")
-                          if merged.get("shards") else None)}
+            "merge": dict(states.get(str(last.get("merge_job")), {}), result=result)}
 
 
 def format_slurm_status(st: Dict[str, Any]) -> str:

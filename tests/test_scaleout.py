@@ -416,6 +416,29 @@ class TestSlurm(ShardCase):
         self.assertIn("--shard auto/4", script)
         self.assertEqual(len([n for n in os.listdir(os.path.join(out, "slurm")) if n.endswith(".out")]), 5)
 
+    def test_a_suite_runs_as_one_array_and_one_merge_job_equal_to_one_process(self):
+        """Issue 50: `slurm submit --shards 2 -- suite FILE`: each array task runs its shard of every benchmark,
+        the merge job merges every benchmark; the result equals the suite run in one process."""
+        mock = start_mock(self, oracle_rows=self.rows, seed=5, skill=0.6)
+        write_jsonl(os.path.join(self.dir, "a.jsonl"), self.rows[:60])
+        write_jsonl(os.path.join(self.dir, "b.jsonl"), self.rows[60:100])
+        path = os.path.join(self.dir, "nightly.toml")
+        with open(path, "w") as fh:
+            fh.write('model = "m"\nbase_url = "%s"\n[[benchmark]]\nname = "a"\ndataset = "a.jsonl"\n'
+                     '[[benchmark]]\nname = "b"\ndataset = "b.jsonl"\n' % mock.url)
+        out = os.path.join(self.dir, "cluster-suite")
+        res = self.slurm("submit", "--shards", "2", "--time", "0:05:00", "--", "suite", path, "--out", out)
+        self.assertRegex(res.stdout, r"submitted array job \d+ \(2 shards\) and merge job \d+")
+        st = self.wait_merge(out)
+        self.assertEqual((st["merge"]["state"], st["merge"]["result"]), ("COMPLETED", "finished"), st)
+        self.assertEqual(sum(r["done"] for r in st["shards"]), 100)
+        with open(os.path.join(out, "slurm", "array.sh")) as fh:
+            self.assertIn("suite %s --no-progress --out %s --shard auto/2" % (path, out), fh.read())
+        single = os.path.join(self.dir, "single-suite")
+        self.run_ok(["suite", path, "--out", single, "--no-progress"])
+        for bench in ("a", "b"):
+            self.assertEqual(by_id(os.path.join(out, "m", bench)), by_id(os.path.join(single, "m", bench)), bench)
+
     def test_the_jobs_run_where_the_submitting_interpreter_does_not_exist(self):
         # submit with an interpreter whose path the nodes do not have (a pyenv or venv folder of the submitting
         # host: here a folder removed before the jobs start), from a directory of its own
