@@ -18534,14 +18534,15 @@ def _slurm_runs_with(python: str, program: str) -> str:
         "slurm submit --python")
 
 
-def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
+def _slurm_run_args(run_args: Sequence[str], check: bool = True) -> Tuple[List[str], str]:
     """The command of `slurm submit ... -- RUN OPTIONS` (`run ...`, the default, or `suite FILE ...`), checked as
-    that command checks them (a suite file whole), without --shard; and the absolute OUT."""
+    that command checks them (a suite file whole, unless not ``check``: its options only), without --shard; and the
+    absolute OUT."""
     args = list(run_args)
     if args[:1] == ["--"]:
         args = args[1:]
     if args[:1] == ["suite"]:
-        return _slurm_suite_args(args)
+        return _slurm_suite_args(args, check)
     if args[:1] == ["run"]:
         args = args[1:]
     parsed = _build_parser("run").parse_args(["run"] + args)  # a bad option fails here, not in N jobs
@@ -18565,15 +18566,17 @@ def _slurm_run_args(run_args: Sequence[str]) -> Tuple[List[str], str]:
     return ["run"] + fixed + ["--out", out], out
 
 
-def _slurm_suite_args(args: List[str]) -> Tuple[List[str], str]:
+def _slurm_suite_args(args: List[str], check: bool = True) -> Tuple[List[str], str]:
     """`suite FILE ...` for `slurm submit`: the file read and checked here (a bad one fails now, not in N jobs), its
     path and OUT made absolute (the jobs may start elsewhere)."""
     parsed = _build_parser("suite").parse_args(args)
     if parsed.shard is not None:
         raise ConfigError("slurm submit sets --shard itself (auto/N with N = --shards); remove it")
-    head, _ = load_suite(parsed.file, model=parsed.model, base_url=parsed.base_url, label=parsed.label,
-                         out=parsed.out, only=_split_list(parsed.only))
-    out = os.path.abspath(head["out"])
+    out = os.path.abspath(parsed.out or "runs")
+    if check:
+        head, _ = load_suite(parsed.file, model=parsed.model, base_url=parsed.base_url, label=parsed.label,
+                             out=parsed.out, only=_split_list(parsed.only))
+        out = os.path.abspath(head["out"])
     fixed = ["suite", os.path.abspath(parsed.file)]
     for flag, value in (("--model", parsed.model), ("--base-url", parsed.base_url), ("--label", parsed.label),
                         ("--only", parsed.only)):
