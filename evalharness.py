@@ -17895,6 +17895,19 @@ def _suite_board(dirs: Sequence[str], benchmarks: Sequence[Dict[str, Any]]) -> D
     return board
 
 
+def _suite_columns(board: Dict[str, Any], folder: str) -> None:
+    """A leaderboard of a suite's folder (every night's runs: OUT/<label>/<benchmark>/) with a column per benchmark,
+    in the order of the suite's last file."""
+    top = os.path.realpath(folder)
+    order = [b.get("benchmark") for b in _read_json_file(os.path.join(folder, SUITE_FILE)).get("benchmarks") or ()]
+    for cell in board["cells"]:
+        path = os.path.realpath(cell["run_dir"])
+        if os.path.dirname(os.path.dirname(path)) == top:
+            cell["column"] = os.path.basename(path)
+    columns = {cell["column"] for cell in board["cells"]}
+    board["columns"] = [c for c in dict.fromkeys(order) if c in columns] + sorted(columns - set(order))
+
+
 class _Joined:
     """A suite run's handle on its endpoint: joins it (and is seen by the suite's progress) when the run asks."""
 
@@ -18975,6 +18988,9 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     if args.json_out and args.csv_out:
         raise ConfigError("report: --json and --csv both print on stdout: choose one")
     board = leaderboard(args.run_dirs, baselines=args.baseline, every=args.all_runs)
+    for folder in args.run_dirs:  # a suite's folder (OUT/<label>/<benchmark>/): a column per benchmark
+        if os.path.isfile(os.path.join(folder, SUITE_FILE)):
+            _suite_columns(board, folder)
     if not board["cells"]:
         raise ConfigError("report: no finished run under %s (a run directory holds run.json and samples.jsonl)%s"
                           % (", ".join(args.run_dirs), "; only shards, not merged: %s" % ", ".join(

@@ -99,6 +99,17 @@ class TestOneSuite(_Suite):
         self.assertEqual(res.returncode, 0, res.stderr)
         self.assertEqual(json.loads(res.stdout)["cells"], board["cells"])
 
+    def test_nights_of_checkpoints_are_rows_of_the_suites_folder_report(self):
+        """The nightly cron: the same suite with --label ckpt-N each night; `report OUT` a row per checkpoint and a
+        column per benchmark."""
+        path = self.four(self.mock(skill=0.7).url)
+        for step in ("ckpt-1000", "ckpt-2000"):
+            res = run_cli(["suite", path, "--no-progress", "--label", step, "--only", "qa,mmlu"], timeout=300)
+            self.assertEqual(res.returncode, 0, res.stderr)
+        board = json.loads(run_cli(["report", os.path.join(self.dir, "runs", "nightly"), "--json"]).stdout)
+        self.assertEqual(board["rows"], ["ckpt-1000", "ckpt-2000"])
+        self.assertEqual(board["columns"], ["qa", "mmlu"])
+
     def test_kill_9_mid_suite_then_the_same_command_gives_every_sample_once_in_every_benchmark(self):
         mock = self.mock(skill=0.7, ttft_s=0.1)
         path = self.four(mock.url, defaults="fixed_concurrency = 2")
