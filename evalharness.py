@@ -17794,9 +17794,9 @@ def run_suite(head: Dict[str, Any], entries: Sequence[SuiteEntry], *, stdout: An
     OUT/suite.json as they end; print the suite's table; return one exit code over the suite."""
     stdout = stdout or sys.stdout
     out = head["out"]
-    os.makedirs(out, exist_ok=True)
     cancel = cancel or threading.Event()
-    meter = _suite_meter(entries)
+    meter = _suite_meter(entries)  # (checked before anything is written)
+    os.makedirs(out, exist_ok=True)
     endpoints: Dict[Tuple[str, str, str], _Endpoint] = {}
     for e in entries:
         if e.endpoint not in endpoints:
