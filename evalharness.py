@@ -16121,16 +16121,17 @@ def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[s
 def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
     """The mock's actions on a container task before it submits: ``oracle`` copies the task's solution/ to
     /solution and runs ``bash /solution/solve.sh``, as Harbor's oracle agent does (read from the folder by the mock;
-    the harness never sends it), so a solve.sh that calls files beside it works; ``noop`` nothing; ``plant`` writes reward 1
-    where the verifier puts it; ``tamper`` replaces /tests/test.sh with one that writes reward 1; ``linger`` leaves
-    a background process that writes reward 1 two seconds later (when the verifier runs)."""
+    the harness never sends it), so a solve.sh that calls files beside it works; ``noop`` nothing; ``plant`` writes
+    reward 1 where the verifier puts it; ``tamper`` replaces /tests/test.sh with one that writes reward 1;
+    ``linger`` leaves a background process that writes reward 1 two seconds later (when the verifier runs)."""
     if policy in ("oracle", "sleepy"):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             tar.add(os.path.join(task.path, "solution"), arcname=".")
         folder = base64.b64encode(buf.getvalue()).decode("ascii")
-        return [act("Run the solution.", "mkdir -p %s && echo %s | base64 -d | tar -xzf - -C %s && bash %s/solve.sh"
-                    % (SOLUTION_DIR, folder, SOLUTION_DIR, SOLUTION_DIR))]
+        # (an agent user that may not make /solution, as Harbor's oracle does as root: a folder of its own)
+        return [act("Run the solution.", "d=%s; mkdir -p $d 2>/dev/null && [ -w $d ] || d=/tmp/solution; mkdir -p $d "
+                    "&& echo %s | base64 -d | tar -xzf - -C $d && bash $d/solve.sh" % (SOLUTION_DIR, folder))]
     reward = "mkdir -p %s && echo 1 > %s/reward.txt" % (VERIFIER_DIR, VERIFIER_DIR)
     return {"noop": [], "chatty": [],
             "plant": [act("Write the reward myself.", reward)],
