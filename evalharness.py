@@ -17627,7 +17627,8 @@ def load_suite(path: str, *, model: Optional[str] = None, base_url: Optional[str
             raise ConfigError("suite %s: each [[model]] needs a 'model' (and base_url, label, options)" % path)
         model_tables = [dict(m) for m in models]
     else:
-        model_tables = [{"model": models, "base_url": data.get("base_url"), "label": data.get("label")}]
+        model_tables = [{"model": models, "base_url": data.get("base_url"), "label": data.get("label"),
+                         **({"api_key_env": data["api_key_env"]} if data.get("api_key_env") else {})}]
     if model or base_url or label:  # the command line wins
         model_tables = [dict(m, **{k: v for k, v in (("model", model), ("base_url", base_url), ("label", label))
                                    if v}) for m in model_tables]

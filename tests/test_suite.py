@@ -187,6 +187,20 @@ class TestOneSuite(_Suite):
             self.assertEqual([b["state"] for b in json.load(fh)["benchmarks"]], ["merged"] * 4)
 
 
+class TestKeys(_Suite):
+    def test_the_files_api_key_env_names_the_variable_holding_the_key_which_is_written_nowhere(self):
+        key = "sk-suite-test-0123456789abcdef"
+        mock = self.mock(api_key=key)
+        path = write_suite(self.dir, 'model = "m"\nbase_url = "%s"\napi_key_env = "EVH_SUITE_KEY"\nout = "k"\n'
+                                     '[[benchmark]]\nname = "qa"\ndataset = "qa.jsonl"\n' % mock.url)
+        res = run_cli(["suite", path, "--no-progress"], env=clean_env(EVH_SUITE_KEY=key), timeout=120)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        for base, _dirs, files in os.walk(os.path.join(self.dir, "k")):
+            for name in files:
+                with open(os.path.join(base, name), "rb") as fh:
+                    self.assertNotIn(key.encode(), fh.read(), name)
+
+
 class TestModels(_Suite):
     def test_two_models_give_two_rows_and_each_endpoint_has_a_gate_of_its_own(self):
         """Each [[model]] pins its own concurrency; its two benchmarks together never have more requests in flight
