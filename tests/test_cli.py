@@ -11,7 +11,8 @@ from tests.support import ROOT, eh
 from tests.test_packaging import find_python
 
 # the least each command needs to parse (its required options and positionals)
-BASE_ARGS = {("run",): ["--dataset", "d.jsonl"], ("suite",): ["nightly.toml"], ("report",): ["RUN"], ("merge",): ["OUT"],
+BASE_ARGS = {("run",): ["--dataset", "d.jsonl"], ("suite",): ["nightly.toml"], ("report",): ["RUN"],
+             ("merge",): ["OUT"],
              ("slurm", "submit"): ["--shards", "2"], ("slurm", "status"): ["OUT"]}
 
 
