@@ -17707,6 +17707,7 @@ class _Endpoint:
         self.pacer: Optional[RatePacer] = None
         self.rate_share: Optional[_RateShare] = None
         self.initial_from: Optional[str] = None
+        self.done: set = set()  # id() of the runs that left (their runner is done)
         self.expected = 0  # the suite's runs on this endpoint
         self.arrived = 0   # those that joined, or ended without joining
 
@@ -17731,12 +17732,14 @@ class _Endpoint:
             self.arrived += 1
 
     def leave(self, run: _Run) -> None:
-        """A run is done with the endpoint (what it shares stays open for the others)."""
+        """A run is done with the endpoint (what it shares stays open for the others; its events end here)."""
+        with self.lock:
+            self.done.add(id(run))
 
     def _event(self, ev: Dict[str, Any]) -> None:
         kind = ev.pop("type")
         with self.lock:
-            stores = [r.store for r in self.runs if r.store is not None]
+            stores = [r.store for r in self.runs if r.store is not None and id(r) not in self.done]
         for store in stores:
             store.event(kind, **ev)
 
