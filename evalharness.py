@@ -8403,7 +8403,7 @@ class _FirstPass:
 def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
     """A run directory read in one pass over its latest records: run.json, events, the report's figures
     (``summary``, ``series``, ``figures``) and ``samples``: every latest record by id, or with ``shown_only`` (a
-    report) for STREAMED_TASKS only the wrong and failed samples the report lists (``bad_total`` counts them
+    report) for a kind whose report is streamed (_Kind.streamed_report) only the wrong and failed samples it lists (``bad_total`` counts them
     all), so that its memory does not grow with the run."""
     if not os.path.isdir(run_dir):
         raise ConfigError("report: %r is not a run directory" % run_dir)
@@ -17823,7 +17823,8 @@ def run_suite(head: Dict[str, Any], entries: Sequence[SuiteEntry], *, stdout: An
     runs: Dict[int, _Run] = {}
 
     def one(i: int, e: SuiteEntry) -> None:
-        states[i]["state"] = "running"
+        with lock:
+            states[i]["state"] = "running"
         ep = endpoints[e.endpoint]
         try:
             code, _ = run_evaluation(e.cfg, stdout=io.StringIO(), cancel=cancel, shared=_Joined(ep, runs, i))
