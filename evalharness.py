@@ -8403,8 +8403,8 @@ class _FirstPass:
 def load_run(run_dir: str, *, shown_only: bool = False) -> Dict[str, Any]:
     """A run directory read in one pass over its latest records: run.json, events, the report's figures
     (``summary``, ``series``, ``figures``) and ``samples``: every latest record by id, or with ``shown_only`` (a
-    report) for a kind whose report is streamed (_Kind.streamed_report) only the wrong and failed samples it lists (``bad_total`` counts them
-    all), so that its memory does not grow with the run."""
+    report) for a kind whose report is streamed (_Kind.streamed_report) only the wrong and failed samples it lists
+    (``bad_total`` counts them all), so that its memory does not grow with the run."""
     if not os.path.isdir(run_dir):
         raise ConfigError("report: %r is not a run directory" % run_dir)
     samples_path = os.path.join(run_dir, RunStore.SAMPLES)
