@@ -14,10 +14,11 @@ Two commands a newcomer types:
 Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers); a section
 uses the names of the sections above it, except through the kinds' registry (_KINDS: the sections above the kinds
 dispatch through it at run time and never name a kind):
-    Compat, Constants, Errors, Utilities, Scoring, Datasets, Limits, Gates, Requests, Endpoints, HTTP model client,
-    Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Shared gates, Report, HTML report,
-    Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE agent, SWE runs, Container tasks, Tool
-    calls, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm, Commands
+    Compat, Constants, Errors, Utilities, Scoring, Compression, Parquet, Datasets, Limits, Gates, Requests,
+    Endpoints, HTTP model client, Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Shared
+    gates, Report, HTML report, Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE agent, SWE
+    runs, Container tasks, Tool calls, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm,
+    Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding its options (an
 _OptionSet of _Opt, and the shared sets it uses), its options record, and a subclass of _Kind registered with @_kind
@@ -99,6 +100,7 @@ bisect = _LazyModule("bisect")
 calendar = _LazyModule("calendar")
 collections = _LazyModule("collections")
 csv = _LazyModule("csv")
+datetime = _LazyModule("datetime")
 decimal = _LazyModule("decimal")
 difflib = _LazyModule("difflib")
 email = _LazyModule("email", ("utils",))
@@ -122,6 +124,7 @@ shutil = _LazyModule("shutil")
 signal = _LazyModule("signal")
 socket = _LazyModule("socket")
 string = _LazyModule("string")
+struct = _LazyModule("struct")
 subprocess = _LazyModule("subprocess")
 tarfile = _LazyModule("tarfile")
 tempfile = _LazyModule("tempfile")
@@ -1377,6 +1380,1249 @@ SCORERS: Dict[str, Callable[[QAItem, str], Tuple[float, str]]] = {
 def score_response(item: QAItem, response: str) -> Tuple[float, str]:
     """Score a model response against an item with its scorer; returns (score in [0, 1], extracted answer)."""
     return SCORERS[item.scorer](item, response)
+
+# =============================================================================
+# Compression
+# =============================================================================
+# The codecs Parquet files are written with, decoded by the standard library alone: Snappy (its raw format, no
+# framing), LZ4's block format (Parquet's LZ4_RAW), Zstandard (RFC 8878) and gzip (zlib). Each takes the whole
+# compressed bytes of one page and returns its bytes; a corrupt input raises _CorruptError, which the caller
+# turns into an error naming the file and the column.
+
+
+class _CorruptError(ValueError):
+    """Compressed or encoded bytes that do not decode (the reader says which file, column and row group)."""
+
+
+def _uvarint(buf: bytes, pos: int) -> Tuple[int, int]:
+    """(value, next position) of an unsigned LEB128 varint at ``buf[pos]``."""
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise _CorruptError("a varint runs past the end of its data")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 70:
+            raise _CorruptError("a varint longer than 10 bytes")
+
+
+def _copy_match(out: bytearray, offset: int, length: int) -> None:
+    """Append ``length`` bytes copied from ``offset`` bytes back (an overlapping copy repeats the pattern)."""
+    start = len(out) - offset
+    if offset <= 0 or start < 0:
+        raise _CorruptError("a match refers %d bytes back, before the start of the data" % offset)
+    if offset >= length:
+        out += out[start:start + length]
+    else:
+        out += (out[start:] * (length // offset + 1))[:length]
+
+
+def _snappy_decompress(data: bytes) -> bytes:
+    """Snappy's raw format: the uncompressed length (a varint), then literals and copies."""
+    size, p = _uvarint(data, 0)
+    out = bytearray()
+    end = len(data)
+    try:
+        while p < end:
+            tag = data[p]
+            kind = tag & 3
+            if kind == 0:
+                n = tag >> 2
+                if n < 60:
+                    p += 1
+                else:
+                    extra = n - 59
+                    n = int.from_bytes(data[p + 1:p + 1 + extra], "little")
+                    p += 1 + extra
+                n += 1
+                if p + n > end:
+                    raise _CorruptError("a Snappy literal runs past the end of the data")
+                out += data[p:p + n]
+                p += n
+                continue
+            if kind == 1:
+                n, off = ((tag >> 2) & 7) + 4, ((tag >> 5) << 8) | data[p + 1]
+                p += 2
+            elif kind == 2:
+                n, off = (tag >> 2) + 1, data[p + 1] | (data[p + 2] << 8)
+                p += 3
+            else:
+                n, off = (tag >> 2) + 1, int.from_bytes(data[p + 1:p + 5], "little")
+                p += 5
+            _copy_match(out, off, n)
+    except IndexError:
+        raise _CorruptError("Snappy data cut off") from None
+    if len(out) != size:
+        raise _CorruptError("Snappy data decoded to %d bytes, its header says %d" % (len(out), size))
+    return bytes(out)
+
+
+def _lz4_block_decompress(data: bytes) -> bytes:
+    """LZ4's block format (Parquet's LZ4_RAW): sequences of literals and a match; the last has literals only."""
+    out = bytearray()
+    p, end = 0, len(data)
+    try:
+        while p < end:
+            token = data[p]
+            p += 1
+            n = token >> 4
+            if n == 15:
+                while True:
+                    b = data[p]
+                    p += 1
+                    n += b
+                    if b != 255:
+                        break
+            if p + n > end:
+                raise _CorruptError("an LZ4 literal run passes the end of the data")
+            out += data[p:p + n]
+            p += n
+            if p >= end:
+                break
+            off = data[p] | (data[p + 1] << 8)
+            p += 2
+            n = token & 15
+            if n == 15:
+                while True:
+                    b = data[p]
+                    p += 1
+                    n += b
+                    if b != 255:
+                        break
+            _copy_match(out, off, n + 4)
+    except IndexError:
+        raise _CorruptError("LZ4 data cut off") from None
+    return bytes(out)
+
+
+def _gzip_decompress(data: bytes) -> bytes:
+    """gzip members, one after another (zlib)."""
+    parts = []
+    try:
+        while data:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            parts.append(d.decompress(data))
+            parts.append(d.flush())
+            if not d.eof:
+                raise _CorruptError("gzip data cut off")
+            data = d.unused_data
+    except zlib.error as exc:
+        raise _CorruptError("gzip: %s" % exc) from None
+    return b"".join(parts)
+
+
+# ----------------------------------------------------------------------------- Zstandard (RFC 8878)
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_LL_DEFAULT = (4, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 2, 1, 1, 1, 1, 1,
+                    -1, -1, -1, -1)
+_ZSTD_ML_DEFAULT = (1, 4, 3, 2, 2, 2, 2, 2, 2) + (1,) * 37 + (-1,) * 7
+_ZSTD_OF_DEFAULT = (1, 1, 1, 1, 1, 1, 2, 2, 2) + (1,) * 15 + (-1,) * 5
+_ZSTD_LL_BASE = tuple(range(16)) + (16, 18, 20, 22, 24, 28, 32, 40, 48, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                    16384, 32768, 65536)
+_ZSTD_LL_BITS = (0,) * 16 + (1, 1, 1, 1, 2, 2, 3, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+_ZSTD_ML_BASE = tuple(range(3, 35)) + (35, 37, 39, 41, 43, 47, 51, 59, 67, 83, 99, 131, 259, 515, 1027, 2051, 4099,
+                                       8195, 16387, 32771, 65539)
+_ZSTD_ML_BITS = (0,) * 32 + (1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+
+
+class _BackBits:
+    """A bitstream read backwards (zstd's FSE and Huffman streams): the last byte's highest set bit marks the
+    start; each read takes the next bits below. Reading past the beginning yields zeros and leaves ``pos``
+    negative (an overflow, which the weights' decoder uses as its stop)."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, data: bytes, start: int, end: int):
+        if end <= start or data[end - 1] == 0:
+            raise _CorruptError("a zstd bitstream is empty or lacks its end mark")
+        self.buf = data[start:end]
+        self.pos = (end - start - 1) * 8 + data[end - 1].bit_length() - 1
+
+    def read(self, n: int) -> int:
+        if n == 0:
+            return 0
+        pos = self.pos - n
+        self.pos = pos
+        if pos >= 0:
+            b = pos >> 3
+            return (int.from_bytes(self.buf[b:b + 8], "little") >> (pos & 7)) & ((1 << n) - 1)
+        if pos + n <= 0:
+            return 0
+        return (int.from_bytes(self.buf[:8], "little") << -pos) & ((1 << n) - 1)
+
+
+def _fse_counts(data: bytes, pos: int, end: int, max_symbol: int, max_log: int) -> Tuple[List[int], int, int]:
+    """(normalized counts, accuracy log, next position) of an FSE table description (RFC 8878 4.1.1)."""
+    bits = int.from_bytes(data[pos:min(end, pos + 512)], "little")
+    limit = (min(end, pos + 512) - pos) * 8
+    at = 4
+    log = (bits & 15) + 5
+    if log > max_log:
+        raise _CorruptError("an FSE table's accuracy log %d exceeds %d" % (log, max_log))
+    remaining = (1 << log) + 1
+    threshold = 1 << log
+    nb = log + 1
+    counts: List[int] = []
+    while remaining > 1 and len(counts) <= max_symbol:
+        most = 2 * threshold - 1 - remaining
+        low = (bits >> at) & (threshold - 1)
+        if low < most:
+            value = low
+            at += nb - 1
+        else:
+            value = (bits >> at) & (2 * threshold - 1)
+            if value >= threshold:
+                value -= most
+            at += nb
+        prob = value - 1
+        counts.append(prob)
+        remaining -= 1 if prob < 0 else prob
+        if prob == 0:
+            while True:
+                repeat = (bits >> at) & 3
+                at += 2
+                counts.extend([0] * repeat)
+                if repeat != 3:
+                    break
+        while remaining < threshold:
+            nb -= 1
+            threshold >>= 1
+        if at > limit:
+            raise _CorruptError("an FSE table description runs past its data")
+    if remaining != 1 or len(counts) > max_symbol + 1:
+        raise _CorruptError("an FSE table description does not add up")
+    return counts, log, pos + (at + 7) // 8
+
+
+def _fse_table(counts: Sequence[int], log: int) -> Tuple[List[int], List[int], List[int]]:
+    """(symbol, bits to read, baseline) of each state of an FSE decoding table."""
+    size = 1 << log
+    symbols = [0] * size
+    high = size - 1
+    for s, c in enumerate(counts):
+        if c == -1:
+            symbols[high] = s
+            high -= 1
+    step, mask, p = (size >> 1) + (size >> 3) + 3, size - 1, 0
+    for s, c in enumerate(counts):
+        for _ in range(c if c > 0 else 0):
+            symbols[p] = s
+            p = (p + step) & mask
+            while p > high:
+                p = (p + step) & mask
+    if p != 0:
+        raise _CorruptError("an FSE table's counts do not fill it")
+    following = [1 if c == -1 else max(c, 0) for c in counts]
+    nbits, base = [0] * size, [0] * size
+    for u in range(size):
+        s = symbols[u]
+        x = following[s]
+        following[s] = x + 1
+        nb = log - (x.bit_length() - 1)
+        nbits[u], base[u] = nb, (x << nb) - size
+    return symbols, nbits, base
+
+
+_ZSTD_PREDEFINED: Dict[str, Tuple[Any, int]] = {}
+
+
+def _zstd_predefined(which: str) -> Tuple[Any, int]:
+    if not _ZSTD_PREDEFINED:
+        for name, counts, log in (("ll", _ZSTD_LL_DEFAULT, 6), ("ml", _ZSTD_ML_DEFAULT, 6),
+                                  ("of", _ZSTD_OF_DEFAULT, 5)):
+            _ZSTD_PREDEFINED[name] = (_fse_table(counts, log), log)
+    return _ZSTD_PREDEFINED[which]
+
+
+def _huffman_table(weights: List[int]) -> Tuple[List[int], List[int], int]:
+    """(symbol, code length) by the next max_bits bits, and max_bits, of a Huffman table from its weights (the last
+    symbol's weight is implied: the weights fill a power of two)."""
+    total = sum(1 << (w - 1) for w in weights if w)
+    if total == 0:
+        raise _CorruptError("a Huffman table with no symbols")
+    max_bits = total.bit_length()
+    rest = (1 << max_bits) - total
+    if rest & (rest - 1) or max_bits > 11:
+        raise _CorruptError("a Huffman table's weights do not add up")
+    weights = weights + [rest.bit_length()]
+    size = 1 << max_bits
+    symbols, lengths = [0] * size, [0] * size
+    p = 0
+    for w in range(1, max_bits + 1):
+        n = 1 << (w - 1)
+        for s, sw in enumerate(weights):
+            if sw == w:
+                symbols[p:p + n] = [s] * n
+                lengths[p:p + n] = [max_bits + 1 - w] * n
+                p += n
+    return symbols, lengths, max_bits
+
+
+def _huffman_weights(data: bytes, pos: int, end: int) -> Tuple[List[int], int]:
+    """(weights, next position) of a Huffman tree description: 4-bit weights, or FSE-compressed ones."""
+    head = data[pos]
+    if head >= 128:
+        n = head - 127
+        raw = data[pos + 1:pos + 1 + (n + 1) // 2]
+        weights = [(raw[i // 2] >> 4) if i % 2 == 0 else (raw[i // 2] & 15) for i in range(n)]
+        return weights, pos + 1 + (n + 1) // 2
+    stop = pos + 1 + head
+    if stop > end:
+        raise _CorruptError("a Huffman tree description runs past its block")
+    counts, log, p = _fse_counts(data, pos + 1, stop, 255, 6)
+    symbols, nbits, base = _fse_table(counts, log)
+    bits = _BackBits(data, p, stop)
+    s1, s2 = bits.read(log), bits.read(log)
+    weights: List[int] = []
+    while len(weights) < 255:
+        weights.append(symbols[s1])
+        s1 = base[s1] + bits.read(nbits[s1])
+        if bits.pos < 0:
+            weights.append(symbols[s2])
+            break
+        weights.append(symbols[s2])
+        s2 = base[s2] + bits.read(nbits[s2])
+        if bits.pos < 0:
+            weights.append(symbols[s1])
+            break
+    return weights, stop
+
+
+def _huffman_stream(data: bytes, start: int, end: int, count: int, table: Tuple[List[int], List[int], int]
+                    ) -> bytes:
+    symbols, lengths, max_bits = table
+    if end <= start or data[end - 1] == 0:
+        raise _CorruptError("a Huffman stream is empty or lacks its end mark")
+    buf = data[start:end]
+    pos = (end - start - 1) * 8 + data[end - 1].bit_length() - 1
+    mask = (1 << max_bits) - 1
+    out = bytearray(count)
+    from_bytes = int.from_bytes
+    for i in range(count):
+        p = pos - max_bits
+        if p >= 0:
+            b = p >> 3
+            v = (from_bytes(buf[b:b + 3], "little") >> (p & 7)) & mask
+        else:
+            v = (from_bytes(buf[:3], "little") << -p) & mask
+        out[i] = symbols[v]
+        pos -= lengths[v]
+    if pos != 0:
+        raise _CorruptError("a Huffman stream does not end where its symbols do")
+    return bytes(out)
+
+
+class _ZstdFrame:
+    """The state a frame's blocks share: the repeat offsets, the last Huffman and FSE tables."""
+
+    def __init__(self) -> None:
+        self.reps = [1, 4, 8]
+        self.huffman: Optional[Tuple[List[int], List[int], int]] = None
+        self.tables: Dict[str, Tuple[Any, int]] = {}
+
+    def literals(self, data: bytes, p: int, end: int) -> Tuple[bytes, int]:
+        b0 = data[p]
+        kind, form = b0 & 3, (b0 >> 2) & 3
+        if kind < 2:
+            if form in (0, 2):
+                size, p = b0 >> 3, p + 1
+            elif form == 1:
+                size, p = (b0 >> 4) | (data[p + 1] << 4), p + 2
+            else:
+                size, p = (b0 >> 4) | (data[p + 1] << 4) | (data[p + 2] << 12), p + 3
+            if kind == 0:
+                if p + size > end:
+                    raise _CorruptError("zstd raw literals run past their block")
+                return data[p:p + size], p + size
+            return data[p:p + 1] * size, p + 1
+        head = int.from_bytes(data[p:p + 5], "little")
+        if form < 2:
+            size, csize, p, streams = (head >> 4) & 0x3FF, (head >> 14) & 0x3FF, p + 3, 1 if form == 0 else 4
+        elif form == 2:
+            size, csize, p, streams = (head >> 4) & 0x3FFF, (head >> 18) & 0x3FFF, p + 4, 4
+        else:
+            size, csize, p, streams = (head >> 4) & 0x3FFFF, (head >> 22) & 0x3FFFF, p + 5, 4
+        stop = p + csize
+        if stop > end:
+            raise _CorruptError("zstd literals run past their block")
+        if kind == 2:
+            weights, p = _huffman_weights(data, p, stop)
+            self.huffman = _huffman_table(weights)
+        elif self.huffman is None:
+            raise _CorruptError("zstd literals reuse a Huffman table never given")
+        if streams == 1:
+            return _huffman_stream(data, p, stop, size, self.huffman), stop
+        s1, s2, s3 = data[p] | data[p + 1] << 8, data[p + 2] | data[p + 3] << 8, data[p + 4] | data[p + 5] << 8
+        a = p + 6
+        bounds = (a, a + s1, a + s1 + s2, a + s1 + s2 + s3, stop)
+        each = (size + 3) // 4
+        parts = [_huffman_stream(data, bounds[i], bounds[i + 1], each if i < 3 else size - 3 * each, self.huffman)
+                 for i in range(4)]
+        return b"".join(parts), stop
+
+    def table(self, name: str, mode: int, data: bytes, p: int, end: int, max_symbol: int, max_log: int
+              ) -> Tuple[Tuple[Any, int], int]:
+        if mode == 0:
+            found = _zstd_predefined(name)
+        elif mode == 1:
+            found = (([data[p]], [0], [0]), 0)
+            p += 1
+        elif mode == 2:
+            counts, log, p = _fse_counts(data, p, end, max_symbol, max_log)
+            found = (_fse_table(counts, log), log)
+        else:
+            if name not in self.tables:
+                raise _CorruptError("zstd sequences repeat a table never given")
+            found = self.tables[name]
+        self.tables[name] = found
+        return found, p
+
+    def block(self, data: bytes, p: int, end: int, out: bytearray) -> None:
+        lits, p = self.literals(data, p, end)
+        b0 = data[p]
+        if b0 == 0:
+            out += lits
+            return
+        if b0 < 128:
+            count, p = b0, p + 1
+        elif b0 < 255:
+            count, p = ((b0 - 128) << 8) + data[p + 1], p + 2
+        else:
+            count, p = data[p + 1] + (data[p + 2] << 8) + 0x7F00, p + 3
+        modes = data[p]
+        p += 1
+        (ll_t, ll_log), p = self.table("ll", modes >> 6, data, p, end, 35, 9)
+        (of_t, of_log), p = self.table("of", (modes >> 4) & 3, data, p, end, 31, 8)
+        (ml_t, ml_log), p = self.table("ml", (modes >> 2) & 3, data, p, end, 52, 9)
+        ll_sym, ll_nb, ll_base = ll_t
+        of_sym, of_nb, of_base = of_t
+        ml_sym, ml_nb, ml_base = ml_t
+        bits = _BackBits(data, p, end)
+        read = bits.read
+        ll_s, of_s, ml_s = read(ll_log), read(of_log), read(ml_log)
+        r1, r2, r3 = self.reps
+        lp = 0
+        for i in range(count):
+            ofc, llc, mlc = of_sym[of_s], ll_sym[ll_s], ml_sym[ml_s]
+            ofv = (1 << ofc) + read(ofc)
+            ml = _ZSTD_ML_BASE[mlc] + read(_ZSTD_ML_BITS[mlc])
+            ll = _ZSTD_LL_BASE[llc] + read(_ZSTD_LL_BITS[llc])
+            if ofv > 3:
+                offset = ofv - 3
+                r1, r2, r3 = offset, r1, r2
+            else:
+                idx = ofv - 1 + (ll == 0)
+                if idx == 0:
+                    offset = r1
+                elif idx == 1:
+                    offset = r2
+                    r1, r2 = r2, r1
+                elif idx == 2:
+                    offset = r3
+                    r1, r2, r3 = r3, r1, r2
+                else:
+                    offset = r1 - 1
+                    r1, r2, r3 = offset, r1, r2
+            if i != count - 1:
+                ll_s = ll_base[ll_s] + read(ll_nb[ll_s])
+                ml_s = ml_base[ml_s] + read(ml_nb[ml_s])
+                of_s = of_base[of_s] + read(of_nb[of_s])
+            if ll:
+                if lp + ll > len(lits):
+                    raise _CorruptError("zstd sequences take more literals than the block has")
+                out += lits[lp:lp + ll]
+                lp += ll
+            _copy_match(out, offset, ml)
+        if bits.pos != 0:
+            raise _CorruptError("zstd sequences do not end where their bitstream does")
+        out += lits[lp:]
+        self.reps = [r1, r2, r3]
+
+
+def _zstd_decompress(data: bytes) -> bytes:
+    """Zstandard frames (RFC 8878), one after another; skippable frames skipped; no dictionaries."""
+    out = bytearray()
+    p, end = 0, len(data)
+    try:
+        while p < end:
+            magic = int.from_bytes(data[p:p + 4], "little")
+            if magic & 0xFFFFFFF0 == 0x184D2A50:
+                p += 8 + int.from_bytes(data[p + 4:p + 8], "little")
+                continue
+            if magic != _ZSTD_MAGIC:
+                raise _CorruptError("not a zstd frame (magic %08x)" % magic)
+            desc = data[p + 4]
+            p += 5
+            single = (desc >> 5) & 1
+            if not single:
+                p += 1  # the window descriptor: the whole frame is kept, so its window is never needed
+            dict_size = (0, 1, 2, 4)[desc & 3]
+            if dict_size and int.from_bytes(data[p:p + dict_size], "little"):
+                raise _CorruptError("a zstd frame compressed with a dictionary")
+            p += dict_size + ((1 if single else 0), 2, 4, 8)[desc >> 6]
+            frame = _ZstdFrame()
+            while True:
+                head = int.from_bytes(data[p:p + 3], "little")
+                p += 3
+                last, kind, size = head & 1, (head >> 1) & 3, head >> 3
+                if kind == 0:
+                    if p + size > end:
+                        raise _CorruptError("a zstd block runs past the end of the data")
+                    out += data[p:p + size]
+                    p += size
+                elif kind == 1:
+                    out += data[p:p + 1] * size
+                    p += 1
+                elif kind == 2:
+                    if p + size > end:
+                        raise _CorruptError("a zstd block runs past the end of the data")
+                    frame.block(data, p, p + size, out)  # (its matches may reach into earlier blocks)
+                    p += size
+                else:
+                    raise _CorruptError("a zstd block of the reserved type")
+                if last:
+                    break
+            if desc & 4:
+                p += 4  # the content checksum (xxhash64): the page's own CRC and sizes are checked instead
+    except IndexError:
+        raise _CorruptError("zstd data cut off") from None
+    return bytes(out)
+
+# =============================================================================
+# Parquet
+# =============================================================================
+# Apache Parquet files read row group by row group (memory bounded by the largest row group): the footer's
+# metadata (Thrift compact protocol), data pages v1 and v2 and dictionary pages (CRCs checked where written), the
+# encodings, the codecs of the Compression section, and records assembled from the repetition and definition
+# levels into plain values (README "Datasets from the Hub" says how each type reads).
+
+_PQ_CODECS = {0: "UNCOMPRESSED", 1: "SNAPPY", 2: "GZIP", 3: "LZO", 4: "BROTLI", 5: "LZ4", 6: "ZSTD", 7: "LZ4_RAW"}
+_PQ_DECOMPRESS: Dict[int, Callable[[bytes], bytes]] = {1: _snappy_decompress, 2: _gzip_decompress,
+                                                       6: _zstd_decompress, 7: _lz4_block_decompress}
+_PQ_TYPES = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")
+_PQ_ENCODINGS = {0: "PLAIN", 2: "PLAIN_DICTIONARY", 3: "RLE", 4: "BIT_PACKED", 5: "DELTA_BINARY_PACKED",
+                 6: "DELTA_LENGTH_BYTE_ARRAY", 7: "DELTA_BYTE_ARRAY", 8: "RLE_DICTIONARY", 9: "BYTE_STREAM_SPLIT"}
+_PQ_REQUIRED, _PQ_OPTIONAL, _PQ_REPEATED = 0, 1, 2
+
+
+class _LazyStruct:
+    """``struct.Struct(fmt)`` made at its first use (struct is imported lazily, like the other modules)."""
+
+    def __init__(self, fmt: str) -> None:
+        self.__dict__["fmt"] = fmt
+
+    def __getattr__(self, attr: str) -> Any:
+        compiled = struct.Struct(self.fmt)
+        self.__dict__["unpack_from"] = compiled.unpack_from
+        return getattr(compiled, attr)
+
+
+_U32 = _LazyStruct("<I")
+
+
+def _thrift_read(buf: bytes, pos: int) -> Tuple[Dict[int, Any], int]:
+    """(fields by id, next position) of a Thrift compact-protocol struct at ``buf[pos]``."""
+    fields: Dict[int, Any] = {}
+    last = 0
+    while True:
+        head = buf[pos]
+        pos += 1
+        if head == 0:
+            return fields, pos
+        kind, delta = head & 15, head >> 4
+        if delta:
+            fid = last + delta
+        else:
+            raw, pos = _uvarint(buf, pos)
+            fid = (raw >> 1) ^ -(raw & 1)
+        last = fid
+        fields[fid], pos = _thrift_value(buf, pos, kind)
+
+
+def _thrift_value(buf: bytes, pos: int, kind: int) -> Tuple[Any, int]:
+    if kind in (1, 2):
+        return kind == 1, pos
+    if kind == 3:
+        v = buf[pos]
+        return v - 256 if v > 127 else v, pos + 1
+    if kind in (4, 5, 6):
+        raw, pos = _uvarint(buf, pos)
+        return (raw >> 1) ^ -(raw & 1), pos
+    if kind == 7:
+        return struct.unpack_from("<d", buf, pos)[0], pos + 8
+    if kind == 8:
+        n, pos = _uvarint(buf, pos)
+        if pos + n > len(buf):
+            raise IndexError(pos + n)
+        return bytes(buf[pos:pos + n]), pos + n
+    if kind in (9, 10):
+        head = buf[pos]
+        pos += 1
+        n, elem = head >> 4, head & 15
+        if n == 15:
+            n, pos = _uvarint(buf, pos)
+        items = []
+        for _ in range(n):
+            if elem in (1, 2):
+                items.append(buf[pos] == 1)
+                pos += 1
+            else:
+                v, pos = _thrift_value(buf, pos, elem)
+                items.append(v)
+        return items, pos
+    if kind == 11:
+        n, pos = _uvarint(buf, pos)
+        if n == 0:
+            return {}, pos
+        types = buf[pos]
+        pos += 1
+        out = {}
+        for _ in range(n):
+            k, pos = _thrift_value(buf, pos, types >> 4)
+            out[k if not isinstance(k, list) else tuple(k)], pos = _thrift_value(buf, pos, types & 15)
+        return out, pos
+    if kind == 12:
+        return _thrift_read(buf, pos)
+    raise _CorruptError("an unknown Thrift type %d" % kind)
+
+
+def _bits_unpack(buf: bytes, width: int, count: int, pos: int = 0) -> List[int]:
+    """``count`` integers of ``width`` bits packed from the least significant bit (Parquet's bit packing)."""
+    if width == 0:
+        return [0] * count
+    if width == 8:
+        return list(buf[pos:pos + count])
+    mask = (1 << width) - 1
+    out: List[int] = []
+    group = 64  # values per int.from_bytes: 8*width bytes, small enough to shift cheaply
+    for g in range(0, count, group):
+        n = min(group, count - g)
+        start = pos + g * width // 8
+        v = int.from_bytes(buf[start:start + (n * width + 7) // 8], "little")
+        out.extend((v >> (k * width)) & mask for k in range(n))
+    return out
+
+
+def _rle_hybrid(buf: bytes, pos: int, end: int, width: int, count: int) -> List[int]:
+    """``count`` values of the RLE / bit-packing hybrid (levels, dictionary indices, booleans)."""
+    out: List[int] = []
+    nbytes = (width + 7) // 8
+    while len(out) < count:
+        if pos >= end:
+            raise _CorruptError("RLE data ends after %d of %d values" % (len(out), count))
+        head, pos = _uvarint(buf, pos)
+        if head & 1:
+            n = (head >> 1) * 8
+            out.extend(_bits_unpack(buf, width, n, pos))
+            pos += (head >> 1) * width
+        else:
+            out.extend([int.from_bytes(buf[pos:pos + nbytes], "little")] * (head >> 1))
+            pos += nbytes
+    if pos > end:
+        raise _CorruptError("RLE data runs past its end")
+    del out[count:]
+    return out
+
+
+def _bit_packed_levels(buf: bytes, pos: int, width: int, count: int) -> Tuple[List[int], int]:
+    """The deprecated BIT_PACKED levels (data pages v1): packed from the most significant bit, no length prefix."""
+    size = (count * width + 7) // 8
+    if width == 0:
+        return [0] * count, pos
+    v = int.from_bytes(buf[pos:pos + size], "big")
+    total, mask = size * 8, (1 << width) - 1
+    return [(v >> (total - (i + 1) * width)) & mask for i in range(count)], pos + size
+
+
+def _zigzag(raw: int) -> int:
+    return (raw >> 1) ^ -(raw & 1)
+
+
+def _delta_binary(buf: bytes, pos: int, bits: int) -> Tuple[List[int], int]:
+    """(values, next position) of DELTA_BINARY_PACKED integers, wrapped to ``bits`` as their writer's were."""
+    block, pos = _uvarint(buf, pos)
+    minis, pos = _uvarint(buf, pos)
+    total, pos = _uvarint(buf, pos)
+    first, pos = _uvarint(buf, pos)
+    if minis == 0 or block % minis or (block // minis) % 32:
+        raise _CorruptError("a DELTA_BINARY_PACKED header with %d miniblocks in blocks of %d" % (minis, block))
+    per = block // minis
+    last = _zigzag(first)
+    out = [last] if total else []
+    half, span = 1 << (bits - 1), 1 << bits
+    while len(out) < total:
+        raw, pos = _uvarint(buf, pos)
+        min_delta = _zigzag(raw)
+        widths = buf[pos:pos + minis]
+        pos += minis
+        for width in widths:
+            if len(out) >= total:
+                break
+            if width > bits:
+                raise _CorruptError("a DELTA_BINARY_PACKED miniblock of %d-bit deltas" % width)
+            for d in _bits_unpack(buf, width, min(per, total - len(out)), pos):
+                last = ((last + min_delta + d + half) % span) - half
+                out.append(last)
+            pos += per * width // 8
+    return out, pos
+
+
+def _plain_byte_arrays(buf: bytes, pos: int, count: int) -> List[bytes]:
+    out = []
+    unpack = _U32.unpack_from
+    for _ in range(count):
+        n = unpack(buf, pos)[0]
+        pos += 4
+        out.append(buf[pos:pos + n])
+        pos += n
+    if pos > len(buf):
+        raise _CorruptError("byte arrays run past the end of their page")
+    return out
+
+
+def _delta_length_arrays(buf: bytes, pos: int) -> Tuple[List[bytes], int]:
+    lengths, pos = _delta_binary(buf, pos, 32)
+    out = []
+    for n in lengths:
+        out.append(buf[pos:pos + n])
+        pos += n
+    if pos > len(buf):
+        raise _CorruptError("byte arrays run past the end of their page")
+    return out, pos
+
+
+def _delta_byte_arrays(buf: bytes, pos: int) -> List[bytes]:
+    prefixes, pos = _delta_binary(buf, pos, 32)
+    suffixes, pos = _delta_length_arrays(buf, pos)
+    if len(prefixes) != len(suffixes):
+        raise _CorruptError("DELTA_BYTE_ARRAY has %d prefixes for %d suffixes" % (len(prefixes), len(suffixes)))
+    out, last = [], b""
+    for n, tail in zip(prefixes, suffixes):
+        last = last[:n] + tail
+        out.append(last)
+    return out
+
+
+_PQ_STRUCT_CODES = {1: "i", 2: "q", 4: "f", 5: "d"}
+_PQ_WIDTHS = {1: 4, 2: 8, 4: 4, 5: 8}
+
+
+class _PqLeaf:
+    """One leaf column of a Parquet schema: its physical type, levels, how its values read, and (while a row
+    group is assembled) its levels, values and cursors."""
+
+    def __init__(self, path: Tuple[str, ...], el: Dict[int, Any], max_def: int, max_rep: int):
+        self.path, self.el = path, el
+        self.name = ".".join(path)
+        self.ptype = el.get(1, 6)
+        self.type_length = el.get(2) or 0
+        self.max_def, self.max_rep = max_def, max_rep
+        self.convert, self.logical = _pq_converter(el, self.name)
+        self.defs: Optional[List[int]] = None
+        self.reps: Optional[List[int]] = None
+        self.values: List[Any] = []
+        self.e = self.v = 0
+
+    def plain(self, buf: bytes, pos: int, count: int) -> List[Any]:
+        """``count`` PLAIN values from ``buf[pos:]``."""
+        t = self.ptype
+        if t in _PQ_STRUCT_CODES:
+            width = _PQ_WIDTHS[t]
+            if pos + count * width > len(buf):
+                raise _CorruptError("%d values need %d bytes, the page has %d" % (count, count * width,
+                                                                                   len(buf) - pos))
+            return list(struct.unpack_from("<%d%s" % (count, _PQ_STRUCT_CODES[t]), buf, pos))
+        if t == 6:
+            return _plain_byte_arrays(buf, pos, count)
+        if t == 0:
+            return [bool(b) for b in _bits_unpack(buf, 1, count, pos)]
+        width = 12 if t == 3 else self.type_length
+        if pos + count * width > len(buf):
+            raise _CorruptError("%d values need %d bytes, the page has %d" % (count, count * width, len(buf) - pos))
+        return [bytes(buf[pos + i * width:pos + (i + 1) * width]) for i in range(count)]
+
+    def decode(self, encoding: int, buf: bytes, pos: int, count: int, dictionary: Optional[List[Any]]
+               ) -> List[Any]:
+        """``count`` values (non-null ones) of a data page in ``encoding``, converted."""
+        if encoding in (2, 8):
+            if dictionary is None:
+                raise _CorruptError("a dictionary-encoded page without a dictionary page")
+            if count == 0:
+                return []
+            idx = _rle_hybrid(buf, pos + 1, len(buf), buf[pos], count)
+            try:
+                return [dictionary[i] for i in idx]
+            except IndexError:
+                raise _CorruptError("a dictionary index past the dictionary's %d values" % len(dictionary)) \
+                    from None
+        if encoding == 0:
+            raw = self.plain(buf, pos, count)
+        elif encoding == 3 and self.ptype == 0:
+            n = _U32.unpack_from(buf, pos)[0]
+            raw = [bool(b) for b in _rle_hybrid(buf, pos + 4, pos + 4 + n, 1, count)]
+        elif encoding == 5 and self.ptype in (1, 2):
+            raw, _ = _delta_binary(buf, pos, 32 if self.ptype == 1 else 64)
+        elif encoding == 6 and self.ptype == 6:
+            raw, _ = _delta_length_arrays(buf, pos)
+        elif encoding == 7 and self.ptype in (6, 7):
+            raw = _delta_byte_arrays(buf, pos)
+        elif encoding == 9 and self.ptype in (1, 2, 4, 5, 7):
+            width = _PQ_WIDTHS.get(self.ptype) or self.type_length
+            n = (len(buf) - pos) // width
+            joined = bytearray(n * width)
+            for k in range(width):
+                joined[k::width] = buf[pos + k * n:pos + (k + 1) * n]
+            raw = self.plain(bytes(joined), 0, n)
+        else:
+            raise _CorruptError("encoding %s is not defined for %s values" % (
+                _PQ_ENCODINGS.get(encoding, encoding), _PQ_TYPES[self.ptype]))
+        if len(raw) < count:
+            raise _CorruptError("a page holds %d values where its levels say %d" % (len(raw), count))
+        del raw[count:]
+        return self.convert(raw) if self.convert is not None else raw
+
+
+# ----------------------------------------------------------------------------- types to values
+_PQ_EPOCH_DAY = 2440588  # the Julian day of 1970-01-01 (INT96 timestamps count Julian days)
+_NANO_DATETIME: List[Any] = []
+
+
+def _nano_datetime(epoch_ns: int, tz: Any) -> Any:
+    """A datetime from nanoseconds since the epoch: a plain datetime when they are whole microseconds, else one
+    that also carries ``.nanosecond`` (0-999) and shows nine digits in isoformat()."""
+    us, ns = divmod(epoch_ns, 1000)
+    base = datetime.datetime(1970, 1, 1, tzinfo=tz) + datetime.timedelta(microseconds=us)
+    if not ns:
+        return base
+    if not _NANO_DATETIME:
+        class NanoDatetime(datetime.datetime):
+            """A datetime with nanoseconds (.nanosecond, 0-999, below the microseconds)."""
+
+            nanosecond = 0
+
+            def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+                text = datetime.datetime.isoformat(self, sep, "microseconds")
+                return text[:26] + "%03d" % self.nanosecond + text[26:]
+
+            def __str__(self) -> str:
+                return self.isoformat(" ")
+
+        _NANO_DATETIME.append(NanoDatetime)
+    value = _NANO_DATETIME[0].combine(base.date(), base.timetz())
+    value.nanosecond = ns
+    return value
+
+
+def _pq_decimal(unscaled: int, scale: int) -> Any:
+    """The exact decimal unscaled * 10**-scale (no context rounding, whatever the precision)."""
+    return decimal.Decimal((1 if unscaled < 0 else 0, tuple(int(c) for c in str(abs(unscaled))), -scale))
+
+
+def _pq_unit(union: Optional[Dict[int, Any]]) -> str:
+    """A TimeUnit union's unit: ms, us or ns."""
+    return {1: "ms", 2: "us", 3: "ns"}.get(min(union or {3: 0}), "ns")
+
+
+class _UnsupportedError(_CorruptError):
+    """A column of a type the reader does not turn into values."""
+
+
+def _pq_converter(el: Dict[int, Any], name: str) -> Tuple[Optional[Callable[[List[Any]], List[Any]]], str]:
+    """(batch converter of a leaf's raw values or None, the type's name) by its logical and converted types."""
+    t, lt, ct = el.get(1, 6), el.get(10) or {}, el.get(6)
+    ptype = _PQ_TYPES[t] if 0 <= t < len(_PQ_TYPES) else str(t)
+    if 1 in lt or 4 in lt or 12 in lt or ct in (0, 4, 19):
+        what = "json" if 12 in lt or ct == 19 else "enum" if 4 in lt or ct == 4 else "string"
+        if t == 6:
+            return (lambda vs: [v.decode("utf-8") for v in vs]), what
+    if 5 in lt or ct == 5:
+        scale = (lt.get(5) or {}).get(1, el.get(7) or 0)
+        precision = (lt.get(5) or {}).get(2, el.get(8) or 0)
+        what = "decimal(%d,%d)" % (precision, scale)
+        if t in (1, 2):
+            return (lambda vs: [_pq_decimal(v, scale) for v in vs]), what
+        if t in (6, 7):
+            return (lambda vs: [_pq_decimal(int.from_bytes(v, "big", signed=True), scale) for v in vs]), what
+    if 6 in lt or ct == 6:
+        epoch = datetime.date(1970, 1, 1)
+        return (lambda vs: [epoch + datetime.timedelta(days=v) for v in vs]), "date"
+    if 7 in lt or ct in (7, 8):
+        unit = _pq_unit(lt[7].get(2)) if 7 in lt else "ms" if ct == 7 else "us"
+        to_us = {"ms": lambda v: v * 1000, "us": lambda v: v, "ns": lambda v: v // 1000}[unit]
+
+        def times(vs: List[int]) -> List[Any]:
+            out = []
+            for v in vs:
+                s, us = divmod(to_us(v), 1000000)
+                out.append(datetime.time(s // 3600, s // 60 % 60, s % 60, us))
+            return out
+        return times, "time[%s]" % unit
+    if 8 in lt or ct in (9, 10):
+        if 8 in lt:
+            unit, tz = _pq_unit(lt[8].get(2)), datetime.timezone.utc if lt[8].get(1) else None
+        else:
+            unit, tz = "ms" if ct == 9 else "us", datetime.timezone.utc
+        per = {"ms": 1000000, "us": 1000, "ns": 1}[unit]
+        return (lambda vs: [_nano_datetime(v * per, tz) for v in vs]), "timestamp[%s%s]" % (unit, ", UTC" if tz else "")
+    if t == 3:
+        def int96(vs: List[bytes]) -> List[Any]:
+            return [_nano_datetime((int.from_bytes(v[8:], "little") - _PQ_EPOCH_DAY) * 86400000000000
+                                   + int.from_bytes(v[:8], "little"), None) for v in vs]
+        return int96, "timestamp[ns] (INT96)"
+    signed, bits = True, {1: 32, 2: 64}.get(t, 0)
+    if 10 in lt:
+        signed, bits = bool(lt[10].get(2, True)), lt[10].get(1) or bits
+    elif ct is not None and 11 <= ct <= 18:
+        signed, bits = ct >= 15, (8, 16, 32, 64)[(ct - 11) % 4]
+    if t in (1, 2) and not signed:
+        span = 1 << (32 if t == 1 else 64)
+        return (lambda vs: [v % span for v in vs]), "uint%d" % bits
+    if t in (1, 2):
+        return None, "int%d" % bits
+    if 14 in lt and t == 7:
+        return (lambda vs: ["%s-%s-%s-%s-%s" % tuple(v.hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20),
+                                                                              (20, 32))) for v in vs]), "uuid"
+    if 15 in lt and t == 7:
+        return (lambda vs: [struct.unpack("<e", v)[0] for v in vs]), "float16"
+    for key, what in ((16, "VARIANT"), (17, "GEOMETRY"), (18, "GEOGRAPHY")):
+        if key in lt:
+            raise _UnsupportedError("column %s: the %s type is not read; drop the column, or re-save it as a "
+                                    "string" % (name, what))
+    if ct == 21:
+        raise _UnsupportedError("column %s: the INTERVAL type is not read; drop the column, or re-save it as a "
+                                "string or a number" % name)
+    return None, {0: "bool", 4: "float", 5: "double", 6: "binary", 7: "fixed_binary[%d]" % (el.get(2) or 0)
+                  }.get(t, ptype.lower())
+
+
+# ----------------------------------------------------------------------------- the schema and record assembly
+class _PqNode:
+    """A node of a Parquet schema: a leaf column, a struct, a list or a map, with its levels."""
+
+    def __init__(self, el: Dict[int, Any], rep: int, def_level: int, rep_level: int):
+        self.name = el.get(4, b"").decode("utf-8", "replace")
+        self.rep, self.def_level, self.rep_level = rep, def_level, rep_level
+        self.children: List["_PqNode"] = []
+        self.leaf: Optional[_PqLeaf] = None
+        lt, ct = el.get(10) or {}, el.get(6)
+        self.kind = "list" if 3 in lt or ct == 3 else "map" if 2 in lt or ct in (1, 2) else "struct"
+        self.element = "child"  # a list's element: its repeated child's one field ("child"), or the child itself
+        self.leaves: List[_PqLeaf] = []
+
+    @property
+    def first(self) -> _PqLeaf:
+        return self.leaves[0]
+
+    def type_text(self) -> str:
+        """The type of the values _pq_field gives for this node (what `evalharness dataset` shows)."""
+        return "list<%s>" % self._instance_text() if self.rep == _PQ_REPEATED else self._instance_text()
+
+    def _instance_text(self) -> str:
+        if self.leaf is not None:
+            return self.leaf.logical
+        if self.kind == "list":
+            r = self.children[0]
+            return "list<%s>" % (r._instance_text() if self.element == "group" else r.children[0].type_text())
+        if self.kind == "map":
+            kv = self.children[0].children
+            return "map<%s, %s>" % (kv[0].type_text(), kv[1].type_text() if len(kv) > 1 else "null")
+        return "struct<%s>" % ", ".join("%s: %s" % (c.name, c.type_text()) for c in self.children)
+
+
+def _pq_schema(elements: List[Dict[int, Any]]) -> Tuple[_PqNode, List[_PqLeaf]]:
+    """The schema tree and its leaves in column order, from the footer's flat list of schema elements."""
+    leaves: List[_PqLeaf] = []
+    at = [0]
+
+    def build(def_level: int, rep_level: int, path: Tuple[str, ...], top: bool) -> _PqNode:
+        el = elements[at[0]]
+        at[0] += 1
+        rep = _PQ_REQUIRED if top else el.get(3, _PQ_REQUIRED)
+        def_level += rep != _PQ_REQUIRED
+        rep_level += rep == _PQ_REPEATED
+        node = _PqNode(el, rep, def_level, rep_level)
+        path = path + (node.name,) if not top else ()
+        if 5 in el or top:
+            for _ in range(el.get(5) or 0):
+                child = build(def_level, rep_level, path, False)
+                node.children.append(child)
+                node.leaves.extend(child.leaves)
+            if node.kind in ("list", "map") and (len(node.children) != 1 or node.children[0].rep != _PQ_REPEATED):
+                node.kind = "struct"  # not the annotated shape: read as it is
+            if node.kind == "list":
+                r = node.children[0]
+                if r.leaf is not None or len(r.children) != 1 or r.name in ("array", node.name + "_tuple"):
+                    node.element = "group"  # the legacy two-level forms: the repeated field is the element
+            if node.kind == "map" and not node.children[0].children:
+                node.kind = "struct"
+        else:
+            node.leaf = _PqLeaf(path, el, def_level, rep_level)
+            node.leaves.append(node.leaf)
+            leaves.append(node.leaf)
+        return node
+
+    root = build(0, 0, (), True)
+    if at[0] != len(elements):
+        raise _CorruptError("the schema lists %d elements, its tree holds %d" % (len(elements), at[0]))
+    return root, leaves
+
+
+def _pq_skip(node: _PqNode) -> None:
+    """Pass the one entry every leaf below ``node`` has for a null (or an empty list) at its level."""
+    for leaf in node.leaves:
+        leaf.e += 1
+
+
+def _pq_field(node: _PqNode) -> Any:
+    """The value of a field of a struct (a top-level column), at its leaves' current entries."""
+    if node.rep == _PQ_REPEATED:
+        return _pq_repeated(node, node)
+    if node.rep == _PQ_OPTIONAL:
+        col = node.leaves[0]
+        if col.defs[col.e] < node.def_level:
+            _pq_skip(node)
+            return None
+    return _pq_instance(node)
+
+
+def _pq_instance(node: _PqNode) -> Any:
+    """A present (non-null) value of ``node``."""
+    col = node.leaf
+    if col is not None:
+        col.e += 1
+        col.v += 1
+        return col.values[col.v - 1]
+    if node.kind == "list":
+        return _pq_repeated(node.children[0], node)
+    if node.kind == "map":
+        return dict(_pq_repeated(node.children[0], node))
+    return {c.name: _pq_field(c) for c in node.children}
+
+
+def _pq_repeated(r: _PqNode, owner: _PqNode) -> List[Any]:
+    """The instances of the repeated node ``r`` at this position, as a list (``owner``: the list or map that holds
+    it, or ``r`` itself for a bare repeated field)."""
+    col = r.leaves[0]
+    if col.defs[col.e] < r.def_level:
+        _pq_skip(r)
+        return []
+    out = []
+    reps, level, n = col.reps, r.rep_level, len(col.defs)
+    while True:
+        if owner is r or owner.element == "group":
+            out.append(_pq_instance(r))
+        elif owner.kind == "map":
+            kv = r.children
+            out.append((_pq_field(kv[0]), _pq_field(kv[1]) if len(kv) > 1 else None))
+        else:
+            out.append(_pq_field(r.children[0]))
+        if col.e >= n or reps[col.e] < level:
+            return out
+
+
+# ----------------------------------------------------------------------------- the file
+class ParquetFile:
+    """A Parquet file: its schema (``fields``: (name, type) of each top-level column), ``num_rows``, and its rows
+    as dicts of plain values, read one row group at a time (``iter_rows``). Every fault is a DatasetError that
+    names the file (and the row group and column) and what to do."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                head = fh.read(4)
+                if size < 12:
+                    raise self._error("%s (%d bytes): too short to be a Parquet file%s" % (
+                        path, size, " (it is empty)" if size == 0 else ""), damaged=True)
+                fh.seek(size - 8)
+                tail = fh.read(8)
+                if head == b"PARE" or tail[4:] == b"PARE":
+                    raise self._error("%s: an encrypted Parquet file, which is not read; decrypt it (re-save it "
+                                      "without encryption)" % path)
+                if head != b"PAR1":
+                    raise self._error("%s: not a Parquet file (it starts with %r, not PAR1)" % (path, head),
+                                      damaged=True)
+                if tail[4:] != b"PAR1":
+                    raise self._error("%s: cut off (it does not end with PAR1: an interrupted download or copy?)"
+                                      % path, damaged=True)
+                meta_len = int.from_bytes(tail[:4], "little")
+                if meta_len > size - 12:
+                    raise self._error("%s: cut off (its footer says %d bytes of metadata, the file has %d)"
+                                      % (path, meta_len, size - 12), damaged=True)
+                fh.seek(size - 8 - meta_len)
+                meta = fh.read(meta_len)
+        except OSError as exc:
+            raise DatasetError("%s: cannot read it (%s)" % (path, exc.strerror or exc)) from None
+        try:
+            self.meta, _ = _thrift_read(meta, 0)
+            self.root, self.leaves = _pq_schema(self.meta.get(2) or [])
+        except _UnsupportedError as exc:
+            raise self._error("%s: %s" % (path, exc)) from None
+        except (_CorruptError, IndexError, KeyError, TypeError, ValueError, struct.error) as exc:
+            raise self._error("%s: its metadata does not read (%s)" % (path, exc), damaged=True) from None
+        self.num_rows = self.meta.get(3) or 0
+        self.groups = self.meta.get(4) or []
+        self.created_by = (self.meta.get(6) or b"").decode("utf-8", "replace")
+        self.fields = [(c.name, c.type_text()) for c in self.root.children]
+
+    @staticmethod
+    def _error(text: str, damaged: bool = False) -> DatasetError:
+        return DatasetError(text + ("; download or copy the file again" if damaged else ""))
+
+    def iter_rows(self) -> Iterator[Dict[str, Any]]:
+        """Every row, in order, a row group at a time."""
+        with open(self.path, "rb") as fh:
+            for index, group in enumerate(self.groups):
+                yield from self._group_rows(fh, index, group)
+
+    def _group_rows(self, fh: Any, index: int, group: Dict[int, Any]) -> List[Dict[str, Any]]:
+        rows = group.get(3) or 0
+        chunks = group.get(1) or []
+        if len(chunks) != len(self.leaves):
+            raise self._error("%s: row group %d has %d columns, the schema %d" % (
+                self.path, index, len(chunks), len(self.leaves)), damaged=True)
+        leaf: Optional[_PqLeaf] = None
+        try:
+            for leaf, chunk in zip(self.leaves, chunks):
+                self._read_column(fh, leaf, chunk)
+            leaf = None
+            return _pq_group(self.root, rows)
+        except _UnsupportedError as exc:
+            raise self._error("%s: row group %d, column %s: %s" % (
+                self.path, index, leaf.name if leaf else "?", exc)) from None
+        except (_CorruptError, IndexError, KeyError, TypeError, ValueError, OverflowError, struct.error) as exc:
+            where = "column %s" % leaf.name if leaf is not None else "its rows"
+            raise self._error("%s: row group %d, %s: %s" % (self.path, index, where, exc), damaged=True) from None
+        finally:
+            for each in self.leaves:
+                each.defs = each.reps = None
+                each.values = []
+
+    def _read_column(self, fh: Any, leaf: _PqLeaf, chunk: Dict[int, Any]) -> None:
+        if chunk.get(1):
+            raise _UnsupportedError("its data lives in another file (%r), which is not read"
+                                    % chunk[1].decode("utf-8", "replace"))
+        md = chunk.get(3)
+        if md is None:
+            raise _CorruptError("no column metadata")
+        codec, total, size = md.get(4, 0), md.get(5, 0), md.get(7, 0)
+        if codec not in _PQ_DECOMPRESS and codec != 0:
+            raise _UnsupportedError("compression %s is not read; re-save the file with zstd or snappy (pyarrow: "
+                                    "pq.write_table(t, path, compression='zstd'))"
+                                    % ({5: "LZ4 (the old Hadoop framing)"}.get(codec) or _PQ_CODECS.get(codec, codec)))
+        start = md.get(9, 0)
+        if md.get(11) and 0 < md[11] < start:
+            start = md[11]
+        fh.seek(start)
+        buf = fh.read(size)
+        if len(buf) < size:
+            raise _CorruptError("its data is cut off (%d of %d bytes)" % (len(buf), size))
+        defs: List[int] = []
+        reps: List[int] = []
+        values: List[Any] = []
+        dictionary: Optional[List[Any]] = None
+        pos = seen = 0
+        while seen < total:
+            header, pos = _thrift_read(buf, pos)
+            kind, usize, csize = header.get(1), header.get(2, 0), header.get(3, 0)
+            page = buf[pos:pos + csize]
+            pos += csize
+            if len(page) < csize:
+                raise _CorruptError("a page is cut off")
+            if header.get(4) is not None and zlib.crc32(page) != header[4] & 0xFFFFFFFF:
+                raise _CorruptError("a page's CRC does not match its bytes")
+            if kind == 2:
+                dh = header.get(7) or {}
+                raw = self._inflate(codec, page, usize)
+                plain = leaf.plain(raw, 0, dh.get(1, 0))
+                dictionary = leaf.convert(plain) if leaf.convert is not None else plain
+            elif kind == 0:
+                dh = header[5]
+                n, encoding = dh[1], dh[2]
+                raw = self._inflate(codec, page, usize)
+                p = 0
+                if leaf.max_rep:
+                    page_reps, p = self._levels(raw, p, dh.get(4, 3), leaf.max_rep, n)
+                    reps.extend(page_reps)
+                if leaf.max_def:
+                    page_defs, p = self._levels(raw, p, dh.get(3, 3), leaf.max_def, n)
+                    defs.extend(page_defs)
+                    present = page_defs.count(leaf.max_def)
+                else:
+                    present = n
+                values.extend(leaf.decode(encoding, raw, p, present, dictionary))
+                seen += n
+            elif kind == 3:
+                dh = header[8]
+                n, nulls, encoding = dh[1], dh.get(2, 0), dh[4]
+                dl, rl = dh.get(5, 0), dh.get(6, 0)
+                if leaf.max_rep:
+                    reps.extend(_rle_hybrid(page, 0, rl, leaf.max_rep.bit_length(), n))
+                if leaf.max_def:
+                    page_defs = _rle_hybrid(page, rl, rl + dl, leaf.max_def.bit_length(), n)
+                    defs.extend(page_defs)
+                    present = page_defs.count(leaf.max_def)
+                else:
+                    present = n - nulls
+                body = page[rl + dl:]
+                if dh.get(7, True):
+                    body = self._inflate(codec, body, usize - rl - dl)
+                values.extend(leaf.decode(encoding, body, 0, present, dictionary))
+                seen += n
+        leaf.defs = defs if leaf.max_def else None
+        leaf.reps = reps if leaf.max_rep else None
+        leaf.values = values
+        leaf.e = leaf.v = 0
+
+    @staticmethod
+    def _inflate(codec: int, data: bytes, size: int) -> bytes:
+        if codec == 0:
+            out = data
+        else:
+            out = _PQ_DECOMPRESS[codec](data)
+        if len(out) != size:
+            raise _CorruptError("a %s page decompressed to %d bytes, its header says %d"
+                                % (_PQ_CODECS.get(codec), len(out), size))
+        return out
+
+    @staticmethod
+    def _levels(raw: bytes, p: int, encoding: int, max_level: int, n: int) -> Tuple[List[int], int]:
+        width = max_level.bit_length()
+        if encoding == 4:
+            return _bit_packed_levels(raw, p, width, n)
+        size = _U32.unpack_from(raw, p)[0]
+        return _rle_hybrid(raw, p + 4, p + 4 + size, width, n), p + 4 + size
+
+
+def _pq_group(root: _PqNode, rows: int) -> List[Dict[str, Any]]:
+    """The rows of a row group whose leaves hold their levels and values."""
+    columns = []
+    for top in root.children:
+        col = top.leaf
+        if col is not None and top.rep != _PQ_REPEATED:
+            if col.max_def == 0:
+                values = col.values
+            else:
+                it = iter(col.values)
+                md = col.max_def
+                values = [next(it) if d == md else None for d in col.defs]
+        else:
+            values = [_pq_field(top) for _ in range(rows)]
+            for leaf in top.leaves:
+                if leaf.e != (len(leaf.defs) if leaf.defs is not None else len(leaf.values)):
+                    raise _CorruptError("column %s has entries past the group's %d rows" % (leaf.name, rows))
+        if len(values) != rows:
+            raise _CorruptError("column %s has %d values for the group's %d rows" % (top.name, len(values), rows))
+        columns.append(values)
+    names = [c.name for c in root.children]
+    if not names:
+        return [{} for _ in range(rows)]
+    return [dict(zip(names, row)) for row in zip(*columns)]
 
 # =============================================================================
 # Datasets
