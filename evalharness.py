@@ -14,11 +14,11 @@ Two commands a newcomer types:
 Sections, lowest layer first (``grep -n -A1 '^# ===' evalharness.py`` prints them with line numbers); a section
 uses the names of the sections above it, except through the kinds' registry (_KINDS: the sections above the kinds
 dispatch through it at run time and never name a kind):
-    Compat, Constants, Errors, Utilities, Scoring, Compression, Parquet, Datasets, Limits, Gates, Requests,
-    Endpoints, HTTP model client, Docker CLI, Image archives, Images, Sandbox, Results store, Summary, Runner, Shared
-    gates, Report, HTML report, Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE agent, SWE
-    runs, Container tasks, Tool calls, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm,
-    Commands
+    Compat, Constants, Errors, Utilities, Scoring, Compression, Parquet, Data files, Datasets, Limits, Gates,
+    Requests, Endpoints, HTTP model client, Docker CLI, Image archives, Images, Sandbox, Results store, Summary,
+    Runner, Shared gates, Report, HTML report, Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE
+    agent, SWE runs, Container tasks, Tool calls, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI,
+    Slurm, Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding its options (an
 _OptionSet of _Opt, and the shared sets it uses), its options record, and a subclass of _Kind registered with @_kind
@@ -2625,6 +2625,447 @@ def _pq_group(root: _PqNode, rows: int) -> List[Dict[str, Any]]:
     return [dict(zip(names, row)) for row in zip(*columns)]
 
 # =============================================================================
+# Data files
+# =============================================================================
+# Rows from the files datasets come in: JSON Lines (also gzip'd), JSON, CSV/TSV, Parquet, and dataset folders as
+# the Hub ships them; each row with where it was (file:line, or "file row N" for Parquet) for errors.
+
+DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+
+
+def _iter_json_list(text: str, pos: int, path: str) -> Iterator[Tuple[str, Any]]:
+    """The items of the JSON list that starts at ``text[pos]`` (a '['), each with the ``file:line`` it starts on."""
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"[ \t\r\n]*")
+    pos = ws.match(text, pos + 1).end()
+    if text[pos:pos + 1] == "]":
+        return
+    while True:
+        line = text.count("\n", 0, pos) + 1
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise DatasetError("%s:%d: invalid JSON: %s" % (path, exc.lineno, exc.msg)) from None
+        yield "%s:%d" % (path, line), obj
+        pos = ws.match(text, pos).end()
+        sep = text[pos:pos + 1]
+        if sep == "]":
+            return
+        if sep != ",":
+            raise DatasetError("%s:%d: invalid JSON: expected ',' or ']' between rows"
+                               % (path, text.count("\n", 0, pos) + 1))
+        pos = ws.match(text, pos + 1).end()
+
+
+def _json_lines_head(text: str) -> Optional[Dict[str, Any]]:
+    """The first row of a text that is JSON Lines (its first two lines each a JSON object), else None."""
+    lines = [line for line in text.splitlines() if line.strip()][:2]
+    try:
+        rows = [json.loads(line) for line in lines]
+    except ValueError:
+        return None
+    return rows[0] if len(rows) == 2 and all(isinstance(r, dict) for r in rows) else None
+
+
+def _iter_json_rows(path: str) -> Iterator[Tuple[str, Any]]:
+    """A .json dataset: a list of rows, or an object holding exactly one list of rows (``{"data": [...]}``, as
+    some exports wrap it); a UTF-8 BOM is accepted."""
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
+    pos = re.compile(r"[ \t\r\n]*").match(text, 0).end()
+    if text[pos:pos + 1] == "{":
+        try:
+            top = json.loads(text)
+        except ValueError as exc:
+            first = _json_lines_head(text)
+            if first is not None:  # JSON Lines in a .json file (BFCL ships its files so): another kind's layout?
+                _refuse_other_kind(path, first, "qa")
+                raise DatasetError("%s:%d: invalid JSON: %s: the file holds one JSON object per line (JSON Lines): "
+                                   "rename it .jsonl" % (path, getattr(exc, "lineno", 1), getattr(exc, "msg", exc))
+                                   ) from None
+            raise DatasetError("%s:%d: invalid JSON: %s" % (path, getattr(exc, "lineno", 1),
+                                                           getattr(exc, "msg", exc))) from None
+        lists = [k for k, v in top.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        if len(lists) != 1:
+            raise DatasetError("%s:%d: a .json dataset must be a list of row objects, or an object holding exactly "
+                               "one such list (this one holds %s)" % (path, text.count("\n", 0, pos) + 1,
+                                                                     ", ".join(map(repr, lists)) or "none"))
+        m = re.compile(r"%s\s*:\s*\[" % re.escape(json.dumps(lists[0]))).search(text)
+        if m is None:  # the key was written with escapes: rows by position
+            for i, obj in enumerate(top[lists[0]]):
+                yield "%s[%r][%d]" % (path, lists[0], i), obj
+            return
+        yield from _iter_json_list(text, m.end() - 1, path)
+        return
+    if text[pos:pos + 1] != "[":
+        raise DatasetError("%s:%d: a .json dataset must be a list of row objects"
+                           % (path, text.count("\n", 0, pos) + 1))
+    yield from _iter_json_list(text, pos, path)
+
+
+def _iter_csv_rows(path: str, delimiter: str) -> Iterator[Tuple[str, Any]]:
+    """A .csv/.tsv dataset with a header row; empty cells count as absent; a UTF-8 BOM is accepted."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.DictReader(fh, delimiter=delimiter)
+            if not reader.fieldnames:
+                return
+            for row in reader:
+                if None in row:
+                    raise DatasetError("%s:%d: %d more cells than the header has columns; quote cells that hold "
+                                       "the delimiter" % (path, reader.line_num, len(row[None])))
+                cells = {k: v for k, v in row.items() if k and v not in (None, "")}
+                if cells:
+                    yield "%s:%d" % (path, reader.line_num), cells
+    except UnicodeDecodeError as exc:
+        raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
+    except csv.Error as exc:
+        raise DatasetError("%s: malformed %s (%s)" % (path, "TSV" if delimiter == "\t" else "CSV", exc)) from None
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- Parquet files and Hub dataset folders
+# A dataset repository as `huggingface-cli download --repo-type dataset NAME --local-dir DIR` leaves it: data files
+# (Parquet shards, or JSONL/JSON/CSV) under config and split names, and a README.md whose YAML header may list the
+# configs with their files per split. DataPath is such a folder with the config and split a run reads.
+DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz")
+_SPLIT_WORDS = ("test", "validation", "valid", "val", "dev", "train", "training", "testing", "eval", "evaluation")
+_SHARD_NAME_RE = _LazyPattern(r"^(.+?)-\d{5}-of-\d{5}(?:\.|$)")
+
+
+def _yaml_scalar(text: str) -> Any:
+    text = text.strip()
+    if text[:1] == "[" and text[-1:] == "]":
+        inner = text[1:-1].strip()
+        return [_yaml_scalar(x) for x in re.findall(r"""'(?:[^']|'')*'|"(?:[^"\\]|\\.)*"|[^,]+""", inner)] \
+            if inner else []
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        return text[1:-1].replace("''", "'")
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return json.loads(text)
+    return {"true": True, "false": False, "null": None, "~": None}.get(text, text)
+
+
+def _yaml_block(lines: List[Tuple[int, str]], i: int, indent: int) -> Tuple[Any, int]:
+    """(value, next line) of the YAML block at ``lines[i]`` (indent, text): the subset dataset cards use for
+    ``configs:`` (block mappings and sequences, plain and quoted scalars, flow lists)."""
+    if i >= len(lines):
+        return None, i
+    if lines[i][1].startswith("-"):
+        items = []
+        while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("-"):
+            rest = lines[i][1][1:]
+            body = rest.lstrip()
+            if not body:
+                value, i = _yaml_block(lines, i + 1, lines[i + 1][0]) if i + 1 < len(lines) and \
+                    lines[i + 1][0] > indent else (None, i + 1)
+            elif re.match(r"^[^'\"\[{][^:]*:(\s|$)", body):
+                lines[i] = (indent + 1 + len(rest) - len(body), body)  # "- key: v": a mapping starting here
+                value, i = _yaml_block(lines, i, lines[i][0])
+            else:
+                value, i = _yaml_scalar(body), i + 1
+            items.append(value)
+        return items, i
+    mapping: Dict[str, Any] = {}
+    while i < len(lines) and lines[i][0] == indent and not lines[i][1].startswith("-"):
+        key, _, rest = lines[i][1].partition(":")
+        key = _yaml_scalar(key)
+        if rest.strip():
+            mapping[key], i = _yaml_scalar(rest), i + 1
+        elif i + 1 < len(lines) and (lines[i + 1][0] > indent or
+                                     (lines[i + 1][0] == indent and lines[i + 1][1].startswith("-"))):
+            mapping[key], i = _yaml_block(lines, i + 1, lines[i + 1][0])
+        else:
+            mapping[key], i = None, i + 1
+    return mapping, i
+
+
+def _card_configs(readme: str) -> Optional[List[Dict[str, Any]]]:
+    """The ``configs:`` list of a dataset card's YAML header, or None when it has none."""
+    try:
+        with open(readme, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    m = re.match(r"(?s)\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", text)
+    if not m:
+        return None
+    lines: List[Tuple[int, str]] = []
+    inside = False
+    for raw in m.group(1).splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        if indent == 0 and not raw.startswith("-"):
+            inside = raw.split(":", 1)[0].strip() == "configs"
+            if inside and raw.split(":", 1)[1].strip():
+                return None
+            continue
+        if inside:
+            lines.append((indent, raw.strip()))
+    if not lines:
+        return None
+    try:
+        configs, _ = _yaml_block(lines, 0, lines[0][0])
+    except (ValueError, IndexError):
+        return None
+    return [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else None
+
+
+def _glob_re(pattern: str) -> Any:
+    """A dataset card's data_files glob as a regex on paths relative to the folder (``*`` within a name, ``**``
+    across folders)."""
+    out, i = [], 0
+    pattern = pattern.lstrip("./") if pattern.startswith("./") else pattern
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        out.append("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _data_files(folder: str) -> List[str]:
+    """The data files under a folder (relative, '/'-separated, sorted), hidden folders and metadata skipped."""
+    found = []
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if name.endswith(DATA_FILE_SUFFIXES) and not name.startswith((".", "dataset_info", "dataset_dict",
+                                                                           "state.json")):
+                found.append(os.path.relpath(os.path.join(top, name), folder).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def _split_of(rel: str) -> str:
+    """The split a data file belongs to by its name: SPLIT-00000-of-00001.parquet, a folder named for a split, or
+    a split word in its name (test.jsonl, gsm8k_test.parquet), else its name."""
+    parts = rel.split("/")
+    name = parts[-1]
+    m = _SHARD_NAME_RE.match(name)
+    if m:
+        return m.group(1)
+    for part in parts[-2:0:-1] if len(parts) > 2 else parts[:-1][1:]:
+        if part in _SPLIT_WORDS:
+            return part
+    stem = name.split(".")[0]
+    words = re.split(r"[-_.]", stem)
+    for word in words:
+        if word in _SPLIT_WORDS:
+            return word
+    return stem
+
+
+def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
+    """({config: {split: [files relative to the folder, in order]}}, where that came from) of a dataset folder:
+    the README's ``configs:`` (data_files per split, globs), else the conventional names (CONFIG/SPLIT-*.parquet,
+    data/SPLIT-*.parquet, SPLIT.jsonl, ...)."""
+    files = _data_files(folder)
+    configs = _card_configs(os.path.join(folder, "README.md"))
+    layout: Dict[str, Dict[str, List[str]]] = {}
+    if configs:
+        for entry in configs:
+            name = str(entry.get("config_name") or "default")
+            spec = entry.get("data_files")
+            splits: Dict[str, List[str]] = {}
+            pairs = ([("train", spec)] if isinstance(spec, (str, list)) and not
+                     (isinstance(spec, list) and spec and isinstance(spec[0], dict)) else
+                     [(str(d.get("split") or "train"), d.get("path")) for d in spec or () if isinstance(d, dict)])
+            for split, patterns in pairs:
+                for pattern in [patterns] if isinstance(patterns, str) else patterns or ():
+                    rx = _glob_re(str(pattern))
+                    matched = [f for f in files if rx.match(f)]
+                    splits.setdefault(split, []).extend(f for f in matched if f not in splits.get(split, ()))
+            layout[name] = splits
+        return layout, "README.md"
+    for rel in files:
+        parts = rel.split("/")
+        config = "default" if len(parts) == 1 or parts[0] == "data" else parts[0]
+        layout.setdefault(config, {}).setdefault(_split_of(rel), []).append(rel)
+    return layout, "the file names"
+
+
+class DataPath(str):
+    """A dataset folder (as downloaded from the Hub) and the config and split a run reads: ``str()`` is the
+    folder; ``files`` the split's files in order (shards read as one dataset); ``label`` its name in reports.
+    Made once per run: the choice is announced in one line; a missing or ambiguous one is one line listing what
+    the folder holds."""
+
+    config: str
+    split: str
+    files: Tuple[str, ...]
+    label: str
+
+    def __new__(cls, folder: str, subset: Optional[str] = None, split: Optional[str] = None,
+                prefer: Sequence[str] = ("test",), role: str = "dataset") -> "DataPath":
+        self = super().__new__(cls, folder)
+        layout, source = hub_layout(folder)
+        layout = {c: s for c, s in layout.items() if any(s.values())}
+        name = os.path.basename(os.path.abspath(folder))
+        if not layout:
+            raise DatasetError("%s: no data files in this folder (%s; a dataset as `huggingface-cli download "
+                               "--repo-type dataset NAME --local-dir DIR` leaves it)" % (folder,
+                                                                                        ", ".join(DATA_FILE_SUFFIXES)))
+        listing = "; ".join("%s: %s" % (c, ", ".join("%s (%d file%s)" % (s, len(f), "" if len(f) == 1 else "s")
+                                                      for s, f in sorted(splits.items())))
+                            for c, splits in sorted(layout.items()))
+        if subset is None:
+            subset = (next(iter(layout)) if len(layout) == 1 else "default" if "default" in layout
+                      else "all" if "all" in layout else None)
+            if subset is None:
+                raise DatasetError("%s: %d configs (from %s): choose one with --subset: %s" % (
+                    folder, len(layout), source, listing))
+        elif subset not in layout:
+            raise DatasetError("%s: no config %r (from %s); it holds %s" % (folder, subset, source, listing))
+        splits = {s: f for s, f in layout[subset].items() if f}
+        if split is None:
+            split = next((s for s in prefer if s in splits), None) or (next(iter(splits)) if len(splits) == 1
+                                                                        else None)
+            if split is None:
+                raise DatasetError("%s: config %s has %d splits and none is %s: choose one with --split: %s" % (
+                    folder, subset, len(splits), " or ".join(prefer), ", ".join(sorted(splits))))
+        elif split not in splits:
+            raise DatasetError("%s: config %s has no split %r; its splits: %s" % (
+                folder, subset, split, ", ".join(sorted(splits))))
+        self.config, self.split = subset, split
+        self.files = tuple(os.path.join(folder, *rel.split("/")) for rel in splits[split])
+        self.label = "%s[%s/%s]" % (name, subset, split) if len(layout) > 1 or subset not in ("default",) \
+            else "%s[%s]" % (name, split)
+        others = [c for c in layout if c != subset]
+        _log.info("%s %s: config %s, split %s: %d file%s (%s)%s%s; --subset and --split choose", role, folder,
+                  subset, split, len(self.files), "" if len(self.files) == 1 else "s",
+                  ", ".join(splits[split][:3]) + (", ..." if len(splits[split]) > 3 else ""),
+                  "; other splits: " + ", ".join(sorted(s for s in splits if s != split))
+                  if len(splits) > 1 else "", "; other configs: " + ", ".join(sorted(others)[:8]) +
+                  (" and %d more" % (len(others) - 8) if len(others) > 8 else "") if others else "")
+        return self
+
+    def __reduce__(self) -> Any:  # a copy (pickle, deepcopy) is the folder's path
+        return (str, (str(self),))
+
+
+def _is_data_folder(path: Optional[str]) -> bool:
+    """A folder of data files (Parquet, JSONL, JSON, CSV), as a dataset repository is downloaded."""
+    return bool(path) and os.path.isdir(path) and bool(_data_files(path))
+
+
+def _dataset_name(path: str) -> str:
+    """How a dataset is named in summaries and reports: a folder's config and split, else the file's name."""
+    return path.label if isinstance(path, DataPath) else os.path.basename(path.rstrip("/\\"))
+
+
+def _dataset_sha256(path: str) -> str:
+    """The sha256 of a dataset file, or of a folder's chosen files (their names and sha256s)."""
+    if isinstance(path, DataPath):
+        return hashlib.sha256("\n".join("%s %s" % (os.path.relpath(f, path), _file_sha256(f))
+                                        for f in path.files).encode()).hexdigest()
+    return _file_sha256(path)
+
+
+def _fewshot_path(path: Optional[str], subset: Optional[str]) -> Optional[str]:
+    """--fewshot-file: a file, or a dataset folder's split of examples (dev, validation or train; the run's
+    --subset)."""
+    if path is None or isinstance(path, DataPath) or not _is_data_folder(path):
+        return path
+    return DataPath(path, subset, None, prefer=("dev", "validation", "train"), role="few-shot examples")
+
+
+def _row_number(where: str) -> str:
+    """The line (or Parquet row) number a ``where`` ends with: a row's default id."""
+    return where.rsplit(" row ", 1)[1] if " row " in where else where.rsplit(":", 1)[-1]
+
+
+def _iter_parquet_rows(path: str) -> Iterator[Tuple[str, Any]]:
+    for n, row in enumerate(ParquetFile(path).iter_rows(), 1):
+        yield "%s row %d" % (path, n), row
+
+
+def _json_safe(value: Any) -> Any:
+    """A row's value as JSON can hold it: bytes as base64 text, decimals as their exact text, dates, times and
+    timestamps in ISO 8601 (nanoseconds kept), a map's keys as text; floats as they are (NaN and Infinity are
+    written as Python's json writes them)."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(_json_safe(k)): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def _value_type(value: Any) -> str:
+    """The type of a value read from a JSON or CSV file (its first row's), as `evalharness dataset` shows it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float, str)):
+        return {int: "int", float: "float", str: "string"}[type(value)]
+    if isinstance(value, list):
+        return "list<%s>" % (_value_type(value[0]) if value else "?")
+    if isinstance(value, dict):
+        return "struct<%s>" % ", ".join("%s: %s" % (k, _value_type(v)) for k, v in value.items())
+    return type(value).__name__
+
+
+def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
+    """Yield (``file:line``, parsed row) from a .jsonl file (streamed), a .json list (the line of each item), a
+    .csv/.tsv file (the line of each record), a .parquet file ("file row N", a row group at a time) or a dataset
+    folder (a DataPath: its split's files in order; a plain folder: its default config and split)."""
+    if isinstance(path, DataPath) or os.path.isdir(path):
+        for name in (path if isinstance(path, DataPath) else DataPath(path)).files:
+            yield from _iter_raw_rows(name)
+        return
+    if path.endswith(".parquet"):
+        yield from _iter_parquet_rows(path)
+        return
+    if path.endswith(".json"):
+        yield from _iter_json_rows(path)
+        return
+    if path.endswith((".csv", ".tsv")):
+        yield from _iter_csv_rows(path, "\t" if path.endswith(".tsv") else ",")
+        return
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:  # (.jsonl.gz: code sets)
+        for lineno, raw in enumerate(fh, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark (files saved by some Windows editors)
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise DatasetError("%s:%d: not UTF-8 text" % (path, lineno)) from None
+            except ValueError as exc:
+                msg = getattr(exc, "msg", str(exc))
+                col = getattr(exc, "colno", None)
+                where = " at column %d" % col if col else ""
+                hint = "; the line looks cut off" if not raw.endswith(b"\n") else ""
+                raise DatasetError("%s:%d: invalid JSON (%s%s)%s; fix or remove the line"
+                                   % (path, lineno, msg, where, hint)) from None
+            yield "%s:%d" % (path, lineno), obj
+
+# =============================================================================
 # Datasets
 # =============================================================================
 
@@ -3013,131 +3454,6 @@ def detect_format(row: Any) -> Optional[str]:
     return found[0] if len(found) == 1 else None
 
 
-DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
-
-
-def _iter_json_list(text: str, pos: int, path: str) -> Iterator[Tuple[str, Any]]:
-    """The items of the JSON list that starts at ``text[pos]`` (a '['), each with the ``file:line`` it starts on."""
-    decoder = json.JSONDecoder()
-    ws = re.compile(r"[ \t\r\n]*")
-    pos = ws.match(text, pos + 1).end()
-    if text[pos:pos + 1] == "]":
-        return
-    while True:
-        line = text.count("\n", 0, pos) + 1
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise DatasetError("%s:%d: invalid JSON: %s" % (path, exc.lineno, exc.msg)) from None
-        yield "%s:%d" % (path, line), obj
-        pos = ws.match(text, pos).end()
-        sep = text[pos:pos + 1]
-        if sep == "]":
-            return
-        if sep != ",":
-            raise DatasetError("%s:%d: invalid JSON: expected ',' or ']' between rows"
-                               % (path, text.count("\n", 0, pos) + 1))
-        pos = ws.match(text, pos + 1).end()
-
-
-def _json_lines_head(text: str) -> Optional[Dict[str, Any]]:
-    """The first row of a text that is JSON Lines (its first two lines each a JSON object), else None."""
-    lines = [line for line in text.splitlines() if line.strip()][:2]
-    try:
-        rows = [json.loads(line) for line in lines]
-    except ValueError:
-        return None
-    return rows[0] if len(rows) == 2 and all(isinstance(r, dict) for r in rows) else None
-
-
-def _iter_json_rows(path: str) -> Iterator[Tuple[str, Any]]:
-    """A .json dataset: a list of rows, or an object holding exactly one list of rows (``{"data": [...]}``, as
-    some exports wrap it); a UTF-8 BOM is accepted."""
-    try:
-        with open(path, encoding="utf-8-sig") as fh:
-            text = fh.read()
-    except UnicodeDecodeError as exc:
-        raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
-    pos = re.compile(r"[ \t\r\n]*").match(text, 0).end()
-    if text[pos:pos + 1] == "{":
-        try:
-            top = json.loads(text)
-        except ValueError as exc:
-            first = _json_lines_head(text)
-            if first is not None:  # JSON Lines in a .json file (BFCL ships its files so): another kind's layout?
-                _refuse_other_kind(path, first, "qa")
-                raise DatasetError("%s:%d: invalid JSON: %s: the file holds one JSON object per line (JSON Lines): "
-                                   "rename it .jsonl" % (path, getattr(exc, "lineno", 1), getattr(exc, "msg", exc))
-                                   ) from None
-            raise DatasetError("%s:%d: invalid JSON: %s" % (path, getattr(exc, "lineno", 1),
-                                                           getattr(exc, "msg", exc))) from None
-        lists = [k for k, v in top.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
-        if len(lists) != 1:
-            raise DatasetError("%s:%d: a .json dataset must be a list of row objects, or an object holding exactly "
-                               "one such list (this one holds %s)" % (path, text.count("\n", 0, pos) + 1,
-                                                                     ", ".join(map(repr, lists)) or "none"))
-        m = re.compile(r"%s\s*:\s*\[" % re.escape(json.dumps(lists[0]))).search(text)
-        if m is None:  # the key was written with escapes: rows by position
-            for i, obj in enumerate(top[lists[0]]):
-                yield "%s[%r][%d]" % (path, lists[0], i), obj
-            return
-        yield from _iter_json_list(text, m.end() - 1, path)
-        return
-    if text[pos:pos + 1] != "[":
-        raise DatasetError("%s:%d: a .json dataset must be a list of row objects"
-                           % (path, text.count("\n", 0, pos) + 1))
-    yield from _iter_json_list(text, pos, path)
-
-
-def _iter_csv_rows(path: str, delimiter: str) -> Iterator[Tuple[str, Any]]:
-    """A .csv/.tsv dataset with a header row; empty cells count as absent; a UTF-8 BOM is accepted."""
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as fh:
-            reader = csv.DictReader(fh, delimiter=delimiter)
-            if not reader.fieldnames:
-                return
-            for row in reader:
-                if None in row:
-                    raise DatasetError("%s:%d: %d more cells than the header has columns; quote cells that hold "
-                                       "the delimiter" % (path, reader.line_num, len(row[None])))
-                cells = {k: v for k, v in row.items() if k and v not in (None, "")}
-                if cells:
-                    yield "%s:%d" % (path, reader.line_num), cells
-    except UnicodeDecodeError as exc:
-        raise DatasetError("%s: not UTF-8 text (%s)" % (path, exc)) from None
-    except csv.Error as exc:
-        raise DatasetError("%s: malformed %s (%s)" % (path, "TSV" if delimiter == "\t" else "CSV", exc)) from None
-
-
-def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
-    """Yield (``file:line``, parsed row) from a .jsonl file (streamed), a .json list (the line of each item) or a
-    .csv/.tsv file (the line of each record)."""
-    if path.endswith(".json"):
-        yield from _iter_json_rows(path)
-        return
-    if path.endswith((".csv", ".tsv")):
-        yield from _iter_csv_rows(path, "\t" if path.endswith(".tsv") else ",")
-        return
-    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:  # (.jsonl.gz: code sets)
-        for lineno, raw in enumerate(fh, 1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte order mark (files saved by some Windows editors)
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise DatasetError("%s:%d: not UTF-8 text" % (path, lineno)) from None
-            except ValueError as exc:
-                msg = getattr(exc, "msg", str(exc))
-                col = getattr(exc, "colno", None)
-                where = " at column %d" % col if col else ""
-                hint = "; the line looks cut off" if not raw.endswith(b"\n") else ""
-                raise DatasetError("%s:%d: invalid JSON (%s%s)%s; fix or remove the line"
-                                   % (path, lineno, msg, where, hint)) from None
-            yield "%s:%d" % (path, lineno), obj
-
-
 class Dataset:
     """A validated dataset that is streamed, not held: ``validate()`` checks every row once up front and records
     the ids; ``iter_items()`` reads the file again lazily. The embedded demo set is the one in-memory case."""
@@ -3146,7 +3462,7 @@ class Dataset:
                  rows: Optional[List[Dict[str, Any]]] = None, name: Optional[str] = None,
                  fields: Optional[Dict[str, str]] = None, format: str = "auto", template: Optional[str] = None):
         self.path = path
-        self.name = name or (os.path.basename(path) if path else "demo")
+        self.name = name or (_dataset_name(path) if path else "demo")
         self._scorer = default_scorer     # --scorer; None: the format's, else DEFAULT_SCORER
         self.default_scorer = default_scorer or DEFAULT_SCORER
         self.format_name = format         # auto | none | a name in FORMATS
@@ -3154,7 +3470,8 @@ class Dataset:
         self._template = template         # --prompt-template text
         self.template: Optional[str] = template
         self.fields = dict(fields or {})  # --field NAME=COLUMN
-        self.typed = not (path or "").endswith((".csv", ".tsv"))
+        self.typed = not all(f.endswith((".csv", ".tsv")) for f in (path.files if isinstance(path, DataPath)
+                                                                    else [path or ""]))
         self.warnings: List[str] = []     # near-miss field names, said once each
         self._rows = rows
         self.ids: set = set()
@@ -3199,13 +3516,16 @@ class Dataset:
             raise ConfigError("--scorer %r is not a scorer; valid scorers: %s"
                               % (self.default_scorer, ", ".join(sorted(SCORERS))))
         if self.path is not None:
-            if not os.path.isfile(self.path):
+            if os.path.isdir(self.path) and not isinstance(self.path, DataPath):
+                self.path = DataPath(self.path)
+                self.name = _dataset_name(self.path)
+            if not isinstance(self.path, DataPath) and not os.path.isfile(self.path):
                 raise DatasetError("dataset %r does not exist or is not a file" % self.path)
-            if not self.path.endswith(DATASET_SUFFIXES):
-                raise DatasetError("dataset %r: expected a %s file%s" % (self.path, ", ".join(DATASET_SUFFIXES),
-                                   " (a .jsonl.gz code benchmark such as HumanEval: --task code)"
-                                   if self.path.endswith(".gz") else ""))
-            self.sha256 = _file_sha256(self.path)
+            if not isinstance(self.path, DataPath) and not self.path.endswith(DATASET_SUFFIXES):
+                raise DatasetError("dataset %r: expected a %s file or a dataset folder%s" % (
+                    self.path, ", ".join(DATASET_SUFFIXES), " (a .jsonl.gz code benchmark such as HumanEval: "
+                    "--task code)" if self.path.endswith(".gz") else ""))
+            self.sha256 = _dataset_sha256(self.path)
         else:
             self.sha256 = hashlib.sha256(json.dumps(self._rows, sort_keys=True).encode()).hexdigest()
         self._choose_format()
@@ -3373,14 +3693,6 @@ def _unique_ids(items: Sequence[Any]) -> set:
             raise DatasetError("%s: id %r appears again (first at %s)" % (it.source, it.id, seen[it.id]))
         seen[it.id] = it.source
     return set(seen)
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _canonical_name(name: str) -> str:
@@ -10469,6 +10781,13 @@ _CHAT_ROW_OPTIONS = _OptionSet(
          help="run each row K times with distinct seeds (the run's --seed, or 0, plus 1..K); the summary adds mean@K "
               "with a 95%% CI clustered by row, pass@k (unbiased) and maj@K (default %(default)s)"),
     run=True)
+_DATASET_OPTIONS = _OptionSet(
+    "dataset folders (as the Hub ships them: --dataset DIR)",
+    _Opt("--subset", default=None, metavar="CONFIG",
+         help="the config of a dataset folder to read (default: the only one, else 'default', else 'all')"),
+    _Opt("--split", default=None, metavar="SPLIT",
+         help="the split of a dataset folder to read (default: 'test', else the only one)"),
+    run=True)
 _RESCORE_OPTIONS = _OptionSet(
     "re-scoring",
     _Opt("--rescore", action="store_true", default=False,
@@ -10523,6 +10842,8 @@ class RunConfig:
     system_prompt: Optional[str] = None     # _CHAT_ROW_OPTIONS
     epochs: int = 1                         # each row this many times (distinct seeds): mean@K, pass@k, maj@K
     rescore: bool = False                   # _RESCORE_OPTIONS: re-score every stored answer (no model calls)
+    subset: Optional[str] = None            # _DATASET_OPTIONS: a dataset folder's config
+    split: Optional[str] = None             # and split
 
 
 TRUNCATED_WARN_SHARE = 0.05   # more answers than this cut at the token limit: the run warns
@@ -10610,7 +10931,10 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
     hash of its identity and dataset path), so the same command twice resumes and another model or setting gets
     a directory of its own."""
     stem = os.path.splitext(os.path.basename(dataset or "data"))[0]
-    key = _fingerprint([identity, os.path.abspath(dataset) if dataset else None])[:8]
+    folder = [dataset.config, dataset.split] if isinstance(dataset, DataPath) else []
+    if folder:
+        stem = "-".join([stem] + folder)
+    key = _fingerprint([identity, os.path.abspath(dataset) if dataset else None] + folder)[:8]
     return os.path.join("runs", "%s-%s-%s-%s" % (task, _slug(model or "model")[:40], _slug(stem)[:40], key))
 
 
@@ -10878,9 +11202,12 @@ class _Kind:
         """Take the kind's resources (after the gate and the client, before run.json)."""
 
     def dataset_info(self, run: "_Run") -> Dict[str, Any]:
-        d = run.dataset
-        return {"path": os.path.abspath(run.cfg.dataset) if run.cfg.dataset else None, "name": d.name,
-                "sha256": d.sha256, "rows": d.count, "ids": sorted(d.ids)}
+        d, path = run.dataset, run.cfg.dataset
+        info = {"path": os.path.abspath(path) if path else None, "name": d.name, "sha256": d.sha256,
+                "rows": d.count, "ids": sorted(d.ids)}
+        if isinstance(path, DataPath):
+            info.update(subset=path.config, split=path.split, files=[os.path.relpath(f, path) for f in path.files])
+        return info
 
     def samples_total(self, run: "_Run") -> int:
         """The whole run's samples (for a shard's run.json): its rows under the shard and the epochs, or what
@@ -10976,6 +11303,11 @@ class _Kind:
         """A dataset row of this kind's layout given to another kind: a short description for the message that
         names this --task ("the humaneval layout (a code benchmark)"), else None."""
         return None
+
+    @classmethod
+    def describe(cls, row: Dict[str, Any]) -> Optional[str]:
+        """How this kind reads a row of this layout (`evalharness dataset` shows it), or None when it does not."""
+        return cls.sniff(row)
 
 
 def _with_system(messages: Sequence[Dict[str, Any]], system_prompt: Optional[str]) -> List[Dict[str, Any]]:
@@ -11083,6 +11415,20 @@ def _check_run_options(cfg: "RunConfig") -> None:
         raise ConfigError("--max-retries must be >= 0, got %d" % cfg.max_retries)
 
 
+def _dataset_choice(cfg: "RunConfig", kind: _Kind) -> "RunConfig":
+    """``cfg`` whose dataset is a DataPath (the config and split chosen and announced) when it names a dataset
+    folder; --subset and --split refused for a file."""
+    if _DATASET_OPTIONS not in kind.option_sets or not cfg.dataset or isinstance(cfg.dataset, DataPath):
+        return cfg
+    if _is_data_folder(cfg.dataset):
+        return _replace(cfg, dataset=DataPath(cfg.dataset, cfg.subset, cfg.split))
+    if cfg.subset is not None or cfg.split is not None:
+        raise ConfigError("--%s chooses within a dataset folder, and %s is %s" % (
+            "subset" if cfg.subset is not None else "split", cfg.dataset,
+            "a folder with no data files in it" if os.path.isdir(cfg.dataset) else "a file"))
+    return cfg
+
+
 def _kind_options(cfg: "RunConfig", kind: _Kind) -> "RunConfig":
     """``cfg`` whose options record is the kind's (its defaults when None), and whose run fields of option sets
     the kind does not use hold their defaults (what the command line refuses, refused here for every caller)."""
@@ -11108,7 +11454,7 @@ def run_evaluation(cfg: "RunConfig", *, dataset: Any = None, stdout: Any = None,
     if cfg.task not in _KINDS:
         raise ConfigError("--task %r: no such kind of evaluation; use one of: %s" % (cfg.task, ", ".join(_KINDS)))
     kind = _KINDS[cfg.task]()
-    cfg = _kind_options(cfg, kind)
+    cfg = _dataset_choice(_kind_options(cfg, kind), kind)
     run = _Run(cfg, kind, cancel or threading.Event(), shared)
     _check_run_options(cfg)
     kind.check(cfg)
@@ -11534,10 +11880,22 @@ class _QAKind(_Kind):
     """Question answering: one chat request a row, scored by the row's scorer (or by a grader model)."""
 
     name = "qa"
-    rows = ".jsonl, .json (a list, or an object holding one), .csv or .tsv of questions"
-    option_sets = (_SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS, _QA_OPTIONS)
+    rows = ".jsonl, .json (a list, or an object holding one), .csv, .tsv or .parquet of questions, or a dataset folder"
+    option_sets = (_DATASET_OPTIONS, _SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS, _QA_OPTIONS)
     Options = QAOptions
     streamed_report = True
+
+    @classmethod
+    def describe(cls, row: Dict[str, Any]) -> Optional[str]:
+        fmt = detect_format(row)
+        if fmt:
+            return "the %s layout (%s): its template, scorer %s" % (fmt, FORMATS[fmt].columns, FORMATS[fmt].scorer)
+        canonical = _canonical_row(row, {})
+        if canonical.get("answer") is not None and (canonical.get("prompt") is not None or
+                                                    canonical.get("messages") is not None):
+            return "questions and answers (prompt or messages, answer%s)" % (
+                ", choices" if canonical.get("choices") is not None else "")
+        return None
 
     def __init__(self) -> None:
         self.judge: Optional[ModelClient] = None
@@ -11814,7 +12172,7 @@ class CodeDataset:
 
     def __init__(self, path: str, limit: Optional[int] = None):
         self.path = path
-        self.name = os.path.basename(path)
+        self.name = _dataset_name(path)
         self.items: List[CodeProblem] = []
         self.layout: Optional[str] = None
         for where, row in _iter_raw_rows(path):
@@ -11832,7 +12190,7 @@ class CodeDataset:
             raise DatasetError("%s: no rows" % path)
         self.ids = _unique_ids(self.items)
         self.count = len(self.items)
-        self.sha256 = _file_sha256(path)
+        self.sha256 = _dataset_sha256(path)
         self.fps: Dict[str, Tuple[str, str]] = {}
 
     def fingerprint(self, sandbox_fp: str) -> "CodeDataset":
@@ -12493,10 +12851,10 @@ class _CodeKind(_Kind):
     """Code generation: a chat request a row, the program extracted from the reply and run in the sandbox."""
 
     name = "code"
-    rows = "HumanEval, MBPP or LiveCodeBench rows as shipped (.jsonl, .jsonl.gz, .json)"
+    rows = "HumanEval, MBPP or LiveCodeBench rows as shipped (.jsonl, .jsonl.gz, .json, .parquet, a dataset folder)"
     noun = "problem"
-    option_sets = (_SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS, _CODE_OPTIONS, _REFERENCE_OPTIONS,
-                   _IMAGE_OPTIONS)
+    option_sets = (_DATASET_OPTIONS, _SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS, _CODE_OPTIONS,
+                   _REFERENCE_OPTIONS, _IMAGE_OPTIONS)
     Options = CodeOptions
     rescore = "rerun"   # a stored program whose checks changed (tests, sandbox, limits), or whose run failed in the
     # sandbox, is run again without asking the model
@@ -12935,7 +13293,7 @@ class ChoiceDataset(_Fingerprinted):
 
     def __init__(self, path: str, *, limit: Optional[int] = None, shots: int = 0,
                  fewshot_path: Optional[str] = None, seed: int = 1234):
-        self.path, self.name = path, os.path.basename(path)
+        self.path, self.name = path, _dataset_name(path)
         self.layout: Optional[str] = None
         docs = self._docs(path, None)
         pool = self._docs(fewshot_path, self.layout) if fewshot_path else docs
@@ -12945,7 +13303,7 @@ class ChoiceDataset(_Fingerprinted):
         self.items: List[ChoiceItem] = []
         seen: Dict[str, str] = {}
         for where, doc in docs[:limit] if limit is not None else docs:
-            rid = str(doc["id"]) if doc["id"] not in (None, "") else where.rsplit(":", 1)[-1]
+            rid = str(doc["id"]) if doc["id"] not in (None, "") else _row_number(where)
             doc["id"] = rid
             if rid in seen:
                 raise DatasetError("%s: id %r appears again (first at %s)" % (where, rid, seen[rid]))
@@ -12963,7 +13321,7 @@ class ChoiceDataset(_Fingerprinted):
             self.items.append(_choice_item(doc, self.layout or "", where, picked))
         self.ids = set(seen)
         self.count = len(self.items)
-        self.sha256 = _file_sha256(path)
+        self.sha256 = _dataset_sha256(path)
         self.fps: Dict[str, Tuple[str, str]] = {}
 
     def _docs(self, path: str, layout: Optional[str]) -> List[Tuple[str, Dict[str, Any]]]:
@@ -13186,13 +13544,19 @@ class _ChoiceKind(_Kind):
     name = "choice"
     rows = "multiple-choice rows (MMLU, ARC, HellaSwag and like layouts)"
     noun = "row"
-    option_sets = (_RESCORE_OPTIONS, _CHOICE_OPTIONS)
+    option_sets = (_DATASET_OPTIONS, _RESCORE_OPTIONS, _CHOICE_OPTIONS)
     Options = ChoiceOptions
     headline = "acc"
+
+    @classmethod
+    def describe(cls, row: Dict[str, Any]) -> Optional[str]:
+        layout = _choice_layout(row)
+        return "the %s layout (each choice scored by log-likelihood)" % layout if layout else None
 
     def __init__(self) -> None:
         self.access = _LoglikAccess()
         self.layout: Optional[str] = None
+        self.fewshot: Optional[str] = None  # --fewshot-file (a folder's: a DataPath)
 
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
@@ -13202,7 +13566,8 @@ class _ChoiceKind(_Kind):
 
     def load(self, run: _Run, dataset: Any) -> None:
         cfg, o = run.cfg, run.cfg.options
-        ds = ChoiceDataset(cfg.dataset, limit=cfg.limit, shots=o.num_fewshot, fewshot_path=o.fewshot_file,
+        self.fewshot = _fewshot_path(o.fewshot_file, cfg.subset)
+        ds = ChoiceDataset(cfg.dataset, limit=cfg.limit, shots=o.num_fewshot, fewshot_path=self.fewshot,
                            seed=o.fewshot_seed)
         _log.info("%s: %s layout (%d rows), %d-shot: each choice scored by log-likelihood", ds.name, ds.layout,
                   ds.count, o.num_fewshot)
@@ -13227,7 +13592,8 @@ class _ChoiceKind(_Kind):
         o = cfg.options
         return {"task": "choice", "model": cfg.model, "extra_body": cfg.extra_body, "seed": cfg.seed,
                 "num_fewshot": o.num_fewshot, "fewshot_seed": o.fewshot_seed,
-                "fewshot_file": _file_sha256(o.fewshot_file) if o.fewshot_file else None}
+                "fewshot_file": _dataset_sha256(self.fewshot or _fewshot_path(o.fewshot_file, cfg.subset))
+                if o.fewshot_file else None}
 
     def rescored(self, run: _Run, rec: Dict[str, Any], item: Any, score_fp: str) -> Dict[str, Any]:
         return _rescored_choice(rec, item, score_fp)  # a changed metric: acc and acc_norm from the stored values
@@ -13340,9 +13706,9 @@ class TextDataset:
     scorers: frozenset = frozenset()
 
     def __init__(self, path: str, limit: Optional[int] = None):
-        self.path, self.name = path, os.path.basename(path.rstrip("/"))
+        self.path, self.name = path, _dataset_name(path)
         self.docs: List[TextDoc] = []
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not isinstance(path, DataPath):
             for name in sorted(os.listdir(path)):
                 if name.endswith(".txt"):
                     self.docs.append(self._read_txt(os.path.join(path, name), name))
@@ -13355,10 +13721,10 @@ class TextDataset:
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                     raise DatasetError("%s: a document row needs a field 'text' (a string); the row has: %s" % (
                         where, ", ".join(sorted(row)) if isinstance(row, dict) else "no object"))
-                rid = str(row.get("id") if row.get("id") not in (None, "") else where.rsplit(":", 1)[-1])
+                rid = str(row.get("id") if row.get("id") not in (None, "") else _row_number(where))
                 self.docs.append(TextDoc(id=rid, text=row["text"], category=str(row.get("category") or "text"),
                                          source=where))
-            self.sha256 = _file_sha256(path)
+            self.sha256 = _dataset_sha256(path)
         self.docs = self.docs[:limit] if limit is not None else self.docs
         if not self.docs:
             raise DatasetError("%s: no documents" % path)
@@ -13484,13 +13850,17 @@ class _PerplexityKind(_Kind):
     /v1/completions request a window); word and byte perplexity and bits per byte over the corpus."""
 
     name = "perplexity"
-    rows = "JSONL rows with 'text', a .txt file, or a folder of them"
+    rows = "rows with 'text' (.jsonl, .parquet, a dataset folder), a .txt file, or a folder of them"
     noun = "document"
-    option_sets = (_PERPLEXITY_OPTIONS,)
+    option_sets = (_DATASET_OPTIONS, _PERPLEXITY_OPTIONS)
     Options = PerplexityOptions
     rescore = None
     headline = "bits/byte"
     lower_is_better = True
+
+    @classmethod
+    def describe(cls, row: Dict[str, Any]) -> Optional[str]:
+        return "documents (text)" if isinstance(row.get("text"), str) else None
 
     def __init__(self) -> None:
         self.tokenizer: Optional[Tuple[str, str, Any]] = None
@@ -13781,7 +14151,7 @@ class SWEDataset:
 
     def __init__(self, path: str, *, image_template: Optional[str] = None):
         self.path = path
-        self.name = os.path.basename(path)
+        self.name = _dataset_name(path)
         self.image_template = image_template
         self.items: List[SWEInstance] = []
         self.by_id: Dict[str, SWEInstance] = {}
@@ -13791,11 +14161,16 @@ class SWEDataset:
         self.samples_total = 0  # set by run_swe: the whole run's instances (a shard runs some of them)
 
     def validate(self, limit: Optional[int] = None) -> "SWEDataset":
-        if not os.path.isfile(self.path):
-            raise DatasetError("dataset %r does not exist or is not a file" % self.path)
-        if not self.path.endswith((".jsonl", ".json")):
-            raise DatasetError("dataset %r: expected a .jsonl or .json file" % self.path)
-        self.sha256 = _file_sha256(self.path)
+        if os.path.isdir(self.path) and not isinstance(self.path, DataPath):
+            self.path = DataPath(self.path)
+            self.name = _dataset_name(self.path)
+        if not isinstance(self.path, DataPath):
+            if not os.path.isfile(self.path):
+                raise DatasetError("dataset %r does not exist or is not a file" % self.path)
+            if not self.path.endswith((".jsonl", ".json", ".parquet")):
+                raise DatasetError("dataset %r: expected a .jsonl, .json or .parquet file, or a dataset folder"
+                                   % self.path)
+        self.sha256 = _dataset_sha256(self.path)
         seen: Dict[str, str] = {}
         for where, row in _iter_raw_rows(self.path):
             inst = _validate_swe_row(row, where, self.image_template)
@@ -15063,12 +15438,12 @@ class _SWEKind(_Kind):
     scores it; or, with --score-only, given patches scored (no model)."""
 
     name = "swe"
-    rows = "SWE-bench instances (.jsonl, .json)"
+    rows = "SWE-bench instances (.jsonl, .json, .parquet, a dataset folder)"
     noun = "instance"
     agents = True
     remembers_limit = False  # (an agent run's limit is its model gate's, read without the server's queue)
-    option_sets = (_SAMPLING_OPTIONS, _RESCORE_OPTIONS, _AGENT_OPTIONS, _SWE_OPTIONS, _TOOL_MODE_OPTIONS,
-                   _IMAGE_OPTIONS)
+    option_sets = (_DATASET_OPTIONS, _SAMPLING_OPTIONS, _RESCORE_OPTIONS, _AGENT_OPTIONS, _SWE_OPTIONS,
+                   _TOOL_MODE_OPTIONS, _IMAGE_OPTIONS)
     Options = SWEOptions
     rescore = "rerun"   # the agent finished: its saved patch is scored again (a changed reference, a failed scoring)
     headline = "resolved"
@@ -15076,6 +15451,11 @@ class _SWEKind(_Kind):
     flip_fields = ("resolved",)
     category_noun = "repository"
     marks = "outcome"
+
+    @classmethod
+    def describe(cls, row: Dict[str, Any]) -> Optional[str]:
+        return "SWE-bench instances (instance_id, repo, base_commit, FAIL_TO_PASS, PASS_TO_PASS)" if \
+            isinstance(row.get("instance_id"), str) and "FAIL_TO_PASS" in row else None
 
     def __init__(self) -> None:
         self.preds: Dict[str, str] = {}
@@ -19676,6 +20056,25 @@ def _parser_images(sub: Any, text: str) -> Any:
     return images, list(isub.choices.values())
 
 
+def _parser_dataset(sub: Any, text: str) -> Any:
+    ds = sub.add_parser("dataset", help=text, formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Show what a run reads from a dataset file or folder: the files (a folder's "
+                                    "config and split), the layout each kind recognises, the row count, each field "
+                                    "with its type, the first row; --jsonl writes every row as read instead.",
+                        epilog="examples:\n  evalharness dataset ~/hub/gsm8k --subset main\n"
+                               "  evalharness dataset test-00000-of-00001.parquet --task choice\n"
+                               "  evalharness dataset ~/hub/mmlu --subset all --split dev --jsonl > dev.jsonl\n\n"
+                               + _EXIT_CODES_HELP)
+    ds.add_argument("path", metavar="PATH", help="a .parquet, .jsonl, .json, .csv or .tsv file, or a dataset folder")
+    for opt in _DATASET_OPTIONS.opts:
+        ds.add_argument(*opt.flags, dest=opt.field, default=None, help=opt.help, **opt.kw)
+    ds.add_argument("--task", default=None, choices=list(_KINDS), help="the kind whose reading is shown (default: "
+                    "every kind that recognises the rows)")
+    ds.add_argument("--jsonl", action="store_true", help="write every row as read, one JSON object a line, on "
+                    "stdout (a converter; bytes as base64, decimals and dates as text)")
+    return ds, []
+
+
 def _parser_merge(sub: Any, text: str) -> Any:
     merge = sub.add_parser("merge", help=text, formatter_class=argparse.RawDescriptionHelpFormatter,
                            description="Make one run of the shards of a run (`run --shard I/N --out OUT`): samples, "
@@ -19748,6 +20147,8 @@ _COMMANDS = (
     ("serve-mock", "serve the mock OpenAI-compatible model (for tests and load checks)", _parser_mock),
     ("report", "summary table, HTML report, or a comparison of two runs", _parser_report),
     ("images", "index, plan, pre-load, push/pull and release container images", _parser_images),
+    ("dataset", "show what a run reads from a dataset file or folder (Parquet, JSONL, ...), or convert it to "
+                "JSONL", _parser_dataset),
     ("merge", "make one run of the shards of a run (run --shard I/N)", _parser_merge),
     ("slurm", "run a run as a Slurm array job of shards and a merge job; their status", _parser_slurm),
 )
@@ -20394,6 +20795,76 @@ def _cmd_suite(args: argparse.Namespace) -> int:
     return run_suite(head, entries, progress=args.progress, json_out=args.json_out)
 
 
+def _cmd_dataset(args: argparse.Namespace) -> int:
+    """`evalharness dataset PATH`: what a run reads (the files, layouts, rows, fields, first row), or --jsonl."""
+    path: str = args.path
+    if os.path.isdir(path):
+        path = DataPath(path, args.subset, args.split)
+    elif args.subset is not None or args.split is not None:
+        raise ConfigError("--%s chooses within a dataset folder, and %s is %s" % (
+            "subset" if args.subset is not None else "split", path, "a file" if os.path.exists(path) else
+            "not there"))
+    elif not os.path.isfile(path):
+        raise DatasetError("%s: no such file or folder" % path)
+    elif not path.endswith(DATA_FILE_SUFFIXES):
+        raise DatasetError("%s: not a dataset file (%s)" % (path, ", ".join(DATA_FILE_SUFFIXES)))
+    files = list(path.files) if isinstance(path, DataPath) else [path]
+    out = sys.stdout
+    if args.jsonl:
+        n = 0
+        for _where, row in _iter_raw_rows(path):
+            out.write(json.dumps(_json_safe(row), ensure_ascii=False) + "\n")
+            n += 1
+        _log.info("wrote %d rows of %s", n, _dataset_name(path))
+        return EXIT_OK
+    lines = ["dataset %s%s" % (path, ": config %s, split %s" % (path.config, path.split)
+                               if isinstance(path, DataPath) else "")]
+    total, schema = 0, None
+    for name in files:
+        shown = os.path.relpath(name, path) if isinstance(path, DataPath) else name
+        size = _fmt_bytes(os.path.getsize(name))
+        if name.endswith(".parquet"):
+            pf = ParquetFile(name)
+            codecs = sorted({_PQ_CODECS.get((c.get(3) or {}).get(4), "?") for g in pf.groups for c in g.get(1) or ()})
+            lines.append("  %s: Parquet, %s rows in %d row group%s, %s, %s%s" % (
+                shown, "{:,}".format(pf.num_rows), len(pf.groups), "" if len(pf.groups) == 1 else "s",
+                "/".join(codecs) or "no data", size, " (written by %s)" % pf.created_by if pf.created_by else ""))
+            total += pf.num_rows
+            schema = schema or pf.fields
+        else:
+            count = sum(1 for _ in _iter_raw_rows(name))
+            lines.append("  %s: %s, %s rows, %s" % (shown, name.rsplit(".", 2)[-1].upper() if not
+                                                    name.endswith(".gz") else "JSONL (gzip)", "{:,}".format(count),
+                                                    size))
+            total += count
+    lines.append("rows: %s" % "{:,}".format(total))
+    first = next((row for _w, row in _iter_raw_rows(path)), None)
+    if not isinstance(first, dict):
+        lines.append("the first row is not an object: no kind reads it")
+        out.write("\n".join(lines) + "\n")
+        return EXIT_FAILURE
+    kinds = [args.task] if args.task else list(_KINDS)
+    found = [(k, _KINDS[k].describe(first)) for k in kinds]
+    if args.task and not found[0][1]:
+        lines.append("layout: --task %s does not read these rows (the first row has: %s)" % (
+            args.task, _columns_text(list(first))))
+    else:
+        lines += ["layout: --task %s reads %s" % (k, what) for k, what in found if what] or [
+            "layout: no kind recognises these rows (the first row has: %s); --task qa reads rows with a prompt and "
+            "an answer (--field NAME=COLUMN maps others)" % _columns_text(list(first))]
+    types = dict(schema) if schema else {}
+    width = max(len(str(k)) for k in first) if first else 0
+    lines.append("fields%s:" % (" (the Parquet schema's types)" if schema else " (the first row's types)"))
+    for key, value in first.items():
+        preview = json.dumps(_json_safe(value), ensure_ascii=False)
+        lines.append("  %-*s  %-14s %s" % (width, key, types.get(key) or _value_type(value),
+                                           preview if len(preview) <= 70 else preview[:67] + "..."))
+    lines.append("first row:")
+    lines.append("  " + json.dumps(_json_safe(first), ensure_ascii=False, sort_keys=False)[:2000])
+    out.write("\n".join(lines) + "\n")
+    return EXIT_OK if not (args.task and not found[0][1]) else EXIT_FAILURE
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     if not args.shard_dirs and os.path.isdir(args.out) and any(
             n.startswith("suite.shard-") for n in os.listdir(args.out)):  # a suite's shards: every benchmark
@@ -20510,7 +20981,7 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
 
 # Each command's handler (the commands are named in _COMMANDS, with their help and parser).
 _HANDLERS = {"demo": _cmd_demo, "run": _cmd_run, "suite": _cmd_suite, "serve-mock": _cmd_serve_mock, "report": _cmd_report,
-             "images": _cmd_images, "merge": _cmd_merge, "slurm": _cmd_slurm}
+             "images": _cmd_images, "dataset": _cmd_dataset, "merge": _cmd_merge, "slurm": _cmd_slurm}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
