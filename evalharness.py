@@ -2903,13 +2903,13 @@ def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
 
 
 class DataPath(str):
-    """A dataset folder (as downloaded from the Hub) and the config and split a run reads: ``str()`` is the
+    """A dataset folder (as downloaded from the Hub) and the ``config`` and ``split_name`` a run reads: ``str()`` is the
     folder; ``files`` the split's files in order (shards read as one dataset); ``label`` its name in reports.
     Made once per run: the choice is announced in one line; a missing or ambiguous one is one line listing what
     the folder holds."""
 
     config: str
-    split: str
+    split_name: str  # (not "split": the path is a str, whose split() os.path calls)
     files: Tuple[str, ...]
     label: str
 
@@ -2944,7 +2944,7 @@ class DataPath(str):
         elif split not in splits:
             raise DatasetError("%s: config %s has no split %r; its splits: %s" % (
                 folder, subset, split, ", ".join(sorted(splits))))
-        self.config, self.split = subset, split
+        self.config, self.split_name = subset, split
         self.files = tuple(os.path.join(folder, *rel.split("/")) for rel in splits[split])
         self.label = "%s[%s/%s]" % (name, subset, split) if len(layout) > 1 or subset not in ("default",) \
             else "%s[%s]" % (name, split)
@@ -10931,7 +10931,7 @@ def _default_out(task: str, model: str, dataset: Optional[str], identity: str) -
     hash of its identity and dataset path), so the same command twice resumes and another model or setting gets
     a directory of its own."""
     stem = os.path.splitext(os.path.basename(dataset or "data"))[0]
-    folder = [dataset.config, dataset.split] if isinstance(dataset, DataPath) else []
+    folder = [dataset.config, dataset.split_name] if isinstance(dataset, DataPath) else []
     if folder:
         stem = "-".join([stem] + folder)
     key = _fingerprint([identity, os.path.abspath(dataset) if dataset else None] + folder)[:8]
@@ -11206,7 +11206,7 @@ class _Kind:
         info = {"path": os.path.abspath(path) if path else None, "name": d.name, "sha256": d.sha256,
                 "rows": d.count, "ids": sorted(d.ids)}
         if isinstance(path, DataPath):
-            info.update(subset=path.config, split=path.split, files=[os.path.relpath(f, path) for f in path.files])
+            info.update(subset=path.config, split=path.split_name, files=[os.path.relpath(f, path) for f in path.files])
         return info
 
     def samples_total(self, run: "_Run") -> int:
@@ -20817,7 +20817,7 @@ def _cmd_dataset(args: argparse.Namespace) -> int:
             n += 1
         _log.info("wrote %d rows of %s", n, _dataset_name(path))
         return EXIT_OK
-    lines = ["dataset %s%s" % (path, ": config %s, split %s" % (path.config, path.split)
+    lines = ["dataset %s%s" % (path, ": config %s, split %s" % (path.config, path.split_name)
                                if isinstance(path, DataPath) else "")]
     total, schema = 0, None
     for name in files:
