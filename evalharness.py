@@ -1453,7 +1453,11 @@ def _snappy_decompress(data: bytes) -> bytes:
             else:
                 n, off = (tag >> 2) + 1, int.from_bytes(data[p + 1:p + 5], "little")
                 p += 5
-            _copy_match(out, off, n)
+            start = len(out) - off
+            if off >= n and start >= 0:  # (the common case, inline: most elements are short copies)
+                out += out[start:start + n]
+            else:
+                _copy_match(out, off, n)
     except IndexError:
         raise _CorruptError("Snappy data cut off") from None
     if len(out) != size:
@@ -1702,15 +1706,19 @@ def _huffman_stream(data: bytes, start: int, end: int, count: int, table: Tuple[
     mask = (1 << max_bits) - 1
     out = bytearray(count)
     from_bytes = int.from_bytes
-    for i in range(count):
-        p = pos - max_bits
-        if p >= 0:
-            b = p >> 3
-            v = (from_bytes(buf[b:b + 3], "little") >> (p & 7)) & mask
+    i = 0
+    while i < count:
+        base = pos - 64  # one window of the 64 bits below pos serves several symbols (11 bits at most each)
+        if base >= 0:
+            w = from_bytes(buf[base >> 3:(base >> 3) + 9], "little") >> (base & 7)
         else:
-            v = (from_bytes(buf[:3], "little") << -p) & mask
-        out[i] = symbols[v]
-        pos -= lengths[v]
+            w = from_bytes(buf[:9], "little") << -base
+        stop = min(count, i + 64 // max_bits)
+        while i < stop:
+            v = (w >> (pos - max_bits - base)) & mask
+            out[i] = symbols[v]
+            pos -= lengths[v]
+            i += 1
     if pos != 0:
         raise _CorruptError("a Huffman stream does not end where its symbols do")
     return bytes(out)
@@ -1806,11 +1814,24 @@ class _ZstdFrame:
         ll_s, of_s, ml_s = read(ll_log), read(of_log), read(ml_log)
         r1, r2, r3 = self.reps
         lp = 0
+        buf, pos = bits.buf, bits.pos
+        from_bytes, ml_bits, ll_bits = int.from_bytes, _ZSTD_ML_BITS, _ZSTD_LL_BITS
         for i in range(count):
+            # a sequence reads at most 89 bits: one window of the 136 below pos serves all six reads
+            base = pos - 128
+            if base >= 0:
+                w = from_bytes(buf[base >> 3:(base >> 3) + 17], "little") >> (base & 7)
+            else:
+                w = from_bytes(buf[:17], "little") << -base
             ofc, llc, mlc = of_sym[of_s], ll_sym[ll_s], ml_sym[ml_s]
-            ofv = (1 << ofc) + read(ofc)
-            ml = _ZSTD_ML_BASE[mlc] + read(_ZSTD_ML_BITS[mlc])
-            ll = _ZSTD_LL_BASE[llc] + read(_ZSTD_LL_BITS[llc])
+            pos -= ofc
+            ofv = (1 << ofc) + ((w >> (pos - base)) & ((1 << ofc) - 1))
+            n = ml_bits[mlc]
+            pos -= n
+            ml = _ZSTD_ML_BASE[mlc] + ((w >> (pos - base)) & ((1 << n) - 1))
+            n = ll_bits[llc]
+            pos -= n
+            ll = _ZSTD_LL_BASE[llc] + ((w >> (pos - base)) & ((1 << n) - 1))
             if ofv > 3:
                 offset = ofv - 3
                 r1, r2, r3 = offset, r1, r2
@@ -1828,15 +1849,26 @@ class _ZstdFrame:
                     offset = r1 - 1
                     r1, r2, r3 = offset, r1, r2
             if i != count - 1:
-                ll_s = ll_base[ll_s] + read(ll_nb[ll_s])
-                ml_s = ml_base[ml_s] + read(ml_nb[ml_s])
-                of_s = of_base[of_s] + read(of_nb[of_s])
+                n = ll_nb[ll_s]
+                pos -= n
+                ll_s = ll_base[ll_s] + ((w >> (pos - base)) & ((1 << n) - 1))
+                n = ml_nb[ml_s]
+                pos -= n
+                ml_s = ml_base[ml_s] + ((w >> (pos - base)) & ((1 << n) - 1))
+                n = of_nb[of_s]
+                pos -= n
+                of_s = of_base[of_s] + ((w >> (pos - base)) & ((1 << n) - 1))
             if ll:
                 if lp + ll > len(lits):
                     raise _CorruptError("zstd sequences take more literals than the block has")
                 out += lits[lp:lp + ll]
                 lp += ll
-            _copy_match(out, offset, ml)
+            start = len(out) - offset
+            if offset >= ml and start >= 0:
+                out += out[start:start + ml]
+            else:
+                _copy_match(out, offset, ml)
+        bits.pos = pos
         if bits.pos != 0:
             raise _CorruptError("zstd sequences do not end where their bitstream does")
         out += lits[lp:]
@@ -20815,7 +20847,7 @@ def _cmd_dataset(args: argparse.Namespace) -> int:
         for _where, row in _iter_raw_rows(path):
             out.write(json.dumps(_json_safe(row), ensure_ascii=False) + "\n")
             n += 1
-        _log.info("wrote %d rows of %s", n, _dataset_name(path))
+        _log.info("wrote %d row%s of %s", n, "" if n == 1 else "s", _dataset_name(path))
         return EXIT_OK
     lines = ["dataset %s%s" % (path, ": config %s, split %s" % (path.config, path.split_name)
                                if isinstance(path, DataPath) else "")]
@@ -20833,9 +20865,9 @@ def _cmd_dataset(args: argparse.Namespace) -> int:
             schema = schema or pf.fields
         else:
             count = sum(1 for _ in _iter_raw_rows(name))
-            lines.append("  %s: %s, %s rows, %s" % (shown, name.rsplit(".", 2)[-1].upper() if not
-                                                    name.endswith(".gz") else "JSONL (gzip)", "{:,}".format(count),
-                                                    size))
+            lines.append("  %s: %s, %s row%s, %s" % (shown, name.rsplit(".", 2)[-1].upper() if not
+                                                      name.endswith(".gz") else "JSONL (gzip)", "{:,}".format(count),
+                                                      "" if count == 1 else "s", size))
             total += count
     lines.append("rows: %s" % "{:,}".format(total))
     first = next((row for _w, row in _iter_raw_rows(path)), None)
