@@ -203,6 +203,27 @@ class TestRunsOnHubFolders(_Folder):
         self.assertIn("--subset is not an option of --task tools", tools.stderr)
 
 
+class TestSuiteOnAHubFolder(_Folder):
+    def test_two_configs_of_one_folder_are_two_benchmarks_of_a_suite(self):
+        root = self.gsm_folder()
+        rows = gsm_rows(10) + gsm_rows(2, start=200)
+        mock = start_mock(self, oracle_rows=[eh.FORMATS["gsm8k"].convert(r) for r in rows])
+        suite = os.path.join(self.dir, "suite.toml")
+        with open(suite, "w", encoding="utf-8") as fh:
+            fh.write('model = "m"\nbase_url = "%s"\nout = "runs"\n\n[[benchmark]]\nname = "gsm-main"\n'
+                     'dataset = "gsm8k"\nsubset = "main"\n\n[[benchmark]]\nname = "gsm-socratic"\n'
+                     'dataset = "gsm8k"\nsubset = "socratic"\nsplit = "test"\n' % mock.url)
+        res = run_cli(["suite", suite, "--json", "--no-progress"], timeout=300)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        cells = {c["column"]: c for c in json.loads(res.stdout)["cells"]}
+        self.assertEqual({k: c["n"] for k, c in cells.items()}, {"gsm-main": 10, "gsm-socratic": 2})
+        for name, subset in (("gsm-main", "main"), ("gsm-socratic", "socratic")):
+            with open(os.path.join(self.dir, "runs", "m", name, "run.json"), encoding="utf-8") as fh:
+                info = json.load(fh)["dataset"]
+            self.assertEqual((info["subset"], info["split"], info["name"]), (subset, "test",
+                                                                             "gsm8k[%s/test]" % subset))
+
+
 class TestDatasetCommand(_Folder):
     def test_it_shows_the_files_layout_rows_fields_and_first_row(self):
         root = self.gsm_folder()
