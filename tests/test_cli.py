@@ -12,7 +12,7 @@ from tests.test_packaging import find_python
 
 # the least each command needs to parse (its required options and positionals)
 BASE_ARGS = {("run",): ["--dataset", "d.jsonl"], ("suite",): ["nightly.toml"], ("report",): ["RUN"],
-             ("merge",): ["OUT"],
+             ("merge",): ["OUT"], ("dataset",): ["PATH"],
              ("slurm", "submit"): ["--shards", "2"], ("slurm", "status"): ["OUT"]}
 
 
