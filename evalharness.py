@@ -1465,6 +1465,19 @@ def _snappy_decompress(data: bytes) -> bytes:
     return bytes(out)
 
 
+def _lz4_length(data: bytes, p: int, n: int) -> Tuple[int, int]:
+    """(length, next position) of an LZ4 length whose token nibble is ``n`` (15: bytes of more follow, 255 each
+    but the last)."""
+    if n == 15:
+        while True:
+            b = data[p]
+            p += 1
+            n += b
+            if b != 255:
+                break
+    return n, p
+
+
 def _lz4_block_decompress(data: bytes) -> bytes:
     """LZ4's block format (Parquet's LZ4_RAW): sequences of literals and a match; the last has literals only."""
     out = bytearray()
@@ -1472,15 +1485,7 @@ def _lz4_block_decompress(data: bytes) -> bytes:
     try:
         while p < end:
             token = data[p]
-            p += 1
-            n = token >> 4
-            if n == 15:
-                while True:
-                    b = data[p]
-                    p += 1
-                    n += b
-                    if b != 255:
-                        break
+            n, p = _lz4_length(data, p + 1, token >> 4)
             if p + n > end:
                 raise _CorruptError("an LZ4 literal run passes the end of the data")
             out += data[p:p + n]
@@ -1488,15 +1493,7 @@ def _lz4_block_decompress(data: bytes) -> bytes:
             if p >= end:
                 break
             off = data[p] | (data[p + 1] << 8)
-            p += 2
-            n = token & 15
-            if n == 15:
-                while True:
-                    b = data[p]
-                    p += 1
-                    n += b
-                    if b != 255:
-                        break
+            n, p = _lz4_length(data, p + 2, token & 15)
             _copy_match(out, off, n + 4)
     except IndexError:
         raise _CorruptError("LZ4 data cut off") from None
