@@ -1,7 +1,7 @@
 """A small Parquet writer for the tests, written from the format's specification (parquet.thrift, the encodings
 document), independent of evalharness's reader: uncompressed data pages v1, PLAIN values, levels in the RLE/bit-packed
 hybrid or the deprecated BIT_PACKED form. Columns are typed by their first non-null value: str (UTF8), int (INT64),
-float (DOUBLE), bool, a list of those (the 3-level LIST form), a dict of those (an optional struct).
+float (DOUBLE), bool, bytes, and lists (the 3-level LIST form) and dicts (optional structs) of those, nested.
 
     write_parquet(path, rows, row_group_size=None, levels="RLE", extra_columns=())
 
@@ -116,66 +116,69 @@ class _Leaf:
         self.path, self.ptype, self.max_def, self.max_rep = path, ptype, max_def, max_rep
         self.defs, self.reps, self.values = [], [], []
 
+    def add(self, r, d, value):
+        self.reps.append(r)
+        self.defs.append(d)
+        if d == self.max_def:
+            self.values.append(value)
 
-def _schema_and_leaves(rows):
+
+class _Node:
+    """A column of the schema: "scalar" (an optional leaf), "struct" (an optional group) or "list" (an optional
+    LIST group, its repeated group "list", its optional "element"), typed by the sample values."""
+
+    def __init__(self, name, samples, path, def_level, rep_level):
+        self.name = name
+        sample = next((v for v in samples if v is not None), "")
+        self.leaves = []
+        if isinstance(sample, list):
+            self.kind = "list"
+            self.rep_level = rep_level + 1
+            self.element = _Node("element", [x for v in samples for x in (v or ())], path + (name, "list"),
+                                 def_level + 2, rep_level + 1)
+            self.leaves = self.element.leaves
+        elif isinstance(sample, dict):
+            self.kind = "struct"
+            self.children = [_Node(k, [v.get(k) if v else None for v in samples], path + (name,), def_level + 1,
+                                   rep_level) for k in sample]
+            self.leaves = [leaf for c in self.children for leaf in c.leaves]
+        else:
+            self.kind = "scalar"
+            self.ptype, self.annotation = _scalar(sample)
+            self.leaves = [_Leaf(path + (name,), self.ptype, def_level + 1, rep_level)]
+
+    def elements(self):
+        if self.kind == "scalar":
+            return [[(1, T_I32, self.ptype), (3, T_I32, OPTIONAL), (4, T_BINARY, self.name)] + self.annotation]
+        if self.kind == "struct":
+            return [[(3, T_I32, OPTIONAL), (4, T_BINARY, self.name), (5, T_I32, len(self.children))]] + \
+                [e for c in self.children for e in c.elements()]
+        return [[(3, T_I32, OPTIONAL), (4, T_BINARY, self.name), (5, T_I32, 1), (6, T_I32, 3)],
+                [(3, T_I32, REPEATED), (4, T_BINARY, "list"), (5, T_I32, 1)]] + self.element.elements()
+
+    def shred(self, value, r, d):
+        """The levels of ``value`` (r: its repetition level, d: the definition level its parent reached)."""
+        if value is None:
+            for leaf in self.leaves:
+                leaf.add(r, d, None)
+        elif self.kind == "scalar":
+            self.leaves[0].add(r, d + 1, value)
+        elif self.kind == "struct":
+            for c in self.children:
+                c.shred(value.get(c.name), r, d + 1)
+        elif not value:
+            for leaf in self.leaves:
+                leaf.add(r, d + 1, None)
+        else:
+            for i, x in enumerate(value):
+                self.element.shred(x, r if i == 0 else self.rep_level, d + 2)
+
+
+def _schema(rows):
     names = []
     for r in rows:
         names += [k for k in r if k not in names]
-    elements, leaves, shapes = [], [], {}
-    for name in names:
-        sample = next((r[name] for r in rows if r.get(name) is not None), "")
-        if isinstance(sample, list):
-            inner = next((x for r in rows for x in (r.get(name) or ()) if x is not None), "")
-            ptype, ann = _scalar(inner)
-            elements += [[(3, T_I32, OPTIONAL), (4, T_BINARY, name), (5, T_I32, 1), (6, T_I32, 3)],
-                         [(3, T_I32, REPEATED), (4, T_BINARY, "list"), (5, T_I32, 1)],
-                         [(1, T_I32, ptype), (3, T_I32, OPTIONAL), (4, T_BINARY, "element")] + ann]
-            leaves.append(_Leaf((name, "list", "element"), ptype, 3, 1))
-            shapes[name] = ("list", leaves[-1])
-        elif isinstance(sample, dict):
-            keys = list(sample)
-            elements.append([(3, T_I32, OPTIONAL), (4, T_BINARY, name), (5, T_I32, len(keys))])
-            subs = {}
-            for key in keys:
-                ptype, ann = _scalar(next((r[name][key] for r in rows if r.get(name) and r[name].get(key) is not None),
-                                          ""))
-                elements.append([(1, T_I32, ptype), (3, T_I32, OPTIONAL), (4, T_BINARY, key)] + ann)
-                leaves.append(_Leaf((name, key), ptype, 2, 0))
-                subs[key] = leaves[-1]
-            shapes[name] = ("struct", subs)
-        else:
-            ptype, ann = _scalar(sample)
-            elements.append([(1, T_I32, ptype), (3, T_I32, OPTIONAL), (4, T_BINARY, name)] + ann)
-            leaves.append(_Leaf((name,), ptype, 1, 0))
-            shapes[name] = ("scalar", leaves[-1])
-    return names, elements, leaves, shapes
-
-
-def _levels(rows, shapes):
-    for r in rows:
-        for name, (shape, leaf) in shapes.items():
-            v = r.get(name)
-            if shape == "scalar":
-                leaf.reps.append(0)
-                leaf.defs.append(0 if v is None else 1)
-                if v is not None:
-                    leaf.values.append(v)
-            elif shape == "struct":
-                for key, sub in leaf.items():
-                    x = None if v is None else v.get(key)
-                    sub.reps.append(0)
-                    sub.defs.append(0 if v is None else 1 if x is None else 2)
-                    if x is not None:
-                        sub.values.append(x)
-            else:
-                if v is None or not v:
-                    leaf.reps.append(0)
-                    leaf.defs.append(0 if v is None else 1)
-                for i, x in enumerate(v or ()):
-                    leaf.reps.append(0 if i == 0 else 1)
-                    leaf.defs.append(2 if x is None else 3)
-                    if x is not None:
-                        leaf.values.append(x)
+    return names, [_Node(n, [r.get(n) for r in rows], (), 0, 0) for n in names]
 
 
 def _field(element, fid):
@@ -184,7 +187,8 @@ def _field(element, fid):
 
 def write_parquet(path, rows, row_group_size=None, levels="RLE", extra_columns=()):
     """Write ``rows`` (dicts) as a Parquet file; returns ``path``."""
-    names, elements, leaves, shapes = _schema_and_leaves(rows)
+    names, nodes = _schema(rows)
+    elements = [e for n in nodes for e in n.elements()]
     for element, _values in extra_columns:
         elements.append(element)
         names.append(_field(element, 4))
@@ -193,8 +197,11 @@ def write_parquet(path, rows, row_group_size=None, levels="RLE", extra_columns=(
     body = bytearray(b"PAR1")
     meta_groups = []
     for group in groups:
-        names_, _e, gleaves, gshapes = _schema_and_leaves(rows)  # the same schema, fresh level buffers
-        _levels(group, gshapes)
+        _names, gnodes = _schema(rows)  # the same schema, fresh level buffers
+        for r in group:
+            for node in gnodes:
+                node.shred(r.get(node.name), 0, 0)
+        gleaves = [leaf for node in gnodes for leaf in node.leaves]
         chunks = []
         for leaf in gleaves + [("extra", element, values) for element, values in extra_columns]:
             if isinstance(leaf, tuple):
@@ -221,7 +228,7 @@ def write_parquet(path, rows, row_group_size=None, levels="RLE", extra_columns=(
                     (7, T_I64, len(header) + len(page)), (9, T_I64, offset)]
             chunks.append([(2, T_I64, offset), (3, T_STRUCT, meta)])
         meta_groups.append([(1, T_LIST, (T_STRUCT, chunks)), (2, T_I64, len(body)), (3, T_I64, len(group))])
-    root = [(4, T_BINARY, "schema"), (5, T_I32, len(names))]
+    root = [(4, T_BINARY, "schema"), (5, T_I32, len(names))]  # the top-level columns
     footer = thrift_struct([(1, T_I32, 1), (2, T_LIST, (T_STRUCT, [root] + elements)), (3, T_I64, len(rows)),
                             (4, T_LIST, (T_STRUCT, meta_groups)), (6, T_BINARY, "tests/parquetbed.py")])
     body += footer + struct.pack("<I", len(footer)) + b"PAR1"

@@ -144,6 +144,20 @@ class TestKindsReadParquet(_Folder):
         inst = eh.SWEDataset(swe).validate().items[0]
         self.assertEqual(inst.fail_to_pass, ("tests/test_a.py::test_x",))
 
+    def test_arc_choices_as_a_struct_of_lists_and_mbpp_test_lists_are_recognised(self):
+        arc = write_parquet(os.path.join(self.dir, "arc.parquet"), [
+            {"id": "Mercury_%d" % i, "question": "Which is a planet?",
+             "choices": {"text": ["Moon", "Mars", "Sun", "Io"], "label": ["A", "B", "C", "D"]}, "answerKey": "B"}
+            for i in range(3)])
+        ds = eh.load_dataset(arc)
+        self.assertEqual((ds.format, ds.count), ("arc", 3))
+        self.assertEqual(next(ds.iter_items()).answer, "B")
+        self.assertEqual(eh.ChoiceDataset(arc).layout, "arc")
+        mbpp = write_parquet(os.path.join(self.dir, "mbpp.parquet"), [
+            {"task_id": 2, "text": "Write a function to add.", "code": "def add(a, b):\n    return a + b",
+             "test_list": ["assert add(1, 2) == 3"], "test_setup_code": "", "challenge_test_list": []}])
+        self.assertEqual(eh.CodeDataset(mbpp).layout, "mbpp")
+
     def test_an_image_column_is_kept_as_bytes_and_the_row_still_reads(self):
         rows = [{"id": "v1", "prompt": "What is shown?", "answer": "a cat",
                  "image": {"bytes": b"\x89PNG\r\n\x1a\n\x00\xff", "path": "cat.png"}}]

@@ -165,6 +165,16 @@ class TestOwnWriter(unittest.TestCase):
                     self.assertEqual(got, self.ROWS)
                     self.assertEqual(repr(got[2]["x"]), "-0.0")
 
+    def test_lists_of_structs_of_lists_and_lists_of_lists_round_trip_with_nulls_at_every_level(self):
+        rows = [{"id": "a", "arc": {"text": ["x", "y"], "label": ["A", "B"]},
+                 "lst": [{"x": 1, "y": ["p", None]}, None, {"x": None, "y": []}], "ll": [[1, 2], [], None]},
+                {"id": "b", "arc": None, "lst": [], "ll": None},
+                {"id": "c", "arc": {"text": [], "label": None}, "lst": None, "ll": [[None]]}]
+        for group in (None, 2):
+            path = write_parquet(os.path.join(self.dir, "n.parquet"), rows, row_group_size=group)
+            self.assertEqual(list(eh.ParquetFile(path).iter_rows()), rows)
+        self.assertEqual(dict(eh.ParquetFile(path).fields)["lst"], "list<struct<x: int64, y: list<string>>>")
+
     def test_a_type_not_supported_is_refused_in_one_line_naming_the_column(self):
         interval = [(1, 5, 7), (2, 5, 12), (3, 5, 1), (4, 8, "span"), (6, 5, 21)]  # FIXED[12], INTERVAL
         path = write_parquet(os.path.join(self.dir, "t.parquet"), [{"id": "a"}],
