@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 READER = r"""
-import sys, time, tracemalloc
+import ctypes, gc, sys, time
 sys.path.insert(0, sys.argv[1])
 import evalharness as eh
 
@@ -36,16 +36,22 @@ def status(key):  # kB
     with open("/proc/self/status") as fh:
         return int(next(line for line in fh if line.startswith(key + ":")).split()[1])
 
-traced = sys.argv[3] == "memory"
-if traced:  # the peak of what Python allocates while it reads (slower: a run of its own, not timed)
-    tracemalloc.start()
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the module's import freed goes back to the system
+with open("/proc/self/clear_refs", "w") as fh:  # and the peak so far is forgotten (VmHWM := VmRSS)
+    fh.write("5")
+base = status("VmRSS")
 t0 = time.perf_counter()
 n = chars = 0
-for _where, row in eh._iter_raw_rows(sys.argv[2]):
-    n += 1
-    chars += len(row["question"])
+if sys.argv[3] == "load":  # what a QA run does before its first request: every row read and validated
+    eh.logging.getLogger("evalharness").setLevel(eh.logging.ERROR)
+    n = eh.load_dataset(sys.argv[2]).count
+else:
+    for _where, row in eh._iter_raw_rows(sys.argv[2]):
+        n += 1
+        chars += len(row["question"])
 took = time.perf_counter() - t0
-print(n, chars, took, tracemalloc.get_traced_memory()[1] // 1024 if traced else 0, status("VmHWM"))
+print(n, chars, took, base, status("VmHWM"))
 """
 
 
@@ -72,15 +78,13 @@ def rows(target_bytes, seed=51):
         yield row, line
 
 
-def measure(python, path):
-    """(rows, characters of the questions, seconds, peak MB Python allocated while reading, peak RSS MB)."""
-    out = []
-    for mode in ("time", "memory"):
-        res = subprocess.run([python, "-c", READER, ROOT, path, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             universal_newlines=True, check=True)
-        out.append(res.stdout.split())
-    (n, chars, took, _, rss), (_, _, _, traced, _) = out
-    return int(n), int(chars), float(took), int(traced) / 1024, int(rss) / 1024
+def measure(python, path, mode="read"):
+    """(rows, characters of the questions, seconds, RSS MB at the start, peak RSS MB) of one read in a fresh
+    interpreter."""
+    res = subprocess.run([python, "-c", READER, ROOT, path, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True, check=True)
+    n, chars, took, base, peak = res.stdout.split()
+    return int(n), int(chars), float(took), int(base) / 1024, int(peak) / 1024
 
 
 def main():
@@ -113,16 +117,21 @@ def main():
         results = {}
         for name, path in files.items():
             results[name] = measure(args.python, path)
-            n, chars, took, traced, rss = results[name]
-            print("  %-7s %9.1f MB on disk  %7d rows  %7.2f s  peak allocated while reading %6.1f MB, peak RSS "
-                  "%4.0f MB" % (name, os.path.getsize(path) / 1e6, n, took, traced, rss))
+            n, chars, took, base, peak = results[name]
+            print("  %-7s %9.1f MB on disk  %7d rows  %7.2f s  RSS %4.0f MB at the start, %4.0f MB at the peak" % (
+                name, os.path.getsize(path) / 1e6, n, took, base, peak))
         ref = results["jsonl"]
         for name in ("snappy", "zstd", "none"):
-            n, chars, took, traced, rss = results[name]
+            n, chars, took, base, peak = results[name]
             assert (n, chars) == ref[:2], (name, n, chars, ref[:2])
-            print("%-6s time %.2fx JSONL's; peak allocated %.1f MB = %.2fx the largest row group (%.2fx the %.0f MB "
-                  "of rows); peak RSS %+.0f MB over JSONL's" % (name, took / ref[2], traced, traced / group_mb,
-                                                               traced / args.mb, args.mb, rss - ref[4]))
+            print("%-6s time %.2fx JSONL's; peak RSS %.0f MB above the start = %.2fx the largest row group (%.2fx the "
+                  "%.0f MB of rows)" % (name, took / ref[2], peak - base, (peak - base) / group_mb,
+                                       (peak - base) / args.mb, args.mb))
+        print("JSONL: peak RSS %.0f MB above the start (rows streamed)" % (ref[4] - ref[3]))
+        loads = {name: measure(args.python, files[name], "load")[2] for name in ("jsonl", "snappy", "zstd")}
+        print("load_dataset (every row read and validated, as a QA run does first): JSONL %.2f s, Snappy %.2f s "
+              "(%.2fx), ZSTD %.2f s (%.2fx)" % (loads["jsonl"], loads["snappy"], loads["snappy"] / loads["jsonl"],
+                                               loads["zstd"], loads["zstd"] / loads["jsonl"]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
