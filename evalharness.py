@@ -2100,14 +2100,23 @@ def _delta_binary(buf: bytes, pos: int, bits: int) -> Tuple[List[int], int]:
     return out, pos
 
 
-def _plain_byte_arrays(buf: bytes, pos: int, count: int) -> List[bytes]:
-    out = []
+def _plain_byte_arrays(buf: bytes, pos: int, count: int, text: bool = False) -> List[Any]:
+    """``count`` PLAIN byte arrays; ``text``: each decoded from UTF-8 as it is read (no bytes kept between)."""
+    out: List[Any] = []
     unpack = _U32.unpack_from
-    for _ in range(count):
-        n = unpack(buf, pos)[0]
-        pos += 4
-        out.append(buf[pos:pos + n])
-        pos += n
+    if text:
+        view = memoryview(buf)
+        for _ in range(count):
+            n = unpack(buf, pos)[0]
+            pos += 4
+            out.append(str(view[pos:pos + n], "utf-8"))
+            pos += n
+    else:
+        for _ in range(count):
+            n = unpack(buf, pos)[0]
+            pos += 4
+            out.append(buf[pos:pos + n])
+            pos += n
     if pos > len(buf):
         raise _CorruptError("byte arrays run past the end of their page")
     return out
@@ -2151,6 +2160,7 @@ class _PqLeaf:
         self.type_length = el.get(2) or 0
         self.max_def, self.max_rep = max_def, max_rep
         self.convert, self.logical = _pq_converter(el, self.name)
+        self.text = self.ptype == 6 and self.logical in ("string", "json", "enum")  # PLAIN: decoded as read
         self.defs: Optional[List[int]] = None
         self.reps: Optional[List[int]] = None
         self.values: List[Any] = []
@@ -2188,6 +2198,8 @@ class _PqLeaf:
             except IndexError:
                 raise _CorruptError("a dictionary index past the dictionary's %d values" % len(dictionary)) \
                     from None
+        if encoding == 0 and self.text:
+            return _plain_byte_arrays(buf, pos, count, text=True)
         if encoding == 0:
             raw = self.plain(buf, pos, count)
         elif encoding == 3 and self.ptype == 0:
@@ -2568,8 +2580,7 @@ class ParquetFile:
             if kind == 2:
                 dh = header.get(7) or {}
                 raw = self._inflate(codec, page, usize)
-                plain = leaf.plain(raw, 0, dh.get(1, 0))
-                dictionary = leaf.convert(plain) if leaf.convert is not None else plain
+                dictionary = leaf.decode(0, raw, 0, dh.get(1, 0), None)
             elif kind == 0:
                 dh = header[5]
                 n, encoding = dh[1], dh[2]
