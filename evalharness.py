@@ -20111,7 +20111,7 @@ def _parser_dataset(sub: Any, text: str) -> Any:
     ds.add_argument("--task", default=None, choices=list(_KINDS), help="the kind whose reading is shown (default: "
                     "every kind that recognises the rows)")
     ds.add_argument("--jsonl", action="store_true", help="write every row as read, one JSON object a line, on "
-                    "stdout (a converter; bytes as base64, decimals and dates as text)")
+                    "stdout (a converter; bytes as base64, decimals and dates as text) (default: the summary)")
     return ds, []
 
 

@@ -449,7 +449,7 @@ class TestHelp(unittest.TestCase):
         for group in ("images", "slurm"):
             nested = next(a for a in sub.choices[group]._actions if a.__class__.__name__ == "_SubParsersAction")
             commands.update({"%s %s" % (group, k): v for k, v in nested.choices.items()})
-        self.assertEqual(len(commands), 16)
+        self.assertEqual(len(commands), 17)
         silent = ["%s %s" % (name, a.option_strings[-1]) for name, p in commands.items() for a in p._actions
                   if a.option_strings and a.dest != "help" and not re.search(r"default|required", a.help or "", re.I)]
         self.assertEqual(silent, [])
@@ -461,7 +461,7 @@ class TestHelp(unittest.TestCase):
     def test_main_builds_only_the_command_it_runs_and_still_knows_the_others(self):
         sub_of = lambda parser: next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
         report = sub_of(eh._build_parser("report")).choices
-        self.assertEqual(list(report), ["demo", "run", "suite", "serve-mock", "report", "images", "merge", "slurm"])
+        self.assertEqual(list(report), ["demo", "run", "suite", "serve-mock", "report", "images", "dataset", "merge", "slurm"])
         self.assertEqual([a.dest for a in report["run"]._actions], ["help"])  # a name and its help only
         self.assertIn("--html", {s for a in report["report"]._actions for s in a.option_strings})
         full = {s for a in sub_of(eh._build_parser()).choices["run"]._actions for s in a.option_strings}
