@@ -2779,7 +2779,10 @@ def _file_sha256(path: str) -> str:
 # (Parquet shards, or JSONL/JSON/CSV) under config and split names, and a README.md whose YAML header may list the
 # configs with their files per split. DataPath is such a folder with the config and split a run reads.
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz")
-_SPLIT_WORDS = ("test", "validation", "valid", "val", "dev", "train", "training", "testing", "eval", "evaluation")
+# a split's name by the words file names carry, as the Hub's loader reads a folder without a dataset card
+_SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+                "val": "validation", "dev": "validation", "test": "test", "testing": "test", "eval": "test",
+                "evaluation": "test"}
 _SHARD_NAME_RE = _LazyPattern(r"^(.+?)-\d{5}-of-\d{5}(?:\.|$)")
 
 
@@ -2895,22 +2898,20 @@ def _data_files(folder: str) -> List[str]:
 
 
 def _split_of(rel: str) -> str:
-    """The split a data file belongs to by its name: SPLIT-00000-of-00001.parquet, a folder named for a split, or
-    a split word in its name (test.jsonl, gsm8k_test.parquet), else its name."""
+    """The split a data file belongs to by its name, as the Hub's loader names it: SPLIT-00000-of-00001.parquet
+    (any name), else a folder or a word of the name that says a split (dev.jsonl and valid/ are "validation",
+    eval.jsonl "test", gsm8k_train.parquet "train"), else "train"."""
     parts = rel.split("/")
-    name = parts[-1]
-    m = _SHARD_NAME_RE.match(name)
+    m = _SHARD_NAME_RE.match(parts[-1])
     if m:
         return m.group(1)
     for part in parts[-2:0:-1] if len(parts) > 2 else parts[:-1][1:]:
         if part in _SPLIT_WORDS:
-            return part
-    stem = name.split(".")[0]
-    words = re.split(r"[-_.]", stem)
-    for word in words:
+            return _SPLIT_WORDS[part]
+    for word in re.split(r"[-_.]", parts[-1].split(".")[0]):
         if word in _SPLIT_WORDS:
-            return word
-    return stem
+            return _SPLIT_WORDS[word]
+    return "train"
 
 
 def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
@@ -2957,6 +2958,8 @@ class DataPath(str):
                 prefer: Sequence[str] = ("test",), role: str = "dataset") -> "DataPath":
         self = super().__new__(cls, folder)
         layout, source = hub_layout(folder)
+        card = _card_configs(os.path.join(folder, "README.md")) or ()
+        marked = next((str(c.get("config_name") or "default") for c in card if c.get("default") is True), None)
         layout = {c: s for c, s in layout.items() if any(s.values())}
         name = os.path.basename(os.path.abspath(folder))
         if not layout:
@@ -2967,8 +2970,8 @@ class DataPath(str):
                                                       for s, f in sorted(splits.items())))
                             for c, splits in sorted(layout.items()))
         if subset is None:
-            subset = (next(iter(layout)) if len(layout) == 1 else "default" if "default" in layout
-                      else "all" if "all" in layout else None)
+            subset = (next(iter(layout)) if len(layout) == 1 else marked if marked in layout
+                      else "default" if "default" in layout else "all" if "all" in layout else None)
             if subset is None:
                 raise DatasetError("%s: %d configs (from %s): choose one with --subset: %s" % (
                     folder, len(layout), source, listing))

@@ -104,6 +104,20 @@ class TestFolders(_Folder):
             eh.DataPath(two_splits)
         self.assertEqual(len(list(eh._iter_raw_rows(eh.DataPath(two_splits, split="validation")))), 1)
 
+    def test_split_words_are_named_as_the_hub_names_them_and_a_card_may_mark_its_default_config(self):
+        root = self.folder({"dev.jsonl": gsm_rows(1), "eval.jsonl": gsm_rows(2), "notes.jsonl": gsm_rows(3),
+                            "x/valid/0000.parquet": gsm_rows(1)}, name="words")
+        layout, source = eh.hub_layout(root)
+        self.assertEqual(source, "the file names")
+        self.assertEqual({c: {s: len(f) for s, f in splits.items()} for c, splits in layout.items()},
+                         {"default": {"validation": 1, "test": 1, "train": 1}, "x": {"validation": 1}})
+        readme = ("---\nconfigs:\n- config_name: small\n  data_files: small/*.jsonl\n- config_name: large\n"
+                  "  default: true\n  data_files:\n  - split: test\n    path: large/*.jsonl\n---\n")
+        marked = self.folder({"small/a.jsonl": gsm_rows(1), "large/b.jsonl": gsm_rows(2)}, readme, name="marked")
+        path = eh.DataPath(marked)
+        self.assertEqual((path.config, path.split_name, len(path.files)), ("large", "test", 1))
+        self.assertEqual(eh.DataPath(marked, "small").split_name, "train")  # data_files without a split: train
+
     def test_readme_globs_with_double_stars_and_lists_choose_the_files(self):
         readme = ("---\nconfigs:\n  - config_name: default\n    default: true\n    data_files:\n      - split: test\n"
                   "        path:\n          - \"data/**/test-*.parquet\"\n          - extra/more_test.jsonl\n---\n")
