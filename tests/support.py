@@ -22,6 +22,7 @@ if ROOT not in sys.path:
 import evalharness as eh  # noqa: E402
 
 MODULE = os.path.join(ROOT, "evalharness.py")
+CLI = os.path.join(ROOT, "tests", "cli.py")  # `python CLI ARGS` is `python MODULE ARGS` with cached bytecode
 
 
 _PROCESS_DIR = []
@@ -81,7 +82,7 @@ def clean_env(**extra) -> dict:
 def run_cli(args, *, env=None, timeout=120, cwd=None, python=None, stamped=False) -> subprocess.CompletedProcess:
     """Run ``python evalharness.py ARGS`` in a subprocess; returns the CompletedProcess (text mode). Its stderr (a
     pipe: each line starts with a UTC timestamp) comes without the timestamps unless ``stamped``."""
-    res = subprocess.run([python or sys.executable, MODULE] + list(args), env=env or clean_env(), cwd=cwd or ROOT,
+    res = subprocess.run([python or sys.executable, CLI] + list(args), env=env or clean_env(), cwd=cwd or ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
     if not stamped:
         res.stderr = unstamped(res.stderr)

@@ -16,7 +16,7 @@ import unittest
 import zlib
 
 from tests import dockerbed as bed
-from tests.support import MODULE, clean_env, eh, read_samples, run_cli, tempdir, wait_until, write_jsonl
+from tests.support import CLI, clean_env, eh, read_samples, run_cli, tempdir, wait_until, write_jsonl
 
 HE_ROWS = [
     {"task_id": "T/0", "prompt": "from typing import List\n\n\ndef add(a: int, b: int) -> int:\n    \"\"\"Add two "
@@ -404,7 +404,7 @@ class TestDockerSandbox(_DockerCase):
         path = write_jsonl(os.path.join(d, "slow.jsonl"), rows)
         mock = _oracle_mock(self, path, 1.0)
         out = os.path.join(d, "run")
-        args = [sys.executable, MODULE, "run", "--task", "code", "--dataset", path, "--model", "m", "--base-url",
+        args = [sys.executable, CLI, "run", "--task", "code", "--dataset", path, "--model", "m", "--base-url",
                 mock.url, "--out", out, "--code-image", self.image, "--code-workers", "1", "--fixed-concurrency", "2"]
         proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())

@@ -9,7 +9,7 @@ import sys
 import time
 import unittest
 
-from tests.support import MODULE, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, \
+from tests.support import CLI, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, \
     wait_until, whole_samples, write_jsonl
 
 
@@ -64,7 +64,7 @@ class IdentityCase(unittest.TestCase):
 
     def kill_after(self, argv, out, n_finished, timeout_s=60):
         """Start `run ARGV`, SIGKILL it once ``n_finished`` samples are on disk."""
-        proc = subprocess.Popen([sys.executable, MODULE] + argv, env=clean_env(), stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, CLI] + argv, env=clean_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         self.assertTrue(wait_until(lambda: self.finished(out) >= n_finished, timeout_s))
@@ -196,7 +196,7 @@ class TestOutages(IdentityCase):
     """The endpoint is a `serve-mock` process killed with SIGKILL (a crashed server) and started again."""
 
     def serve(self, port, oracle):
-        proc = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", str(port), "--model", "m", "--oracle", oracle,
+        proc = subprocess.Popen([sys.executable, CLI, "serve-mock", "--port", str(port), "--model", "m", "--oracle", oracle,
                                  "--decode-tok-s", "60", "--reasoning-tokens", "20"], env=clean_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
         self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
@@ -205,7 +205,7 @@ class TestOutages(IdentityCase):
         return proc
 
     def start_run(self, url, out, ds, *extra):
-        proc = subprocess.Popen([sys.executable, MODULE] + self.args(url, out, ds, "--fixed-concurrency", "4",
+        proc = subprocess.Popen([sys.executable, CLI] + self.args(url, out, ds, "--fixed-concurrency", "4",
                                                                       *extra),
                                 env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 universal_newlines=True)
@@ -430,7 +430,7 @@ class TestHonestHeadlines(IdentityCase):
         self.assertIn("Incomplete run:", page)
         self.assertIn("status interrupted", page)
         # a live run is still "running"
-        live = subprocess.Popen([sys.executable, MODULE] + self.args(mock.url, out, ds, "--fixed-concurrency", "1"),
+        live = subprocess.Popen([sys.executable, CLI] + self.args(mock.url, out, ds, "--fixed-concurrency", "1"),
                                 env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.addCleanup(lambda: live.poll() is None and live.kill())
         self.assertTrue(wait_until(lambda: "pid %d " % live.pid in open(os.path.join(out, ".lock")).read(), 30))

@@ -13,7 +13,7 @@ import time
 import unittest
 
 from tests import dockerbed as bed
-from tests.support import MODULE, ROOT, ClassCtx, clean_env, dead_port, eh, tempdir, write_jsonl
+from tests.support import CLI, ROOT, ClassCtx, clean_env, dead_port, eh, tempdir, write_jsonl
 
 
 
@@ -98,7 +98,7 @@ class TestRefsAndNames(unittest.TestCase):
 
     def test_release_with_nothing_kept_does_not_explain_the_kept(self):
         d = tempdir(self)
-        res = subprocess.run([sys.executable, MODULE, "images", "release", "--engine", "docker"],
+        res = subprocess.run([sys.executable, CLI, "images", "release", "--engine", "docker"],
                              env=clean_env(EVALHARNESS_IMAGE_STATE=os.path.join(d, "state.json"),
                                            PATH="/nonexistent"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
@@ -396,7 +396,7 @@ class TestServiceOnTheMainDaemon(_Fixture):
             self.assertTrue(bed.image_exists(present), "an image present before the run must survive")
             self.assertEqual(bed.image_exists(loaded), bool(keep), "keep=%r" % keep)
             if keep:  # kept images are listed in the state file and `images release` removes them later
-                rel = subprocess.run([sys.executable, MODULE, "images", "release"], env=env, stdout=subprocess.PIPE,
+                rel = subprocess.run([sys.executable, CLI, "images", "release"], env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
                 self.assertEqual(rel.returncode, 0, rel.stderr)
                 self.assertIn("removed " + loaded, rel.stdout)
@@ -431,7 +431,7 @@ class TestServiceOnTheMainDaemon(_Fixture):
         self.addCleanup(bed.docker, "rm", "-f", box)
 
         def release(*extra):
-            res = subprocess.run([sys.executable, MODULE, "images", "release"] + list(extra), env=env,
+            res = subprocess.run([sys.executable, CLI, "images", "release"] + list(extra), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
             self.assertEqual(res.returncode, 0, res.stderr)
             return res.stdout
@@ -460,7 +460,7 @@ class TestServiceOnTheMainDaemon(_Fixture):
                         EVALHARNESS_IMAGE_STATE=os.path.join(d, "state.json"), EVALHARNESS_PROGRESS_S="0.2")
 
         def cli(*argv):
-            return subprocess.run([sys.executable, MODULE, "images"] + list(argv), env=env, stdout=subprocess.PIPE,
+            return subprocess.run([sys.executable, CLI, "images"] + list(argv), env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
 
         out = cli("index", self.tars)
@@ -495,7 +495,7 @@ class TestServiceOnTheMainDaemon(_Fixture):
         missing = "%s/nowhere:1" % self.u
         ds = write_jsonl(os.path.join(d, "ds.jsonl"), [{"instance_id": "x__y-%d" % i, "image": img} for i, img in
                                                        enumerate([self.refs[0], self.refs[4], stored, missing])])
-        out = subprocess.run([sys.executable, MODULE, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
+        out = subprocess.run([sys.executable, CLI, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
                               "--tar-index", self.index_path + ".p", "--image-store", store_dir, "--json"],
                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              universal_newlines=True, timeout=60)
@@ -510,7 +510,7 @@ class TestServiceOnTheMainDaemon(_Fixture):
         self.assertEqual(plan[self.refs[4]]["bytes"], index.lookup(self.refs[4])["image_bytes"])
         self.assertEqual(json.loads(out.stdout)["bytes_needed"],
                          plan[self.refs[4]]["bytes"] + plan[stored]["bytes"])
-        text = subprocess.run([sys.executable, MODULE, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
+        text = subprocess.run([sys.executable, CLI, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
                                "--tar-index", self.index_path + ".p", "--image-store", store_dir],
                               env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, timeout=60).stdout
@@ -523,7 +523,7 @@ class TestServiceOnTheMainDaemon(_Fixture):
         store = "http://127.0.0.1:%d/swe" % dead_port()
         ds = write_jsonl(os.path.join(d, "ds.jsonl"), [{"instance_id": "x__y-%d" % i, "image": img} for i, img in
                                                        enumerate([self.refs[0], self.refs[8], missing])])
-        out = subprocess.run([sys.executable, MODULE, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
+        out = subprocess.run([sys.executable, CLI, "images", "plan", "--dataset", ds, "--image-tars", self.batch,
                               "--tar-index", os.path.join(d, "index.json"), "--image-store", store, "--json"],
                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              universal_newlines=True, timeout=60)

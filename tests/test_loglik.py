@@ -11,7 +11,7 @@ import re
 import sys
 import unittest
 
-from tests.support import MODULE, eh, kill_9_after, read_samples, run_cli, tempdir, write_jsonl
+from tests.support import CLI, eh, kill_9_after, read_samples, run_cli, tempdir, write_jsonl
 
 
 def toy_ll(text):
@@ -260,7 +260,7 @@ class TestResume(unittest.TestCase):
         path = write_jsonl(os.path.join(d, "piqa.jsonl"), rows)
         mock = start_mock(self, ttft_s=0.15)
         out = os.path.join(d, "run")
-        args = [sys.executable, MODULE, "run", "--task", "choice", "--dataset", path, "--model", "m", "--base-url",
+        args = [sys.executable, CLI, "run", "--task", "choice", "--dataset", path, "--model", "m", "--base-url",
                 mock.url, "--out", out, "--no-progress", "--fixed-concurrency", "2"]
         kill_9_after(self, args, out, 4, 120)
         kept = {r["id"] for r in read_samples(out)}

@@ -15,7 +15,7 @@ import unittest
 import zipfile
 
 import evalharness as eh
-from tests.support import MODULE, ROOT, clean_env, tempdir, unstamped
+from tests.support import CLI, MODULE, ROOT, clean_env, tempdir, unstamped
 
 
 def stdlib_names():
@@ -297,7 +297,7 @@ class TestZipapp(unittest.TestCase):
                                                          "--base-url", "http://127.0.0.1:9/v1"]):
             a = subprocess.run([sys.executable, pyz] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                universal_newlines=True, env=clean_env(), timeout=60)
-            b = subprocess.run([sys.executable, MODULE] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            b = subprocess.run([sys.executable, CLI] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                universal_newlines=True, env=clean_env(), timeout=60)
             self.assertEqual((a.returncode, a.stdout, unstamped(a.stderr)), (b.returncode, b.stdout, unstamped(b.stderr)),
                              args)  # (stderr is a pipe: its lines start with the time)

@@ -8,7 +8,7 @@ import sys
 import time
 import unittest
 
-from tests.support import MODULE, clean_env, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
+from tests.support import CLI, clean_env, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
 
 import evalharness as eh
 
@@ -182,7 +182,7 @@ class TestTokensPerMinute(unittest.TestCase):
         rows = qa_rows(190)
         path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
         mock = start_mock(self, oracle_rows=rows)
-        base = [sys.executable, MODULE, "run", "--dataset", path, "--model", "m", "--base-url", mock.url,
+        base = [sys.executable, CLI, "run", "--dataset", path, "--model", "m", "--base-url", mock.url,
                 "--no-progress", "--max-tokens", "8", "--tokens-per-minute", str(tpm)]
         one, two = os.path.join(d, "one"), os.path.join(d, "two")
         procs = [subprocess.Popen(base + ["--out", one], env=clean_env(), stdout=subprocess.DEVNULL,

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import unittest
 
-from tests.support import MODULE, STAMP_RE, clean_env, eh, qa_rows, run_cli, start_mock, tempdir, write_jsonl
+from tests.support import CLI, STAMP_RE, clean_env, eh, qa_rows, run_cli, start_mock, tempdir, write_jsonl
 
 T0 = 1_800_000_000.0
 SECRET = "sk-evalharness-test-SECRET-0123456789abcdef"
@@ -237,7 +237,7 @@ class TestReportNumbers(unittest.TestCase):
         d = tempdir(self)
         for argv, pattern in ((["report", d], "has no samples.jsonl"), (["report", os.path.join(d, "nope")],
                               "is not a run directory"), (["report", d, d, d], "no finished run under")):
-            proc = subprocess.run([sys.executable, MODULE] + argv, env=clean_env(), stdout=subprocess.PIPE,
+            proc = subprocess.run([sys.executable, CLI] + argv, env=clean_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
             self.assertEqual(proc.returncode, 2, proc.stderr)
             self.assertRegex(proc.stderr.strip(), "^" + STAMP_RE + "evalharness: .*" + pattern)
@@ -248,7 +248,7 @@ class TestHtmlReport(unittest.TestCase):
 
     def _page(self, run):
         env = clean_env(OPENAI_API_KEY=SECRET)
-        proc = subprocess.run([sys.executable, MODULE, "report", run, "--html"], env=env, stdout=subprocess.PIPE,
+        proc = subprocess.run([sys.executable, CLI, "report", run, "--html"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         path = os.path.join(run, "report.html")
@@ -345,7 +345,7 @@ class TestHtmlReport(unittest.TestCase):
 
     def test_comparison_page_names_the_models_and_shows_a_flipped_samples_question(self):
         d, a, b = two_runs(self, a_kw=dict(model="llama-3-8b"), scores=(1, 1, 1, 1, 1, 1, 0, 0), model="qwen-7b")
-        proc = subprocess.run([sys.executable, MODULE, "report", a, b, "--html"], env=clean_env(),
+        proc = subprocess.run([sys.executable, CLI, "report", a, b, "--html"], env=clean_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
                               cwd=d)
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -364,7 +364,7 @@ class TestComparison(unittest.TestCase):
 
     def test_two_runs_that_share_no_sample_exit_1_with_a_warning(self):
         d, a, b = two_runs(self, prefix="other")
-        proc = subprocess.run([sys.executable, MODULE, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
+        proc = subprocess.run([sys.executable, CLI, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(proc.returncode, 1, proc.stderr)
         self.assertIn("share no sample id: nothing was compared", proc.stderr)
@@ -388,7 +388,7 @@ class TestComparison(unittest.TestCase):
         self.assertEqual(c, eh.compare_runs(eh.load_run(a), eh.load_run(b)))  # seeded: the same every time
         lat = c["metrics"]["latency_s"]  # the fixture's latencies are equal in both runs
         self.assertEqual((lat["n"], lat["diff"], lat["ci95"]), (8, 0.0, [0.0, 0.0]))
-        proc = subprocess.run([sys.executable, MODULE, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
+        proc = subprocess.run([sys.executable, CLI, "report", a, b], env=clean_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("better in B:            2  s4, s6", proc.stdout)
@@ -413,11 +413,11 @@ class TestReportAgreesWithTheRun(unittest.TestCase):
 
     def test_the_report_table_is_the_table_the_run_printed(self):
         out = os.path.join(tempdir(self), "demo")
-        proc = subprocess.run([sys.executable, MODULE, "demo", "--out", out], env=clean_env(),
+        proc = subprocess.run([sys.executable, CLI, "demo", "--out", out], env=clean_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertTrue(os.path.exists(os.path.join(out, "report.html")))  # written at the end of every run
-        rep = subprocess.run([sys.executable, MODULE, "report", out], env=clean_env(), stdout=subprocess.PIPE,
+        rep = subprocess.run([sys.executable, CLI, "report", out], env=clean_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(rep.returncode, 0, rep.stderr)
         printed = proc.stdout.strip().splitlines()
@@ -428,7 +428,7 @@ class TestReportAgreesWithTheRun(unittest.TestCase):
         self.assertEqual(rep.stdout.strip().splitlines()[:len(printed)], printed)
         with open(os.path.join(out, "summary.json")) as fh:
             summary = json.load(fh)
-        js = subprocess.run([sys.executable, MODULE, "report", out, "--json"], env=clean_env(),
+        js = subprocess.run([sys.executable, CLI, "report", out, "--json"], env=clean_env(),
                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60)
         mine = json.loads(js.stdout)  # the summary at the top, as summary.json and run --json have it
         for key in ("counts", "score", "by_category", "by_scorer", "tokens", "errors"):

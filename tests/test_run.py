@@ -12,7 +12,7 @@ import time
 import unittest
 import unittest.mock
 
-from tests.support import MODULE, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, tree_text, \
+from tests.support import CLI, clean_env, dead_port, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, tree_text, \
     write_jsonl
 
 
@@ -34,7 +34,7 @@ class RunCase(unittest.TestCase):
                 "--request-timeout", "10"] + list(extra)
 
     def popen(self, args, env=None):
-        proc = subprocess.Popen([sys.executable, MODULE] + args, env=env or clean_env(), stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, CLI] + args, env=env or clean_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, universal_newlines=True)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         return proc
@@ -466,9 +466,9 @@ class TestHelp(unittest.TestCase):
         self.assertIn("--html", {s for a in report["report"]._actions for s in a.option_strings})
         full = {s for a in sub_of(eh._build_parser()).choices["run"]._actions for s in a.option_strings}
         self.assertIn("--max-sample-tokens", full)
-        res = subprocess.run([sys.executable, MODULE, "--version"], stdout=subprocess.PIPE, timeout=60)
+        res = subprocess.run([sys.executable, CLI, "--version"], stdout=subprocess.PIPE, timeout=60)
         self.assertEqual(res.stdout.decode().strip(), "evalharness " + eh.__version__)
-        res = subprocess.run([sys.executable, MODULE, "-v", "rn"], stderr=subprocess.PIPE, timeout=60)
+        res = subprocess.run([sys.executable, CLI, "-v", "rn"], stderr=subprocess.PIPE, timeout=60)
         self.assertEqual(res.returncode, 2)
         self.assertIn("invalid choice: 'rn' (choose from 'demo', 'run'", res.stderr.decode())
 
@@ -508,7 +508,7 @@ class TestProgressLine(RunCase):
         sock = "evh-%d-%d" % (os.getpid(), width)
         self.addCleanup(subprocess.run, ["tmux", "-L", sock, "kill-server"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)
-        cmd = " ".join(shlex.quote(a) for a in [sys.executable, MODULE] + self.args(url, out, "--fixed-concurrency",
+        cmd = " ".join(shlex.quote(a) for a in [sys.executable, CLI] + self.args(url, out, "--fixed-concurrency",
                                                                                     "2", "--limit", "24"))
         env = clean_env(EVALHARNESS_PROGRESS_S="0.1", TERM="xterm")
         subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-x", str(width), "-y", "30", "-s", "p",

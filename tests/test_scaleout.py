@@ -10,7 +10,8 @@ import time
 import unittest
 
 from tests import slurmbed
-from tests.support import MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
+from tests.support import CLI, MODULE, clean_env, eh, qa_rows, read_samples, run_cli, start_mock, tempdir, \
+    write_jsonl
 
 TIMING = ("started_at", "finished_at", "latency_s", "ttft_s")
 
@@ -218,7 +219,7 @@ class TestMerge(ShardCase):
             if share == "first output" and midway:
                 break
             target = os.path.join(self.dir, "killed-%d" % i)
-            proc = subprocess.Popen([sys.executable, MODULE, "merge", target, out], env=clean_env(),
+            proc = subprocess.Popen([sys.executable, CLI, "merge", target, out], env=clean_env(),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if share == "first output":
                 deadline = time.monotonic() + 120
@@ -323,7 +324,7 @@ class TestSharedGate(unittest.TestCase):
         mock = start_mock(self, oracle_rows=rows, ttft_s=0.2)
         ds = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
         out = os.path.join(d, "out")
-        procs = [subprocess.Popen([sys.executable, MODULE, "run", "--dataset", ds, "--model", "m", "--base-url",
+        procs = [subprocess.Popen([sys.executable, CLI, "run", "--dataset", ds, "--model", "m", "--base-url",
                                    mock.url, "--out", out, "--no-progress", "--initial-concurrency", "2",
                                    "--shard", "%d/2" % i], env=clean_env(), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE) for i in range(2)]

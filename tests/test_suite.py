@@ -7,7 +7,7 @@ import subprocess
 import sys
 import unittest
 
-from tests.support import (MODULE, clean_env, eh, qa_rows, read_samples, run_cli, tempdir, wait_until,
+from tests.support import (CLI, clean_env, eh, qa_rows, read_samples, run_cli, tempdir, wait_until,
                            write_jsonl)
 from tests.test_code import HE_ROWS
 from tests.test_loglik import ROWS as CHOICE_ROWS
@@ -118,7 +118,7 @@ class TestOneSuite(_Suite):
         mock = self.mock(skill=0.7, ttft_s=0.1)
         path = self.four(mock.url, defaults="fixed_concurrency = 2")
         out = os.path.join(self.dir, "runs", "nightly")
-        proc = subprocess.Popen([sys.executable, MODULE, "suite", path, "--no-progress"], env=clean_env(),
+        proc = subprocess.Popen([sys.executable, CLI, "suite", path, "--no-progress"], env=clean_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addCleanup(lambda: proc.poll() is None and proc.kill())
         qa_samples = os.path.join(out, "m", "qa", "samples.jsonl")

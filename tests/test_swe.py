@@ -11,7 +11,7 @@ import unittest
 from unittest import mock
 
 from tests import dockerbed as bed
-from tests.support import MODULE, clean_env, eh, start_mock, tempdir, unstamped, wait_until, write_jsonl
+from tests.support import CLI, clean_env, eh, start_mock, tempdir, unstamped, wait_until, write_jsonl
 
 LOGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "logs")
 
@@ -191,7 +191,7 @@ class TestSWEDataset(unittest.TestCase):
         d = tempdir(self)
         path = write_jsonl(os.path.join(d, "swe.jsonl"), [_row(problem_statement="")])
         out = os.path.join(d, "run")
-        proc = subprocess.run([sys.executable, MODULE, "run", "--task", "swe", "--dataset", path, "--model", "m",
+        proc = subprocess.run([sys.executable, CLI, "run", "--task", "swe", "--dataset", path, "--model", "m",
                                "--base-url", "http://127.0.0.1:9/v1", "--out", out], env=clean_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
         self.assertEqual(proc.returncode, 2, proc.stderr)
@@ -601,7 +601,7 @@ class TestContainersAndCrashes(_SWEBed):
         d = tempdir(self)
         mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
         out = os.path.join(d, "run")
-        argv = [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
+        argv = [sys.executable, CLI, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
                 "--base-url", mock.url, "--out", out, "--exec-timeout", "3", "--max-sessions", "2",
                 "--keep-images", "--no-progress"]
         proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -633,7 +633,7 @@ class TestContainersAndCrashes(_SWEBed):
         mock = start_mock(self, swe=self.ds, swe_policy="oracle")
         out = os.path.join(d, "run")
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset,
+        proc = subprocess.run([sys.executable, CLI, "run", "--task", "swe", "--dataset", self.dataset,
                                "--model", "m", "--base-url", mock.url, "--out", out,
                                "--docker-host", dead, "--no-progress"], env=clean_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
@@ -684,7 +684,7 @@ class TestSWEShards(_SWEBed):
         d = tempdir(self)
         mock = start_mock(self, swe=self.ds, swe_policy="sleepy")
         out = os.path.join(d, "run")
-        argv = [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
+        argv = [sys.executable, CLI, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
                 "--base-url", mock.url, "--out", out, "--exec-timeout", "60", "--max-sessions", "2",
                 "--keep-images", "--no-progress", "--shard", "0/1"]
         job = str(4000000 + os.getpid())  # this process's own: another test process may share the daemon
@@ -725,7 +725,7 @@ class TestSeveralEngines(_SWEBed):
 
     def args(self, mock, out, second, *extra):
         local = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        return [sys.executable, MODULE, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
+        return [sys.executable, CLI, "run", "--task", "swe", "--dataset", self.dataset, "--model", "m",
                 "--base-url", mock.url, "--out", out, "--docker-host", local, "--docker-host", second.host,
                 "--max-containers", "2", "--image-tars", self.tars, "--tar-index", os.path.join(out + ".idx"),
                 "--no-progress"] + list(extra)

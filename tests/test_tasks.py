@@ -14,7 +14,7 @@ import unittest
 import uuid
 
 from tests import dockerbed as bed
-from tests.support import MODULE, clean_env, kill_9_then_resume, read_samples, run_cli, start_mock, tempdir, wait_until
+from tests.support import CLI, clean_env, kill_9_then_resume, read_samples, run_cli, start_mock, tempdir, wait_until
 
 import evalharness as eh
 
@@ -372,7 +372,7 @@ class TestResumeAndShards(_DockerTasks):
             hello_task(tasks, "t%d" % i)
         mock = start_mock(self, swe=eh.TaskSet(tasks), swe_policy="oracle", ttft_s=0.5)
         out = os.path.join(d, "run")
-        args = [sys.executable, MODULE, "run", "--task", "harbor", "--dataset", tasks, "--model", "m", "--base-url",
+        args = [sys.executable, CLI, "run", "--task", "harbor", "--dataset", tasks, "--model", "m", "--base-url",
                 mock.url, "--out", out, "--no-progress", "--max-sessions", "2"]
         kill_9_then_resume(self, args, out, 2, ["t%d" % i for i in range(6)], 300)
 
@@ -438,7 +438,7 @@ class TestSeveralEngines(_DockerTasks):
         mock = start_mock(self, swe=eh.TaskSet(tasks), swe_policy="oracle", ttft_s=1.0)
         out = os.path.join(d, "run")
         local = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        proc = subprocess.Popen([sys.executable, MODULE, "run", "--task", "harbor", "--dataset", tasks, "--model",
+        proc = subprocess.Popen([sys.executable, CLI, "run", "--task", "harbor", "--dataset", tasks, "--model",
                                  "m", "--base-url", mock.url, "--out", out, "--docker-host", local, "--docker-host",
                                  second.host, "--max-containers", "1", "--image-tars", tars, "--tar-index",
                                  os.path.join(d, "idx.json"), "--no-progress"],

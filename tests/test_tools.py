@@ -6,7 +6,7 @@ import os
 import sys
 import unittest
 
-from tests.support import MODULE, kill_9_then_resume, read_samples, run_cli, start_mock, tempdir
+from tests.support import CLI, kill_9_then_resume, read_samples, run_cli, start_mock, tempdir
 
 import evalharness as eh
 
@@ -228,7 +228,7 @@ class TestEndToEnd(unittest.TestCase):
         ds = eh.ToolDataset(path)
         mock = start_mock(self, tools=ds, skill=0.5, ttft_s=0.1)
         out = os.path.join(d, "run")
-        args = [sys.executable, MODULE, "run", "--task", "tools", "--dataset", path, "--model", "m", "--base-url",
+        args = [sys.executable, CLI, "run", "--task", "tools", "--dataset", path, "--model", "m", "--base-url",
                 mock.url, "--out", out, "--no-progress", "--fixed-concurrency", "2"]
         kill_9_then_resume(self, args, out, 4, [r["id"] for r in rows], 120)
         single = {r["id"]: r["score"] for r in read_samples(out)}
