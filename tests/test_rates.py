@@ -8,7 +8,8 @@ import sys
 import time
 import unittest
 
-from tests.support import CLI, clean_env, qa_rows, read_samples, run_cli, start_mock, tempdir, write_jsonl
+from tests.support import CLI, clean_env, qa_rows, read_samples, run_cli, start_mock, tempdir, wait_until, \
+    write_jsonl
 
 import evalharness as eh
 
@@ -127,7 +128,9 @@ class TestPacer(unittest.TestCase):
             self.assertIn(1, json.load(fh)["sees"])  # seen before it may send
         self.assertEqual(second.live()[0], 2)
         second.usage = lambda: [(5.0, 2.0, 300.0)]
-        time.sleep(2 * eh.SHARED_GATE_HEARTBEAT_S + 0.2)
+        # each sees the other's minute once both heartbeats have written it (bounded: a loaded machine delays them)
+        wait_until(lambda: first.live() == (2, 2.0, 300.0) and second.live() == (2, 1.0, 600.0),
+                   timeout_s=20 * eh.SHARED_GATE_HEARTBEAT_S + 10)
         self.assertEqual(first.live(), (2, 2.0, 300.0))
         self.assertEqual(second.live(), (2, 1.0, 600.0))
         first.close()
