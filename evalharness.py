@@ -2926,9 +2926,12 @@ def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
             name = str(entry.get("config_name") or "default")
             spec = entry.get("data_files")
             splits: Dict[str, List[str]] = {}
-            pairs = ([("train", spec)] if isinstance(spec, (str, list)) and not
-                     (isinstance(spec, list) and spec and isinstance(spec[0], dict)) else
-                     [(str(d.get("split") or "train"), d.get("path")) for d in spec or () if isinstance(d, dict)])
+            if isinstance(spec, dict):  # {split: patterns}
+                pairs = [(str(k), v) for k, v in spec.items()]
+            elif isinstance(spec, list) and spec and isinstance(spec[0], dict):  # [{split, path}]
+                pairs = [(str(d.get("split") or "train"), d.get("path")) for d in spec if isinstance(d, dict)]
+            else:  # patterns without a split: train
+                pairs = [("train", spec)]
             for split, patterns in pairs:
                 for pattern in [patterns] if isinstance(patterns, str) else patterns or ():
                     rx = _glob_re(str(pattern))

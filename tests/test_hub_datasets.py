@@ -117,6 +117,11 @@ class TestFolders(_Folder):
         path = eh.DataPath(marked)
         self.assertEqual((path.config, path.split_name, len(path.files)), ("large", "test", 1))
         self.assertEqual(eh.DataPath(marked, "small").split_name, "train")  # data_files without a split: train
+        mapping = ("---\nconfigs:\n- config_name: default\n  data_files:\n    validation: v/*.jsonl\n"
+                   "    test: [t/a.jsonl, t/b.jsonl]\n---\n")
+        root = self.folder({"v/x.jsonl": gsm_rows(1), "t/a.jsonl": gsm_rows(1), "t/b.jsonl": gsm_rows(2)}, mapping,
+                           name="mapping")
+        self.assertEqual({s: len(f) for s, f in eh.hub_layout(root)[0]["default"].items()}, {"validation": 1, "test": 2})
 
     def test_readme_globs_with_double_stars_and_lists_choose_the_files(self):
         readme = ("---\nconfigs:\n  - config_name: default\n    default: true\n    data_files:\n      - split: test\n"
