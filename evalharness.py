@@ -2905,7 +2905,7 @@ def _split_of(rel: str) -> str:
     m = _SHARD_NAME_RE.match(parts[-1])
     if m:
         return m.group(1)
-    for part in parts[-2:0:-1] if len(parts) > 2 else parts[:-1][1:]:
+    for part in parts[-2::-1] if parts[0] in _SPLIT_WORDS else parts[-2:0:-1]:
         if part in _SPLIT_WORDS:
             return _SPLIT_WORDS[part]
     for word in re.split(r"[-_.]", parts[-1].split(".")[0]):
@@ -2941,7 +2941,8 @@ def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
         return layout, "README.md"
     for rel in files:
         parts = rel.split("/")
-        config = "default" if len(parts) == 1 or parts[0] == "data" else parts[0]
+        # data/ and folders named for a split (train/, test/) hold the default config; other folders are configs
+        config = "default" if len(parts) == 1 or parts[0] == "data" or parts[0] in _SPLIT_WORDS else parts[0]
         layout.setdefault(config, {}).setdefault(_split_of(rel), []).append(rel)
     return layout, "the file names"
 

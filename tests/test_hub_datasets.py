@@ -111,6 +111,8 @@ class TestFolders(_Folder):
         self.assertEqual(source, "the file names")
         self.assertEqual({c: {s: len(f) for s, f in splits.items()} for c, splits in layout.items()},
                          {"default": {"validation": 1, "test": 1, "train": 1}, "x": {"validation": 1}})
+        folders = self.folder({"train/0000.parquet": gsm_rows(2), "test/0000.parquet": gsm_rows(3)}, name="folders")
+        self.assertEqual({c: sorted(s) for c, s in eh.hub_layout(folders)[0].items()}, {"default": ["test", "train"]})
         readme = ("---\nconfigs:\n- config_name: small\n  data_files: small/*.jsonl\n- config_name: large\n"
                   "  default: true\n  data_files:\n  - split: test\n    path: large/*.jsonl\n---\n")
         marked = self.folder({"small/a.jsonl": gsm_rows(1), "large/b.jsonl": gsm_rows(2)}, readme, name="marked")
