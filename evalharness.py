@@ -2783,20 +2783,33 @@ DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz"
 _SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                 "val": "validation", "dev": "validation", "test": "test", "testing": "test", "eval": "test",
                 "evaluation": "test"}
-_SHARD_NAME_RE = _LazyPattern(r"^(.+?)-\d{5}-of-\d{5}(?:\.|$)")
+_SHARD_NAME_RE = _LazyPattern(r"^(.+?)-\d{5}-of-\d{5}")  # (what follows may be a hash: -ab12.parquet)
+
+
+_YAML_ITEM_RE = _LazyPattern(r"""\s*(?:'(?:[^']|'')*'|"(?:[^"\\]|\\.)*"|\{[^{}]*\}|\[[^\[\]]*\]|[^,]+)""")
+_YAML_COMMENT_RE = _LazyPattern(r"""^((?:'(?:[^']|'')*'|"(?:[^"\\]|\\.)*"|[^'"#]|(?<=\S)#)*?)\s+#.*$""")
+
+
+def _yaml_uncomment(text: str) -> str:
+    """A YAML line without its trailing comment (" # ..." outside quotes)."""
+    m = _YAML_COMMENT_RE.match(text)
+    return m.group(1) if m else text
 
 
 def _yaml_scalar(text: str) -> Any:
+    """A YAML flow value: a quoted or plain scalar (YAML 1.1 booleans too), a flow list or a flow mapping."""
     text = text.strip()
-    if text[:1] == "[" and text[-1:] == "]":
-        inner = text[1:-1].strip()
-        return [_yaml_scalar(x) for x in re.findall(r"""'(?:[^']|'')*'|"(?:[^"\\]|\\.)*"|[^,]+""", inner)] \
-            if inner else []
+    if text[:1] in "[{" and text[-1:] == {"[": "]", "{": "}"}[text[:1]]:
+        items = [x.strip() for x in _YAML_ITEM_RE.findall(text[1:-1]) if x.strip()]
+        if text[0] == "[":
+            return [_yaml_scalar(x) for x in items]
+        pairs = [x.partition(":") for x in items]
+        return {_yaml_scalar(k): _yaml_scalar(v) for k, _, v in pairs}
     if len(text) >= 2 and text[0] == text[-1] == "'":
         return text[1:-1].replace("''", "'")
     if len(text) >= 2 and text[0] == text[-1] == '"':
         return json.loads(text)
-    return {"true": True, "false": False, "null": None, "~": None}.get(text, text)
+    return {"true": True, "false": False, "yes": True, "no": False, "null": None, "~": None}.get(text.lower(), text)
 
 
 def _yaml_block(lines: List[Tuple[int, str]], i: int, indent: int) -> Tuple[Any, int]:
@@ -2836,7 +2849,7 @@ def _yaml_block(lines: List[Tuple[int, str]], i: int, indent: int) -> Tuple[Any,
 def _card_configs(readme: str) -> Optional[List[Dict[str, Any]]]:
     """The ``configs:`` list of a dataset card's YAML header, or None when it has none."""
     try:
-        with open(readme, encoding="utf-8") as fh:
+        with open(readme, encoding="utf-8-sig") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError):
         return None
@@ -2848,10 +2861,12 @@ def _card_configs(readme: str) -> Optional[List[Dict[str, Any]]]:
     for raw in m.group(1).splitlines():
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
+        raw = _yaml_uncomment(raw.rstrip())
         indent = len(raw) - len(raw.lstrip(" "))
         if indent == 0 and not raw.startswith("-"):
-            inside = raw.split(":", 1)[0].strip() == "configs"
-            if inside and raw.split(":", 1)[1].strip():
+            key, _, rest = raw.partition(":")
+            inside = key.strip() == "configs"
+            if inside and rest.strip():
                 return None
             continue
         if inside:
@@ -2891,33 +2906,50 @@ def _data_files(folder: str) -> List[str]:
     for top, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in files:
-            if name.endswith(DATA_FILE_SUFFIXES) and not name.startswith((".", "dataset_info", "dataset_dict",
+            if name.endswith(DATA_FILE_SUFFIXES) and not name.startswith((".", "__", "dataset_info", "dataset_dict",
                                                                            "state.json")):
                 found.append(os.path.relpath(os.path.join(top, name), folder).replace(os.sep, "/"))
     return sorted(found)
 
 
-def _split_of(rel: str) -> str:
-    """The split a data file belongs to by its name, as the Hub's loader names it: SPLIT-00000-of-00001.parquet
-    (any name), else a folder or a word of the name that says a split (dev.jsonl and valid/ are "validation",
-    eval.jsonl "test", gsm8k_train.parquet "train"), else "train"."""
-    parts = rel.split("/")
+def _split_word(name: str) -> Optional[str]:
+    """The split a name's words say (dev, valid and val: validation; eval: test), or None."""
+    for word in re.split(r"[-._ 0-9]+", name.lower()):
+        if word in _SPLIT_WORDS:
+            return _SPLIT_WORDS[word]
+    return None
+
+
+def _split_of(parts: Sequence[str]) -> Optional[str]:
+    """The split of a data file by its path below its config's folder, as the Hub's loader names it:
+    SPLIT-00000-of-00001.parquet (any name), else a folder or a word of the name that says a split (dev.jsonl and
+    valid/ are "validation", eval.jsonl "test", gsm8k_train.parquet "train"); None when nothing says one."""
     m = _SHARD_NAME_RE.match(parts[-1])
     if m:
         return m.group(1)
-    for part in parts[-2::-1] if parts[0] in _SPLIT_WORDS else parts[-2:0:-1]:
-        if part in _SPLIT_WORDS:
-            return _SPLIT_WORDS[part]
-    for word in re.split(r"[-_.]", parts[-1].split(".")[0]):
-        if word in _SPLIT_WORDS:
-            return _SPLIT_WORDS[word]
-    return "train"
+    for part in reversed(parts[:-1]):
+        found = _split_word(part)
+        if found:
+            return found
+    return _split_word(parts[-1].split(".")[0])
+
+
+def _conventional_splits(rels: Sequence[str], strip: int) -> Dict[str, List[str]]:
+    """{split: files} of one config's files by their names (``strip``: leading folders that name the config); a
+    file no name gives a split is "train" when no file has one, else left out (as the Hub's loader does)."""
+    named = [(_split_of(rel.split("/")[strip:]), rel) for rel in rels]
+    splits: Dict[str, List[str]] = {}
+    anyone = any(split for split, _ in named)
+    for split, rel in named:
+        if split or not anyone:
+            splits.setdefault(split or "train", []).append(rel)
+    return splits
 
 
 def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
     """({config: {split: [files relative to the folder, in order]}}, where that came from) of a dataset folder:
-    the README's ``configs:`` (data_files per split, globs), else the conventional names (CONFIG/SPLIT-*.parquet,
-    data/SPLIT-*.parquet, SPLIT.jsonl, ...)."""
+    the README's ``configs:`` (data_files per split, globs, or a data_dir), else the conventional names
+    (CONFIG/SPLIT-*.parquet, CONFIG/SPLIT/0000.parquet, data/SPLIT-*.parquet, SPLIT.jsonl, split folders, ...)."""
     files = _data_files(folder)
     configs = _card_configs(os.path.join(folder, "README.md"))
     layout: Dict[str, Dict[str, List[str]]] = {}
@@ -2926,6 +2958,10 @@ def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
             name = str(entry.get("config_name") or "default")
             spec = entry.get("data_files")
             splits: Dict[str, List[str]] = {}
+            if spec is None and isinstance(entry.get("data_dir"), str):  # its files' names say their splits
+                base = entry["data_dir"].strip("/") + "/"
+                layout[name] = _conventional_splits([f for f in files if f.startswith(base)], base.count("/"))
+                continue
             if isinstance(spec, dict):  # {split: patterns}
                 pairs = [(str(k), v) for k, v in spec.items()]
             elif isinstance(spec, list) and spec and isinstance(spec[0], dict):  # [{split, path}]
@@ -2939,11 +2975,21 @@ def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
                     splits.setdefault(split, []).extend(f for f in matched if f not in splits.get(split, ()))
             layout[name] = splits
         return layout, "README.md"
+    by_config: Dict[str, List[str]] = {}
     for rel in files:
         parts = rel.split("/")
         # data/ and folders named for a split (train/, test/) hold the default config; other folders are configs
-        config = "default" if len(parts) == 1 or parts[0] == "data" or parts[0] in _SPLIT_WORDS else parts[0]
-        layout.setdefault(config, {}).setdefault(_split_of(rel), []).append(rel)
+        top = parts[0] if len(parts) > 1 and parts[0] != "data" and not _split_word(parts[0]) else ""
+        by_config.setdefault(top, []).append(rel)
+    for top, rels in by_config.items():
+        if top and all(len(rel.split("/")) == 3 and not _SHARD_NAME_RE.match(rel.split("/")[2]) for rel in rels):
+            # CONFIG/SPLIT/0000.parquet (the Hub's Parquet conversion): each folder is a split, named as it is
+            splits: Dict[str, List[str]] = {}
+            for rel in rels:
+                splits.setdefault(rel.split("/")[1], []).append(rel)
+            layout[top] = splits
+        else:
+            layout[top or "default"] = _conventional_splits(rels, 1 if top else 0)
     return layout, "the file names"
 
 

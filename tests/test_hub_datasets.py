@@ -109,8 +109,17 @@ class TestFolders(_Folder):
                             "x/valid/0000.parquet": gsm_rows(1)}, name="words")
         layout, source = eh.hub_layout(root)
         self.assertEqual(source, "the file names")
+        # notes.jsonl says no split while others do: left out, as the Hub's loader leaves it; x/valid/0000.parquet
+        # is the Hub's Parquet conversion (CONFIG/SPLIT/0000.parquet): the folder names its split as it is
         self.assertEqual({c: {s: len(f) for s, f in splits.items()} for c, splits in layout.items()},
-                         {"default": {"validation": 1, "test": 1, "train": 1}, "x": {"validation": 1}})
+                         {"default": {"validation": 1, "test": 1}, "x": {"valid": 1}})
+        mnli = self.folder({"mnli/train/0000.parquet": gsm_rows(2), "mnli/validation_matched/0000.parquet": gsm_rows(1),
+                            "mnli/validation_mismatched/0000.parquet": gsm_rows(1),
+                            "data/auxiliary_train-00000-of-00001-ab12cd.parquet": gsm_rows(1),
+                            "data/test2.jsonl": gsm_rows(1)}, name="glue")
+        self.assertEqual({c: sorted(s) for c, s in eh.hub_layout(mnli)[0].items()},
+                         {"mnli": ["train", "validation_matched", "validation_mismatched"],
+                          "default": ["auxiliary_train", "test"]})
         folders = self.folder({"train/0000.parquet": gsm_rows(2), "test/0000.parquet": gsm_rows(3)}, name="folders")
         self.assertEqual({c: sorted(s) for c, s in eh.hub_layout(folders)[0].items()}, {"default": ["test", "train"]})
         readme = ("---\nconfigs:\n- config_name: small\n  data_files: small/*.jsonl\n- config_name: large\n"
