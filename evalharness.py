@@ -1421,9 +1421,12 @@ def _copy_match(out: bytearray, offset: int, length: int) -> None:
         out += (out[start:] * (length // offset + 1))[:length]
 
 
-def _snappy_decompress(data: bytes) -> bytes:
-    """Snappy's raw format: the uncompressed length (a varint), then literals and copies."""
+def _snappy_decompress(data: bytes, limit: Optional[int] = None) -> bytes:
+    """Snappy's raw format: the uncompressed length (a varint), then literals and copies. ``limit``: the most
+    bytes the caller expects (more is refused before anything is decoded)."""
     size, p = _uvarint(data, 0)
+    if limit is not None and size > limit:
+        raise _CorruptError("Snappy data says %d bytes where %d are expected" % (size, limit))
     out = bytearray()
     end = len(data)
     try:
@@ -1478,12 +1481,15 @@ def _lz4_length(data: bytes, p: int, n: int) -> Tuple[int, int]:
     return n, p
 
 
-def _lz4_block_decompress(data: bytes) -> bytes:
-    """LZ4's block format (Parquet's LZ4_RAW): sequences of literals and a match; the last has literals only."""
+def _lz4_block_decompress(data: bytes, limit: Optional[int] = None) -> bytes:
+    """LZ4's block format (Parquet's LZ4_RAW): sequences of literals and a match; the last has literals only.
+    ``limit``: the most bytes the caller expects."""
     out = bytearray()
     p, end = 0, len(data)
     try:
         while p < end:
+            if limit is not None and len(out) > limit:
+                raise _CorruptError("LZ4 data decodes past the %d bytes expected" % limit)
             token = data[p]
             n, p = _lz4_length(data, p + 1, token >> 4)
             if p + n > end:
@@ -1500,13 +1506,17 @@ def _lz4_block_decompress(data: bytes) -> bytes:
     return bytes(out)
 
 
-def _gzip_decompress(data: bytes) -> bytes:
-    """gzip members, one after another (zlib)."""
-    parts = []
+def _gzip_decompress(data: bytes, limit: Optional[int] = None) -> bytes:
+    """gzip members, one after another (zlib); ``limit``: the most bytes the caller expects."""
+    parts: List[bytes] = []
+    size = 0
     try:
         while data:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            parts.append(d.decompress(data))
+            parts.append(d.decompress(data, 0 if limit is None else max(1, limit + 1 - size)))
+            size += len(parts[-1])
+            if limit is not None and size > limit:
+                raise _CorruptError("gzip data decodes past the %d bytes expected" % limit)
             parts.append(d.flush())
             if not d.eof:
                 raise _CorruptError("gzip data cut off")
@@ -1650,6 +1660,8 @@ def _huffman_table(weights: List[int]) -> Tuple[List[int], List[int], int]:
     if rest & (rest - 1) or max_bits > 11:
         raise _CorruptError("a Huffman table's weights do not add up")
     weights = weights + [rest.bit_length()]
+    if len(weights) > 256:
+        raise _CorruptError("a Huffman table of %d symbols" % len(weights))
     size = 1 << max_bits
     symbols, lengths = [0] * size, [0] * size
     p = 0
@@ -1761,6 +1773,8 @@ class _ZstdFrame:
             raise _CorruptError("zstd literals reuse a Huffman table never given")
         if streams == 1:
             return _huffman_stream(data, p, stop, size, self.huffman), stop
+        if size < 4 or stop - p < 10:
+            raise _CorruptError("zstd literals in 4 streams too short for them")
         s1, s2, s3 = data[p] | data[p + 1] << 8, data[p + 2] | data[p + 3] << 8, data[p + 4] | data[p + 5] << 8
         a = p + 6
         bounds = (a, a + s1, a + s1 + s2, a + s1 + s2 + s3, stop)
@@ -1774,6 +1788,8 @@ class _ZstdFrame:
         if mode == 0:
             found = _zstd_predefined(name)
         elif mode == 1:
+            if data[p] > max_symbol:
+                raise _CorruptError("a zstd RLE table of symbol %d (at most %d)" % (data[p], max_symbol))
             found = (([data[p]], [0], [0]), 0)
             p += 1
         elif mode == 2:
@@ -1872,8 +1888,9 @@ class _ZstdFrame:
         self.reps = [r1, r2, r3]
 
 
-def _zstd_decompress(data: bytes) -> bytes:
-    """Zstandard frames (RFC 8878), one after another; skippable frames skipped; no dictionaries."""
+def _zstd_decompress(data: bytes, limit: Optional[int] = None) -> bytes:
+    """Zstandard frames (RFC 8878), one after another; skippable frames skipped; no dictionaries. ``limit``: the
+    most bytes the caller expects."""
     out = bytearray()
     p, end = 0, len(data)
     try:
@@ -1913,6 +1930,9 @@ def _zstd_decompress(data: bytes) -> bytes:
                     p += size
                 else:
                     raise _CorruptError("a zstd block of the reserved type")
+                if size > 1 << 17 or (limit is not None and len(out) > limit):
+                    raise _CorruptError("zstd data decodes past the %s bytes expected" % (
+                        limit if limit is not None and len(out) > limit else "block's 128 KiB"))
                 if last:
                     break
             if desc & 4:
@@ -2044,12 +2064,11 @@ def _rle_hybrid(buf: bytes, pos: int, end: int, width: int, count: int) -> List[
         if pos >= end:
             raise _CorruptError("RLE data ends after %d of %d values" % (len(out), count))
         head, pos = _uvarint(buf, pos)
-        if head & 1:
-            n = (head >> 1) * 8
-            out.extend(_bits_unpack(buf, width, n, pos))
+        if head & 1:  # (a run is cut to the values still wanted: a damaged length cannot blow memory up)
+            out.extend(_bits_unpack(buf, width, min((head >> 1) * 8, count - len(out)), pos))
             pos += (head >> 1) * width
         else:
-            out.extend([int.from_bytes(buf[pos:pos + nbytes], "little")] * (head >> 1))
+            out.extend([int.from_bytes(buf[pos:pos + nbytes], "little")] * min(head >> 1, count - len(out)))
             pos += nbytes
     if pos > end:
         raise _CorruptError("RLE data runs past its end")
@@ -2071,12 +2090,15 @@ def _zigzag(raw: int) -> int:
     return (raw >> 1) ^ -(raw & 1)
 
 
-def _delta_binary(buf: bytes, pos: int, bits: int) -> Tuple[List[int], int]:
-    """(values, next position) of DELTA_BINARY_PACKED integers, wrapped to ``bits`` as their writer's were."""
+def _delta_binary(buf: bytes, pos: int, bits: int, limit: int) -> Tuple[List[int], int]:
+    """(values, next position) of DELTA_BINARY_PACKED integers, wrapped to ``bits`` as their writer's were; more
+    than ``limit`` (what the page's levels say) is damage."""
     block, pos = _uvarint(buf, pos)
     minis, pos = _uvarint(buf, pos)
     total, pos = _uvarint(buf, pos)
     first, pos = _uvarint(buf, pos)
+    if total > limit:
+        raise _CorruptError("DELTA_BINARY_PACKED says %d values where the page has %d" % (total, limit))
     if minis == 0 or block % minis or (block // minis) % 32:
         raise _CorruptError("a DELTA_BINARY_PACKED header with %d miniblocks in blocks of %d" % (minis, block))
     per = block // minis
@@ -2122,8 +2144,8 @@ def _plain_byte_arrays(buf: bytes, pos: int, count: int, text: bool = False) -> 
     return out
 
 
-def _delta_length_arrays(buf: bytes, pos: int) -> Tuple[List[bytes], int]:
-    lengths, pos = _delta_binary(buf, pos, 32)
+def _delta_length_arrays(buf: bytes, pos: int, limit: int) -> Tuple[List[bytes], int]:
+    lengths, pos = _delta_binary(buf, pos, 32, limit)
     out = []
     for n in lengths:
         out.append(buf[pos:pos + n])
@@ -2133,9 +2155,9 @@ def _delta_length_arrays(buf: bytes, pos: int) -> Tuple[List[bytes], int]:
     return out, pos
 
 
-def _delta_byte_arrays(buf: bytes, pos: int) -> List[bytes]:
-    prefixes, pos = _delta_binary(buf, pos, 32)
-    suffixes, pos = _delta_length_arrays(buf, pos)
+def _delta_byte_arrays(buf: bytes, pos: int, limit: int) -> List[bytes]:
+    prefixes, pos = _delta_binary(buf, pos, 32, limit)
+    suffixes, pos = _delta_length_arrays(buf, pos, limit)
     if len(prefixes) != len(suffixes):
         raise _CorruptError("DELTA_BYTE_ARRAY has %d prefixes for %d suffixes" % (len(prefixes), len(suffixes)))
     out, last = [], b""
@@ -2206,12 +2228,12 @@ class _PqLeaf:
             n = _U32.unpack_from(buf, pos)[0]
             raw = [bool(b) for b in _rle_hybrid(buf, pos + 4, pos + 4 + n, 1, count)]
         elif encoding == 5 and self.ptype in (1, 2):
-            raw, _ = _delta_binary(buf, pos, 32 if self.ptype == 1 else 64)
+            raw, _ = _delta_binary(buf, pos, 32 if self.ptype == 1 else 64, count)
         elif encoding == 6 and self.ptype == 6:
-            raw, _ = _delta_length_arrays(buf, pos)
+            raw, _ = _delta_length_arrays(buf, pos, count)
         elif encoding == 7 and self.ptype in (6, 7):
-            raw = _delta_byte_arrays(buf, pos)
-        elif encoding == 9 and self.ptype in (1, 2, 4, 5, 7):
+            raw = _delta_byte_arrays(buf, pos, count)
+        elif encoding == 9 and self.ptype in (1, 2, 4, 5, 7) and (self.ptype != 7 or self.type_length > 0):
             width = _PQ_WIDTHS.get(self.ptype) or self.type_length
             n = (len(buf) - pos) // width
             joined = bytearray(n * width)
@@ -2396,7 +2418,8 @@ def _pq_schema(elements: List[Dict[int, Any]]) -> Tuple[_PqNode, List[_PqLeaf]]:
                 node.kind = "struct"  # not the annotated shape: read as it is
             if node.kind == "list":
                 r = node.children[0]
-                if r.leaf is not None or len(r.children) != 1 or r.name in ("array", node.name + "_tuple"):
+                if r.leaf is not None or len(r.children) != 1 or r.name in ("array", node.name + "_tuple") or \
+                        r.children[0].rep == _PQ_REPEATED:
                     node.element = "group"  # the legacy two-level forms: the repeated field is the element
             if node.kind == "map" and not node.children[0].children:
                 node.kind = "struct"
@@ -2466,6 +2489,13 @@ def _pq_repeated(r: _PqNode, owner: _PqNode) -> List[Any]:
 
 
 # ----------------------------------------------------------------------------- the file
+def _pq_faults() -> Tuple[type, ...]:
+    """What damaged metadata or pages raise while they are read (each becomes one line naming the file); a
+    function, evaluated only when something is raised: struct is imported at its first use."""
+    return (_CorruptError, IndexError, KeyError, TypeError, ValueError, AttributeError, ArithmeticError,
+            RecursionError, MemoryError, OSError, struct.error)
+
+
 class ParquetFile:
     """A Parquet file: its schema (``fields``: (name, type) of each top-level column), ``num_rows``, and its rows
     as dicts of plain values, read one row group at a time (``iter_rows``). Every fault is a DatasetError that
@@ -2502,14 +2532,17 @@ class ParquetFile:
         try:
             self.meta, _ = _thrift_read(meta, 0)
             self.root, self.leaves = _pq_schema(self.meta.get(2) or [])
+            self.num_rows = int(self.meta.get(3) or 0)
+            self.groups = list(self.meta.get(4) or [])
+            if not all(isinstance(g, dict) and isinstance(g.get(1, []), list) for g in self.groups):
+                raise _CorruptError("its row groups are not row groups")
+            self.created_by = bytes(self.meta.get(6) or b"").decode("utf-8", "replace")
+            self.fields = [(c.name, c.type_text()) for c in self.root.children]
         except _UnsupportedError as exc:
             raise self._error("%s: %s" % (path, exc)) from None
-        except (_CorruptError, IndexError, KeyError, TypeError, ValueError, struct.error) as exc:
-            raise self._error("%s: its metadata does not read (%s)" % (path, exc), damaged=True) from None
-        self.num_rows = self.meta.get(3) or 0
-        self.groups = self.meta.get(4) or []
-        self.created_by = (self.meta.get(6) or b"").decode("utf-8", "replace")
-        self.fields = [(c.name, c.type_text()) for c in self.root.children]
+        except _pq_faults() as exc:
+            raise self._error("%s: its metadata does not read (%s)" % (path, exc or type(exc).__name__),
+                              damaged=True) from None
 
     @staticmethod
     def _error(text: str, damaged: bool = False) -> DatasetError:
@@ -2536,7 +2569,7 @@ class ParquetFile:
         except _UnsupportedError as exc:
             raise self._error("%s: row group %d, column %s: %s" % (
                 self.path, index, leaf.name if leaf else "?", exc)) from None
-        except (_CorruptError, IndexError, KeyError, TypeError, ValueError, OverflowError, struct.error) as exc:
+        except _pq_faults() as exc:
             where = "column %s" % leaf.name if leaf is not None else "its rows"
             raise self._error("%s: row group %d, %s: %s" % (self.path, index, where, exc), damaged=True) from None
         finally:
@@ -2559,6 +2592,8 @@ class ParquetFile:
         start = md.get(9, 0)
         if md.get(11) and 0 < md[11] < start:
             start = md[11]
+        if not (isinstance(start, int) and isinstance(size, int) and start >= 0 and size >= 0):
+            raise _CorruptError("its column chunk is at %r, %r bytes long" % (start, size))
         fh.seek(start)
         buf = fh.read(size)
         if len(buf) < size:
@@ -2624,7 +2659,7 @@ class ParquetFile:
         if codec == 0:
             out = data
         else:
-            out = _PQ_DECOMPRESS[codec](data)
+            out = _PQ_DECOMPRESS[codec](data, size)
         if len(out) != size:
             raise _CorruptError("a %s page decompressed to %d bytes, its header says %d"
                                 % (_PQ_CODECS.get(codec), len(out), size))
@@ -3104,6 +3139,8 @@ def _json_safe(value: Any) -> Any:
         return [_json_safe(v) for v in value]
     if hasattr(value, "isoformat"):
         return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")  # plain digits: 0.0000000001, not 1E-10
     return str(value)
 
 
@@ -3139,7 +3176,18 @@ def _iter_raw_rows(path: str) -> Iterator[Tuple[str, Any]]:
     if path.endswith((".csv", ".tsv")):
         yield from _iter_csv_rows(path, "\t" if path.endswith(".tsv") else ",")
         return
-    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:  # (.jsonl.gz: code sets)
+    if path.endswith(".gz"):
+        try:
+            yield from _iter_jsonl_rows(path, gzip.open(path, "rb"))
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise DatasetError("%s: not a whole gzip file (%s): download or copy it again"
+                               % (path, exc or type(exc).__name__)) from None
+        return
+    yield from _iter_jsonl_rows(path, open(path, "rb"))
+
+
+def _iter_jsonl_rows(path: str, opened: Any) -> Iterator[Tuple[str, Any]]:
+    with opened as fh:
         for lineno, raw in enumerate(fh, 1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte order mark (files saved by some Windows editors)

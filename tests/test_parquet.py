@@ -226,6 +226,35 @@ class TestBadFiles(unittest.TestCase):
         self.bad("crc.parquet", bytes(data), "row group 0, column %s" % pf.leaves[1].name,
                  "a page's CRC does not match its bytes")
 
+    def test_damaged_bytes_anywhere_give_one_line_and_never_another_exception(self):
+        """Bytes changed at random in the fixtures (a seeded fuzz): every read ends in rows or in one DatasetError
+        line, never a traceback of another type."""
+        import random
+        rnd = random.Random(51)
+        names = sorted(n for n in os.listdir(DATA) if n.endswith(".parquet") and n != "brotli.parquet")
+        for i in range(300):
+            data = bytearray(_raw(names[i % len(names)]))
+            for _ in range(rnd.randint(1, 4)):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+            path = os.path.join(self.dir, "fuzz.parquet")
+            with open(path, "wb") as fh:
+                fh.write(bytes(data))
+            try:
+                list(eh.ParquetFile(path).iter_rows())
+            except eh.DatasetError as exc:
+                self.assertNotIn("\n", str(exc))
+                self.assertTrue(str(exc).startswith(path), str(exc))
+
+    def test_a_decompression_bomb_and_a_runaway_run_length_stop_at_what_the_page_says(self):
+        rle_block = (1 | (1 << 1) | ((1 << 17) << 3)).to_bytes(3, "little") + b"x"  # 128 KiB of "x", not last
+        frame = (0xFD2FB528).to_bytes(4, "little") + b"\x00\x00" + rle_block * 2000 + b"\x01\x00\x00"
+        with self.assertRaisesRegex(eh._CorruptError, "decodes past the 1000 bytes expected"):
+            eh._zstd_decompress(frame, 1000)  # 262 MB if it were let run
+        with self.assertRaisesRegex(eh._CorruptError, "says 9999999 bytes where 10 are expected"):
+            eh._snappy_decompress(b"\xff\xac\xe2\x04" + b"\x00a", 10)
+        huge_run = bytes([0xFE, 0xFF, 0xFF, 0xFF, 0x0F]) + b"\x07"  # an RLE run of 2^31 - 1 sevens
+        self.assertEqual(eh._rle_hybrid(huge_run, 0, len(huge_run), 3, 10), [7] * 10)
+
     def test_brotli_and_encryption_are_refused_with_the_fix(self):
         self.bad("brotli.parquet", _raw("brotli.parquet"), "compression BROTLI is not read; re-save the file with "
                  "zstd or snappy")
