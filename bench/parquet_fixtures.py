@@ -11,9 +11,6 @@ here); tests/test_parquet.py puts evalharness's rows in the same form. The tests
 nor this script: the files and expected.json are committed.
 """
 
-import base64
-import datetime
-import decimal
 import json
 import os
 import sys
@@ -23,53 +20,11 @@ import pyarrow.parquet as pq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
 from parquet_parity import table  # noqa: E402
+from tests.test_parquet import _tagged as tagged, codec_text  # noqa: E402  (the test compares in the same form)
 
 OUT = os.path.join(HERE, "..", "tests", "data", "parquet")
-EPOCH = datetime.datetime(1970, 1, 1)
-EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-
-
-def tagged(v):
-    """A value in the JSON form tests/test_parquet.py compares (its _tagged is the same function)."""
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return {"float": repr(v)}
-    if isinstance(v, bytes):
-        return {"bytes": base64.b64encode(v).decode()}
-    if isinstance(v, decimal.Decimal):
-        return {"decimal": str(v)}
-    if type(v).__name__ == "Timestamp":
-        return {"ns": int(v.value), "utc": v.tzinfo is not None}
-    if isinstance(v, datetime.datetime):
-        delta = v - (EPOCH_UTC if v.tzinfo is not None else EPOCH)
-        return {"ns": (delta.days * 86400 + delta.seconds) * 10 ** 9 + delta.microseconds * 1000
-                + getattr(v, "nanosecond", 0), "utc": v.tzinfo is not None}
-    if isinstance(v, (datetime.date, datetime.time)):
-        return {"iso": v.isoformat()}
-    if type(v).__name__ == "UUID":
-        return str(v)
-    if isinstance(v, dict):
-        return {"dict": [[tagged(k), tagged(x)] for k, x in v.items()]}
-    if isinstance(v, (list, tuple)):
-        return [tagged(x) for x in v]
-    if type(v).__module__ == "numpy":
-        return {"float": repr(float(v))}
-    raise TypeError(type(v))
-
-
-def codec_text():
-    """The text the codec blobs hold (tests/test_parquet.py makes the same): 300 kB of words in a fixed order,
-    more than two zstd blocks, so frames carry repeated tables and treeless literals."""
-    words = ("the model answers each question of the benchmark with a short reasoning and then the final answer "
-             "which the scorer compares with the reference after normalising case spacing and punctuation").split()
-    out, i, size = [], 0, 0
-    while size < 300000:
-        size += len(words[(i * 7919 + (i * i) % 104729) % len(words)]) + 1 + (i % 17 == 0)
-        out.append(words[(i * 7919 + (i * i) % 104729) % len(words)] + (" " if i % 17 else ".\n"))
-        i += 1
-    return "".join(out).encode()
 
 
 def main():
