@@ -1958,19 +1958,9 @@ _PQ_ENCODINGS = {0: "PLAIN", 2: "PLAIN_DICTIONARY", 3: "RLE", 4: "BIT_PACKED", 5
 _PQ_REQUIRED, _PQ_OPTIONAL, _PQ_REPEATED = 0, 1, 2
 
 
-class _LazyStruct:
-    """``struct.Struct(fmt)`` made at its first use (struct is imported lazily, like the other modules)."""
 
-    def __init__(self, fmt: str) -> None:
-        self.__dict__["fmt"] = fmt
-
-    def __getattr__(self, attr: str) -> Any:
-        compiled = struct.Struct(self.fmt)
-        self.__dict__["unpack_from"] = compiled.unpack_from
-        return getattr(compiled, attr)
-
-
-_U32 = _LazyStruct("<I")
+def _zigzag(raw: int) -> int:
+    return (raw >> 1) ^ -(raw & 1)
 
 
 def _thrift_read(buf: bytes, pos: int) -> Tuple[Dict[int, Any], int]:
@@ -1987,7 +1977,7 @@ def _thrift_read(buf: bytes, pos: int) -> Tuple[Dict[int, Any], int]:
             fid = last + delta
         else:
             raw, pos = _uvarint(buf, pos)
-            fid = (raw >> 1) ^ -(raw & 1)
+            fid = _zigzag(raw)
         last = fid
         fields[fid], pos = _thrift_value(buf, pos, kind)
 
@@ -2000,7 +1990,7 @@ def _thrift_value(buf: bytes, pos: int, kind: int) -> Tuple[Any, int]:
         return v - 256 if v > 127 else v, pos + 1
     if kind in (4, 5, 6):
         raw, pos = _uvarint(buf, pos)
-        return (raw >> 1) ^ -(raw & 1), pos
+        return _zigzag(raw), pos
     if kind == 7:
         return struct.unpack_from("<d", buf, pos)[0], pos + 8
     if kind == 8:
@@ -2086,10 +2076,6 @@ def _bit_packed_levels(buf: bytes, pos: int, width: int, count: int) -> Tuple[Li
     return [(v >> (total - (i + 1) * width)) & mask for i in range(count)], pos + size
 
 
-def _zigzag(raw: int) -> int:
-    return (raw >> 1) ^ -(raw & 1)
-
-
 def _delta_binary(buf: bytes, pos: int, bits: int, limit: int) -> Tuple[List[int], int]:
     """(values, next position) of DELTA_BINARY_PACKED integers, wrapped to ``bits`` as their writer's were; more
     than ``limit`` (what the page's levels say) is damage."""
@@ -2125,7 +2111,7 @@ def _delta_binary(buf: bytes, pos: int, bits: int, limit: int) -> Tuple[List[int
 def _plain_byte_arrays(buf: bytes, pos: int, count: int, text: bool = False) -> List[Any]:
     """``count`` PLAIN byte arrays; ``text``: each decoded from UTF-8 as it is read (no bytes kept between)."""
     out: List[Any] = []
-    unpack = _U32.unpack_from
+    unpack = struct.Struct("<I").unpack_from
     if text:
         view = memoryview(buf)
         for _ in range(count):
@@ -2225,7 +2211,7 @@ class _PqLeaf:
         if encoding == 0:
             raw = self.plain(buf, pos, count)
         elif encoding == 3 and self.ptype == 0:
-            n = _U32.unpack_from(buf, pos)[0]
+            n = struct.unpack_from("<I", buf, pos)[0]
             raw = [bool(b) for b in _rle_hybrid(buf, pos + 4, pos + 4 + n, 1, count)]
         elif encoding == 5 and self.ptype in (1, 2):
             raw, _ = _delta_binary(buf, pos, 32 if self.ptype == 1 else 64, count)
@@ -2375,10 +2361,6 @@ class _PqNode:
         self.kind = "list" if 3 in lt or ct == 3 else "map" if 2 in lt or ct in (1, 2) else "struct"
         self.element = "child"  # a list's element: its repeated child's one field ("child"), or the child itself
         self.leaves: List[_PqLeaf] = []
-
-    @property
-    def first(self) -> _PqLeaf:
-        return self.leaves[0]
 
     def type_text(self) -> str:
         """The type of the values _pq_field gives for this node (what `evalharness dataset` shows)."""
@@ -2670,7 +2652,7 @@ class ParquetFile:
         width = max_level.bit_length()
         if encoding == 4:
             return _bit_packed_levels(raw, p, width, n)
-        size = _U32.unpack_from(raw, p)[0]
+        size = struct.unpack_from("<I", raw, p)[0]
         return _rle_hybrid(raw, p + 4, p + 4 + size, width, n), p + 4 + size
 
 
@@ -2813,7 +2795,7 @@ def _file_sha256(path: str) -> str:
 # A dataset repository as `huggingface-cli download --repo-type dataset NAME --local-dir DIR` leaves it: data files
 # (Parquet shards, or JSONL/JSON/CSV) under config and split names, and a README.md whose YAML header may list the
 # configs with their files per split. DataPath is such a folder with the config and split a run reads.
-DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz")
+DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz")  # (Parquet first: what a folder holds)
 # a split's name by the words file names carry, as the Hub's loader reads a folder without a dataset card
 _SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                 "val": "validation", "dev": "validation", "test": "test", "testing": "test", "eval": "test",
@@ -2981,12 +2963,14 @@ def _conventional_splits(rels: Sequence[str], strip: int) -> Dict[str, List[str]
     return splits
 
 
-def hub_layout(folder: str) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
+def hub_layout(folder: str, configs: Any = "read") -> Tuple[Dict[str, Dict[str, List[str]]], str]:
     """({config: {split: [files relative to the folder, in order]}}, where that came from) of a dataset folder:
     the README's ``configs:`` (data_files per split, globs, or a data_dir), else the conventional names
-    (CONFIG/SPLIT-*.parquet, CONFIG/SPLIT/0000.parquet, data/SPLIT-*.parquet, SPLIT.jsonl, split folders, ...)."""
+    (CONFIG/SPLIT-*.parquet, CONFIG/SPLIT/0000.parquet, data/SPLIT-*.parquet, SPLIT.jsonl, split folders, ...).
+    ``configs``: the card's, when the caller has read them already."""
     files = _data_files(folder)
-    configs = _card_configs(os.path.join(folder, "README.md"))
+    if configs == "read":
+        configs = _card_configs(os.path.join(folder, "README.md"))
     layout: Dict[str, Dict[str, List[str]]] = {}
     if configs:
         for entry in configs:
@@ -3042,9 +3026,9 @@ class DataPath(str):
     def __new__(cls, folder: str, subset: Optional[str] = None, split: Optional[str] = None,
                 prefer: Sequence[str] = ("test",), role: str = "dataset") -> "DataPath":
         self = super().__new__(cls, folder)
-        layout, source = hub_layout(folder)
-        card = _card_configs(os.path.join(folder, "README.md")) or ()
-        marked = next((str(c.get("config_name") or "default") for c in card if c.get("default") is True), None)
+        card = _card_configs(os.path.join(folder, "README.md"))
+        layout, source = hub_layout(folder, card)
+        marked = next((str(c.get("config_name") or "default") for c in card or () if c.get("default") is True), None)
         layout = {c: s for c, s in layout.items() if any(s.values())}
         name = os.path.basename(os.path.abspath(folder))
         if not layout:
@@ -3611,8 +3595,7 @@ class Dataset:
         self._template = template         # --prompt-template text
         self.template: Optional[str] = template
         self.fields = dict(fields or {})  # --field NAME=COLUMN
-        self.typed = not all(f.endswith((".csv", ".tsv")) for f in (path.files if isinstance(path, DataPath)
-                                                                    else [path or ""]))
+        self.typed = not (path or "").endswith((".csv", ".tsv"))  # (a folder's: by its files, in validate)
         self.warnings: List[str] = []     # near-miss field names, said once each
         self._rows = rows
         self.ids: set = set()
@@ -3660,6 +3643,8 @@ class Dataset:
             if os.path.isdir(self.path) and not isinstance(self.path, DataPath):
                 self.path = DataPath(self.path)
                 self.name = _dataset_name(self.path)
+            if isinstance(self.path, DataPath):
+                self.typed = not all(f.endswith((".csv", ".tsv")) for f in self.path.files)
             if not isinstance(self.path, DataPath) and not os.path.isfile(self.path):
                 raise DatasetError("dataset %r does not exist or is not a file" % self.path)
             if not isinstance(self.path, DataPath) and not self.path.endswith(DATASET_SUFFIXES):

@@ -10,7 +10,9 @@ The rows are benchmark-like (an id, a question of a few hundred characters, four
 subject, a long reference solution), their text cut from this repository's README and module (English and code,
 which Snappy halves): --mb of JSONL. Each read runs in a fresh interpreter (--python: the one users
 run evalharness with) that iterates evalharness._iter_raw_rows over the file and reports its rows, wall time and
-peak RSS (ru_maxrss); the ratios are of figures measured in this one run (the machine is shared and noisy).
+peak RSS above its start (VmHWM after the import's memory is returned and the peak reset; ru_maxrss would carry the
+parent's); then load_dataset's time (every row read and validated) for JSONL, Snappy and ZSTD. The ratios are of
+figures measured in this one run (the machine is shared and noisy).
 """
 
 import argparse

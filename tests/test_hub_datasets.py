@@ -144,6 +144,15 @@ class TestFolders(_Folder):
         self.assertEqual([os.path.relpath(f, root).replace(os.sep, "/") for f in path.files],
                          ["data/a/test-00000-of-00001.parquet", "data/b/c/test-1.parquet", "extra/more_test.jsonl"])
 
+    def test_a_folder_of_csv_files_reads_its_cells_as_text(self):
+        root = os.path.join(self.dir, "csvs")
+        os.makedirs(root)
+        with open(os.path.join(root, "test.csv"), "w", encoding="utf-8") as fh:
+            fh.write("id,question,choices,answer\nq1,Which?,\"[\"\"2\"\", \"\"0\"\"]\",0\n")
+        ds = eh.Dataset(root).validate()
+        self.assertFalse(ds.typed)  # as a lone .csv file: a digit cell is a position first
+        self.assertEqual(next(ds.iter_items()).answer, "A")
+
     def test_a_folder_without_data_files_is_refused_in_one_line(self):
         os.makedirs(os.path.join(self.dir, "empty", ".cache"))
         with self.assertRaisesRegex(eh.DatasetError, r"empty: no data files in this folder \(.parquet, .jsonl"):

@@ -153,7 +153,7 @@ class TestPyarrowFiles(unittest.TestCase):
     def test_special_floats_and_exact_decimals_are_kept_when_read(self):
         rows = list(eh.ParquetFile(os.path.join(DATA, "types-snappy.parquet")).iter_rows())
         f64 = {repr(r["f64"]) for r in rows if r["f64"] is not None}
-        self.assertTrue({"nan", "-0.0", "inf"} & f64, f64)
+        self.assertEqual({"nan", "-0.0", "inf", "-inf"} & f64, {"nan", "-0.0", "inf", "-inf"}, f64)
         d38 = [r["d38"] for r in rows if r["d38"] is not None]
         self.assertTrue(all(isinstance(d, decimal.Decimal) and d.as_tuple().exponent == -10 for d in d38))
 
