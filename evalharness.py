@@ -3091,6 +3091,18 @@ def _dataset_sha256(path: str) -> str:
     return _file_sha256(path)
 
 
+def _folder_choice(path: str, subset: Optional[str], split: Optional[str]) -> str:
+    """``path`` as a DataPath (its config and split chosen and announced) when it is a dataset folder, else as it
+    is; --subset or --split given for anything else is refused."""
+    if _is_data_folder(path):
+        return DataPath(path, subset, split)
+    if subset is not None or split is not None:
+        raise ConfigError("--%s chooses within a dataset folder, and %s is %s" % (
+            "subset" if subset is not None else "split", path, "a folder with no data files in it"
+            if os.path.isdir(path) else "a file" if os.path.exists(path) else "not there"))
+    return path
+
+
 def _fewshot_path(path: Optional[str], subset: Optional[str]) -> Optional[str]:
     """--fewshot-file: a file, or a dataset folder's split of examples (dev, validation or train; the run's
     --subset)."""
@@ -10910,7 +10922,8 @@ _CHAT_ROW_OPTIONS = _OptionSet(
 _DATASET_OPTIONS = _OptionSet(
     "dataset folders (as the Hub ships them: --dataset DIR)",
     _Opt("--subset", default=None, metavar="CONFIG",
-         help="the config of a dataset folder to read (default: the only one, else 'default', else 'all')"),
+         help="the config of a dataset folder to read (default: the only one, else the one its card marks "
+              "default: true, else 'default', else 'all')"),
     _Opt("--split", default=None, metavar="SPLIT",
          help="the split of a dataset folder to read (default: 'test', else the only one)"),
     run=True)
@@ -11546,13 +11559,7 @@ def _dataset_choice(cfg: "RunConfig", kind: _Kind) -> "RunConfig":
     folder; --subset and --split refused for a file."""
     if _DATASET_OPTIONS not in kind.option_sets or not cfg.dataset or isinstance(cfg.dataset, DataPath):
         return cfg
-    if _is_data_folder(cfg.dataset):
-        return _replace(cfg, dataset=DataPath(cfg.dataset, cfg.subset, cfg.split))
-    if cfg.subset is not None or cfg.split is not None:
-        raise ConfigError("--%s chooses within a dataset folder, and %s is %s" % (
-            "subset" if cfg.subset is not None else "split", cfg.dataset,
-            "a folder with no data files in it" if os.path.isdir(cfg.dataset) else "a file"))
-    return cfg
+    return _replace(cfg, dataset=_folder_choice(cfg.dataset, cfg.subset, cfg.split))
 
 
 def _kind_options(cfg: "RunConfig", kind: _Kind) -> "RunConfig":
@@ -20923,13 +20930,11 @@ def _cmd_suite(args: argparse.Namespace) -> int:
 
 def _cmd_dataset(args: argparse.Namespace) -> int:
     """`evalharness dataset PATH`: what a run reads (the files, layouts, rows, fields, first row), or --jsonl."""
-    path: str = args.path
-    if os.path.isdir(path):
-        path = DataPath(path, args.subset, args.split)
-    elif args.subset is not None or args.split is not None:
-        raise ConfigError("--%s chooses within a dataset folder, and %s is %s" % (
-            "subset" if args.subset is not None else "split", path, "a file" if os.path.exists(path) else
-            "not there"))
+    path = _folder_choice(args.path, args.subset, args.split)
+    if isinstance(path, DataPath):
+        pass
+    elif os.path.isdir(path):
+        DataPath(path)  # a folder with no data files: its one-line error
     elif not os.path.isfile(path):
         raise DatasetError("%s: no such file or folder" % path)
     elif not path.endswith(DATA_FILE_SUFFIXES):
