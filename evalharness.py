@@ -3943,6 +3943,7 @@ class Limit:
 
     adaptive = True
     shared = False
+    paces_refusals = False  # the gate paces admissions after a rate's refusals (AdaptiveGate._pace)
     discovered: Optional[float] = None
 
     def __init__(self, initial: float, min_limit: float, max_limit: float):
@@ -3961,6 +3962,51 @@ class Limit:
 
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
                   ttft_s: Optional[float] = None) -> float:
+        return self.limit
+
+    def _accepted(self, now: float) -> Tuple[float, float, float]:
+        """What the endpoint accepted lately, from the successes that ended in the last ``accept_s`` (at least
+        three of their latencies): (the concurrency they sustained: their count x their mean latency over the
+        span, Little's law; the highest load one of them lived under; their mean latency), zeros before any."""
+        ok = self._ok
+        while ok:
+            latency = sum(t for _, t, _ in ok) / len(ok)
+            if ok[0][0] >= now - max(self.accept_s, 3.0 * latency):
+                break
+            ok.popleft()
+        if not ok:
+            return 0.0, 0.0, 0.0
+        span = min(max(self.accept_s, 3.0 * latency), max(now - self._ok_since, 1e-6))
+        return sum(t for _, t, _ in ok) / span, max(c for _, _, c in ok), latency
+
+    def _refusal(self, now: float, level: float) -> float:
+        """A request refused on arrival (a 429 or 503 back at once, no work done). Refused at a load higher than
+        any the endpoint accepted lately, it met a cap on streams: the limit goes just under that load. Refused at
+        a load it did accept, it met a rate (a quota of requests or tokens a minute, a gateway's window): fewer
+        streams would only waste the rate, so the limit goes to what the endpoint accepted over the last minute
+        (Little's law on the observed latency: what a slower stream needs is counted in) plus ``accept_margin``,
+        at most a ``backoff_ratio`` cut of the load refused, never up. The gate counts one refusal per burst (its
+        epochs). Until the next refusal the limit is this rule's, not the gradient's: after ``quiet_share`` of a
+        request's latency without one, it grows by one stream per success at load (a probe that doubles within a
+        few latencies, so a restored quota or cap is found at once), and at twice the limit of the last refusal
+        with none since, what refused is gone and the gradient takes over again."""
+        accepted, top, _latency = self._accepted(now)
+        new = max(level - 1.0, self.accept_floor * accepted)
+        self.limit = self.clamp(min(self.limit, new))
+        self._refused_at, self._refused_limit = now, self.limit
+        self.discovered = self.limit
+        return self.limit
+
+    def _refusal_probe(self, now: float, load: float) -> float:
+        """A success while refusals rule the limit (_refusal): one stream more once quiet, at load."""
+        _accepted, top, latency = self._accepted(now)
+        quiet = now - self._refused_at
+        if quiet >= max(self.accept_s, 3.0 * latency):  # nothing refused for a minute: the gradient's again
+            self._refused_at, self._ceiling = None, None
+            del self._points[:]
+            self._new_window(now)
+        elif quiet >= self.quiet_share * latency and load >= 0.5 * self.limit:
+            self.limit = self.clamp(min(self.limit + 1.0, max(2.0 * top, self.limit)))
         return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
@@ -3983,6 +4029,26 @@ class FixedLimit(Limit):
         if limit < 1:
             raise ConfigError("concurrency must be >= 1, got %r" % (limit,))
         super().__init__(int(limit), int(limit), int(limit))
+
+
+class AIMDLimit(Limit):
+    """The reference rule (``--limit-rule aimd``; Netflix concurrency-limits' AIMDLimit without its latency
+    timeout): one stream more per success while at least half the limit is in flight, x0.9 at every overload the
+    gate counts. Not the default: it reads no speed (a self-hosted server's knee is invisible to it); it is what
+    the default is measured against where the server refuses (bench/rate_limits.py, bench/gate_sim.py)."""
+
+    backoff = 0.9
+
+    def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
+                  ttft_s: Optional[float] = None) -> float:
+        if 2.0 * load >= self.limit:
+            self.limit = self.clamp(self.limit + 1.0)
+        return self.limit
+
+    def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
+                    rate_limited: bool = False, refused: bool = False) -> float:
+        self.limit = self.clamp(math.floor(self.backoff * self.limit))
+        return self.limit
 
 
 def weighted_median(pairs: List[Tuple[float, float]]) -> float:
@@ -4083,6 +4149,7 @@ class GradientLimit(Limit):
     too long to finish never come back), so max_tokens it is; no floor when the server decides the length.
     """
 
+    paces_refusals = True
     # the rule's settings (see the docstring); no caller sets them
     target = 0.1            # e*, the elasticity of throughput where one more stream stops paying
     gain = 1.5              # ln L moves by gain x (e - e*)
@@ -4106,6 +4173,9 @@ class GradientLimit(Limit):
     plateau_windows = 3     # flat windows in a row that walk the limit down
     server_headroom = 0.125  # the queue kept at a server that queues (an eighth of what it runs)
     queue_readings = 2      # readings in a row that make a queue
+    accept_s = 60.0         # what the endpoint accepted is read over this long (at least three latencies)
+    accept_floor = 1.0
+    quiet_share = 0.5       # of a request's latency without a refusal before the limit probes up again
     _min_dx = 0.5 * min_step  # windows this far apart in load (half a probe) show a slope
 
     def __init__(self, initial: int, min_limit: int, max_limit: int, *, backoff_ratio: float = 0.7,
@@ -4145,6 +4215,10 @@ class GradientLimit(Limit):
         self._surprises: List[Tuple[float, float]] = []  # (squared surprise, its sampling variance) per window
         self._shock_var = 0.0  # variance of a shock shared by all of a window's requests (learned, see _learn_shock)
         self._found: List[float] = []  # the limits saturated windows chose (discovered: their median)
+        self._ok: "collections.deque[Tuple[float, float, float]]" = collections.deque()  # (end, latency, load)
+        self._ok_since: Optional[float] = None  # when the first success was sent
+        self._refused_at: Optional[float] = None  # the last refusal, while refusals rule the limit (_refusal)
+        self._refused_limit = 0.0  # the limit that refusal set
         self._last_e = 1.0
         self._pair_e: Optional[float] = None
         self._last_step = 1.0
@@ -4187,6 +4261,11 @@ class GradientLimit(Limit):
 
     def on_sample(self, now: float, stamp: int, speed: float, load: float, elapsed_s: float = 1.0,
                   ttft_s: Optional[float] = None) -> float:
+        if not self._ok and self._ok_since is None:
+            self._ok_since = now - elapsed_s
+        self._ok.append((now, elapsed_s, load))
+        if self._refused_at is not None:
+            return self._refusal_probe(now, load)
         cur = self._window
         if cur.opened is None:
             cur.opened = now - elapsed_s if stamp == cur.stamp else now
@@ -4588,6 +4667,12 @@ class GradientLimit(Limit):
         on arrival is a rate, not a level: its level moves with what the answers of the last minute used, so the
         limit waits out only the pause and creeps from a probe's step (``min_step``) rather than from
         ``min_creep``."""
+        if refused:
+            self._slow_start = False
+            self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
+            return self._refusal(now, self.limit if level is None else float(level))
+        if self._refused_at is not None:
+            self._refused_at = now  # (a collapse while refusals rule: quiet from now, too)
         previous = self._overloaded_at
         self._refused, self._slow_start = refused, False
         self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
@@ -4665,6 +4750,9 @@ class AdaptiveGate:
     """
 
     refusal_share = 0.25  # an overload back within this share of a success's latency was refused on arrival
+    pace_window_s = 60.0  # after a refusal at a load the endpoint accepted (a rate), admissions are paced at the
+    pace_margin = 0.05    # rate it accepted over this window, plus this share,
+    quiet_share = 0.5     # until this share of a success's latency passes with no refusal (_pace_up)
 
     def __init__(self, initial_limit: int = 16, min_limit: int = 1, max_limit: int = 512, *,
                  clock: Callable[[], float] = time.monotonic, backoff_ratio: float = 0.7, drain_s: float = 30.0,
@@ -4688,6 +4776,12 @@ class AdaptiveGate:
         self._drain_until = -math.inf
         self._drain_to_ok = False  # the pause ends at the next success (a refusal without Retry-After)
         self._ok_latency: Optional[float] = None  # smoothed latency of successful requests
+        # a refusal's pace (_pace): admissions and refusals of the last pace_window_s, (admitted at, in flight then)
+        # of the successes among them, the gap between paced admissions (0: none), the next paced admission
+        self._admits: "collections.deque[float]" = collections.deque()
+        self._refusals: "collections.deque[float]" = collections.deque()
+        self._accepted: "collections.deque[Tuple[float, int]]" = collections.deque()
+        self._pace_gap, self._next_admit, self._refused_at = 0.0, -math.inf, -math.inf
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
         self._listeners: List[Callable[[float, str, int, float], None]] = []
         algorithm.attach(self)
@@ -4770,12 +4864,64 @@ class AdaptiveGate:
             self._area += self._in_flight * (now - self._area_t)
         self._area_t = now
 
+    def paced_until(self) -> Optional[float]:
+        """Clock time of the next admission a refusal's pace allows (_pace), or None when not pacing (or now)."""
+        with self._cond:
+            return self._next_admit if self._pacing(self._clock()) and self._next_admit > self._clock() else None
+
+    def _pacing(self, now: float) -> bool:
+        return self._pace_gap > 0
+
+    def _pace_up(self, now: float) -> None:
+        """A success while pacing (lock held): once quiet (``quiet_share`` of a request's latency without a
+        refusal), the pace ends, and the limit probes upward (GradientLimit._refusal_probe): a restored quota is
+        found within a few latencies. (A pace that rose by a stream's worth a success instead, so a sliding window's
+        slots freed in a burst are not all taken in one, cost 0.5-1.5% of goodput in gate_sim for fewer 429s.)"""
+        if now - self._refused_at >= self.quiet_share * (self._ok_latency or 4.0):
+            self._pace_gap = 0.0
+
+    def _refused_by(self, now: float, level: int) -> Optional[str]:
+        """What refused a request sent at ``level`` streams: "rate" when the endpoint accepted one sent at a clearly
+        higher load in the last ``pace_window_s`` (5% more, at least 2 streams: a load counts the refusals still on
+        their way back), "cap" (on streams) when it accepted some but none at a load that much higher, None when it
+        accepted none (no telling)."""
+        self._trim(now)
+        top = max((lv for _, lv in self._accepted), default=0)
+        return None if not top else "rate" if level <= top - max(2.0, 0.05 * top) else "cap"
+
+    def _pace(self, now: float, by: Optional[str]) -> None:
+        """A request was refused on arrival (lock held), ``by`` what (_refused_by). By a rate (a quota of requests
+        or tokens a minute, a gateway's window, not a cap on streams), admissions are paced at the rate it accepted
+        over the last ``pace_window_s`` plus ``pace_margin``: admitting faster only earns refusals (and, past a window that fills, a burst of them every time a slot
+        frees). Once quiet it rises (_pace_up), as the limit then probes upward (GradientLimit._refusal)."""
+        self._refused_at = now
+        accepted = len(self._admits) - len(self._refusals)
+        span = min(self.pace_window_s, now - self._admits[0]) if self._admits else 0.0
+        if self._algorithm.paces_refusals and by == "rate" and accepted > 0 and span > 0:
+            self._pace_gap = span / (accepted * (1.0 + self.pace_margin))
+
+    def _trim(self, now: float) -> None:
+        for log in (self._admits, self._refusals):
+            while log and log[0] < now - self.pace_window_s:
+                log.popleft()
+        while self._accepted and self._accepted[0][0] < now - self.pace_window_s:
+            self._accepted.popleft()
+
     def _try_locked(self) -> Optional[Permit]:
         now = self._clock()
+        if self._drain_to_ok and self._pace_gap and self._in_flight == 0 and now < self._drain_until:
+            self._drain_until = now  # (a pause until a request finishes, none in flight: the pace spaces them)
         if now < self._drain_until or self._in_flight >= self._limit:
             return None
+        if self._pacing(now):
+            if now < self._next_admit:
+                return None
+            self._next_admit = now + self._pace_gap
         self._advance_area(now)
         self._in_flight += 1
+        self._admits.append(now)
+        if len(self._admits) > 64 and self._admits[0] < now - self.pace_window_s:
+            self._trim(now)
         return Permit(now, self._algorithm.window_stamp(), self._epoch, self._in_flight, self._area)
 
     def try_acquire(self) -> Optional[Permit]:
@@ -4786,7 +4932,8 @@ class AdaptiveGate:
         asked = self._clock()
         with self._cond:
             permit = _wait_for(self._cond, self._try_locked, timeout_s=timeout_s, cancel=cancel,
-                               soonest_s=lambda: self._drain_until - self._clock(),
+                               soonest_s=lambda: max(self._drain_until, self._next_admit if self._pace_gap
+                                                     else -math.inf) - self._clock(),
                                timeout=lambda: "no concurrency permit within %.1fs (limit %d, in flight %d)"
                                % (timeout_s, self._limit, self._in_flight))
             permit.asked_at = asked
@@ -4816,7 +4963,16 @@ class AdaptiveGate:
             self._advance_area(now)
             self._in_flight -= 1
             cause = "turned_away" if turned_away and outcome == "overload" else outcome
+            lived = now - permit.admitted_at
+            # refused: turned away far sooner than a request is served (or within a second, before any was), so
+            # the server did no work and the load it met on arrival is exactly what it takes now
+            refused = outcome == "overload" and (turned_away or lived < self.refusal_share * (self._ok_latency or 4.0))
+            if refused:
+                self._refusals.append(permit.admitted_at)
             if outcome == "ok":
+                self._accepted.append((permit.admitted_at, permit.inflight_at_admit))
+                if self._pace_gap:
+                    self._pace_up(now)
                 elapsed = max(now - permit.admitted_at, 1e-6)
                 self._ok_latency = elapsed if self._ok_latency is None else 0.9 * self._ok_latency + 0.1 * elapsed
                 if self._drain_to_ok and now < self._drain_until:
@@ -4832,15 +4988,16 @@ class AdaptiveGate:
                 # once per epoch: failures of permits admitted before this cut do not cut again (a request turned
                 # away at a load the limit still allows lowers it further: it is no cut, only a level)
                 self._epoch += 1
-                lived = now - permit.admitted_at
-                # refused: turned away far sooner than a request is served (or within a second, before any was),
-                # so the server did no work and the load it met on arrival is exactly what it takes now
-                refused = turned_away or lived < self.refusal_share * (self._ok_latency or 4.0)
+                by = self._refused_by(now, permit.inflight_at_admit) if refused else None
+                if refused:
+                    self._pace(now, by)
                 level = float(permit.inflight_at_admit)
                 if lived > 1e-6 and not refused:
                     # a collapse: the load it met on arrival, or lived under if less (a burst admitted after it
                     # failed says nothing)
                     level = min(level, (self._area - permit.area_at_admit) / lived)
+                if by == "cap" and retry_after_s is not None:
+                    retry_after_s = None  # a cap's Retry-After is that request's: a slot frees when one finishes
                 drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
                 new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
                                                   refused=refused)
@@ -10951,6 +11108,7 @@ class RunConfig:
     fixed_concurrency: Optional[int] = None      # pins the limit (no adaptation)
     initial_concurrency: Optional[int] = None    # None = auto: this run's or the endpoint's last discovered limit
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    limit_rule: str = "gradient"                 # gradient | aimd (the reference rule, AIMDLimit)
     server_metrics: str = "auto"                 # auto | on | off: the endpoint's Prometheus /metrics
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     extra_body: Optional[Dict[str, Any]] = None
@@ -11055,6 +11213,8 @@ def _make_gate(cfg: RunConfig, base_url: str, previous: Optional[Dict[str, Any]]
         gate = AdaptiveGate(initial, 1, cap, algorithm=shared)  # (closed by the run at its end: gate.close)
         return gate, origin + (", shared by the run's shards" if shared.leader else
                                ", then the lowest live shard's limit: the run's shards share the endpoint")
+    if cfg.limit_rule == "aimd":  # the reference rule, for comparison (bench/rate_limits.py)
+        return AdaptiveGate(initial, 1, cap, algorithm=AIMDLimit(initial, 1, cap)), origin
     # a limit an earlier run discovered is a hint: verified in the first windows (a probe down), forgotten when it
     # does not buy throughput
     warm = cfg.initial_concurrency is None and origin != "default"
@@ -11542,6 +11702,8 @@ def _check_run_options(cfg: "RunConfig") -> None:
             raise ConfigError("%s must be >= 1, got %d" % (name, value))
     if cfg.request_timeout_s <= 0:
         raise ConfigError("--request-timeout must be > 0 seconds, got %r" % cfg.request_timeout_s)
+    if cfg.limit_rule not in ("gradient", "aimd"):
+        raise ConfigError("--limit-rule must be gradient or aimd, got %r" % (cfg.limit_rule,))
     for name, value in (("--requests-per-minute", cfg.requests_per_minute),
                         ("--tokens-per-minute", cfg.tokens_per_minute)):
         if value is not None and value <= 0:
@@ -11687,7 +11849,9 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         gate = run.gate
         assert gate is not None
         _log.info("concurrency: %s", "fixed at %d" % gate.limit if not gate.adaptive else
-                  "adaptive, starting at %d (%s), at most %d" % (gate.limit, run.initial_from, gate.max_limit))
+                  "adaptive%s, starting at %d (%s), at most %d" % (
+                      " (the reference rule, aimd)" if cfg.limit_rule == "aimd" else "", gate.limit, run.initial_from,
+                      gate.max_limit))
         run.client = ModelClient(run.client_cfg, gate=gate, cancel=run.cancel, health=run.health, meter=run.meter,
                                  pacer=run.pacer)
     gate_initial = run.gate.limit if run.gate is not None else None
@@ -11750,11 +11914,11 @@ def _run_in_store(run: _Run, stdout: Any, progress_stream: Any) -> Tuple[int, st
         info.update({"discovered_limit": gate.discovered_limit,
                      "concurrency": dict({"adaptive": gate.adaptive, "initial": gate_initial,
                                           "initial_from": run.initial_from, "final": gate.limit,
-                                          "max": gate.max_limit,
+                                          "max": gate.max_limit, "rule": cfg.limit_rule if gate.adaptive else None,
                                           "server_metrics": run.metrics.server if run.metrics is not None else None},
                                          **kind.concurrency(run))})
         if (kind.remembers_limit and gate.adaptive and status != "aborted" and cfg.remember_limit
-                and not gate.shared and run.shared is None):  # (a shard's limit is its share: not kept; a suite
+                and cfg.limit_rule == "gradient" and not gate.shared and run.shared is None):  # (a shard's limit is its share: not kept; a suite
             # keeps its endpoint's once, at its end)
             _save_limit(run.base_url or "", cfg.model, gate.discovered_limit)
     info["history"] = info["history"] + [{"started_at": _utc_iso(started), "ended_at": _utc_iso(ended),
@@ -18089,7 +18253,8 @@ class _MockHandler:
             self._uncount()  # (its slot, if it waited for one)
             with st.lock:
                 st.counters["over_cap"] += 1
-            self._error(cfg.overload_status, "server at capacity", {"Retry-After": "%g" % cfg.retry_after_s})
+            self._error(cfg.overload_status, "server at capacity",
+                        {"Retry-After": "%g" % cfg.retry_after_s} if cfg.retry_after_s > 0 else {})
             return
         self._active_counted = True
         try:
@@ -19284,7 +19449,7 @@ _SUITE_TOP = ("name", "model", "base_url", "label", "out", "defaults", "benchmar
 _SUITE_RUN_KEYS: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     "fixed_concurrency": ("fixed_concurrency", int), "concurrency": ("fixed_concurrency", int),
     "initial_concurrency": ("initial_concurrency", int), "max_concurrency": ("max_concurrency", int),
-    "server_metrics": ("server_metrics", str), "request_timeout": ("request_timeout_s", float),
+    "limit_rule": ("limit_rule", str), "server_metrics": ("server_metrics", str), "request_timeout": ("request_timeout_s", float),
     "max_retries": ("max_retries", int), "outage_budget": ("outage_budget_s", float), "extra_body": ("extra_body", dict),
     "seed": ("seed", int), "limit": ("limit", int), "api_key_env": ("api_key_env", str), "prices": ("prices", str),
     "cost_limit": ("cost_limit", float), "requests_per_minute": ("requests_per_minute", float),
@@ -19868,6 +20033,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "earlier run on the same endpoint and model discovered, else %d" % DEFAULT_INITIAL_CONCURRENCY)
     g.add_argument("--max-concurrency", type=_positive_int, default=DEFAULT_MAX_CONCURRENCY, metavar="N",
                    help="cap of the adaptive gate (default %(default)s)")
+    g.add_argument("--limit-rule", choices=("gradient", "aimd"), default="gradient",
+                   help="how the adaptive limit moves: gradient (per-stream speed, and what refusals say) or aimd "
+                        "(one more per success, x0.9 per overload: the reference it is measured against) "
+                        "(default %(default)s)")
     g.add_argument("--server-metrics", choices=("auto", "on", "off"), default="auto",
                    help="read the server's Prometheus /metrics (vLLM, SGLang, llama.cpp --metrics): while it "
                         "queues requests, the adaptive limit stays near what it runs; an agent run (--task swe) "
@@ -20074,7 +20243,7 @@ def _parser_mock(sub: Any, text: str) -> Any:
     mock.add_argument("--overload-status", type=int, choices=[429, 503], default=429,
                       help="the status past --max-concurrency (default %(default)s)")
     mock.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS",
-                      help="the Retry-After of an overload answer (default %(default)s)")
+                      help="the Retry-After of an overload answer; 0: none (default %(default)s)")
     mock.add_argument("--faults", default="", help="fault rates, e.g. 429=0.1,503=0.05,500=0.02,reset=0.02,"
                                                    "hang=0.01,malformed=0.02,truncate=0.02 (default: none)")
     mock.add_argument("--hang-s", type=float, default=3600.0,
@@ -20908,7 +21077,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     api_key_env_explicit=args.api_key_env is not None, out=args.out,
                     fixed_concurrency=args.fixed_concurrency, initial_concurrency=_initial_arg(args),
                     max_concurrency=args.max_concurrency, server_metrics=args.server_metrics,
-                    request_timeout_s=args.request_timeout, extra_body=args.extra_body,
+                    limit_rule=args.limit_rule, request_timeout_s=args.request_timeout, extra_body=args.extra_body,
                     max_retries=args.max_retries, retry_failed=args.retry_failed, use_proxy=args.use_proxy,
                     restart=args.restart, outage_budget_s=args.outage_budget_s, seed=args.seed,
                     model_check=args.model_check, limit=args.limit, json_out=args.json_out,

@@ -61,7 +61,19 @@ PROFILES = {
     "P2": dict(kind="A", tau0=0.025, tau1=0.00008, P=50000.0, M=8192, B_max=512, K=900000, timeout_s=300.0,
                q503=512),
     "P3": dict(kind="B", cap=64, rpm=1000.0, itpm=400000.0, otpm=80000.0, p5xx=0.003, timeout_s=600.0),
+    # issue 54: hosted APIs that state no limits (server Q). W1 requests take ~9 s, so 375 requests a minute bind at
+    # ~56 in flight (Little's law), under a hidden cap of 64 streams answered 429 without Retry-After; the bucket
+    # holds as many tokens a minute (W1: ~1,560 tokens a request); the cap profiles have no quota, 48 streams
+    "P4s": dict(kind="Q", mech="sliding", quota=375, cap=64, timeout_s=600.0),
+    "P4f": dict(kind="Q", mech="fixed", quota=375, cap=64, timeout_s=600.0),
+    "P4b": dict(kind="Q", mech="bucket", quota=585000, cap=64, timeout_s=600.0),
+    "P4c": dict(kind="Q", mech="cap", cap=48, timeout_s=600.0),
+    "P4r": dict(kind="Q", mech="cap", cap=48, cap_retry_after=1, timeout_s=600.0),
 }
+# server Q's scenarios: the quota (or cap) x0.5 / x0.25 at T/3 and restored at 2T/3, the same halved with one
+# brownout, four brownouts (latency x2-3, no errors), two brownouts that shed load past half the cap (429 or 503)
+LIMIT_EVENTS = {"S2": ((2.0, 0.5), (0.5, 2.0)), "S3": ((0.5, None), (2.0, None)), "S3h": ((0.5, None), (2.0, None)),
+                "SH": ((0.5,), (2.0,)), "SQ": ((0.25,), (4.0,)), "SD": ((0.5,), (2.0,))}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -451,6 +463,105 @@ class ServerB:
         req.cb(req, kind, retry_after)
 
 
+class ServerQ:
+    """A hosted API or gateway that states no limits (issue 54): per-stream latency independent of load (as server
+    B), a hidden stream cap answered 429 (with ``cap_retry_after`` seconds of Retry-After, or none), and one quota
+    mechanism answered 429 with no headers at all, written from how real limiters count:
+      sliding  at most ``quota`` requests admitted in any trailing 60 s (a sliding-window log);
+      fixed    at most ``quota`` requests a clock minute, the count reset on minute boundaries (many gateways);
+      bucket   a token bucket of ``quota`` tokens a minute, burst one minute: a request is admitted while the bucket
+               holds its prompt; its prompt is debited then and its answer when it ends (usage counted afterwards,
+               as LiteLLM-style gateways do), so the level may go below zero;
+      cap      no quota: the stream cap alone binds.
+    ``scale(f)`` multiplies the quota (or, for cap, the cap). Brownouts (start, end, latency factor, shed): while one
+    lasts, a request admitted is that much slower; with ``shed`` ("429" or "503") the server also sheds load past
+    half its stream cap, answering at once."""
+
+    def __init__(self, loop, prof, rng, stats, brownouts=()):
+        self.loop, self.p, self.rng, self.stats = loop, dict(prof), rng, stats
+        self.mech, self.quota, self.cap = self.p["mech"], float(self.p.get("quota", 0)), int(self.p["cap"])
+        self.brownouts = list(brownouts)
+        self.active = 0
+        self.log = collections.deque()  # sliding: admission times in the last 60 s
+        self.minute, self.count = -1, 0  # fixed: the clock minute and its count
+        self.level, self.t = self.quota, 0.0  # bucket: tokens, refilled continuously
+
+    def scale(self, factor, _unused=None):
+        self._refill(self.loop.clock())
+        if self.mech == "cap":
+            self.cap = max(1, int(round(self.cap * factor)))
+        else:
+            self.quota *= factor
+            self.level = min(self.level, self.quota)
+
+    def brownout(self, now_s):
+        for s, e, f, shed in self.brownouts:
+            if s <= now_s < e:
+                return f, shed
+        return 1.0, None
+
+    def _refill(self, now):
+        if self.mech == "bucket":
+            self.level = min(self.quota, self.level + (now - self.t) * self.quota / 60.0)
+        self.t = now
+
+    def _quota_admits(self, now, req):
+        if self.mech == "sliding":
+            while self.log and self.log[0] <= now - 60.0:
+                self.log.popleft()
+            if len(self.log) >= self.quota:
+                return False
+            self.log.append(now)
+        elif self.mech == "fixed":
+            minute = int(now // 60)
+            if minute != self.minute:
+                self.minute, self.count = minute, 0
+            if self.count >= self.quota:
+                return False
+            self.count += 1
+        elif self.mech == "bucket":
+            self._refill(now)
+            if self.level < req.ctx:
+                return False
+            self.level -= req.ctx
+        return True
+
+    def submit(self, req):
+        req.t_submit = self.loop.now
+        now = self.loop.clock()
+        slow, shed = self.brownout(now)
+        if shed is not None and self.active >= self.cap // 2:
+            self.loop.after(0.05, self._reply, req, shed, None)
+            return
+        if self.active >= self.cap:
+            self.loop.after(0.05, self._reply, req, "429", self.p.get("cap_retry_after"))
+            return
+        if not self._quota_admits(now, req):
+            self.loop.after(0.05, self._reply, req, "429", None)
+            return
+        self.active += 1
+        ttft = math.exp(self.rng.gauss(math.log(0.8), 0.5)) + req.ctx / 20000.0
+        speed = 60.0 * self.rng.uniform(0.8, 1.2)
+        req.t_first = self.loop.now + int(ttft * slow * US)
+        self.loop.after((ttft + req.out / speed) * slow, self._complete, req)
+
+    def _complete(self, req):
+        self.active -= 1
+        if self.mech == "bucket":
+            self._refill(self.loop.clock())
+            self.level -= req.out
+        self._reply(req, "ok", None)
+
+    def cancel(self, req):
+        req.cancelled = True
+
+    def _reply(self, req, kind, retry_after):
+        if req.cancelled or req.done:
+            return
+        req.done = True
+        req.cb(req, kind, retry_after)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # workloads
 # ----------------------------------------------------------------------------------------------------------------
@@ -624,6 +735,31 @@ class Gradient2:
         self.L = max(self.min, min(self.max, new))
 
 
+class AIMD:
+    """Netflix AIMDLimit as issue 54 names it (the reference a 429 gate must match): +1 per success while at least
+    half the limit is in flight, x0.9 on every overload (429, 503, timeout; latency ignored), 1..512 from 20."""
+
+    def __init__(self, clock, initial=20, min_l=1, max_l=512):
+        self.L, self.min, self.max, self.in_flight = float(initial), min_l, max_l, 0
+
+    @property
+    def limit(self):
+        return int(self.L)
+
+    def try_acquire(self):
+        if self.in_flight >= int(self.L):
+            return None
+        self.in_flight += 1
+        return self.in_flight
+
+    def release(self, permit, outcome="ok", output_tokens=0, **_):
+        self.in_flight -= 1
+        if outcome == "overload":
+            self.L = max(self.min, math.floor(0.9 * self.L))
+        elif outcome == "ok" and 2 * permit >= self.L:
+            self.L = min(self.max, self.L + 1)
+
+
 class GateAdapter:
     """evalharness AdaptiveGate (or a fixed limit on the same machinery) behind the simulator's interface."""
 
@@ -641,7 +777,8 @@ class GateAdapter:
         self.gate.release(permit, outcome, output_tokens, retry_after_s=retry_after, ttft_s=ttft_s)
 
     def draining_until(self):
-        return self.gate.draining_until()
+        until = [t for t in (self.gate.draining_until(), self.gate.paced_until()) if t is not None]
+        return max(until) if until else None
 
 
 class PacedGate(GateAdapter):
@@ -694,6 +831,10 @@ def make_limiter(name, clock, max_tokens=None, deadline_s=None):
         return InspectStyle(clock)
     if name == "gradient2":
         return Gradient2(clock)
+    if name == "aimd":
+        return AIMD(clock)
+    if name == "aimd-gate":  # evalharness --limit-rule aimd: the same rule through the gate's epochs and pauses
+        return GateAdapter(eh.AdaptiveGate(20, 1, 512, clock=clock, algorithm=eh.AIMDLimit(20, 1, 512)))
     if name == "adaptive":
         return GateAdapter(eh.AdaptiveGate(16, 1, 512, clock=clock, max_tokens=max_tokens, deadline_s=deadline_s))
     if name == "unlimited":
@@ -704,6 +845,19 @@ def make_limiter(name, clock, max_tokens=None, deadline_s=None):
 # ----------------------------------------------------------------------------------------------------------------
 # one simulated run
 # ----------------------------------------------------------------------------------------------------------------
+def quota_brownouts(scenario, seed, T):
+    """Server Q's brownouts (start, end, latency factor, shed) for a scenario: SB four (x2-3, 30-60 s, spread over
+    the run), SD one, SX4 / SX5 two at x2 that shed load with 429 / 503; none otherwise."""
+    rng = random.Random("qbrown-%d-%s" % (seed, scenario))
+    starts = {"SB": (0.12, 0.35, 0.58, 0.8), "SD": (0.15,), "SX4": (0.25, 0.6), "SX5": (0.25, 0.6)}.get(scenario, ())
+    shed = {"SX4": "429", "SX5": "503"}.get(scenario)
+    out = []
+    for share in starts:
+        t = share * T + rng.uniform(-10, 10)
+        out.append((t, t + rng.uniform(30, 60), 2.0 if shed else rng.uniform(2, 3), shed))
+    return out
+
+
 class Run:
     def __init__(self, scenario, profile, limiter_name, seed, T=None, sessions=None, horizon=None):
         self.scenario, self.profile, self.seed = scenario, profile, seed
@@ -718,6 +872,8 @@ class Run:
         self.T = T
         if prof["kind"] == "A":
             self.server = EngineA(self.loop, prof, noise, self.stats)
+        elif prof["kind"] == "Q":
+            self.server = ServerQ(self.loop, prof, noise, self.stats, quota_brownouts(scenario, seed, T or 600.0))
         else:
             brownouts = []
             if scenario in ("S3", "S3h", "S6"):
@@ -744,6 +900,7 @@ class Run:
             self.loop.at(int(METRICS_POLL_S * US), self.poll_metrics)
         self.limit_trace = []    # (t_s, limit)
         self.goodput_bins = collections.defaultdict(float)  # 1 s bins of output tokens of successful requests
+        self.accepted_bins = collections.defaultdict(float)  # 1 s bins of stream-seconds of successful requests
         self.n_left = 0
         self.pending = collections.deque()
         self.retries = collections.Counter()
@@ -751,9 +908,8 @@ class Run:
         self.session_gate = None
         self.t_end = 0
         self.pump_scheduled = False
-        if scenario in ("S2", "S3", "S3h") and T:
-            f_drop = (2.0, 0.5) if scenario == "S2" else (0.5, None)
-            f_back = (0.5, 2.0) if scenario == "S2" else (2.0, None)
+        if scenario in LIMIT_EVENTS and T:
+            f_drop, f_back = LIMIT_EVENTS[scenario]
             self.loop.at(int(T / 3 * US), self.server.scale, *f_drop)
             self.loop.at(int(2 * T / 3 * US), self.server.scale, *f_back)
 
@@ -773,9 +929,14 @@ class Run:
             self.limit_trace.append((self.loop.clock(), lim))
 
     def credit(self, req, out):
-        """Spread a successful request's tokens over its service time (smooth goodput curves)."""
+        """Spread a successful request's tokens over its service time (smooth goodput curves), and its stream-seconds
+        from submission over the seconds it spans (the concurrency the server accepted: Little's law per bin)."""
+        t0, t1 = req.t_submit / US, self.loop.clock()
+        b = int(t0)
+        while b < t1:
+            self.accepted_bins[b] += min(t1, b + 1) - max(t0, b)
+            b += 1
         t0 = (req.t_first if req.t_first is not None else req.t_submit) / US
-        t1 = self.loop.clock()
         if t1 - t0 < 1e-6:
             self.goodput_bins[int(t1)] += out
             return
@@ -1045,6 +1206,7 @@ class Run:
                 "n503": self.stats["n_503"], "n5xx": self.stats["n_5xx"], "ntimeout": self.stats["n_timeout"],
                 "wasted": self.stats["wasted_tokens"], "preemptions": self.stats["preemptions"],
                 "changes_per_min": changes / (makespan / 60.0), "bins": dict(self.goodput_bins),
+                "accepted": dict(self.accepted_bins),
                 "trace": self.limit_trace}
 
 
@@ -1135,7 +1297,12 @@ def run_one(args):
 # ----------------------------------------------------------------------------------------------------------------
 SCENARIOS = [("S1", "P1"), ("S1", "P2"), ("S1", "P3"), ("S2", "P1"), ("S3", "P3"), ("S4", "P1"), ("S5", "P1"),
              ("S5", "P3"), ("S6", "P3")]
-CONTENDERS = ["fixed10", "inspect", "gradient2", "adaptive"]
+# issue 54: APIs that answer 429 and state no limits (server Q; --quota runs these alone)
+QUOTA_SCENARIOS = [("S1", "P4s"), ("SH", "P4s"), ("SQ", "P4s"), ("SB", "P4s"), ("SD", "P4s"), ("SX4", "P4s"),
+                   ("SX5", "P4s"), ("S5", "P4s"), ("S1", "P4f"), ("SH", "P4f"), ("SQ", "P4f"), ("SB", "P4f"),
+                   ("S1", "P4b"), ("SH", "P4b"), ("SQ", "P4b"), ("SB", "P4b"), ("S1", "P4c"), ("SH", "P4c"),
+                   ("SQ", "P4c"), ("S1", "P4r"), ("SH", "P4r"), ("SQ", "P4r")]
+CONTENDERS = ["fixed10", "inspect", "gradient2", "aimd", "aimd-gate", "adaptive"]
 S4_CONTENDERS = [("admit-all", "unlimited", ("all",)), ("inspect", "inspect", ("inspect",)),
                  ("gradient2", "gradient2", ("all",)), ("adaptive", "adaptive", ("gate",))]
 
@@ -1259,8 +1426,16 @@ def evaluate(scenarios, seeds, jobs, log):
                 entries = [("oracle", oracle)] + list(zip(CONTENDERS, runs))
             end = oracle["makespan"]
             ph_rates = None
-            if scen in ("S2", "S3", "S3h"):
+            ph_best = None
+            if scen in LIMIT_EVENTS:
                 ph_rates = [max(window_rate(r["bins"], a, b) for r in sweep.values()) for a, b in phases(t, end)]
+            if PROFILES[prof]["kind"] == "Q":
+                # C* as the issue states it: the concurrency the server accepts (Little's law: the oracle's
+                # successful streams in flight, time-averaged), per phase of a limit change; else over the middle
+                # of the run (its start and tail are no steady state)
+                spans = phases(t, end) if scen in LIMIT_EVENTS else [(0.0, end)]
+                ph_best = [window_rate(oracle["accepted"], a, b) for a, b in
+                           (spans if scen in LIMIT_EVENTS else [(0.1 * end, 0.8 * end)])]
             for name, r in entries:
                 m = per_lim[name.split("(")[0]]
                 m["label"].append(name if name.startswith("oracle") else name)
@@ -1283,6 +1458,9 @@ def evaluate(scenarios, seeds, jobs, log):
                 if trace and scen != "S4":  # (in S4 the model gate's limit is not the session count C* counts)
                     reached = [i for i, (_, lim) in enumerate(trace) if lim >= 0.5 * c_star]
                     m["min_after_half"].append(min(lim for _, lim in trace[reached[0]:]) / c_star if reached else 0.0)
+                    if ph_best:
+                        m["min_phase"].append(lowest_by_phase(trace, spans, ph_best))
+                        m["c_little"].append(ph_best[0])
                     m["final_limit"].append(trace[-1][1])
         for name in per_lim:
             m = per_lim[name]
@@ -1293,6 +1471,24 @@ def evaluate(scenarios, seeds, jobs, log):
                 row[k] = (sum(v) if k == "cut" else round(median(v), 4)) if v else None
             rows.append(row)
     return rows, time.time() - t_start
+
+
+def lowest_by_phase(trace, spans, bests):
+    """The lowest limit / the phase's C* (spans: (start, end) each; bests: their C*): in the first span from when
+    the limit first reached half its C*; in a phase whose C* rose, from when the limit first reached 0.9 of it (the
+    climb before is the recovery, measured apart; never reached: the whole phase); else the whole phase."""
+    worst, prev = math.inf, None
+    for (a, b), best in zip(spans, bests):
+        at = [(t, lim) for i, (t, lim) in enumerate(trace)
+              if t < b and (t >= a or i + 1 == len(trace) or trace[i + 1][0] > a)]  # (in force in [a, b))
+        start = 0.5 if prev is None else (0.9 if best > prev else None)
+        if start is not None:
+            reached = [i for i, (_, lim) in enumerate(at) if lim >= start * best]
+            at = at[reached[0]:] if reached else at
+        if at:
+            worst = min(worst, min(lim for _, lim in at) / best)
+        prev = best
+    return worst
 
 
 FAMILY_SWEEP = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
@@ -1409,7 +1605,7 @@ def print_table(rows, out):
     cols = [("scen", "scenario", 4), ("prof", "profile", 4), ("limiter", "limiter", 10), ("eff", "eff", 5),
             ("conv", "conv", 6), ("rec.drop", "rec_drop", 8), ("rec.rest", "rec_restore", 8), ("429", "n429", 6),
             ("503", "n503", 5), ("t/o", "ntimeout", 5), ("wasted", "wasted", 8), ("chg/min", "changes_per_min", 7),
-            ("C*", "c_star", 4), ("minL/C*", "min_after_half", 7), ("hit", "hit", 5), ("fair", "fair", 5), ("cut", "cut", 3)]
+            ("C*", "c_star", 4), ("minL/C*", "min_after_half", 7), ("C*L", "c_little", 4), ("minL/C*L", "min_phase", 8), ("hit", "hit", 5), ("fair", "fair", 5), ("cut", "cut", 3)]
     out.write("  ".join(h.rjust(w) for h, _, w in cols) + "\n")
     for r in rows:
         cells = []
@@ -1426,6 +1622,8 @@ def main():
     ap.add_argument("--scenarios", default=",".join("%s-%s" % sp for sp in SCENARIOS),
                     help="comma list of SCENARIO-PROFILE, e.g. S1-P1,S4-P1")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quota", action="store_true",
+                    help="the scenarios of APIs that answer 429 and state no limits instead (server Q, issue 54)")
     ap.add_argument("--json", default=None, help="write the result rows as JSON here")
     ap.add_argument("--server-metrics", choices=("on", "off"), default="on",
                     help="engine A serves running / waiting gauges that the adaptive gate reads, and its KV pool "
@@ -1441,7 +1639,7 @@ def main():
     args = ap.parse_args()
     global SERVER_METRICS
     SERVER_METRICS = args.server_metrics == "on"
-    scenarios = [tuple(x.split("-")) for x in args.scenarios.split(",") if x]
+    scenarios = QUOTA_SCENARIOS if args.quota else [tuple(x.split("-")) for x in args.scenarios.split(",") if x]
     single = [sp for sp in scenarios if sp[0] != "S4"]
     seeds = list(range(1, args.seeds + 1))
     log = lambda m: sys.stderr.write("gate_sim: %s\n" % m)  # noqa: E731

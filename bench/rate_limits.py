@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""evalharness against the mock acting as a hosted API with quotas (issue 38; run by hand, never by CI).
+"""evalharness against the mock acting as a hosted API that refuses (issues 38 and 54; run by hand, never by CI).
 
-`serve-mock --rate-limit RPM,TPM --rate-schedule ...` in a process of its own: token buckets of requests and tokens
-a minute, x-ratelimit-* headers on every reply, 429 with Retry-After past them, the quota halved and restored
-mid-run. For each setting (fixed concurrency 1 ... 32 with --rate-headers ignore, as a plain client; the adaptive
-gate, which follows the headers through its rate pacer; the adaptive gate ignoring them) a fresh mock and one run of the same QA rows: wall time (first request to last answer), the 429s
-the mock sent, and the ratio of each wall to the best fixed one. Settings run in an order shuffled per round.
+--mode rate (default): `serve-mock --rate-limit RPM,TPM --rate-schedule ...` in a process of its own: token buckets
+of requests and tokens a minute, x-ratelimit-* headers on every reply, 429 with Retry-After past them, the quota
+halved and restored mid-run. --mode cap: `serve-mock --max-concurrency N --retry-after S` (S 0: no Retry-After), a
+hard cap on streams answered 429, no quota. For each setting (fixed concurrency ... with --rate-headers ignore, as
+a plain client; the adaptive gate, which in rate mode follows the headers through its rate pacer; the adaptive gate
+ignoring them; the reference rule --limit-rule aimd through the same gate, ignoring them) a fresh mock and one run
+of the same QA rows: wall time (first request to last answer), the 429s the mock sent, and the ratio of each wall
+to the best fixed one. Settings run in an order shuffled per round. The checks (issue 54): the adaptive gate that
+ignores the headers (or, in cap mode, has none) within 1.10x the best whole fixed wall, and no slower than aimd.
 
-Usage: python3 bench/rate_limits.py [--rpm 120] [--tpm 40000] [--rows 200] [--schedule 10:0.5,30:1]
-       [--sweep 1,2,4,8,16,32] [--rounds 1]
+Usage: python3 bench/rate_limits.py [--mode rate|cap] [--rpm 120] [--tpm 40000] [--rows 200]
+       [--schedule 10:0.5,30:1] [--cap 8] [--retry-after 1] [--sweep 1,2,4,8,16,32] [--rounds 1]
 """
 import argparse
 import json
@@ -29,9 +33,10 @@ MODULE = os.path.join(ROOT, "evalharness.py")
 
 
 def mock(dataset, args):
+    limits = (["--rate-limit", "%g,%g" % (args.rpm, args.tpm), "--rate-schedule", args.schedule]
+              if args.mode == "rate" else ["--max-concurrency", str(args.cap), "--retry-after", "%g" % args.retry_after])
     proc = subprocess.Popen([sys.executable, MODULE, "serve-mock", "--port", "0", "--model", "m", "--oracle", dataset,
-                             "--rate-limit", "%g,%g" % (args.rpm, args.tpm), "--rate-schedule", args.schedule,
-                             "--ttft-ms", "300", "--decode-tok-s", "50"], stdout=subprocess.PIPE,
+                             "--ttft-ms", "300", "--decode-tok-s", "50"] + limits, stdout=subprocess.PIPE,
                             universal_newlines=True)
     return proc, proc.stdout.readline().strip().rsplit(" ", 1)[-1]
 
@@ -45,6 +50,7 @@ def one(dataset, tmp, label, gate_args, args):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, universal_newlines=True)
         with urllib.request.urlopen(url.replace("/v1", "") + "/stats", timeout=10) as resp:
             counters = json.loads(resp.read().decode())["counters"]
+        counters["rate_limited"] = counters.get("rate_limited", 0) + counters.get("over_cap", 0)
     finally:
         proc.terminate()
         proc.wait()
@@ -57,6 +63,9 @@ def one(dataset, tmp, label, gate_args, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=("rate", "cap"), default="rate")
+    ap.add_argument("--cap", type=int, default=8, help="cap mode: the mock's --max-concurrency")
+    ap.add_argument("--retry-after", type=float, default=1.0, help="cap mode: its Retry-After (0: none)")
     ap.add_argument("--rpm", type=float, default=120)
     ap.add_argument("--tpm", type=float, default=40000)
     ap.add_argument("--rows", type=int, default=200)
@@ -68,8 +77,10 @@ def main():
     try:
         dataset = write_jsonl(os.path.join(tmp, "qa.jsonl"), qa_rows(args.rows))
         # the fixed settings as a plain client would run them: 429s and Retry-After only (--rate-headers ignore)
-        settings = [("fixed%s" % c, ["--fixed-concurrency", c, "--rate-headers", "ignore"])
-                    for c in args.sweep.split(",")] + [("adaptive", []), ("adaptive-ignore", ["--rate-headers", "ignore"])]
+        ignore = ["--rate-headers", "ignore"]
+        settings = [("fixed%s" % c, ["--fixed-concurrency", c] + ignore) for c in args.sweep.split(",")]
+        settings += [("adaptive", [])] if args.mode == "rate" else []
+        settings += [("adaptive-ignore", ignore), ("aimd-ignore", ["--limit-rule", "aimd"] + ignore)]
         results = {name: [] for name, _ in settings}
         for rnd in range(args.rounds):
             order = list(settings)
@@ -84,13 +95,26 @@ def main():
         whole = {n for n, rs in results.items() if all(x["rc"] == 0 and x["rows"] == args.rows for x in rs)}
         fixed = [n for n in med if n.startswith("fixed") and n in whole]
         best = min(fixed, key=lambda n: med[n]) if fixed else None
-        print("\nquota %g requests, %g tokens a minute, schedule %s; %d rows; medians over %d round(s)"
-              % (args.rpm, args.tpm, args.schedule, args.rows, args.rounds))
+        if args.mode == "rate":
+            print("\nquota %g requests, %g tokens a minute, schedule %s; %d rows; medians over %d round(s)"
+                  % (args.rpm, args.tpm, args.schedule, args.rows, args.rounds))
+        else:
+            print("\ncap of %d streams, 429 %s; %d rows; medians over %d round(s)" % (
+                args.cap, "with Retry-After %g s" % args.retry_after if args.retry_after > 0 else "without Retry-After",
+                args.rows, args.rounds))
         for n in med:
             print("%-16s wall %6.1f s  %s  429s %s" % (
                 n, med[n], ("(%.3fx the best whole fixed, %s)" % (med[n] / med[best], best)) if n in whole and best
                 else "(INCOMPLETE: samples failed after their retries)" if n not in whole else "",
                 [x["n429"] for x in results[n]]))
+        gate = "adaptive-ignore"
+        if best and gate in whole:
+            ratio = med[gate] / med[best]
+            print("%s / best fixed = %.3f (target <= 1.10): %s" % (gate, ratio, "PASS" if ratio <= 1.10 else "FAIL"))
+        if gate in whole and "aimd-ignore" in med:
+            ratio = med[gate] / med["aimd-ignore"]
+            print("%s / aimd-ignore = %.3f (target <= 1.00, the same gate with the reference rule): %s"
+                  % (gate, ratio, "PASS" if ratio <= 1.0 else "FAIL"))
     finally:
         shutil.rmtree(tmp, True)
 

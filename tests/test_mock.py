@@ -141,14 +141,14 @@ class TestCapacity(unittest.TestCase):
         self.assertGreater(sum(slow) / 16, 1.5)
 
     def test_extra_request_gets_overload_status_and_retry_after_when_past_the_hard_cap(self):
-        for code in (429, 503):
-            with self.subTest(overload_status=code):
-                srv = start_mock(self, max_concurrency=1, overload_status=code, retry_after_s=2,
+        for code, retry_after in ((429, 2), (503, 2), (429, 0)):  # (0: no Retry-After, as a gateway's cap)
+            with self.subTest(overload_status=code, retry_after=retry_after):
+                srv = start_mock(self, max_concurrency=1, overload_status=code, retry_after_s=retry_after,
                                  faults=(("hang", 1.0),))
                 thread, outcome = hanging_request(self, srv)
                 status, headers, body = request(srv, "POST", "/v1/chat/completions", chat_body("another"))
                 self.assertEqual(status, code)
-                self.assertEqual(headers.get("Retry-After"), "2")
+                self.assertEqual(headers.get("Retry-After"), "2" if retry_after else None)
                 self.assertIn("capacity", json.loads(body)["error"]["message"])
                 self.assertEqual(srv.stats()["counters"]["over_cap"], 1)
                 srv.close()

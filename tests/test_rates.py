@@ -165,6 +165,39 @@ class TestHostedMock(unittest.TestCase):
                                r"100000 stated")
 
 
+class TestRefusalsOverHTTP(unittest.TestCase):
+    def test_a_cap_answered_429_without_retry_after_holds_the_limit_at_the_cap(self):
+        # the mock refuses a 5th stream at once (429, no Retry-After, no rate-limit headers); each answer takes
+        # ~0.3 s. The gate finds the cap and stays there: every sample done, a probe past it costs one refusal
+        # (issue 54); the reference rule (--limit-rule aimd) runs through the same gate, says so in run.json and
+        # leaves the discovered-limits cache alone
+        d = tempdir(self)
+        rows = qa_rows(80)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        for rule in ("gradient", "aimd"):
+            mock = start_mock(self, oracle_rows=rows, max_concurrency=4, retry_after_s=0, ttft_s=0.3)
+            out, cache = os.path.join(d, rule), os.path.join(d, rule + "-limits.json")
+            res = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", mock.url, "--out", out,
+                           "--no-progress", "--max-tokens", "8", "--limit-rule", rule, "--initial-concurrency", "2"],
+                          env=clean_env(EVALHARNESS_LIMITS_FILE=cache), timeout=300)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertEqual(len(read_samples(out)), 80)
+            with open(os.path.join(out, "run.json"), encoding="utf-8") as fh:
+                info = json.load(fh)
+            concurrency = info["concurrency"]
+            self.assertEqual(concurrency["rule"], rule)
+            refused = mock.stats()["counters"].get("over_cap", 0)
+            self.assertEqual(os.path.exists(cache), rule == "gradient", rule)
+            if rule == "gradient":
+                self.assertLessEqual(refused, 40, mock.stats()["counters"])
+                self.assertIn(info["discovered_limit"], (4, 5))  # (at its last refusal; the last answers, none
+                # refused, raise the limit past it)
+        bad = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                       "--limit-rule", "fast"])
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--limit-rule", bad.stderr)
+
+
 def window_sums(records, seconds=60.0):
     """(the largest sum of tokens sent in any window of SECONDS, the sum in the first window): a request went out
     its latency before it finished (a sample's started_at is before its wait for the rate)."""
