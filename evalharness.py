@@ -4127,14 +4127,13 @@ class GradientLimit(Limit):
     as congestion (and when faster, the hold below an earlier overload's level ends: that overload was the slower
     endpoint's).
 
-    After an overload the limit remembers the level that overloaded (what the failed request met, not the limit at
-    the time, which may have grown since). A request refused on arrival (no work done: a cap's or a quota's 429, a
-    full queue's 503) puts the limit just under that level at once, with no cut: the level is exactly what the
-    server takes. A collapse (a timeout) cuts, and the limit approaches to just under the level with shrinking
-    steps. Either way it holds there for ``hold_factor`` pauses (twice as long each time the same level, within
-    ``same_level`` in log, overloads again without Retry-After, up to ``max_hold_mult``; only the pause after a
-    quota's Retry-After, whose level moves), then creeps past it with steps that double after every clean window
-    (CUBIC-like), so a hard cap is not hit every few windows and restored capacity is found.
+    A request refused on arrival (no work done: a cap's or a quota's 429, a full queue's 503) hands the limit to
+    the refusal rule (``_refusal``): a rate signal, not a latency one; the gradient is off until a minute passes
+    with no refusal. A collapse (a timeout, a failure after the server worked) cuts, and the limit remembers the
+    level that overloaded (what the failed request met, not the limit at the time, which may have grown since) and
+    approaches to just under it with shrinking steps; it holds there for ``hold_factor`` pauses (twice as long each
+    time the same level, within ``same_level`` in log, overloads again, up to ``max_hold_mult``), then creeps past
+    it with steps that double after every clean window (CUBIC-like), so restored capacity is found.
 
     Queueing is not capacity: a server that queues what it cannot run (slots) has a plateau past them, which the
     gradient alone cannot tell from noise. Its own metrics (``on_server``: running and waiting, a queue that lasts two
@@ -4198,14 +4197,12 @@ class GradientLimit(Limit):
         self._slow_start, self._falls = True, 0
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self._overloaded_at: Optional[float] = None
-        self._refused = False  # the last overload was a refusal on arrival (its level is a cap)
         self._hold_mult = 1.0
         self._longest_s: Optional[float] = None
         self.max_tokens = max_tokens if max_tokens and deadline_s and max_tokens > 0 and deadline_s > 0 else None
         self.deadline_s = deadline_s
         self._hold_until = -math.inf
         self._shift: Optional[float] = None
-        self._creep_from = self.min_creep  # the first creep step past a remembered level
         self._stamp = 0
         self._window: _Window = _Window(0, 0, None)
         self._points: List[Tuple[float, float, float]] = []  # (ln C, ln s, variance of ln s) of the last windows
@@ -4411,8 +4408,8 @@ class GradientLimit(Limit):
             del self._points[:]
             self._pair_e = None
             self._shift = dy
-            if dy > 0 and not self._refused:  # faster: an overload of the slower endpoint is no reason to wait
-                self._hold_until = -math.inf    # before probing past it (a refusal's level is a cap, not a speed)
+            if dy > 0:  # faster: an overload of the slower endpoint is no reason to wait before probing past it
+                self._hold_until = -math.inf
             return None
         self._learn_shock(pts[-2], pts[-1])
         fit = self._fit(pts)
@@ -4544,7 +4541,7 @@ class GradientLimit(Limit):
 
     def _remember_knee(self) -> None:
         """This level stopped paying (no overload, no pause): come back to it as to an overloaded one."""
-        self._ceiling, self._creep, self._creep_from = self.limit, 0.0, self.min_creep
+        self._ceiling, self._creep = self.limit, 0.0
 
     def _bounded(self, now: float, s: float, step: float) -> float:
         """A step up, held back by a remembered level, by what a queueing server runs and by the speed floor."""
@@ -4563,7 +4560,7 @@ class GradientLimit(Limit):
             elif now < self._hold_until:  # probing now would cost another pause: sit just under it
                 step = 0.0
             else:  # then creep past it, twice as fast after every clean window (restored capacity is found)
-                self._creep = max(self._creep_from, 2.0 * self._creep)
+                self._creep = max(self.min_creep, 2.0 * self._creep)
                 step = min(step, self._creep)
                 if self.limit > 2.0 * self._ceiling:
                     self._ceiling = None  # twice past it: the memory of that level no longer holds anything back
@@ -4653,44 +4650,30 @@ class GradientLimit(Limit):
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
                     rate_limited: bool = False, refused: bool = False) -> float:
-        """An overload: remember the level that overloaded, ``level``, the load the failed request met (a hidden
-        cap of 64 streams answers the 65th at once, while the limit may have grown to 90).
-
-        ``refused``: the request was turned away on arrival, with no work done (a stream cap's or a quota's 429, a
-        full queue's 503): the level is exactly what the server takes now, so the limit goes just under it, no
-        cut. Otherwise (a timeout, a failure after the server worked on it: a collapse) the limit is cut by
-        ``backoff_ratio`` and the level is kept between the cut and the limit (a failure far below the limit says
-        little about where it lies). Probing past the level again costs another failure and a pause of
-        ``pause_s``, so the limit sits just under it for ``hold_factor`` (x ``_hold_mult``) times that long before
-        it creeps; the hold doubles each time the same level (within ``same_level`` in log) fails again without a
-        Retry-After. ``rate_limited``: the server said when to come back (Retry-After). A quota refusing a request
-        on arrival is a rate, not a level: its level moves with what the answers of the last minute used, so the
-        limit waits out only the pause and creeps from a probe's step (``min_step``) rather than from
-        ``min_creep``."""
+        """An overload: ``refused`` (turned away on arrival, no work done: a stream cap's or a quota's 429, a full
+        queue's 503): the refusal rule (``_refusal``). Otherwise a collapse (a timeout, a failure after the server
+        worked on it): remember the level that overloaded, ``level``, the load the failed request met or lived under
+        (the limit may have grown past it), kept between the cut and the limit (a failure far below the limit says
+        little about where it lies), and cut by ``backoff_ratio``. Probing past the level again costs another
+        failure and a pause of ``pause_s``, so the limit sits just under it for ``hold_factor`` (x ``_hold_mult``)
+        times that long before it creeps; the hold doubles each time the same level (within ``same_level`` in log)
+        fails again without a Retry-After (``rate_limited``: the server said when to come back)."""
+        self._slow_start = False
+        self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
         if refused:
-            self._slow_start = False
-            self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
             return self._refusal(now, self.limit if level is None else float(level))
         if self._refused_at is not None:
             self._refused_at = now  # (a collapse while refusals rule: quiet from now, too)
         previous = self._overloaded_at
-        self._refused, self._slow_start = refused, False
-        self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
         top = self.limit if level is None else min(self.limit, float(level))
-        self._ceiling = top if refused else max(self.backoff_ratio * self.limit, top)
+        self._ceiling = max(self.backoff_ratio * self.limit, top)
         self._overloaded_at = self._ceiling
         same = previous is not None and abs(math.log(self._ceiling / previous)) < self.same_level
         self._hold_mult = min(self.max_hold_mult, 2.0 * self._hold_mult) if (same and not rate_limited) else 1.0
         self._creep = 0.0
-        quota = refused and rate_limited
-        self._creep_from = self.min_step if quota else self.min_creep
-        self._hold_until = now + (1.0 if quota else 1.0 + self.hold_factor * self._hold_mult) * pause_s
-        if refused:  # just under it: one stream fewer, or the approach's 0.95 of it if that is more
-            self.limit = max(float(self.min_limit), min(self.limit, max(self._ceiling - 1.0, 0.95 * self._ceiling)))
-            self._new_window(None)  # opens at its first admission (the pause may end at the next success)
-        else:
-            self.limit = self.limit * self.backoff_ratio
-            self._new_window(now + pause_s)  # admitted once the pause is over: its age counts from then
+        self._hold_until = now + (1.0 + self.hold_factor * self._hold_mult) * pause_s
+        self.limit = self.limit * self.backoff_ratio
+        self._new_window(now + pause_s)  # admitted once the pause is over: its age counts from then
         return self.limit
 
 # =============================================================================
@@ -4944,9 +4927,11 @@ class AdaptiveGate:
                 ttft_s: Optional[float] = None) -> None:
         """Return a permit with its outcome, once per epoch for an ``overload``: failures of permits admitted
         before the last one do not count again. An overload that came back far sooner than requests are served
-        was refused on arrival (a stream cap's or quota's 429, a full queue's 503): the limit goes just under the
-        load it met, and admission pauses until ``retry_after_s`` or, without one, until a request succeeds (at
-        most ``drain_s``). ``turned_away``: the caller knows the server never took the request (a connection
+        was refused on arrival (a stream cap's or quota's 429, a full queue's 503): the algorithm's refusal rule
+        sets the limit (GradientLimit._refusal), a rate's refusal paces admissions (_pace), and admission pauses
+        until ``retry_after_s`` (a cap's is that request's own: not for the others) or, without one, until a
+        request succeeds (at most ``drain_s``; at once when none is in flight and the pace spaces them).
+        ``turned_away``: the caller knows the server never took the request (a connection
         reset before any response, soon: a full accept queue): a refusal too, with no pause at all (the lower
         limit is the whole answer; the retry's backoff spaces it). Any other overload (a timeout, a failure after
         the server worked) cuts the limit by ``backoff_ratio`` and pauses admission for ``drain_s`` (or

@@ -11,14 +11,25 @@ Servers
   B  hosted API: load-independent latency (TTFT lognormal + tokens at ~60 tok/s), token buckets (RPM, ITPM on input,
      OTPM charged on max_tokens then refunded) answered with 429 + Retry-After, a hidden stream cap (429, no
      Retry-After), transient 5xx, brownouts (latency x2-3, no errors).
+  Q  a hosted API or gateway that states no limits (issue 54): load-independent latency as B, a hidden stream cap
+     answered 429 (with or without Retry-After), and one quota mechanism answered 429 without headers: a sliding-
+     window request log, a fixed window reset each clock minute, a token bucket (prompt debited on admission, the
+     answer when it ends), or a hard cap alone; brownouts with and without shedding (429 / 503) past half the cap.
 Workloads  W1 single-turn log-normal lengths; W1b bimodal (70% short, 30% long reasoning); W2 agentic sessions whose
            context grows each turn, with tool waits between turns.
 Scenarios  S1 steady, S2 capacity halved at T/3 and restored at 2T/3, S3 hosted quota halved and restored (with
            background 5xx and brownouts), S4 agentic, S5 bimodal, S6 brownouts only (no quota, no 5xx; the hidden
            stream cap stays).
+--quota    server Q's scenarios instead (P4s sliding window, P4f fixed window, P4b token bucket, P4c / P4r a cap
+           of 48 without / with Retry-After): S1 steady, SH the limit halved at T/3 and restored at 2T/3, SQ
+           quartered and restored, SB four brownouts (latency x2-3, no errors), SD halved plus a brownout, SX4 / SX5
+           two brownouts shedding with 429 / 503, S5 the bimodal workload. Their C* is what the issue means by the
+           best concurrency: the streams the oracle's server accepted, time-averaged (Little's law), per phase;
+           minL/C*L is the lowest limit over it (in a phase whose C* rose, from when the limit reached 0.9 of it).
 Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed session count for S4), fixed 10,
-           inspect-style, Netflix Gradient2 (defaults, 1 s windows), admit-all sessions (S4), evalharness
-           AdaptiveGate / SessionGate. The evalharness gate sees each answer's time to first token (it streams) and,
+           inspect-style, Netflix Gradient2 (defaults, 1 s windows), AIMD (+1 a success at load, x0.9 an
+           overload) alone and through evalharness's gate (aimd-gate: --limit-rule aimd), admit-all sessions (S4),
+           evalharness AdaptiveGate / SessionGate. The evalharness gate sees each answer's time to first token (it streams) and,
            with --server-metrics on (the default), engine A's running / waiting gauges every 0.5 s (single-turn
            runs) and its KV pool size (S4: the session gate admits by the sessions' contexts, which each turn's
            usage reports, as an agent run does against vLLM or SGLang; off: it climbs the count of sessions).
@@ -29,10 +40,10 @@ S4         a family of agent workloads (FAMILY: tool waits, context growth, sess
 
 A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sessions) is cut there and flagged
 `cut` (only settings far behind the oracle are; their goodput up to the cut is reported). All scenarios, 10 seeds,
-2 jobs: about 11 minutes on a 2-core machine.
+2 jobs: about 32 minutes on a 2-core machine (the single-turn ones 14); --quota, about 30.
 
 Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1-P1,S4-P1,...] [--json OUT] [--jobs 2]
-       [--variants V,...] [--held-out] [--footprint-reference ALPHA]
+       [--variants V,...] [--held-out] [--footprint-reference ALPHA] [--quota]
 """
 import argparse
 import collections
@@ -380,7 +391,20 @@ class Bucket:
         return 0.0 if self.level >= need else (need - self.level) / self.rate
 
 
-class ServerB:
+class Hosted:
+    """What the hosted servers (B, Q) share: a cancelled request is dropped; a reply goes to its callback once."""
+
+    def cancel(self, req):
+        req.cancelled = True
+
+    def _reply(self, req, kind, retry_after):
+        if req.cancelled or req.done:
+            return
+        req.done = True
+        req.cb(req, kind, retry_after)
+
+
+class ServerB(Hosted):
     def __init__(self, loop, prof, rng, err_rng, stats, brownouts=(), errors=True, quotas=True, headers=False):
         self.headers = headers  # every reply states the buckets (anthropic-ratelimit-* names), as hosted APIs do
         self.loop, self.p, self.rng, self.err_rng, self.stats = loop, dict(prof), rng, err_rng, stats
@@ -453,17 +477,8 @@ class ServerB:
         b.level = min(b.cap, b.level + (req.max_tokens - req.out))  # refund the unused reservation
         self._reply(req, "ok", None)
 
-    def cancel(self, req):
-        req.cancelled = True
 
-    def _reply(self, req, kind, retry_after):
-        if req.cancelled or req.done:
-            return
-        req.done = True
-        req.cb(req, kind, retry_after)
-
-
-class ServerQ:
+class ServerQ(Hosted):
     """A hosted API or gateway that states no limits (issue 54): per-stream latency independent of load (as server
     B), a hidden stream cap answered 429 (with ``cap_retry_after`` seconds of Retry-After, or none), and one quota
     mechanism answered 429 with no headers at all, written from how real limiters count:
@@ -551,15 +566,6 @@ class ServerQ:
             self._refill(self.loop.clock())
             self.level -= req.out
         self._reply(req, "ok", None)
-
-    def cancel(self, req):
-        req.cancelled = True
-
-    def _reply(self, req, kind, retry_after):
-        if req.cancelled or req.done:
-            return
-        req.done = True
-        req.cb(req, kind, retry_after)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -675,7 +681,22 @@ class InspectStyle:
             self.successes, self.peak = 0, self.in_flight
 
 
-class Gradient2:
+class FloatLimiter:
+    """A limiter with a float limit L: admits while fewer than int(L) are in flight; ``permit()`` is what it hands
+    out."""
+
+    @property
+    def limit(self):
+        return int(self.L)
+
+    def try_acquire(self):
+        if self.in_flight >= int(self.L):
+            return None
+        self.in_flight += 1
+        return self.permit()
+
+
+class Gradient2(FloatLimiter):
     """Netflix Gradient2Limit (defaults) inside WindowedLimit (1 s windows, >= 10 samples)."""
 
     def __init__(self, clock, initial=20, min_l=20, max_l=200):
@@ -689,14 +710,7 @@ class Gradient2:
         self.win = []
         self.win_max_inflight = 0
 
-    @property
-    def limit(self):
-        return int(self.L)
-
-    def try_acquire(self):
-        if self.in_flight >= int(self.L):
-            return None
-        self.in_flight += 1
+    def permit(self):
         return (self.clock(), self.in_flight)
 
     def release(self, permit, outcome="ok", output_tokens=0, **_):
@@ -735,21 +749,14 @@ class Gradient2:
         self.L = max(self.min, min(self.max, new))
 
 
-class AIMD:
+class AIMD(FloatLimiter):
     """Netflix AIMDLimit as issue 54 names it (the reference a 429 gate must match): +1 per success while at least
     half the limit is in flight, x0.9 on every overload (429, 503, timeout; latency ignored), 1..512 from 20."""
 
     def __init__(self, clock, initial=20, min_l=1, max_l=512):
         self.L, self.min, self.max, self.in_flight = float(initial), min_l, max_l, 0
 
-    @property
-    def limit(self):
-        return int(self.L)
-
-    def try_acquire(self):
-        if self.in_flight >= int(self.L):
-            return None
-        self.in_flight += 1
+    def permit(self):
         return self.in_flight
 
     def release(self, permit, outcome="ok", output_tokens=0, **_):
