@@ -190,8 +190,9 @@ class TestRefusalsOverHTTP(unittest.TestCase):
             self.assertEqual(os.path.exists(cache), rule == "gradient", rule)
             if rule == "gradient":
                 self.assertLessEqual(refused, 40, mock.stats()["counters"])
-                self.assertIn(info["discovered_limit"], (4, 5))  # (at its last refusal; the last answers, none
-                # refused, raise the limit past it)
+                # at its last refusal, just under the load that refused met (one less when a request on its way in
+                # or back counted in that load: a loaded machine); the last answers, none refused, raise the limit
+                self.assertIn(info["discovered_limit"], (3, 4, 5))
         bad = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
                        "--limit-rule", "fast"])
         self.assertEqual(bad.returncode, 2)
