@@ -819,7 +819,7 @@ class PacedGate(GateAdapter):
         super().release(permit, outcome, output_tokens, retry_after, ttft_s)
 
     def draining_until(self):
-        until = self.gate.draining_until()
+        until = super().draining_until()
         if self.next_t is not None and self.next_t > self.clock():
             until = self.next_t if until is None else max(until, self.next_t)
         return until
