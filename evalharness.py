@@ -3997,15 +3997,16 @@ class Limit:
         self.discovered = self.limit
         return self.limit
 
-    def _refusal_probe(self, now: float, load: float) -> float:
-        """A success while refusals rule the limit (_refusal): one stream more once quiet, at load."""
+    def _refusal_probe(self, now: float, load: float, sent: float) -> float:
+        """A success while refusals rule the limit (_refusal): one stream more once quiet, at load, for a request
+        sent after the last refusal (one sent before it, or during a pause, says nothing about room above)."""
         _accepted, top, latency = self._accepted(now)
         quiet = now - self._refused_at
         if quiet >= max(self.accept_s, 3.0 * latency):  # nothing refused for a minute: the gradient's again
             self._refused_at, self._ceiling = None, None
             del self._points[:]
             self._new_window(now)
-        elif quiet >= self.quiet_share * latency and load >= 0.5 * self.limit:
+        elif quiet >= self.quiet_share * latency and load >= 0.5 * self.limit and sent > self._refused_at:
             self.limit = self.clamp(min(self.limit + 1.0, max(2.0 * top, self.limit)))
         return self.limit
 
@@ -4262,7 +4263,7 @@ class GradientLimit(Limit):
             self._ok_since = now - elapsed_s
         self._ok.append((now, elapsed_s, load))
         if self._refused_at is not None:
-            return self._refusal_probe(now, load)
+            return self._refusal_probe(now, load, now - elapsed_s)
         cur = self._window
         if cur.opened is None:
             cur.opened = now - elapsed_s if stamp == cur.stamp else now
@@ -4759,11 +4760,11 @@ class AdaptiveGate:
         self._drain_until = -math.inf
         self._drain_to_ok = False  # the pause ends at the next success (a refusal without Retry-After)
         self._ok_latency: Optional[float] = None  # smoothed latency of successful requests
-        # a refusal's pace (_pace): admissions and refusals of the last pace_window_s, (admitted at, in flight then)
-        # of the successes among them, the gap between paced admissions (0: none), the next paced admission
+        # a refusal's pace (_pace): admissions and refusals of the last pace_window_s, (admitted at, load lived
+        # under) of the successes among them, the gap between paced admissions (0: none), the next paced admission
         self._admits: "collections.deque[float]" = collections.deque()
         self._refusals: "collections.deque[float]" = collections.deque()
-        self._accepted: "collections.deque[Tuple[float, int]]" = collections.deque()
+        self._accepted: "collections.deque[Tuple[float, float]]" = collections.deque()
         self._pace_gap, self._next_admit, self._refused_at = 0.0, -math.inf, -math.inf
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
         self._listeners: List[Callable[[float, str, int, float], None]] = []
@@ -4864,10 +4865,11 @@ class AdaptiveGate:
             self._pace_gap = 0.0
 
     def _refused_by(self, now: float, level: int) -> Optional[str]:
-        """What refused a request sent at ``level`` streams: "rate" when the endpoint accepted one sent at a clearly
-        higher load in the last ``pace_window_s`` (5% more, at least 2 streams: a load counts the refusals still on
-        their way back), "cap" (on streams) when it accepted some but none at a load that much higher, None when it
-        accepted none (no telling)."""
+        """What refused a request sent at ``level`` streams: "rate" when the endpoint accepted one that lived at a
+        clearly higher load in the last ``pace_window_s`` (5% more, at least 2 streams; the time-average of in flight
+        over its life: a count at one instant also counts the refusals of a burst on their way back), "cap" (on
+        streams) when it accepted some but none at a load that much higher, None when it accepted none (no
+        telling)."""
         self._trim(now)
         top = max((lv for _, lv in self._accepted), default=0)
         return None if not top else "rate" if level <= top - max(2.0, 0.05 * top) else "cap"
@@ -4955,17 +4957,17 @@ class AdaptiveGate:
             if refused:
                 self._refusals.append(permit.admitted_at)
             if outcome == "ok":
-                self._accepted.append((permit.admitted_at, permit.inflight_at_admit))
+                elapsed = max(now - permit.admitted_at, 1e-6)
+                load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
+                self._accepted.append((permit.admitted_at, load))
                 if self._pace_gap:
                     self._pace_up(now)
-                elapsed = max(now - permit.admitted_at, 1e-6)
                 self._ok_latency = elapsed if self._ok_latency is None else 0.9 * self._ok_latency + 0.1 * elapsed
                 if self._drain_to_ok and now < self._drain_until:
                     self._drain_until = now  # a request finished: its slot is free again
                     events.append({"type": "drain_end"})
                 self._drain_to_ok = False
                 speed = output_tokens / elapsed if output_tokens > 0 else 1.0 / elapsed
-                load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
                 self._set_limit(self._algorithm.on_sample(now, permit.stamp, speed, max(load, 1.0), elapsed,
                                                           ttft_s=ttft_s), cause, events)
             elif outcome == "overload" and self._algorithm.adaptive and (
