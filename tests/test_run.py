@@ -197,6 +197,7 @@ class TestAdaptiveConcurrency(RunCase):
         with open(os.path.join(first, "run.json")) as fh:
             info = json.load(fh)
         self.assertTrue(info["concurrency"]["adaptive"])
+        self.assertEqual(info["concurrency"]["rule"], "gradient")
         with open(os.path.join(first, "events.jsonl")) as fh:
             changes = [json.loads(l) for l in fh if '"limit"' in l and '"type": "limit"' in l]
         self.assertTrue(changes, "no limit change recorded")
@@ -213,7 +214,8 @@ class TestAdaptiveConcurrency(RunCase):
         self.assertIn("concurrency: fixed at 3", pinned.stderr)
         with open(os.path.join(self.dir, "pinned", "run.json")) as fh:
             self.assertEqual(json.load(fh)["concurrency"], {"adaptive": False, "initial": 3, "initial_from": "fixed",
-                                                            "final": 3, "max": 3, "server_metrics": None})
+                                                            "final": 3, "max": 3, "rule": None,
+                                                            "server_metrics": None})
 
 
 class TestFailures(RunCase):
