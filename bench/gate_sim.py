@@ -40,7 +40,7 @@ S4         a family of agent workloads (FAMILY: tool waits, context growth, sess
 
 A run still going at 4x the makespan of a reference setting (fixed 32, or 8 sessions) is cut there and flagged
 `cut` (only settings far behind the oracle are; their goodput up to the cut is reported). All scenarios, 10 seeds,
-2 jobs: about 32 minutes on a 2-core machine (the single-turn ones 14); --quota, about 30.
+2 jobs: about 32 minutes on a 2-core machine (the single-turn ones 14); --quota about as long again.
 
 Usage: python3 bench/gate_sim.py [--seeds 10] [--scenarios S1-P1,S4-P1,...] [--json OUT] [--jobs 2]
        [--variants V,...] [--held-out] [--footprint-reference ALPHA] [--quota]
