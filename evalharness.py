@@ -3969,31 +3969,23 @@ class Limit:
         three of their latencies): (the concurrency they sustained: their count x their mean latency over the
         span, Little's law; the highest load one of them lived under; their mean latency), zeros before any."""
         ok = self._ok
-        while ok:
-            latency = sum(t for _, t, _ in ok) / len(ok)
-            if ok[0][0] >= now - max(self.accept_s, 3.0 * latency):
-                break
-            ok.popleft()
+        while ok and ok[0][0] < now - max(self.accept_s, 3.0 * self._ok_sum / len(ok)):
+            self._ok_sum -= ok.popleft()[1]
         if not ok:
             return 0.0, 0.0, 0.0
+        latency = self._ok_sum / len(ok)
         span = min(max(self.accept_s, 3.0 * latency), max(now - self._ok_since, 1e-6))
-        return sum(t for _, t, _ in ok) / span, max(c for _, _, c in ok), latency
+        return self._ok_sum / span, max(c for _, _, c in ok), latency
 
     def _refusal(self, now: float, level: float) -> float:
-        """A request refused on arrival (a 429 or 503 back at once, no work done). Refused at a load higher than
-        any the endpoint accepted lately, it met a cap on streams: the limit goes just under that load. Refused at
-        a load it did accept, it met a rate (a quota of requests or tokens a minute, a gateway's window): fewer
-        streams would only waste the rate, so the limit goes to what the endpoint accepted over the last minute
-        (Little's law on the observed latency: what a slower stream needs is counted in) plus ``accept_margin``,
-        at most a ``backoff_ratio`` cut of the load refused, never up. The gate counts one refusal per burst (its
-        epochs). Until the next refusal the limit is this rule's, not the gradient's: after ``quiet_share`` of a
-        request's latency without one, it grows by one stream per success at load (a probe that doubles within a
-        few latencies, so a restored quota or cap is found at once), and at twice the limit of the last refusal
-        with none since, what refused is gone and the gradient takes over again."""
-        accepted, top, _latency = self._accepted(now)
-        new = max(level - 1.0, self.accept_floor * accepted)
-        self.limit = self.clamp(min(self.limit, new))
-        self._refused_at, self._refused_limit = now, self.limit
+        """A request refused on arrival (a 429 or 503 back at once, no work done): the limit goes just under the
+        load it met, but never below the concurrency the endpoint accepted over the last minute (Little's law on the
+        observed latency: what a slower stream needs is counted in), and never up. The gate counts one refusal per
+        burst (its epochs) and paces a rate's (AdaptiveGate._pace). Until a minute passes with no refusal the limit
+        is this rule's, not the gradient's (_refusal_probe)."""
+        accepted = self._accepted(now)[0]
+        self.limit = self.clamp(min(self.limit, max(level - 1.0, accepted)))
+        self._refused_at = now
         self.discovered = self.limit
         return self.limit
 
@@ -4174,7 +4166,6 @@ class GradientLimit(Limit):
     server_headroom = 0.125  # the queue kept at a server that queues (an eighth of what it runs)
     queue_readings = 2      # readings in a row that make a queue
     accept_s = 60.0         # what the endpoint accepted is read over this long (at least three latencies)
-    accept_floor = 1.0
     quiet_share = 0.5       # of a request's latency without a refusal before the limit probes up again
     _min_dx = 0.5 * min_step  # windows this far apart in load (half a probe) show a slope
 
@@ -4215,8 +4206,8 @@ class GradientLimit(Limit):
         self._found: List[float] = []  # the limits saturated windows chose (discovered: their median)
         self._ok: "collections.deque[Tuple[float, float, float]]" = collections.deque()  # (end, latency, load)
         self._ok_since: Optional[float] = None  # when the first success was sent
+        self._ok_sum = 0.0  # the latencies in _ok, summed
         self._refused_at: Optional[float] = None  # the last refusal, while refusals rule the limit (_refusal)
-        self._refused_limit = 0.0  # the limit that refusal set
         self._last_e = 1.0
         self._pair_e: Optional[float] = None
         self._last_step = 1.0
@@ -4262,6 +4253,7 @@ class GradientLimit(Limit):
         if not self._ok and self._ok_since is None:
             self._ok_since = now - elapsed_s
         self._ok.append((now, elapsed_s, load))
+        self._ok_sum += elapsed_s
         if self._refused_at is not None:
             return self._refusal_probe(now, load, now - elapsed_s)
         cur = self._window
