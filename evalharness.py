@@ -5862,7 +5862,8 @@ class _EndpointHealth:
     An outage starts at the first failure after the last success. While it lasts, a failing request keeps
     retrying (at most OUTAGE_POLL_S apart) past its --max-retries, so a server restart costs time, not samples;
     a request gives up after its retries only when it failed with an error of its own (not a refused or turned
-    away connection) while the endpoint answered other requests (then the trouble is this request's), or when
+    away connection, nor a 429/503 while other requests are refused too: the endpoint's load) while the endpoint
+    answered other requests (then the trouble is this request's), or when
     only failing requests are left in the run (``left``: nothing else runs or waits) and the endpoint answers a cheap
     request (``answers``: its model list): then they failed on their own, not in an outage, and the run ends
     normally with them failed (run again by a resume). When an outage reaches ``budget_s`` the run is aborted
@@ -5879,6 +5880,7 @@ class _EndpointHealth:
         self.tripped = ""                                   # the reason, once the budget ran out
         self.on_trip: Optional[Callable[[str], None]] = None
         self.failing = 0  # requests between a failed attempt and their end
+        self.refusals = 0  # attempts answered 429 or 503 (the endpoint shedding load, see ModelClient._give_up)
         self.left: Optional[Callable[[], Optional[int]]] = None  # the samples in flight once nothing else is left
         # to run (None while rows still wait), set by the run
         self.answers: Optional[Callable[[], bool]] = None   # a cheap request to the endpoint got an answer
@@ -5907,6 +5909,8 @@ class _EndpointHealth:
             if self.failing_since is None:
                 self.failing_since = now
             self.last_error = _redact(err)
+            if _sheds(err):
+                self.refusals += 1
             if not self.tripped and now - self.failing_since >= self.budget_s:
                 self.tripped = ("the endpoint gave no successful answer for %.0f s (outage budget, "
                                 "--outage-budget); last error: %s" % (now - self.failing_since, self.last_error))
@@ -5915,6 +5919,11 @@ class _EndpointHealth:
         if trip and self.on_trip is not None:
             self.on_trip(self.tripped)
         return tripped
+
+
+def _sheds(err: BaseException) -> bool:
+    """A 429 or 503: the server answered and refused to take the request (a quota, a cap, a brownout shedding)."""
+    return isinstance(err, ModelAPIError) and err.kind == "overload" and err.status in (429, 503)
 
 
 SERVER_METRICS = tuple((key, k.running, k.waiting) for key, k in _SERVER_KINDS.items() if k.running and k.waiting)
@@ -6839,10 +6848,12 @@ class ModelClient:
             wait = max(wait, err.retry_after_s)
         return wait
 
-    def _give_up(self, err: ModelAPIError, attempts: int, successes_then: int, successes_at_send: int) -> bool:
+    def _give_up(self, err: ModelAPIError, attempts: int, successes_then: int, successes_at_send: int,
+                 others_refused: bool = False) -> bool:
         """Whether a failed request stops retrying (see _EndpointHealth for the outage rule): ``successes_then``
         is the endpoint's success count when the request's first attempt went out, ``successes_at_send`` the count
-        when its latest attempt went out."""
+        when its latest attempt went out; ``others_refused``: the endpoint answered 429/503 to other requests since
+        this one's first attempt."""
         cfg, health = self.config, self.health
         if err.kind == "fatal":
             return True
@@ -6861,6 +6872,13 @@ class ModelClient:
             # unless nothing else is left in the run and the endpoint answers a cheap request: then it is this
             # request's (a server that closes the connection on these rows only)
             return err.turned_away and attempts > cfg.max_retries and health.failing_alone()
+        if _sheds(err) and others_refused and attempts > cfg.max_retries:
+            # a 429/503 while the endpoint refuses other requests too is its load (a quota, a cap, a brownout
+            # shedding), not this request's trouble: retried (backing off, the gate lowering the load) for as long
+            # as the run goes on; only when nothing else is left and the endpoint answers a cheap request is it
+            # this request's (a 429 for a request too large for the quota). Refused alone while others get answers:
+            # its own, the rule below.
+            return health.failing_alone()
         # past its retries, a request gives up only if the endpoint had answered others since its first attempt
         # by the time its latest attempt went out (its own trouble: an error of its own while others get answers),
         # or, with nothing else left in the run, if the endpoint answers a cheap request
@@ -6990,7 +7008,8 @@ class ModelClient:
         with backoff by the failure rules; the result carries its attempts and wall time. With a rate pacer that
         knows limits, each attempt first waits until ``cost`` fits them."""
         t_start = time.monotonic()
-        state = [0, -1, False]  # attempts; the endpoint's success count when its first attempt went out; failing
+        state = [0, -1, False, 0, 0]  # attempts; the endpoint's success count when its first attempt went out;
+        # failing; its 429/503 count then; this request's own 429/503s
         try:
             return self._attempts(attempt, cost, t_start, state)
         finally:
@@ -7015,6 +7034,7 @@ class ModelClient:
             successes_at_send = self.health.successes if self.health is not None else 0
             if successes_then < 0:
                 successes_then = successes_at_send
+                state[3] = self.health.refusals if self.health is not None else 0
             outcome, tokens, ttft = "ignore", 0, None
             try:
                 result = attempt()
@@ -7047,7 +7067,10 @@ class ModelClient:
             if self.health is not None:
                 if err.kind != "fatal" and self.health.failure(err):
                     raise _Cancelled()  # the outage budget ran out: the run stops, this sample stays pending
-            if self._give_up(err, attempts, successes_then, successes_at_send):
+                if _sheds(err):
+                    state[4] += 1
+            others_refused = self.health is not None and self.health.refusals - state[3] - state[4] > 0
+            if self._give_up(err, attempts, successes_then, successes_at_send, others_refused):
                 if err.kind == "malformed":
                     err.kind = "fatal"
                 err.args = ("%s (%s; %d attempt%s)" % (_redact(err.args[0]), err.kind, attempts,

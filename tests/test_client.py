@@ -45,7 +45,8 @@ def client(url: str, **config) -> "eh.ModelClient":
     config.setdefault("request_timeout_s", 10.0)
     cancel = config.pop("cancel", None)
     gate = config.pop("gate", None)
-    return eh.ModelClient(eh.ClientConfig(base_url=url, **config), gate=gate, cancel=cancel)
+    health = config.pop("health", None)
+    return eh.ModelClient(eh.ClientConfig(base_url=url, **config), gate=gate, cancel=cancel, health=health)
 
 
 # -- a scripted recording server: one response per request, in order (the last repeats) -------------------------
@@ -381,6 +382,58 @@ class TestOutageRace(unittest.TestCase):
         with self.assertRaises(eh.ModelAPIError):
             c._with_retries(attempt)
         self.assertEqual(len(calls), 2)
+
+
+class TestRefusedUnderLoad(unittest.TestCase):
+    """A 429 is the endpoint's load while it refuses other requests too (issue 54: a binding quota without headers
+    cost samples at --max-retries), and a request's own trouble when it alone is refused while others get answers."""
+
+    def _server(self, refuse):
+        """A recording server answering 429 (no Retry-After) to request i when ``refuse(i, body)``, 200 otherwise."""
+        def respond(h):
+            with h.server.lock:
+                i = len(h.server.requests) - 1
+                body = h.server.requests[-1]["body"]
+            (status(429) if refuse(i, body) else json_ok())(h)
+        return start_script(self, respond)
+
+    def test_a_request_refused_past_its_retries_by_a_quota_others_meet_too_completes(self):
+        fast_retries(self)
+        srv = self._server(lambda i, body: i % 4 != 3)  # three in four refused, whoever sends them
+        health = eh._EndpointHealth()
+        health.success()
+        results, errors = [], []
+
+        def work(k):
+            try:
+                results.append(client(srv.url, stream=False, max_retries=1, health=health).chat(MESSAGES))
+            except eh.ModelAPIError as exc:
+                errors.append(exc)
+        self.assertEqual(run_threads(work, 6, 60), [])
+        self.assertEqual((len(results), errors), (6, []))
+        # the quota's refusals were met: most requests were refused more than --max-retries allows
+        self.assertGreater(max(r.attempts for r in results), 2)
+        self.assertGreaterEqual(health.refusals, 3 * 6 - 3)
+
+    def test_a_request_refused_alone_while_others_are_answered_gives_up_after_its_retries(self):
+        fast_retries(self)
+        srv = self._server(lambda i, body: "TOO LARGE" in json.dumps(body))  # a request too large for the quota
+        health = eh._EndpointHealth()
+        health.success()
+        stop = threading.Event()
+
+        def others(k):
+            while not stop.is_set():
+                client(srv.url, stream=False, max_retries=1, health=health).chat(MESSAGES)
+        background = [threading.Thread(target=others, args=(k,), daemon=True) for k in range(2)]
+        for t in background:
+            t.start()
+        self.addCleanup(stop.set)
+        with self.assertRaises(eh.ModelAPIError) as cm:
+            client(srv.url, stream=False, max_retries=2, health=health).chat([{"role": "user", "content": "TOO LARGE"}])
+        stop.set()
+        self.assertEqual((cm.exception.status, cm.exception.attempts), (429, 3))
+        self.assertEqual(health.refusals, 3)
 
 
 class TestMalformed(unittest.TestCase):
