@@ -6872,13 +6872,13 @@ class ModelClient:
             # unless nothing else is left in the run and the endpoint answers a cheap request: then it is this
             # request's (a server that closes the connection on these rows only)
             return err.turned_away and attempts > cfg.max_retries and health.failing_alone()
-        if _sheds(err) and others_refused and attempts > cfg.max_retries:
+        if _sheds(err) and others_refused:
             # a 429/503 while the endpoint refuses other requests too is its load (a quota, a cap, a brownout
-            # shedding), not this request's trouble: retried (backing off, the gate lowering the load) for as long
-            # as the run goes on; only when nothing else is left and the endpoint answers a cheap request is it
-            # this request's (a 429 for a request too large for the quota). Refused alone while others get answers:
-            # its own, the rule below.
-            return health.failing_alone()
+            # shedding), not this request's trouble: retried (backing off, the gate lowering the load) whatever
+            # else is left (the model list a cheap request reads is under no quota); the outage budget bounds it
+            # (no answer for that long: the run stops, the samples pending). Refused alone while others get
+            # answers (a request too large for a token quota): its own, the rule below.
+            return False
         # past its retries, a request gives up only if the endpoint had answered others since its first attempt
         # by the time its latest attempt went out (its own trouble: an error of its own while others get answers),
         # or, with nothing else left in the run, if the endpoint answers a cheap request

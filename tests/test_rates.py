@@ -199,6 +199,25 @@ class TestRefusalsOverHTTP(unittest.TestCase):
         self.assertIn("--limit-rule", bad.stderr)
 
 
+    def test_a_quota_without_headers_costs_no_sample_at_its_retries(self):
+        """A requests-a-minute quota answered 429 with the headers ignored, six streams and --max-retries 1: the
+        refusals are the endpoint's load, met by every request, so no sample fails for them, the run's last ones
+        included (nothing else left, the model list answering: a quota's refusal is still no request's own)."""
+        d = tempdir(self)
+        rows = qa_rows(30)
+        path = write_jsonl(os.path.join(d, "qa.jsonl"), rows)
+        mock = start_mock(self, oracle_rows=rows, rate_limit=(20.0, 1000000.0), ttft_s=0.05)
+        out = os.path.join(d, "run")
+        res = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", mock.url, "--out", out,
+                       "--no-progress", "--max-tokens", "8", "--rate-headers", "ignore", "--concurrency", "6",
+                       "--max-retries", "1"], timeout=300)
+        self.assertEqual(res.returncode, 0, res.stderr[-2000:])
+        recs = read_samples(out)
+        self.assertEqual((len(recs), [r for r in recs if r.get("error")]), (30, []))
+        self.assertGreater(max(r["attempts"] for r in recs), 2)  # refused past its retries, and still done
+        self.assertGreater(mock.stats()["counters"].get("rate_limited", 0), 6)
+
+
 def window_sums(records, seconds=60.0):
     """(the largest sum of tokens sent in any window of SECONDS, the sum in the first window): a request went out
     its latency before it finished (a sample's started_at is before its wait for the rate)."""
