@@ -4848,6 +4848,16 @@ class AdaptiveGate:
     def _pacing(self, now: float) -> bool:
         return self._pace_gap > 0
 
+    def spaces_refusals(self) -> bool:
+        """The limit answers refusals on arrival (its refusal rule, the pace of a rate) and the endpoint accepted
+        requests in the last ``pace_window_s``: a refused request may come back to the gate at once (its limit
+        and pace space the retries; a backoff of the request's own would leave the quota idle)."""
+        with self._cond:
+            if not self._algorithm.paces_refusals:
+                return False
+            self._trim(self._clock())
+            return bool(self._accepted)
+
     def _pace_up(self, now: float) -> None:
         """A success while pacing (lock held): once quiet (``quiet_share`` of a request's latency without a
         refusal), the pace ends, and the limit probes upward (GradientLimit._refusal_probe): a restored quota is
@@ -4886,8 +4896,9 @@ class AdaptiveGate:
 
     def _try_locked(self) -> Optional[Permit]:
         now = self._clock()
-        if self._drain_to_ok and self._pace_gap and self._in_flight == 0 and now < self._drain_until:
-            self._drain_until = now  # (a pause until a request finishes, none in flight: the pace spaces them)
+        if self._drain_to_ok and self._in_flight == 0 and now < self._drain_until:
+            self._drain_until = now  # (a pause until a request finishes, none in flight: none will; the limit, the
+            # pace and the retries' backoff space them)
         if now < self._drain_until or self._in_flight >= self._limit:
             return None
         if self._pacing(now):
@@ -4924,7 +4935,7 @@ class AdaptiveGate:
         was refused on arrival (a stream cap's or quota's 429, a full queue's 503): the algorithm's refusal rule
         sets the limit (GradientLimit._refusal), a rate's refusal paces admissions (_pace), and admission pauses
         until ``retry_after_s`` (a cap's is that request's own: not for the others) or, without one, until a
-        request succeeds (at most ``drain_s``; at once when none is in flight and the pace spaces them).
+        request succeeds (at most ``drain_s``; at once when none is in flight).
         ``turned_away``: the caller knows the server never took the request (a connection
         reset before any response, soon: a full accept queue): a refusal too, with no pause at all (the lower
         limit is the whole answer; the retry's backoff spaces it). Any other overload (a timeout, a failure after
@@ -6839,6 +6850,11 @@ class ModelClient:
         if err.refused or err.turned_away:
             # nothing listened, or the server never took it: nothing to wait out but the gate's lower limit
             base = REFUSED_BACKOFF_S * (2 ** (n_failed - 1))
+        elif _sheds(err) and self.gate is not None and self.gate.spaces_refusals():
+            # refused (a quota, a cap) by an endpoint that accepts others: back in the gate's line, whose limit and
+            # pace space the retries (a backoff of its own, doubling, left the quota idle at a run's tail for tens
+            # of seconds); a Retry-After is still waited out
+            base = REFUSED_BACKOFF_S
         else:
             base = min(RETRY_CAP_S, RETRY_BASE_S * (2 ** (n_failed - 1)))
         wait = base * jitter

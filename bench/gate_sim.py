@@ -1036,6 +1036,13 @@ class Run:
         self.retries[job] += 1
         k = self.retries[job]
         wait = min(60.0, 1.0 * 2 ** min(k - 1, 10)) * (0.5 + 0.5 * self.rng.random())
+        gate = getattr(self.limiter, "gate", None)
+        if kind in ("429", "503") and isinstance(gate, eh.AdaptiveGate) and gate.spaces_refusals():
+            # as evalharness's client (ModelClient._backoff_s): refused by an endpoint that accepts others, a
+            # request comes back to the gate's line at once (its limit and pace space the retries)
+            wait = eh.REFUSED_BACKOFF_S * (0.5 + 0.5 * self.rng.random())
+            if retry_after is not None:
+                wait = max(wait, retry_after)
         if retry_after is not None:
             wait = max(wait, retry_after)
         return wait
