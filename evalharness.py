@@ -200,6 +200,8 @@ RETRY_CAP_S = 60.0               # longest single backoff
 RETRY_AFTER_CAP_S = 300.0        # longest Retry-After honoured
 REFUSED_RETRIES = 2              # refused by an endpoint never reached in this run: a dead endpoint must cost seconds
 REFUSED_BACKOFF_S = 0.25
+SHED_ALONE = (10, 0.2)  # a request refused (429/503) past its retries while other requests made at least this many
+# attempts, at most this share of them refused, was refused for itself (a request too large for a token quota)
 TURNED_AWAY_S = 5.0              # a connection reset before any response, this soon: turned away (a full accept
                                  # queue answers a SYN retransmit 1 or 3 s later), not a collapse
 PROGRESS_TTY_S = 0.2             # redraw interval on a terminal
@@ -5891,6 +5893,7 @@ class _EndpointHealth:
         self.tripped = ""                                   # the reason, once the budget ran out
         self.on_trip: Optional[Callable[[str], None]] = None
         self.failing = 0  # requests between a failed attempt and their end
+        self.attempts = 0  # attempts sent
         self.refusals = 0  # attempts answered 429 or 503 (the endpoint shedding load, see ModelClient._give_up)
         self.left: Optional[Callable[[], Optional[int]]] = None  # the samples in flight once nothing else is left
         # to run (None while rows still wait), set by the run
@@ -6865,11 +6868,11 @@ class ModelClient:
         return wait
 
     def _give_up(self, err: ModelAPIError, attempts: int, successes_then: int, successes_at_send: int,
-                 others_refused: bool = False) -> bool:
+                 others_refused: bool = True) -> bool:
         """Whether a failed request stops retrying (see _EndpointHealth for the outage rule): ``successes_then``
         is the endpoint's success count when the request's first attempt went out, ``successes_at_send`` the count
-        when its latest attempt went out; ``others_refused``: the endpoint answered 429/503 to other requests since
-        this one's first attempt."""
+        when its latest attempt went out; ``others_refused``: the endpoint refused other requests too since this
+        one's first attempt (SHED_ALONE: not, or too rarely to be the same trouble)."""
         cfg, health = self.config, self.health
         if err.kind == "fatal":
             return True
@@ -6892,8 +6895,8 @@ class ModelClient:
             # a 429/503 while the endpoint refuses other requests too is its load (a quota, a cap, a brownout
             # shedding), not this request's trouble: retried (backing off, the gate lowering the load) whatever
             # else is left (the model list a cheap request reads is under no quota); the outage budget bounds it
-            # (no answer for that long: the run stops, the samples pending). Refused alone while others get
-            # answers (a request too large for a token quota): its own, the rule below.
+            # (no answer for that long: the run stops, the samples pending). Refused every time while the others'
+            # attempts mostly went through (SHED_ALONE: a request too large for a token quota): its own, below.
             return False
         # past its retries, a request gives up only if the endpoint had answered others since its first attempt
         # by the time its latest attempt went out (its own trouble: an error of its own while others get answers),
@@ -7024,8 +7027,8 @@ class ModelClient:
         with backoff by the failure rules; the result carries its attempts and wall time. With a rate pacer that
         knows limits, each attempt first waits until ``cost`` fits them."""
         t_start = time.monotonic()
-        state = [0, -1, False, 0, 0]  # attempts; the endpoint's success count when its first attempt went out;
-        # failing; its 429/503 count then; this request's own 429/503s
+        state = [0, -1, False, 0, 0, 0]  # attempts; the endpoint's success count when its first attempt went out;
+        # failing; its 429/503 count then; this request's own 429/503s; the endpoint's attempt count then
         try:
             return self._attempts(attempt, cost, t_start, state)
         finally:
@@ -7050,7 +7053,11 @@ class ModelClient:
             successes_at_send = self.health.successes if self.health is not None else 0
             if successes_then < 0:
                 successes_then = successes_at_send
-                state[3] = self.health.refusals if self.health is not None else 0
+                if self.health is not None:
+                    state[3], state[5] = self.health.refusals, self.health.attempts
+            if self.health is not None:
+                with self.health._lock:
+                    self.health.attempts += 1
             outcome, tokens, ttft = "ignore", 0, None
             try:
                 result = attempt()
@@ -7085,7 +7092,11 @@ class ModelClient:
                     raise _Cancelled()  # the outage budget ran out: the run stops, this sample stays pending
                 if _sheds(err):
                     state[4] += 1
-            others_refused = self.health is not None and self.health.refusals - state[3] - state[4] > 0
+            others_refused = True
+            if self.health is not None:
+                others = self.health.attempts - state[5] - attempts
+                others_refused = (others < SHED_ALONE[0]
+                                  or self.health.refusals - state[3] - state[4] > SHED_ALONE[1] * others)
             if self._give_up(err, attempts, successes_then, successes_at_send, others_refused):
                 if err.kind == "malformed":
                     err.kind = "fatal"
