@@ -200,8 +200,8 @@ RETRY_CAP_S = 60.0               # longest single backoff
 RETRY_AFTER_CAP_S = 300.0        # longest Retry-After honoured
 REFUSED_RETRIES = 2              # refused by an endpoint never reached in this run: a dead endpoint must cost seconds
 REFUSED_BACKOFF_S = 0.25
-SHED_ALONE = (10, 0.2)  # a request refused (429/503) past its retries while other requests made at least this many
-# attempts, at most this share of them refused, was refused for itself (a request too large for a token quota)
+SHED_ALONE = 10  # a request refused (429/503) past its retries while other requests made at least this many attempts,
+# none of them refused, was refused for itself (a request too large for a token quota)
 TURNED_AWAY_S = 5.0              # a connection reset before any response, this soon: turned away (a full accept
                                  # queue answers a SYN retransmit 1 or 3 s later), not a collapse
 PROGRESS_TTY_S = 0.2             # redraw interval on a terminal
@@ -6872,7 +6872,7 @@ class ModelClient:
         """Whether a failed request stops retrying (see _EndpointHealth for the outage rule): ``successes_then``
         is the endpoint's success count when the request's first attempt went out, ``successes_at_send`` the count
         when its latest attempt went out; ``others_refused``: the endpoint refused other requests too since this
-        one's first attempt (SHED_ALONE: not, or too rarely to be the same trouble)."""
+        one's first attempt (False: none, in at least SHED_ALONE attempts of theirs)."""
         cfg, health = self.config, self.health
         if err.kind == "fatal":
             return True
@@ -6896,7 +6896,7 @@ class ModelClient:
             # shedding), not this request's trouble: retried (backing off, the gate lowering the load) whatever
             # else is left (the model list a cheap request reads is under no quota); the outage budget bounds it
             # (no answer for that long: the run stops, the samples pending). Refused every time while the others'
-            # attempts mostly went through (SHED_ALONE: a request too large for a token quota): its own, below.
+            # attempts all went through (SHED_ALONE: a request too large for a token quota): its own, below.
             return False
         # past its retries, a request gives up only if the endpoint had answered others since its first attempt
         # by the time its latest attempt went out (its own trouble: an error of its own while others get answers),
@@ -7095,8 +7095,7 @@ class ModelClient:
             others_refused = True
             if self.health is not None:
                 others = self.health.attempts - state[5] - attempts
-                others_refused = (others < SHED_ALONE[0]
-                                  or self.health.refusals - state[3] - state[4] > SHED_ALONE[1] * others)
+                others_refused = others < SHED_ALONE or self.health.refusals - state[3] - state[4] > 0
             if self._give_up(err, attempts, successes_then, successes_at_send, others_refused):
                 if err.kind == "malformed":
                     err.kind = "fatal"
