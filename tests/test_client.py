@@ -416,7 +416,7 @@ class TestRefusedUnderLoad(unittest.TestCase):
         self.assertGreaterEqual(health.refusals, 3 * 6 - 3)
 
     def test_a_request_refused_alone_while_others_are_answered_gives_up_after_its_retries(self):
-        fast_retries(self)
+        fast_retries(self, 0.1)  # (others make SHED_ALONE attempts within its retries, on a loaded machine too)
         srv = self._server(lambda i, body: "TOO LARGE" in json.dumps(body))  # a request too large for the quota
         health = eh._EndpointHealth()
         health.success()
@@ -432,8 +432,11 @@ class TestRefusedUnderLoad(unittest.TestCase):
         with self.assertRaises(eh.ModelAPIError) as cm:
             client(srv.url, stream=False, max_retries=2, health=health).chat([{"role": "user", "content": "TOO LARGE"}])
         stop.set()
-        self.assertEqual((cm.exception.status, cm.exception.attempts), (429, 3))
-        self.assertEqual(health.refusals, 3)
+        # past its 2 retries, once the others' attempts (SHED_ALONE of them at least, none refused) say it is alone
+        self.assertEqual(cm.exception.status, 429)
+        self.assertGreaterEqual(cm.exception.attempts, 3)
+        self.assertLessEqual(cm.exception.attempts, 6)
+        self.assertEqual(health.refusals, cm.exception.attempts)
 
 
 class TestMalformed(unittest.TestCase):
