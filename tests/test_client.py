@@ -429,8 +429,13 @@ class TestRefusedUnderLoad(unittest.TestCase):
         for t in background:
             t.start()
         self.addCleanup(stop.set)
+        cancel = threading.Event()  # (a request that retried for ever would end in _Cancelled, not the error)
+        timer = threading.Timer(30.0, cancel.set)
+        timer.start()
+        self.addCleanup(timer.cancel)
         with self.assertRaises(eh.ModelAPIError) as cm:
-            client(srv.url, stream=False, max_retries=2, health=health).chat([{"role": "user", "content": "TOO LARGE"}])
+            client(srv.url, stream=False, max_retries=2, health=health, cancel=cancel).chat(
+                [{"role": "user", "content": "TOO LARGE"}])
         stop.set()
         # past its 2 retries, once the others' attempts (SHED_ALONE of them at least, none refused) say it is alone
         self.assertEqual(cm.exception.status, 429)
