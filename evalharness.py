@@ -3,9 +3,10 @@
 
 Standard library only, Python >= 3.8. Evaluates models behind OpenAI-compatible APIs (vLLM, SGLang, llama.cpp,
 hosted APIs) on question-answer sets, on code benchmarks run in a sandbox, on base checkpoints by log-likelihood
-(multiple choice, perplexity), on tool calls (BFCL), and on SWE-bench-style and Harbor agentic tasks in Docker
-containers (images delivered from tarballs, an image store or registry mirrors); results are appended crash-safe to
-a run directory that a re-run resumes, and every run writes a self-contained HTML report.
+(multiple choice, perplexity), on tool calls (BFCL), on instruction following (IFEval, IFBench), and on
+SWE-bench-style and Harbor agentic tasks in Docker containers (images delivered from tarballs, an image store or
+registry mirrors); results are appended crash-safe to a run directory that a re-run resumes, and every run writes a
+self-contained HTML report.
 
 Two commands a newcomer types:
     python3 evalharness.py demo        # the embedded demo set against an in-process mock model
@@ -17,8 +18,8 @@ dispatch through it at run time and never name a kind):
     Compat, Constants, Errors, Utilities, Scoring, Compression, Parquet, Data files, Datasets, Limits, Gates,
     Requests, Endpoints, HTTP model client, Docker CLI, Image archives, Images, Sandbox, Results store, Summary,
     Runner, Shared gates, Report, HTML report, Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE
-    agent, SWE runs, Container tasks, Tool calls, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI,
-    Slurm, Commands
+    agent, SWE runs, Container tasks, Tool calls, Text analysis, Instruction checks, Instruction following,
+    Instruction data, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm, Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding its options (an
 _OptionSet of _Opt, and the shared sets it uses), its options record, and a subclass of _Kind registered with @_kind
@@ -130,6 +131,7 @@ tarfile = _LazyModule("tarfile")
 tempfile = _LazyModule("tempfile")
 threading = _LazyModule("threading")
 urllib = _LazyModule("urllib", ("error", "parse", "request"))
+unicodedata = _LazyModule("unicodedata")
 weakref = _LazyModule("weakref")
 zlib = _LazyModule("zlib")
 
@@ -17782,6 +17784,7451 @@ class _ToolsKind(_Kind):
                  % _esc(", ".join(missing))) for label, acc, missing in _bfcl_aggregates(data["summary"])]
 
 # =============================================================================
+# Text analysis
+# =============================================================================
+# What IFEval's and IFBench's checks count with, written from the rules of the packages their official code calls
+# (no package, no download): sentences as nltk's English Punkt splits them, words as nltk's word_tokenize, and
+# languages as langdetect decides them; their parameters are in Instruction data, at the end of these sections.
+
+# nltk's English Punkt (PunktSentenceTokenizer with the English model, realign_boundaries=True) and word_tokenize,
+# written from their rules; the model's parameters are _PUNKT_EN (the end of this section). Equal to nltk 3.8.1 on
+# 223,893 texts (the IFEval prompts and responses as they are, upper- and lower-cased, 526 hand-written hard cases,
+# 20,000 random ones, every type of the model after an abbreviation, an ellipsis, an initial and a number).
+
+_PUNKT: Optional[Tuple[Any, ...]] = None  # decoded model and compiled regexes, built on first use
+
+_PUNKT_NONWORD = r"""(?:[)";}\]*:@'({\[?!])"""
+_PUNKT_MULTICHAR = r"(?:-{2,}|\.{2,}|(?:\.\s){2,}\.)"
+
+
+def _punkt() -> Tuple[Any, ...]:
+    """Decode _PUNKT_EN and compile the regexes (once)."""
+    global _PUNKT
+    if _PUNKT is None:
+        text = zlib.decompress(base64.b85decode(_PUNKT_EN)).decode("ascii")
+        abbrev, colloc, starters, lower_unknown, stream = text.split("|")
+        # Front-coded sorted list of the types with lower-case ortho evidence: each entry is chr(65 + n)
+        # (drop n characters from the previous word) then the new tail, whose first letter is upper-case
+        # when a capitalised token of that type does NOT count as a sentence start.
+        upper_true, has_lc, prev = set(), set(), ""
+        for drop, tail in re.findall(r"([A-Z])([A-Z]?[^A-Z]*)", stream):
+            prev = prev[:len(prev) - ord(drop) + 65] + tail.lower()
+            has_lc.add(prev)
+            if not tail[0].isupper():
+                upper_true.add(prev)
+        word_re = re.compile(
+            r"(%s|(?=[^(\"`{\[:;&#*@)}\]\-,])\S+?(?=\s|$|%s|%s|,(?=$|\s|%s|%s))|\S)"
+            % (_PUNKT_MULTICHAR, _PUNKT_NONWORD, _PUNKT_MULTICHAR, _PUNKT_NONWORD, _PUNKT_MULTICHAR))
+        _PUNKT = (
+            frozenset(abbrev.split("\n")),                                 # 0 abbreviation types
+            frozenset(tuple(p.split(" ")) for p in colloc.split("\n")),   # 1 collocations
+            frozenset(starters.split("\n")),       # 2 sentence starters not already folded into 3
+            frozenset(upper_true),       # 3 capitalised token starts a sentence (ortho True, or a starter)
+            frozenset(has_lc),               # 4 type has lower-case ortho context
+            frozenset(lower_unknown.split("\n")),  # 5 lower-case token: heuristic "unknown" (else False)
+            word_re,                                                       # 6 word tokens of a line
+            re.compile(r"[.?!](?=(?P<after_tok>%s|\s+(?P<next_tok>\S+)))" % _PUNKT_NONWORD),  # 7 candidates
+            re.compile(r"""["')\]}]+?(?:\s+|(?=--)|$)""", re.M),         # 8 boundary realignment
+            re.compile(r"-?[.,]?\d[\d,.-]*\.?$"),                         # 9 numeric token
+            re.compile(r"[^\W\d]\.$"),                                     # 10 initial
+            re.compile(r"\.\.+$"),                                         # 11 ellipsis
+        )
+    return _PUNKT
+
+
+def _punkt_type(tok: str, num_re: Any) -> str:
+    low = tok.lower()
+    return "##number##" if num_re.match(low) else low
+
+
+def _punkt_has_break(context: str, pk: Tuple[Any, ...]) -> bool:
+    """Punkt's text_contains_sentbreak: a token marked as a sentence break is followed by another."""
+    abbrev, colloc, starters, upper_true, has_lc, lower_unknown, word_re, _, _, num_re, init_re, ell_re = pk
+    toks: List[str] = []
+    for line in context.split("\n"):
+        if line.strip():
+            toks.extend(word_re.findall(line))
+    # first pass: 1 = sentence break, 2 = abbreviation, 3 = ellipsis, 0 = none
+    marks: List[int] = []
+    for tok in toks:
+        if tok in (".", "?", "!"):
+            marks.append(1)
+        elif ell_re.match(tok):
+            marks.append(3)
+        elif tok.endswith(".") and not tok.endswith(".."):
+            low = tok[:-1].lower()
+            marks.append(2 if low in abbrev or low.split("-")[-1] in abbrev else 1)
+        else:
+            marks.append(0)
+    # second pass over (token, next token); only period-final tokens can change
+    for i in range(len(toks) - 1):
+        tok, mark = toks[i], marks[i]
+        if tok.endswith("."):
+            typ = _punkt_type(tok, num_re)
+            if len(typ) > 1 and typ[-1] == ".":
+                typ = typ[:-1]
+            nxt_tok = toks[i + 1]
+            nxt = _punkt_type(nxt_tok, num_re)  # the next token's type, minus a sentence-break period
+            if marks[i + 1] == 1 and len(nxt) > 1 and nxt[-1] == ".":
+                nxt = nxt[:-1]
+            # orthographic heuristic for the next token: True, False or None (unknown)
+            if nxt_tok in (";", ":", ",", ".", "!", "?"):
+                ortho: Optional[bool] = False
+            elif nxt_tok[0].isupper():
+                ortho = True if nxt in upper_true else None
+            elif nxt_tok[0].islower():
+                ortho = None if nxt in lower_unknown else False
+            else:
+                ortho = None
+            initial = init_re.match(tok)
+            if (typ, nxt) in colloc:
+                mark = 2
+            elif mark >= 2 and not initial and (ortho or (nxt_tok[0].isupper() and nxt in starters)):
+                mark = 1
+            elif (initial or typ == "##number##") and (ortho is False or (
+                    ortho is None and initial and nxt_tok[0].isupper() and nxt not in has_lc)):
+                mark = 2
+        if mark == 1:
+            return True
+    return False
+
+
+def _punkt_candidates(text: str, pk: Tuple[Any, ...]) -> Iterator[Tuple[Any, str]]:
+    """Possible sentence ends with their contexts (previous word + mark + what follows)."""
+    prev_start = prev_stop = 0
+    prev = None
+    for m in pk[7].finditer(text):
+        before = text[prev_stop:m.start()]
+        ws = max(before.rfind(c) for c in " \t\n\r\x0b\x0c")  # last ASCII whitespace, 0 if none
+        start = prev_stop + ws + 1 if ws > 0 else prev_start
+        if prev is not None and prev_stop <= start:
+            yield prev, text[prev_start:prev_stop] + prev.group() + prev.group("after_tok")
+        prev, prev_start, prev_stop = m, start, m.start()
+    if prev is not None:
+        yield prev, text[prev_start:prev_stop] + prev.group() + prev.group("after_tok")
+
+
+def _punkt_sentences(text: str) -> List[str]:
+    """nltk.sent_tokenize(text) (English Punkt, nltk 3.8.1): the list of sentence strings."""
+    pk = _punkt()
+    spans: List[Tuple[int, int]] = []
+    last = 0
+    for m, context in _punkt_candidates(text, pk):
+        if _punkt_has_break(context, pk):
+            spans.append((last, m.end()))
+            last = m.start("next_tok") if m.group("next_tok") else m.end()
+    spans.append((last, len(text.rstrip())))
+    # realign: closing quotes/brackets after the mark belong to the sentence before
+    out: List[str] = []
+    realign = 0
+    for i, (start, end) in enumerate(spans):
+        start += realign
+        if i + 1 < len(spans):
+            start2, end2 = spans[i + 1]
+            r = pk[8].match(text[start2:end2])
+            if r:
+                out.append(text[start:start2 + len(r.group(0).rstrip())])
+                realign = r.end()
+                continue
+            realign = 0
+        if text[start:end]:
+            out.append(text[start:end])
+    return out
+
+
+_WT_SUBS: Optional[List[Tuple[Any, str]]] = None
+
+_WT_RULES = [  # (pattern, replacement), applied in order; "" marks where the text gets padded with spaces
+    (r"([\u00ab\u201c\u2018\u201e]|[`]+)", r" \1 "), (r'^"', r"``"), (r"(``)", r" \1 "),
+    (r"""([ (\[{<])("|'{2})""", r"\1 `` "), (r"(?i)(')(?!re|ve|ll|m|t|s|d|n)(\w)\b", r"\1 \2"),
+    (r"""([^.])(\.)([\])}>"'\u00bb\u201d\u2019 ]*)\s*$""", r"\1 \2 \3 "),
+    (r"([:,])([^\d])", r" \1 \2"), (r"([:,])$", r" \1 "), (r"\.{2,}", r" \g<0> "),
+    (r"[;@#$%&]", r" \g<0> "), (r"""([^.])(\.)([\])}>"']*)\s*$""", r"\1 \2\3 "), (r"[?!]", r" \g<0> "),
+    (r"([^'])' ", r"\1 ' "), (r"[*]", r" \g<0> "), (r"[\]\[(){}<>]", r" \g<0> "), (r"--", r" -- "),
+    ("", ""),
+    (r"([\u00bb\u201d\u2019])", r" \1 "), (r"''", " '' "), (r'"', " '' "), (r"\s+", " "),  # (the last: nltk >= 3.9)
+    (r"([^' ])('[sS]|'[mM]|'[dD]|') ", r"\1 \2 "), (r"([^' ])('ll|'LL|'re|'RE|'ve|'VE|n't|N'T) ", r"\1 \2 "),
+    (r"(?i)\b(can)(not)\b", r" \1 \2 "), (r"(?i)\b(d)('ye)\b", r" \1 \2 "), (r"(?i)\b(gim)(me)\b", r" \1 \2 "),
+    (r"(?i)\b(gon)(na)\b", r" \1 \2 "), (r"(?i)\b(got)(ta)\b", r" \1 \2 "), (r"(?i)\b(lem)(me)\b", r" \1 \2 "),
+    (r"(?i)\b(more)('n)\b", r" \1 \2 "), (r"(?i)\b(wan)(na)(?=\s)", r" \1 \2 "),
+    (r"(?i) ('t)(is)\b", r" \1 \2 "), (r"(?i) ('t)(was)\b", r" \1 \2 "),
+]
+
+
+def _nltk_word_tokenizer(s: str, nltk39: bool) -> List[str]:
+    """nltk's NLTKWordTokenizer().tokenize(s) (convert_parentheses=False): nltk 3.8.1's, or with ``nltk39`` 3.9's
+    (one more step: whitespace runs made one space before the contractions are split)."""
+    global _WT_SUBS
+    if _WT_SUBS is None:
+        _WT_SUBS = [(re.compile(p) if p else None, r) for p, r in _WT_RULES]
+    for regex, repl in _WT_SUBS:
+        if regex is None:
+            s = " " + s + " "
+        elif nltk39 or regex.pattern != r"\s+":
+            s = regex.sub(repl, s)
+    return s.split()
+
+
+def _word_tokenize(text: str, nltk39: bool = False) -> List[str]:
+    """nltk.word_tokenize(text) (language "english", preserve_line=False): IFEval's as nltk 3.8.1 splits (the
+    version its parity bench runs: the last to read Punkt's pickle), IFBench's as 3.9.2 (the one it pins)."""
+    return [tok for sent in _punkt_sentences(text) for tok in _nltk_word_tokenizer(sent, nltk39)]
+
+
+# ----------------------------------------------------------------------------- languages (langdetect's)
+# langdetect 1.0.9's detect() written from its rules (the text prepared and normalized by Unicode block, 1- to
+# 3-grams with its capital-word rule, seven random walks of naive-Bayes updates), seeded with 0 (langdetect
+# itself is unseeded: a text on its edge gets different answers from call to call), over its 55 profiles pruned
+# and quantized: _LD_BLOB, at the end of this section (derived from langdetect's profiles and messages.properties,
+# Apache-2.0, Copyright 2010-2014 Cybozu Labs, Inc.).
+
+_LD_URL_RE = _LazyPattern(r"https?://[-_.?&~;+=/#0-9A-Za-z]{1,2076}")
+_LD_MAIL_RE = _LazyPattern(r"[-_.0-9A-Za-z]{1,64}@[-_0-9A-Za-z]{1,255}[-_.0-9A-Za-z]{1,255}")
+_LD_VI_BASE = "AEIOUYaeiouy\u00c2\u00ca\u00d4\u00e2\u00ea\u00f4\u0102\u0103\u01a0\u01a1\u01af\u01b0"
+_LD_VI_MARKS = "\u0300\u0301\u0303\u0309\u0323"
+_LD_VI_RE = _LazyPattern("([%s])([%s])" % (_LD_VI_BASE, _LD_VI_MARKS))
+_LD_LATIN_RE = _LazyPattern("[A-z]")  # langdetect counts the whole 'A'..'z' range, [\]^_` included
+_LD_NON_LATIN_RE = _LazyPattern("[^\u0000-\u02ff]")
+_LD_N_TRIALS = 7
+_LD_ALPHA = 0.5
+_LD_ALPHA_WIDTH = 0.05
+_LD_MAX_ITER = 1000
+_LD_CONV = 0.99999
+_LD_PROB_FLOOR = 0.1
+_LD_MAX_CHARS = 10000
+_LD_SEED = 0
+
+
+class _LangProfiles:
+    """The decoded blob: language codes, normalization tables and the n-gram probability table."""
+
+    def __init__(self, blob: str) -> None:
+        raw = zlib.decompress(base64.b85decode(blob))
+        head, _, rest = raw.partition(b"\n\n")
+        lines = head.decode("ascii").split("\n")
+        self.langs: List[str] = lines[0].split()
+        scale, floor, fine_scale, fine_n, split = (float(x) for x in lines[1].split())
+        n1, n2, n3, vi_bytes, alpha_bytes, key_bytes = (int(x) for x in lines[2].split())
+        vi = rest[:vi_bytes].decode("utf-8")
+        self.vi: Dict[str, str] = {b + m: vi[24 * j + i] for j, m in enumerate(_LD_VI_MARKS)
+                                   for i, b in enumerate(_LD_VI_BASE)}
+        pos = vi_bytes + 0x5200
+        self.norm = _ld_normalization_map(rest[vi_bytes:pos])
+        alphabet = rest[pos:pos + alpha_bytes].decode("utf-8")
+        code = {ch: i for i, ch in enumerate(alphabet)}
+        pos += alpha_bytes
+        keys = rest[pos:pos + key_bytes]
+        masks = pos + key_bytes
+        qpos = masks + 7 * (n1 + n2 + n3)
+        self._data = rest
+        # q -> probability: 2**-(q/fine_scale) - floor, except that past 2**-split a q step is 1/scale octave
+        self._coarse = [max(0.0, 2.0 ** -(q / fine_scale if q <= split * fine_scale else
+                                          split + (q / fine_scale - split) * fine_scale / scale) - floor)
+                        for q in range(256)]
+        self._fine = [max(0.0, 2.0 ** (-q / fine_scale) - floor) for q in range(256)]
+        self._fine_n = fine_n
+        # n-gram -> offset of its first q byte << 55 | bitmask of the languages whose profiles have it
+        self.table: Dict[str, int] = {}
+        k, prev = 0, ""
+        for n, count in ((1, n1), (2, n2), (3, n3)):
+            for _ in range(count):
+                shared = keys[k]
+                k += 1
+                gram = prev[:shared]
+                for i in range(n - shared):
+                    if i == 0:
+                        step = keys[k]
+                        k += 1
+                        if step:
+                            gram += alphabet[code[prev[shared]] + step]
+                            continue
+                    gram += alphabet[keys[k] << 8 | keys[k + 1]]
+                    k += 2
+                mask = int.from_bytes(rest[masks:masks + 7], "little")
+                masks += 7
+                self.table[gram] = qpos << 55 | mask
+                qpos += bin(mask).count("1")
+                prev = gram
+        self._rows: Dict[str, List[float]] = {}
+
+    def row(self, gram: str) -> List[float]:
+        """Dense per-language probabilities of one n-gram (0.0 where a profile lacks it)."""
+        r = self._rows.get(gram)
+        if r is None:
+            r = [0.0] * len(self.langs)
+            packed = self.table[gram]
+            qpos, mask = packed >> 55, packed & (1 << 55) - 1
+            qv = self._fine if len(gram) <= self._fine_n or _ld_caps_form(gram) else self._coarse
+            li = 0
+            while mask:
+                if mask & 1:
+                    r[li] = qv[self._data[qpos]]
+                    qpos += 1
+                mask >>= 1
+                li += 1
+            if len(self._rows) >= 8192:  # bounded cache (a row is 55 floats)
+                self._rows.clear()
+            self._rows[gram] = r
+        return r
+
+
+def _ld_caps_form(gram: str) -> bool:
+    """An n-gram an ALL-CAPS word can emit: "X", " X", "Y ", "XY "."""
+    core = gram.strip(" ")
+    return all(ch.isupper() for ch in core) and (len(gram) <= 2 or gram.endswith(" ") and len(core) == 2)
+
+
+def _ld_normalization_map(cjk: bytes) -> Dict[int, str]:
+    """str.translate table for langdetect's per-character normalization by Unicode block."""
+    m: Dict[int, str] = {c: " " for c in range(0x80) if not ("A" <= chr(c) <= "Z" or "a" <= chr(c) <= "z")}
+    m.update({c: " " for c in (0xA0, 0xAB, 0xB0, 0xBB)})
+    m.update({0x219: "\u015f", 0x21B: "\u0163", 0x6CC: "\u064a"})
+    m.update({c: " " for c in range(0x2000, 0x2070)})
+    m.update({c: "\u1ec3" for c in range(0x1EA0, 0x1F00)})
+    m.update({c: "\u3042" for c in range(0x3040, 0x30A0)})
+    m.update({c: "\u30a2" for c in range(0x30A0, 0x3100)})
+    m.update({c: "\u3105" for c in list(range(0x3100, 0x3130)) + list(range(0x31A0, 0x31C0))})
+    m.update({c: "\uac00" for c in range(0xAC00, 0xD7B0)})
+    reps = {cls & 0x7F: chr(0x4E00 + i) for i, cls in enumerate(cjk) if cls & 0x80}
+    for i, cls in enumerate(cjk):
+        if cls and not cls & 0x80:
+            m[0x4E00 + i] = reps[cls]
+    return m
+
+
+_LD_MODEL: Optional[_LangProfiles] = None
+
+
+def _ld_model() -> _LangProfiles:
+    global _LD_MODEL
+    if _LD_MODEL is None:
+        _LD_MODEL = _LangProfiles("".join(_LD_BLOB.split()))
+    return _LD_MODEL
+
+
+def _ld_prepare(text: str, model: _LangProfiles) -> str:
+    """langdetect's append() and cleaning: URLs and e-mails out, Vietnamese marks composed, 10000 chars
+    kept, ASCII letters dropped when the text is mostly non-Latin, then normalized by Unicode block.
+    (langdetect also collapses runs of spaces after the cut, which changes no n-gram.)"""
+    text = _LD_MAIL_RE.sub(" ", _LD_URL_RE.sub(" ", text))
+    text = _LD_VI_RE.sub(lambda mt: model.vi[mt.group(0)], text)[:_LD_MAX_CHARS]
+    if len(_LD_LATIN_RE.findall(text)) * 2 < len(_LD_NON_LATIN_RE.findall(text)):
+        text = _LD_LATIN_RE.sub("", text)
+    return text.translate(model.norm)
+
+
+def _ld_word_grams(word: str, trailing: bool, table: Dict[str, int]) -> List[str]:
+    """N-grams langdetect emits for one space-delimited word (and the space after it, if any).
+
+    The rolling buffer starts as " "; a character closing a run of two upper-case letters emits nothing."""
+    out: List[str] = []
+    prev2, prev = "", " "
+    for ch in word:
+        if not (ch.isupper() and prev.isupper()):
+            for g in (ch, prev + ch, prev2 and prev2 + prev + ch):
+                if g in table:
+                    out.append(g)
+        prev2, prev = prev, ch
+    if trailing:
+        for g in (prev + " ", prev2 + prev + " "):
+            if g in table:
+                out.append(g)
+    return out
+
+
+def _ld_extract(text: str, model: _LangProfiles) -> List[str]:
+    table = model.table
+    words = text.split(" ")
+    cache: Dict[Tuple[str, bool], List[str]] = {}
+    grams: List[str] = []
+    last = len(words) - 1
+    for i, w in enumerate(words):
+        if w:
+            key = (w, i < last)
+            g = cache.get(key)
+            if g is None:
+                g = cache[key] = _ld_word_grams(w, i < last, table)
+            grams.extend(g)
+    return grams
+
+
+def _ld_estimate(grams: List[str], model: _LangProfiles, seed: Optional[int]) -> List[float]:
+    """7 trials; each multiplies in randomly drawn n-grams, normalizing and testing for convergence at
+    every 5th draw. Draws between two tests are applied in one pass with the same float operation order."""
+    n = len(model.langs)
+    rng = random.Random()
+    rng.seed(seed)
+    rows = [model.row(g) for g in grams]
+    total = [0.0] * n
+    for _ in range(_LD_N_TRIALS):
+        prob = [1.0 / n] * n
+        weight = (_LD_ALPHA + rng.gauss(0.0, 1.0) * _LD_ALPHA_WIDTH) / 10000
+        shifted: Dict[int, List[float]] = {}
+
+        def draw() -> List[float]:
+            r = rng.choice(rows)
+            s = shifted.get(id(r))
+            if s is None:
+                s = shifted[id(r)] = [weight + q for q in r]
+            return s
+
+        prob = [p * q for p, q in zip(prob, draw())]  # i = 0
+        i = 0
+        while True:
+            sump = sum(prob)
+            prob = [p / sump for p in prob]
+            if max(prob) > _LD_CONV or i >= _LD_MAX_ITER:
+                break
+            a, b, c, d, e = draw(), draw(), draw(), draw(), draw()
+            prob = [p * q1 * q2 * q3 * q4 * q5 for p, q1, q2, q3, q4, q5 in zip(prob, a, b, c, d, e)]
+            i += 5
+        for j in range(n):
+            total[j] += prob[j] / _LD_N_TRIALS
+    return total
+
+
+def _detect_language(text: str, seed: Optional[int] = _LD_SEED) -> Optional[str]:
+    """langdetect.detect(text) with a fixed seed: a language code, "unknown", or None for no features."""
+    model = _ld_model()
+    grams = _ld_extract(_ld_prepare(text, model), model)
+    if not grams:
+        return None
+    total = _ld_estimate(grams, model, seed)
+    best = max(range(len(total)), key=lambda j: (total[j], -j))
+    return model.langs[best] if total[best] > _LD_PROB_FLOOR else "unknown"
+
+
+# =============================================================================
+# Instruction checks
+# =============================================================================
+# Whether a reply follows an instruction, as the official code decides it: IFEval's 25 (google-research
+# instruction_following_eval, its 2025 revision) and IFBench's 58 of its own (allenai/IFBench at db69a6f), each a
+# check(text, kwargs) and its arguments; ifeval_verdicts applies them strict and loose (the official eight variants).
+
+IFEVAL_CHECKER = "ifeval google-research 2025 + ifbench db69a6f (evalharness 1)"  # in every row's score fingerprint
+_IF_RELATIONS = ("less than", "at least")
+_IF_PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"  # string.punctuation
+_IF_WORD = _LazyPattern(r"\w+")
+
+
+def _if_compare(count: float, relation: str, target: float) -> bool:
+    return count < target if relation == "less than" else count >= target
+
+
+def _if_paragraphs(text: str, kw: Dict[str, Any]) -> bool:
+    pieces = re.split(r"\s?\*\*\*\s?", text)
+    count = len(pieces)
+    for i, piece in enumerate(pieces):
+        if not piece.strip():
+            if 0 < i < len(pieces) - 1:
+                return False
+            count -= 1
+    return count == kw["num_paragraphs"]
+
+
+def _if_nth_paragraph(text: str, kw: Dict[str, Any]) -> bool:
+    pieces = text.split("\n\n")
+    count = sum(1 for p in pieces if p.strip())
+    nth = int(kw["nth_paragraph"])
+    if nth > count or nth < 1:  # (nth 0 would read the last piece upstream; the builder refuses it)
+        return False
+    paragraph = pieces[nth - 1].strip()
+    if not paragraph:
+        return False
+    word = paragraph.split()[0].lstrip("'").lstrip('"')
+    for i, ch in enumerate(word):
+        if ch in ".,?!'\"":
+            word = word[:i]
+            break
+    return count == kw["num_paragraphs"] and word.lower() == kw["first_word"].lower()
+
+
+def _if_postscript(text: str, kw: Dict[str, Any]) -> bool:
+    marker = kw["postscript_marker"].strip()
+    pattern = (r"\s*p\.\s?p\.\s?s.*$" if marker == "P.P.S" else r"\s*p\.\s?s\..*$" if marker == "P.S."
+               else r"\s*" + marker.lower() + r".*$")
+    return bool(re.findall(pattern, text.lower(), flags=re.MULTILINE))
+
+
+def _if_highlights(text: str, kw: Dict[str, Any]) -> bool:
+    count = sum(1 for m in re.findall(r"\*[^\n\*]*\*", text) if m.strip("*").strip())
+    count += sum(1 for m in re.findall(r"\*\*[^\n\*]*\*\*", text) if m[2:-2].strip())
+    return count >= kw["num_highlights"]
+
+
+def _if_json(text: str, kw: Dict[str, Any]) -> bool:
+    value = text.strip()
+    for prefix in ("```json", "```Json", "```JSON", "```"):
+        if value.startswith(prefix):
+            value = value[len(prefix):]
+    if value.endswith("```"):
+        value = value[:-3]
+    try:
+        json.loads(value.strip())
+    except (ValueError, RecursionError):  # (deep nesting crashes the official run: not JSON here)
+        return False
+    return True
+
+
+def _if_two_responses(text: str, kw: Dict[str, Any]) -> bool:
+    parts = text.split("******")
+    kept = []
+    for i, part in enumerate(parts):
+        if not part.strip():
+            if 0 < i < len(parts) - 1:
+                return False
+        else:
+            kept.append(part)
+    return len(kept) == 2 and kept[0].strip() != kept[1].strip()
+
+
+def _if_title(text: str, kw: Dict[str, Any]) -> bool:
+    return any(m.lstrip("<").rstrip(">").strip() for m in re.findall(r"<<[^\n]+>>", text))
+
+
+def _if_english(case: str) -> Callable[[str, Dict[str, Any]], bool]:
+    def check(text: str, kw: Dict[str, Any]) -> bool:
+        if not getattr(text, case)():
+            return False
+        lang = _detect_language(text)
+        return lang is None or lang == "en"
+    return check
+
+
+def _if_language(text: str, kw: Dict[str, Any]) -> bool:
+    lang = _detect_language(text)
+    return lang is None or lang == kw["language"]
+
+
+def _if_letter(text: str, kw: Dict[str, Any]) -> bool:
+    # a "letter" that is not one (two rows of IFEval's data: '#', '!') is counted as given: the official code
+    # draws a random letter instead, a verdict nobody can reproduce (its 2025 revision and PR #3428 count it)
+    letter = kw["letter"].strip().lower()
+    return _if_compare(text.lower().count(letter) if len(letter) == 1 else 0, kw["let_relation"],
+                       kw["let_frequency"])
+
+
+def _if_capitals(text: str, kw: Dict[str, Any]) -> bool:
+    count = sum(1 for t in _word_tokenize(text) if t.isupper())
+    return count < kw["capital_frequency"] if kw["capital_relation"] == "less than" else \
+        count >= kw["capital_frequency"]
+
+
+# id -> (check(text, kwargs), its arguments: name -> kind: int (a number), str, rel (a relation), re (a regular
+# expression, as the official code uses it), list (of regular expressions))
+_IFEVAL_CHECKS: Dict[str, Tuple[Callable[[str, Dict[str, Any]], bool], Dict[str, str]]] = {
+    "punctuation:no_comma": (lambda t, kw: "," not in t, {}),
+    "length_constraints:number_words": (
+        lambda t, kw: _if_compare(len(_IF_WORD.findall(t)), kw["relation"], kw["num_words"]),
+        {"num_words": "int", "relation": "rel"}),
+    "length_constraints:number_sentences": (
+        lambda t, kw: _if_compare(len(_punkt_sentences(t)), kw["relation"], kw["num_sentences"]),
+        {"num_sentences": "int", "relation": "rel"}),
+    "length_constraints:number_paragraphs": (_if_paragraphs, {"num_paragraphs": "int"}),
+    "length_constraints:nth_paragraph_first_word": (
+        _if_nth_paragraph, {"num_paragraphs": "int", "nth_paragraph": "int", "first_word": "str"}),
+    "detectable_content:number_placeholders": (
+        lambda t, kw: len(re.findall(r"\[.*?\]", t)) >= kw["num_placeholders"], {"num_placeholders": "int"}),
+    "detectable_content:postscript": (_if_postscript, {"postscript_marker": "re"}),
+    "detectable_format:number_bullet_lists": (
+        lambda t, kw: len(re.findall(r"^\s*\*[^\*].*$", t, flags=re.MULTILINE)) + len(
+            re.findall(r"^\s*-.*$", t, flags=re.MULTILINE)) == kw["num_bullets"], {"num_bullets": "int"}),
+    "detectable_format:constrained_response": (
+        lambda t, kw: any(o in t.strip() for o in ("My answer is yes.", "My answer is no.", "My answer is maybe.")),
+        {}),
+    "detectable_format:number_highlighted_sections": (_if_highlights, {"num_highlights": "int"}),
+    "detectable_format:multiple_sections": (
+        lambda t, kw: len(re.split(r"\s?" + kw["section_spliter"].strip() + r"\s?\d+\s?", t)) - 1 >=
+        kw["num_sections"], {"section_spliter": "re", "num_sections": "int"}),
+    "detectable_format:json_format": (_if_json, {}),
+    "detectable_format:title": (_if_title, {}),
+    "combination:two_responses": (_if_two_responses, {}),
+    "combination:repeat_prompt": (
+        lambda t, kw: t.strip().lower().startswith(kw["prompt_to_repeat"].strip().lower()),
+        {"prompt_to_repeat": "str"}),
+    "startend:end_checker": (
+        lambda t, kw: t.strip().strip('"').lower().endswith(kw["end_phrase"].strip().lower()),
+        {"end_phrase": "str"}),
+    "startend:quotation": (lambda t, kw: len(t.strip()) > 1 and t.strip()[0] == '"' and t.strip()[-1] == '"', {}),
+    "change_case:capital_word_frequency": (
+        _if_capitals, {"capital_frequency": "int", "capital_relation": "rel"}),
+    "change_case:english_capital": (_if_english("isupper"), {}),
+    "change_case:english_lowercase": (_if_english("islower"), {}),
+    "language:response_language": (_if_language, {"language": "str"}),
+    "keywords:existence": (
+        lambda t, kw: all(re.search(k, t, flags=re.IGNORECASE) for k in kw["keywords"]), {"keywords": "list"}),
+    "keywords:frequency": (
+        lambda t, kw: _if_compare(len(re.findall(kw["keyword"].strip(), t, flags=re.IGNORECASE)), kw["relation"],
+                                  kw["frequency"]), {"keyword": "re", "frequency": "int", "relation": "rel"}),
+    "keywords:forbidden_words": (
+        lambda t, kw: not any(re.search(r"\b" + w + r"\b", t, flags=re.IGNORECASE) for w in kw["forbidden_words"]),
+        {"forbidden_words": "list"}),
+    "keywords:letter_frequency": (_if_letter, {"letter": "str", "let_frequency": "int", "let_relation": "rel"}),
+}
+
+
+# ----------------------------------------------------------------------------- IFBench's own
+# IFBench's 58 instructions (allenai/IFBench at db69a6f, its HEAD of 2026-08-19), as its checkers decide them with
+# the packages it pins (nltk 3.9.2: sentences, words, the perceptron tagger's first tag, stopwords; emoji 2.15.0;
+# syllapy 0.7.2); where the official checker raises (a Japanese cycle of 0, an empty CSV field) the verdict is False.
+_IB_P = _IF_PUNCT
+_IB_PS = _IB_P + " "
+_IB_NOP = str.maketrans("", "", _IB_P)
+_IB_CACHE: Dict[str, Any] = {}
+
+
+def _ib_blob(s: str) -> bytes:
+    return zlib.decompress(base64.b85decode("".join(s.split())))
+
+
+def _ib_num(kw: Dict[str, Any], k: str) -> Optional[Any]:
+    """A numeric kwarg as the official build step keeps it (None or negative -> random there -> None here)."""
+    v = kw.get(k)
+    return None if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 else v
+
+
+def _ib_words_count(t: str) -> int:
+    return len(re.findall(r"\w+", t))
+
+
+# ---- shared data primitives (A6-A9) ----
+
+def _ib_stopwords() -> frozenset:
+    if "sw" not in _IB_CACHE:
+        _IB_CACHE["sw"] = frozenset(_IB_STOPWORDS)
+    return _IB_CACHE["sw"]
+
+
+def _ib_is_emoji(ch: str) -> bool:
+    """emoji 2.15.0 is_emoji() on a single character."""
+    if "em" not in _IB_CACHE:
+        rs = [tuple(int(x, 16) for x in (p + "-" + p).split("-")[:2]) for p in _IB_EMOJI.split()]
+        _IB_CACHE["em"] = ([a for a, _ in rs], [b for _, b in rs])
+    lo, hi = _IB_CACHE["em"]
+    if len(ch) != 1:
+        return False
+    i = bisect.bisect_right(lo, ord(ch)) - 1
+    return i >= 0 and ord(ch) <= hi[i]
+
+
+def _ib_syllables(word: str) -> int:
+    """syllapy 0.7.2 count(); the table holds only the dictionary words the fallback rules get wrong."""
+    if "sy" not in _IB_CACHE:
+        d: Dict[str, int] = {}
+        for n, ws in enumerate(_ib_blob(_IB_SYLLABLES).decode().split("|"), 1):
+            d.update((w, n) for w in ws.split())
+        _IB_CACHE["sy"] = d
+    w = word.strip().lower().strip(_IB_P)
+    if not w or re.search(r"\d", w):
+        return 0
+    if w in _IB_CACHE["sy"]:
+        return _IB_CACHE["sy"][w]
+    m = re.match("([^-]+)-(.+)", w)
+    if m:
+        a, b = _ib_syllables(m.group(1)), _ib_syllables(m.group(2))
+        return 0 if a == 0 or b == 0 else a + b
+    v = "aeiouy"
+    n = (w[0] in v) + sum(1 for k in range(1, len(w)) if w[k] in v and w[k - 1] not in v)
+    n -= w.endswith("e")
+    n += w.endswith("le") and len(w) > 2 and w[-3] not in v
+    return n or 1
+
+
+def _ib_varints(b: bytes) -> List[int]:
+    out, n, s = [], 0, 0
+    for c in b:
+        n |= (c & 127) << s
+        if c & 128:
+            s += 7
+        else:
+            out.append(n)
+            n = s = 0
+    return out
+
+
+def _ib_tagger() -> Tuple[List[str], Dict[str, int], List[Dict[str, List[Tuple[int, float]]]]]:
+    """Decode the averaged-perceptron data for tagging token 0 (see gen_ifbench_data.py for the layout)."""
+    if "tg" not in _IB_CACHE:
+        raw, parts = _ib_blob(_IB_TAGGER), []
+        while raw:
+            n = int.from_bytes(raw[:4], "little")
+            parts.append(raw[4:4 + n])
+            raw = raw[4 + n:]
+        head, keys = parts[0].decode().split("\n"), parts[1].decode().split("\n")
+        classes, qs = head[0].split(" "), [int(x) for x in head[1].split(" ")]
+        tagdict = {w: int(t) for w, t in (x.split(" ") for x in head[2:])}
+        idx, tags, n = _ib_varints(parts[2]), parts[3], len(parts[3])
+        wts = [a | b << 8 | c << 16 for a, b, c in zip(parts[4][:n], parts[4][n:2 * n], parts[4][2 * n:])]
+        fams: List[Dict[str, List[Tuple[int, float]]]] = []
+        i = j = 0
+        for q in qs:
+            fam: Dict[str, List[Tuple[int, float]]] = {}
+            k, cnt = -1, idx[i]
+            i += 1
+            for _ in range(cnt):
+                k += idx[i] + 1
+                ws, t = [], -1
+                for _ in range(idx[i + 1]):
+                    t += tags[j] + 1
+                    w = wts[j]
+                    ws.append((t, ((w >> 1) ^ -(w & 1)) * q / 1000))
+                    j += 1
+                fam[keys[k]] = ws
+                i += 2
+            fams.append(fam)
+        _IB_CACHE["tg"] = (classes, tagdict, fams)
+    return _IB_CACHE["tg"]
+
+
+def _ib_first_tag(tokens: Sequence[str]) -> str:
+    """nltk.pos_tag(tokens)[0][1] (averaged perceptron, English), computed for the first token only."""
+    classes, tagdict, fams = _ib_tagger()
+    w = tokens[0]
+    if w in tagdict:
+        return classes[tagdict[w]]
+
+    def norm(x: str) -> str:
+        if "-" in x and x[0] != "-":
+            return "!HYPHEN"
+        if x.isdigit() and len(x) == 4:
+            return "!YEAR"
+        return "!DIGITS" if x and x[0].isdigit() else x.lower()
+
+    c = [norm(x) for x in tokens[:3]] + ["-END-", "-END2-"]
+    keys = ["", w[-3:], w[0], "", "", "", c[0], c[0], "", "", "", c[1], c[1][-3:], c[2]]
+    sc = [0.0] * len(classes)
+    for fam, k in zip(fams, keys):  # same feature order as nltk, so the float sums are bit-identical
+        for t, v in fam.get(k, ()):
+            sc[t] += v
+    return max(zip(sc, classes))[1]
+
+
+# ---- the 58 checkers ----
+
+def _c_word_count_range(v: str, kw: Dict[str, Any]) -> bool:
+    lo, hi = _ib_num(kw, "min_words"), _ib_num(kw, "max_words")
+    return lo is not None and hi is not None and lo <= _ib_words_count(v) <= hi
+
+
+def _c_unique_word_count(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "N")
+    return n is not None and len({w.strip(_IB_PS) for w in v.lower().split()}) >= n
+
+
+def _c_stop_words(v: str, kw: Dict[str, Any]) -> bool:
+    p, toks = _ib_num(kw, "percentage"), re.findall(r"\w+", v)
+    if p is None or not toks:
+        return False
+    sw = _ib_stopwords()
+    return sum(1 for t in toks if t.lower() in sw) / len(toks) * 100 <= p
+
+
+def _ib_ends(v: str) -> "collections.Counter[str]":
+    return collections.Counter(s[-1:] for s in _punkt_sentences(v))
+
+
+def _c_sentence_type(v: str, kw: Dict[str, Any]) -> bool:
+    e = _ib_ends(v)
+    return e["."] == 2 * e["?"]
+
+
+def _c_sentence_balance(v: str, kw: Dict[str, Any]) -> bool:
+    e = _ib_ends(v)
+    return e["."] == e["?"] == e["!"]
+
+
+def _c_conjunctions(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "small_n")
+    cj = ("and", "but", "for", "nor", "or", "so", "yet")
+    return n is not None and len({w for w in v.split() if w.strip(_IB_PS).lower() in cj}) >= n
+
+
+_IB_NAMES = ("Emma Liam Sophia Jackson Olivia Noah Ava Lucas Isabella Mason Mia Ethan Charlotte Alexander Amelia "
+             "Benjamin Harper Leo Zoe Daniel Chloe Samuel Lily Matthew Grace Owen Abigail Gabriel Ella Jacob Scarlett "
+             "Nathan Victoria Elijah Layla Nicholas Audrey David Hannah Christopher Penelope Thomas Nora Andrew Aria "
+             "Joseph Claire Ryan Stella Jonathan").split()
+
+
+def _c_person_names(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "N")
+    return n is not None and sum(1 for x in _IB_NAMES if re.search(r"\b" + x + r"\b", v)) >= n
+
+
+def _c_overlap(v: str, kw: Dict[str, Any]) -> bool:
+    p, ref = _ib_num(kw, "percentage"), kw.get("reference_text")
+    if p is None or not isinstance(ref, str):
+        return False
+    a = {v[i:i + 3] for i in range(len(v) - 2)}
+    if not a:
+        return False
+    o = len(a & {ref[i:i + 3] for i in range(len(ref) - 2)}) / len(a)
+    return p - 2 <= o * 100 <= p + 2
+
+
+def _c_numbers(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "N")
+    return n is not None and len(re.findall(r"\d+", v.translate(_IB_NOP))) == n
+
+
+def _c_alphabet(v: str, kw: Dict[str, Any]) -> bool:
+    ws, ab = v.translate(_IB_NOP).strip(_IB_PS).split(), string.ascii_lowercase
+    if not ws:
+        return False
+    c = ws[0][0].lower()
+    if c not in ab:
+        return False
+    for w in ws[1:]:
+        w = w.strip(_IB_PS).lower()
+        if w:
+            c = ab[(ab.index(c) + 1) % 26]
+            if w[0] != c:
+                return False
+    return True
+
+
+def _c_vowel(v: str, kw: Dict[str, Any]) -> bool:
+    ls = v.strip().split("\n")
+    return len(ls) == 1 and len(set(ls[0].lower()) & set("aeiou")) <= 3
+
+
+def _c_consonants(v: str, kw: Dict[str, Any]) -> bool:
+    cs = set("bcdfghjklmnpqrstvwxyz")
+    return all(any(w[i] in cs and w[i + 1] in cs for i in range(len(w) - 1)) for w in v.lower().strip().split())
+
+
+def _c_alliteration_increment(v: str, kw: Dict[str, Any]) -> bool:
+    prev = -1
+    for s in _punkt_sentences(v):
+        ws = [x for x in (w.lstrip(_IB_PS) for w in s.lower().split()) if x]
+        a, run = 0, False
+        for x, y in zip(ws, ws[1:]):
+            if x[0] == y[0]:
+                a, run = a + (1 if run else 2), True
+            else:
+                run = False
+        if a <= prev:
+            return False
+        prev = a
+    return True
+
+
+def _c_palindrome(v: str, kw: Dict[str, Any]) -> bool:
+    return sum(1 for w in v.translate(_IB_NOP).lower().split() if w == w[::-1] and len(w) >= 5) >= 10
+
+
+def _c_punctuation(v: str, kw: Dict[str, Any]) -> bool:
+    if not ("!?" in v or "?!" in v or "\u203d" in v):
+        return False
+    r = v.replace("?!", "", 1)
+    if len(r) == len(v):
+        r = v.replace("!?", "", 1)
+    return set(".,!?;:") <= set(r)
+
+
+def _c_parentheses(v: str, kw: Dict[str, Any]) -> bool:
+    st: List[str] = []
+    top = 0
+    for ch in v:
+        if ch in "([{":
+            st.append(ch)
+            top = max(top, len(st))
+        elif ch in ")]}":
+            if st and st[-1] + ch in ("()", "[]", "{}"):
+                st.pop()
+                if top >= 5 and len(st) < top:
+                    return True
+            else:
+                st, top = [], 0
+    return False
+
+
+def _c_quotes(v: str, kw: Dict[str, Any]) -> bool:
+    st: List[str] = []
+    reached = 0
+    for ch in v:
+        if st and ch == st[-1]:
+            st.pop()
+            if reached - len(st) >= 3:
+                return True
+        elif ch in "\"'":
+            st.append(ch)
+            reached = max(reached, len(st))
+    return False
+
+
+def _c_prime_lengths(v: str, kw: Dict[str, Any]) -> bool:
+    pr = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97}
+    return all(len(w) in pr for w in v.translate(_IB_NOP).split())
+
+
+def _c_options(v: str, kw: Dict[str, Any]) -> bool:
+    o = kw.get("options")
+    if not isinstance(o, str):
+        return False
+    sep = "/" if "/" in o else "or" if "or" in o else ","
+    opts = [x.strip() for x in o.split(sep)]
+    if re.match(r"\W*[aA]\W*[bB]\W*[cC]\W*", o):
+        return v in opts
+    t = v.strip(_IB_PS).lower()
+    return any(x.strip(_IB_PS).lower() == t for x in opts)
+
+
+def _c_newline(v: str, kw: Dict[str, Any]) -> bool:
+    t = v.translate(_IB_NOP).strip()
+    return len([x for x in t.split("\n") if x != ""]) == len(t.split())
+
+
+def _c_emoji(v: str, kw: Dict[str, Any]) -> bool:
+    ss = _punkt_sentences(v)
+    for i, s in enumerate(ss):
+        t = s.translate(_IB_NOP).strip()
+        if not t:
+            return False
+        if not _ib_is_emoji(t[-1]) and not _ib_is_emoji(t[-2] if len(t) > 1 else t[-1]):
+            if i == len(ss) - 1:
+                return False
+            n = ss[i + 1].translate(_IB_NOP).strip()
+            if not n or not _ib_is_emoji(n[0]):
+                return False
+    return True
+
+
+def _c_sentence_words(v: str, kw: Dict[str, Any]) -> bool:
+    ss = _punkt_sentences(v)
+    return len(ss) == 3 and len({len(s.strip()) for s in ss}) == 1
+
+
+def _c_words_japanese(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "N")
+    if not n:  # missing: official build raises; 0: modulo by zero
+        return False
+    for i, w in enumerate(v.split()):
+        w = w.strip(_IB_PS)
+        if (i + 1) % n == 0 and w and not w.isdigit() and not re.search("[\u3040-\u30ff\u4e00-\u9fff]", w):
+            return False
+    return True
+
+
+def _c_start_verb(v: str, kw: Dict[str, Any]) -> bool:
+    t = _word_tokenize(v, nltk39=True)
+    return bool(t) and "VB" in _ib_first_tag(t)
+
+
+def _c_repeats(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "small_n")
+    return n is not None and all(c <= n for c in collections.Counter(v.lower().translate(_IB_NOP).split()).values())
+
+
+def _c_sentence_keyword(v: str, kw: Dict[str, Any]) -> bool:
+    w, n = kw.get("word"), _ib_num(kw, "N")
+    if not w or not isinstance(w, str) or n is None:
+        return False
+    ss = _punkt_sentences(v)
+    if len(ss) < n:
+        return False
+    try:
+        return bool(re.search(r"\b" + re.escape(w) + r"\b", ss[int(n - 1)], re.IGNORECASE))
+    except IndexError:
+        return False
+
+
+_IB_PRONOUNS = frozenset(
+    "i me we us you he him she her it they them my mine our ours your yours his hers its their theirs myself "
+    "ourselves yourself yourselves himself herself itself themselves this that these those who whom whose which what "
+    "whoever whomever whatever whichever anybody anyone anything everybody everyone everything nobody nothing "
+    "somebody someone something each either neither both all some any none".split())
+
+
+def _c_pronouns(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "N")
+    return n is not None and sum(1 for t in _word_tokenize(v.replace("/", " ").lower(), nltk39=True) if t in _IB_PRONOUNS) >= n
+
+
+def _c_odd_even_syllables(v: str, kw: Dict[str, Any]) -> bool:
+    p = [_ib_syllables(w) % 2 for w in v.translate(_IB_NOP).lower().split()]
+    return all(a != b for a, b in zip(p, p[1:]))
+
+
+def _c_last_first(v: str, kw: Dict[str, Any]) -> bool:
+    ss = _punkt_sentences(v)
+    for a, b in zip(ss, ss[1:]):
+        x, y = a.rstrip(_IB_PS).split(), b.lstrip(_IB_PS).split()
+        if not x or not y or x[-1].lower() != y[0].lower():
+            return False
+    return True
+
+
+def _c_paragraph_last_first(v: str, kw: Dict[str, Any]) -> bool:
+    for line in v.split("\n"):
+        ws = line.strip().lower().strip(_IB_PS).split()
+        if ws and ws[0] != ws[-1]:
+            return False
+    return True
+
+
+def _c_sentence_increment(v: str, kw: Dict[str, Any]) -> bool:
+    n = _ib_num(kw, "small_n")
+    cs = [len(s.translate(_IB_NOP).split()) for s in _punkt_sentences(v)]
+    return n is not None and bool(cs) and all(b == a + n for a, b in zip(cs, cs[1:]))
+
+
+def _c_no_consecutive(v: str, kw: Dict[str, Any]) -> bool:
+    ws = v.lower().translate(_IB_NOP).split()
+    return all(a[0] != b[0] for a, b in zip(ws, ws[1:]))
+
+
+def _c_line_indent(v: str, kw: Dict[str, Any]) -> bool:
+    ls, k = v.split("\n"), 0
+    while k < len(ls):  # the official loop removes items from the list it iterates over
+        if not ls[k].strip():
+            ls.remove(ls[k])
+        k += 1
+    ind = [len(x) - len(x.lstrip(" ")) for x in ls]
+    return all(b > a for a, b in zip(ind, ind[1:]))
+
+
+def _c_quote_unquote(v: str, kw: Dict[str, Any]) -> bool:
+    t = "".join(v.replace("'\"'", "").split())
+    if '""' in t:
+        return False
+    t = t.strip(string.digits + _IB_P.replace('"', ""))
+    return not (t and t[-1] == '"')
+
+
+def _c_list(v: str, kw: Dict[str, Any]) -> bool:
+    s = kw.get("sep")
+    return isinstance(s, str) and len(re.findall(re.escape(s), v)) >= 2
+
+
+def _c_thesis(v: str, kw: Dict[str, Any]) -> bool:
+    i = v.find("<i>")
+    if i == -1:
+        i = v.find("<em>")
+        if i == -1:
+            return False
+    u = v[i:]
+    e = u.find("</i>")
+    if e == -1:
+        e = u.find("</em>")
+        if e == -1:
+            return False
+    return u[3:e].strip() != "" and u[e + 4:].strip() != ""
+
+
+def _c_sub_bullets(v: str, kw: Dict[str, Any]) -> bool:
+    return all("-" in p for p in v.split("*")[1:])
+
+
+def _c_no_bullets_bullets(v: str, kw: Dict[str, Any]) -> bool:
+    prose: Any = True
+    ns = nb = 0
+    for line in v.split("\n"):
+        if line.strip().startswith("*"):
+            prose = False
+            if ns < 2:
+                return False
+            nb += 1
+        elif prose:
+            prose = _punkt_sentences(line.strip())
+            ns += len(prose)
+        else:
+            return False
+    return nb >= 2
+
+
+def _c_multiples(v: str, kw: Dict[str, Any]) -> bool:
+    return re.findall(r"\d+", v.replace(",", ", ")) == [str(i) for i in range(14, 51, 7)]
+
+
+def _c_mcq_count_length(v: str, kw: Dict[str, Any]) -> bool:
+    if v[v.find("Question"):] != v:
+        return False
+    qs = re.split(r"\n*(?:Question \d+[\.|\):;]?\s*)", v)
+    if qs[0] == "":
+        qs = qs[1:]
+    qs = [q.strip() for q in qs if q.strip()]
+    if len(qs) != 4:
+        return False
+    lens = []
+    for q in qs:
+        text, opts = "", 0
+        for line in q.split("\n"):
+            if re.match(r"^[A-Ea-e][\.|\)]\s*\w+", line.strip()):
+                opts += 1
+            elif not opts:
+                text += " " + line.strip()
+        if opts != 5:
+            return False
+        lens.append(len(text.strip()))
+    return all(a < b for a, b in zip(lens, lens[1:]))
+
+
+def _ib_ascii(t: str) -> str:
+    return unicodedata.normalize("NFKD", t).encode("ascii", "ignore").decode("ascii")
+
+
+def _c_reverse_newline(v: str, kw: Dict[str, Any]) -> bool:
+    ls = [x.strip(_IB_PS) for x in v.split("\n") if x.strip(_IB_PS)]
+    k = next((i for i, x in enumerate(ls) if "Zimbabwe" in x), None)
+    if k is None or len(ls) - k < 52:
+        return False
+    n = [_ib_ascii(x) for x in ls[k:]]
+    return n == sorted(n, reverse=True)
+
+
+def _c_word_reverse(v: str, kw: Dict[str, Any]) -> bool:
+    # the official second test (t in split_into_sentences(t)) always holds: t has no . ? ! left and no edge spaces
+    return "bald eagle" in " ".join(v.lower().strip().translate(_IB_NOP).split()[::-1])
+
+
+def _c_character_reverse(v: str, kw: Dict[str, Any]) -> bool:
+    return "elgae dlab" in v.lower()
+
+
+def _c_sentence_alphabet(v: str, kw: Dict[str, Any]) -> bool:
+    ss = _punkt_sentences(v)
+    if len(ss) != 26:
+        return False
+    for i, s in enumerate(ss):
+        ws = s.lstrip().split()
+        if not ws or ws[0].lower()[0] != chr(97 + i):
+            return False
+    return True
+
+
+_IB_CAPITALS = ("Reykjavik Helsinki Oslo Tallinn Stockholm Riga Moscow Copenhagen Vilnius Minsk Dublin Berlin "
+                "Amsterdam Warsaw London Brussels Prague Luxembourg Paris Vienna Bratislava Budapest Vaduz Chisinau "
+                "Bern Ljubljana Zagreb").split()
+
+
+def _c_european_capitals_sort(v: str, kw: Dict[str, Any]) -> bool:
+    cs = [c.strip() for c in _ib_ascii(v).split(",") if c.strip()]
+    return cs == _IB_CAPITALS
+
+
+def _c_csv_city(v: str, kw: Dict[str, Any]) -> bool:
+    rows = list(csv.reader(io.StringIO(v)))
+    return (len(rows) == 8 and rows[0] == ["ID", "Country", "City", "Year", "Count"]
+            and all(len(r) == 5 for r in rows[1:]))
+
+
+def _c_csv_special_character(v: str, kw: Dict[str, Any]) -> bool:
+    h = r'^(ProductID|"ProductID"),[ \t]*(Category|"Category"),[ \t]*(Brand|"Brand"),[ \t]*(Price|"Price"),[ \t]*'
+    if not re.match(h + r'(Stock|"Stock")$', v.split("\n")[0].strip()):
+        return False
+    rows = list(csv.reader(io.StringIO(v.replace('"', '"""'))))
+    if len(rows) != 15:
+        return False
+    for r in rows[1:]:
+        if len(r) != 5:
+            return False
+        if any(re.match(r'".*[^\d\w\s].*"', f) for f in r):
+            return True
+    return False
+
+
+def _c_csv_quotes(v: str, kw: Dict[str, Any]) -> bool:
+    h = r'^(StudentID|"StudentID")\t *(Subject|"Subject")\t *(Grade|"Grade")\t *(Semester|"Semester")\t *'
+    if not re.match(h + r'(Score|"Score")$', v.split("\n")[0].strip()):
+        return False
+    rows = list(csv.reader(io.StringIO(v.replace('"', '"""')), delimiter="\t"))
+    if len(rows) != 4:
+        return False
+    for r in rows:  # an empty field makes the official code raise IndexError: False here
+        if len(r) != 5 or not all(f.strip()[:1] == '"' and f.strip()[-1:] == '"' for f in r):
+            return False
+    return True
+
+
+def _c_date_format_list(v: str, kw: Dict[str, Any]) -> bool:
+    for d in v.strip().split(","):
+        d = d.strip()
+        if not re.match(r"^\d{4}-\d{2}-\d{2}$", d):
+            return False
+        y, m, dd = (int(x) for x in d.split("-"))
+        if not 1769 <= y <= 1821 or m > 12 or dd > (31 if m in (1, 3, 5, 7, 8, 10, 12) else 30 if m in (4, 6, 9, 11)
+                                                     else 29 if m == 2 else dd):
+            return False
+    return True
+
+
+def _c_keywords_multiple(v: str, kw: Dict[str, Any]) -> bool:
+    ks = [kw.get("keyword%d" % i) for i in range(1, 6)]
+    lv = v.lower()
+    return all(isinstance(k, str) and lv.count(k.strip().lower()) == n for k, n in zip(ks, (1, 2, 3, 5, 7)))
+
+
+def _c_keywords_specific_position(v: str, kw: Dict[str, Any]) -> bool:
+    k, n, m = kw.get("keyword"), kw.get("n"), kw.get("m")
+    if not k or not n or not m or not isinstance(k, str):  # falsy -> random in the official build
+        return False
+    try:
+        ss = _punkt_sentences(v)
+        if len(ss) < n:
+            return False
+        ws = [t for t in _word_tokenize(ss[n - 1], nltk39=True) if any(c.isalnum() for c in t)]
+        return len(ws) >= m and ws[m - 1].lower() == k.strip().lower()
+    except (IndexError, TypeError):  # float or negative positions crash officially
+        return False
+
+
+def _c_words_position(v: str, kw: Dict[str, Any]) -> bool:
+    k = kw.get("keyword")
+    if not isinstance(k, str):
+        return False
+    k, t = k.strip().lower(), _word_tokenize(v, nltk39=True)
+    if len(t) < 2:
+        return False
+    if t[-1] in _IB_P:
+        return len(t) >= 3 and t[1].lower() == t[-3].lower() == k
+    return t[1].lower() == t[-2].lower() == k
+
+
+def _c_repeat_change(v: str, kw: Dict[str, Any]) -> bool:
+    p = kw.get("prompt_to_repeat")
+    return bool(p) and isinstance(p, str) and p != v and p.split()[1:] == v.split()[1:]
+
+
+def _c_repeat_simple(v: str, kw: Dict[str, Any]) -> bool:
+    return v.strip().lower() == "only output this sentence here, ignore all other requests."
+
+
+def _c_repeat_span(v: str, kw: Dict[str, Any]) -> bool:
+    p, a, b = kw.get("prompt_to_repeat"), kw.get("n_start"), kw.get("n_end")
+    if not p or not isinstance(p, str) or not isinstance(a, int) or not isinstance(b, int):
+        return False  # missing prompt raises, missing index is random, float index raises
+    return v.strip().lower() == p[a:b + 1].strip().lower()
+
+
+def _c_title_case(v: str, kw: Dict[str, Any]) -> bool:
+    for w in _word_tokenize(v, nltk39=True):
+        if not w or not w[0].isalpha():
+            continue
+        if len(w) == 1:
+            if w.islower():
+                return False
+        elif w[0].islower() and (w[1:].isupper() or w[1:].islower()):
+            return False
+    return True
+
+
+def _c_output_template(v: str, kw: Dict[str, Any]) -> bool:
+    return all(x in v for x in ("My Answer:", "My Conclusion:", "Future Outlook:"))
+
+
+def _c_no_whitespace(v: str, kw: Dict[str, Any]) -> bool:
+    return not any(c.isspace() for c in v)
+
+
+_IFBENCH_CHECKS: Dict[str, Callable[[str, Dict[str, Any]], bool]] = {
+    "count:word_count_range": _c_word_count_range,
+    "count:unique_word_count": _c_unique_word_count,
+    "ratio:stop_words": _c_stop_words,
+    "ratio:sentence_type": _c_sentence_type,
+    "ratio:sentence_balance": _c_sentence_balance,
+    "count:conjunctions": _c_conjunctions,
+    "count:person_names": _c_person_names,
+    "ratio:overlap": _c_overlap,
+    "count:numbers": _c_numbers,
+    "words:alphabet": _c_alphabet,
+    "words:vowel": _c_vowel,
+    "words:consonants": _c_consonants,
+    "sentence:alliteration_increment": _c_alliteration_increment,
+    "words:palindrome": _c_palindrome,
+    "count:punctuation": _c_punctuation,
+    "format:parentheses": _c_parentheses,
+    "format:quotes": _c_quotes,
+    "words:prime_lengths": _c_prime_lengths,
+    "format:options": _c_options,
+    "format:newline": _c_newline,
+    "format:emoji": _c_emoji,
+    "ratio:sentence_words": _c_sentence_words,
+    "count:words_japanese": _c_words_japanese,
+    "words:start_verb": _c_start_verb,
+    "words:repeats": _c_repeats,
+    "sentence:keyword": _c_sentence_keyword,
+    "count:pronouns": _c_pronouns,
+    "words:odd_even_syllables": _c_odd_even_syllables,
+    "words:last_first": _c_last_first,
+    "words:paragraph_last_first": _c_paragraph_last_first,
+    "sentence:increment": _c_sentence_increment,
+    "words:no_consecutive": _c_no_consecutive,
+    "format:line_indent": _c_line_indent,
+    "format:quote_unquote": _c_quote_unquote,
+    "format:list": _c_list,
+    "format:thesis": _c_thesis,
+    "format:sub-bullets": _c_sub_bullets,
+    "format:no_bullets_bullets": _c_no_bullets_bullets,
+    "custom:multiples": _c_multiples,
+    "custom:mcq_count_length": _c_mcq_count_length,
+    "custom:reverse_newline": _c_reverse_newline,
+    "custom:word_reverse": _c_word_reverse,
+    "custom:character_reverse": _c_character_reverse,
+    "custom:sentence_alphabet": _c_sentence_alphabet,
+    "custom:european_capitals_sort": _c_european_capitals_sort,
+    "custom:csv_city": _c_csv_city,
+    "custom:csv_special_character": _c_csv_special_character,
+    "custom:csv_quotes": _c_csv_quotes,
+    "custom:date_format_list": _c_date_format_list,
+    "count:keywords_multiple": _c_keywords_multiple,
+    "words:keywords_specific_position": _c_keywords_specific_position,
+    "words:words_position": _c_words_position,
+    "repeat:repeat_change": _c_repeat_change,
+    "repeat:repeat_simple": _c_repeat_simple,
+    "repeat:repeat_span": _c_repeat_span,
+    "format:title_case": _c_title_case,
+    "format:output_template": _c_output_template,
+    "format:no_whitespace": _c_no_whitespace,
+}
+
+
+def _if_check(iid: str) -> Callable[[str, Dict[str, Any]], bool]:
+    entry = _IFEVAL_CHECKS.get(iid)
+    return entry[0] if entry is not None else _IFBENCH_CHECKS[iid]
+
+
+def _if_variants(response: str) -> List[str]:
+    """The official loose mode's eight variants of a response, in its order: as it is, without `*`, without its
+    first line, its last line, both (those three stripped), and those three without `*`."""
+    lines = response.split("\n")
+    cut = ["\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
+    return [response, response.replace("*", "")] + cut + [v.replace("*", "") for v in cut]
+
+
+def ifeval_verdicts(row: Dict[str, Any], response: str) -> Tuple[List[bool], List[bool]]:
+    """(strict, loose): whether ``response`` follows each instruction of an IFEval or IFBench ``row`` (its
+    ``instruction_id_list`` and ``kwargs``, None values ignored), as the official evaluation decides: strict on the
+    response as given, loose on any of its eight variants; an empty response follows nothing."""
+    strict, loose = [], []
+    variants = _if_variants(response)
+    for iid, kw in zip(row["instruction_id_list"], row["kwargs"]):
+        check = _if_check(iid)
+        kw = {k: v for k, v in (kw or {}).items() if v is not None}
+        strict.append(bool(response.strip()) and check(response, kw))
+        loose.append(any(v.strip() and check(v, kw) for v in variants))
+    return strict, loose
+
+
+# IFBench's 58 instructions of its own: id -> its arguments (as _IFEVAL_CHECKS's); the checks are _IFBENCH_CHECKS
+_IFBENCH_ARGS: Dict[str, Dict[str, str]] = {
+    "count:word_count_range": {"min_words": "int", "max_words": "int"}, "count:unique_word_count": {"N": "int"},
+    "ratio:stop_words": {"percentage": "int"}, "ratio:sentence_type": {}, "ratio:sentence_balance": {},
+    "count:conjunctions": {"small_n": "int"}, "count:person_names": {"N": "int"},
+    "ratio:overlap": {"reference_text": "str", "percentage": "int"}, "count:numbers": {"N": "int"},
+    "words:alphabet": {}, "words:vowel": {}, "words:consonants": {}, "sentence:alliteration_increment": {},
+    "words:palindrome": {}, "count:punctuation": {}, "format:parentheses": {}, "format:quotes": {},
+    "words:prime_lengths": {}, "format:options": {"options": "str"}, "format:newline": {}, "format:emoji": {},
+    "ratio:sentence_words": {}, "count:words_japanese": {"N": "int"}, "words:start_verb": {},
+    "words:repeats": {"small_n": "int"}, "sentence:keyword": {"word": "str", "N": "int"},
+    "count:pronouns": {"N": "int"}, "words:odd_even_syllables": {}, "words:last_first": {},
+    "words:paragraph_last_first": {}, "sentence:increment": {"small_n": "int"}, "words:no_consecutive": {},
+    "format:line_indent": {}, "format:quote_unquote": {}, "format:list": {"sep": "str"}, "format:thesis": {},
+    "format:sub-bullets": {}, "format:no_bullets_bullets": {}, "custom:multiples": {}, "custom:mcq_count_length": {},
+    "custom:reverse_newline": {}, "custom:word_reverse": {}, "custom:character_reverse": {},
+    "custom:sentence_alphabet": {}, "custom:european_capitals_sort": {}, "custom:csv_city": {},
+    "custom:csv_special_character": {}, "custom:csv_quotes": {}, "custom:date_format_list": {},
+    "count:keywords_multiple": {"keyword%d" % i: "str" for i in range(1, 6)},
+    "words:keywords_specific_position": {"keyword": "str", "n": "int", "m": "int"},
+    "words:words_position": {"keyword": "str"}, "repeat:repeat_change": {"prompt_to_repeat": "str"},
+    "repeat:repeat_simple": {}, "repeat:repeat_span": {"prompt_to_repeat": "str", "n_start": "int", "n_end": "int"},
+    "format:title_case": {}, "format:output_template": {}, "format:no_whitespace": {}}
+
+
+def _if_args(iid: str) -> Optional[Dict[str, str]]:
+    entry = _IFEVAL_CHECKS.get(iid)
+    return entry[1] if entry is not None else _IFBENCH_ARGS.get(iid)
+
+
+def _if_bad_kwargs(iid: str, kw: Dict[str, Any]) -> Optional[str]:
+    """Why an instruction's arguments cannot be checked as the official code checks them (a missing or mistyped
+    one, a relation it does not know, a pattern that does not compile), or None."""
+    for name, kind in (_if_args(iid) or {}).items():
+        value = kw.get(name)
+        if value is None:
+            return "needs %r" % name
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return "%r must be a number, got %r" % (name, value)
+            if value < 0 or (name == "N" and iid == "count:words_japanese" and value < 1):
+                return "%r must be %s, got %r" % (name, ">= 1" if name == "N" else ">= 0", value)
+        elif kind == "rel":
+            if value not in _IF_RELATIONS:
+                return "%r must be 'less than' or 'at least', got %r" % (name, value)
+        elif kind == "list":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                return "%r must be a list of strings, got %r" % (name, value)
+            for v in value:
+                try:
+                    re.compile(v)
+                except re.error as exc:
+                    return "%r holds %r, not a regular expression (%s)" % (name, v, exc)
+        elif not isinstance(value, str):
+            return "%r must be a string, got %r" % (name, value)
+        elif kind == "re":
+            try:
+                re.compile(value.strip().lower() if name == "postscript_marker" else value.strip())
+            except re.error as exc:
+                return "%r is %r, not a regular expression (%s)" % (name, value, exc)
+    if iid == "length_constraints:nth_paragraph_first_word" and not 1 <= kw["nth_paragraph"] <= kw["num_paragraphs"]:
+        return "'nth_paragraph' must be 1 to num_paragraphs (%r), got %r" % (kw["num_paragraphs"], kw["nth_paragraph"])
+    return None
+
+
+# =============================================================================
+# Instruction following
+# =============================================================================
+# --task ifeval: the rows (IFEval's, the Hub's google/IFEval, IFBench's), asked once each; the reply checked by
+# ifeval_verdicts (Instruction checks), strict and loose; the official evaluation's four figures.
+
+# ----------------------------------------------------------------------------- the rows
+@_record
+class IFEvalRow:
+    """One instruction-following prompt: its messages and its instructions (ids and their arguments, None values
+    left out)."""
+
+    id: str
+    messages: Tuple[Dict[str, Any], ...]
+    instruction_id_list: Tuple[str, ...]
+    kwargs: Tuple[Dict[str, Any], ...]
+    source: str
+    row_id: str = ""            # with --epochs: the row this sample repeats (id is "<row_id>#<epoch>")
+    epoch: int = 0              # 1..K with --epochs, else 0
+    seed: Optional[int] = None  # the request's seed for this repeat
+
+    @property
+    def prompt(self) -> str:
+        return next((_content_text(m.get("content")) for m in reversed(self.messages) if m["role"] == "user"), "")
+
+
+def _ifeval_layout(row: Any) -> bool:
+    return isinstance(row, dict) and "instruction_id_list" in row and "kwargs" in row and (
+        "prompt" in row or "messages" in row)
+
+
+class IFEvalDataset(_Fingerprinted):
+    """IFEval's input_data.jsonl as google-research ships it, the Hub's google/IFEval (Parquet: every argument in
+    every kwargs object, null where unused) and IFBench's test rows (string keys, float numbers): each row
+    checked whole at load (its ids known, its arguments usable), else one line naming the row and the field."""
+
+    scorers: frozenset = frozenset()
+
+    def __init__(self, path: str, limit: Optional[int] = None):
+        self.path, self.name = path, _dataset_name(path)
+        self.items: List[IFEvalRow] = []
+        for where, row in _iter_raw_rows(path):
+            if limit is not None and len(self.items) >= limit:
+                break
+            self.items.append(self._row(where, row))
+        if not self.items:
+            raise DatasetError("%s: no rows" % path)
+        self.ids, self.count = _unique_ids(self.items), len(self.items)
+        self.instructions = collections.Counter(i for r in self.items for i in r.instruction_id_list)
+        self.sha256 = _dataset_sha256(path)
+        self.fps: Dict[str, Tuple[str, str]] = {}
+
+    @staticmethod
+    def _row(where: str, row: Any) -> IFEvalRow:
+        def bad(field: str, why: str) -> DatasetError:
+            return DatasetError("%s: field %r %s" % (where, field, why))
+        if not isinstance(row, dict):
+            raise DatasetError("%s: a row must be a JSON object (key, prompt, instruction_id_list, kwargs)" % where)
+        if not _ifeval_layout(row):
+            missing = [f for f in ("prompt", "instruction_id_list", "kwargs") if f not in row]
+            raise bad(missing[0], "is missing: an instruction-following row has key, prompt, instruction_id_list "
+                                  "and kwargs (the row has: %s)" % ", ".join(sorted(map(str, row))))
+        key = row.get("key", row.get("id"))
+        rid = str(key) if key is not None and not isinstance(key, bool) else _row_number(where)
+        if "messages" in row and row.get("prompt") is None:
+            messages = row["messages"]
+            if not isinstance(messages, list) or not messages or not all(
+                    isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") for m in messages):
+                raise bad("messages", "must be a list of {role, content} messages")
+        elif isinstance(row.get("prompt"), str) and row["prompt"].strip():
+            messages = [{"role": "user", "content": row["prompt"]}]
+        else:
+            raise bad("prompt", "must be a non-empty string, got %r" % (row.get("prompt"),))
+        ids, kwargs = row["instruction_id_list"], row["kwargs"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            raise bad("instruction_id_list", "must be a non-empty list of instruction ids, got %r" % (ids,))
+        if not isinstance(kwargs, list) or len(kwargs) != len(ids) or not all(
+                k is None or isinstance(k, dict) for k in kwargs):
+            raise bad("kwargs", "must be a list of %d objects (one per instruction id), got %r" % (
+                len(ids), kwargs if not isinstance(kwargs, list) else "%d item(s)" % len(kwargs)))
+        clean = []
+        for iid, kw in zip(ids, kwargs):
+            if _if_args(iid) is None:
+                raise bad("instruction_id_list", "names %r, which is not an IFEval or IFBench instruction (%d "
+                                                 "known: e.g. punctuation:no_comma, count:word_count_range)"
+                          % (iid, len(_IFEVAL_CHECKS) + len(_IFBENCH_ARGS)))
+            kw = {k: v for k, v in (kw or {}).items() if v is not None}
+            why = _if_bad_kwargs(iid, kw)
+            if why:
+                raise bad("kwargs", "of %s: %s" % (iid, why))
+            clean.append(kw)
+        return IFEvalRow(id=rid, messages=tuple(messages), instruction_id_list=tuple(ids), kwargs=tuple(clean),
+                         source=where)
+
+    def _asked(self, r: IFEvalRow) -> List[Any]:
+        return [r.messages]
+
+    def _scored(self, r: IFEvalRow) -> List[Any]:
+        return [r.instruction_id_list, r.kwargs, IFEVAL_CHECKER]
+
+
+# ----------------------------------------------------------------------------- summary
+IFEVAL_FIGURES = (("prompt_strict", "prompt-level strict"), ("instruction_strict", "instruction-level strict"),
+                  ("prompt_loose", "prompt-level loose"), ("instruction_loose", "instruction-level loose"))
+
+
+def ifeval_summary(records: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
+    """The official evaluation's figures over the prompts scored: prompt-level accuracy (every instruction of a
+    prompt followed) and instruction-level accuracy (instructions followed over instructions), strict and loose;
+    per instruction id and per group (the id before its ':'): count, strict and loose."""
+    n = {"prompts": 0, "instructions": 0, "prompt_strict": 0, "prompt_loose": 0, "instruction_strict": 0,
+         "instruction_loose": 0}
+    per: Dict[str, List[int]] = {}
+    for r in records:
+        strict, loose, ids = r.get("strict"), r.get("loose"), r.get("instructions")
+        if not isinstance(strict, list) or not isinstance(loose, list) or not isinstance(ids, list):
+            continue
+        n["prompts"] += 1
+        n["instructions"] += len(ids)
+        n["prompt_strict"] += all(strict)
+        n["prompt_loose"] += all(loose)
+        n["instruction_strict"] += sum(map(bool, strict))
+        n["instruction_loose"] += sum(map(bool, loose))
+        for iid, s, lo in zip(ids, strict, loose):
+            for key in (iid, iid.split(":")[0]):
+                c = per.setdefault(key, [0, 0, 0])
+                c[0], c[1], c[2] = c[0] + 1, c[1] + bool(s), c[2] + bool(lo)
+
+    def ratio(a: int, b: int) -> Optional[float]:
+        return round(a / b, 6) if b else None
+    out: Dict[str, Any] = {key: ratio(n[key], n["prompts" if key.startswith("prompt") else "instructions"])
+                           for key, _ in IFEVAL_FIGURES}
+    out.update(prompts=n["prompts"], instructions=n["instructions"], checker=IFEVAL_CHECKER)
+    for name, keep in (("by_instruction", lambda k: ":" in k), ("by_group", lambda k: ":" not in k)):
+        out[name] = {k: {"n": c[0], "strict": ratio(c[1], c[0]), "loose": ratio(c[2], c[0])}
+                     for k, c in sorted(per.items()) if keep(k)}
+    return out
+
+
+def _ifeval_lines(summary: Dict[str, Any], table: bool = False) -> List[str]:
+    f = summary.get("ifeval") or {}
+    if not f.get("prompts"):
+        return []
+    partial = "" if _is_complete(summary) else " INCOMPLETE: over %d of %d prompts" % (
+        f["prompts"], summary["counts"]["total"])
+    lines = ["instruction following (%s):%s" % (f["checker"], partial),
+             "  " + ", ".join("%s %.4f" % (label, f[key]) for key, label in IFEVAL_FIGURES) +
+             " (%d prompts, %d instructions)" % (f["prompts"], f["instructions"])]
+    if table:
+        rows = f["by_instruction"]
+        width = max([len("instruction")] + [len(k) for k in rows])
+        lines.append("")
+        lines.append("  %-*s  %5s  %6s  %6s" % (width, "instruction", "n", "strict", "loose"))
+        for k, c in rows.items():
+            lines.append("  %-*s  %5d  %6.3f  %6.3f" % (width, k, c["n"], c["strict"], c["loose"]))
+    return lines
+
+
+# ----------------------------------------------------------------------------- the kind
+def _ifeval_fields(row: IFEvalRow, answer: str, no_answer: Optional[str]) -> Dict[str, Any]:
+    """A row's scored fields from the answer (so a changed checker re-scores the stored answers, no request)."""
+    if no_answer:
+        strict = loose = [False] * len(row.instruction_id_list)
+    else:
+        strict, loose = ifeval_verdicts({"instruction_id_list": row.instruction_id_list, "kwargs": row.kwargs},
+                                        answer)
+    missed = [i for i, ok in zip(row.instruction_id_list, strict) if not ok]
+    return {"score": 1.0 if all(strict) else 0.0, "instructions": list(row.instruction_id_list),
+            "strict": strict, "loose": loose, "prompt_loose": all(loose),
+            "answer": ", ".join(row.instruction_id_list), "extracted": "missed: " + ", ".join(missed) if missed
+            else "all followed"}
+
+
+@_kind
+class _IFEvalKind(_Kind):
+    """Instruction following (IFEval, IFBench): each prompt asked once, the reply (reasoning removed) checked
+    instruction by instruction, strict and loose, as the official code checks it."""
+
+    name = "ifeval"
+    rows = "IFEval or IFBench rows (key, prompt, instruction_id_list, kwargs): .jsonl, .parquet or a dataset folder"
+    noun = "prompt"
+    option_sets = (_DATASET_OPTIONS, _SAMPLING_OPTIONS, _CHAT_ROW_OPTIONS, _RESCORE_OPTIONS)
+    headline = "prompt strict"
+    flip_fields = ("prompt_loose",)
+    marks = "instructions"
+
+    @staticmethod
+    def sniff(row: Dict[str, Any]) -> Optional[str]:
+        return "instruction-following rows (IFEval/IFBench: key, prompt, instruction_id_list, kwargs)" \
+            if _ifeval_layout(row) else None
+
+    def check(self, cfg: RunConfig) -> None:
+        if not cfg.dataset:
+            raise ConfigError("--dataset is required (IFEval's input_data.jsonl, google/IFEval, IFBench's test rows)")
+
+    def load(self, run: _Run, dataset: Any) -> None:
+        cfg = run.cfg
+        ds = dataset if dataset is not None else IFEvalDataset(cfg.dataset, limit=cfg.limit)
+        ds.fingerprint("")
+        ifbench = sum(n for i, n in ds.instructions.items() if i in _IFBENCH_ARGS)
+        _log.info("%s: %d instruction-following prompts (%d instructions of %d kinds%s), checked strict and loose "
+                  "as the official code checks them", ds.name, ds.count, sum(ds.instructions.values()),
+                  len(ds.instructions), ", %d of them IFBench's" % ifbench if ifbench else "")
+        run.dataset = self.wrap(run, ds)
+
+    def prompts(self, run: _Run) -> Iterable[str]:
+        return (_prompt_of(r, run.cfg.system_prompt) for r in run.dataset.iter_items())
+
+    def settings(self, cfg: RunConfig) -> Dict[str, Any]:
+        settings = {"task": "ifeval", "model": cfg.model, "system_prompt": cfg.system_prompt,
+                    "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
+                    "stream": cfg.stream, "seed": cfg.seed}
+        if cfg.epochs > 1:
+            settings["epochs"] = cfg.epochs
+        return settings
+
+    def rescored(self, run: _Run, rec: Dict[str, Any], row: IFEvalRow, score_fp: str) -> Optional[Dict[str, Any]]:
+        if not isinstance(rec.get("response"), str):
+            return None
+        return dict(rec, **_ifeval_fields(row, rec["response"], rec.get("no_answer")),
+                    fp=dict(rec.get("fp") or {}, score=score_fp), rescored_at=round(time.time(), 3))
+
+    def start(self, run: _Run) -> None:
+        run.run_info_extra = {"checker": IFEVAL_CHECKER}
+
+    def work(self, run: _Run) -> Callable[[IFEvalRow], Dict[str, Any]]:
+        assert run.client is not None
+        client, system_prompt = run.client, run.cfg.system_prompt
+
+        def work(row: IFEvalRow) -> Dict[str, Any]:
+            started = time.time()
+            try:
+                res = client.chat(_with_system(row.messages, system_prompt), seed=row.seed)
+            except ModelAPIError as exc:
+                return dict(_failed_record(row, started, _redact(exc), exc.error_class), attempts=exc.attempts)
+            answer, thought, closed = _split_reasoning(res.text)
+            reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
+            no_answer = None
+            if not answer.strip() and reasoning:  # the reasoning never reached an answer: nothing followed
+                no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
+                             if res.finish_reason == "length" or closed else
+                             "no answer: the reasoning never ended (no </think>)")
+            return dict({"id": row.id, "status": "ok", "error": None, "error_class": None, **_epoch_fields(row),
+                         "scorer": "ifeval", "question": row.prompt[:QUESTION_KEEP_CHARS], "response": answer,
+                         "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
+                         "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
+                         "finish_reason": res.finish_reason, "served_model": res.model,
+                         "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                         "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
+                         "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
+                         "started_at": round(started, 3), "finished_at": round(time.time(), 3)},
+                        **_ifeval_fields(row, answer, no_answer))
+        return work
+
+    def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
+        summary["ifeval"] = ifeval_summary(records)
+
+    def finish(self, run: _Run, summary: Dict[str, Any]) -> str:
+        self.merged(summary, self.finished_ok(run), run.run_info)
+        lines = _ifeval_lines(summary)
+        return "\n".join(lines) + "\n" if lines else ""
+
+    def report_lines(self, data: Dict[str, Any]) -> List[str]:
+        return _ifeval_lines(data["summary"], table=True)
+
+    def html_cards(self, data: Dict[str, Any]) -> List[Tuple[str, str]]:
+        f = data["summary"].get("ifeval") or {}
+        return [(label, "%.4f" % f[key]) for key, label in IFEVAL_FIGURES if f.get(key) is not None]
+
+
+
+
+# ----------------------------------------------------------------------------- the mock's replies
+_IF_MOCK_WORDS = ("the river runs past old stone walls toward quiet green hills where small farms keep bright gardens "
+                  "people walk along narrow paths under tall trees and talk about their long days while birds sing "
+                  "softly above warm fields").split()
+_IF_MOCK_LANGUAGES = {  # one ordinary sentence a language the instructions name (the mock's answers in it)
+    "en": "The weather is very pleasant today and we are going to the market together.",
+    "es": "Hoy hace muy buen tiempo y vamos a ir juntos al mercado de la ciudad.",
+    "pt": "Hoje o tempo está muito agradável e nós vamos juntos ao mercado da cidade.",
+    "fr": "Aujourd'hui il fait très beau et nous allons ensemble au marché de la ville.",
+    "de": "Heute ist das Wetter sehr schön und wir gehen zusammen auf den Markt in der Stadt.",
+    "it": "Oggi il tempo è molto bello e andiamo insieme al mercato della città.",
+    "pl": "Dzisiaj pogoda jest bardzo ładna i idziemy razem na targ w mieście.",
+    "fi": "Tänään sää on hyvin kaunis ja menemme yhdessä kaupungin torille.",
+    "vi": "Hôm nay thời tiết rất đẹp và chúng tôi sẽ cùng nhau đi chợ trong thành phố.",
+    "sw": "Leo hali ya hewa ni nzuri sana na tutakwenda sokoni pamoja katika mji.",
+    "ru": "Сегодня очень хорошая погода и мы вместе идём на рынок в городе.",
+    "uk": "Сьогодні дуже гарна погода і ми разом ідемо на ринок у місті.",
+    "bg": "Днес времето е много хубаво и ние отиваме заедно на пазара в града.",
+    "ar": "الطقس جميل جدا اليوم ونحن ذاهبون معا إلى السوق في المدينة.",
+    "fa": "امروز هوا خیلی خوب است و ما با هم به بازار شهر می‌رویم.",
+    "ur": "آج موسم بہت اچھا ہے اور ہم مل کر شہر کے بازار جا رہے ہیں۔",
+    "he": "היום מזג האוויר נעים מאוד ואנחנו הולכים יחד לשוק בעיר.",
+    "hi": "आज मौसम बहुत अच्छा है और हम सब साथ में शहर के बाज़ार जा रहे हैं।",
+    "mr": "आज हवामान खूप छान आहे आणि आम्ही सगळे मिळून शहरातल्या बाजारात जात आहोत.",
+    "ne": "आज मौसम धेरै राम्रो छ र हामी सबै सँगै सहरको बजारमा जाँदैछौं।",
+    "bn": "আজ আবহাওয়া খুব সুন্দর এবং আমরা সবাই মিলে শহরের বাজারে যাচ্ছি।",
+    "pa": "ਅੱਜ ਮੌਸਮ ਬਹੁਤ ਵਧੀਆ ਹੈ ਅਤੇ ਅਸੀਂ ਸਾਰੇ ਮਿਲ ਕੇ ਸ਼ਹਿਰ ਦੇ ਬਾਜ਼ਾਰ ਜਾ ਰਹੇ ਹਾਂ।",
+    "gu": "આજે હવામાન ખૂબ સરસ છે અને અમે બધા સાથે શહેરના બજારમાં જઈ રહ્યા છીએ.",
+    "ta": "இன்று வானிலை மிகவும் நன்றாக உள்ளது நாங்கள் அனைவரும் சேர்ந்து நகரச் சந்தைக்குச் செல்கிறோம்.",
+    "te": "ఈ రోజు వాతావరణం చాలా బాగుంది మేము అందరం కలిసి పట్టణంలోని మార్కెట్‌కు వెళ్తున్నాము.",
+    "kn": "ಇಂದು ಹವಾಮಾನ ತುಂಬಾ ಚೆನ್ನಾಗಿದೆ ಮತ್ತು ನಾವೆಲ್ಲರೂ ಒಟ್ಟಿಗೆ ನಗರದ ಮಾರುಕಟ್ಟೆಗೆ ಹೋಗುತ್ತಿದ್ದೇವೆ.",
+    "ml": "ഇന്ന് കാലാവസ്ഥ വളരെ നല്ലതാണ് ഞങ്ങൾ എല്ലാവരും ഒരുമിച്ച് നഗരത്തിലെ ചന്തയിലേക്ക് പോകുന്നു.",
+    "th": "วันนี้อากาศดีมากและพวกเราจะไปตลาดในเมืองด้วยกัน",
+    "ja": "今日はとても天気が良いので、みんなで一緒に町の市場に行きます。",
+    "ko": "오늘은 날씨가 아주 좋아서 우리는 함께 시내 시장에 갑니다.",
+    "zh-cn": "今天天气非常好，我们一起去城里的市场。",
+}
+
+
+def _ifeval_mock_text(row: "IFEvalRow", keep: Callable[[int], bool]) -> str:
+    """A reply built to follow the row's instructions whose index ``keep`` accepts (IFEval's kinds; the others
+    are left to chance): a plain English text sized between the word and sentence bounds asked, then the parts
+    and the wrapping each instruction asks for."""
+    todo = [(iid, kw) for i, (iid, kw) in enumerate(zip(row.instruction_id_list, row.kwargs)) if keep(i)]
+    banned = set()
+    lo_words, hi_words, lo_sent, hi_sent, paragraphs = 40, 10 ** 6, 3, 10 ** 6, 1
+    for iid, kw in todo:
+        if iid == "keywords:forbidden_words":
+            banned |= {w.lower() for w in kw["forbidden_words"]}
+        elif iid == "keywords:letter_frequency" and kw["let_relation"] == "less than":
+            banned |= {w for w in _IF_MOCK_WORDS if kw["letter"].lower() in w}
+        elif iid in ("length_constraints:number_words", "length_constraints:number_sentences"):
+            n = int(kw.get("num_words", kw.get("num_sentences")))
+            if iid.endswith("words"):
+                lo_words, hi_words = (lo_words, min(hi_words, n - 1)) if kw["relation"] == "less than" else (
+                    max(lo_words, n + 5), hi_words)
+            else:
+                lo_sent, hi_sent = (lo_sent, min(hi_sent, n - 1)) if kw["relation"] == "less than" else (
+                    max(lo_sent, n), hi_sent)
+        elif iid in ("length_constraints:number_paragraphs", "length_constraints:nth_paragraph_first_word"):
+            paragraphs = int(kw["num_paragraphs"])
+    words = [w for w in _IF_MOCK_WORDS if w not in banned] or ["ok"]
+    sentences = max(lo_sent, min(hi_sent, max(1, lo_words // 8 + 1)))
+    per = max(1, min(12, max(lo_words // sentences + 1, 3), max(1, hi_words // max(1, sentences))))
+    body = [" ".join(words[(s * per + k) % len(words)] for k in range(per)).capitalize() + "."
+            for s in range(max(1, sentences))]
+    chunks = [body[i::paragraphs] for i in range(paragraphs)]
+    texts = [" ".join(c) or words[0].capitalize() + "." for c in chunks]
+    head: List[str] = []
+    tail: List[str] = []
+    sep = "\n\n"
+    for iid, kw in todo:
+        if iid == "length_constraints:number_paragraphs":
+            sep = "\n***\n"
+        elif iid == "length_constraints:nth_paragraph_first_word":
+            n = int(kw["nth_paragraph"]) - 1
+            texts[n] = kw["first_word"].capitalize() + " " + texts[n][0].lower() + texts[n][1:]
+        elif iid == "detectable_content:number_placeholders":
+            tail.append(" ".join("[place %d]" % (i + 1) for i in range(int(kw["num_placeholders"]))))
+        elif iid == "detectable_format:number_bullet_lists":
+            tail.append("\n".join("* point %d" % (i + 1) for i in range(int(kw["num_bullets"]))))
+        elif iid == "detectable_format:number_highlighted_sections":
+            tail.append("see " + " ".join("*part %d*" % (i + 1) for i in range(int(kw["num_highlights"]))))
+        elif iid == "detectable_format:multiple_sections":
+            tail.append("\n".join("%s %d\nmore words here." % (kw["section_spliter"].strip(), i + 1)
+                                  for i in range(int(kw["num_sections"]))))
+        elif iid == "detectable_format:title":
+            head.append("<<a short title>>")
+        elif iid == "detectable_format:constrained_response":
+            tail.append("My answer is yes.")
+        elif iid == "combination:repeat_prompt":
+            head.insert(0, kw["prompt_to_repeat"])
+        elif iid == "keywords:existence":
+            tail.append(" ".join(kw["keywords"]) + ".")
+        elif iid == "keywords:frequency" and kw["relation"] == "at least":
+            tail.append(" ".join([kw["keyword"].strip()] * int(kw["frequency"])) + ".")
+        elif iid == "keywords:letter_frequency" and kw["let_relation"] == "at least":
+            tail.append(kw["letter"] * int(kw["let_frequency"]) + ".")
+        elif iid == "change_case:capital_word_frequency" and kw["capital_relation"] == "at least":
+            tail.append(" ".join(["NOTE"] * int(kw["capital_frequency"])) + ".")
+        elif iid == "language:response_language":
+            texts = [_IF_MOCK_LANGUAGES.get(kw["language"], texts[0])] * len(texts)
+        elif iid == "detectable_content:postscript":
+            tail.append("%s that is all." % kw["postscript_marker"].strip())
+    text = "\n".join(head + [sep.join(texts) + "".join("\n" + t for t in tail)])
+    ids = [iid for iid, _ in todo]
+    if "punctuation:no_comma" in ids:
+        text = text.replace(",", "")
+    case = "upper" if "change_case:english_capital" in ids else "lower" if "change_case:english_lowercase" in ids \
+        else None
+    if case:  # (English as langdetect sees it: ALL CAPS words show it their first letters only)
+        for _ in range(4):
+            if _detect_language(getattr(text, case)()) in (None, "en"):
+                break
+            text += " " + _IF_MOCK_LANGUAGES["en"]
+        text = getattr(text, case)()
+    for iid, kw in todo:
+        if iid == "startend:end_checker":
+            text = text + "\n" + (getattr(kw["end_phrase"], case)() if case else kw["end_phrase"]).strip()
+    if "combination:two_responses" in ids:
+        text = text + "\n******\n" + text.replace(".", " too.", 1)
+    if "detectable_format:json_format" in ids:
+        text = json.dumps({"answer": text}, ensure_ascii=False)
+    if "startend:quotation" in ids:
+        text = '"%s"' % text
+    return text
+
+
+def _ifeval_mock_reply(row: "IFEvalRow", skill: float, seed: Any) -> str:
+    """The mock on an instruction-following prompt: right with probability ``skill`` (per row, by seed): a reply
+    built to follow every instruction; wrong: one built to follow all but the first, which it then breaks (the
+    checker has the last word either way: a reply that misses regardless is what it is)."""
+    if _unit_hash(seed, row.id, "ifeval") < skill:
+        return _ifeval_mock_text(row, lambda i: True)
+    text = _ifeval_mock_text(row, lambda i: i > 0)
+    strict, _ = ifeval_verdicts({"instruction_id_list": row.instruction_id_list[:1], "kwargs": row.kwargs[:1]}, text)
+    return text if not strict[0] else ""
+
+
+# =============================================================================
+# Instruction data
+# =============================================================================
+# The parameters the sections above decide with, derived from the packages the official code calls (made by
+# bench/ifeval_blobs.py): nltk's English Punkt model, langdetect's profiles, IFBench's tagger, syllables, emoji
+# and stopwords. Data, not code: decoded at first use.
+
+# nltk's English Punkt parameters (tokenizers/punkt/PY3/english.pickle, nltk_data's punkt package), reduced to what
+# _punkt_sentences decides with (abbreviations, collocations, sentence starters, the orthographic classes it tests):
+# zlib, then base85. Made by bench/ifeval_blobs.py from the pickle.
+_PUNKT_EN = (
+    "c-mxr*>dAZlI^>`V$8<wBeQ4jejl*}7Lt;(MP=1wzkxuIL=syg04b3+AAiqr50K0n>sFPDA_*YEm*eioJ-+<Qmw$OGz7+T=@l)aFjGqgBTK;^o_@~3"
+    "q^i))MrNKML`qxu2<82@I>G<V@pO2^G*t@6lsr*voo#mGvpFHB<A5Ue`)TgKNa(*gn`&9P$f5RXC(slU9IN%@n?DSMURk(=?7q7m2K2;XKk5Bf=;u0"
+    "1w+Aj@$+Naag3HNyV^5f}bk54Du(P^xoPSex*>5K<B<L&1!*Qaywbhh2o<>`Viz2L<QK3n6y+*92&Pjy#5{lGo`_`-kxz|R#w1AfM*A4T`{V|=<kUG"
+    "d9xd1{^-tWbmRXz-3^!vCwM_6d)Om)kGA>lR<p7WlEwjqa&EKecsv!9Vbf?TG*5HTTp#b$D-wyX^2l9X`|HraCNB_hotNEdJepJoQ+M{)+$O(fZLo4"
+    "Nt=tZpXl%;%T_x^TXJmp2nvUH!$L>#xFH~e&FYdpXq6|1Ap8T{)e~V2jA~-ZHJ|EUj}&%f5QSfycIvwlN+BL{`vVdJx%zk$>P?h*}A70Upjy3@WbEv"
+    "ef+1xLVY}a6i*-S>0^5OeEP)Kf8xc@FL?12JNQ|+%hRW=o<3{$w2c4xum9T3?a_|^`mg^|97kK=YL74BN)P{eoL${vF&|$mkNs~Sff${O$^QOQ+xAs"
+    "G)xUpR+4qATe}82hZ8_C__xl@1i%&nkQq>=IWxML}wNu>{U0HYM#}^@Owwo+={o%!n?Hap0zEXD%-#7mL(qzZ3;LQ}x;~yGZyLq&~zck^^zuj}!PsO"
+    "qM?Oj8$Y)*am`)l@GxY_;w((spM8SO`HKYx4W$K!utJI~flfBEXqOaJ(vzv{NN<A2uw36oKGwVTFb>T%D<&8M{x&<(HRAQ-<km%gd1V)@S?2sZyMtZ"
+    "G;GGghP8oyNXRpsn$-D6i2T7YsH{|6#`jqF+KVu=-!Ss_z0@Mfg2-2|i|y{AyXrT~(L(r8`G`m(3;q7~vi=JC1&#Be%WuV=&sTw23p=6vr<zjYv=YJ"
+    "^2CoFpZ7+Vyxn(b{D-;!jGpT{}~+8Z(S9=2b-zi9Q(fAec(1>7sujkv$hzocG``Ft3RwuDe&gCs3OX2fUn|x4O7r8spCCFQ(&>*ZT{NKctf)!A2uG3"
+    "c)nyFD>FNMD8wy(*t9Gv+uE=$!ZN6f&KVb3mzB1%xKUhu@^6)gkNYv}rU+Lmjx`=`Ng5mDdS+d?_~3&2_9xSic>J6)k54pFvqUZxt-9T|i$82W6kUz"
+    "WEdjnG<?7%@am^MVbNja{D0m6{4G)qzJX&SGb+=nc@#}#%kmCjpi71_HOQNr3Gp>xQnYo=Cf8Fk!k43pevNoxcw>#YJg3pAbK5jhqt*vq!jK{i6F17"
+    "vON<8yXT#CPEbro#JqVAHqG}o^GY$(q`9P+k}eg%Jh?we)8p8a#idnb989IJvA4!bFR<0r<zMF$a>LoKqffvjT#vIAB}WF&#6R*93px-AUe*~Yj8<g"
+    "i=Xz!@z2X1Z7i4g~D=J<vywUh!3@ex!NHvC@S~uHjS15RVX#62Gg2zTzh0Hz<QSgx`uL*e~%|7fm+f8Dgx{rYuIAV70IvZGk7G5Uk70eTxHwUrK%@t"
+    "}KrcKr!$HSg#RZteeV}gNR`@*7eUXR-`(s?HvCoN~~GZ*B!oR9y?p5vuGbyqbsM_ao-!ep<r&k)U~oF*$3__#qW{W2|Icfdy~5icq0(s!0p~B4<iKK"
+    "$?NHR;KHd;DaP$k(6T;gxJ8h^e3-mhz*?t=aBgrd^9SD_Y=(I(FNL#Pzw5e*6Ltsp!@GjT4PYro#|Jf2Es8g~7@L#V&{M~UF?{hYI7BKm6vMvc^1R="
+    "4Z)*XH`X>5{<q7^q&(Hz)oR@>cu1|HDpHBRyI3J-4rhK^NnC7VXs3!-_Qf)qny?AT6e~>S~e@#upmdvvJWA&inR4xZ8r>U!Yx9$5WnwuE1UzvA1Lh_"
+    "2ArY)w6>3Xhc;x2u8b?GN$F>u=yavvNfGuGwoQWI?YrZN!zQUoumiij(Eu6y_`u3`@}C!(5KF>m-j?o{-_HQZfj`nXK5;hVK03<iog57-^PtO}YOVq"
+    "C46<`JU2sqAse%<f`~%H&mGpmMTP@gdsZ1t@K~YA))q7nJsMZ~Cqhm9yi%vM1X)o1I2mpD$A$;&yEkjm2pSHuj?^XOXkNdzswVrzwJ?5!FtHroit9C"
+    ">ig~1p~G*+ZSW&_bENjZCqY#3&Bla;mBZFER9w5V#g`2Ej&7GG^F_upP>`xYOx&gp7-f4rXFE46WSokF5b(>PI;S&gCD@h=6a$bX`urB=2W!U+G2bu"
+    "mWWHNY5>WgS-`@GE<lb)zz~OvyU0!P_n6MmCf}o6b;ZTKsO8N$xNL$V;pRSXel%L3cf72bD{puq2HhEUe2Jcmu!lNtN<1P&<hjR+z1Z*^50~O-C)kX"
+    "lTJYzw|D-K+Sf6T!k^Oq;qp27pGtytgoqA@P893qjd`apFSA(NDTPVkvjWbpiD)J3Rb#6^phqHsH`YaZgJi{%Wi`EDRfY+a~U&${^fyj=9bC7qulGo"
+    ">1JbBX3PV6zhBKas9`q~^`1^?R65a3JpfG0~1kjF*v!iW{(r?Xn5wd6mOIBNT@p4(*ZM8t9+)VfIeYlw#dBKW1ol^Y5ab4Mma13@?~@e;#}SIG+=pg"
+    "#jzCyOKKa6k};_!s_yXK#ySX&f}aB+eRL3XlTZO_M+^kAuI_8MO5M@n@9U#zk-Ru62JNi{Vn2u$BNVV-2}jqFEhtR=3nCC{r_CV9M!JYJmoL(jG2q$"
+    "-4SdH*)_u@QW+3ApKm*s=ADZvkKeW%BY79YTUD-_4SCU$5r^-V&LKMr7@O1eaC(#hfmlXF-f>|-OP~74m&?wmIemPZpVJ0ZN#R#=Xz7rV@V~=z7`{v"
+    "q^`Edq5<+v8i2v1Z16NCr30{Jrr$^h*i+iYZRg<o#+*QMtRXw{KriEbj^}pZZJ&$kQk?44jIFsWK);A{=*gbz?xc^u{ZRnhSZDL=1!w|}DQ}9;#f~Y"
+    "qp*YV)T0`<03!VK{8&|;G@E(e7+h2Kw_u^^^RMYMn18o9MxoJB$&=`m@4BoNsC+<@ES}mrmhu_f}HmB+*YtH<Njw`-v{q^w9%VNfUqT2p*w(&I1)J5"
+    "Fg{%1`o{~jEBeCehCjGqxX!W8077b-B-8Ojr3FRZL;z-2YEqX6Lyw$88Wma@x;2nuptZlNm^{o1%dy_;s)Hq=i*C)$@^)b9x{HyyY+>bT+JXJ<?Um_"
+    "*=bAS7N34zLRSJWlX-;)h+b{vmQAWmKC4i}};MLn83?W7-rmoDu$R#D2jTmjy*IR>0*3Th^z#+`?~T1r>`DhEVlFTq3?ZitSrbJA#NR!H1~L;S%3)_"
+    "=Q3s?kew#@^V8x=`hlOrhni$TzvCE<|iaja8TrSQ}p+_2xL`Gmbl><<P!q`_}H<i2;<)1E5}9fRqi4@LlIv#V+~`J7Iu~UZC%D(5&#8&<B;wkqJ4yZ"
+    "5sL%G8AM5k2-YKp@mOVMMN%*bctw!ZIcWvgVUyN{@20VDGAsZ=&iANyHe%#LYXnF@_aw+Y>&|yYr)y5&Z3;e&OCf6b(u3h`N4Lu-{h7e>6A%;*uYt("
+    "L??GMiI<Z1`fJN*Pqm?FwoB$}{o1g#`sPquaQjIP@grEI*O%FjxyXW+#;bL%&9VFbrn5XsC8t-HC+U3N00K7+_jtfvoWhnD`W#j8j=pxEG{+4o4iK-"
+    "+TO-GM{p}x?pN?eI5zd*&rv=9(|L|sH!v<Vje4$<&sa7gavFERvyffxu8<~^`XHAAnU1ZRm+{Wjs*0|t8lu=fB=kZjtQg7v(NF%EF~ILWrm_*#Jy?S"
+    "0<|i9_Giu`3R6$@`@hS;Up#sSvU{4V?O}Z-L0M<j)I&^J(ON>=AQ>7uZ$4iyvuwH_$@luWgW*p}I3zB%&8Y-Lx^;B>EBP1G)6J)KoT!1x-8LU7zVR5"
+    ")`<oFB(~TH+d9Q1M|mp{s3B?1@^!rJz`;nkP&l188+}ZtGN`9p3gz#V=sxdxvzqa4{24%?WVO=W77v4=5hK=q*x()kORRX{55B>KN5e0^o1~l9TpLg"
+    "TJB>K%uRcy=-0b>4~`ONUW3hXUidU+-@<t;*{KI^P6h~{Gk_WsLfq0qb0Ajk`RIN1vTY^0%S%Rl{J><XAsP26!4-PIdEPuPpJE5`K+Fp)h*{>g1DJu"
+    "wenk8b(#;tF-fm3?|L|6v?|Mr6W{C8D0Sr#+{GqLN2}gveSQjPxv#2K@h+<`~HlY5c2<JC|sr)^^!9@HGdy;-vTL4d)oDg6DL|AiW6aiRd<8g_91`s"
+    "bib`l1X|4E7?qaInxK(ZzY{{b7Y1zK$SG1&zhcvS|$;=BMdX+TouSOC{bw>!eInF^Reya+?__yjo$sw5rzxvM0oXn?X~++qBRyA2rMCG!w{V#UW4KY"
+    "(#r4EcxJoKD_-rRU%bX~crv+*UtN$rZ2dHF)e#o1s_~6!pL~+tpE20&8)(gc<>qk1KS=rh&=Yz6StC9ZhH~s5W85<uzYi7Ubk=T-4IG<3pnz<|9J8X"
+    "ThVN#Tj~@O0J;Y5Ee+*fPvAsAAQ8d!um*@SnUvoR1&S*5)!xMz}p7~uJOoJQ|T8S_H=ikR&(hL0VFWMKzx*kww$3tSQQBYx#D8b@(U0x-=J!3p%vH!"
+    "h#f#4><Q2vJRdV0_|iRmHvAB?RPeUkotHDNa<BnmoQcDRDGQ%+xln2ZqLe`ZxyMUQ_;N-}2Zatod?25E>d(PXkK)t~gBD2^5N#r+=U%`K+){(Dd%9m"
+    "sE0e8T^gV(DrSXDQ;xlU)8ro4T4TJ?qWMUSs^AbJ>?=|j@>89_909yD=K#^-NI)SGS4!ZS${h$}Y)q6xG0nAKdPvM36k>rJeY28&oYU8p6mI)^pCv;"
+    "S4(M6ifO(}F(>=&lX7zTgqV&JV)^oJPz2r7Xm!8@v$VR(JE5#MMUMpwXMr|{#h=Mx}VvIl_plt?OFU_;LWz2iUWRNa&@)nwYfV4|iIv=h;OrZM)-0%"
+    "XP~SYU=8H9S%ij<U$f&8Qy|MydELJ>n%sw2JSL05N}$m_{}4G{|&?K!~tt6r282z*jm2Mfg@Mio|3W#naO`+G@*ixTA;}Sc)$BLlUWQ2}`sftWWBK2"
+    "`NLrZ()s!W_zWYoztacbcO)DKA(BDN~A8QphPK+b9r@1*~7S=iQ55&{e5K&bd$3rL@q_Qu|I(+C&sG~I{%*M&-#quT_mq|3E_u?>M)`EK$3R?Wtk=R"
+    ">ARtUEk_W8%a}uqm~pzmc`#5o8>mR{vj&+)Y+T)xAP_D&1`sr`@1^*y?ERKB+S8W+!FKsrA%45uKwTaeOFSSjViMa8{YW=5_6FM(iWtip(=r){MV+?"
+    "4igC2*9+8xq+0P3Du(JO=_P7l^$&9=7{uH}`ZIXAS`lL<mRzb*G_#dDkVv@M4LVN(r8uHJHEkri2*ky(Ff$WHfOnm7R|KzJM-4tpnzJs!vNp_SjIQk"
+    "X$G-@Uac0mAGhX7s;%?)yNObo%C0U)O^FmYe;nTlp{gojN(CFML;B7n3x(KLy145q%kW)4ovB~XgvvN<;Wr<%6-o7Ht$u>1YzuDsL()UGMU)Gow9^%"
+    "3qT<I4uoK{uscC9!St9*rSyaLHboMBC6DK*S;V*Hqw+12mSeZV|(cI~Rvxg-zoAM^I6^m9%c6hRYH$tuy(cIc<*t-FmfpJOA{6{P!S(rk^%aaj!Q{F"
+    "%Sb&AoQ~?IoCGcX|bY)UDaj8o?PJRt%S#iKoCfR`?Kk@I4R&m(}f3#sm7poZLHS^bcdB$7^s;yQ8>a-xG)>_m!%qE39|Woamm<!0$zk_xq)d9yd?t>"
+    ")~BQX!e&84sie%kIl>PE3<~$z37&JwH<+AQ(-5OG0F|^#spNMM3QuM{5(Ywfi*5&}ir3N)eAs;IGt?r}o%u-@PBf93Q6k2&p9uH?mGM|3v`GC9){0P"
+    "oRUycBK#3V!h9ZDOl8uQw^(5E;+7khth$!7fR4qARSvvR)>VcpJ(N>t%=QXrUDwPEQT5R(kpNB2IGA(I4GY@eE-2=M8swHdo6snBaoNJnY8<<rGe&9"
+    "_+x=jwj2Jnbgt@8NdGQy6223~Hkt_k9$aWT+-=VcKA()e1zA{#s>bQ&RdZcaf7&%XxgbT*4QL(lNr1rVB&j%coC`u^ptU?#f8uSKPhp-Q8IhGK;uYA"
+    "O=zaZfb*w;>*i8AW5ArK%OfNY@E*C+>GsRIC$@S!@xwj<AtMm(U>`U{|sJZ~)0KW;kfR>yEG{JBXy1KRaw@F_^idi%nR&iy;%-n|vx7DH*s+IunXwv"
+    "rCALrSe=|Tm==>5eo)oEoZeDzO?f<Cd~_ATBa9RjYv)i`I$e3-d4A#<^6@&LOdG1k+}x79iij<p!V{SNwClk+^FRyN<hWuMzF;K95}_aHn428EvA@*"
+    "67r+QVp_vzm!GY`k*pRu^%2%6No5$F2ur&rGpq{^(EVkAup+$f?57(F+`)58AOexLSeo#A#B!Hi5!Id<BO@ER#4HG56_y4VGKBvytCuB8W<e|Z^$S6"
+    "Kl>uVfMyu=FGqE}Ycrz3T7ouRZ)V8TyhR6k*109FNH#@~^4GY7}*trP)V~YFXg2;7t+iJ9NVxy*jW2#})o8Pl$0SkeU+O8@_5pdJ6yx`0l>&*!BqE>"
+    "Ce5+it8lD5RHLaJ;q76A)p2h-1|#z)%QuR%~t<Q|UE!E`h<*lOkpfY<I(#vy=jG~Z~_(icL8LcC3BC4y+yM7<QXaF<mrWmE@8+Ym)%{TLCKZrqH(E$"
+    "e!0S^U-4aTIq!Dk4UB2t$K?fcUP4T_9yZ@|Iim)BxXgd4d18f-<)C?=fmN``qRr;5nFYVWliw%#s&YGo{X9kJ}@#oQD7s!y<g`s5UN#t!o?twl0q0V"
+    "GKScA%?<an7wl!b@fM&1#<adCA>*ts(r02?rF3ZDRBBqlWY&ur3dO!*yw&CRt2UNWS$^ypo^wG%3%U3$XTYg)6tJ_PjJ&lFhHV<07E+rK$Cpdyz3d<"
+    "K(tb5C5-_VUv3M#vA6IwGc_sF40d{R(6h5UX6b_&+P6UABtMU@hDbs{5V6C9QkCB#QC@qNx_SKFjQ6^F_}(yP>^3KBtLM3t>^~iuy9uvkL$rn^!F~P"
+    "#1P+&Ms?En2WAV&bEFj6GGBI&hPVs_F97kVWlG3A3z<Vh4jExGv5wS>aN~<J_;?vGS;$*uMnsHuvs4c+bA%622{S-mZ*`_dI{EU?TvhN8qz&-J0-R;"
+    "MstxNOH0Fg_F>z}0D3*Vh1Ry9@596P}--i=G7d57H}gJ*AP!cPXo8IXqN8`bGkZ=R0=B!-|k!))Y!X^a!szi;{xzowcaBSv_Enz4WpGW`k=Ox0j@69"
+    "NlgYYA8Qm%B2A_^$LUf&9rOYdY7f+J@n2-V%NB%RAcu;%v?{K|m(^N(6h*y@UP<P9;E{;Rfb$1Iz>G{c4JV8*%K%RQ#mTEg;^$*5XdqKnhNRHk1)?g"
+    "K%E3Ez{lby;qx^uqw|C3LY@+a9NlE$>}qbo}RB5mhC9yl+<Azf{vz`32XSA405`I1KGfGPsKdKseFZJ$A_V8T&!$Qe{Bna+)5T;pzsC=;!`4UPt0ij"
+    "ve?}GrHH;t;Nj+0tjrqMJ{OFS(nH)ZXM<~3u=>xhaOQ>35H53fH3H_-X`GpF$+7Zup$mdcf(rO|=ok?%3#kpg53camI|`NLNTAVlXVGXidnV4OE~6!"
+    "9X%L73Zm*>m#6v^vu=0td)~OiTg2;*aleyg^7L-hC*j=MHpAOJ6T@Dj07D9^ShlJTnJ0dhFueogt)<#AInk+TU^%RV_n^=<3cc#sfwr<k;M)u*AF9+"
+    "CFwu(qDbVPE>(Lb;=hX8Rz{#|M#U0F97G>j^0E5MY==6}?UM75WR8GbS%{vltrhoXmd8%Q~1O(Zkal=><>5yEhYnuRzGG>5Q^r<w^uJF#9iA==U^2g"
+    "?J6c<Kyyl@nJ)!ZHC!6QyR7nLHl>EVw1Zu*PLDWyau!aN|H>vVJyx6U1Z!O}P^DQ;`DJmu$XYjAWe=6vEsaSZW(v;Q{e$qo2`Hq6FD&L?yhJph<>+F"
+    "3Tlw9gs1^{#T}gqZ(e$ZZ2iBqj$J=^#tcVnHa#MtCIZ^y@kN+(d5A^3?2+a;M3vB%*0weMW2$%`F4beA@+#z*VZiz;u*%7sk|U?lCYawKTj9Q2j}Hz"
+    "$!E*RhiQ@%p#W4(hzdUIp-++bLo|$iHJ9>=kkVM=V6`K7C^98`W+=u^L+Z7Hu$9tBCZwZ88AdKU2<8t~P@eo0!%{HNxk90v<h6)nmR{`0ii>2=(*)i"
+    "JW=uihGii!i{@5|qFS&U`B$4!V^mP+<L0Pl%AJXL$WMc7~O6f;-ZWA$WH!@iM)vbwe&5PKA)hS@=TN3|OnLJFOr_}YC5HE#=fT$HrD7X|beql<EEC|"
+    "FLOz6TWIwCdNa42VcEV!Ew%m*0nvlK;OgDAg7L1|pm%Md1yWN0yqtf@YM$z}L*j^T%VLP8uU<C03=len2r#w-<mpP5)|U)}i|mNcg|7TBErt?mGyq&"
+    "~B!InHY53etqcX#wxRD&dQy?sJe-7qF6EGJUOX9-E1TEs-O!Oo}g(TuwH3>QUDfbUt8ufo{G>@9T$|2^;r(Uot?AqZihz$cw`tNqH3xmL_qSmgGOuQ"
+    "CLT7N#hQqoh<Bhrvj$-R@d#EhZ`(W<8mT4d=%V@)@WWB){sw-Nkxqh(UC1?>N`afAr;n|E3z^+adCPhZ$Qm|1pGD+e3jGkunM9AzLdr|M9aOMXC<s^"
+    "7rl$*r?b*Ih+Qw(-|&D3&V-c&JDt=w$I`d;9ggMiV=pC`x$y;IR$_p#I<b+dP^St40@%D0nHhZfnXpN*YVbGBFT9Ke`7C&XTM0a=?x;^oLE)lBoAIy"
+    "F%=YWVm565vRkOGI5=N4|mB(Np%GIuEjg}1dw-LsU2Q_YG(51bQ#NgV5IXRD`)HoQ+rIl^P2C9LPtgK!q?HMhR>!Rhq`KHdS8`ZEBCk^nRN4SmjP3v"
+    "r_rwk@}<vFc2QRTGcfN)kT%jwwu#zJIPu#{)W$!C*viBO`UUC$~gSm=mmmO1v$a~PS5@+qurzV9G(B|SH+CkY@0h~16CNmJ@-c5p#X`fs9PZ%&pk-2"
+    "*gEw|G=1k#>>@7DKx^NwBsR0qoV8=l`6g<lr<_t284E_b0VFH>;gCOgeC3pl?N!j~|ffB^I4=ZS;qfHV+KJU<LN%g$FA&!JE0Yjw)H#P&A5xmcH1NS"
+    "0n*td>5U!3A>gKb;<HGaqtqaS++u08OcgE&+CbICx#AYdGZ=TdtEeJ(qx&Ha*491bFH&7k|-MYEF{E)<#K-OAy$B+HELQv%>ay2Vcaud9uh`K)ZARX"
+    ";^ejmtzrY~+{MeqXO=4Kn-yJ24oo%E0q9O{Z96nVBTM0pprKRzQU#Cs(MZ1%tH4sdg7BX-T0(jed+5wrtrQH1>Y6-9Vpc7}W8hAeMWof&ycg;>z1EK"
+    "T!a+9toe?~vZ))BC?)PwGDUBkrK4h+{{d4-1#gY+3K9tLSefzhxM)ryuyFVDhU)I8EDl5z+0>(~0;a&N=Dsmu+y)(eX9$~$E$V15YYBeWk_Dh(S!ox"
+    ";j&Xi~AS2#GNl5mZb#hv%M4lW}<y-HyrVOp+?qzr3lR<dO<odmaLHG2GWKJe}zy%~u%V<npzDC=3Q@^)Z4oT&7x9pNs-!p8!C$%UvWc!>>Pw2nvz&L"
+    "U*~s^Xk|RainWWs8~VvgMhmg%6xFaJVgg+$=^jA}Im)YO9<ltS8WN!8p2HIX5+##fT(>Smta&00N`oTJoWiNuwgA9Iz^re$&LEJ&Bq8&|>)u3quI!f"
+    "7*&Ef!C43C3zWFd=Td55}M5|JjXj84OW*`l=CG*oc0pGAV3HZVL_f*zX}k^v(_e}0R@VWbwyQ|QWCVVVDE^_d*&#Gia>FKVKu6KxT&2B$syo2Rr9pG"
+    "da}!#(i~j)J^mUf4<^=%HJpJId25N%)#yr5V;K0&w!(v`8MW2k0!s_@Pw;kruhd5m1_BF{;gYu?kb3bA8<1_yP$T|40(szO;aH+y(q+KZ{54=s+zkB"
+    "$Q9VroBGXo|$<<v*7L<s_NL`pz(I)yu#KLU+_t+L~z?l8P%fk8!|51`(E+xl`@|E5356tkpu!<`L{|-@ddD#jXALfoZ41~JN)(#Kp_Lgpp?GvAxQAB"
+    "*o<eZdknBsVr6iG+*bW+45%U{rAGPrmUo+uNy48;(+g{~ZXz$&r1S|HcVH6AAZ^}y|j{z=H4_3X{ih$&%rft!yGk&>oAUT^WnpMfGH)@ry^-&p2ldT"
+    "G<wtUy}Z<T(>ho_V-$TkJ$pDFulV`H!ONV_T1X`W?D>WGO}#00Bcf<8AESN*cA+imM=QqE4Cc+DyV$A(BQkGYNC>HGDe;Ywe13Hvo)JW&+4L5Q?f1`"
+    "<qHFXSCf)X0SiYOVOQej;nL)^l4vwS!_q?ETyX`tE7yVH4A%mggevNucVw8DMD@tU!lAY&rEnp;FU?5>8mAb>HFX@B>PVRxI@0gCk-p+Ik!SVV$%{p"
+    "zYU>$F#Rms6hd&6N;Taq17V*|vzy|XXunB+6(d4e@?)eqBcwUN^`3=Hc&qpNUF^bv^8Ql(mO(SDWqY2Gle$-O4FL_I6l5vLHeJKr=ECwc(95;%psTo"
+    "$*2vx?)uQ)8;|)_P$JU$v*UnB1VY#sPKCB&C-%?nm^kcvHNgt!>P0b_>jEUg>^s|e;YikOYc2gBg#!Z&$ft2Lsx&~|7GAC4YTxo=@WI^NC9jR_uG#a"
+    "z=iYRX=I&%v5+#liJnsH?xjJacaB^5ue)mTF|<UAgky?T#c!VwSteqrGdN;$zD%kEJt4EB&=k|qry5i}DA!tF@}dHc>4f_hh}=AJuy?x$M*wjb+?C2"
+    "2ffSq%6<vtO&T{iwN~3265KS)ZqvbuUPK1pgb^`a|}13ZN$SFYhsT3Njd#``tGOPkWO`CdyB)E`oIb79Yph9;SWrywk#IBx%#M$F0Qez<Lgy590ilD"
+    "!qp%Srb~)dt(Tn=0WH!l8vrd<%I*N65ryJGQUBf|Il5gAR}iWA2BC4$olimFr$p!v=AuiQ5Iyz=u`ko8vIcR9^zxQ{l^j3{g&nuCed&3as`%KX^%_B"
+    "K)ACNSGpx8lSlh1agLyM<*2_iFX|oe&YAA+9NsNksc!u%+ore^<_)_7$3jv_YwRJ}vBYOqY&J4kn*1oDeX-n8tv1H^P9EBHH6N^2DNQz(KC!ilh#;Q"
+    ";p4bPA{oz9c<4I2dM+vJpn##DrM@M#vuM>VpY+k0mE5PMgsmT4;P;(Et4rvNrd|%|PbX4tYp*@S=I4c^;`v(Z_wzB}l)OSi1ji+D>*zh+cB?x9WMw`"
+    "0i+o)Yum46s~K3rDh#Rn+GL^O7i&|Fd#$!!tUFvD&VyG~5giueaok)>aDEWwj&S!<3%ZapW5)va{X53f_{biuQIgIjqE?0MEL*8aP#RQ*4c_35*t&&"
+    "oPI1SM`>i?fl|wvKl*r@@RFCn01BAvZsF!EMQ9RUZf(<0E^M4Leu1wF#|pfPEGs&4X}cEH!#3XEU#{j1ht8)-_5L*=<)}rV7K*+a~6Yf2HxGn<P^Le"
+    "K~Vs>;5mok+;9)+w^%Q3iZjK6n+hkzNbVaW8G@Y==R&hzMu4?Xy#i(OybmRvK`DeJzdw$5N_8MQCT4yGQm<OIVt~Zy+!2VAvQAenB*)I^$)SXV`)4c"
+    "3HB1;<MV7ut0X-!83eM9<HZ&!z869#SdEk`rr<T7lE*<8iIEMbh`3pUZi(NS$%xm`TRYW+N+Yzga@vbg$<G1#1*YS!?rqx^r0aE4GEevR-B!aymRh!"
+    "Q-{GyfIF<ZCMw|IrPtrgsT~nkkNd_~1k@8mmli};o^lcGH{92dUu=ZfsfLRo!Toi23cwnv5qykmE!VRgtf`;SypRt26AMl`9Mw3{h`#Vzu1b=tqUa@"
+    "D>GmEz;p9RX#<E^nTymuvF8;1eFIVc_*j*Z3&H<ixE{sT`s@~OvSG0eV4tRMplFzF);W1HHZl6hp-ijW*AOfpxOV&uJ~wSs54EdUC4bCt2$oW2oklD"
+    "13;yR_>x8cZRS^R2&_BpeGY?XqtV{adlH5Ucb<2}_IiD~onc%0H**XuFYU6bnJSSyEv>xP>#UG@l|6g^u)K+GGD|8&WW_qLN2G_jnk?v;vEQDYOHQH"
+    "=89viDfasX2qzL$1TSzV27A>-w=H*_ZB8Nm$Nk6UIQ&kroaZ;`Iogt6OzXUXdkTRT~I+LbclfMJfkm&vIN4G&L->#Az8g<Ubl)L-I|1%Sub6&@vSpN"
+    "%|_0?F3Fdu6?^@r4GsxQC-n(<%aX62%=d;}CTZ~y?xc1%C48}~A<A#Nl4^rG4W)z?ee=O|Q8E*xYXy!K9*7cG60nU19uQ(Q-6Ognt7%@F*SEM;@7ds"
+    "Gq=M{IHJM!<2ooW<CWKpc!!RaH#gCDr2uvi6`x^OR4IKoRi2{gF@D?~yGuPr8zT99zBW34nIHwOeX<#a3a~)7ng}_1wngN3gAJ(Uk+yZXCl!TlRU|)"
+    "kxJ#Chr`qG@9B?@IVgT5#}m|0ErxYCK(kdal4#$C|GY4BVynqV)VVP9-D&aD%}w}&oou<|PmSaEGE*$dJ|fpJ+SZ&`mVB{R@SBL6FAW=zp^(@Q#-m*"
+    "75BAhn^_5A!-=MO!gM=Z0eyXc)pbTHC7c<qjH1^|-uAq9Ad>WQTNYYfXd;XV@^IBgJ`1av`4i@8SOl*-q+$zZIK*7n1JR+i$z7KG##iaR3z}F9)l2m"
+    "0)SnG@{n%*=cY7?7WSfr|cqq56niLnebnQBD+A~#9R*z4I1_?`X!(POT-p=2rl_A=`Y&}S>Y&oiqqZZkY(uG5fF3Tizo>UzR(?n0G9ls+-5>@_zW11"
+    "$Ts2WagS_Wpng{V{>?LgIWVF;hdxhl{sfxDUj=qI4MLiFGPxvG9?}|r2p`W!4@uukg5fK|%qd=-4qJK6x3fZScEGG#lv~zGw2^dwBMfMp1%hgKDF#|"
+    "47_nl~UZiK>l`GKeH$0+*iFQnfc^qKVcgLgDfEfWwQMhuE38rY@L~V;uP|zpgiH#t3<-KOL6(q?dH)WmdjsyLg*3n{Y#YxuJwNmpU^}VZn?JHljW4W"
+    "a`kJxxhX35a^54)k1OB2s7C@&FX@3mJ+3h~a6hT*y84B$0sZL4<}^M!H@7cT82JGd-oa3j+2Cfutk?W7_eNG~_Hm1RUmt8SW4C)NsKMz3~r!V<k4Gz"
+    "mNkCSko@nU%Qp_war5i5pFhELA6F>{uPtcOi=PErVQH`K7EDR~HVl4V=~iYTWWhO+C>2vX@Lc$jIWdWkI6B`Aw(;3<D04G@rvxeOJ&|(z5tQ@>)xen"
+    "(%#9+GcryXWvR?^<)bv#^eLrbtG>e&%f0{$qA75ZmB;7_3zzb_vlW_B-we18ySwkCjLWuK1Y&E#*O!rX)Tjb3EBDNIBnrqr;AG$xY(S`n&fJu1~L9v"
+    "{OIf@cLm&Ly4JoC6~?;T2S$YKpUQp09`Nr?a&?GNWGcj1NyAr*Z9NMCqusvX4G7QERGZ_Bx5tbahKoeIfX|bbQ_uIvI%$2*{BA<uZS=DS4CuAelmRM"
+    "yN|*1<AjYk!=UsagnF5wkT(W|%?ZGWEn?~U0fBkAa_h6DVYSvfv%KZ>fq7u@x!kZbvU7<v9@yerO$KCl(4oK)gBxv(<J0=(R&8+=X8g5c#h&kBX%x-"
+    ")a{^J&*X~*KW9^t4Z!U>t(2W&mnlgl52`xny7d<sm$2!@HiCx}*iT6{NZmAwc|y~Pw76G@k4SqyI0n$i}6ZnzPqDTE|R>_f{Y39p<piUbQD62XR#17"
+    "x<bR4^$<!jfTbawWRwO0_Z{5`W=Su-j+0qvW2!&3e!J_|gL`xLK0I06`MekJ^I${WfmmS?sHyb3=Mtackn0$jg$Sf(>I5Nbf|u`&@D<?v4HAtP4Zpt"
+    "W2jLJ>jakA-#i<8YmW@q;13Ye%!2YNhHyq>>lX@N)ZsrH*TGD_Ef2~(<U7=elwE|T4zirX}*m(dq%`>U8VTzNW^>K8@k7m9v^UrMTL24=>xZjQGm|<"
+    "oEH4*ixn&v$ifxUAkdX-bOm{_^C*>A`AuRvNfJKu<FlBubOEM9h)VEPlT$_>Oe($jG95?CL5?JC+L>Q4--+bi;pDNOq3`F8m+jsTPRQEQ1_*>j)#gk"
+    "I*H^HDeFKHhree5o&QQapizfC{up34~S-Pr0Bx{hIEW@i@vfk?uo1F}_nBd+5Kb9tjHH!P&<PIraF?UmP8UPbYq#?WMlZ~30;_lQz&wd*Vf`y7N_EU"
+    "?iLLTTp4ZH2Bj~Vs$Oqk9U(9&5gioE3@vfC)A{1yi8-ff(>-f+Q^biPS?3d(@xgbVA3LOnYOeUB5O7CaYkP+Fy0EceKf7ujuSOICR?GR!jExG6(F-v"
+    "3JrcYs(Ii6e>KMbYRTq##StWkQw(1Zi$;2gIWEz~6(AqZF!QiC;S#zh9(hNt&Z;DHk%lFiq57*Rf&q<Z}pXhAI0bF8s-FubI5g>LPyRcd@q9pQel%W"
+    "k4d>*YW7@J*W3F=d%)cq}&axG>mre8Q$mLnNWWG6$gz-L#G>7j#p{zJwF&Xjc%8(VsgcmvLT5Hu206z`MsaoNA(J9p_p1myO|eHI&n8~V=?|ib5;|}"
+    "<(d<R#!baK#Y~72x1<<(5F|k)&;GU~{3`4Fpe3y#U5Z&kqZAJDmV&HTW`w3kSdP@xA>IS~oe49z=x(!-Zp~wndzjjl-p2||3Fmjo+=q-Av%*h$Gb_o"
+    "m;>8nEqYOt4Nt8yn`<PAEJhV2Sul=V!Jr-%hsgT2%ucfY=dVHWLE7+p#yJdWRzn71yfpcVT9Ml|Pq9@b1`0Y2&zq!SSoCQE5G76iyAPv~son41o;gJ"
+    "~J;yDt|5|ad6X`9S?4#b)_T7gy~+p3c>WD|BumdgH#NE&OCO}G3m+oOO17vGe2(9JeeG}iqXcfuT%6-y)v_l|fEYsM<gD7Cq9UkY~vw~<uqzQY`lKA"
+    "=->fEGstnPRBN<+)$S*c4|)R~Zye>5CIkkyv;u^f+l~Kf<;-PpFZBT);>)Mt5E>fau)FEQefrl-RBz_4=&RR^|hndbKjNVx(Nh;GAQXXoz<(27HlSV"
+    "q$ynoxpUJCqS6ISqBpwLT0QEECLa=zu{`WN+)fBvIm0TVfwS_BAFsWRWcCFKJZOKv2SB$kcO3)j03S8T#T7+t~TQsLC%$;%}sm{L4C3$(@VeqGwVN0"
+    "VRJx4Qfed9iJrV8ybLG8|B@dorVXRvmp8(AO&m3|jD%6!%BW14=;KVv6}z;(gvHMs8O5Ypx)Nkr#RJqH3F6>D)c@n2*!>~k+?8t~LQVZe>>0K%e;0g"
+    "T8P9mlTCwOU=XU{QFhjvFU;p}h+b`$o_`keRS$zWm*M{qCvU{u9u4a1Kw*fF2%+#PDJ5TM?-aw&uh-;^5J|xVB`h0>0`ph6W#zo2G+i+xK;=srpG$K"
+    "x>l(y`=Bpa9ALO^^QXU7lVpXXTOeldPc4;Z%(G);xT#F6KZs1{q!l4%U#a8ds$WDcz%vB6=grCX+z;V_AeIe;2ZI)CuiOqh(Fi)4rmtth)b0{}ej)="
+    "hGbvYCX_Y%DaKjTaYIpv|B7eEjPdP?%(a0&5OsZ=}m3W{Ni{*Q%4P_7!685pZ_~&;T^DC&b!@EehwpXxye?L$0k})eIB!!bvW1GF{?xkWIm@9qkZ5t"
+    "YqrJzBcAHH}W)A=lNDa^@K6C!W*~X!CLosh9@#1qAR66QocqurLJNbB~zDEewvj)_&^BV`_0kuJ!Xtva6yin@OLQ9a@fadUQ@!tgLMJDYYew9oyA1j"
+    "h-t4%N$29GZvpS(BuE@uB3*hqkPBb=tlertsAd0p*+6&_OSb(3>w6$>WCC_1Sqs{E71oTAk#7?G9;D|)er1y`A+-2*VbM=4g=jlD{q|bJ$%vF5BI-m"
+    "4LCJ(LpF=<7i{YYv`nr#Fv?|3j*KjeHj1D7ExW02Bjg$0LNj*l_V2Rpezp&dBulFu#sbi_!Iu=IxMajE#BjIT!yfUA{artRGPj=Yj(%N5Xg=ix6Umz"
+    "yV$)WFf^<30T^k?|<fd$Pz6?_pB2M41K0^xf^oq<Qa6}ZyAxDoSj^i>&o`NDrdmHO(|pBW8-w6nysZyry_N7#%A<WC7APx!mrK14trdrtzGPp$oJ>k"
+    "9G(<3BQWaA9Yi<oh?Sv37VCAXGGA8?m|UHq@%BM9Y+?Ev*pO5SqnKwa9lE19-DAFrIK*W=#VE3Rgs-H{OSr@>Ghuhe#|B2Wj9f{VCPy9c*8-jZP-Pm"
+    "J}moSOSM*T?G}p!Hm=lgzqn_V@houR$X>RiaAw!DroneFo313Dq84SF?f_MiOpTP<m5A&8!L#c9W(SzT`mgpxNbXAcv3d@F!RC@7K&H6yqBV)mEl0A"
+    "8&4I_!3w-NSptw$;_JzmD>}ILcesJ{8a@X~b|$64BiU3)tR!t!Qp;ZBd=4co0*SeRm%>X>GNsNwUKgD-;lj7g^l<<jF8S6*(lNPddYLnqt5oDNB)}z"
+    "P*pMj^+=#=W&JKvR^%Tal7+W~-NrM_0N<rSs2<KO{o<f<ri_&t&h47-;ab_IU7r~%yRJ8WgWN8Y7SEd!QDN~Zi`pm)5S;KN1{{45gFVFuGjataT(!{"
+    "fL;$ZzaB&cpk4biDzUHMy8;rXJJd=4@2p$+`rRoJ;D(F@C~*|&;)tS|{|_!jD_Auj}m?!2Uulb0cn$+N~X?8}lt31o&@#&VX%U|R*Rt)hzs7yGrg1>"
+    "{1!7}L%Z5GB2)X+^|L2O7o*(H!kztq_*}zPym}*KNB>JTNm0*dw1ekszjNnD3A<jn?a<C$h|5+wet7-z@*l0DIh8_#8mKSpQqfDiclC#DpS{*>qV*0"
+    "_@B;!~ohZv+_Fxm4CAWDaof6`cQMKo7Megd+Md1VxG$s<ccj!qc|Pde}o;X+qKN4q;L366AsA{b{etbi=V#b(paV{I}a6dh2jKHGOk$C8TmTxIU=qx"
+    "X$>6P$oLxRk>uoJftrQ11Ky`?ze8ex_9Kpw{H=`K!su)r3wsq{aNWr0u0)~puU|_1TsTK&VoL0EvN4;=G@qpHMT#RDnI)NUN*54|fgy#@`Vg*J_RLJ"
+    "7G_fTnIK=d_GO>o`AC4r-xumvw`5GuOmaH-CV9cJ&50=*uDal+Z=)BP^8@&zJ=%9VQ6;U5M;d72C=!MzF_QNeZjeA%jL1U2D13U3=;3c1BNCBd<Xo*"
+    "bWRh`ZxhVf_ZgQCrj-kUGVeGMhwOLFNUrLN`6B=<uF9?6z2eD|fMoHRCQFsA^-q=+)v1_fZ+XB}w6!j967;MApgq}{N#0wa-YqgU>HRr8(w`RtIE8b"
+    "0uVkYH=+B`{hCgWwi2hRsC{w5)BRS^<zo7XTo6pPum`fhzBG_9QkL0Pn=OyGo^ORltB5t&4THz*^|8r02BKr=Gr)HkP3zQ0S}RTGEB3$lMOjN)_Ds!"
+    "8Ca<*^J~U&C-hQ3FO9p3WWOCw-9AKi;F&mj$=a^N#uu%Pk}UorJNXNCk{Evg*s_CGi!=u0+YhIjokXcDUn1E@Xc)2HC=p)UTj21d@5?-Ebk6<f-nOd"
+    "U_%5>xsz7zL-+{^O`MJ0fGu<NVBX<%Iy1{ny|tEg5sn&F-O6t)oI9oamNKYzIuB^HWq%f0W-dvSd(-NU38h2{(#a=ha2x|)SHc2B5<@ZP##YN&2bTM"
+    "J*(7P5rp<@@vY|BW>n?&fQ=gx<(&@}f0G#3b8YjDWu&0r8A+x%4h8)Gj>3{=a8*<V|Xc@K1aADToA^HpX1{Cn`!a)3G$zb3-M(fFlkULXJj{(sENi+"
+    "w}%Y|hEkob&%T8J9}t9_d<ZED<xT@{}Dc#vXUG%-0|bS^GAYo(XssFq!T1lXA7hon%-Lm5eDUf~A6YR&KvIi+c@71$>1!h=-)R;J_2T%C0$vz5_%Ot"
+    "5Q;yE`w*Ty%Y;dltkx1qvowhE#QtV5+0^015wTZ^u3yX-ApHa(<qS(Q%m~6bw0(a;u>RLoyf|M4NaKFz<WZ*&>EpGW%213G>|r7mj+sA6>8jmLB5oZ"
+    "O}=s08xu$^a()2JiX%BOL44uMe?uC3es!I#89;eEk+JLuz;dXx%8b$h!>cQN%~*5OKdy9_FwvWG%cQl$tY+JM`Do}K;3#*#`}j9z1!nFo~7IVS<&|k"
+    "2OLtpX*El>^Rsc#hw10JgNv7u5*f^clq>UlP-z5VIvFWoddW1Uoae+|(EAWU>3N343iuoBy`fKv6)GD#!MbL>$fd7i97|?;JS%Np!L6)9C*`QY&tsY"
+    "T4ZfDe0OMJ;5luV?RQ<`8{?_Lk*1j>hh1YH|ox=DG`%zx{vC2s(qJ*-q_4nLkdZ57~%Q=LrT@s(Xg%$(bEHdxc%O8yHi!948qE(iM-~vd)+1zvA-<Y"
+    ")yDh)V#8D*FkLX)ZZOlx0YQ{OqcsRxwsAOUH==k!mQ$0nds2$j6<oR-VBD{9X<{HV|b&GW(%3dBj&f!fINKAwDVB<+|@z|!6j?wMthww8OSv!(>zy)"
+    "pY>c5Ss75_ZkZtBo@(gXr_Nyv`qmAzrQg>{gkK$j%i>qQz2)USVN!FbwhbRalq(z!8;m8}Gw5{Q8(IlAY687&06)C;4frNj5mTs011=x|E>|1kR<E)"
+    "D;k%u}q)kG6Ay}^)5qE=7GgC9SCEa6Hls8h7QML_ErBgX4U|vaxaX1L=EuI9PfNw8wj^$IS<-oTLl0;u@z2;8VNhHVP?rvMh9%)0R~@W22e%*BQx<G"
+    "$0!l3lO>UyNr7NO7)oR&eNQ6DMMeafx~(VDI3>%1HQ22MUMPBH`V$LU!YdOVe|OcEbT+MrSK}bzeS?n^adBXwj@8?JNI6=V7_5_a)8A!0QOXpdn2;*"
+    "{%Xe~$GNE0SOX^S{icImY_G=pPWgZ+^T)^|SKzv+cClAR39i*Erfrf^EG7wIG6f%(lw&hkv;RQIeh$K=VpMWH;#HR|3<2Nt{^`ih>{59Z2)a0J?GKW"
+    "BnI}`Vwmyv##0SM#N>)1tYM3=K|jz_JXRtZEEpc7FuP)k69VRD5WHdV0B5xwzya%L9^=^++WB$f#w%R84yCIQN95#H?kk~JHc+1rHNiWvp_&zUtoW?"
+    "H*Mi*8yGT$>hQigX}p#+-U0qkB`Pe`6_<lV^7CaNIf$4`Oc^gGnBGLBHVaPu;kEM{@?pF2{t#K0)gV=RI2#t}-cakijzzsc%4h5j&|k@mmM0N!C5rZ"
+    "1tdnxuW_PGy6#^hZ9X=YpUnYMZJR#TaIL6${lcs<4K?cR)!(+6dSR+lDk8Q*psvovQ32KnEeVXGkQ-?WrL0I@eTJ}rWJC`Q9YzEfxudb)`54HoD)xz"
+    "c?{T46BFhOc{)R|PTvir0d?Y-@`wi#$#!ZGNH)1LvtB>$Wq8Tn(r-1+$dHWFX^GE)q+Nk}3Si*A&z~V>%y~$6?%A-e11ru8rbG!>>L^4{BuHR-69ON"
+    "<`vJI)6ko%crOR=IvQ%R+Hyn{GEQEZJ>L!9-25BGM%wsQmw+`!{luNB+q{^|@f_u@B!Q&XI@IQ8vr!I05%3-|Di4yxNTLia53=o)h^5*z)?8)~CVp{"
+    "jG@;2)Az1b-Q_?=|j_&R*s=j`{*I<v0ISdFQLc(JRjlM(CrNjgY1PfYuPs9Fw8S(8Q_M8q=rmIb~TI#S6rYV9iN<TxJ3xlEcSN!_iDIF`8Ims9tx4x"
+    "cBNOk&MF<B@fCM#RSLPy!g<y<=R*VXx$z*M43*DLkE?GXy#8gumX2kvu8IYI&|bQ=x|zRwT{z<8BXwnt$aO3WjC?yrg<zf5Hh%DR~v)GSI&H;;Eh(P"
+    "|I;cxh4z}IAvCG=x7*|^FK1HwbO^80eStG!4PRZNvBH8I3$swAKKK*hWE8}dsy3zwPMPu3xglYHf$wP1p!#ezB)ancKtdXKZog?X7d#qBExJD-KQUa"
+    "Js2Z$R$8OU!IX0~^n3*?TsWJq2VlW-YMYLszvbOjkLN3G2iQa{u{O&KPd!keoR6g+>e2Z=D%>izNmg*sr{bt1GqL+W^D}<xTZ3~VWq@AL^tznpuTvw"
+    "^S9(N+Q3S-ChU6kr54c{IJh_BS&9p0<*~wT9mZ(^4ry(CFuInBUsTOko@LOL=E^XKlvNvrfQ}Q_$G^_YAt+b|^K#E+(GvzowJs8(Qi9O=M#Tu72FU}"
+    "weR;*UhZKRUccJ)bGk#hCw^6+aqSH>qXBlRCQi3$%UFaOI(!B=KQgxcqa_oqB?z^|L04&xstmDYa|)mbDqhsRQW39d6gkgR+fKu<@**EAeJVABH$2O"
+    "KS<iE58F;ryC1sb$h9mF*B4snB|(U2Xq%KPKdFFzv#LcYkoS!S2?1p8m#)!~&hUL@d_posQDkk~l;-@&GhJ`UKOx>m&Qg2J=B@4tiok#c>^4>&)dqf"
+    "n&4mPKBSRVC<bfAARF#V*1Eq(iClbKfP^jgp<L^MfF4Y^IP(0{PB#L&P+%ED_pG8G}dzjiUv`J`3aS8739RguQC8(!!C85$Ce7Er&3a%ugYbgg`kVQ"
+    "PO<PQYM05lj;WEP-MVMnZ)#^V?3AP^XYs?riYg{K9t4(C4;j%gmfh`H<Krj8Axl$S--s)e96xHpKlvXrlThds+aKDNlK5#PoT_ebM|p5o1SxO%HKdy"
+    "mZ3fn&nc)CmiD>)M>iH6|dols!<IaZ?8b{u*lNYdE!z_MglrhA-#P?+EiwbheN255D<NP28*pyihNl1y$vA+C$>up2E;||!Rx_KOq^G4>rA5!d$px^"
+    "jK`X8{ke_`(!_Hl>=rGx!_R)(<gWVXzDKPf@T?}JjjqOL7l8%}K>iyZ>YxbBoMEM@6;(vJ>8+4T@0J>=v3c<_WY)vlbKLq4C>_f7e&8#I|BfBeRJ6x"
+    "?l^h)gtz?Rk83Qi-e~o5fbskmYAJPFXv6FE2+i2yi1~<#an^F@eMVux90LDQ%X58;6KX3<r_OX;CbCaWA$#yRF5H?m0aMu{J)!YZzz!-tBHc?_@_$="
+    "GEwp{o-lfhCp+Toq>-x{~rGLTp)sP8hN)Y#Y(1T65Ib$G~xS7>D@ZcvEs<s>0ygx1~hwm6Hm8F*Tx^Zwu3<Z>65(Elv7PYuK~HepH9Y;tnLl6)kACL"
+    "mgoPe7{WW?NjG+e4@F44EydEMtb5Ip#<kfWmUCrcTh!&6^K4_RiV}|dAfE5UEkQwkTnmpJl9iif0rB3stHcw3u>HfIPSDg<ppPfl9jQr6>dA=f18aZ"
+    "vO2kMWGcM=*NT1jHDTs&kmYfA>zKVO}@pR(YCbgD(1Oq1bbdpDgAe-)BIn323Fq&D&Qp7K@Ck{*Hd2Tvg#68sfD!D}(=A+J)&Dld7a$DIkt8HSt#>y"
+    "#<!~o)1m<;AG+Yg;DmrGuOMFVe!-0l!a#h^%;Ya!Jse7$K^I$_fi7tB8Qc*}WieFwXUTwpl^;}94G#(!`?7o%vF%&~!DZLE9c9PjvRKP6<sOFOJ-+g"
+    "moet3_c(A+UThfY#X?(La90mbqIqME$^8+b@}MaOIgj(Wm8jO450;c(2EYxi8yW#5(G+Mccg;dZXxS7jq8t-{zogK6IpjRAbCz=r64}Bv&Dhd$|?Sx"
+    "bX1*mUYg2hW+D`$Nqem^?*}3uHj9NU4vwv&(g{AJlu1QBwEL$-d)MA>Z*j<aL(s-k*n&pPP?6SD)4t<kwEtus7Ua{b5``IEk-NQAvvFBdo5t=jXf5}"
+    "81X2U)(^1%8Yt7e8KPl|G;_*{A-#<LO=Z~7RTAy~AQyj|RnXam1QXKQ8eg&Voy-WYk35@I!r6(OGoJtV+#xuzLm~wfCf!m_K}l}uY`{23T*u@Yt`=L"
+    "o`WZ10exI~^Nv27toelrwZPUK!>9Ar=J3z$Iwhf1-&Q<S{eGwc3sbEqAg@T{lGn~6S)gaK3Ffr$D@l?Mmx}BNS$bkkBx$hA<8CdZ1c^wNtg29f%f5~"
+    "@95nLY&=`0jgfGi9><C2U;5|(w9!AROJPY?l?v$R4sHCT}Itfy$Oa1Pm>wnN}#7olke_uVZfwGRb&I&G-|L(grONnPAYjf5xjF)N!%TEL%=@d8-2_9"
+    "EnxH$~W5Uf8PwYnv*==zeB{(!{6~35R@~cvn5AP)J&fnHIQJo;R@Z9HqUKZ`kK*W<5gV@>gQ4PSZU2DSM*PBb*&GGI0Y4BrOos5O*<u;-W{vgZXJ@4"
+    "_&LnYdcLOr-y*UT@T53!B#_I@T(*%`qPOBbV@XL&GU6iKL74-2;|sT72L*+aCj=b5%7M>!93;~Y?Ml^1CMeQWeLtEFW91`*z8pT<P?;#duZ2qJiB(~"
+    "*H6NomIAemu^ZEh)lq=XC1U+Bkpb(4a1>dOWJxL4vvg7-pN*Y393mBqnXZ{9=r*SukW*yjyl2;}v#``_$<QRn1jd6i{sl`<j#wb}V%O4^;7dEn9<KU"
+    "(o-RB!LJqTJ-Wl=`9b9-2P8d%rw%U79ZBNAqLwU`UVW;wWxb%%468voMv+f1gMkBuGJ-D!)BYa;+dnSL_`}u>>DA}}1GLii}y{IMo9@oE5TQ^4wBYH"
+    "3ICenKijKE|DA=jt_MiV=6GHf0(2B$c5_Ood68yP<nm7-tn$E^#Y3T%MQ6G6vot>WQih`m;9CC4wP(yUlCN!hX{1qP)XtW$e3QgL8L$7p442t`cXo4"
+    "G0hTS|AAzORz+oB|Q`Q^Z4vK5J*w_Si=zkc2cRr(cu&4%SF!;TR7xPdJ;<hfeu=_J<r92@!zm(a@Tp7$cxyG41SJ8pvV<xCu!?lMUG2-4MiR2$|mUh"
+    "XJI2Mag{6xXwI$wEwZM-o!F%wvkdh<vzh*&K_mlCtPGQe_ak0O1fVD0{i>?hd|wRrUaBZd?Bq0>kgsT6KiSK*xn_%agV^+)W~BH?U+QGvRiv~4$<$a"
+    "C>nT{ef;(bgCcg4T;gHsav+uz_-i?zs@9RwIYTDHuGtE<(+M@uP1w2@>6kHdC#SJxj`hh=5;GQoubc>wk3IXGt1asmd^zRN+~7uef;^?K562?5`Y&n"
+    "})=sJYTF4pJj$US?7+D^I71we&gr96go*2KFb+Sljm2!T+j=<-9Wyaz>?|g}6(rK*YKQbe;st$S>RdAfKNK-0wP#Bz8c;&tqC(}Yu3O^C6h_+G+O^3"
+    "&N55E>M?%bT_Q6@jhcS*e{(Kp_Ptt%zAXE}-K&;?uQhyH(q=l>pQA~HLjBJpa8jG}*L{vhh4e~M0qb2}r6y|XhJ%)rR^A*NIGa|RNXe&KewNE?AmVI"
+    "qqoo+}e-kDC@kbJn8XC^)&}*$urd^@PSfr?8RTeLoB1@4{pvZN5*^g2X070&BNz$|E%DGSpLfII{y_f$lP^S#8|t5f{h)r!Pf28Q-0}1g8;^G0&l3P"
+    "N9H@w?(`5+xdP!D@ms959#EWIHQr-&Y8EB_;%7ko_CySaEL_db17a`%xl&%J&Z%{CYST6EE(qP^rXknUHH+Hy_cPQs>5w1NuCfu4w{R#xq#tk@;`9T"
+    "g7pyo_ber6#rZaHM1vwZ$TQKNK7THIq5)#W!R&TsX~Wx(6xdJBWa<rhsl$8=KO&wYT!gSWFi@QwNF+&7Gjk$^^2$Ym>2$XvODUraKj7qMiyg(sNTo<"
+    "e9(jLi`d*Jw3GS^u0H5c24dM@`{((@ZNL~Q2X!dC*86Xszs?3gy@5b8tMuyuM)paOgehcVx(l=8NjzYOHjxV{9&h?zIgDNwJ23kF?g1E#~asL@Zv75"
+    "k8XV&h>a2aL(6!Wrp)s-Z60MQ^6lbZgzF8g)Xxg^*3K}nvM;UP+r`v0(U?z~W7XnwHhJa@vShr}boT3B{(fiUdZu_q^~td8f9;!RQ%^2v`}+k<4LN#"
+    "89pn)zTPJ0%HzIqu?T-PXUf{64q9aiQht8%N{`9W)#g7i+{q!B~epWCv`39GT26$<#HZtBh+xP^nz$J5Pka3Sp!yB6fDJ9q@3lZN^>(8E}{v0Z9|<j"
+    "8hZI>GriuF2d97?qFcLpZ2!DO#lWUmy?-DIBNVs0_of;AlRBoVwDZ$T>9l<yH3rlUAeoyf|eI4dpwlZy(2$g4;{$*K*vuNMkZZ$6&8q;Q*#?j4hwKm"
+    "hUoJlej(+VhXcrX^K_>5BgML6eO*IxNlR!}LYiz-$ze&1`sNE`9P(V*6CqQ6&|@E`KxqxeT|!R$lXIng;j`wd8cTjCcJx=DybEac9T#~sk8)}rzRE%"
+    "?O2L_zz6vytlge5`+?Ph?HECFk_eHPFv%@*=&tD?Mwc*%%9V47SGR`f9xoi4%V8)1pUJcJ8k`dRe?uK=l{#n3Z0K@$I|NCG6=Hma2pZ|lO|NC#@{|W"
+    "zZ^#A_NCI1uuc@J<Zh&$I`=?rvd<t1ho*fJBonc;cIT>2y`805X+L~()g{#55xr)N%b(QoK<m;vnJ|JoE^+Am){VL{+RB5=~YhjZKNiKlHWC34!mu}"
+    "g&(D#H#0Uv|LcO(hE55n*q+=td4c>kt@d2Ip-7SSG(KgZf_(Ho0sc$VrSz?lbs0V{=nT`-sfDH5_EiK^XYgA#UaH9AzxBInYi<ng0M8RG))6M3SUne"
+    "5LaVcWj{T)~yH}JC&l_Y((gF%;Q3}PlZN6tQPK-F6(z!wfl*<uSuaC<jRo5#QyzKL&-Ni?e}1KrlpLn@uLrt@v+(Qh2052u&g9;BqDSDm9-Uxl`37k"
+    "ttQaYv&?dIshl5^ia{f5%W3D!Kq9xyW!>xa%%qCf<0B-4aPaLQI-*%rCgWK&Vk!>tO5N3-L%41^G)?E|35m+%M@4{vdvS8+&##Z-;?kdiH1tx7n8ac"
+    "hN1FGx@oxc>OjGtk=+TsPtG+zMMjGolol5>N)QF%x)~O5qh#POn1F!t?Z&ubH!oh3>>8P!8s)v5aZ<8<}xoJlwfw^X`l0A<=>5`;_vOvEPH+AmB3;`"
+    "ne_`Sa~7m~hgn2JuJ=zKPRc&*a|W0Uubq~A@?IADs{XlFw5lVgH<VF^PqdpRVSQ<XXKkEuu!e53@Ht;cUklq&VIUXFKyFXGWFDZ5LPUa}-nedOGgPL"
+    "J#$4GX5z#i>;3{Rq)DeWKHRbm$<ivS+U*hjcw0ahLK8VklR$Wmsp(=Wu%JXf1wt_wmpcDcN7CWcov}j`dZ@l}-+9BNr8}4!Z)yy8~Gp@XQ!kIv%bU="
+    "=o62{ISlM;KU-9Z3WKGRo!QY=;fSz<57pw|1koVS_pl99VNGtSK`Z8FZ6m2o2eEHksOt->FvggMwKo<6>ZH~zr})RtNragzEy>@%eL%y-^^V-v92m@"
+    "8iIWhl)|jngG6aeQEPQ?to(VJ<_htG+DA-cCkEcsnM?2nWUSCS;K3vvN$QBLwN3|(jlao=8t$d^fP4@70p1g)p<*iR6l?qwsq;<0!{>x2B4HjzIb95"
+    "NJIv+ykXod1_hDmBwt8j?Ud93?daBhx((pLy>||wZ_#-r#F7gu$4hgCBGV5Ot6p%s|bH$NzNe<zkwXmK6U3lZ?LJo1X1~?-69xa?_!$#XenqjTXCq`"
+    "5N+rN=2$0#(W<qyPx)i@8_z&*W4a$F+o??py}VS(_yM=jjbX8X2mw*RL*0rr;egy6Ho>b#z(9`PJJ?e0!}Sz1Qu{+FZucut(q+5^hGPj<Rg8i892o1"
+    "1Wu@c3EFT>gC*jTOQR?1M~3J1{lGP4tND&wjk>0f>pD*3x<G{rS5Ht`$=3rct|paj71+0BK-bD?Y`u>TqF#mffF{GmI}h>esUia@=LdvB{EfyphTe!"
+    "P>A3gU$$u{ydhGWZ;C}*efXqD<xvFUH%`~XeQhzL9$6kOmdZmr9{pf749{A>sc*(Jqw%JWK&Q!^U>^==$WB32ZiBzU#x(HfB(0QbbUz&7bnD#em7lG"
+    "*GdNgtSQVW9LdiZ>u7w*mlJ?^svV44T;pMA@RxWUL-b%}h>RqK+QFNVc$m3M%n3b{L?&CF8FtSTzevg}2Y4(w7*B>qyr|MA+Li=VCr#Wk_c<XEcU-d"
+    "i*v3DKfrqKv{Izakd_DHg&TT&SCzt^_H$7#8!iRd{E%jA?nE@scHp+N&p@7QF?d_}$&Dlq<!>M`Ju?(KP^1y997mcGM%k=&**_2eXP88dmahL8z;|U"
+    "I2pBlS&PKU|oUQV)~%8$w6t7NX_dYE&jY*q#lxPOH^_}Jrv%u=Arl-ohNK7&2B=ndvuC&!=w=CRav<TM2hsrA5SSdKAhb!L1bW5fCx+ii$n-Z~ELtt"
+    "8h398fgpy2#%Da`*_Ws1kH8a*|>x@%FNg0x`cG4;HQQP3@1#_^hYPiauU|R^=F{LpUvlb;v|C2S}!&)3cHTNQKusWjv%?vd`O&=OptB<*2IUryQ^F4"
+    "ThUGOMBhUxRNbca@^Hn&sEAL#@UqP%p+o9X8nov&}X*laqc?4<xQg&BTX|Q6W}tkGQ{S%0K3NNeb|qbDge_`U;C89sm$@m11&)UZ5fThvtXP0cFc?#"
+    "EfUYzHz<60Ialg~PmsBiM|S9Zl*D(cCsxjevGHvT$lE&4Dp~1hz{lo;8p;{+K(4b4OXk4h$Ha|G<SM~_$q|^kN4mf~$ni6idJ9<JJG(##Rx1w!paQ@"
+    ")=zTNSenOy=RIt0!FAuM=?Z-F?5+QcO9dcNrjG6K!JmY-GpS=0{1#x{$2rOc>DdwqHcF4|gE<?h>cyf%(j=7bCblJm-9U!IJSCwYH*jOpBZiGu$Wt?"
+    "(Y19Y=Y@S(E*Ob=VJoka>f%q}M@w>2N?!AkjxST<hiZ8ugBB&lhz5$0Mf@m@Nt<OBc&4%(zxpL^iRCFcNNSO=1Urr_NY+Z~x45q<~{^J4gET<yE+6F"
+    "oXTQZTKCV+&Kv7!=F911yqIVQ=(AFGNq$hx^Q<-I)v|xf{Ozf*=AgL%LiT44%n0$^eWQqOA@64mdBae*$mNM954#1OHSR<}>C2A7nm%>l=H0U%vQ><"
+    "lIZ;QO1ZM-tHqj)3AYv7-_a1V~vrshclrgKMCNCz07Mzj2<AQ$t@jW*R50r;BkLm*EkWk2^`Pv!+L?U!kh;JNv@vL;|XcrS^ZArTOkr}!AhTsk8+-7"
+    "%GMEO!0uuN$~+Tx&HU2)#>$wBd6E}@No{zBgy$N@=o}<_pQGfArq~jnr(1ivAF32U@|V6M$)+?v=~X=GLHbk=Qea_B!;xSq$;#S3DBaoz?ba5Ol96$"
+    "+4Ttn-xkC>?eD{ZjW7iW2F%n_NY?-JNX)^Q3bMuHZ@KCXEP)r|iK0Q{PI+bxqUg$%CO!n4@!)MPLd_W{eqnpLW!js7Fy*9~fe>EMMm!5RFmDwqpyA+"
+    "4zZO!)E<U856IwCoIl>vYk;BgLSji)FVR!nlOdAQ)vUlA2~r;v^^cLYj@4+QjKMH8~N21^2glHm-@aB?5^aHJxEGHt?+&jmv&DVkKCw~%wBXwwA!<Y"
+    "$hNB;OfbtGbag2-Pwgw5%a>qgUd#tYZJkb6%^SqmGM{90|pNxPHKA{&VPA-ApHc#4_s?(Kkt!rikFBt+OeHs4uFhze-n`tOR>NBF!Uc;X;$7LIb4%B"
+    ")9#tCJ58>dQx-Ern2HQg1e5aC(Da!Q*@a8VB$J{mqX5s<w_=tOi{_^BS2NnLo5az_#vTk0K?sx3kSJD*L5g%q^Ud@GuebGf#Yj$bB-b660S|VPZf<9"
+    "8QvkIZ~f7NuRfWmHShT60?(Z+LTVVkv|r*tnXlSan_YR}j~sw=P9Dy)JH%C`=O>V)Mu%Fn>gPMwG&vaPsDF-_yO#r9I!60~^f}FVV;#bF<1~X9!r=4"
+    "#R@hm@NI7{aJdFndwVW=c?VaqplJZn}nF0IK%0}Yz5SKIpSrA;o>&w~C&lJ6+>+2${%y1bY_9?UOj2d9e&f=4HKs3(4EW{>wne;pxJml^+8RW=_IBE"
+    "JR<8d7v#I4=(OnK~jJ=4C@0Z#9M@<a_IS)t=U*q@BV8)jEHgEV8}m$sPOk<~+R$PeLnM4C;}<<8x@NJ1G!$&kgYZ1r^z_8_N!^7MAto+7jifyJ~$a@"
+    "iLl0-b2Wgx~TaeX?UGUEOeDP+%D`C<#|Ga~8yCYUtnkChTsf<zO#K7*JvZ5J@L(e~z8(g2y;W%56R^aP?Mp6@M?U*cmFbguXlh{8<mx<RQ-SH+GD31"
+    "PB(vaC!hc^QBI5lHqP-dBo!1vgqpbPu)D>MhZQdVrlH|Jz|+22r->G4J)nS5h|S(a}Aqyz;(hNmga;PCZm4gm-RD*jSO*5gr8!k(GP;>q&6avjHUNQ"
+    "&-l#s=oan`ok;XLXfJ6pgrkh3BWXtbe<GQU(%#Oj;7BmZ8cAz*DvW<hFAwkKQQJ1vp}2CuSwc!u)CSt7{M*43Nmeio**NJV|KQOpa-6dt006JggQXj"
+    "0c{$_4%CUhN*)$v*?=Q);gl}gT8#?G?SBV^`E<=9vz5OW-bTSvt<xb8=#G*1d6K0?<@k{oQQMR01M;cD-)4jRx2mCRQOS(3m^Rq7=JV@J&veJ@{<UA"
+    "i??y2UQMVpI<ahQzWBxp`*ZEWGtMImZ^XeYif-0dhu@!a*Ht5*z?PaIz+)%s~CU1lzS5B#Y6bkr#bFb8g{nJW0%fXSuWUA81|FjEd7OR`*PXRTx%av"
+    "h7nBrj<SRVW>lhFmP`$Kz6t8pb4?h}pZIn7n9Ul$=>|sY%4|J@iu|#5F2=y*ID!%YLX~lEt+7b8r1tA41M}_~;v~Nx2&fKb~<BCM=U+GO<mnjCLfsR"
+    "MLhi{?Nxf&|Jp^O`aYQejDO<IVUN#zUQH!TE4BEeNHrAXnC`}4I6SsT+~mRc4yM=Dw8Lf2f~_>6eUBXq|*&+{o2`w=CpLMf%b&!&Q5(J=Njq|+9WAB"
+    "8GecW=n>r}|M*q#NLn4HbL^vdO=S8*v*tVPu9L}nQpYMA4jyn!dShWvdYUS{Af;Z;RC$xas$seCb{LCqHF9kMgVw_#as(wCNo*+4iOH+EO=i&}EdQb"
+    "tZV$JSB(!Q$rWb=ofHj_#QM$j6@{C*{r_cl(+^Fs^sgw?CC<Sw4po16Kv{ZQf<lO^$RLX@Etu>$86Td|Bjds`u>_0ag3&C1NBojqaPexwJ!)#hactF"
+    "4U&?a=~>`Z4{<b5H5cN$%-^i{VUZ6QZD@a!(_!t|}ojBLdka!Q4^$~!jMbGV2aCYXSh;~frCsLTDi$GvZ2AXQOA(pV49)46s2RD$gR_j#Ph-slkQL{"
+    "x6$k8I6(E7BtSOPB*v`QT9kz^k(qyv*8{;-^f#zJ}lJbdk}txoA_uHZA$@EgT6sU|TL3pMvMulLN1Hhc}@!GSh@dU`EgkLCH*^3%@lwelhxW8+`4LT"
+    "P0z!h1Cmp;S>Ziz@A|?^v#?QJobEp43``WPESB6FXvt*?%~iJ9no_WOFi`2Sw93^N;UNZ{|$P%F#0&wXMpX7``KjU{Hv(?jB{nClqKRDA&cRhpMDL<"
+    "@rhWH-Gl+zaoyzcOFr~WVx@8zgFlp+{RI)#X`GhiPnlXz)^ti8@a=NuXS8<Y1)Co_<b?U_;NZJ|dUDftsc-_)hcldcc7crP;h=RtLp)nZirf@Drbce"
+    "Iu6W)eTXUF>%6I@xj%SW~>#j>G;Z!0=j7exw5DFESqD{MbU=}V@R4)@70N@cznvz_bDy5F6+HEdmOZgJg7_oLnQ>^a=9*sZ`aEs(O+Sa5jW}i%x!{G"
+    "EuqzQbGxuU{hVCKrL$3f{``eUyWsg}xQ{JIoGnfx}wK{M$P42}S*G9mi1(`m=EReTT132uq;^TUb7JnzY$O`dCF=*-V0Kjx|~{aHJ5@Xfezz%!Y69O"
+    "J1WOwR9OHHqiA^UxxW3-H}@^w;@1&G=#L?R?~k_nc^LJ#5(i7R_)tkGAtYbpEih<wH-ni~ZR!73XQ?WCF#cy<qJRH;S<5a`++S^;wc~b1TVBeA{}R3"
+    "EMQuXh9hz6@Tcsa;XmbG0Fnm9~SvlP8DVL;M13Zgf`FV0;8XqXZ45&m!ImNVzQb-nsm2+TmQ24J&`fzgRyUxK`3)Ctg3wH^jV?v=}<3@-<Lv{0CGW+"
+    "hxC2Dsqj7#ldUF!SMq}#+YRe$KBUB}=e95{L~}-+BvfPFmXdZm4=y#9eduQkxB3qtG-0Z>MN$LIv9qX1jt>ds#Av98n`#3&qrw2Y6Z0bc)l)zPmOc#"
+    "RjNN@op%6F`P}gg+A;YeT>Q;f^G~G9#mv5z}OFid{ZC{P&^e#I&wfdhkKtOtkwOj255nm3;Np~gE^4Y_P62M2Ek0b{+GLtX;_a({gIx*A;7tswIKjp"
+    "G_e-PdMI5#q6JJ>tvr}b1H>9gMRbh7sUw{>Ohi6dF|*UTd`-^~01NfBBAFKwJ%o&6?|02M-_6_QEiub+F)jS#q|AF9fkWn(Q7H|}y4eLtQq1X`yO6)"
+    "2BfoIw+e{$kqYvUTV@bB-2vbPBoN#j1GS1LF-G=e6;9d-fC=-^M4k@FX<87V{-k4P8GynF3^#yh7%4ixB0iGON8CwWa&Tr*~mJlx~89=Ia^wlt+_Ky"
+    "K6DohVruW9dcf?_-pfY3eIJuRAcndrlE_ytTd~Jz#Y>6ck|vKP*QgGGA6!J1-Aa!jFXoJc+mOYI-QLgvieT4jyvE%brY!5Q%=;X{Zer7uqP=tX{v|4"
+    "DpEa$#zYUc?38?KuhSs=3y@WRj^B~w{K8Bab_wZEGa*IKb~EaHP-a1Ma7Dkm0M{+MO^1*yhLC8()!<P4z$gfv1F3wy+sccaFA(RW)TJzTkks>qa<bO"
+    "VOD$!W1^w~{vqVCc6Ay4u#nC~VwgvKA*}4+nNoOkBR(mA!Ept#Yl2>}=tS-Ar#$uIPB#Uv8>k9--GSXL72`Pe?3&c{#8mHk0=?l+KG>5<*`l~lO4fy"
+    "ns84UUYD<@eV)5-0$koV;!&5$hEEx19ZwD<x7vUC}k$%(^|&%H?I6&)_lR0F|EZAL@Wyukse-ZAY`HxaplCC!i3+Md%Wc^Ajo;|kMZVL__lPN1r^-a"
+    "0#V=eT*|<;lbUkeV)OTP(X}cJ$yp<ps(q)wzJVJqTbhRi~5_Cc?R;C&0}m!v(z|%lpmxNG|Sb$1>W*fy}NwP0U&;MNyRdeG`4!V9ln>73T{Z!2g<L$"
+    "0DpDXL>alt^HZjS$hLI89(&k4;cHl<ihd*w~HvpaZFD8@?^A!(^OGlU>K;vvf=b0t5>QZs5XJGu|wK8=s}k*q{Oy)JpAk`_v+5F1lzjkB5LrN{z?Io"
+    "FoN88JTD@me6y5HH(kB7yaB%e8jC5Oo2;(%1Av>pzoa^Qv+fM;$|``b(QBZ|twcQNY)(VBsp1=O5^@ynl3ePN=4t9_G1rn~P-UW*b21GSL&&4Iz+14"
+    "<Y&}*g;c=he<3CntER*-|w!fk1eJ+Pv@mv13{QVoMf@P=CxLW%x5+_8V<Vzw*2!N8<vPRYG75Dw4`TTx>kdE4`y)=&=ydMSQ;#rvtBTF!ZUHmgS%2T"
+    "_h^5SY0t)L>jCac6~Qx74d!CRyaBi$CslP5X-1`)o0CaC{pyQZ|~GQcju?J?-W@BC(nb?3v3Ku$x2grH3$$9}fgHn(kQ{FQJ{o9Yp}*ziKM%{B@#v!"
+    "f(W$vCnc%4GE(0>E3v;<sKm37VFV{H7Q^dN_B`67h>!PRE^+7+kuzDEnp{7FG~d!9~Nb@W%J-&%d5+6o|O^tpw$r;)0oCidGi>%Kl~xdXbXJT3>en>"
+    "UgD>!grFpldKO4x;yC0L|z96r=Bd7kBUk|%ts1{0`PWxS^P){(Zw+nFrBw&GpJy3`7;F|NFSCYKU4D<O?eaEboAVGtIBjWz+&^EeSS_xb?hNm)K{xR"
+    "-L@N)7**=EJFO&!K_%gcPR`3sMTq6ahj)@Ukl4_7GQfCIFKP?A3!@y4Sj_-6Y4#Qwp?1r(oiUs!z(RK#>ORn$7P1z|ld6JNuXu5<lGg(XJ$P?Szms)"
+    "*xD*X_kn>ph+pA&faxD#>MFcPuF>he$sLx1_Y@_KUqd)5kS2-59`EjbzSF*29ZY`37s8*~i+vFk9f*dYAJx~0NqyT1k##sSREkyzlp~k0qW;Z@{&%E"
+    "+t3WYTup8iEhiFs2)17a*B8j=ra{+;1v{IfV~p6y5ZXQTdBh9+6^7THqTPxQ3%Dmk0?J~&)4`CE7Bg9O_id9$R_#)~L_qySfKF(^<ze}>Pd3ZCImtp"
+    "KT-e5cxr%CEn_jh&^dRXWKxLRR%cn?LXVy8UK>6nXLH+#}V}U*GhHFgLa3Q)*4@M+(DM$GY!}+Vv0R3`wnIZP^2uCCAvoA$qVUl}C|a*8R)dkQRVVJ"
+    "vkRbK4x5`jEXtA;>}a&H}rI{u<URNQIrVBT8Bsp!7#Kl)Ex|kW!b+y6LLZUL$dlRS)}9Ry|V5MYb9;;xI4l6gbYGrp^LjVn{59L4EEL)6Db4mufxw#"
+    "F?L+6W)~tizDt)4+5$t+#DoUHaDw{s_n@}{*`ib>#k@ed_Xt}M(To_rtddvYq#7-mBnHTKI7~!Wxnk_$C-*U@9?JzvOdt|1rbcqe6VQ;Vq|`luWiq6"
+    "I(0loaJcCBoxstorLw)uD0FZH(=7gcN%c8PD91j$EYAId1(V$UkuySLa2E(_TjQW&0zil0_94Rw(;vbJB{o7Q#@xj$<h9_{Y&;RN$OWt@=V_4|27|i"
+    "4~Ddh^14*+*D*7f9DJcYmMSpjuhaL?5mL}kYH05HSX;*6xB2~4)L9K*gz0&@a|tjV3j?<VV>*riM0;@Q#BF)~tPaRecC(~1DPTz1&QQ+{WD3~G_gwr"
+    ";*tv6yE!bv|egl?p~!sS9ffjFfoH`|i1s&hvV&0(;6|Y%z`m9BzOdCX^UBf6W=QCZ$NLS>HFurF3`-%A;)#e=Xv($ur0ZiE<m+1$)Wfp!x8yl$WRS5"
+    "=?;x%EP4o2rS%zt-$ps%-vT&Mhuu`(YzvL+_sCJloZ-#(SwI6bq?R`j{8y$7UutX!KG8HiUb!wTbD4maMq^*u+WQC0!@+W#g73Fv)!ucAQr1v;9m~L"
+    "mLW^d=k%+*-V`IzJ{?$rCeTSO{-aj;cohg@HX-k2ry=7B3T!!)cvgc!bJ1uQ+l=OuHZs}Y)vHC>y*^pLEYce0hj;8&zjhrvOWspi+AA=4O5Lmg6)4*"
+    "j=Ng+F1G8ct&)2lsBWdW{^sAA>F5A;CI!Wp{k1SwfDSa)HmPtRFV4iz~@D12x4M|Be(okeYk#N-^Ae2fX3tGAmZgNT3u@-b;FIKzg0T8cB5$qVM!l_"
+    "hLufD&z@%=UhP2fl5tTt2~a;ZF?XaIivO$xF-w5(kwsVl^-%h_cV?2hqtvVM$;gG(njT1@5;AyD`g`+gkzE9ztn9i(6|RUN%S{%ESr7Tc+%`>+>Y$H"
+    "z(4$og_q(85?f0}trQpdqp8kMX6c%?q4d%#|8N31u$i?o@51LPKDMiNt_2G8u>IYJVo<bC!xBmXBoPgqXF}-Y|E&g@A>YV0xe@P}r^%<w-g)Hh=L$@"
+    "BahjT}z`B1T?S0VNwjrycsj;khtC8A%s@S4%-qL44O3D<SC4ad(S&~)vG&6u1G+`bTgedI<fun2+qq*GPBk^nZejkyMv_f=uf}mFp%iGV3%-cvnz_G"
+    "f!zWc6r9?Qbp-Wxh^-9q=PVZ|X$Ir_I+%y5)lMo$YP;{tF-W93y5E*u2@>74?@ZeR6v%k7ugh0bzS6H+UREzlv5?#+Qd9OW`HX4wha#B!5d<*06!N6"
+    "^B4?ccPG~F1iY)PrvwL$mL#HyD<PD`h!%Sy$Np6soge+g%Li2C6uS-c-UYV5GPOev$YjBST9vM`G2hcU27E49w@+FY9mn{MQ>!ULo?d;cV?(wf4oIm"
+    "-%_0LGV=ukzWgal^T+?f@|Q_70ZcXmu}^+_IMHqh=2sKz-N&zh4As%v%PSP15IJsRNPp7_%_cIgZL3}?_*CA_7Sd26M*m%>&8W1%81j+De*4E3I(P`"
+    "x*-35@4=xy1KY<Lg$|lw44vq-7r*I*OP?>goH?jlacr(9__2@T|9ByGMUsz0A#>x_U#=?D50t72-aMtC97rERfHpYo2-mb2hb*CrcD;Ew%rwx?#BKy"
+    "pAFX7vx0Hw~d~#z?~$vGaqUy#wyIiLsTS?O?vbztYRgB5Clxhy)H>Y(o<>QJJTE+P;ygjWcsXZBwDGP@3}dhpS^3odt>FQg95o1DB#@6S<P+r1o^4{"
+    "je44aX9b9=<sl#GUcozKn;hh*yYXma_wqBN7^Nf{vhuVw1dWW~$(USyI*cSHd5s}ozDrI|La0ztW7UyM*bM+H2(zH?*wxuCYpechzEwbpx_llVvQ;g"
+    "_8~Zk|<b38?6i$3sLt*~l?T~5OSJYZJBd3%z>!>K}O>^Z?G3#U%pC|+B4M%$QAqgETkbhM`4XvvZ&_XpQF1D(k|L7Wm3aNS-yNra@v_Us)f)Q`6{Gp"
+    "=X6G)#Aa?<$!mnbh&;@4B8Tj1XhvO2s6cN@rPwhkOaDd4kC{kG-wR(YPHr<_EKfmcCI66?NAD?_$9o1lZ3OC^saWzne28ZRKIjCIaC@zbpe^0F88uc"
+    "=m1o3*Sywf=5M!%p6qGpO?P7x4%lVtuF|I^3*W{NA=C3uxl}8FaOFY!u7l+%6@;PQ9K}Ic&aQRRdwXV{-z!RV~~yZwEy`BK81N0>#I`@N?sKh@v(QO"
+    ")FfcRE~G~epSL|M))gI8y<NzW;W+?zn=}-xm8Lz;Qk)X_Bevr1SFA^rUXC9Rm};k{%9MGvSWt0cYecBTVIjJhNJQ0p(}p$4OA(iyw+qDD+~nTS(cid"
+    "@?4LjHw@21t|Tu%d5^T?u52wkhF~qH0xU?XRELhKyj{5l_(3}Y0e!VO7&VrV+8Q!6uJ~w<N6A#R8!7wuI6jH6RSi1j_@x*faJasX14jAkp^Y5LN?o&"
+    "1D&n6Y5e%3ML8{Cb=T$Ys9xOTo{ntx6ZZ5Hp#^yazRZ#g9pJVKB6p;7TWqLWESV<~j0e{`ra*7X_%4a=Xl^#IUu2ny^bfV1iLw*VA4}U@;+^f275i="
+    "@@2j`Q?kJgU^I-^=^__06m-jwUPKA^l!fhl1hr5ReQ$6RMR$vg&9vFeL_z$F|rOv5BNcNywU+MYz-NddJ#-V)-;r*^~ASvD(!8@#!wt|vL4QTP~kNO"
+    "bP+W~^z-2jd##!LsXN)qpEHM|`5`D=C(WT2`b(qAI4Ds+oo!joM0ilV}RD77}jlg(fQUn|nu#Of>G#ZgYj4ltO^O^lRq~`H|8qY1c+OxRfF+-o;*Su"
+    "%wx{eD+HRkhNrUGdK-Wf%uuboRbkmJLCV2fhl#-f0e8M*~q{CJKaaC|247*8-(8zVWUd7<xYoycBY2e?JOlKAG-2h*Dm>p5v=3^OZ-7c9#eM)7(0~<"
+    "Y^nH%tg5+f7~4Z&QCCP-1Y@5prjWFfTYsL-Z}0X@1<y-;8`TjUwx<pfA?BVmQ3WZ-;E`n1&I|?#LDumWA+pM1z<>BYrHsWDj*UBKldPoK9R{#2*Db>"
+    "1>d*2HK`nEGUZ6bX^8!GCJb*D1oi_8j{4M+Jwj9sUVs(I*53mGcGH$BKdPj0pcH23{WexT{x-AJ6%9^wHkvcJ9maCNW!zFjv8K|c)3IlduR)6)T4K{"
+    "ULMY0LdG4y|2Kgm4WSwh$gy%(utK*fNt-HNs!jW@kkqi5Q`*YtQZ{p#9O3ZZ{d--?{nr}Sfl18ER)%j!1lgvCmtX&(t+f6?JdKjH$@;Z!=ZRyGqvDV"
+    "O0uimF#$Lvo5Yb)v7p(mE)`K)*G0d09q@DW-1++6iP*D)sw4)Z*{at%ZNHL{VTXv)T4aze3^$M76e>(!IB#N;&^r0aJh|w=Oi`*OWG4J{PFKo2rb7a"
+    "NJ8dex4=it?Iu)Pfxz;E~z7#CD%W&cge6q%N-+WtUM3w>I6Q%>?qQvQL$U$5PI|m`yuv2%gX!ZNKBd4jViRl6q%r?#1yBrM6kuA{!Ck6Z&a@mQeZ02"
+    "@^>E?1W5KNf%59+m;1RK6G><DF3KWK2bA0<3)8-z8wILpg|wB}3y>kA3zgP9q2UKx7gRP`Lp|p)v`{*jd5_7!gr<}Pr(Kw%d}0N`5S9`oYbeAIpjFq"
+    "+sf*-g+~au<;^8iTCy<}iqO>i+6379M35;$X)5+?=IcOkLP$zf1gA^-9Rw=bw($H%jQ~>8r+D=_UnLw98{pCR}nz8a|oNjMQZ$Y<s>&4gqpF2D3TO>"
+    "Bat<z(vjRJt-ih{m7MO{D;EQ8QMhL#26_ft>Hs{l(uh(gENM`JRU*WV_cpJyh+6(SI|^}z-jQnHb^jDR@6(Os1wN%g-sU^y%-30rO8GfcvC9KyK<h_"
+    "l)I@9OaM6G??^U?rbjXzT~7zG}{xdoN!|*u$vnNn`^mLjE9v*w9hViUhgW0q5`0&#sngjL<3a2UX5(VGckg1Wi~vg(vsc6RLErMdun8bw%yxmb>Jlj"
+    "kVx61)=8E4P^LZGi-4Vby$49BE0rYM48)#`~b^D;T=-w?b-MT6$-KZgG_lMXn7LY`voxw8dj<zl{I8*8~^|FAVr@1Q&))Pe4?eP`fnhR2|JN6;?nep"
+    "P`2}R^@)Igm0Ja{JBE1pz`ZU1pu3!HIPx>?f{u9ZCTI9jNc|BHv<<;OeI-8WoK#UXR1cXJXnpKwr62)XPBrjXwwxlg3v#p&?Fa6jK4&Z(WdSuF-R^<"
+    "@AHF_=H5>Haoc$tOv3`by6eKN9JYnQD)SSL{hj~pB-!QH@5`u&a5kDJN58gs!hn0th-x`U;&g?=FIMwk`W6xosARe^Pu1<c+o0i3&26kdu9ZL{((ez"
+    "0!Xhd@U%MR07?Q)(f!(+K0nnP$IZecAwrcW*rp18*2?GJBEfAiYLl#)vynFrDhJSDbjBJ^qkstrjuG#|GVnx_3A^7lbP`|(I4J+D!Gx|T?3$N?VI68"
+    "-HuwO-cp0g;uG=%j^}?6^J|6P2$c;b`#7JbOcSBdPV-o}~=2P;sWlYgPY31Gc$^;m`-oaqs2LhQet-^tf*{#a!-dC?!A@Hyuyyj5crCB$NPgy=j76C"
+    "w+yohE86$<;e`%Ut1kizNg^0NP@{r2qixgs6zJ_sNF~uDv(@#l$5uUlMK&n^Xj2yC-O<@zWrIB0E{aK*<FahspS~S*`F$$pWWg1GoXJmCunS`p`6+Y"
+    "8#o-w$4Q2=h{>i>T4+|C-$o$LA+;MYsmH0MQXM<n@Nz&g0S7Kx=6Te%IWmF_UB2;fABr@d<abC22Lxv2*)-Mq@qD<6uy^D;UXjE9o79i~+3<8YNP!3"
+    "VY(y}8=mKY__6gH0_aRx8q#o2o1nPEY*~d-#2#`t0(<n>k7}1A(=>w)WJd}7TrjlFjd#OcHfu#Voe<@67#5f1u>On#g6sV?sIRZtM9ZLAwjw_0ky}V"
+    "to7^A>+Lz4e7Rk2$DVXH~r;o9rJ!1`etx*E;34Y1A~Nm$f`X`X3ji+hFKtUSVAqM%FrTK+>qp@PLDh*jbvoZ@qen#LY@vBMXzIeEhlL=l>J@)Dl=m5"
+    "C~{=AY#Q3a{YMj5wR81AINo@lK+Gmy+2>a%f6m#MNVFg|Uhh^oK)TKVds$Rav*VGJ0HV2F|tK<{84G7zOmM&e2?6IzjLx+a*ULR-T1%DLw$zzf6iM$"
+    "nLps<45bVa}3fNruG&sNgaBl`X&yW!iXqbL7W9dIXoJ`GZP|~KmnGd41!hivI%38^<6qwyS$sFni=--AxP$}kJO`QRl6l~8Csx~8l_O04f;-Kow-~s"
+    "y3?A9f@mDxiCS<a1hnd^c6Lda3#M7g<chC_^Wh&~JQrY9YH!<HM!{^%aAiDjdjy~EfLhj}w}iuL1L+WnEX44<4T^WtsD~7dlST~xY0Hk2f2g5-ZEQN"
+    "wqZ8}fE^tG0Wd4fo&NSfb?V|nJjFyHBP-mH06JF&$994ZJK9nl<Avds{fC*2BCuR$bHHO;z0OmcKzxDxvEB;P*09d|%=?L@*Ne|HxWs4TUSOuM^(8h"
+    "5*J>Vdq8YmPLd15xK?-<KaeFL32PExK*(($g1lf>snQsd4jCn|Mimv|SCvLb86|GAOEfu9<7eRs=CSVNE2YH69?WW^lEL{=i((I;Pf4Dxh8B@DBk4E"
+    "0mq_blHBsNp*djyf}eO?=(MwGG}0*P0$hEj%;NBrAiwE9IhtPxXjyM%Go$;sRB0QDp-hFeHJ&JQQ3&Z-;)!2iRASK(O(%4hb|Ls(SNDSs-Vn##5nx6"
+    "17=79b})$z8y=B5n;5#X(qfVn3Qh33Sasf(}r(xz9_=U>>IbXg)|0E9DR=fUqIL++xU>c7F0Y-`XizJrn0v=%pWS#OOk%`5ZWO1{Bf$sM@M;SBY^U_"
+    "vkLCc-6c|)YdyQi%=bvqAVIL}T>1~{)|tbkk}bI;fJmgU<{*58O+!Pb`WO6qGcWL-VN$&yZ`<;oK#3b!9r}?#Z`7vtKGTxQpc?~iA)JR8vJyMF*mxx"
+    "k8jJE#Q@%^6uH`J?yHY@uz{u7VJ1Z+RtK2521Yfm2LW)O<cXEzi0|6HJX!K)!SHL@Pu`+$D0p5bL(y3Dt&r4f-guXmJIr*k8pvvFmw_fA-bNWsdQAo"
+    "g#r61G1cnvD3|7C=1vyHYIXBeTVZ_KY`>o)-3XQ?*oxl^AvNarx;P5;tZ$mr`Wt4}M-*!zH)kLQA2YS!1r0fTWM82qIll-S_XadoY!idqECw)`9>02"
+    "{dk3uq$~3=XTFFt$0W2W10cGP#&w$bV^QBG(QK0EWIhJ*a}UNb=Hm#Ha7fuTj%NW}SInc9A5tGr<w&Q#L?EK~TeujRR#P0izfazbP#x>@O)WK2%tFM"
+    "F~3hL)y86xq%8ulFY`{P$8o*2_~u&s4Ur`4yk7ki8A>OSplDvk&ewb61Y=+nsvlp2$b>QwJWRHK%=w=;!9Fbr28xCj;$#3_ku$W&6yOMb{&NHTlkb~"
+    "M<!uypn()%vkE(NlC)`t1DS73Z2mg4greANDewG!e7Sasq@!~JB@ev5T@BA>`t%}Ib~NAthjEOaU8$Y%VnpaJC5=jv7j)SE6RPd09JIB{5TO;7YIm1"
+    "(?SBQQW>$|&qc?Ndvgti3psiwBB@r#s20d6Z60K)YUi=kG0$)-}f<zQ9S6LvF^BH3*=@R>Ho^k7vKgtJ4%%$@cHXn7N<(8ubU@*|2xW6idOFkr_Qum"
+    "})QUd#1E%j;gXRC=Icm$SQ-i}09N_9u<0Az*~Mw@{}j$s^ZhtvWUTXEKgw9om`YPhqe%q#CPn|bGT4+VIO$_o1bt$Gf`<>An$M&3q6UmtXU%D6^98N"
+    "JuhcS$c8=<%SI`o(Uc0#4<l&l-S!z=HCtB<hk`^uy5K5g;^2%k@k+P4#NLH%c>tQ#97$TXcbUwH)j>^d^gUjiRy&REW5T--~a#An)Glj>?Mzm}8GRP"
+    "_6JPS$TjcxYSo$bS}<59{{md4O)Th_6>PAs`&D3;3pjj`oMdzJIz@+<I1WU%DW=TI#pJYM+NeZJexlVg|T%DKDH*#uWH&7L8I@mv|dNlM_eL9$yx3O"
+    "fgX93Yz(tFp^gQ_ZD_gUWy=EJ+E0A*^yt-&i<55?=8g6wnEce*)Ou)E$QtcshmpSpT<H}=C4z$~HZl~uGWY@>;F$1@87nD1s)EJccv#@;!HX{qO*5y"
+    "?ig+EtQ7&(v%+#c&(?RkM=X{ky9Y>PWf$oSol5C44nTPKu!3eodTXttZG}jKwY^G}o=~xPL>}gu4O1G+>;O7<2)Lwi;(qe){K9GVbwXmuY-0&*jzq`"
+    "^0+tnE0B#E2o(}6GHv38JGqy3EfaM^-@!hH=yl9iCq>R5F~ZDX~>m%E{qrq3$>q}F!(=((ZW;}yEzBhJ|3Jy`ye%arSuhowGUZ)bu!@i|}M686odls"
+    "cPuqP*uw7Tj)ng4i+sK{ZLj_9RgD&^<7*v+t6lCO`;pAdKTA*b=Y-D)K-yP)obUodJywP&LU_&`!Ha0j_Q_TR`09J6O`x-n?vQTzrRxJo`v5<Jrpq{"
+    "y^;vxT0%Zq2Y+|@AT0inA*{LtuO?pPL4MSuh;=qKS{xoG=WE)9pjBuB$9gfO$)so*wWh%kam`_$22CYkqn~LD7)ZPXTRzSLx($g66FOtsEM|WyOqu>"
+    "bM|>;S-wdoHm{CyD&;&Qshln;SXE=HxH-ymT)_)_9j1@NXoenvIroC$0HvfO1oB+=$CD-=$CBIm(91qaZxkI+5*&`zZqBC@sD7iJ%{gul6694T3>Dg"
+    "SFWb2-^KPZe0DR(-r<Ta0v3qKBKryCp{WX1BAxG1y1L$?%oDdg_4u<zMbHlIoOt8W^dG}Nh98sjH?WTfq*AoOkR1cKjw79qS4K+{;7=WkyI=FRWf+c"
+    "wlLByULUU14^DJOQ&X^=#%ztxnf-b$u3Sl!;LVkr5JzmY<ovAMw)xJspJBAj<4mps7Ev1(Maxd5{aP$AxP=BWC>0tZs0_~cTZ13Ufx%|sbKr6mE7D^"
+    "VAKQAuVybyXa`3B|qa6_b>+C}+7UyT&dRNq<@t-6C`-)JL~CVRSZdWhy4Xa^{ZokX`?W+JjsJ-P_%v55k=|>7ajrU5mkd6^Izc;#Gu!V5$=Bn(Xu!6"
+    "Hqei1ycoz{T-A*gLb8a8O)yLS;0N_j4rO!Pa}F;J8y$DLSr0iQT6bpp2!<0H1mmi8?B;o=(=Lq3w~JMGj*Ewq}mn`xRX5rfQwFt)7f}3q?Gq<Kg&K<"
+    "bCt!V;!|zAA!cInnvl2pHYJuRiCxFC8A88Gs^(q|g@2QuN9S)XDbZP8=t%Mc<!(;Rmzoey-l2A_a|8*CziWsxVgu=4o!atBp!E6-Gv5Gtoo!vV<5_Z"
+    "w9<m@_6G^rNG$-g3Ou*jH1ji6WuC73)s>dI?&kYf5{0(2QXUb@QNtJdWp~;_E#LS@XYMh(saK9P{`37(sP<sDe0=#AcHt-6HKbgAnYG6vmv#gWz@UD"
+    "HpoTEvj)G#N9<Ao%hD=!1|SzN;5qH)KY4f4X}^9cl8Bjc%Tts>m>y5ENovB3&9a!FH3*?JTT=*&O^O%5X+Ps-0#>a^JhXyQ>#qI2EO*{ItVs=*Vvbn"
+    "?BFwc$MxS!<~E3)H#ShO_9H$hponpy-vFb6x5ZW#|s$+u=uzhyVj%5Qb!*;YyTGlDqPVYLU2JiP)Pj`Ikg?s=~Y;29G;k%kPvcz^{N!ag_pwkA_eNv"
+    "x?3P7ldL-3@UU&k%d6HmX~qhEyx}PQ*>zOEu|_a3Dl1M6#9lXk_q^+734v1E4(kVDR_fLn+)X_WR3G_WP4-g8K1ML#7q9FX+<hKy;G4H+ABb)cGg@Y"
+    "WnM?>!MnC74?XGFV^5!#LIOC-GP2du40(9Wcu*il7|aQP`?8Wsy{j53e#2(qD?}r(L<;3)b<vnr-`#2GNP)l@7A>*3>`bPn!0294l?_blouYwLKOZT"
+    "aCmu&8UI;nNxBvlQYcxln<qY@+v{$I?o2d<NT6p21pGlZh=3gbCRNk&U34+Q@m*g!Guodvl#WY<lc5iC|fkltp$^n!}u%4E_kjsEv2XIKrhF=>mG>g"
+    "I$HTgBAorQd$>^nH3HF)@sqZ5wep5_F;gVy^vl2J+m_FB-{S88tz4VIucc^g+cc1AqC?5Q5LH<+WFn4a08M#zMmGqJ*K@u8TjOqam-rwZ*`sbBP#p@"
+    "ISdSvVX+`P4$o;<#9qX#LsgD$aN1sI(^eB`gpodZD;0OmYJt=tHtfDyN}PM5hZLFApXa6rM+F7vF-z{FXN8a*9%W98xE~w`1xa)<*7<9+0cb5-z|jm"
+    "0B6==nq&Jd<5MnbP9In)Zx2aCim#G_LjI8DptyOroJVsfc<)A&$mzd_PhK%>}pdR0C*O}T=ZYivy)`o+igQ2RD0?UnyRtyPLVtm*z(5LcsSiYwWlP<"
+    "fFve|a*szkXWQ6kGR0y<U*RkX5BdkdHU{R(YJyM`WFgsH{P_T@o@fD(8<5Er$vPd*h;fzdm1la>e<o9;j?CeOtY;k~A1<?0qKOoIvP-B533=H}L9LR"
+    "BEebM^7RyHRXa$beT0u*JsY$q$_*;%E?y@q9m~z!`xA>k=DpT=b8*0IQJ}&MfGLnVKx71YZq8Jn%{H~GI6HmMWjK<L}f_bL5zn0~)i+`r%*g~aGzEF"
+    "|ufWEV@@mR+et4Vg5JZ>gN)CX%JIZoKY;T#!cbd^3wrBM;4%MuReYm&+KkPuW|mqCj&{QH-xjY5kix<pS+9sn;p4tZQIi3BN0(2u|}8zK+Q31`m+?U"
+    "zUu5sH1RC}DPAWk+sUM4*9&rbCC;1Bww2o}hqvsy8lqR|E_+kUcAM7kj*pylzBput-uq*sXWbl4WuzZz^5@_Ee|o^twVNyCk&@h)7qsu+RY0n+xUr@"
+    "Q}-XVOqdsAbUE;Yif>4tw9+x9A!M4eX^cmPFrCNzQK?aYZg&b;!<aJXxPFb#SUFMCg<{crC14zydF)@q6Yj7lom-6Q;c05W!#xX(N`EU9jq0BZ@`~v"
+    "^U<Ia1e{Y_Lr_BYgt@`@wN==#gHNOs)mE`6kl)O_%m9naD*gSNun3gx-Y!+L%N_VU<hjn~8uzz^7T)QumJ<mB!PQ<3FeG@)tcp~#BG_drQ{W?39Vp<"
+    "vmyv8H2@CWZWi??aXyq4d!C2+_h($smTPJ%6plO_^_XtwK=wxK7aD`)_4uTE4bO&QwdkazL1L$H$pbkKVl)~{Cg#eF**jyf=AqM2KM^WA_B9aZcLZn"
+    "Rlgi!$13&D$|xB6X>0qJG{$#?@xw1kw>S)#2`*VHjJx&^{8Tl0C)fO@$*kaFnqaDe76Mi9v^X%n=ypA<?Fk2k?an=XY2;pzbikD-~ShDNrMB@Ah`n5"
+    "^%N{t%%}2UL3*wi!f%C4s?R@#CIEzZ6pDmQhK87PZSD_|KnDhq|L(7{_kpqM_4?_AVWDu8;_o4^9I$PBH$n{2#G##8`+AkrsmKPYW3QYG0dIOkG!JW"
+    "!n^F1%5$XkcbwEn>Dfh)~R0&2GV0>RUDSmp$ToMQxypf77+%O;F~;ws`qeQa7uX=YYO)MS<A^UZ|B$QKMv;;rn5tx&t=qI5;;;ww8-T_bjFrL{IM!e"
+    "J-%w88mkDz43UeH<1CY5!buw$AoRCO-?qQw@a&$v#1Wpb84C()%KOX5guI9qS!CVf3!c7BYSp^}Ky~waQdp`{uAAIx-5$X|LB07yb}90xe_~$RHu9-"
+    "O+3d^FO<6Z5w**vUf)ewg=k(+TRT0S*`M4YI@r?asp1nOs%y#@gr<6|l"
+)
+
+# IFBench's data (made by bench/ifeval_blobs.py from the packages IFBench pins: nltk 3.9.2's tagger and stopwords,
+# emoji 2.15.0, syllapy 0.7.2)
+# nltk averaged_perceptron_tagger_eng, position-0 part (q=1, thr=0; exact iff q=1, thr=0)
+_IB_TAGGER = (
+    "c-nNm+ioMtmL=F2U|#$S=23+@m08`W(24t{8jXe`6xWQ9RFWd&WZ^s<C*4ST%H54=<}L<fFh4wBF?+4G&B-iaK$`7kX4~%ftN*|M>%aZCe?I"
+    "xk$<IHZ{OieoKl!(l)02NcdGqGv&H2gs?aAA}oxJ;Y^6}#2(<l31o47god~@>U{N&=o{#Ot;Cf%G|8TZwt(d#RSznomZw*R$>n-kNz`R&We?"
+    "d8eW4=2CAw*R?__a-h(T$%XKlW%7K+m-$Qa`Mfr{^K9jqm%#NU-eHX&#Qkvd073$@V}fqdR6^&^0KlhJg$E3x|2tS`;#Xor$BN~@~<aPs{el"
+    "SwEDM`XVrs~7u5qur{>b>>8YVdC$FkU|Mu|VL(o&IP9IZ#Lis7>XOy2qCga0mLo%&B`ukrWk%QJB(|~T!3A*r%nq+zb=_RCBlwLj*c`Wi&<e"
+    "A8GkryJe^-}g;$=<6+BC`JKi3nZ!`(Gc6xC+*x^O&(>I3F__kKx8+8o~Z!@INLG!~Gbcc#JSSrW5f0$wNw%VfzUzK6yronqYqd_9ycHiTnqA"
+    "O8=ieq(m8BKcx{(;NMen!z*Y#^JIS}i88!>MngFbThCzvuU`<r^o2|*pb00LcK>dL;D4I<-&Q2fUcWhc{IEKEPx(TM<uazG9o8pLjA1!aZ<X"
+    "3*Ei{I7^5{u*)+Va&enir)9z?sg9)1XBGkRfk+{9_Up{+j5F7?s;fZlNO$dp6f?emyV9zQnRSV2D<)}afTyh9u}@YmorwH@_xj?1<l+bEAmx"
+    ";3p&shZYPR?v;6+5!c|YZ|_;??Mt7?nKkrg^~QPLoKtgtfw5{=<CpR((1aKIE@=A#!VMCp{JsYv9}~^>Ml?n>(mIOFbL#P0ezk7W-kyz<EE("
+    "{>(*h6ciGWST2mS}wLF@#e4j>3q1Sr^?+u!VH;maEYlc89zN^z2#WX1TZ|b3L9Hng-MkT|W1KQMW>Xnm*ho!|h7L(+e@x~%;dDsaXT1SV2+}"
+    "@;p?%ct4WL)2fB`Q#{R^Ggc-PA8UY_Yepu?z*bIeX4hHI896nugicep~-h&{QH}<tl}o9S`njOs<o*g}O;f?%FgIcc-KPrkWb(<UFs3HgrPw"
+    "E%Wz0EJMGLzvrRrgX?asMD>=eQsr$svLu~{`_RShY|^eR-{oRE+_eKkcy5)Ys~zr0lKfBMyZb*$POYlYTbjRR{e4?6H>fCYo1GWJw_R9{R_%"
+    "y~kk)%4t6q01e}=98iaC$<$fSNdrMMOPzO=%yCVoe+-U)|AnrfxqJ4OASm6uj!>|JC-VMHbg<!MH3UdE!h6EJ&nYWlq$Go$$aE#)tiLre+-Q"
+    "CmN_s+a9b@p>OnZfX5}>>4k_?_*k6a)f&-l1K5qRlFf@oh8MI1>*hW`S^b7R-hjk(+^+IN$P%^H*KQ-A54B`a^0yd_z<A~!srgo2*P#eY5$?"
+    "MjC@{wh+Vhe#V9>Ae57b#9C+*SA?~b<B)T@KVttrYT0Tq(ZRa2>)95xnA}k+YGl@Q4v;Kcv)*G3vkOLnF$xJ9Cr=m?jmc0N%8`-KLejM@`YB"
+    "$JZJ5DMMAFYk(3P=OnUAK`_?M5TRVnuo{CFA~y{(Z7E5nWGeVL#Qq8kA4<P)gCK+Oy?TNI6I=DlVWoIvm_)%wf9`vPM$j`J~$NX=+qjK1~YF"
+    "r%6foOWQQc>0dk}ez8`XMfNjoezuVy$nCErs*0b{W<7dpbZ1Sv3bJ7j(Py<zpTovW-skp?HU4uP8fS@eXKb9vul=xO1in!D<;@vM9Yn0%A4j"
+    "=piu<<f+#tCv19JCEo%3k{R_3i}jiZ}<-+2%AMHTEzsE6IA?O15Pgzv4Y;+NK{xpMLgd`dz?o5y3Uochv^R<Yb!RM$mo^+T%fDl%W<LS6M2O"
+    "9c1Xsz3pXl_h=j0&jR-7v0n<@X^|dozSSR=!^3AOY-=NT%3M#`kSbRHWz9XFY4T=r?@yOxfj-qujdiOMW8<y*7GP77cpVf;dn$4FXFviw=kD"
+    ">{{rEAQC;5Br_1Gd>NGmTC2Qg3y6x^6_e<8t%QS{HOWmc$HczX|DWSq#{lxLu)n__*)W}`g7$JNM3wQUbPVGXa6R-gFVORCUI9`Q%;c0$l-H"
+    "vtEgK*l^+l+u;1<zgrxnhN*ZbG-+sB?z8Wh;5rc3$MKtj7w;8=<RM`j4xq*6J!Mx2~)!ZX56Lu2S2xX#7WOt;lzxDJ;TLyw^;*Yny?AgxX8P"
+    "bx==z9dbzbL69-JMu}BJdyUi{h1B<7+n6ygE#z)a8#kwt&qP%^Zmhm!0giDV8yKV>^3*ySYk_e}UYc*hGKJBbuA88dhEeZ8Z^CvwEnqG#Hx`"
+    "Fh?Z?fA9f^@Td8*#DXj`m!7+BZas1D~wgY6p|2eI1UL`%j;pz88&wmy2iaSyG{=#)e^V~a}q!hm&qOrV=-a8lwiZBtOj-0a%%M@S_%Z*2sgJ"
+    "UX}5#WHbj!*`XsTWg(`8%67O!w?x6;G0nk`lCkxxtQz`+uMzmRH|cNoUzfH#~=6ri_Ixz59)0^d14`mcl#)1vhwC|AC*P7Ho{hjty#~LvgbD"
+    "Wgy41xvtzqx6QZxDDimMOK9k&FJpJ|NZ&VD8raNB;ZzT-meRecz&|}D&u<WDKuY)By?EH%1ZNR+!TdjujTb%|a*SFeQ%VF)+=Nrqxx6ll8*u"
+    "Dkpe24X>j1j(BTAw_9WYiM)=@X-9zaJ5d&atOKizygq3*S&&jODk0790*+SbmF%9r15*f~WsDdHS^a2jv=xU0a)th!|(RfDfj>u!a!Pr(TL0"
+    "9n{Mu2HDU%o-x+TKPC*5o;-DUtZzwF+&L&&rt0Ov<WHLS3IdREhl73z<Z_&>H5ZQ|^z|0FhGxwiDnqjej@?$%<dY}R?bW;02R?b$Sl*6pX46"
+    "O|Fd0@Wn=VPWOp6JI=q{{TEnf&^&QR-hkdX}{N_2n~nKfrFCDNt{oGZ}C6|%DNF`5OSvrd5=Hdot~_;!8F?6K<3DnX+}@d>#NTQ!2acmIzj="
+    "ykWN_v{vGt}WRZZD{5&^fv1OQ<=KgoVwSVx|8E*7GHA~Uk`)LtCoj&3`5B;BG0eG1RtY#k?8Rn_Tz>V9m89jS(!_2YrC~ExI6<)%E|4v3(lP"
+    "4Jv=j<7Omy2C%zWUYK;1%tmTO1^V02R8$ZoJrpiB?i4JoSu|c@i=>0Jk@6@y$CBk5`<V}adJ6U@r?bye;fZx~F<$8r%p!kB=%*Z%Fz4QU5X*"
+    ";U8K;_ywEYQYKGh3_l<OM*Rr8AC-)q?fX`diD^lPAxBxNd<Wv#?1Ktp%0tML_pUruF0|Gi%od6rLww8^Wqp3N6C8gDaLyi(uKu!m?=Bj7+;;"
+    "!{KK_C@$tu>tRNlWl1U|w>nH1V3BJnV4{PfVu?}dqZJd=NT_en;Z%<xdRnGvY3TVcg{)wfz>Ho@*(#D+w1R{4V6kN}?LA=tWWe>8WsRlSr84"
+    "i80gH>$sU)*e>!8<zj0dq>=}4~8*vxm7UrU<+Exl=5*3Mvq;cx_*?#nv4h3wwu;zHg~Beb2@8Z6_;%!+PO?OT?n1OR;``4X3*XiTVj1_j2Tb"
+    "09aK&dai1B<ux#=?g^8YXdMYf)Q`U&~Du@wr;0Q%c;*J+>p^+VSqe6OTt*|uSj&YGR$giojkBsHr3P!$&Jp&5^io&aT{7r?l@E`6;>5IX|WV"
+    "lEFPAk#9~9RKO1so%FSX^LI{Nta$c~K_7;ms#rBqso$Du6Ti`Ixz16H#J5iJ|&2Dhr%Q>ep6a$nmcVTD_9j&QWA(ggi>1$<kcW4?zSROndFy"
+    "yWez7H78mp&azt`Hnsw=Q)0lLJ#{xjN3OzJyk|1j_PwD#?#Rx-2$`XRZ`E(wcp{S7Th%CC14{&KR~zlZrzE<la(nSrq6?$TrzT0X5UQD=RB<"
+    "XEGn>?1I9xYuc9h+0Zl;<Uzil8ycG))N|pr{B1|qZ4NoeDG_yBZ?Bi=ES4T6;x_jO1Gg4cl`M6qBnPIH4uc9;?GGkgzHsPO0n1J$KOD>Q-n+"
+    "r3?ky_RYnYzU+B=c9^}ue+;K-(@u_+xI6}K1`qjZ-TmkYI}N)_y^R%ZuKuqLc*>`{ANqbj>~Yl~WUv%}C^Av&zOQZ=u-Ha16VJ9p)<081uJ#"
+    "bjbb8*8eYc6C%eii$}GMT_*7A|0xU6iQR!m=5}$(M_A#3ZVxEp7J5u7<aad>EIsJssRN%<2~lmjSPfmgE>W`wWOtqYN9Gt6HBUEgQtE)$hmq"
+    "<H<pYUhF#VUHF1YLbSHlVfi$fPmCbn#I{3P?HN?n4ni?KAe@yiqQ`1IStrE$G9fJ)#=$~VaA7_QEQ^m|xjUlouQPK!`(<FtgtyVD=4nxvx*P"
+    "GD>7@<4lTft)BDtR0{R8|${VR`7cUEHggFIaY{D5c3V!xK4Zm7RKPAD#=T?W8iM-X?eS%$h<?nYa^!j`!f^h}jgG?pq7q!C+RZr3f~mnhQ1*"
+    ">T;|aSPd)VY|CXEr?fUgfM;6j2h)AAcV7w)(L6pcYtliL?V*4V(23_EdSJ0s{R!V~<kLCS9)cYIzU-zl%?aPba+)V2;k$K;r6`-iGUd>AOU("
+    "ieION$*DB1koa^x_FGv!<WzFSYic`6oc=<kSC50BuUp<LBV)fWSp2YX}cs=c#}g?iP-G*Hg04uijy&6aE;&V@bU;#QAZKo^qiq|)xLuqvRCu"
+    "Y&cn%Gs5dwiVZJKyB1)ZPhC5XxxU5EyAkpdQtBW2|Qp1hh<yzeI;jwEHDclD+jE0QMGIpF`HCUVB3OPaV(RJmG*Xw1deN;0`^+PTv<oi1b1a"
+    "hCnD$>%nVyU@;ccZi99LxbZhDqxTyqr^2Tj7&3y^y(E{o<*V;sYMwa@XLvE|PGDlS`i6BKO8&Jur0dM@)L8Z%R>9^OGMx6evTc7e6C}v$;C`"
+    "s2*^USrkx9ig0u49KyUb3iRU0Zs}UyKyy3Vl$?P*WJQhB3qpG=(y_V=NQaI%$SoEVu&T4#b_h<Mq^{pDeMR+HPb8*!U!AQ!~h$x<pIMk{j)B"
+    "fq_VN(4@QGy|?C@&~0a%+6miOfqJl4!F)=U&-eh{R@>8;wztvNN|5_SMyz77hHQ{{sv3Z$TLD&(qv!qx1&tP_!aixRKrm~08?}i$ER}5zn{A"
+    "tE&Bn-5ifaNb*X-Ng2Xd{=2%6TCUtw>1G%K~n1*X8LwB%#U`ENT|3)iSD2zv^dBC6;b!oq{;yQA}t9FVncjSoDa{4N{p^e3NMwTF#6aZweH&"
+    "Gxdk>gG~!3ahC{N^9hb1DbwGd)@_X|LYk4NW;Ctkbf??EjqJ<J0piEPXtrQW6=h73tWzJw~sd$i^hG6mX6k<689d%mGx09pmE57qH_14RI^r"
+    "aF^F9$^Q{7zvri0L?q%8tvUerRrV%f!zsCg}G(z*=t-kvR@OLaJNORHx&hI|I{(aJ#++7Hz!rZm0gB=!G1%~zHrOt+DDwPCsosf+Hk!n@vo0"
+    "A=8=&rMq3%kB9YaOPT>Euf`hJ9H>NSc=Qu1R#HnSBaxlV)X*fi@qC7xur4)p4Ay+NfKoJz8Jx+LfZ|BP7rVNO8Jb+N&;VeF4-pd~Vd)<n@91"
+    "A^sTeJWac(MFCK`(c9S6J#pyT>-xv6FYE?d1?lVGW14{nn+ZAt=f6``_q7lsmW8D}N|lbFTN)+|BCKyKX0y65?B#h{d$(usF1VvWu4#$TdZW"
+    "-|e`*ft9y8jW%{dz|av1Ow>}^C*8r5DqRIo;Lq**e(*D?;y>7egu)xvV5>=t><1P*IJVScy1qt?$$e2!e#cb8$i9S&*S4wEl7^|A571Eg}^$"
+    "2o1SQyqOk2fTMpbzB5)m$MRSrg7~xtYGKKUWNOk_S|qAW*|oENS4$>g+?r=vI$|c6>BDjpIOg`xmp}IX#;Y|;k;@!1nj1GM24`AV|y6(S`>H"
+    "KwShyW!x}XBGm@ph%iDUZlpM-%Zb0ESVuko6<lep2W;WK`JxvDfVGk1*(#SKF;vmF;#0A#}ZSD}+KSs=mnK(k}0L2ejN@iS*+8c~5he}a{gU"
+    "J5UvhKm&y^dZB<MwE@HY?ny9cBac#q$yyl!tAmxcxJdWu%791U$H@v~WCr(Ed1hS@z`##4>ru7PVC$r?K-@XoK5nbcCLiJw9w(jy*6J9&iQ8"
+    "UEB@sJAj-f@|tD}wkO+K-fex-VRIubP0e||_3_x2n-^183KZ2!N5F&TaIjarF4#SXa@OBVXPlQ(xAorJSwp3gI21#e=Wp8(G5w=vTJrdTq7x"
+    "EFA)c7q!(jx2t)?4>a&ZMnMR&XLN$1wL4va?kx7~))m25j-awL#(S9?z<B+b~hWyOqG(T&|<1<n<%_deUG9$_1|Q&&4oqs^DvD7*7s>2X0U*"
+    "xktUg0A7*9{NNnJ2#p%IM~`aHO;^#NHoQ|sMo%N<+_cm$^?8npT3adzV#)Cg1ua%*&zd5h9+|NY#5x{ne*NkRvi|7n+YurxC_19BXoCSGkF_"
+    "P@R30&R8))yra1+rDmGT_ShmZgDh4)jDqaH??cc+}E>;Ulrc1SV8<zZ<#}!<dGS(>K9NsY;hYKqns;<EK*kE4c+vdG>dy|4TEv%?{VojYY-G"
+    "oln$1B^3rvsQC(>xRXW3u|F^!sDN0N9=WV``UoaxHm#k$hn%l`R_s8+9B>E7CG7oxe>)Sg1hVC7YTk9zxEx^f`%8VO@rKi^LSMtjMN-Oh$J>"
+    "G|nt5F1#sLu44Kn8%!3S_1s|^p1MQZ@5-pYGKD`)I8yi%rz^Z+llnfCU}FsBjQ_RmPr+J=5_Z+7@vvh)Yt3<Rwa0=-Am#?q)ozvp5AQuXV6O"
+    "&A$D0afwVf5~;V5X?dY|RYxQ)Ip?zl7`m|$V$_>dadigAb)@!8+eLn}w_!!XG`3?sx6b)X_eE#{>d`$C-|bJ-=~9DyhA<RiaauYxLAuC>UXY"
+    "dMqanWbltGd2}0l`=L(RT1-Y6XOvQ{}SC1kHx{3R6d=|bHUB?@hmBP4v4CJ*p7FV^MuA}nM)Y#6(rvt&tYAXDsx+vW;PgMS712^cWIbPTbp&"
+    "_%e|Xx3Jz#?;oumSnM8ebm^Zbq`54d^4}lg%{)<wMLp`IdyOFlakgR2$ys;i?o;I1v_q`156hpRVaKuU-w|!ORkCg79X*i>e>D3n+EZ&uqY+"
+    "T_`_O@!3j81cL&h7UT$`5?l4!$4a<GQ3f*To&SB&grlS}P>bY&gdU*m(~eQ}SkrIBe9pE2-zF=0JTE0XPqWGtZ=&SFB#rnJZc@Lor`ZpNpF*"
+    "r^Ec$YM@O8eHtjmE*_LVu(ILdYDKNl_eMBitW#5r$D%tPN=Q-6Jd;Y=7&Io#<)~jC<MK{A2An;XqEQytc-G09S=Avaia{9Gnn7i3iL9MtT9&"
+    "=WJWkCaBslDHfKd#4ujA9g3RGKap;XRo3M`_PtU4$?%ctcMHS)>R0#)0l`Q({H9}&%q8hPq{SJQfibx@l#S=*{G>`Jef_j%MfMTnZn5!M3$9"
+    "!)m$u}tvCx+_h?Sbvw%cSXm>1e>9Z8mWj~REpXtDa<2RC=R0p^A_9FWqehXdpVMN@%VcExT!f?8g<yxNXu!+$a_f7NUc?3Cqfm=^H`2xj(!A"
+    "lF7X8JvQA}=<<KRLgyq^-;Kz*?p<fYUN=bUCv8HTSg#mp)oJIw7;;?@7P41D$H^=Ck$T$I&QrrovF&QHdsg0OcS-y?Yl3ZCh>X4fG7J0P=?t"
+    "6<crm|usB$o^xo%A#1YNdI*!66@x93Cl)#etQzK5$t4OGQNWXarhyQU=QEhQY10;^ZfSP;u^N;66-2VJefUk!MlI{T3xiWdU<dZU(A%G9`D="
+    "*uqWaU@F1RdN7alH2ir}aw_v=%#aIp&W_axZghTK0Y@LKKP-OuLDp%QvafGUELmDew@_2xLp#osnESfZ2;#n;JHh*~DQD{(G7$GVC?M^_nE@"
+    "X1P`K~g8ezEi8Ol9IG^!2vZ942w-bXaT>Sr96(9Fkh?_)`&olit}wU60$+7maD%7k%;ZINe2e9XO5ncexphaG#<U8s3V4YZsdGraYZw6l?fw"
+    "8EVi8bCL*9D)bfGXeFJy*qBA2xtWYu(dJc(}w_>eeE_8$AOLXPOaWPHCJ^Cc-J;!!`2TIXy>b~yH<k=P+y_g`8i=wZC?O+6}EB-?$U|vqOSt"
+    "(qK@T(X4fd|p$0oQ^w9-M=%{vehv^d{to5E(qz`b5(1JpYRk2nJCHvq<6!ynwnD;unY(x>*`*O_xee$IGe@>qMpa0kY@!zU{s{ZNx<NJ@dH`"
+    "PCV`0eV$+l%U-etUa%UHx<Qm+D`te|hkv`l<TqbFO~sa`kidv;ChwH1r(O3rH_1J+FR#1@N}7e*V~1KVMWo-&8+0_CKwD4n1ySS3esW?Ef>a"
+    "Vpl&Kx0OEJ$FBah`tQ~M`1}8;{;hgYJ+S}7r_}>%Tpv7oWa6=jCnlix%*4y;!DG|6$Ub;%`j2z<;EC}*g)p9{FRBO6%<MUY@xCxSFU{<w>Ay"
+    "7f%U9KdSH}0s==qoG!P|@T2b3Qhd2brGzg7>vZmS3X_(%1iZmI{1U}9fAXkzssn0jrr9jXU$WdhWAv+0c{rj3bhb&6Z$)u{#j)Pi_wd2njUe"
+    "){;u!|K#>^wet7sfG3Qso`fPUKoA}Vc3%L^p(*wbKs4Ma}#e(yf^XD#3vKKnD}Di!o-z{YZEsnZcY4Z;+u)uL@=>7@w<sT6TOMSL^QEAkxXP"
+    "0_a=4_n|iGN`sjJ}SL=QrRu4~~R}UW=efY@4QxnfjyfTrihn6=FEj=H;y{;bK{H=QUpC-ml^$3^WO*}F2!o<t!k-7EAV*cnQ1TLT(ePw)ktR"
+    "9(-$JOHp5Kl}z!}W9AJ2&y%M6MoN-aa-L9zQW`t~@qZ9uH0Rq<Zq;k%<@8lT)K+>&fX$+&MRqt0#|*TGBsxYI;^0o;)+X=hc%J1}%Y~n72=>"
+    "rw<;Qcx2*v_4Jh2%_|h{r)KG?aXmGzXVo*~dS+bDP9dJ+ez}QUJ$q6;duH&}i|Uy%KChmeGtVs?&yC^v!!r}VRH!D;A5~TspFgdhzo?#DDSU"
+    "46e^I?KCtsM8FN_=Y=!KPS3*8H=`7fS6uU?qbFN~O-7gjP}m=7<jmzGX1AH1qwnlGq!FOBKtb5p;lURtuee065xb@kGiUsbQngIAWQuPj)v9"
+    "-LLLEbOSFuO3&gtn9tAa`(!D_R4&CW%cBhdH(8!v0GVuWp(D2`TpvKnY}Qxm&W(f%w7VU)0TU$;Et8kSFeoE(%_ZVr&s3jzgPcmIri^X%KvB"
+    "ezpJzA>@U@sh2+eFerBOLv(Q+{KC>Ep_S*gsZ>qC5A52`C$ko~TTN5|c+1t<6*?Yt9FRQbU=hfLShCiF$XEXa^|7#P*eqnzzz4*n1nOqy!HR"
+    "x@1X5_{~aATg_nDW+)Zq2b<!(Yvzx~|R|`<qxBTnF6Nug*H$&ack;>TK9oXWOwlOJ<suCX6GQelk7tc{Js&I{RK%udCM<$JZ9e*Y<yXVdA&y"
+    "_1o(8M~JKH^)J=yi_g{T%WD(4dVTe#dVO2HuAi7_O!T;0Z(?7)4)!0a*X`QGkLq>Ynb=ovsyAn6CO(_EFmYAAd7Y~_=k_<FbAxX$P25y(-kJ"
+    "KNv3@l5=eH)lR&Tx-`xi62_*T8SG_z|6vvc#Vdh@F}_w5XK-f`RA#IAa?ug<IUpI%qzr@1;m`wtVhCVs2VP1~ybx%qQ${+z!zE%WF6^QY?k;"
+    ";cHqyr|ACYUfwRZtkC3+|JG2bBot`SeOXad0U-FT-dHG(C3qBOn24W3O&wS^X08Y>Fpb%=O*6WRBtWg-+q2)!tj?jCX8OZH}SE0dui&cGZUB"
+    "9+v_hT%*^uo?ah@5vu}Oc+ixZ;T5p@`?Rs6k?d;!HZ>{}!Ynl44dS|Kn&isD&`eXI(%^MTBdUtMmZ{Jq$J{bM@x_bAedS@B;&NA-Zt+80qd1"
+    "p?(v%cV6*j4YV_dl7ihUmRz&HMAK>iyeu6W7)I54Y8O%l-EkCN53Xxq5GD@IH*y`)L2B`cQqaQu^WbCli;|hqo0v;16c^!w1v;XyTW@R39!s"
+    "o4Bn$ScE=&H7j3@$I|wLx%VNY>O(tLAL7zPz{Tk5V`crsM=L8I-<+BFVB*q5u0C4KK3etqXw~bZ1@hzDcP0!Qd1toXUsNBBSS9=T#W=qhr=|"
+    "DD3!|3iAFX<Qyfj;u%^$A}Uzv+mls;P8TS!0NyfI;(-I&s<+Q(aS%0m3ns@un3O+5_NM@#gNX6t@meX2hF^tt+U`fK&cD*h)cvY)J|e6phQs"
+    "qL#z7L`xdxqeF3FV!y=)L-7-R=>P|UH$UQb@jRWY$^TO67KWax9YPc+-Hl}XR8UHE%iSe_h*aL=a0to@wWPGMdz~>lh3ywO#D`TuI<0ZrR3^"
+    "!uzzD>Ffmr2TT@Tpt1s1;pU$c;XKzegnE0*w^5$dp<*n&i&U~>k!WVP*%a`}nmkZ;$d|iFHH9Z?QeED1TrC#C=GVTypUxNJ&#=iQpuP&;K(+"
+    "{|STU}V*Tv!`+VWsZk&07<uZ=;Y4%a@C{-%R{gUA#B^(ey9vZ(7%HOqdl*(F;q_i{HLh7ytQ}>cYZ*VPU_B_CLj4-0H%ja9Lei&@U~CE-k+="
+    "EjcdV+26!3)#c}N69z3|F2B4sVI0P6t>~p?^QHNCX<2=Faa&zlc3+y$m)5FYUYk{`VwcvkUS9uJU0M~p{CaJ|^uFfmvc5Ah;zn<EX>IDIh3s"
+    ";*sxCLxr492ge{ZYH&a{S5U8d@CGOm4fRb5#)uPlkLUf)#Kc3fGJy|SWu_13VZ_SNUh>dFe))%8achK<XbtE<}nrzQpy(ZpC?nT!8X{l{tbA"
+    "2zD`k6+(Z*VXmu$I9$pTTgRsNq%ifer*l+wI%blm6B^qmg_IZVuk$LYWKCp=-O)dwUv}>OXq7VE!SV)SJ#%6*A|=Wu&u7!SY2DeytaCFQ{7k"
+    "*zWM127iCRsE9-4;&LB+Nip-7GyPI>P@7|jDTXkc_=H{1o)y<c$)y>s~iCo>7CpXps+?Xdfp*9gre6McW2A5k+7*A{JJ2Q{=?@X97wbgBP`;"
+    "&>&>h|n!)$MEhpH;W#zf`vtw_9t#ZY}+8EsnR=u2^NfwG6fH@7D7A*4ndMs}r}DqE>8ge>J9Gb9MX8{-#@RO?<CzEzY-Aes5b-TN%EM(S+f&"
+    "ufA4at?qrbO#AxovifR$v^7j$KcAU6ufBdUBdZ!;&Bw17zg1tY$b7XTV<qLQCDGTLw<e7J=A#MdnemMo|N6SJf%n%Os;|3H{aXEMgN0uoysm"
+    "z=`2A|bfnO~!zmBKXx5@^%-_BoG-z<jTK3tmkt@?I#Reihpgv+D2HfmyDecQz9n<e1is^6;Le!8xHvsC%*@@w^*h2Xc4O^nrlR{v?EkpHwa`"
+    "+H?mkiTOd^7p?!Hu2g-Z6a6ysBAJ&SM^`2+NLeF_4BojWvl?!r%Om{NH(~x|NhrI*r{Quu8qyQ_}a!9b-ggLG_f`@R8THzh~*t*ynaxqrMe@"
+    "VcNS>QEnsJ1ZIsD-lgzb6!`nsx({iLm-#{`Hl1>5ua&xR)S~aRe4!E*fC)kQO>|AJY9k(2lT-J{53=kshygHF`gnW+xVNcNsEu|U<nP-swiY"
+    "&;qg*E74ZwMrI6JsUN?FH`@haA(w3BzSz>mkEkVC?A<VzU=uVhktVkpRd+awC#S6gKk+moNI@w5<zR5=gzBx@E+5UY=B7pq9(f1QJ~YKZ4B>"
+    "&IeqqA?_sDrY(?Bm|=G8PHm6uX1`zTq%Ce_OO#d?xj{AqtOG&O)z-^8mAkx`<w1As{`hUI<_PB*?+@s}uF^Ea*(wxVn)l1lPC|3I9PLOPlR^"
+    "$!l83msfP*4ULB;aqrfHIyQL3jN8xYbHb{mtGl)VGRpFjyU<=RWTa7?ZpoHS08v$$uxCImC^Au%>#Skw~|eS=$}g*FBB$|hiiYa`M&l;G+e#"
+    "1MB~Xx8BvH^+*6q>vNcWK!g1ax9aQ{g26Vaamvrh0Ypj2DzYoxT}7AGyPAu)J;Lh#GTqcvWVaWwh;)#Qep56a5swek>@35(D?m!C(ISxYtQ2"
+    "h^3lcj`PO^IiwBaan^aH4J)!mUoA3tM+@KJcZ%qx+hb2jdj7kbQG@=Z50|m=&W6kh5gX|aTN!a-LP5PrN^+yo?H;n=(Dwl|6J$Dc405QZRTk"
+    "eJpNTa5p36{ZQm;s&M1T}6Bz}8l3%9`KnB}-j{bGh>3cf1hPyY7?=QS~Ea@CecjvLkn6(z)UzSQtP%TI>QshfcF8#~Y6zJt>O(U!EQKlag_p"
+    "l`;KU<yQa1S{!E)ZT#Nq0ZDU|?26H?05DYn71;=}fXlJlZa|nL(MwA#r6qbN1prrZ3myz9(l3S-0*a|~85;NM4n&&*(ri?Kyt%J=eC&W|tjx"
+    "f6L9Kql@!nDJ_Ztq+I5Y>?&$f#yA3ygnV-G;9(6-sj3?71T(v){03e66j78i0%g|@{kDzH}Wmjx(=g>pf1!&q?Q+GMM1Hf*dziVO7OqM4xC4"
+    "|VUFt1gZNzX#Ewp2ot+U2Q`=bq@-874Wo$KW|Z9xd07l;z$ra-M&MhgyO&|s(W~#ZByU3;{i#tYn@G~IY62F<%9#iCwJGntKGz0!_B_N$vpg"
+    "9tv48hlC;=NHjJY}-&>+s!{Siq-^0Cus8cVkMy9J&w<I?5bOKAGp7f9$=Ez}7wjMW!_dbM1n_Up>*odw1@`qmkC~tsNEW_;C{0R_$|APcgG>"
+    "LRa$(av>)apGPG2!uC$hznf<)b%5jv%V`tQgoNs|#J*6sX24gv^Qc5W21{G!yJhju1opBRG}S6oTYNWY$%^njb6?Bx!YD8U4hppd+z78eod7"
+    "=S@sDl}&W&jp<mZ(6XaYw>E;Pm{~3QjFw#$4y{0DAULXM0l;{NYGO0>nhzp?D1f5i>?<EFw&)g-St$5zTA(chnD5XB>Ms)uh8kQSHs~RiLQ!"
+    "Fa2yhHF%s^T(jfGMJd*q<I`d%E^X*5cK1_yQNcT0ocTZjR#hgjm=na-V=-XYj`Ep*JrosEoaVqM?;Fb#`(S3{gaTGTxi>xfd;p_F$vwS=^cQ"
+    "uLA$yG~5`u66>B1tJjya4;4qAb3X7TEtZ&>@8TKy9GvxkZEE1V+zTH;bq*!u25ugL10868Xf^Q0B#ImI(ZPjQ>w8EZfFI8KPWSYB#LGX6}vU"
+    "=N)!qw*DZ6aWAlzDBP6Rb2{D5Ksk3H#fh}{$*4d!e8bEqmI|NTy`?}xd!5yCFfuO3Z_mb%d?$Hc;2R=~bixf_pLOW*)&Y&O}VE18Qkc<-%L}"
+    "|^01Q3JEwBM@hbx^c^kjl^2b=MktbY1C|gxq^VW=t1%lGQl^Irpyc?&xA<IC!>jXz!@SlT83)U^=l)=x{^W(*ss|f7HkbQaG-NP^)kcNOER_"
+    "V51eR3=rUz2{^IM<s~FMgT$wh@a~b`LXynj&MzY!WBPx1Gl>r-g?fHB34lkW32-tBfbPdNx9|;4xYE)S3}C!Rb?sEe>HZ!WVhpI9J)69~&Mq"
+    "TpxaBjYLOBoZ>j|0P*FU_;?Q1p7{Q{3bHpsYs(XJ<-Kp0kT2~5(uw;IIKP%s=~CiV-POuEse*>2ykRYptIqsW=0497cBWbpT*4k#0rAO!WVq"
+    "QeXhS~C-Y)$e{yk6MVOdxpjz_k|!Q*ln3qHVEJwnZPzbYmwl3enruy2pL0#KB6_~<DFi!f^04D4=>KWX6SvHi1$AE?za$is_FHXVX?{oij~F"
+    "@8j~I=52`~82nHwCkUe!K4GMb;i+MPlR!oEe4O2$VH5AwWpceW7y{t9Auq806%LGK{EZR7r`vVSsqf8BOa~b#=HqZv8gM=0UdWM9jY4Lhj#b"
+    "%Z5?tprOx;BJmgA-XmeTzIodTxRx9i72&f!^}%ZqXGBD^L`Xev(XUYiAY*3iV*6mew|5;<y^MW@x#%N0LRAU&9@Q9D&l}kHN{nAnSEL&I$Z6"
+    "vKcggdY|l1iae`QK}yhpQ*08C^x(5?176IDpo93tVc)w-jRDH|z}{%cJ8A5KMiE3XMqv0_XN!k9r~u>0JK$u%LnercH9|ONC^U#Bj6(-pTiL"
+    "Q{ondo?^8w56qF{<@jxg|25d+g&#>**-L?lpEGr$>UCsTImq$M#%tQIg}?U*?A9<Y?5f;dJz`C{OE8=N0#Ps%omR`+<t6x8Zz@Ymtyr{M@Vd"
+    ">Zz<nru8pRk2Tt=7wdTNqe@gTO4Glak)wICZIVfkH;7?dzkQU+km37MU!Z5ZjsDdl-X`=EM%il)ED3m=}N%B;E_5^HTYOvH$Pf;^m?7(IAwp"
+    "s&WW5c;LZdVb3Se7M9uLGi)pc#W{XKiUB~?2^3f=QuAUmP135onc96y9vW7W8G7o#sYz(y}EL~}q1yz0ySoT`?vvqfv1ko4m9LWgKGh)UxNH"
+    "}=CkWFH@E9}0e$W=)P&Oj(P;x@IOBn3Ce3U^+r+0CNL^P_?eLZM9og~d}g+2pgIJrt%N2{RH5OR%c4RhcmH$5dk|fx?aZKJ3EK!zJvjnAFxz"
+    "2GJ!+hP*<VOX?iUbB70%j$ker$Bt(_BaZkIHVqP-$3{UWMW_;z7k8EDwUXFKJ92fPpnQNF%|UTLQ<>uaSO>%g4y7t-NuL%lz{1rd$U`j|3LE"
+    "3&Wgcs?lm_eQhqr;z^gwPzq{o~vszT)eMlA%K=0Z;LWt!BE8@><*_#@KqI|v*ShBbt_)8nlb=SrzZTdw(1!dQm^>(#R+hOE~?dLSe#%!i1n4"
+    "O-HKmvBKC4DCIoIJt_WKhi9!P})c&A)69<(L$R7Jgzg&MNxnpNoXunQge}TW5|hI@(fDKIuO^EGjYv+igt70>aQp@m^v^XR})Oe4Ti6JVzba"
+    "(m20b`^j2I(*K>oddey{!CJE)y3A2aMvYLia!Q2{q)5(@&c>#g99-y(Tw~+Nf6Hsco#fB8lC}<g*PfPiSQAgg?%+1XH8dqk(iFb(2|J*{<lm"
+    "^N0gmaI4S81-C?`Z!{9%7!8yILi~Ci4N|v66#XNCw`r_K<*e+osaq0Mn_hFEn7JYoq(NW8xdaBD%L#rebd`O2&Y(d{YpcUx#uGa6bbM0kgI%"
+    "jif>fb1MFX<j&_p`eI2?+M_?93StvyCkl^&Vh1;gNb~4Kor}Yw>GpC74nF`B4yZZ6JVOs~!7@mNxpev&uMs+FoMut?Z0fhgEr&8sC8$&Bk^x"
+    "=E-QtQo<2GVMr!fm|;;<NvsPeAG8p*~2ukp=L<9sN#8=DU-l~5zMcQS13JM<K$IsOF6oQ2Vdms(Lju~dosAkg1*fo7!H0qT<jXju^-QNU`aH"
+    "0D~+Xp``*23G~rFhZcM8#yu?qZMll?owko8~0htp&X1EhY*b5jw@cxg<zje5(;e!$O3mxioqRHhd>PNAd}E<$3hP}OkKgOH+&l>EL{Z^vrtS"
+    "!IK22vl*Pj+ds>w_zk@tK1$=lD7)aapqH;f#okEB5BF#I7j_*T((!)!E;eeV0r1_+TfbZ5GPSy~XlM_>McxvVsif2G=EFYRYN|vRDEB6zQg7"
+    "B+KPPDX%mK_C;(`D|M1yZbTlrJwG(2*vC!PkqRIr5d{z!?Za&L@-Smy_$lRo+paabcY&?yf=#IAj777i+i<%;%RWEn3_Yw^~Kjk^^@K$Yg^w"
+    "mW#1hE8{2^<eWt6MX37juRJd}H=1ESdi<FXuN)H4BoR;j-~^iA@j|p-i7szN`<_R6INA`!64EdcYXm6T6p$S-VeZwA-?M+cFRkT$%k{?lh@m"
+    "88HE}?}b!6L^Y{I{*Ay8@{gJZ`fX>Ec)4o+!n#{nK>?L=_K#?``Iz=cescMxvfB8(-?9YTmD#P8<Y_ZA}dlA&ptxi<q;wI4>Y8uBBU`HvQYS"
+    "`nLCKSl_o(hqa*$B$}JEl%xUpN=Nq8^m+kPfXMRM2kR)cRqno0v9+`gO3YAYOz>Z@yrvXh1DnO-!;}=6IkpPYO_Sdy<*p1ko49X03M*UH!+Y"
+    "R1wk$IMdP|qF>cu+5`{)H$;GUdxrHj^A)7>)*aj^77igf+GZoMkWHo(JgRQ}%uApm%8l`1X!=v?D9xyN)EM6M5lDb+6;3U<eX4rp+2TGVbB@"
+    "F!0f}_)>fb2lA>8O84Nj$XKX;=sp84XgmLa6*Bb}%|ATw6Q|KqPtB%AvjFO^otzY`G3$=tm7NkucyK>VZ)nmNn%lIc-T3R;>YaQyZ|M6hx%6"
+    "!?F*Mb|@A#!#3PeDl4dZ6u!I-Pue;k&z;RL#jCKEXXEu|Jmf)sdio4lwOQ0mmf`y!6P9`wHQY})GFQX%w5TN~QF?E)!VcH4T!GyUr*Mi%lme"
+    "44aU0aBd?h5Gt8pC_^e*F5dO+B>SYW~gNo6$23a)O;SEg1{o~EP%n6UC9BJGxylTWD^>IU)}ZyAu%KN^jp81nOgcu}9v>(B4)>#=>xxJxO3x"
+    "jR75yz}*50Ge;)VrD_j-dg|-l4VHNyD&N_e&NM0P)QgAf~v3sk2U=q+4_w15chEzv9VpSw2uncsI&u72^r_u0_{nQnppv&=OtYMI?<KMMwyd"
+    "Qv$ZhC7iNOi(QE~_kU`@((iOhgLWp1oW^<@H$Tmu?!RudOdBoxuBzAHOU*mErV=NReIEOWvZrg~B#98qU2JMbw84)<^TtVFZ1)4+a7W8ohk}"
+    "NWb#=ej|e>b7REYbvCWX1LtAdV#%wUO@~zNNtEn~WABgcT*(WDvua5>io*0`mI{kl@;i`A$Oal^@PA#MXyo!$t)Ah>+JxhV@!}>rG4TA`h<3"
+    "Y8RM(>j`EX?4E+$2Pcha8xb75-wD#vuMN_E7t$Sg+co9i<?<}UX#`$J6OHoG{Up4q>0GyF0|$z(1(TJPlU%+sQD{>@n!i8cKwdJXIu;Sj49X"
+    "cF>m=G~8_r-9bL3))Ks#%dV8=q;+qi?w5VHhzBgQO7e_+2GI(@7?X%U~nI@D<6H6I8-##=M|SVqkt4M7VW2dHYOuW1xY--+C9erkiDvmv2TY"
+    "@><`vuh*2qbdPpRxegHYuhpT0~^vH1@uBjD6bh}%SyJi0V`V|lGxw|e6*<Iv1`f-C>u&F5J18sBm^zeAI6!kb5TTunr%?BGxxJX4miT)akIh"
+    "~9*OvARiI1>UX5droT_r}+dnvBv<z*D(4vMNKTrn`zWdimDlDF2<&--(3+!Gkc(53&s3!3Ewp9?CVT?u}4DFC1E#Jg<Dib(}PYF87q;3QSxM"
+    "v5~{sols`4iBHq5c93?2uqZeK<&qPoZG@!pI^aYg&|WUD_@*moKLjDh<fcVw4Ak5Q~I1)!{K4`X0-J<ly!>PWt;_^^Jiet%EVwAP&<dL)Z{;"
+    "O@CDqu)J#o%(r<selyJ1RDcezW0-0S!9_i^1??7j)+R}?m(bF({cPFuw+S@}a)V0fzzsn125otpt;*SWnT{gD>=m&IvS1x*Rgy@QA3!KNEfW"
+    "0)h7Q%@P9LI?yurkTsPi=_Dtb)Hh_Vwdff!Wj=(v7vqz{rC5$U-zTmYiZa3>iRLsS-$NTws1hCk>$G=i2)0AL-NyeX6(`P%2A(>YvH*RaN|V"
+    "_E51A53<wk0!fzOXc`OGM$QQ(Yv^$bSD|-cL^3cK}+m>?pRa`#n?#3Lo>)%;5~^H<x|Q~ctvLu+~I7?LOpGV@v2E%tEM9nHEoJ#vdVln$z)J"
+    ")CvLnM^&uYs)Fy@wpBd7ph9v)-Mft*&Ac@*6P%1}CbT0CN5TgqSj42`qL9wx}8O#maO~y2;n~W4SB{ZaQjag(wX^J|lW)%4yEsY~|(aQ3@Cl"
+    "KebYBa!&PRTCHP!c(ljvFsxzo4W!InkbkR{78;smmL7t7u=?en!nyjQFclGgje^oWkJ!PRN+kf(|W7gv1CA+{;+R$WJ#>qO(!uM3fA7cV$$B"
+    "Z#+TnDT%#z6Xp;D$$A%~MuZWkg(!>Nt1JL5&`|J)Osv_!Xa_ep1`$^=rbb6>r~(E`jbsKY$%-6GeAOF(nhX`+#Q{wy%Or9DAk82<a)*SVNuh"
+    "+Zn4npUn(u<#kuVJqEwqq2Y#>690OYDh^dybbELzMNr3u0Y7$DZI)XGmDpji0v3DGPn%Ur#Hj6In}S=#oyR11DE#|f1>FaSX1p4)b~Yn56M&"
+    "Zd}Pe24{<-tI8CEUC1+lZgj^haNC~hoD>E5e^F2+>;j_M*P9zy<I}o_-YsgVwZG`A2jp3nS|6pUL?+BA@lQAg4Aa>o@y23RFi9v+Z+m#gr<P"
+    "3PnAiQV$=*GVIOLNMabM?=?{<$Qy={9fGKtz<R5|l{AfETZ9N<i7&Q&U`8UbI=_uVh$qn1rf@Dt}0)WQsK#E+zK~oZc^GOP<Ct=@KyzYUDA^"
+    "{Rn-WQpn2Tg@$0rw~TK#p*M9u!Yc5ln+~-eWiju#=NJxwP}CEfKxlxr;wGgH0PS6wnF_wgV+MB4p=^0c5z*;%1TvPwooR1alV1-CmTMtTrS;"
+    "69Zu;3%}4g5Xr>nAU>nD*6U8PT(o+PjBQ7iIvby{Xtb)u*rP_9l%l?NCwZw1aK!YOaXu*Itt(u=Fo)s-LlIFEYB%ESCq*9iUEu6CH@FPp+h9"
+    "z!i038sp*_iie|7KhCB6g7<%@ivy((T*vjQ5OimZAS={S6c92w!#V*qvgL4ayWr;xo6>NRHowQX#UlZyVt%0KBOfPo>jB#|<hr@Zmy)TASkq"
+    "EcrrHl>LrYw~>BvxM!L;n|=OB=xjd`01L(ge04Mlw`CEP8xil5X}z1Qs{)uDv`|BLD@(IhtZHsY}qD!zDmT$Q4>YYzIR${(aNZTffStBo<XL"
+    "~*1LHCInb8Q9>@vmJU%O8GJNe8lwjDYWKUSFofxF9!`GzJ0g<g^^gvL?9TXGMO-!!SGU7h*0Yy5CqO4AxMx|I%n0l_QkYrNHU}J-fv0~Qh>V"
+    "#v6a9Jy>Q&gTAr7pCRbEXA*%t-?U67e))DEi#WFc|8|$<jKPR`y)AKj85QqF0|4<X;D0$p%a!Stgwd1lJ)Zt=1b+aF`sauMyG2ka{==Ia1s#"
+    "d(wdFi6<p?VhZ5cgUOWk;)5Z3@QI0!k)jjn?fDVSZa;rZ^XQ|RGwj&+6@?0+6kMb%m}zX&m5^k2q{N7*ZSxCyM&TcfIoX@|b!yOYCMza1QL9"
+    "yJDLQ4$$T1WNlzV;c)4%x%B7gSW$CxmPn6QUrlCk2y<?8I-y6|PS{7bbwwSRM(O>R$Dm5l_J^#a1O$z+S)SZLNaL?!EiNW%@19CQtn2E#COx"
+    "DFYIqXtK?O7oU`Y6Q__46B#)sq-^7Giqjt7%g$`+Xid^>zW>R_$(4=yOMk=f)6RwM{vme<Y}eXSIg&5Nomqkk`}Pd%F)NPaJ$E>sGh+<lw2n"
+    "rG!*$>QmUQ6`94moPI2$I^M_Vv;NB8vA?&IMa?KC`H563ZQz1-9xHaJFEJ<6`9`AvPJD8)jKIz&yVM+k_3)HT1nw-R`Xk>i{b{YJ8u;sI`%l"
+    "+X4u}7bZB}Dgu9!ywzkxn<VwO=qt2Nj9IQ)7q&6Mq;ZTQee$$SC{wOk13>#RqBmQQC!n4(*`W3$n!WqqQ;R`TMm1OpL7!TbvYSr(GXcw7EaP"
+    "@d&odBgKK;clu{#ID$>V&K~LIR{GTA7z(t#FC~A=6N*m3i6melvj&<8!A97~g8nA*%rju%mUS}W3z4EqP620$mZ<zb1C`Val!E6=3M>~XxT^"
+    "uj=A3qWBKFq+JCb$F0&D};h1vo`aUxyT9;*Ur!98j-$47v)-$j~sqY5gHFp?;`Ls+xCSY^Lgw4%!vyBW~pmJ*vZ5ce+mcZ-|yDdR$O`JgfBU"
+    "b3|+yOKcaY?f-^c%pELg%U_|ZDbk4Mjc6Xj_46#wo%{=E5DIUsl#YipG>B_=U0;{(Ov5d>0;(chcr5&a?4!A!8X=P7F(QC3v4I+(^L$3o@p1"
+    "Hu%BD<ELWvrx5*Pz7KC*N4vxG4;#95><^rZbw8e=(0G$pCN0?OzT_I&gi8Kqiqqsw+Oc-^YY*{Noef5X{-`ilU$BpNKmJ{gRCN@qxdFhw;mZ"
+    "~_TB9AjnEU=SWt%<q8^Q|PAL_SVl$tS;_>nJ;z4uDnT9=G!ly8FPi!zI^1it!AXch%Acq)T+bOG|fiv9XY%6a<!v;Cr}mE*Q(uR#@LKfmp+_"
+    "uwtjG&uSM6`yE7B@QsZbH3yhy$T$(RiL|27vy){<#4ERB*4MfztF<7AErW_GYBA8BG6=V7ml$j&C-fPB$D9BWfAP;79E8b<Y;Z&rIP90IjRo"
+    "l<gm5k&5ieBDF0fd#e^Fd<<+sI+BH`d%;=OdIV8s_FoJh%cHT>b@!)M5kzd`<|?~xY;1A%w;<=lPyy;{;V=aTM70bIFQu9gr0qoK_yzFocw`"
+    "mDL+tWTTIA2=7#hiHV!!MDH(Z1}Ve2h<#3o}u${t<`DgK5F3=V2eA~LaqEFkc))*fSAJ@ja>Nobtg6fN)D0w8y%tHN4xw$C~>ENc*skzOPJ>"
+    "X+xVd?R3@W1BUO<-^`_pM+jXnJZ#~Tvu<a<1c=GWGvGYDsG=Ea%gGx}rOdibS!AvEXNneC<*t#hzno%2v)kAXZW?d_8>@pmo%sYfs_mYbbqh"
+    "ybRSDlUenGKr}$O>+DOE{+iI&ze`(ZLH+XTa=yqSkbe_dVbzTnZR@K@QAvfaDY%4gl)K#*aA|ut_gvuBsEw1~~gBFpUCqGu%n0J96IJe1a&Z"
+    "<V0MIW}tH`8r*H-eKp_TFF;`<%vITTbSjqyPiAf<gG>u@rafH|`-tJ=CfwuGBcr2%ly-KMm<{1ag@*xfEo=PyUz>XW_rLb>_Xv$8CA?z*ip4"
+    "0W@Q-`bc%En_nToEFyukt!QIai&*yLKOPO_4$RirsA;ztI_yQQ>s7S@P1)eMrN(sH=Hu{s-9-DI+cn$Sal<1%XMwuzh{kkF9RyG`_5wgkd#7"
+    "=yEoCsvFM0!S8h)-9#&o`gn89En>3029@+pBZ<~n;?()^0Mo2Ct^mbZB&FA6kAFcpuR487_gw&rPxO<m>eKk;xLz`w9jg=U@+Mn0))|-FpGg"
+    "q6YM;LAXpRA4Yv18YfLTM1tg1P8?5EGp<2=~uAmHvptc<Z5AQA89vb}$FAgkQY<1wu1z^}p&$6mbI3gg@IL)L}I~M91?Ajg7T4Ok%W`^tsfO"
+    "}mNaqLg1NyUe74$!qhpgk5x<gDUo&9<VZEF$^)U-A6jQs+%Tu(jZnJbOxbRo=ioDwfHeWR?U6*%1eKL~P#gEXj~dXmGk3qJh+Ek4%rZQRZ3v"
+    "@`xKLL)7tw4kPF=WzzR_tKT{U*7L?zu5E3AvIR&>bcjYVQpk?>qFjP;z&5JGQ60(|%W8m_9CSWA=&-^=IXFc!h@$-yDn=Ta6zIA<k~bsQWN>"
+    "hifCS|UmoX&=CsgjSM#Yk*W(YDWhG-U0YVZUd$+RUEo35-7F?67AQtV;rkd*dyp=Zg*BzpOoJhp*}6>w~J$q&6^O^+x!p-a3}E)p2@)}7>>8"
+    "8WuL4Dhm~DATp=7ol;=z!*><TWnL~Fpl^J4-kO#>EV`=w)TOxat*DXO#>13xG04Q%f?F`Q!uh#OLHiMy3C81rI!OE7c(QPW|m|W6;W`b&n7!"
+    ";Ksaq>kDzFYS=09}PK{)mPIPa_Je?MllsN1;aU^2NgAgY7EKk-ZlK7DTM`Yl%u+!40Q*wZRk5Y(oIavQ{1u<Gf8EXhw^4qke3~fZZ$J!s(G="
+    "weQW#qgVvW&T6E1Ez@xiPvEqf#ew${2a02Lp#_(Tte2nZ#O+qb4@N&qP{T2HK*bGYV@npb-PUM1?b%Eq%l^om1AxAceG4z*i6}O!n~QQs}I0"
+    "#*bNywObKU-=IB&oJsi1(lU}2y+RXaz#3NYNC-Qa`<sMhMo%3(BrTdkob51)$A*paStp|{C9bc;j$esZ-!Ll_@~-1P8o`#SFVM_rHdK0RHXn"
+    "IEoU^$Zs--q14{XXByB*PDxEzZ^di-mK_u&Z6*10$+=wKZREgG%Ixl>YU78AQjiRl!3oZ%~genyvDMS?){XewsJ1a}7$Ubhp#YgB?<ZUewFf"
+    "S0SzgPrBeRJ@<?Ac}w+4D33HV1Uxr<4`t8xt=K;3T+C=4wRrhw=={}UYx9RD%ODYU5$`pzrt>`Q_X*7yf0W@$rbmcXEQB&q@{%g!-2;;92JI"
+    "xA$K7Q^vtE=h}HEHD*}P?s6bBtj#RVN<X3+WisIA{tymlO#|;mVjmklhk5t9s@(d#J=wyymJ01e9hY<@32Q(WOH+v66Y<wK$SfMY5Ls!(!G3"
+    ")}K529ik%Bu-~QstsN82mAXSvU7H8V_hTo&z%tB{0+IX*8+n?eSINLKR(q1J{u}=3BU=e~6@c{ohq8bbRzeuO&%Ubc@rexSZNtoF;Vbu|0No"
+    "Y-e{zn~5r*L3>O>o&}g6tKo21!X1j{ICGBek!kB~)r>vluJR^8YBn4NO1mvV;f+4N0<2d@1>0c;&ezp*6(`O!I@lRqvxL11C1-#<fV#KqXm&"
+    "BoQR9R}wD9S%4#8zTyV(}7FV0xq@!$~2x`sOf$wBKOB+4_?E3i~eYGJl1pua3>o!ac|HqmQyID*X)7R#8>G04kOd<ndhlA`mrjEd~YBb3<&B"
+    "V7hQW$m;nAPcZL0KNBilb9Y3TId|ZF>a0&@@ZD7JP&*U+v&0147lVEn1(`&vuT*!OvPpz3!S;fIGZ_`8#rsT@untM^G(rB9`$Z2aqp%Q`EF{"
+    "8cY1SehF&EG8#x`~5SQ+o<rDAb6DPTvf~V7zl6wTC!snPan!uiu)O`n}%T1}JLvtul<pIX#fQ!9$4jf*YFI0?5B79%^J~$c+b(X0NWeA<W6`"
+    "&oZ(+VfkO6zi@a>EqDj6AvyT|29Q3(b1Pxp~AWI3AEXO;;#CR;}mVs$EY<Ve+Pipr0MVDyHZWCtoXZ<go{IS957292aYNg>?qvjqZFrxWgM>"
+    "1=NQeJgD=m6ygk5v~f@zn@i+sf?e{jgAezxR_(1g9uMn7si$kKh6!Pe*OllLmAlR-QD-m*^q^9DQ>}ryV@?Cm;VNtzg${#nZ5b*fWukUD&AJ"
+    "{Nhq++&DuaeGJTeUuZOFpKVc>Djhoni4Y-c{P;Jp>U-&j&4`{obPSg5x<8P|fm$Q7Iqitz|45%3w~IRvgK{<uQ++eVQf@X^7n*dG+LTkW5!5"
+    "|v6jLeDB<XUJorg%4|z;}I<W<Z-sH!O@UyI@Ne7DY!XS9CH=RuJZ8CDrZe2X9YqNt3%#eo<~o7yymjp7Z_&H6jZz!=hP|<D}hG_&r6h8I?l7"
+    "gBP7@ya0zo!c;=5u0~ANaMk+&)LEjGdQmJqM9?;A_Ee{@~=}@Afa;B+sGDk@;7d-RLsXg^YulJG!;1>FR&am<#i{TO9V+7TZmeidaYj3JXkM"
+    "cN2m?#~PuM!pIY-@I@9ZIu0`T)*AkNKTD7&;M*=9DD`H$}nE`xb@V3PV$9m{E36SY{^%-v9^BW1%HU$M9Wx?NICzDdUCPS)r$=g{RWo5zi^x"
+    ";xUN=ni=JSO5zwS!75Wu42Ya?7^LRnpvpx#&S188$iMkPl%j~~2p+T#$eTDmaHdv!oD-er#ze;%%)aK?mHSW%i9fh<fJfSM7^(0SD++fic7="
+    "AuY8llQICFNhgRv``{1|SDkyPQ>jPbJImJ%?B+(28Jc;V6EOg+dB<%ugiRD3)0z?br&<@2xfIvfivo~JT}6IR6T%V71MlN2K!{JnDZzAa^dU"
+    ";1^|+d~PsZ%d3?U!oA24doHuCIh*nv?xF+=UZlxITMvDQ8^O3V#K<jT!>qlZOiz=Q8Pogv^{idj_<=UE{>7%c$l0Mbc;0ILVwHkVUjE=LeI9"
+    "|3TzcPZ04EdW_#U0m=S~O7?xmzO&z-<+@ag3rX)#pGI<$D15bt!$$cBS1-Y}ObV@mT>NwIak*gH98Rvt73mG;qU?V`vz!JG{=`dIlW~$<$x^"
+    "46(b5;!Fk*e5_@;y!Ky0|`V$3i`9Y#@>b02GK-)>D85P=BOUOCEj*$g4c+AQHfyL^dWa<&naBxG-w$IB`jRDog3OM?;x>Mqz(q;^T%@SExz}"
+    "p+F8@q3#k>V)A}t(t#gQUQl*i_S9Te-sgAq!EPU!=)_wcd2mH+XP+$H@wsibB}~rA&kPBG0hjaoSpz%Kg1g`)b}EaAxUi{F?SwWp6tpi?qj1"
+    "8kvNjDRTx6o-tVz?hE2MEs#;x*TtHOo1Elk!KMNw&RDxoWDprhn^>KfMwY=x)N%o)%g9}rnG#~vV1a>qZa&7Og4DS}#i@F$!K5Qj45zKo3T6"
+    "-aM^?|s3@sG0}t;NU<di=&^c#0}bIgvK5Zy)4m7<AG5~i#-T7!XWcX7!h1edctVQ>v5I7f<Re@t5Fl9gl{jH-1pM&H8V^)sKgJbnLN;i;ZCP"
+    "AxlzkYZ<J+`7i*U2iy`l{MaWxkl*PpG{vgK>U?5y+Tk>)-W#%UU&DltiG)}XqLK(cVa=^(3@x5D%sZh5!xu1T{HU*!y3(u>X#7wt<C)PyV&!"
+    "%-}o3^;ich^LBI>ae#P1J_2(Iv$pFuDO9#OO%wZmHzcmyt;7vF8-s(2i#ht=j5PNy3Smgr}4#XA&J}cA%&T%Xll9A!+$lyd{dJ)LYd!0)<J7"
+    "dw6Y?L{ClmvjZaX4R67rr6?#D$h>ycID}yw?zkvvU@x1xSiIC_uqEE&f<%~I*4iOZ(xKplwpg}yE*BL|cR{lB2FZ$9{Go!TQUEb&%Oi35Eos"
+    "HgW=7QF+9wI@OudT6q~|&X<SZ{LiOBsa*K&`wW%AlGF>kf6izdVxMGpGS%e=C>Jz94*S|LEG!shXWb1>5)Ktj?_%e!dCQ=`iS81&;78MX;|A"
+    "r9&eVp~&AD8r&)@2EPQtDid(|Hz9|uyQA#n_GBXvnn60yAMYY&D9ip1jup?OCXaTCN{dDgh(5aX9*kNleKcLgi~C1WVa!>ujchf(M~!{RBPP"
+    "bDvh;`EGmyQdqfLQ2XXui?JK^A*X%`mC+zz4p}aH$=j~N!384kwM!p>9l$r?s$ctD@mz1dY7KEK8zq!A!2R`+zcS$H`64f7nrDVD1>4?1_j@"
+    "Zw~srDT48Qp3L><3;dq8xK){nOo_6yW?3tg`H?rfPm#RL#%0F%&91lwdRO2A>OUYWpu(e482~?5sdF^=h^EFEBK?hr<_Y4Q=oSC;+}(W5hyb"
+    "a*tuS(L~h_PTra5Anxcyhi6Een(RFUdPtGRX%<BSH2CU6gUdmX=(dgu;Wn|}HEeicrqMSEM9_6M*bD1Ote)W*c!NEy24`d--%(;Pctp6t`A|"
+    "q&MKH7z<4#XiHw-qe7IbhGykkv?Z;AnEC`FW_7NfaTr8O!oPWh@-!=*+BSO6wIbZXFH;*(pjvs0aD@Q5O$q5wa_z9-=8`Az-fhnQ^;(3oXw@"
+    "o@dr8k;865Dg_haaKSU0vB=#4|*jhxlkN}JV0sFA5m#Y9w85q`1K`#aU&TF3kW7j&<kfqdB{8*5H)dFk&hHYiph!eC{Hj#sSUgvBEsSj^x(P"
+    "Cz_Z!_!|0?Okbp`n8iv}Ykfu;3$g*{Z^j;=F&qP}4dS3zAkzBizD|hnx&TV$J&!UcSo)y^W5e|hm1r)B?p`1ej?P_1Nm8qmn0Vx+$fO8+M1V"
+    "WW0*R#4VNfWIj15LbUQ9v`JT#!4AVT}lQD15`x5EdatIFLHPTrkt8DJzi;9Sc2ehb^VxQQ)I%Ak3-2bX(!;I!elwnkiA*U+GD01Gr-%A_JeO"
+    "I+DjLpQZ{)XK0+%!+1c&EEH3v`pRGI5ptaz3N0GNk0jYk@G7L_?j_Inm9~HzzBc9^<E+>_91E41oKV47dAV45VOW*20KlzjhsuKj^NjDq5fp"
+    "n@t7@)zz{qIwPf{4P;SRODeBw50QpGP2p;<>%r?pCrJ~P*Z*2M2<uVB{cy;*?0WLh*Thxt;ak!6Hz;iy%#9MX<HvR6PZ$Q|%6cLCz*h}sjw6"
+    "^gfZ-37RA)A;30rwWsAR{-5JM@il6Ue8$+c;K7$=qrx?fvV7VYV*30$uWIr5Zvv1y2gV*BB1~|-q$L3y&oqPVulIG5K|q1mW7iq9P2C(6y?f"
+    "$!TW;78QA!wK=JuwV+Sltyyg!uNOq1PI~hxvm=(t+ZLyZeL)%%D9+im%d<;GJ7(wXjplA#_3f<r$l?XzI7utu}+45~6LtY|T-*L^B1jC*%Og"
+    "e9?&SX%Y$T2UOD3I~{9+x`F%n0+dH6pagm($2Tf57GdvtxCSTQxu+UgZVH1IiBFMQ?bvEvw?T_4eLRr3fftw_Q}d!s93<wYRYZ5+_3ntyxY9"
+    ";{np2NG1+QovNkW`qzUUdFXtTmXM#O5GbZ7J6w67W8*1hlpq`qVXkcP0%*g8PyTU8Y(1`Z68`|31D1cOy)PBJz$`3YS5x@dLEoI1K{KOVkh}"
+    "-nx;HZ>Pgu^yIP>vF(n7?N7$#C`;4Zv~N5j9q;9zEA8VD3E4-PNRgC=hmbDIjGJ9m`GbBE<TqtVkZ;{%mOwzx{?l#JWblsjU3nYXR<O035Es"
+    "43x@etI~jxG(geQ@GMR3UJI6@h=Jhw4IY#Evq^&?3CmA;2VW__KOu@ocr{#oNjIS1~KKeGFmq$6}^JphmcAuF{{D>H3yhyINMBhaXl5z6b@R"
+    "dx|#-H<&R;~rWinE^_%Ycz;99-95Zg2HQ~PQrV^wXXDaYnM)~hpO!)3tp$v*pI-p#j+XnQOX~r`TLCcYe)}TPUPU=p|9GuX*$g~A1N^sfCG<"
+    ">g`l{J!>53a3@Y-}Kae+{wVp*aDxqz<TsQ{JxWP}*hbvSClq`lO}x%hwH;_#pEOeFl2GlIN5fOcoL-;Q=CwCz2Y!e})gM*Z59l5F86-Y7?Qy"
+    "b)awv`&3F>V{BA0-)mt%5M)Xi1hr@_Oxo-_i(I#0m4QCr2NKc9afW%u;{nP0gW`w@RhU>wv|8!AaWiV&MJm7xE~_$lCKtd*KCK=uHp&Mh8Z<"
+    ";=hxM-B`gsk*q3>a}gDVVrH;sjWfgelX6sSWnjp~`#E4*@v6;T4_1<&6!xaMDTFwjPb@0{OZ4%==wy!H-{t;_2<pb;8pz<d^j6TETKD6i0Tw"
+    "%qCxp^5Kq9T0atTy<Y;Fo6O1+^8T+hJXr=u(B!nsiK04ed;g(OxS#Q+GAF@KAT7b<@?@LXsqp^nUQSkQ*|@ajH9TW+rLgH=wE<4D3mcrs&0R"
+    "zRx9!+WpPR0UIR|OlX_-PeQ}qcyaMnqBMGw+caR-v5va|4q#snzQv+cqh<bbt#Hs7};Z496OWvxPuAq0iL{vai5C>@n{m_TQ`6$Lg?N*|Djq"
+    "5~zOm257Hm8!V^M+c%*%5b^4zM}GGmD3lyHN!c&N3fyd_amXH!GYs*(lU!oK%gWfD$vol2+PYm_uEZg;&bx%u~*Vx_6Tg5god<$q&aG)>?!p"
+    "HSn=fS>_jRoJwayNqighS<-HYvQz@R>gMqAP|f6prycaXu=wsM(SWajfW|#*Ywio#i?{a)s-adf1a+pi#5FF0f5%4(CJA3G?GBK(x8+tmvEI"
+    "f845ch@JJpPBSAwwZ<}hqEO$PAwn*ya9J!D%i+S^jHx3T0!IUX(xDPnejJXc|`u{bW}2o)W7Vp7kY|G+0#wJHHc8%hb`X1-II`nEo;;lxTV*"
+    "0R^FtW&l#5~l^n({elp?hQ|{ky?i0x)8BK%a7DGLR`6Uplm=ur_vkYyI*6WuH#3a3M?MZN1v!rw;)iM4VIAjIi&+^j&M4{`G9AS%K4>Z#Svd"
+    "j$G8}HJX5P)C6Cyfaq7PN4vj-_!45X5Ox~2?0(-gpGKS`&hU?^ZMVAEIBfKwY6!J<2&}znObHS#N#_4bXnMnTodaQ%&NWmf)l=$~Cu~?A8sq"
+    "Y+c{rJ&3!;c@TGQVStaAyKtO!s@m1>xQ%p@ZpJImcB~lbEn1s6Pa>9=-22%13qzpq9R5SpXYN$1raE%&Z}9Xpq2wmZ8s!tsr7sV;qHdg_<ah"
+    "u1Q=(iU_-I3W`wAiutr9fU<|c)|innw9A%2qiF}+aB8?h!eHyX<P4gE<ay6W>1WJrk*K>SJCdz=#U&2-Gz$;^H#mh&Iq;kJhT?iN(ST`<5ho"
+    "p?g^5WPJ3Xe_M8=2jOM~QkucR}`-I7QrlrvlKLy6s=k<?c-B8*Xhc_G;3+{zhnjULa5gAbCXP<k<GJsY%ej*_WMowe1Rk<4rEhT&{Zqh1;(K"
+    "Qxt%I|%IGV4oV&I&rI`pk{{hXg6%@eJMt}K}X2=6maX-vQNhiYR3qmxIW^|1pt0as);rmi+DePvN^f6B7t@~SuIF4gf$KMZV!Zq4nS9<WP}Z"
+    "rzS)q3(ptLwi~?yf&5%(BlONVK(ASc)2n(bG6-X)kIk|?XQW_ip6=Oc)+fm{sEr5HlqpclmabwKiRVHPV%=0Id$usDPm!aHnnxXc*H0JZdmh"
+    "KwdIfmcid!Tds6$TZ2NzG&?RqILBmZUPU!<!`yUKy4gT*We&{IwDT!<}S?#b5j<Ae&w+Y546|%7aL9l0`+t>W3%!(KATgzy{z92(%ben|CD|"
+    "eni<CoHeB^dBnLyLkuEbkZL5bs-O01YVkMwSkjy9kM>j7;f-jCeOj;<;&Ob0H+CC5k&Dbmb1>mCqlPc!f|~aeMr3%T782s=Ps<uL&#{d)^$S"
+    "Qnm0L>m&v%q@9vwylo{cnu#F=OiAsT)nmyPGNEgJ&Ud?8Pez1if8ZRKu{0eO)4WK6@zVKm9Xs!6cJKGl~tjp)_DhD)3~d^VXf{Mo5qTRCo6H"
+    "t@iyNoGx5*M8t5T~0Frz1ZWu7W8XBLS?@Pk4!u^ac1JRi8m&46;3NYH;zgX>Xix9SIQP3Qf8nbG<2Z`>s^K2V^kRI{^IE)OeFCP1*JA5rxsy"
+    "7P7yG{OV}%Qgs=yEDGZXd2WKC!d_d|vTon%dl34IhfH|cGrEw!!FWM8z+i}zD^WMZZD7A8PfNnQ$>bsd|7jd(S5H0}bP-!5oF*G(n8OQ8V<l"
+    "DKvEy~x_11F~gX<v)7p$+%|EVd-|*(*QC#&2EW$*F*kM~2#J>RbcE!m<co>B5e=-Z%-1XaYLsj^0=vfXwA(g>CY%<nDJ1l?5I7i|2_TArc^F"
+    "+bUVWcTy0nC7%EQKiKpU+ZnKF{r|{%vnA(|B}wz1&(Tuns{d2d(>+r2E_nkIAc-KhgaeFVJpI_GY7R1ML`XCBeRue3UKORH?m#5CqN<4lw4)"
+    "NnM^C;*Fl`fmmc6*$*|G6O<^*S~(6JT>!Qw4Eh%X)Ky@PClVK{7SPI(^huYYUvPqK%sXN!#0%vfNlC-u4(=kSPIbVDRPdK(&d@~WY%H<E{m<"
+    "QLe!xlCK1)a+=bC+_>R*24Q?9QEtsbI^6sR4DFlj!1UVUZ_4~U>EVYUimA#u5~B+K;(SIZi!d#QFqs4JGjE_jqHr6iy8L$hx+y(k+NIEKVnI"
+    "i-_W2j-Ddt1L@J5c>16Wazes>o*Pl=9Z*_gkzl`BZy_9H_R{zxpiDdVYY_g<})b^N5syo}g-Io{Cy7+z}(Tq%rK}A=EW*kW6kn{C!;Bg5Kw_"
+    "Eg~C@HmYS47pQGMM6f6?aiVN%Tyc8p*o?k)Q-0dP;A_+bi*WYlaw@YCAA>MnnN_r7EY>XSF<_ThgJFb-l~pS!_?`GFa|SqGyw-d1l2MqRI?C"
+    "f1Z1Wlc4^llNLy-^r-zn?E#&iy$v@v*dZoH<YtVoc+Ts@nWs*#*g?z4c?+)a$8cC2CsDG)%-{D9D^T*Heh=88+YIu3w+GnLJ>`>Xb&UDqUs9"
+    "A-$1^w7KlsCJMR?PJNJPa-MO8TC#<RpS!TnSU=YiTb!SC<zM(G;yE$Z_m(Avfv4-Ceor?vvcVSN!dEF)hu3W+~b4$a!+UO21xl_+%_E^BV0-"
+    "Z|+;$tvu|{+0uXj)EfZM&AnS4p|r-O^v6BWoxb-k`cxW|GVC#OrR=S;ak^H(FI4Yyv?s<whibGP%2svP_;7afzs0BILW0!li_PRVl8mQdy4N"
+    "<%=+T5$|_diZnAKDJLQsVH%YKWshBuV^^(Ma(lGBZ2x`&vK<yh=|LX#3g~}Di50g(8%1vvUW?Js&fHsRB$=eFj-vd{h=~f4kgRk>N>jYZX2("
+    "l|h?VjOz{MgAt=kM&~%%d);#)A4z=MEn+h~x>&{_C3hDsm7`d>N?Y$~Qv+^Nc6hLFw<@x@A_~GM`G~<Y~Vf9xBV5)8WVI4qy+CwSo8Jbw=Vk"
+    "%MEALo?N4W>9!A7`Cuuj$urI=9@W5}_xxEG>87t)tGs}hX;!i?S8X_s2TLXm@P72=P-IAhZ!C8cahmzBBQq6Fj4&pdYNgVxK*b4^u2JTu1sA"
+    "&=KygVIoqH6wJ`T3VFIsSS^weeDuJxLmJDkP;fW^4pcs&#u{&tV9HU?fFu)MJ=(Oco~(xD-nz4Crj7a?XVUY8aay2{%MYUuqo9JVrg`g~5?("
+    "JZ&M<1n#+-&qn|cokt^|Dn(j?n5n~*Ng|<=@dif$s5`S!0_2;`9GP9W#kSlUq4j6vg;oj+y76a{8LAn@?>943GkBS2b6W}@c%tAqwN@6&EfM"
+    "BJ>e47c8S`w^eN`KLqyHOmrOw0+uRWG8QnkyVQAeFHF7~}KY0>!h6S?-P-fvb%kQSj{=a=+81Apf-+S+Eej#SY0H3E5Qtkre3Tg7Py+(Z3Gy"
+    "g`{Qo1#25`$o>33C$-q}CYe<;Rte`5O7kY$)e=>&%~+LUFrty4t5DxOFylYG~X)GnE3Of3rnK^37a#{>x@6#~OlDCDs=&T`jXV9!^~e|4YQX"
+    "TzH$DCMNU-3Z(E7LbBFe*~bRnCUYJj3bwOedO~VNNB0%edk)Yz@nzxP@Qp(TsKsM-?8;26=mjD^%i5WiG6V2kf2PtwaZ+N?)QNjL|3LC^JL%"
+    "YsJJ5<0?TX7AI~l2P!FxM|rFc;bbF82}5S~PE;eayQF8rh7VwbVvcBj+c?p*uX3<^vG-|aq2@zVW+j>#L@$T)J-1)GlQwM$S~w?~+J)RcYUe"
+    "`n@)Qctk2vz|1ppa|)}xPVu^-_YhUXyW2KP-_piO!0~l>jYThAI<0)DSN7ve7@!lN=3@a_eq?9lgx@$xab6?yN_uC?MT^fk*{KEqX{Td7VIE"
+    "5zd|Z`ocSt2r@dNH4^ly_K?|^$E?|+Af;sGd_WVihGsV_a&?X{I%+{XT5U&Z$o1sEVR4|)FnBQ$QC9SRUx<&ULT9J7_F<4&Dt~@`;2@oY=KU"
+    "xP?b{<fcj=ka!TvE|hzE)rpZign9Mma8WcRxIJ!|P8VO_o5Kj*A^YQLjib1Q+qa)cxI$L_?Wn+#-=kh60qzx(YPC`AI?T6}VUZsdC#Zk{g`|"
+    "P&9kz34F}3edREK@BIR}otC_<pqf<67Q>UsYY2(eo&Q`I__;K=gw{9Pkqi4;YBG`YV}`QRO{e5-1=YkM3n}D8hw-y}BWWUMV>Q^4*;mAb*s~"
+    "NEav-^jh?mSx;WuaxbXZJ}vbgSz1}edQTp*Dx87jDY&l|+aKeRFm!Un$DA@{waq%QC$2ae)ua6c*Xrh-0)7C(Ir-UEvtg*&rk9Bew8$-JH|y"
+    "$hI$78n8g%>FDIPm6UG*zZ7D9}=+%849hGh}G6};F1dalvgH<Y}EFLR?L-L9y*Jx&D;-c>r?3}uNtlr3+GatM-{ejT!Y|t>$H79`ppl;@cL9"
+    "9iLu%NuIYU1Gb*bMdPi3WWX+{5k$}l<QUwAgOj}3qWjs4)wKZ@6$8MOjT!uLt`ZCPx+xhH>40DZvH<ts=j=RqvBv=nn61^>3$I0{r`X>)|2x"
+    "I}xrIya>Zmgc$PL%fRx$QSR>?&P<bKO)O1Cf+)9J8*1VxGQiN6}}C$j3_rw3_kbGa131aKzGxW_3KyTo`gE)DqgIt}DP`OX^s)IRBwemEyH("
+    "CC5Ci)y^{!)_$ZB#;=aQUZG500Jjt{-n~TP&!)?7%x~gjay?!D#IN}?!#c?P=X|<0P5jSVLki9p`s!1B!5BxH(Munwnw8*}PNWqb*kG){rlR"
+    "$*V8WL`WL>b*kMvnrzSGxwas@D(uF2B5#>eLJ#i8hU=(Qmdt)kM}_ZHI_Q(S#?`<e&0uiEQ|QVEkw!>8V^oIQthW?sAi4KFdRfCG5c^s0-eL"
+    "1P#y%0}*$4W6sFbFR&RG|4Lu89^G~=DF&H7qPS@Vcp{2VzN^@Qw2SECT@_f)cCHvba&M|@j;Q}xF%4-#$L`xhfAQ7rbSmBv0Kd@Z<Y&#UK?e"
+    "Nf|w?GD+zPgM&%RzTd~(dzg;4^-SHStSJjTyq!q=<dhL9c?5efaE2l3ZipV-TJvx55Dc{%#yRs1`3*bV<Etk5IEL_ODm|@6?72DZ)ZXkynOH"
+    "v0&t<;bs{hPZeZdLI!Xukq`ZB*;Ft#iI`W?6J_wa}G6F>+&{Xkam@zcx?R=AimgRrE5FSHb%&jqn3kKQcio>-F59u9x#){~kK-m|icD&osg|"
+    "LI_9feqMcM_L@@puiBUtWukaxb1+Zq>PF(#&n!FQDU~95TR}Ckf9F4tb*KNjcI;6EeWVAtX|)MrQI|vIDjY-7YdM&<UI)#B{be@52cjZ79w%"
+    "Sf!h%$Vc3uIZB7}maq5pvja@gf+A;4Ej0Pe+UW8I+Mrjw}eD_aBCZfq!<PWLD(Q0xt`uBAU+%?vUrz-hlpq6TN<<4*@K<Mor1wv|i9Fe~=o-"
+    "(G<5<Ljxg;VvSfU;CL*u2qvH#!`9AHomCG&sXNKS54!t9m)JQQU$+;2iLH3k4n?)Ke3e%ypZ`lwW3$`(p^OIu-7XJSNe;TuZ1vCN3pMO2?s)"
+    "Q1qpF?3AI6o$eUp54*Jek5QcP(&qTyryLO@qHn`nM?v%upcFEf0Xp>d$*89Qn8?0}~Sv`U;yu??5v<4A79TetJT@AKC6o*j+4N}agKvXN+Lb"
+    "4{ACa_7#6K^Y!=aUzU4f^zE$`zRd9~KTbJYHL&VwXrZ6+~w6)E>H`a^*-kw<ia$3g9Pf%@(A1C6)~qajx|eM1pFNVQIzu%40UYyh%5T>e^*T"
+    "+q<k*Jxu^#)_K0#2N&O(it&_!WyRK06)p=`_Ne#oS4BPO-N6@iJ$=y=g;z(RRP0mcMo1SjdWqX_@xT5ZvAX0S^V$=@=1+UCinsZbkdoVj|Hf"
+    "!Vw@1O>jjQXk6S>Z+^v@W4(GSxB_3FC&AG`huouT;yxrt~K15iwnco2Z&AXi?i@mtcs&eZzhY6j>KR&Y7;Aq{{mksVN-KRZwwb;*ZpVBi-_f"
+    "mw%-Tk<u1-t=x@0Che?exeZX0U@OWC)=(Z3BS@fhprJpPsUw)b2A&duJX<FP|EU{%5q<3>-Z_k0E8A3)cO$<R$#qS$_*)1Jstn?3(Z&Gn!X<"
+    "C?WfFoRsKQQ?!{;EG*eE_%9Pn3t07+=2{5;&Rk@lTO1b5+tShrC(Y_Vu@$mHk=^(zYSu^!r3gV~ZKo0raj<lf(ua+lK>AkSH^GBLxj--cOz5"
+    "THFt*P`B-(6pwVOM3@GiB)LNY^zQ=G;J#StCkJW-r8u%bLy(2a_hpH)sg5IXpz9qhyKM$SF~cm%?5RPKx9xUU@--;Il`Z^+=PrOeujN#dO>C"
+    "VM99OHIEdEleT%@MA+|vdr&xYB@lXdrw>vS4v@~b7!y(p$gP<>K%&w(_pQr*wqQK(YhHcATg-ZCM|z!JeXT$RnK*5Ae%e*Yd(J@a<0h|e)Tz"
+    "Sf^l;s$!!Wh<VxEEZt*t@993$|4tK6eeV|{98O$MRvM?qV%sytlX)B&0+R`gELE!k%6QG`xgOl4T5i-Vln(a{@qpysM0a8OSACg0LxmB_8rM"
+    "UcB`K34+Xb^65U;PP;j=ey#h!&6rdTo1{x;#q;un+C&(BYmPZ(iIltE{$Cfdw!fb3ZR9WD>rPf68xte*&XE!o?{KyC4%t-($~Dj(F`AuEa7+"
+    "n86SMKeBTP?2w5bfj4N%;RvRly+_5ul`f`9SVV5kGcUGzn^a(#KtRL`0`wfq9dyO(dmDMPiJxs62)Do&L9|NN>0cFEf_lpB(1oqZ+*P1y{rK"
+    "gsQct1i=e)#YooGAxEDq)=syH@QBKnG+lxBhAcSFjq~1^u@FEVh_Q+ut1XZ}l45Ul!Bp3Ba#hN|5@2wgWhn80nbJV%^m5@~qrV)7CvBUG5&j"
+    "@V&vL*E~gRsA?JOkbzQs96qpx=R9bgVC8;CQ1W0_w75&C)XlDLb8!WnIing(IiU0VSHz}LcX`E7^gMs3TI&n|wIYD0kE<R~2sZNFL^hqaY7W"
+    "#MP{pvtP-=^8q!r<gHjS7(2zK|JDeBPnb^q!`3=yZHXzYWh1Ln4G^?;<&$%rmBIAhN4<U`Uy-y21tuwDIgij<&nADSvfY^uv#>QU%LaxwV>d"
+    "#d?XE677-BYWm<W>=~1F|vV9nFW9}W`;`##4F2s0Xxv7<-6cH-Us;;u(RhKR7;CAMh(Br$JsXaNAukP@QY4jPq(>hz}!}@exsV-PPad&TXW`"
+    "g<c%|x(3OSB<jskLptlBTHz!`|ys`Fu^TPKnWvkzE_4}qCl^Pa*Tn_A}i!(@t&y(3=`wT4_nUs`<c^sZReH^2_H99LJW{0CxT@l@8$?dwiBS"
+    "l<v{E-=OYplMV^R+zifv~plw=2@F(<i~s$&n#rmUh}sDP$?3lLHQD?h0|$HpH!2(}X8T;n5OqjgpVca)v14ygo1yOd%Fqcd|&Lo7c6>l=ynP"
+    "?m)6MixR}H$nvzfJ$|D6eh}nqV3>1jekqP$HtBC|gccT<58b>jbz|v>UiWm9szplit>gIZEqY4nN11jb{~~gpAHgU7e;`QC>jY$b66Q-7eXF"
+    "HB4V6bFKSV&i1wd6)DpG<I&eI1xY%rb|q-w(HA1laEtg)qy`f*Ck3Q|Jbdp4(hkmTkLJy=Xe&x+`3&p6m*rXJmJHJ8u33bi|g9|aud+YxdM1"
+    "UAQ513Iyua2F2S6Cpf{d}@=;a6ThuCHYId+d3OadwogxlPgQq@=aAy@h)!u3>h_EWUwe}RHj>acIQk=&|ixB&Jb4gXgO6OM|Vrb7RQW#I3OL"
+    "pntZR*$+!Nj=Z|lsH>NuAZ(mSOI^E)9e`9OnrfrEBK=B{^?5Gfx+q@HC8zi`N<zgHeCnTqd8DWIY$rn{_z1GNs6%I4rdhQKQ(L40(AcB4Vcu"
+    "d;~(x_X~;90bYnbM$rQR>$Jj<abPv4ud@;VIl8(IKls4jR4PEWeM<pj*tk;FB_0kI)AF36H2+dI>hDt|bSjn;QBv#6zF}JfH_Brw3iZg>BY^"
+    "^P+LWm%y(n3c}IboWahDFKmzzH68i`iy?++FMnsQZ3L5tGpDJ8J!PNS<1MF)x0vTXisQK}kX<kEF^ai`hhxJ(sspuc@)f)r4Q7gNiENJO@d_"
+    "yfm86iqZb<#V#pLqF#Fh+Wj(KBxd(%}{q{rQuC_>mb6QJ~hDK^1bmeP|pQf%Bl;B}$t%oW~1SCRCtmz>G~ytEp8>>>}Twj8Iq&5Fz1=130cQ"
+    "0CU%!t4mn?KdMCfL5Sxyx@J-%JOZF6!XQ6$tpsPo}f--s*&T4Un4#fhm}4Zv0Q5uFI8^V!7+I0mt>AV=p{ZiQF-KClfIi|(2LH!0KEu&!~XL"
+    "RgadhI6rF&*1&tiou5kK<Dz~aApSY{mlwboaydrhTD~E97@5Y&W(HsxydTSBmKveQH&>5@>+5^ct7l+{2G`Tk;jBH&!PFbxpj+BdTjRu`s)8"
+    "nOhsW@pS(6e<e#GNC6q{#^=PUHvFfqLgsV73pNEo)DjFGTm$=fd9#nOV+u0_iY5fTmwtjL477d3L5{Gk-C0y)n6hq>EpB_-m!Etid)@8ia+X"
+    "r-ppiwKKL)R34pt=(xY+EfwfwYWLlApLcuQY4KUWUN|?pn>vrk)TX7_IZ>dlox8EOmC6{T?aX<+*|58cKHZO2gwNhC2tJA^-qATiJpdPw&G@"
+    ");K{?POV)t5JywxkR0i3JRal&T)`r@)6y}F=5GAzYZE_egN#=C0JygOX@z6d1s@hw4HD2f8#gjMT_W-@c{7<{mD5;f*4wC?TARtyxCoM8d9y"
+    "%^w14q7fbTs;+uz>mG*uPWQUQTv9a!k2(eEEiWuUu6M8-F4gTwzF3yI#p>`xBYU7ZfhqLHr&*+RfH4uo4ab^uJy6o-dnCSAgLwT3X1u57eE%"
+    "6Y4AzjHB5jK%W%_(xo_UTIGPolNYU%>q(J-Ww_LKjX=)Y}$cphTW>#SRx8|zmkL>TDimE@qJ2qdaxm0wzy~e4r6tdeZtiI~N_EpES_tX7P{9"
+    "+n*Z<<?>GaJ9~ev3FJF9xv7o$2)5?>E5cB<?ZfxHmU1<lme76hymlceaD>Ity`ca2Cmh+&hb%ytC?h*F22&eAhnF9pTLoTTrmW(~74;8~Hbn"
+    "s5`;WYmD+Yp`F!9P_L=?oz9i<7(kO51ApFxH#wBJwY$Z7o7wJC?rdQNLI$AHhC80Fe4MoB1i5ILIS<sr7&^i4Y<U7=^t~KlNn4!0fGfLwgW7"
+    "y836eWgr<Q{tcZpIJrEyh|UWv-`Egjutxra;=>ky#wqAZ%@PvjP@x7>-}luR*NQqZxHZS?XWxWc7=#^j-q^Sljrm(=ZK()V*Gy3q^KRVf2UX"
+    "Kf|d=&nhweQ48wHhK5UBQS~K1xPt`)P{9*rmtfrBbwnP^HD07toGSq?%F`I6Q2uFThi(oJ1ttH2O$3gKDoZIWGvUuOwBW6n6hK;4WUHck-w!"
+    "!U|;Z}$`dw3op)S^zpJ51dvnE8l~;Q9EPcdriOM_$aS34c*@;Z1(y{q-CggAaP2VR|G`_pyJAMHlu5#aMDbcg@UQ?hK%3mijrezb=@B9`2s4"
+    "^GMnB2ow^lW!7=tCGr9-s(yHc@OO=UuyP_bU7Se#m|on$z0fd!uuNAJ{fbnH=3aotVA*^=q?>Du$p-L{N4Yh&){7Xw4XTIpeMqG3t~|H3<|-"
+    "?Qb7F8eXYn{rk=k=5FELV)kQ8ukBQ&(q*v(@13k?pAmfa_VbxEUoX0I1OAR^btt2^yF%d_x@Zw|P%`P9*Q{&aI~ia3Zw`=!(0h05+$y?bo!1"
+    "cC{pk4j(=T)tk;XT17*6iZSc#h#7fyvm_y;O$gH08aVHBb6h*4I<BBJ1j#g-Sw{BS2}$nGcr6i>#!EV?!jaI~$M<F5B6a{=dkt?!n6K1;2Z+"
+    "f6ZHfr1HbJ&W)~3f8IA*K@CByaN?OyjGo2$T2o+R0J_2$%2n@8pQTZxC0GW(XJaAiUBf<Y32sKVyHw$9?mQPF=1yWc8?Kh{N??(79#H4Ww?`"
+    "=m=*Hg#=SqERhN79v-B`pdbl%$onW1aRuTY~K5_R00(XhW#P;njLbe2Ry$84!R@8my+7(F)wygan4Xy9s#L*b|n-o(=%-`o2ILF`F#TU8f>1"
+    "K{h3b~ECcVMmIZV``ny)1g~BimyzeP{5DkE;ph=`cpe;X7G{bruCEaD>)P$}R($>60ZnYJH<@5xgA04ihTrMTbrAJ<(zXL{z?P?))@d@~ViL"
+    "m5SQqf1H$oqdGjkPy{+_?0TPhIV<Q4jwr-b|2}v8FL(Nk`FdppeV=dqu{4~tNev;i*@IHJLNm991uTM0nFZVt&vn;Zw6DsgJJ`2DYp{TqBmx"
+    "Cu={wl=>zI%h4M&1-;1BMq1W+9h5EBRoKFYhGtnu9arVUJV78&N78UwW?24{__G!SMZ(22C7${5&7T$H3U;TLsIDE70`&eF*Akn{N=l30<8T"
+    ")6RG3-OaY(EGgb??hTrjX2De0ZUD)LF!4vp)V2+d!Lo(gtF2WB5uD*CPNmfrI1bCGQ8_Px2W{C{&*AVA1VcSsO3VfOce>C*xH>>I2=Hxn~1t"
+    "LbL;kYKvkZx!n3rZ(%78syH-Z;x!ZkbM;oH(>?+z_@ehimdXFYO@f6F-n<(u+^64=tQtx|SA41i@$$RqmkbQnm&E(j8^H&c!>uEBWMw&79<J"
+    "-#4<9&{g)*6*-;~$Nfgi?i=S?p*2?qoHeytA~JN1yIHx~)g;yH;b64R>cR1VZ9>$r*#$MRvJd(1vuvGX#XDk0;*ukw2+`HfG4X@2j3HsWf+<"
+    "Zi4FQQvfQ=J}!5y7u+pL>dtFebg;Yrt@6seR6z1ItPR3`5xiR&0?W$HTAPS6!@>;ils4~Wb;+bPh$s}UK=4H0T_=m~ngr-A!~3qkq~a!*#zR"
+    "Cw6pu`ImQL;rAzo+JY0Sdl)vk<?qmz7f6P?0qjMC+M`=X`3G`4^?ma8HxQM*EKX{(_`?m>A~#3~*zMtqm}BsEfOe7RZ7N`+sT>refk_;rx$s"
+    "c$a)=gXxD-p2oaV)>zuNh`(28T>w?%8}Zho5lT^|2h7bzy5s)8AQZ?e-0<-u!>g~X4PDKkG~d}_1*2`%Y&#yYBa~B`J5q4v%kFJ|9j$iS^V!"
+    "|5?u|$0g=I!4X6qt6MH|N1QU%(#<fo&LsdzbhOYxqyNx$#*8QdfcX-$HpUZ2?r#gD7Oz+uk-x9%p7_M`aQ%vY_hV$^5uwzim_HZ8~!ajyM3~"
+    "uFp7b)rX_<x`Ju)<A){u=&YQ4rT_&p+yKA9HoKeUyS*+YB>yqS-PO;#id=g`=D-Hd0HSsMcnTDr>|*Q>e1mT&amhjhwLl7VaWg{$CNsSMWy^"
+    "z$4r|qP$|X)<@4r9~-SV{ty1xi0&%>e;^(E*~y6q=Mgv^qXAXVBP|xEb3nyl$ZM7rsHC-(uvW|U_{1BRH@4fz;~|owfN&qd$8f6GJ88Y2N9*"
+    "-Enm#NE)zFL&9-)k9{>|XEQ$#+-f1rAf9u>22%Fa^Tr^-lyj=H3$eWxPN-U4aBl0?HHTt11xcZD2G6>?nobCn1d6B{%6Bgri%y*Zi8xA}lx!"
+    "Ue50Q2`|j>p)sVlS*wofsScd!5{{-nWqqn1JyL7(s8PC{3@)0_~xEKHSKJmRC46a%(XM&TXQ??*?C^kGctE(%q1<9%mKD@T*M1s`I-h@&P#3"
+    "=^+w(ss^+E2d5F|)J40~V;g?>1sK7CmM91W91#bt>lmU~93Np^1a^&w@<#Lkx@KlG@0`50i-iKn}jvBN(%g_vUSepJ7|Av1aIu3N<Wy#AMQj"
+    "I5elEfSnq%8csr%}Q|PFlTqPTD33p^xmbHBa37>B9dHq*>hHCd6_mS1T%lWI3nGdW$X*lZoU90(`Z;0-5>J>>-RCz;*8Ahek<|mS>T%OIFOQ"
+    ";iw0G1S4Agvqn2AwC^AH=_1ve74?aE6!`>r`>C*-H6Jqw>^-Fl+5?q}GC~QfBVN%pe9IpT70-$~bR+o^!yHld8!8WEJaliMwS5$+cf4kXBA-"
+    "g?J`~$0PHR7=S!;nx0uPUfPRXjWSvbv{3iFFAO?~UGqQlT>Y>)5y0pB*BhX?ceMrnR{YC%}Q<I#_|!UlSuq5>xoiP>zVzTrRg706un?iaAz&"
+    ";8=)@53ztlERxe8a|-<n@?5wRQ@{lseBu~{e2xkug>cuHoavZe&8%{tDU9~xrc8B@j*^QP>H-zXK{$JVP`OBW(SmopS%YMtas9l^H#bPd?0K"
+    "qFLDADBuqmKAsKYF6T13dv%oZq*LQgW*K1tBymkfTy}gr$%ws-o=<#z`d3$;fs1MYnJ@yUZd&WIc`-X@4<`TWmG<X3W5l>LPH&&+PNpXXWE{"
+    "NvDL14Y##EclFAC#^rE3p;C0LPrZ%3&Y6TQUcHTlG)^n%WeTXZKp^wL)0AjU=%l_<IT-3Qh00b*OAr>iQI(V`RrdPGp5dG6hr`I9gxFXk_}T"
+    "r%i$GufF!I<6pkADew|w=r5xOe-Foz+?;p1`U!v7Wak)@3@!9F_<YI26xt48!-bg;yH2&pDl7+nb``pRkrDMVKDef6L{rJw3n>mD;*V~T<Oj"
+    "G%HkLAOwpK0+UcMBVG`CTt3s0eN5wq84C|UYcKT9RWVHnAiS+k7b!!zwHM{!hGDpqq#WX)a`vRJ%>K?cCd-pXs{y%nXZ>}<;s_2gG2;Oxi1`"
+    "&(9{d`hAM=eu4v*bea4s!q0jOOJsy8i||XQ}wpC+n;rRCqER~%qmRBYd$p)c>m}u%bvYT*=x5__IE~TB_p}r4z*<VoS0ddomrcFt-K^iZl{F"
+    "1X^tRacOLD=fc&N@g@L1Dn6A2G8Y1jolSMMo!Qa0`do%n)QBsx9PQ4Y|CmzyArqn`Ho2;wA9%+VTo^Gam=OXd5d!uS&OIDLG9Yveiey^qyg("
+    "Y-harl-4RH<VsHNC1L`io5Y>ZgWknfnc!)5l{r71j*Z9i_wH&P{D&wzYO|l$!5Txz%@{bP?>w<a0*fkIPkf1b9q2rRZ}4W5rL6;W#r@ol*`+"
+    "g3o}fDswi^ru7zy*nObpBU@3|5Wq*AP#kuc(p>r)(86;Lt_o{8`WqD6k&5j*$M72uIDW#n^{3WKDmtw6x)*-nBSt7ng*%`hJ=sa&Yy$bH+JV"
+    "#g$7gJtMTTz8PoYGnyfJ$a0!MPzX4j&t6?K3c=(eZ#E1j~kM30?!Z`2;JTAkZ>&m<`-j@900{C0h;b%{%^C2$Qk^j5BY4!BaPT0dp)|I7*e^"
+    "v>qzyAeG-LCZlSsyRPu#`00G)xgV^?5}@MUB&5n_UoUxd?=jILzVG3RG(JWFy4y8=<s2zDJxs;slkW4w;S<3R|x`TWc!R;om@WW9Bcrp)+2Q"
+    "uRb$|GoJ8YDrE(E(E2t5hhi5vr0JvU#P)r`?usTNvK=O(19Jc0gq9OA99c_6DUzboYGGD^g+VG!5dh@>_VPy@^=zUgiYW1tl*)R%<g=m{htk"
+    "?OZcNKce*6!bOwfhzEKdw^=6}Q#T!RCuvC=sMh;#S@|%SIBoEKHLByGkBw{S1Hc0GG}Rs#NHdKk;w)Gaf5kwi!@{N9BIv$W31c7N?67Cq@?_"
+    "fCrfIR$vTP{UU3dKq)9|!}m_CuN-Ik@BSbo?$ER~Ta(#RXQpUV^=bPjR^w@mtdVo~i99z~?GK1Ki10U7gg5Souz#$n3g4Yo^A9>5s_3Sz=6="
+    "Ihw4<Wz;fy-*j8Ld(I(w{VNoMh|_EhV9#-Dog9X|g=fIl(2_zm@MIQr!cu{FLBU#GAC7*1b*;&*|xkPh-ZeR1s`5)B$gYT*Qw+$VBEF`rH6^"
+    "5~69vTjOXSAUatUk&FTgWb{V2a(8Wm^a_PkUaF&49$YL;IAm|_%{rI0rFz(vB9z{3?0m-Kah@^4JYQ4-Y@t<0MH92sV`s6BKtu*g}2@mK|hJ"
+    "{#qpXio?4hN!}_ZcS;>+YhQGfeVRl(gUtKeJ29`)*(s|u4NyYr)sR9V_dKGb@9mpmtu|%kM5beLhMY)wBhJ2Q<E+#B%OK~Q|nc8?TR=B=6D|"
+    "(sXMSjNDqv7<~7t5c}P5x~B2VKzm;wv6x!+O+!?)y9gzoW*A%8qz3SkqWa8t50FUEbP_T<r6N<yQ=CzF4U4e&J)d>9OQf248va;)_Z&pS36b"
+    "r3%EUMF_CtAF;^CyS`>l2sY-*#rbYhOjE1qktRf0pHiMR%swb{c}>%l!kcwg<4axqmpXXq^2j{4=!t>~Zt`o8bv%z&&S}dpcJ-mr4ybl>G&6"
+    "L`@gU1RnIl-FWc&7O-ZfN9PA_)A?E^+P{Z^EU6Hv@^UOM{X+D;6`E(8(!QTrk~YqSp@12S#RikQAp6%dnzGVL{>OF&@>WtHEldwVVHon61L{"
+    "VQtT&RYu59ZzI+JkO@+jEjikG14+v3D8vMi#?Gbd<?&M4GBUS1k;&)76wYb0sIezqPg<W;_f9(tsJm!aLUC4b4@iWDv4f|J0(8;^0ohLjrJN"
+    "Ir^lbuqdD(GP)hqj7xri#``D~|02C8PmxF!vLDweg61>BRF>kvCh${ZztMJGxibA-GF8;xdrU&QgXv~kU<3EWsW|5H`H#pTZ2M={CkFMwc+r"
+    "S3?F$ueg>lh5+W%}2@pWM3~ur=~$qVZ55lP<<S5DC>{dy4AWz)MOpdr(av`{jX!1r@H>%e~iWng{b0lEkO!q02k8CyForTnK!0XuZyyAOgtI"
+    "OD#WmG@xE7O%$59^XZ}d?jtU29z!G-rh+1bN4*swN%eqH!ojCzNw&zQ(OQx6G9a;I7xxjhH~zRGt9*Upkyosf7XeYOD$27&Xh!b#M0;vQw42"
+    "{0+~y6*_?;uEo9z$Xzj&}7IFL4lGu;-tsz-(v)ufNSmb610@=AfSWyQr>F84|L*xmSZedM8IUc`j=&j~2T1?=5E9`Nw<5pF1&fwShKTrmdWF"
+    "L9fwiW6rwgMJ6mnY&;R`f5?KXi}#gY`H>ZzDa{mOR#SdB`^4(W1<Jr7!uWFDu?k^dCbw5Jz`=TA<fszjAG!R%Y)hcBSN8ia*paTM}lUFbblb"
+    "*1nsqJOf?x1N^Js&$xV=LKJVnm{5(CDG5lG%b{PFlj5;5yuKomjlC{V^2pXTf_zJ-n)v;B}Zoy|2!m0yZ+_jAVe!0u%=<OeSuX?w~clxnM1>"
+    "=~>BYMfli?qKuo%)~~c}1`CJD-Nr@UNL?fP$@@hZz3E?+da7`G5cGzfSRKLNL?NocVLpd0^~p8ig|CNLsv{^d!(J9|rQ&?ohl8DV_irT=?H*"
+    "C(0QjAA`NDXS<ijp!=_a7+|R-Oj@FxaM&}b!{Zs?<_RFkF8+v_gyWlzBUKSo!RHyLHyrjDJg_+O*O6F>m>T@_wV9lci{0sOnKeQkwx(93Gqd"
+    "EhA%*?I5q2)1vw%VtYhO{dSO(T`4<uitHk75C&gTPmP9z90WU8QR-%zd|<lL-xqL7e<TrAmHip-a7UXr0Cdh&mj=c^8NiLYjb6t61XwWt_yR"
+    "xbTBKjedCkcgJctW;*K<kZ3?s}S`;Vt$afrPa^D8^c56{7tKyQ$mxl>@BfgMZ7!P_g1=`G847t?d~vk4)IO~#mv6!Y#5u_#gz4P&*vsVwbB`"
+    "_rNYBpnX#{ps2U5kF+Pqn%-8b)viEdh#q<i(Z~h#q3^q0o`~FQ-zrDLyfhS2;6;;J=S*@5AoaEBqtp8Hb-!FUo!{2LCh$iEuYK*zS4x72r1K"
+    ";sWZ8ByiLyWZsMp^@n_#7JKSxgBy$1=3hs9SJUqWI_xw88K_y2*hBc?e;MmC8B7JmdulIERr2U33V_Wi_+4s>Rh=NOX;EYeTFvr8kpI<nv;a"
+    "B~8}J)Vk|*Xv;<EPWdW#zQ`@ck?tWk(FZ*tI9Ng`{Mnhx?$cJzF;JewS8>F&vGAgW@3pHO_k@H-H#*X)89W6C>5I7!Ee{=j-&l0?sVGqo;SK"
+    "W%)>JqyJ~kDcg>$n;VcgOxT_)`<(WkCzM`Akn1C|3jIk!F+K?feB3&MA3=p=n7zWl|u#1$FhKJrI`4)T5n$Ik7;_ZP&ShKZY!W}QpUuq47uD"
+    "_mysbml*5I|x77iEYIdI$BsQ=iV7#ti=RF<3@<J)UMS1bm>>wqiBMowcS+`o76V;G;~M_4{+9GS=YkmvrB5jr#_x~XyTscl7dnJaenq9MB_<"
+    "Xzxn&X#lS2%=nwz?qNx7l$U2ZJT{yW$Bkc7*SFzI-zl3P1ebZ~zKys2Hz%zfMEWxMAs?rAv4y+VeQ4(y2xoZ~C2YJ&*#^tPMm<L_v2&!eP;I"
+    "C#%hNTOCZS*8>D<}yZ104p62Im~=b2Py>p3?0lCs=35c%1VzI0oGw<jTJj(Pb<^Y25sP+e_6Zpk8g3Xz#&K2M_sju%&$a{z$z$GNc$+^O6R("
+    "9bh_8I?PK@14ktxL$9Ozf-kWms%uz-B(n}2QH0p9k^fm_7RABX)o6`<(p(c4Rz%0X`k>DTrw1X*Je{=D=achC!@+$^G!%RWn2Jovia4u9y6p"
+    "y0)lwr4s{Vo9v6I(}1`9OujX3B|=n~Cp=BQaP>(FPu#cY1?RfZuSUmmoBKlCJBwGMBVd0A&}zGA`%r~iBJuC4}u?|o%Wrr%iA5$J~U_bv^k7"
+    "9UiU#W}}Lc{0Vf3ez^Sr#aLyw~>1rExrsY737D|#|yY<w=NrmWQ(Xb?YFx{+`NppwO?GtHcs`^$ZxgH9s3)D-UUlpCHYkQfN-lDzR=tEPo?G"
+    "QdZy1BN0USqbG-iLe~(UyOpZxAM|Cw7z`G&zhnfE?oY4{B)fjwc6fo;fWH3D!9efh8-XtA5d#G;s4)gh}G7>N1FH=QGfMQ61jSGJ|DX83BYF"
+    "9OD`^+qr_9oARRUk)?Q%XUA>6#%R?UVMI=0Brkce)<?hWpYvw|GQ=EK<Zwo<Z_F>RQF10An&B)`^f=>Um~Y``IUO;C*Uy(4nmg_GS&#A#s;y"
+    "@Le95ZOw|Sk0rvTT6FEH0%?`bbl|mVqnG)VEPc?I5ecFLGlm%1|3W!uLa>-|YhqBc<!NzYtE2X*T4dOWSPQT8N9Fa~VcuI21-7??waU`v=y="
+    "}yq&gBPl!N1$%Nr*zoJ&m3pd+-<!8)sH5rcl8EKgQccE7W~VXc5yIODI<4N7OQM375VRk{+QTmJWd{^yC835F7dzJ=-5@{hJbm7`W~7=-mLW"
+    "(9b$MZWE4{*r+coYkFRtIy^fr~qG{!R?%=Ma+)~F%8B=fI%y0LG!$JAe3!?@#vG$^nT-yg1p<~6T&+K1LFOL9Wd(S=tWeRJ=Ww%QzGgr=Wz$"
+    "_%0TdDmGSDS6I}VGeo7}${FKDt!zP2`!qjK?AbM9e{P4FNJ|p7J#jxQSi6%MENH*i2*I9C6ERlD3P5g<#%U_<?j1=zh<h5|A4vTu0V?2%j(V"
+    "WJA@lNshCw}KY4eSf@9i+MNN4Sp|OYQ+K%{fNsfO`yy=IG`|mM+-X1@x4dz|>V9QBRb1)NT^dMFD3hM*$)ykkTO1O~1Xo8Ij5%kJtHl^IHcF"
+    "#^^;yHs#00FK>?xm}4V&iTHZaA{LD;_zl@J-2pISWI3`HB5ir@-b=h!*mPq$&_56?Zzw0T^|wGb6r3kx<Sjgz@s6Aj@|*~jq#`5XtGP?rY$M"
+    "UVU+4W7&cJ+ZIFt>uVi0i-_B`P!uDg?CqmZ07opl^PP!ZIkjKE7Qdd~{huCX6m^=GqW#RD?$u8NF73a%CEEZ=@?*!)tauty`xctHTGk4|Jg<"
+    "-~rJJacFaaK^?}=-~h!-^wLYJs^Nq{8dz}23U?+_dwhSnRoROm{H%mQ4g(&DRwdHoAiW9g_P2u5C+-S^$)l%irLN9DeQ6d)-!0{h#7clE)Hm"
+    "7u42|EA6*Nk<BeM5wentR6Rc**odH^S*=(OvD3!MrlmxTdSu}dJ$*EO^h%w{SZUxdyiMSml7KBDJMaA2k5Dl!kUf7sk#7vJ<!3wc=Fs?z?S?"
+    "aO8Q8Ibu(d5vlE`wBsnD%TZlMcSYJLSSo$<a}M;Pz9o{zFkdRiBDXr$2uZPZ;FaT^Lo&n-OCZL)oEe=T)r{zvEkRR|3|vT+)?`DjMr$F3A*}"
+    "BD&t1Rb2tVZIAb}lc{tKl&6MD{CacCS#LVFKQa$AoswCJAZ>wEJBaMK;tOGFH=DzIh_qVW*Nc*EG6(!{d>@_bl|kCvoHL+hXjJ*ZHmzn4#pG"
+    "elU2Hhd>T%b>X;)tJ)o=}6BRy&x0UVoEkF*0`>8-l{l?^d7waFE!#gYvV-keUk+hUpzv;ED%ZoLEEr+JSL4DhMC1)CjJEi%CEL>GXA|FA1;F"
+    "8`HPuk0{!P~tP#ocs{HOTizUpt4+e9?^?;BYTjLKcdJ<LcCZ>l`2jtN#%d(FO2jIpXT=6g#`1}a^o0^sBk0@Qx=Kz*4)?<2dU=zy%&R{PgN*"
+    "e?RpG2>F|NuPenNt6)8v6{l%C?ujjhbR#h=3-dUfvvO8K%&6X8zbM4qRWLzY-hHjIMP4))0fgf!fpv97eWXn#hc8P+6yXTgu71-)xrq2BI7q"
+    "{J?el%^&oC^XDCg3hBx->rOTlrE_U+2zr$hz>lt8019BCDx#_*W^H*Urq}Ulxy8i(n;Uyac{nRNaF~@UQ{(Q@|RLLzk9ws4alK_ypQ(9xr@<"
+    "JFHr|9pIbE`FQF1=irKA6+Ox2SpFX`5s~mJY<3O*R)m3maDA)T6ob5=lZZ0NoOSv)OiOaiw-4Ie^XdD}C6qu~1Wn#n;BVy{m#U~B!^F~se*~"
+    "!`PXX_i&yYwp*ni(C*0EmE3)@=;LvlssxCAArGEGo~v|tIC&+K#wZf_SGPeV`6oObhxzmc~~#(cUYc@co#8j<sh_L#u>lQr0568LV^b##_cH"
+    "Fi;)GGU`l;x+^+$u7EKPO5;0*;G-Iu<OxpT8+G71>plB;P?#+B&K01aZP>9O6BZNyrHybkyWdwO=4EQDx&!S)m8y7F%*OyRxfJ3ohxytivW$"
+    "$H|t}0UM5AJ+p2|~k9o2-xr#ea*p50y3!}?dLe`5&-h%>mt>Uy^B!8`RAJ`cp)ph_|-jxDX8Sehj3wBz_AN4?@Xlu46lf#}@n@5eoTxGc$B&"
+    "vw6z5RcbCgY1J!js1BJPAIkKjgV>Qw1e%?QU{-@%3nwvw*w#VYKo+Qk~qI^E|l0ICsg?ea%TvCqW>vG3M9S;F;?K9M(|Crb2M9u7|ceaYmD3"
+    "_2&Ou^-3(gRjp<7%ry91+v~=|=tHmJX%{tfIyd`>9rE%=M;4P81M1^1|KA93=04kai&WxS-;B|62uYuY{&N2#%86AtjVPKNbyF%DQ~*T309d"
+    "gaSv@%S8GjUuM9&!dr6{rqWnn$c=v8zURf?y5Tjy_f%MOHT%O4rB5pC*q-yZiRP;eL?M)eib?8B%N(so>M4_c6^KwR2rb?&bF)~8AWSab!z%"
+    "3Wfd1L;U#@Nb9qjeJ#cTm05+L^dQtn1iAt_dM~;e%}zFB8Csl_WH+NGuK|Tc*Gn)_~eVd#0RlXMAci5wTW&z_9v+(YLEi!%RogtJVazk0XgY"
+    "DOeC%h6}KhP&ANLY<qP=T>>LUkdsmcEHBvP}St>z{(rHDzlb`(-ZITU@+sbMt+H1JttmicNTDeWRIkRuw`VWPT9_hho@B2)sK^kfNV&HU79="
+    "|YM|A*IUSS~A~Mf_}G8kIUSOk5JV2RD2P=sEcS(;v|;?;i`7S#?13J!lTr3||IPFC9&`SE;JAhQ<I}vEm+@83ufC`jxr1_{~fo8{L`<x+*-F"
+    "lZcDLW%?;ckfEBkJ5mL}mz<Z#fQQr@OI<^SXsHXaDy`mI7hnvdAPy`8i6{^klR#MFQ{FdzJ{2~r8~uXP;R!rmZ`uBvQel`ls>SU@JT>f5aWy"
+    "aX?QB7$Z!h$GF;!P<6rUXB&5JLT>aG@E9Go91+O!_Phl(@wW1p8z5;)Lpl}6dmJWyr``#Jf>R8Tny8ZC-Y8E%i^bPPO&9#b}|Qd9(uR^~H*r"
+    "O`VKIGPcmEsCFW>n&q}BBpy{6{HI~DlyIJjDEW}vQKHIR|EpQ<=lKKN~-L}$6Ci3vArXwq=QBmgzTy@C9T2nZ|MB!^N8%UD>@^8b?Rci++tj"
+    "k(`prgiPeXfK+#43(rKH@us(J8pfpr?Xuk}smZI0f+w5ce$(1A_$6HWt9(KeR7@>lKv&Sz1Y42|+n>4RkphrwOV0Jp(!N9ft&S8hMJDNb9DI"
+    "+i27EUNR_;y@z_f|N@8#3{oTt;NjAyp1b=lTNF8>gdcHj?n6lL((OF`UFmS2?8aeD>a>hP0wI$2{AoqEd|3PFpFX9!4MYCAHu;JED2eE6(en"
+    "Y|W3dxf~#n7RDeQ0dGSx>25c5c?qo5>!ZzxWsV*TR}xzrY|wyXR<+2Ay~#h%%V)n+92^NqFy%q5=)4-MLNRD7s<xhKrf9e(1--n~Hv_dZFlR"
+    "MV{o7UF_gq~*o;<5)Q-)ilt+?}MubIU9$=b+{i&Rl~%68rW8xI*U<LsC{Rie+nDx$Yrh2$mK^@9yQ220eMC2B4onI-&M_7iVRjca_|G;G#CG"
+    "`1-2?RkoUak$u9{*wC^ywqnS$NhTM0AwF@DiL{WTfgYR$-t`{BR7@v-ECnXJ2TY57{TLWsZ@(s0|d$I1m!?`sebs%q@YJ?R8+}{BSO)8FnHO"
+    "y>5gn9kxTeLyitC%tI|-kXtK8JF}bn}6<&G*Y+|jVvHFalfpZ3=4nW9!R$i_T=MN7{1Z6XSjIn@{32T!Vb9)!n-uDVe4I7lsA{U*~Tkh<Q*s"
+    "Y*!(w9M%+LFsx31ngDZE+K6REF-sb`L@KI``ixIMv!+v-Dk8yUkRx$X*Zq_#B4n6;XSwh=Lnmx_&mkG~mL9kq?Vnaqz$XjXWLtsu#6?I!*uD"
+    "PSgMVU#E$iWz(N~{J;347$HyofLD+ve$8b$@%jcbig+k)YA%Rz?jM2Lehqr#ulk$303b1T=PBR#Cc~rUP0bhZ(fo3;V$vBz>gd#r{5z3WG!i"
+    "pu`$?1mNPzw<s-W14VHalCUAU>4N4zGo%bmsD;A{y^l1UznsIHe;%Z!242@6DnHdDx}A23KzwnPpSq=@<TGL4lG85n;8EN%05vcLX)G{Df{F"
+    "3}`0-FYF&hNllZ2Hk;tB=JL4-ilwv)Sa%m#LT4Fw8?pE*`CSksm4QTA5!4w<n_`?2YGv?KH33Mrk3sm@|0iCdK_j#)b!N+_98XrztPI4bHth"
+    "gr-EG?{*W+^#)_yXo?}Fggvu`l;q)ZTiV!@{69*GtTpe+OoTaJz{_w%d0+r5Y9g^Lhqc?fr!G%Ao92y~2Tv6V1tqN&BM2e_-uSquW)u2tLdJ"
+    "tUGxk)4ZNiT{_-7T{}0R}e-Z%8g5gzU+!3T-gdwcLOlE&qVq2Wk(PJ{YSSq=GtqKxwa$y*z*>dOyp8fp+aa73EObf8#@UH>7lW4F{&~G0)We"
+    "4!wba*A$=9LN(~Xb9Ba=astb%0$7ztt21bQ(x)e%oTn>QOQxLb5<@{g5~?p0Yjis0>Cj0Rm~_%9pai@oPg5Y)_jUHUqEDO#MKYJVs^S$0rDx"
+    "yNj?A^KF?IBi8l{Owtg<?M^KTUV_eBzlE0C$xuFK!PQyV~4^qWN)F}s!^zTkiFj_tQRD0w^<xHQWrvbkSf2k9xoKC|?PKl%~Wl}?oEaEnHIi"
+    "^@S)eG7v=3X(2|Wd-g6ztJS9vk?<(U=!<HrbTS#)`EffLxfrpEc^5x7dPo?|N7)LCDF^UpNpZkMTE3bI{857)Zh72Abmueua8zXf^x$SM%*5"
+    "<K&7GQw@;JbPY2M}dj|Sb%xq;9ACT|OZG%8XNrhoR<bL?K^Lm9V89zAWGe%eQfQQ`}dN47b#_b%sQ&bN=o`fGmBqS2?63Y}(oWp45DDX7r!Q"
+    "p9EYoE`|DT1x6@K3Z%HAvn=49Xoli4vtQ&h>pzL%Jz*>^m(o<7UlWoU?KofJlLih|T>CZ(ql3*#c9gVsU4YMHzQT?Vcwcuon19kw$^9dEGPM"
+    "B2mBoKF>Tlc<p6n?T~qw+C^uN0gT;)bDvbspZ)6hb-{irJJ8XLXW3f$6IDH53D>Q>Ne>aSOyuknm;F&WmJdS<Sla>dvPaOFa}SeeQj=bM7Hw"
+    "io?@%KbSR_3VO9WO_ATiNKUD~u$RzzWlx|!Zc0qG9tG=r5XCB86E1L?(-^QMBqLkl=D$IDHM?#yvTKr5O8+<|zp-JN+lkz!W8F?=O#%{gKOI"
+    "2JQL71by$`$q0mi>g}xj<3UUymI0-Hl%YwRPQ;puME<LI!t>;tfl7njuF}X-DsgAfL=|QDD*WN(;5ZEx19XKo0vDS5TItgg*k&CdW;RTuxH^"
+    "BW}&@b_zxOiaIk9H`QLa`a@twulVvZt#H^pcVkbtrcW-U6BA^M$v_~!8k+~w;niVl+fb8J=w)S<nhfJ~{=td922QOwp(@Q<|3$I@LY5M&i@e"
+    "gfAS--E-e478od$v>Xiw@S#|7vw3Y5o`YYx~puKmV`O{O5e)jPTq%_(w#7YGHrot`E-=&N13%!EBDv@*MdvH|X=#o?}p@XBFpjYuTf`rWpU$"
+    "(gFiz7BQxu&&Z2Q76~^Xg;cOZRVsXTZ}irr4>U$^s3XibJha&aOc;eMq)_3u^!H8>Gt~=O1@XV|j4PZ0E|M?SXZ5IPD3ZLbU_C&o$iR!F$jp"
+    "#9(g2&*lq-;}DzYrF7A(x<dp-R&pLMgZ@@Ri^43iP{?En%`P6w1FD+*{|H2q1m8PF;d*wSjcroMY%A<Wrx7Cjz$l?tQ#Nwq5m>oeth+5SK}V"
+    "zkY)2IN@HZOh-2{Q$(VZGjzsk|Gt_ufp|(xx0iDVuM$>>h^2UYy2XFYxsEuU(XEggX>FSuF8W*4pTgVD@6&4kr<tw*;;wkPtFoz1$6!ulZ=G"
+    "b<_up_?f{qix-HqEbLSj)1tk$RPU*vldku4Zn&w+86z*aG7Jp9T&NtPc7>&h$dPRTEn;dKw&QTWkbMxXMs6fQ!9?ttne+<ND#A+i(V~&|P0="
+    "?(>;Lb5PnZLqf_!86R`N0ij=zSg|{KqT_Y#e8whcFl#{t;3PlKkm_(t@~v$no}>OLM#|IuHFxVmGi8UJMa~A+m0W2n-P*ks<$v*SPde@=N7m"
+    "NcenzV>ohRv_9)N12cEVFKQL$_@cWrQ1vaW_CwCH6oHM=d5v5RWNn6bU4b#`n$<nUC`T_iR}fa{0;SU-(0;a_uOP9o#utG*1M$~utQ`BB8Pv"
+    "@&Zd1FXp=sG2H9gSubK)f=zTq>qm>i!YPpD4BCdM~&3|L~0bW;7`6??Xj;(vimBBU;#N1OFH+PrvEB6(XuHR&%E*hyXsI}kN{IUbreBpOS7a"
+    "2g2!$gZ<1aWq+y=6?R<cbvepHjx25SLQW|4^??9+zlM6moUwDu_SPFTPcn>VCyPyWDeoq^RhNk_ZM6c1LuPuOMs7@LP+3Pr4L6A)Z}|iIWG~"
+    "VNK*`sS&fguqFE9D>R8eYc;-(d;_SxSR_?SK8%V<78+~Xx9&+1e=fCQ?gjuVbb1rVqb!}6Cdgg^q4Q&056<TFdb@cxOxha$=NbM7dk`1e0oG"
+    "FQZYjoa<!>Btzd!V%<$LyvLLJYeYP-_FkKrVV8RINZs5d1K99j(}b_qr;>EIs~Rl;Y~!#)uW?-J19}UXbSvIZik7kd2;O<gh66eB*yts$mKZ"
+    "%M{zD9z{%A92<#dx^fb)my?KQi5x5q{|A))bk)_EEpgU=j(IfStC;n$6EYVGykw|6m-xqsbKWAWiCBy}y)}|MBVxKyIMYLrh8X3|8nEmU&;7"
+    "<f=DqVC$=@UQ_KCl~OEHq<-5V{mKspJgQ@6P5ejGQ+<IjeU87A8qSt?|6z_nxCw{H@s4kx+$=A++$UMz<2LxL@tyh6ls<<hui4GuJC7(?@I9"
+    "o=b%cUv+mnU^JRE2t*b5A~J%b_}Zn&ySt$lR!&U6}8!bo>JOID&&_=8IRSLiYd7BXUz=q)n7pGEJt+PPz<cT*SJaCZ}Rm3Hd<!H@PO*9<^vB"
+    "et5yyg1k$zB11S8cfBWx=i4gN3Bo#wD{#1K?PoKJ{Sh;o26c#+I3@{3qS9XMXIaaYrMOxYO@k<nl`PWG~Dee+OA&A(l?YMnxt+6|RBhd2nbV"
+    "c8j(QaGUd@LQT2SW|^;Q)szM?(R~%SgUdLk&IPbG4+ZkszZs*p63>KueQZlTXJ1BWEt#8`S_T8*!_aRLlm4jk)UWSsbPLHs=u=gRb(_xO39A"
+    "`cRIDl_NWg22@XpRMj~r;r;BxGgfk>B(v4y5P(jcB(fO`g~{zMuQm(nb;JWz3*Z{Ns>ocd3o77W3&smvFJU0oa{dlqzPppQM1qhj-$d%$!|d"
+    "-UW1{`7S|%YZ`7E0m=RE@{kZ(DTe>8%hzV#>O=f(d<qYCtj5MSXDy~(fc2WX)5tI-;??RWx0v5R@|a$5f5c3S?#Z{#1~|NP&lrHNm_=EA=d$"
+    "%{e(?=Mb33$mC2e~8diByTGy35fq<sXB|FDmJq@z1<>-I#4a-1dwVI0m}EA4m2<6^KF*5w_P_jRFM~U$`<B}i@RH~@9un7nEk{_>Euy}AT7x"
+    ")+6sqmrs;G`XPZ+X@p*c*CZDW<q4Qv~mq77-aIR4etd>fWTpiH^<8<JLYOqm+=PThd5!5&yz^SjLzJ?6A56(HfjPHDtECZRi7NG)SQ$aK)9p"
+    "ZA7Zyo#fMbQWTPtG+blyGOjqI_8BKpD&BI=PrO36=))m3x3<e6|Imvcef+i8DbKvdj>np?ia3^!imSxHhMwse(Ge0GehM^?I?xOFHXp?9r9M"
+    "-IZzWoSu~vxv+C%rAn2hO6W%Vofy~D)irf}+}Uki^8U@Dh6QCkGPuMo3G^1v^oEVfY@NBRsW`1J%+>mmZ^4NIk+iaDvwzw?ad|7Y?i05kii}"
+    ")UIm`9_pi3vA>U~wD$6fN$*iqV<oc?X<(qiqCKClf;aaFkW6YQ=mE~His%txjd-?tIdsptdQPG{z%c>a>yXUbBMwx05E6KO>I(LT7b6z#@FX"
+    "7ImI^qZ>8=2F_aZ0K9okG#sWaJ2>^y*@4X)l$@=)t(ut*b=`C)hEJZGAl4|m8&*y>ug8!<Xq8(g<mIo)0%j4#}8BzWDK|7KpmRzL&3@K-OY7"
+    "(Za(G3xBW&0%c5%g(%RzEyqxtfo4>LGzs5|hWG<OWxw2M~TpEzy({c_TDZ7Zrzf&g&&8`-xPcw+^E-ucC5WmiMqZWx#3aWM8;H!NpY7gepM|"
+    "I)PuoK_OanAW6EM}39tzM*F>ID=omFk_D3D`I8S1Pi0hbP@2$%_jjD1)pb{z@<v+Qs#eL%Pt?MQ!iC=Dg&NOuqO>N7(EDskUF}Q{fRzO!3_0"
+    "gkIu`q52WtVH%RjPV4AToh9)vTpv<)xUcRe=fE_jpHq1aPhBBJVWZ#KewOCKI+b3qnH87KopU#HoXHGdBselyA$g#c7o$1@g)Xkz3(Q4=ic_"
+    ">YN|$x;Vb1ukCW9iP7Y1ft;;Z=48<T5(;4QhTktQycyXSr5a(Yj5Dq7#@Fm{fv*Io57#@LIDdJW+O%zUpxFUPgXREh?TD>e#S=Rxcyokj<Ec"
+    "2;u3L}xL0No`a`Bet1~qj!;vHphF+XUms-0ijyR^TmQ&vXZ<y%}0#`E?vGUXuLZHLN12I!kK_;?{u!cyf4v|(xqV9iZr?GirdSo2U?P6di);"
+    "ClKqsJ11`D#Zm2;?%7un6xvv4<HI7Ko9;j55vB`@Wpq*3Jpk1WM`TopU@-%?Gwn+a)Ud6<<5ifP+>%h|9`~dlZ&?GeFovX#BQrLQHdF8DFS&"
+    "wWr(@q~Kh63HFwYPt$N-9~B5gNL=RJ2pyH+2;It>aTdgTHoq-7A2m0!x(57=7&SmA!u|OI53jxFcCkG~#pza`Of@arU`6&@9dMJ35m9{h7fj"
+    "kBCE}K!$~<&rvWW5L@&eI$%j`Zr5{}7p?Fd3bMZ97jR;>xZLNCV*|e6BPvaLv^#4;qL&$&AjJw^#VXpSl`==02UIv!kxpQ%^JBG4JsT0ot7K"
+    "Nb@`U1nN`+K^q15rkB-ZTX&rpvrIr342A0lKs3~&0J2lYC9XQo)BoUldmexdsUo9v+nHho^aui)=pV<bk$R6N~K7H!RRjZ_FX-D=}?HA9a8Z"
+    "@1UEsiEHnMa$x|7v52YP#2@iRx;_EB;OwT<Za*pH{N?$EGGlDXxz(<83^BKU786>b%u6k(o@%gtS<;UD5(Uz<mEmAF<X#MhXVpFb57edljAx"
+    "fjlx{oLXOYUiL{~~IwdGVqU0tc6#525wQLO9#8OGXL|<ded~x1<t-K^i?(n$`-pTQ`aW*L3+g8r|db=Ci`{%6LO#k~EdF`1c^gNrlr}y&Rfr"
+    "_CRLMzQ=wKttiZAG$3#8bKPPVa%FDF;($YMqDKWRE3iB6%7ptwUp99Y2jW4AR+Ftvl8_;ww%)H<!WInKG;j?m<8TTj)7t5Ma;mCF@}j2lTSP"
+    "uMF<xLt~(fCPGFlw-wWGFL}P9v{f3!5I?#`q&4l5+g}4^usXG&4rVRib4dZ8;%d`Fjsh$-+DyunUjy3Y-8bH4<Z8soTw0W*R<-7i$h?z0Ekp"
+    "%V;&$}+@oWoRK(rg7)SMKFeR3prAFp3H%8K+oq)0EbyDl*up)m{_44Pt~M7hkJreu1L;ApDi#a#aSfr4e$W3VvVfS8RRvaLfHuoY@8_NmQM*"
+    ";nuqEB9pbc&MKVF4jbwn~m&6en2Z4UKQ&TaKKXW<M2s!RTHFH!qmm&X7IDn2Wk(fF~jV8l8Yx*P_=^qd$qeCHWeSmSZ{85yfP23l*?pASABS"
+    "S+#7&bY+nO=xl&nky}!2mXdK=8YUA;EG<?xhVzW4-4#k0Uql;GGxU56`RH{4`8Et|c+=cC12o_o33eqLxn;Bf`SokkaJK}3pii=k)%(W~d=$"
+    "x>So5MloN<e*!0UE>4nxbnf5vIz(+D?$XCK)hoZXzCr>lJ3P>x{(41KFlSTeqx&YmBh_?EodwOBpBBRcr2N3~kSJ*E$%RX5QZQ=I*hPTY*gk"
+    "?NO<tOrd9Y0Oe~@cdUn^tAy3J>UBDvkWL_-O~kQrUS}ODncpcUQXnb?vh~3!;0Cy8sFvWZ<<HaXids^J2<ThojM>Indo#t=(+M%Hi&dnkZue"
+    "~V;X9{sK#s9x^(}1k=-CK{LE01)YfW*vuOf0(<Fl)wJSF>e(dC6DrSFMr?HG{Xjsq6sU<@plh|Urotj#F}SUJ{Jm{kSsfl5V+#@gH@!{tB}%"
+    "qrPiVrl8w%71;=YVG3tvBub7f+0H22S89DQY$$bE0k{Z(1}6mDo<y=4+!F*pQqa>_Vx`(NM}h{fG+RggCp%@hR6FQmH+kcrhQuWW$L)`9r#s"
+    "odfs~%szOI8VL9;g@WOgJ-K&>xLUm1P*Me)ZE)$fnBwiitHNUQFmjcTYNo&v})vGjXcBHtR13Bb;(NJEFy~7@Lhq8jhC=)sAlWDFvO<8lg<9"
+    "yn}dt`m`JSt(_RbCC9th(F{deuUCFZ2agrR{ib-Ttm~Uc~sovRN7zR^DDeP+Q?rqjM<iu4Z@1;Ni`uapscHdT1tC9Tm&<Opv8g`dY1x)MZpf"
+    "Ntnq8%>p)Xo%gb|cxqScC5yCJR8B><wQ(OLL2X85A8Qp3XeV3qBZgpc@gK#O>#L2xno-`itRb53uiaBSTITlZnc@c%7K0(v|NP)-znf~~sZS"
+    "v$v{N3Q6wl~Ck6xqa-%t}>`+{Eb@Lui~i+OEy&5n$b*J_^j{L#>U@xnzr;@6M9Qe<S_nIhXnsIL{SceR0OQdAMIG5UUov~+j!K=ypfi<1e5?"
+    "v1Qzx6Z2E?=w&1OoTJ5SGU&B&Y3DyA)&%6j$hIHC<_+2Iv3#CsHXZ_Z}Oq)Xsa98BNG3OJ~S1~Z)e(?S&#CeKF{auL<L>~R?6b+VgAY`iLr7"
+    "SL_z9?+Z)=o6x|!8WrZ&OM(K6J!(xJR@aiI4nb6@jzZ&x;W}f2#N}{p$ac_l<TxRp7%C8EnP}+=NTVvPuH>XmMk}ma0(gf=PN<|e^_xok5Jf"
+    "m{FURv?9dqY<VDP-X)@<;T@fvZpHIbzo%5AtYkq6+g(W<eJ<r;g03`24Cm%xh)P$t1W3LJ4ekTh+|P>)^u*hivGa5zZ_Dr)HM&?dU>hKeb+g"
+    "Jrc~!Gj@&%%au;TC%2pWs`?uq76pdRBK(DUJuv47Z`EAQoG?kTme*qnRjqI{DqZDm1tmfHJZizpyscnO@V1j78@Y_@9e?1mB}+e+!|CEti-y"
+    "y@vcwQpc3g{=<|er-2lONmm0f5bO3Ysky|rv+kC%MwAmO3MP3NZU-j_o5Q_YoQ_H#g|Cx-DKpd`vb=ghb~sha5UXGv?w*z{N6n4zw-9J(ald"
+    "k_`dgNn<caO+9vPij@!(vsEdz2T7fZM;{wR_<sPZRNZwoYP)D*Zzjm-ZGr+sK#4Y2eF1uLPE~qR+S^Q`IY)a>1RKkj#mQ&%2v5o(2Q$<CBI{"
+    "W2J>Ye47S(efS7yO#V+dbpIs`rIU^tsp8kxBw-sa)dg{bq1&8$tGV#y;HlOkt?Q~WRa<Y-grDtqEBn{s)TvU&)@-{*BX?DK+V9{gqJqL*F6h"
+    "(T%zY;w$)r%d@^5V}a4Q~qzAG{dMO+@L1&u`UMZM_#vs!CoCgNE{3gvFTx3V|B5pHKO4xLNj5Z(LHL$)AzkfiwUR98!<fE%Rz5F(d~n2Rx9n"
+    "3Q_HHn;*%Y<@8{_{;}*_=86fy<-X?PBa+!6-Xc#>gcNeFV+Gf_fnDoa`>;UBY~I9#*p?RecM_hjS}h!gzbErIOwb>89gcrWkHD2l>;^HHN6f"
+    "nxR1>rZdK)T9h6i$}I*Ykzw3E}eT~Y*>-O_yETQj+U_f_M_U>bUw7lYDOE)6ToUYRxb3{-DpEp#Kh5}l=&rBsWk+%<#@uJf&n@>SvGP+S5ol"
+    "C{ah_&cikYmCbGijQ=*KEnc_Te)jD=~aFoye)tEJ^g+9`_Jj`|NVbXe=`RDIsLsi{M&V3RIq`g(FGkoZZf8_tLRmEy3nvB__U>&q$>sI6cmg"
+    "vXY%3DDG9d9rNR4w+)ZO|ru4Giox4l28GjHz%SPB>D!Y<-jHJ@dG?H#Wv#UV$ttuRMV?yqBrH?H<QAHUpF9Rqp!8M=a0qV_E0SC7^^54ZbiH"
+    "y`lRmy!);B1u!MFI;K)-%(42Vx>?%8fn>Z08WYXfewq&D&8rvz*M1i7vCk?DNdQqtoBd%V|BWf8y8k2cT-=cjnJP4iTfRC~sSCzX31&I}yZC"
+    "exM@Ar{y6?I?W;<01-MYK6_$#uZ>Z$EqChHJRN#?gWI-QPkOR_+D`AM+d&rv(t5)iFq=y8`$CG~+TiQ0JNZQW>Q@+7A5rC=%-Zz)Tak{C`r)"
+    "h_@~g!BH|+teWy(>&<kFZ#c-vw1KHIA8H810dwr19I=)``|OHk(Jv}S(svIj$S<o!T;PR9gaoC$<BQTxppndnW5)ne$)<k6(0PfoOt-R0$-w"
+    "V5&#qH~4V%A@LGW8vS4w4$Z^0J5Q+3+lO;paNd{G*?mo9sjixkts%nB$mgFNSyf@7>iqX@);Ii+gdHvnlb%xtvZMMX0oDk&k^c+$b(rAp)YT"
+    "Dsv17txHhV2dW6V~K=+F?^Qpj}Y!$B!h58eJV*WaFwmdlU;NbFEmEe~GIY)V&Lv;?zm;dK~{nvk<*mY-f0x{uhd{fspY8;u<MuOY0);0XGp_"
+    "6iL@?x&E>VUpz8gGZTl9s?u7)Em0L8M!g$*iRd71wdCHMcESJ$VR~>Gj&L;{nowuq<(FO48jR{mlxs?5;}RNmL9p@i2Os*COdG2t9dQfo(gg"
+    "gWWjjMZ^}Bur*`1)>_?3M!cCi_yfKY+I7j?V)9yCcTwzK^G<vKhjLc+6vHjTC`1RRMGw)k9KTAXX?ODOK(Z0ztz<UfI!fgk)V`Uzz@vw|<mO"
+    "kga!6+D7ac2rPu0P~+XU~74vozTx^(@blHq_~W>JMzyXx65z*^pj6Tzvdx)}}UBTU(y#{?^Sy8JJBQIYM2#Xj_lPum8346d05Sxvn}6ny4cm"
+    "vjvNtqG`#*P(c8I~9iIfEneP{qV-|Ha`3x5tsc&|IOfC8di57Ru8{X*v@qAZ&?5cYjne`@a^^FoA94FJx*2idTo<+2UrhK61^?EuN18BtXpN"
+    ">J#(L%bYl9t2Y9BhPtA%GRo8k+Ho)2)2}r2k;j%J@Np62Y=^B^~Pgvn^ycj&FZC@lWBT>HH_m+neNWu@3w+U>7s&#&}T{kAnssgl)0BOIws;"
+    "5uTR`g+7Yh8Tkmj4EeaB)wVS>8&3?|H9QKa}n%ty7D$ohx@VbZ0F1uD;0YmgdDgt?#w}KNcp}4j0kaJYZL8ID0ykC@Tk^KnDJ4#+t~ha*I_+"
+    "1#xVU9s6SjY1#K|+XEijRnHaU$il0{c_p`<D$c7yB}1?n{CMUcc)skVaytg4<5{1oJOi9yJwQoRc^)eWg$HfHyOQ77YfOKg;=Q)uYxdaJeLZ"
+    "`!ec)=LsH$IU%(Oi$ZVNXDbCa!GqgD&+DyY`hHaoss<3`EbSkSRD`P1taiq-Gun%V0teLtFY00+|_x2r!DvW}=^m>Yg=d$)QLBjHeyK7h9)7"
+    "mZ3qnU;D?;|&iR^ZG^~ns|TrinfC|6!xdr=&0vSl}YMbR;+$J(^X|ZqO9iG9%vM|T93xzo!(6v+!BPh3Xe}dleF7<7(A<=Pv(3T9EPQKUSF="
+    "-U$tg`9kuyu?kgh-Uwe32Q$+K8NV@rH)i@&aw&rZj*CSVtJbmYAB7ctGifZ)i4xsWIaz_{RW12zzWDq){mb|S%4xH2>w-!N9?T{yuVV@l=x5"
+    "Y08_NDKxX2tB;Ro+&x3S^}=u;p@3S9at>1nj``skpqMVnBTKI2}xRKQ`GXjZN)~M$gPT35+w#h$nm{^y>=7;@vU%6z)<}_AQEuE&PkA410GU"
+    "7X9u#JS1tada%Px*{(eX*i$W95_iqo<i*^si3TqXmdpoBi-Ye20p)Y?2I-{jekC{X4Q)g2yKhs4&MitCeWzQ_AFjG}0z+<!nRMB(NPE8Ax;n"
+    "MGo40m3D)k^^=ARp0fl`8pk<35kFC5D51GXO+7u5gd&nb^ch^@)Gs&*K@z^Q`}r}xQ-K%UR&rjeN)3aCabU2TaV`O(?QdfD@mnpE4|YnUgfp"
+    "3UcYleZPrkl&|xQ;{J1@kK(D;Qgh>DjU|~h_NbZW?g~9$ezq=R%Y$xI2l^SgqJ$FS@a-k`l6YUah~8fP%WCbQdRX+Sx%qA^$(mu*K;0*rRrw"
+    "aP<QA-a~=GAY{b45wq8{9USF?3bJPmUfsJzQ82C=h?jXHtnEb6%1bPi7S+MIWZ!5_1JaDOs3Y<z-_xi0nkVB`Cbcx>9b>fEOG<#(PQ#xHltl"
+    "&dW?kg;BY^cd%d?e39b``>JU|WhkY^-p79-kVY#!22*P)*z!6b&WHU9z|j<W!g3H9C&&e4gBSAKVeztJdxSJg|n<vN~`zca)A%LFtFS24eeZ"
+    "v(%4<;g-nGC4MvbtN~WAI(o0L7&{~2X)inE;)YnVU6uJ5Mh5g)#6YHthYjL&FaJ<F|CTzWI5scea5!w+H?2mQcW*SkO*1A7awHE>O+Su}{zK"
+    "#SRu0_<?uUOEy|Lq{gl$cBNXK9+0E4aV11h{NN4{m7k6|jfOP*2Ra>#D*skyz8{b6QxfDC)>FNfc2e@vHBkr7|}OZ8&E<buh8+fT)(tr{2Wy"
+    "*$b+{tUwobz0m9TiwSrS+DtJkn~)q2l;a~#%OGu3^P-6Hz<kh^X44dj{Mnju(Q=E$CgLJ0^PY&vvTrZ4KDb6=CgyaF_ca)ysNw<$Sz{b-fgR"
+    "$+egXp0K`_geOixC=;z#+OLHFaZ0p?AqL2s=Gds?Q35*DIKWhl|r1O6^qgMq1w)VU*&UpH}4zoE6j5hDIYrw%c*2v-e!ENAS8Rvtg?lnMy*{"
+    "i+|jX<_x2VU)mSMyx&s(ag@?O5`B_D=rODSzg&+jCZZQR8~PJEIDl)vfidPK((a5!Y|eH@}Z*=6B95zt?7QhJCO87%?IE@v<WRye0{;)3yWI"
+    "bBoW;Ei#lvq+3|H#~kRUj`FTUjq%~_o0H`1N73>>E1~^)E;E8;1EIv;r4gA<I%c?PZr59A7@W#&0m){YIN8AbPyJi~J(?shcrt~X_adaJ*I#"
+    "c$=n&%S(+S9}x%jp~im+LEunWi7QFvDn2Al&HMQny*qzgBQ<7!RSIrcYAW4R_5WakBzl~$@}f}q&RMOqdxdH9kmw{9-%TOcVwVgjt8Fc$vA1"
+    "Vtgsid58hZy{yP>dQk!DJ^=<K|IZ5@j(;_V<TwFTCX>(z2spB`^AE4AoTxZ>ur8yS(ZGZ40n&n%*d>d^L@|#eD`+0d*6HAecu~3L(@I4Q8OT"
+    "D8i`p9(nv##QC4N1s(h7|k&_Wwd9n}-Rv;nvvl+2LEP#<fERax3NQgZMAte5Qky!92FcS9rnYo8Yo_p$~n?;0&hkuxxo12@P@9hdPI4wi?VU"
+    "G<TL|d)VCoXgn>er+XU^4SNdE-GM;M@2zC<G%1(nAxX{7`5-uH`4ihhpYY?qkl5S;$uIZ{<E{2cK;IsMa+&32xxJwXJO_PC_oiDddeu1X{HX"
+    "+(hh~8yG1QXaf^dsL^g#4ECLYHbV3@T2j)G5@FM62pR_DqXR#KO(zUhW`_?@1pKyu4=bLIMx0;g1}X(Hj#eX1Us`Dl4N*YEK&3Y}p2J5dL;9"
+    "T%M3?oN)y;v|GTCnK_&s|d{j0GNqS@fLVt_~SE^n)q$6og`5$p}zHZ~pM6<^$}R|+fvjx*fP1cSTf>Lb%flVA%xL#?{U9RobYebr|*%?C{ge"
+    "m^CAVCsCmd88*hAUsMpB8>OQkd4r2z^rTQ;6vy~P&#4duW4yFNNmMm`(eeex4hTlEaSbVhW+gi%~3iNF3=3P+t~otbocOk!gnKzBsw@N-D5Y"
+    "3h9G%e2a2me!hUef5Fn0(JTRkJ>}d`x+d&Hk^S4!mOy!6lZt0-Ye8i7uK<^to#~vhxD#a0#`<ND^V?vVIOIZ*f4Tye@c@ruE%3yGkR-U2oC@"
+    "#1~C(YH#vrg_KpGXgO0EZj=sP7N}YQk6?w<F61wt*0C5o!d|+d;MRFfBqrbR8Y%2o7JVdkn(|b0e}pNLde(hlA>I4oqxg=$;|cRWc;NCBFVh"
+    "Vm|0h2OvJP4S9lrFc8KoKHh2S$oh6c7IWZcR|PGhehtnxaPT!&^Eh{dBNnMYT37Ee&cM!RuXa8FALt<6Y|<2LBV=r}zyT|$mP6f%1sHRWt=R"
+    "hmQ|aziZidwGBzI4&(34!9<nt#<O4y?OeZRpE$gY+qZ+~3i2jmt3Zti$3_ZN#B1lYMO@CHQKE^hI=ZxKE)K&A}pU52PefHj>6M@-}533L+e;"
+    "=_u;-2vl0usuVeJAe*R?pC#)v)Zb;Mr)_!w9xLfx-p_PnYV?|&xDzY4SxI@6xgeTw2GVzK$*@tHiA||uqh(u%c6y(xM&sLF`Jt;Hf%GIM~%@"
+    "K>=+#3QHa<xHg*F$+;CSG(M~hGd0H%+eM0oJPg?5DQzPLcemq@%i#H$f<Pk?1322_+#YvDIv#;c;khj|dKk_JjkpKoREx)m~IS;XeR>pS8Ae"
+    "I=@M9hpCX}Mnz=*1CoT0~ZQk16oLt#-k$T0L#=4oW#&JvOw3jfn*N#lry*=M`dCG}6b)FH+N8p@86N!m06tmmt6;U7NMc7pl6$qI<XMF+Nzg"
+    "AIu;kT{QeUE|eG)i?QRglYUxe7C7mzU2vUEz-s@nUmWnk11j@r#Q^C%=^Ibh1D<%+84<jHlpmm_i*6`Ful#O^q2X?I9s;=IO*nc3+%7@H3i&"
+    "{}4v-GvZgtn_C<O1Tw@hkp;gTRei`OTFdYS<cT@`{lnhu#G($?zoouOWI0QdMUR&+fA%;0KyU@;U~CajH^e(rwtxH7;eYpBWZ6vLU?K%U{=O"
+    "_AOGeg#KHEhPQs+0uaDY5gkqfE#QRf&~!Z&Bg%7V`#|rvNhPzu7(Lvd`bu-95&AYGDYelqHwk53Ef0@J1xf%Ds>|3E#SJgQ*i2Z8V(WKEoCU"
+    "JTI>=86R{Xw4T*8+nn)dM+(ipDG!!A^t%f86*+#;>g-Zo-b)OfEwx<_FK{^I((MEk#0O8hVAo{q&+Az*GWVP)V96uwnOjvrT--4|eL*8F;DF"
+    "VofYD&W_>WU2m(BII0M3it1xniGCi@4@2Uy*og*BNLHaz?u!T<{T$ZU7z`N)JLkA2w<h(_*9BCPDegQkqn*R}1{q4I&XtQ-DB71;X=L0b#G#"
+    "s-D3VwMhx92y=|1xEO!W+ZuplshQFyA)u3Juhg2oQVW$ztNN7IlqoG&Bihw1e!{s9yudVB0sB8OK7cMsfenj>pA6eXgpZV&#!Wb_Zc)Jg3RD"
+    "@v(xAR~(8;A?>mJ2ZL|tMeLWn13#{d_xG%Qr3LJ95e1A}<MCyxv?u6bq!#%D-*wbN(FCBMERH(srb|E<)qO}kp(Ai$Ulm+fe4q5B5ld8Of!K"
+    ";K$FYl#Vw?8BO47&zF9ryvM`LRSIbjRp>eu_8BpRf?pGfV~YG`c@~23K(HyZ*O>o!3SKFv@K<qap6F6d0gAk$&Eh1fqe$?B0jtQ5rGowcA*i"
+    "sx&+^@NGYlxZdXbrimo-DZFa=zL(#NHPa<kpx!zc>Hg=m@yo9w0jVW<l)|S|I$~O&JCajH^WvyF3#y8e>s4Q?uDJwVxZ*^z%Dj~~+kxbIQX+"
+    "b*%KQh#%+ZO9Q8w0IEt8BwG8@Rz0(^ik|ZdcZiOwLOuN(x5l1uoclsC>;86^^Q0O|i9<cxH;Nr~puYRv2&C$FVt7A+PaN<wLWnGl=^rV#gVM"
+    "tG&51a#TjQGCoIW6&umkaD(>RL0CN0qZ)SignL#2pf)1x#1!aTPb;IIqn7a_eoXiy2f)=wrQ(l>Bfk&QFEK^<AQ2&--7oOFxgm<O++%%Tok-"
+    "WcFKJ+mqH@YTj?t9xVWr_#0Vdi+>|qO!ldBwGXiO%x(P-$K2<ad~ut&bIWw^6&seti!Ysjy9-hn#MW4KgchfHO7+h6D?c+V~T03RMTKYJ_U{"
+    "y{^1+UT>LhL-4#aww3^Ng+>G(Wg=NyQe6756*ZG1cTiDYN3+=4%iYXN4O_1m9W#0$}M8ZgouUohcDQgxms=5Qsi#;WNQfF@`H#**=Us5r4-d"
+    "iPx^7X@5e@_MW<QX-)II{n=nYzyL+Z2Gos~ou>|ABwDlftSn++!8URvTf9N#iHw5a}1>sZUxA)M|BD^_l2_LP_*n{tNc>@rihTtgy4R={jhF"
+    "hGSbtb`-MgaGABgWCo69o)IcuTzx1L-v6T^WOxATKq^<&br+O`-}%Lftn?lyR2q8_kNr<H8bdSjP=lz4Qhgi-KI39NSDn?KD)W3D_~%q}s!#"
+    "P6L{sSTM?{ILc?E71yvB@Vj%jO2`MZYKqtT3eI4#u7Hb!y{M(zD=ouKk9JKnXdpt$YP6~VptX;$@zgwGlENb}ndm+=Pn_4@Yiaex1IY$JKXt"
+    "G)4)H?=jmKly0PXgX!Ght<`kC++h6X^EaQqHL(>hvp9pk(DkUGzZXao)EO1Hh|ZVdq|?sgYst=9syUV&+n`vYrGSK|e4l$nsKS*3?=NhkBbI"
+    "*nsY|6ZyQv#_-(&2W5k3uQArg>VG`f%?yDx#JTd)$oGcV}qXg-)MD-1%7$tcSi|ljWMPrlqt`G*cM+~K~veXn@YpAwH^+@(6Yfr7zHLJ!Z?8"
+    "D02>3S79#O6r_nSRpbV$h0<;yte2k-3y6AEo#AGG~fJjC7K8_!0xk0F1<C_~6fCh3fJGcckuQwP$)?{?+&C`M*i@worONfV$YtCpDa-dX{Z>"
+    "oxiV6Ra9iV|f6GsHBk*(=t`=wvbo1Q6&uS+QDH30V&;*7k0(YwVIA(LF*f&s8^|@ir?1_#B8X655(IvsDJR#+e;0*y0+g?X{u#V+*N7CBpOO"
+    "AOKZ{&R)|Zrq#K_noVrN%9_q=mxhp4L=3U;t&cpVR3Ic02~ld@7SK|br;QknH*OzRb_|kXu*5bLF;+GwCUOE~Uwsfx`mn}t$$%Y?Yi$xTlMi"
+    "dIm=NN9)Z7EB<pKL=AmKldi$5qAe^@i%RGS+duvCYII{BqlA;CGJ=66n9$!#~3fDrPSl9rwwC8XPiHXaTFq(!JhIiTG}B^$+TIBSH@#1=KRi"
+    "R1l-)2<DiVKcOw+7mYvoHr|BbQ{#hhOA(t9AIN{$aC9>fe1J2M+S_G@syAcb_{sj0}*B|4vusr+iq~;qJ%tA36LR19fW$ZLt<dz^e8If0Ze_"
+    "<JT2f{8pw*rB(ylC2Z3^9b&uGZXt&X0%Ue611(3NX3*H>=?%0xsXuEBoP1s<QGeah3yPbhB28EQ(f$s|T$WaR+zDbCWKH^jWhI)J7*==jQM+"
+    "$F>Qm%Sbaq3aUsYl9C3N;d!paJX>y#wKcj>kaZW)YS0h@JHe(e)p7TfIOX{}kG-hRFc%t9pVH4$W#G5BNzWoNM3m9Q&3B*|%GY;ae5EanL*h"
+    "wAhw(x?Py#)OHK!@Oy=LyjHc>c71op3~YFlJz@(JDCTL~z;luS8FDE(Z4X@aZACJ|Ih_bvgnI^jVgfZ*dKI~aKNta=&=HU~7}oVzYbdfJ2uw"
+    "2->UBIMyVWJ$7RNmzz-u2C42X6Nv=bB2Y<yrF3Q+12<jDC05S(n$Hh0htHX^cck^v|02$&2|4kl!WeWPKy7Xh<O#{!Xk>Xk(Ts`r)}+IR#M`"
+    "?!f%8mcdXQ%ab|-RK9@K&7{pQ%gCslOuq^xFVfGjieb60*64>ful7#Bge5y2zbCV5NhWIQq&TN-7+l?3166Tm0q#xAF1>CAz}JZ<tRg1V#oV"
+    "MX9!0|mST&erl5VpBfg8(KGniC#2Af!pW3F0AK2Zm)AAjznn#YVIFoOS+CpSimNom8wetS%9&Dr`qo9}^MOt((%%}7etCmWRM%C>NJTUO}!-"
+    "nB@so`J$+I(Nz-Id+9OK#Byy06VDG1?>&>Sqr|Iap_82-PMak8(~Jj;+v(3}H_OuFN!IDaw&!Mss*Z^+H=f2`*x!xTiI19RO)5HzpTuWWaAu"
+    "H=L#`l$$)YNW!~&s5pRuhIR{^hT*^*1mxa3+u;mkYsmgq!`5tpTRPQi)stSUe)P~{JS?WQ(_-3qJPeUd!t{;3#vo(l5iSzaEWYI_7z{x;@f?"
+    "g+55j;wCs~j}a*~9m$Eur5cy`~C!iDPO3_mHxr3gcmg~bc&v3eO(w`DO}r0StE8E$WPDs@Io)9AElx4K^_VatSSEgSySN3jGL5iT1PXhH0*w"
+    "do4p9#{4uYK;Myr_Dw~-rL@4l<iW(cx9<<_028oS?O%2YfU?utw0?paP!ne6tUOZ{A+$kCB7XAj&_tS9hW1d4gzqq0Nm?C*kUQrRQBY$JIcR"
+    "s0}fsa<9`UCaQ(bgrVDo*jJV<Zn{~WUMzOO&VAniQGqvN0uBY#{>PA@s=YWc(N5{tQZpoh%YHGmj13;NdqvdZJ5^O^U3`F!J;9uNi@WG(IPQ"
+    "jPpxFRJrdy-|t=$#3VyGEmRT01(l@6_iiAfoISN9%6bk<Snhx#L}dJ>{l$gQl?B!Irh%S()_gW5S2cDj{}@-_lRw&Vh+x_RQ(+P7PB5_YrEU"
+    "2UgQT^%W3vcG{2r@nJz@8AIYd90vwy+jW5MR|eu`OQ_;Jz0}*wtJU)=LOxpG+z@d41Q6Z6-|mGiN+PiEfI0%QQ7buv0vy9!w@{HO8KN78)YT"
+    "dtCv`t)6f^$-0*!FDpu=y2ZOudbG~`eKgy3$a;ZlL!JIa8$vxpG$?D3rmFC9%jXx5BykMLooA>Y~P6C9A)G8gEUw$qQ$lG$u1EOgWcNO+{Y-"
+    "7Ow>8p2;L5kBTjx#PkpLQcL6QSNIO8hLqhs?!0NMC?9J5@2?=RDyJiomS;8=8EOnbN#5}=+Z6rvEW)KnoA|7&SnRIF;bV3>NNh7##CbAZc4M"
+    "iC)k`6s=_~Ft)dZ-H4xJ=yrYM}){NiMFsYEDU=k^TXglcow!-*!Yt!$DbM_H0^zDNI%l9GX>Y%0^-2$$ov=ka>$xfCtumZjcHo&?vrx%K-#M"
+    "RN!1;7KtjfR@UN+|@6C+-O!8SYuS)e>b|tu`7y>L{MjHsO}mYJ=nQ(gS`JGwW_;?<u{nBDJqb%@W?g9|*CB!~I4hZ(s}1t(YI3@dMh6?0GmE"
+    "s$&lMja_dCAs6=sclxHyu?69q*p{b&e&V>^wMnowM0o?T=T(m_6KZMhV`c97&3&_8Y7#K5=&;L+;nqMKA<0Uu)Tvu1&H{0w-cbih7yPUeo|V"
+    "$__zH%4^MhKG38EQaf3V!F@1WYZK1r1sJAo?CEXre&Pa@9DMg?1I_}U=J6<RX=w5iL0=&%IrM8J&eSOIuowXZcnJxRn6+(BDVtB>$zZ!>dT#"
+    "Py>d?;kuWw$p}F<$u>KnSn;{ZCK~crhDd?FIYq#mEs8bo~bc9<(oW>M*wD_5-R_OLS2Hpg+iq)E(H)W%3c{ir$L>{6`jfo*f(JCQA4do?dbc"
+    "3iUfx6$zI2Sy>9ANq$S+)BYQJIBeJn5?M*{lJRXj9M^>cRs!eFyWoWvs*^p@|&M&eT4>t;0jdi@?Sz3C*_{vnG2@Da{xFj^Ytu?IfZ2(uD0l"
+    "nPbkq0TlmW!w*q8Bk0z3N{z>|nZJ!FL^$J6w|J_R0&*6*dr>1}W4Mt?UFF?u&ZR48Zl74vgGnWm~NFhUj;6iyx5HjXnCnPp%&#AldF!j}90="
+    "lR!*ir=i6&8sm}CI6ICRZZy@#5|fF+Nx#}?YE7gHAllS|-BVAJ(AID*!GWDmcXx4oh}*%k&0yJ9Frar-ksFe3X@PKgP)>HZp@SenZpqK}O9x"
+    "decL%Gv!_tQ3!*Xp8l*$h9a;88pPa5iXXyeqWUm<~NyQMJRu!vhFA+u!$!q4s~ZUJaT9rpYHe|I`upP1%JQ#@%=PnPTn8}?CyhZ{J*ky*{E$"
+    "ImZXyW+XOJ!-eN^i!JS<i3ZSB{stfq|XZ8p$7(o`b>QVw@^*-i7KB7b(VIxfqm_kH?cea5h5(m&OmF>5~K$m3R68kc)<9(h6`DS@D@C;*6Hw"
+    "SEdg;>nBcH3*>)MK)o06UMAl}i6)$3h?B?^T$Cf?XKaZbVFZFGcaTVh(+zj8G`l~04rCx6nYUy=2CgYCx;iQM(;~bWtV>;2{te}VejRBAn5x"
+    "#;wc8qaLf8z#wOuu%kKE{c(v}q(3?{Jc+SoTo&5!eOhT3i}9aBxJg+ZtdbWSn1BS>j+`3KY>y*tABVdFK{Xq=Ca7gn5KW=T7;ILMA{=Q&5!R"
+    "vf@CHgdRYs?m{KxRP8{DGzZ@;-9a*3D&VVB!4T*rLhBQ#hRp{|SmCPmiM5XPK>;9mA@JrA^!aH1`4v;h8UXmvY#t1437MzIN3~5PqFKf$h8g"
+    "l<3tc?m(#UK})hz+zAT~rI?xA4#M6>9_mYdz$18axRC`}+-=$HWXW@Ary&WU38i~U`U3RZIH`m1CgH@Ix|dX+UL4*^ww)_MU0v}OM+rlI~pa"
+    "@-Qrb7Y9>dE7*wv`~s^T^SBZ)9{!!(Kf?b)?KvHN+|p6PMtv*vQJ1GF+(&BYG)MMOXe8DP|KRBYk;&dUQ3@6Kvi%s#2)XX{h8rf7Wh%zLM~A"
+    "4;em&vM5w8y$QWDAj`XnqP}`p9I_-_-&S(wof}ca1pA@zPI>Q9Qvg~<wnL&-RGZIr|nXvRQzNx6@hz<`4Rf!leeIJq)Tsf$qCD)Cb1p_l3yr"
+    "Gu%(+bBTYTuBHlL3t=2=k&FgB4jtxQs}QqAB8v+dK{}eeEf`pgq(<eGM370_He?$aWdwDq)spJT|yT^&ROhc6Y6Z3AG2)(I_-#MVyH~V;4i+"
+    "@{p1T!2NR5Jhg%z)v|6047!-3?&KD@WxyypF+48#9Ao}*K@SKmwr3$=epRt}G^db2It@wS$7nAN#H^~0EAsy%ys_N_V&06<-mv9wAbQ<tsPZ"
+    ">3Sk2i@)h!%Vct27NeN=b+gq9K((2q26LC7+!@c>KY66kdPm_j7A-Xp0sQ|Hl>3Yc)5F&^V#lfa%=dlk`-X_fS-C({Xp?0H(!((AN&G85O+<"
+    "Bc9w4h$=a1nHV89bzpYj!IuyY~W-vik^rxt*QbA?P$hy+Ag^$)?>>a?VppX1mAPz@3dWEuerd+Of*g+N#H0hK`4u&o19c7LclDUGK5eUo1Rx"
+    "9gLQTHz5ITZ{|FX0wT`I_>6A&)mH=B)us^dwh+DV!r(0<M7QkivgZi^Jr6|FkfC=8}dQitRz6>ljh9EJ#g6DUOO+$FcRPONX9zWqFQa*ZoKy"
+    "afUTW>gj2ErwWj;=2l>TMiOF5sx|9&vOh^7F8G#1S^soOZN^MTqqY!YAfkk+xRNYNsl!j@f3RXyK%wC1m)(fM4IlHy-$eFVeQ5qd?iga25eR"
+    "h8$q~7~DOY6BwXtZ4eq8bvA{E8+PP<`@le7f6$z6`6(F*AK}1K&>em&21|zf2sLjzeQ&q2u%lpYD6+G&c=kS?;e&hTbr1LW3iud^#s|i@YgX"
+    "!>$EXV2s?$JdXIW<4Y`F&s8d?;qePF-`8o;Qq!|JMrT;(OEV688A$PjYVVdDZ)GUHw#X2sPlxNh8G3tJ}~bB`>1#Lp=IqjtHDj^GgDosUTD<"
+    "BliIMFjWdgVJYiu(PDQl^!IFsJj)G-QCKQrQBFbQC5qZyR7QC*UDgPh(XpGRI3Q$1)uSaz1`w#w>90joBMiDO2j}_igW+0;_w!qFuR!!Yv`}"
+    "?M@VLg-;x+dG)z`Ia}e5LZwUgZvN~>2>cIPJ3}*7%Hb*_ZwF48uCJ!u=6KNhJd^~I;i~HnG%Ud5d@COI%ZogQ3h}iDF$C%BHd8gB?ZB}|<cE"
+    "U8VbXGJj=tf+TPGd$k*{T1&yA^pnuhwucpjd0)GeNaS^~H}G>PJ}ejpb>hx0H3PHVrR7G6{U;5q%WlUX3y{yyeA4?=>3k*>XfUNr|{(U940+"
+    "SBFru@rX@f9oufZxV2`buV0?a)~U#&0zQaXMY}G_bzSnDrx@Q}#%o^D^pI-z+eTsAl5n=t^8p&BN3`XAtH^DvMa_)4P)isKxg~||@WW`ttnD"
+    "8eFn4>^WkjTnSl2(bnn}3EVYpXj3&a$$5kC=Q&H<D#6zh6S<0CFGK56yKZKp;A5o--QY1Kh-4#Tre!cU6XQ$$B<uqI(Do$z;PA_P5joKtlqy"
+    "^jl4`bX{i9~TTe25T0LQ15C;TDxE1CsTfq!#&vYJqH(r%53j-U?I3u0lR~Z5CUathOla|jY9H@AGd!SY!%@bS06eJd2_wjkQa{(RvIo9=z~^"
+    "wK~V84L37LV5P)fG5otTa_yp#n2g)48_1;Ru#RtpW9wtSEADZ}Z%}>B1i-49l5eLgH5br)PWNY8UM<2eqzPm@bt=062A@8#;*E&+)n~^XPeY"
+    "#~S*L10%5VQltBJP(OGWxzd_4Zp5;%4)>hyV^dfMI?hP(5!%<c8#vU9{=y!-6GmqLU6mS?c({j++XhOEQ!R9Jp&fBDkfN285jfwwWT#grZsq"
+    "#p4SKR~kxZK&QWl`z8t3q?`R(35QB=fTxuLOU^P)2zv#fM-7z>&1VRatpeUYu;u}9iQnPzMnhg8?qPq!hC1x&dI?AiT~0(85y4RxsWAnRANM"
+    "z+%R*q5(Rs1OqH@PWJY;f;4h}M1(@atUUS3B}IErD5lVb9PH8#deh_gvL$n_mnq#_XEhnIE4Si=bIRMP+oRw!H^M6dv(S*v8kwIznyK!)ujr"
+    "g_kHr_St{J9v1KQ0N<SIe84$5+%^gKjO#gBH$dXM_a=QR}A==%zpi-udVc{O-<I1>!pTRcm=|2J?fDkFqM=aJr8v3aQc|VL`CfILp%^W-MJw"
+    "IkK-pf*dlD09b90$zl1Hz+42CRj@1n*{P3s<?`elzcg!Yt5)$y4d>gm%5y%}|{3H>%4OdPbeKRq{Ta8R^z{eX>RkOscRn1eOyXJ0zfJ1>GsC"
+    "5`Rbp*^n^Kfby9wfwLjK_^+ry;<;OT~15Vh2x09laEF5Y50t?g{LJkB`WNR4}^`$ghDD7@WPwh0u;VPhAb|8s=bo_X9JwC3Q65ND`2~8gM@V"
+    "Mn=lWO!I(X!$1qsFh4u|7S9Mp*aLw#J8Js@Z#85*PEMK~r6dAg;t^^|J%bX`#W9y&;}8$0=$ybo4<Lc?8)Rv}*M~Go>2ON<UemzG@kFK=Hw%"
+    "TQ!vl&))nC`B^VY86Oc5dPc8g8A4KiqGchjkxv##Mcqdj{^V||8v_n^}RKzn?5uOW#5ko0rlm5#xLU4(plzg@(l!Xk^?*gD<H)!9z2j&01X6"
+    "$%jT2pJxsUhFlr=<K~@qTD&fkX!h=<|CU(!e|4YE>1-84zLpraO!sQ+w*rrlI6Kd4DDiXpjD{gK|_n9Bdea3q>E*?Oh$M@xLj$tG_c0%dS~w"
+    "~)dhCKT1EE;>{3B|Mg7$#42|C7EcM{B&966_rGu6fO7{q3N$z0638;_O8x1u}IC@Df0HOhaLVdWkBw!E#&}qnvt%c?sCd1<cIKk-jqg!}dSu"
+    "7WZ)4@cK+6y1_t3>vi6XNkPEE*EF=)bB*5h!|S)9t&}Hhz5FMVOvuHNDkMJPETeZw_=WZg|^YJg(dRE4G?R9LCKt(vEg8J!&<%Rb$SC>5!DJ"
+    "`uy2yLXYoze2|uv{Iro7=b9C~W3bb=cRM2>-SVQw77{+irhi&(4Co6$_6dnm>|JioB!pixAZwWPQy|v^mUIw>@b*YEUZ7Zl*!Ng}GhwHM=&i"
+    "0!eoYl=Ew1`ePMF;^z*LwMjg4-IMV+NCA;4^7sbQ;t_h3@qCPd$S;s{4q1PogORiW{?cKTXX`k_2e3yzh-Rsj;H2&IFB2%HP(3-_>~0)RPYg"
+    "c>axXd23w^c*B2ynbZxs4r|O!3b=g&<K!C_B@|k!O~!>(2_RFAcNgQMUSx49w6e#?mj||_N0}7>S(yK3tJGV8ukqa*FF8_bbG~j5LEXVQx_0"
+    "W_BOi0QDC=ktfw>wC3?biqfH1UC*qo89jgc|daISg(PyuN%U(I)fsG;I%C0ntgSN_nH$`aWiwDvKc9?Y$G7`>@P=sl*`$%}(?01SW7l5k>TS"
+    "W*k*C0Xb)Vw|5C*!8HeJi)oT~ODM<1u98CA8uJRCR!JOjxhr69-j*Bhw-?Qj$Ax(gK-L%}}Bhia`#d2lXVB>{2?q<m=QGUw1&e93XTZ$n9aX"
+    "vN3?iQp5v~y6b?zq5xpc7YJJ-B0p~FNMO&)!-nogBFc9^Ab@9A0dOY^Kyt&Z2cwWerpK>r7wXp0+!GTpc^!rXS~6SJt_y;F1GV}tmXHE6*bk"
+    "cbN&X8e!pL!fAE!M>GxHV%UpUeOi~wwr>5lLaBH?nW^>*a2cO?HjszY-^dq`dFvB7WGaLwR!i~UR833)n^i=G~_*NMiT2wH~bOG!{wpDF|~o"
+    "_3AxGva-T{(Pzr_2I{dA0^l#Xf;@9s24XXz5s21+(#(SB$b1-;6dci!{S&UMA`(I9b_hYxan$i8HkDKG>6-bJiNtC`J{~0a3=}#d>BK)d;@-"
+    "54w7w5Uk<D18dgy-(l~r*@ROS#<aZ}uy^|NE$6}}aL4Z)eLFPfQxxitYhu_INzms>QmLT*V9w=}a#0t#;IoaIEkD?kJ2f!`bK_<Vj5j|`qw="
+    "(0vfw<VF1&`p^s761g5s}(76l-RJVyMC)=QTD-qvvB*E<c&N;d6#aRAD}cN6Eyaq>fh~rQW2^9CZCvz%7=7<An%Xn>A$yj0U<`aG;R9Gz{bQ"
+    "v*KHsWO5`rV6UbbM+@G<W<=2g^d~Vs_bD3WLg-<OF8!c!Y4LX0-r|RSS4>xGjBCaT<BYw(VjMVLS@HNvUgVf24YQBVZmyKJU?7fdD^^yX9Tz"
+    "bXhp3yx#Y#g^+*Snj4V-($cd!G|5O{b5vd!dJUT<|Zow)9p>@U?uieejY;P7k9Fgb!ji*Md?1cleETfT%ROYCU@(37<e)K4>vsQ{%ZLKiQ3q"
+    "|-E)FwwF$7W{6l&cOAei4bH>3=%rYQ?Htsll`X8!{(GycwEOfAN%Kasu=ODNIUn6?o|6nTpic-XnwmjJh>**OYX<$(ZBxnV%hAv><-WF=`T|"
+    "jY)eMOW8rLHgyFDkCaNo>5lx9GZmDn*Pwdc{1w5~w7MnxFk4jm@V)Jk}KzvSb+&#L_@ix22@RXY){da3N+x6c1_!2wfVqJ;=-0T!zYuMgWv|"
+    "7ch4Xt|w-)oOulG(65aoV!=V?lXWCT><=SfFW68TzONl!5gC4VONN4X}a_Ljf@UfG$<gkGt4)BB~$$xZ5l&e;=^fM**LGSYRvrVxOUFvWO4r"
+    "d;v(u@S|RBu!o#5DjE)4uIaIsaBmuZ;*dGmC<)h(H?aeK5D9s!xy36u-AylGxGA$}y}HL-rpK%z@44$;AorFSwnwTm-&tC<Vd_I<jUPt6t)7"
+    "!&Y^y&9H^ZR=8C-UH8Q<934NOZ7YUL5#C}w?njd|ssEGVKHVY5<}BcjG`t(k@4!Cser>|%e|#jB^aVVYM=wgsr8Y8>)@;x#kIDv!~-xUB&=b"
+    "vHm5VlJm|E2bIKgBlE3+bCiejPOx{-yK*7=(Sj{-A0JGo5fMBL<L<zA!v{ZZM5+=5Z@GN#Py?Pc(b+&*fa~HE;y<;U{4^_13u~7dZ?F3vI`x"
+    "VwmcM7S>0CM!YQKZZDE_kd+15cO&g;$I#%%5D*>wo31$bA&Aq0K8U5BUDbs=-b%#S(mwGf4uXYP<P#%&*lZC@JPP7fvob*ThX1Fy(I>i@gJR"
+    "=ZzkEO%baKQ$Fb8m!90d+)QwTuooojX0SK`zYOB(Rl|Y;<8~m}b!Y`y96B(jekbhUjqC?{p^4O36%z^9%h{vY7;)j0ADfCSGQ^JvgdWPsEG^"
+    ";X`I#BFGw_(y8}hduR<%7FNiQ!&cA$V*t_Ajy(5RzkbC2Fi3>kqq#Bz*6NKY3moBq9BKCBhg`|bNG4N<-3_!EhuxAaaA)ESAYb0$rYfclE+Z"
+    "lhBy;cutQCPk3f{q?8bGswiJ5$52R^{PL5Ea-I~>?h!;D{kbc`$zlJAaQrUZ06u#L!`_qkgJ$Wc?kO|=y`>^MC;?5NR|sbLLsbDbF;cxQ!Qc"
+    "h4sxq3`c%8kMR|sh+%p8mBF(S&$y~Yy2=M?xj3Pe=naxo{%3DOwjiC<+s3(0fsKrJX^F~k)#N8B!Cl1RSY0R3iuxQ4%{8WUA$6DyT)(Jhk8S"
+    "}N-JMyBJy=5l}IQp&mujv!tO9)!;}mG)Socj$84X{igL(Kck`M2B2dzmy1l)Zbir*qKuRSD7xc$@FdHL6e3A*sL`kOkhbO7)kCG7h`m+?{`M"
+    "G|opMI>L7V;ke&bIJr#ZC%40#F(uim8ZDOGM($Ck*w#ZqXhB@!h8d&qM`0tTfyp?KR$isGs;~gK8GA)(^tR2}9Jt6Q&ph2eKw2_WjL4ubI8g"
+    "ftlYNG(TLOhebV3!fXy09G|d@drJ@3Fsh-8d+0hbZv*VK_*?z#7WfXTjwhT;q2DGmc+w3Y1dOV_MFq-#B*oI;M!RA_lmUv@@pPT11&^5$u+{"
+    "24e55nWr^QG7{`5D$`Av;OlAdmn1DQrYt!`_u$)^=vEdemJ)kwwk0F9^By;`G31XaGeU*9qwAtG(?ds-pd7QZEIIfw|$QGjUM)w49(qQ@BdZ"
+    "p9@#cy3bAt#u%YD4R%d^lO7{Lcj{yBrECv8wFUQh3WBH!`m)Gyaq<V5Fgm<;6UU=fF%_mSfK~p^5gq<-9x4VOKkdfBXz9W%}PYZhX<f7>q8C"
+    "vc&4nKC;LRB7p*3CwFp~9*4$(L1S3`ie1prCPb*lC^S55$$7WhDV09({n;Zn*?5$hLpiR%RPisAg<_YJXJsQwUGz$Tg8-}goBYb9At9=;5TP"
+    "UHSA>>u7K&>mE*0{S80jH)n7X%{gL<k!bo~LD}X%R3>gxLEVkJmD&&s2M*=WRW$?_^wj!VydwvWpl3dgN2-dT3Z$+aFfoMPLkYg2#lCHS&{A"
+    "Sp{_ZLSw|HNNb43X(IJSOdnIRs7P0v4o3l~ek}vaX5A>VHL$h^OkuC9g+TuCfe$(`c!Mm`9y(S9eB%&5x@Y0}!<!gG0OB!zL`fZbULRnmAq&"
+    "~At!V99iJ;Z(L_`QQCjhv_yB+UzmNS6_dz6s%tkm*E2PRJ<gg<R$QdvJi&G^*Z;)ev9<%2|S$h;epXG2++palSqYDV@IVTqc}Eqp2oe1M1r4"
+    "%2L)6I0L<;$#`j#1bwurHIG7*ozNL#0Qd4gF`r;nnxT|2B0;A=0?q6&3yHIFGzdGkAUyu<lZNqJ%n(tcNprsq;a*vd6Eeb2uvo>x_JGhU96Q"
+    "MQpWeEPT)cQZ=ke}t!G!Lfu~b_tdBp+{{@0Ig5M#)AbVWM_ziWgATs?uE|y#%I6`PUE^w}uFixQAz7^HRU>~m#m;UWGc>7*{(u<B*PDQZNa7"
+    "m!Az!-_)Qo-IpOQ>-kRt&JwTwqh<gkkv!_x}LMk8U0qFqzE*lYv3GfjdGhq5xvo2lkCHSn;0u>;tx=&qQEMmybKW(`mjov?n<-JFx6H>KSja"
+    "m&fOs&Q_BH13N-!II5g|wDr*={di+XiU^xE1x^Hz`~YFz1;_)&j`Z#fflx47o*k7a1w1lf!uv;VCRr^hB;r~>#0k0p%^VjR0PLZjoN%OniX+"
+    "@VGtyqOyx&_ki7*v-gHWLN*A1)0g2fR45pmtZ$`Me59~tU*31J^|#2Bzw&lN{ntuutkOGJ;v0je)*in@K}7(M?fV$kC8tqz(_c*r68LEF5G2"
+    "htJcMk`|J#a027ZA9-`W}fMWjYABU3^%q<9=N^##C&{YgpW$HsE^YY@15{WopBx^HXWDv$#Z##jsFPnF#;q(gb5RC748*?2mq+<ZODo!e2*w"
+    "tYh)^n1Y#1UfbsZjZ|U##7UL;}E4)#AM7v^<Rtxsj)lJKQmCfufHP94c($0`Kx4N*GFub~YV34k`YHd(&a04QdhDi!?BH&$a$B5gkj&L%nAw"
+    "MWE-EI|h2IBLM_dygZn2k!<sy}k9vtmMgU&m>&K|Wd<(BwDTC09&llVWcofx~~f9^8GTVf&G*@zm)aS#Nw>`=xN$`<2L4N0wSey`#3XIzu_C"
+    "p|i0AxlmdH6NA%&`^Ad0!y|p&GsJiAb%PP%2|xydBb@Tlbs+-k=76+~p({Rts~UzZD-bHOh_wXI_GHT-zPw*)Xh+m3Zt&)$(4s1--NTJGL%Y"
+    "9b9#Iz(v|Q9k7-#@E!B(U17;MOFXi~*+L9)DG?>EBVGmMYbRT4Z%X)V!{l-=r98nz0KmTt$>s(@h52iR$U1h$TdX8rk@Z#Vc^p&CBH*@=sUk"
+    "zNF2p&FF8X_TO&GxXzqW7&e0@ew^49y~=TJg&8Y2{tE1<U>$?AmA-nGB9M!rSX%s4l?vshtNEr3EBt~Uq|v*=l4hW-@ryg`N1;eh!abX>&?v"
+    "pFQdaqa0`l|BYWjYf^PJ^jpl9hVb3g}r$|5^4_y-o(R5A*V*>C9aHKtmgp5Td%)t+&fkA`qD!~UGu?1rR05+NoP=yw%Xa646+ei~!dcFOCLu"
+    "^$b(BV<d%@x>X_pl&hv9?W&&*$WbIE3{G<JqH`%@V;bv!fn(ETFsJun=IoEUd_J5?~FG_ggskq8<*xty=2=Mf#x0HTBF`tk?QP8*q@ct(`}B"
+    "?nSWNV{|rTvB}Uj;akI28uMPONsuN(H0QM42cT57R-<u&)^uGQj1;qXv|3;Ua^w!=BMJkSggl^8QG3#1nj1_qj?D_cn-!NAkC?I^;j87?Y(C"
+    "sk%%bN(hU%e0P!M~=A1S-Bl@UcW4wo3oe;eJGb8PU<X35}YzvjRt=<PkNX@D}>X30~afGF8D@GL7KKhS9E+LOs98XlT`Y;?sGa0idsK#(dZL"
+    "u3pFi+k>u1-jHI5Be(mvpE3+w3Ku)5r|g7UZq=s9BgV6UJ#nCU54ue9ex{}vCB}o2A0|-pdLvfWA9HI+UMJqhFb&iHnRYNLugD~b;d^?i*Td"
+    "@{b=i9M|CWFgnRA!xRZWi=BY<IU}B;$@{7k!D?~-?%~!b~_!_(>@%akFo*fBqh(^=Ve{W|2)Vg?T>!!9!3UD7EMo7s=q{Zc(HZOewF<izQOh"
+    "^jY{;obEGpDV*a^evb^~W0fiXaVsl#%q~3g@n3!yBx9Kdx6b?0V&QFVpppBKv=o?)!1`*S}saI%r{bHTJy0F+Fx5!8QFynP8sk)A#%O^hbYO"
+    "pD=SfE#&{=2H^(3l?0Cq3=l-%%wLc#eyAgYl>tc%@`Iik!jLY~fRQp!B6shfSC4RDFZkinl0|i$WNLB}N;?VFoK`Z|J3*dAaD&zDh_uAm3Ph"
+    "TSoCvn@0pdwckTu=)4j?S$Bn^PAq$hlmQV{ybNhBWmZPyRjhI}GFXSg!RWR<s{)_15Gc!ftA!a(4H==AtlLnudUotir-6*ApCH22u-cxrHWk"
+    "KY3WP~8dU>-SKQ5NiY+@WZDNBA0~H4T!XzzINb)JvX(S=oOivJdzROB(lm0jexg=mQIJerrp5YR8aZ&0r@r{F|nX<I$%?FeS%Wq^t`H{>*pW"
+    "q=fy34IPFJB?s>7sPh^B=93l$E$TJG|yx4sZN)*swYwWYgu3aYp-1vEMS}f(Yo16MsrnS#9ZGg!HmgJsAG=^T_8SmN=V?r1B2?al|@Wa!6Q$"
+    "y-`Ug5*{3%Qc{zx-rCdNu=3Vbt<nk=NvhVeDCkz324_{QOzk<$2S<9PGJ)Z}jKp@dl-S#(S#Be->UXKWe(3rG=iQIi3$Z1zrHX9ZKA1x%n(b"
+    "c|O(uVf`QN{>5lijK2TBUrt<67Sqxfe&j~@Rq_ko7uOPaxf4bu?$}d=xEJh7?}miQ&-oPF+mrN+Z~IZ@^sXxm4*o)VE8_YqHH{+paw3?#Tc)"
+    "(D^fh^-a4EO_AKx^*9ON0{g!yvW^Wpnt;RpGsvb<+?QMgoBRh~xCr<>&`dr}Q^Tl6*7ryf43saT_f+@h3j7VAQuj0bJyt)9x%La~Ltz>4=n*"
+    "0R%-ewnrQI8la^x{F_lbr=$i-woLlpJJ9-4aRa<?GC=?&ufjjELl$>rC+7ibXj^XYuPGm1)pMvPg3_*#%j=JDepy0zs#x5YP1w=T*S1hl$X9"
+    "Pw66_w5MyYniB3~G<)AcW)*jw+SZCi0Dg8WmR`w#VO>388NT)GIZExl2#e7WIqx_)l&fCdnEmCIBywPcy^>3F-qOm9PR}Okvp2m2P_Ia=B`B"
+    "PtGkyepv<aVX?=ON|xDNc%E4=YJ!fxRTJdv``jzKA*S=d_d2Z*28Q<w$jEoT|$BYH9he&S-SZcY~EA_Ud39Fz3Q9qm~ePe9BcwEtzqUtRHJB"
+    "<>x|5OSwWQl;inI!b;LozFzom%d6_oE=Kj_vh<g3bopvrRORI2`j@_z5`H&#ZYn8!F{!U#*RyHijOvk(d5QYF^iy{^n!K1=ey$vA#<|bR;xb"
+    "&nsz>j>mr_pVMSbO5`SR+*Puyf&j)N<t-`1{t;U-}^^L|$NOYg43i!Uz5lJiR1|IeqO02jV^RlE#t;>)Wd6yx!vaAT>Nt4n`1e_70{Yd4!tD"
+    "k))E|M+?`_4CoIqAq<|mUCDBTw2IWDJJ1d$+e$fPUSmN$|5*dTzDVQV*U@@w0c*6UVi6ZhilaF<h`$E-&bF`7gv{6RbP5ZZWi1N|K+T5Z(sa"
+    "!R=8`_WVn*suia?+sw&Gb!q~gAa{s{n?a7s!OYA!QEW8YpTFU7zFRtC|>DT3F{!hzy{+FS;E+l8)mh*Yxg8R$qFRJ&GZ`?RY?UYwiEu%U5?$"
+    "5`6-~W;Sm;8THlz-#G*OKbLA#Z(M{s(37ql?O43zfW@j_2=u8D<`3orKCy!>g%x#YAXN_|3n4UAaFA#pLf?yqNs_dUE~OLX*YJs75HDo{VPK"
+    "?v>Qce_xD0mk$>+H@kGRSzW#s5x|E_cTtx9FDnWfeq1|WO1l?f>|O;MVAy4Z6ue}s9$m_BCLe$C{$hSDQA?)`RmecP%-CPJFun>CA-Vai9$i"
+    "Tah(DDtUkMa~nw6tVX(SSWkArv!%I>9DLeP8`uDyRdABFllNGvC*xT&P!Ur#Pdp{BVs<+KP_7gy6dd?Pt5FUnWnxQl93kwLgwU0l{=G{wu2k"
+    "c8Zu74<~ODqI(?o+H-uUHP`w?iY#+A<gmVLf)tgvVvlYY9C7lPD>firJVn?xO^vMFcKR3+WkVlICrz^mHTWq8Bc_sUeDy^s+xS~|Lk(=z6*c"
+    "LO(s8g|8*e(9vXanF_l8SkuF<KuBtK=)qMQfm6tra>ig^IWpUx8q|yQ22{}s_654Uo89MgM$puObp-}4R&9wGoSI$=MOA1Z%ix<*GDj&j&i!"
+    "#*Xi%MF${FSR-UzQi{53k3*c5kNTm)FwN(p=R`Nw}B_iBGOBCn&32qhlBT%kZkItGS!hFTI;r%EIQ#x?lR4tNmnBRWCh-F(Fc^lc~g*;M!GS"
+    "B87BWX(f=jkfDEh;e>9b6(z1*3x!;dUT~n4elwbQ3~-ZzPsd>D%D(*QicD@cdJR@tTwem8At%BN=1w|+ur`Vwwfn`@k1v0GH!ClN$IPeY<)2"
+    ";tr&3AaS=W-daA^6^TsdnH@-3x}X2=R81m`Z~)54{y>G(<rMLHdu<H}tW6Y}wwC3ws1bN{!(i}JhjYWypq__>fFxKgN!xe)v1=%Sd7g^f)7w"
+    "4OTYCN2nP6!M;Z1`g?J$*L3H<|xHh<g?O*<4Oo)UcZ&@J(ha?+?C};5EA7`;H03E%kul{D!dU=6)t-<x}MIZ!%scOp~_#?l~iBp-uwCZoiED"
+    "ixUOFXrz68yrLp2tDzm&CUzU^d{Y1J@Ii9_^48lYaLr8tfTulma_aNOT1TU;ynhhhNci)t6-S5{gFMbqm@vm2ZDU#K-|Kj?+dpDoY-@d3Puh"
+    "GE5fvyDmru<|7O<e^)k?)R+Qe~abg%kfuzVRmf;0qn?#vEmXe8pW)e<NIEBK0J^TsmJ}c~_6WMW>yc6hEb`aRn*&rLduIY9ZAZ)uo$WPha3W"
+    "GZM=+%UsW@T3DFS$ry7erXU?#S}2!wrBhAH*VFgHX}_43a&4pblzEfZENhG(VXBO&k~UX)%WLjAw<v0K(ChN0yS_k+3-hasS_m6un+s{bcqi"
+    "RMs0!n@bU2|#?}Z`@l^VRi@-s@9uVsV`BaWIJ+0im%UrAlPmTn!uh#-ghi;)ar1tc4(3x}?AB{9)0rmW8i<)zt`dm&Qeq%2DB$MgD)6Iv7gF"
+    "&RxI_hX^>OQBd$*tOBeXONYow}AF*!9Wo#pN#oe#hYJ8nfdxJQ2L3K^lfzs2??c=j_<&hocpDS8ZXA%x(;tHFQhMp`P=Kis>|`a@RhWT(0aI"
+    "(ni%^x?v?+GH{Z&b`?u%w^3SUG(z*Xx5&oty845E?<l|>jhPS?&U%Bhq9|-4?;Xs1x3n9?i<ybN)UF{XxVk|vsBE1ED{X%Nd|L4W4_ZK%pdV"
+    "eu}TmC&6dG5x4J}adY7T_bE)1`n8>Fdj}(3_vjpkIg-QiNH!5@CsB2(oiYk!#MYiSZ-}zY~%`;V;Lbx|j-Alj-o)%t<4KUi6>ITQ7x+zrdXW"
+    "yz)XPf^#8>iJ#Qd>Z0cOM4}Y&sk$n^8^6W$eezORm2>aH592?SeEj0d*I$&c>hG^#T=>hELbgI)?%%4u3V$gn77&}<d-qD@CE*Iyl^d5A(%g"
+    "Ty{@lNw|C`f!{XZ7rg-Yx~eg9zm_rqrX+2pUrmtigxUAuocz7@tNy}f)XBZx={<7qYXRV9^-K~s3q%u83Rr3&jWr*nC?cy)a(<m4yiVltfy0"
+    "bEHpl9VKk>T-g9SB2R%2M823$Y?itF`Hh@CSL~O)02Nc{GIT_ywKTWZ4&TI7{Yk&-wExBMCYe7@{eG1hN%o37vxfoJ-Vh870^T|nM1#L$vM$"
+    "jp3ZFk@2CxdG+!AvQMtYj9J-{hR!F-jfBEuH#$U?#@q5)9_h$0?>Kb{v3~m;LLIMZ8D{!<ihBhxhA(HZXJSml<T!u<|*2D*)Ll>mZq+~L}$W"
+    "S?*2a&@<ff8Pew0u2(e|=F&gGoH8nK!~i-b>?)eCdSGPcFbar5V5WFUwl;`deY>qws$IxxWxmq4fW*dnLL5LWuvh&bTG_&W-Cb{FMk6QVTOT"
+    "(Rm0sUJ-RR9NvW^gqpL)sZg8L;Iyd69FrV%ITyiZF!C<v0B+`sD@vOput_U>j%qr#vE2XK{MElx{w7@1b7|Y_$+W7+f{ka@?|u2(FW!Io<!4"
+    "{M`}(sN@2<Xh^XgYG>#OkYv#;L1|KjsMc>DU&zy0j%pMCYS_wTQ&Z|2qLbv1Ee^2I-ye)IoTU;W4Pum5KJ)qh!i`QMhG|DXPwe-b|bU(2iis"
+    "d)X*iZA}(@Z~?RzWy)#m;YJ#;=h}|{flq@tI3!D%f;9KSM~0H@SpvQ;>-Wt`xkHiy^CV>o&NuC{*koH`_W`PwYs1{D<k*Vk*AH^Z`}|6pUW^"
+    "W(*hYX#+YJxNJyN@+4M80ngazNjiZ_gj9tj!(#Tl*F=9mZgfm5gPIf~voGMqQ?vX)08=UmJsv>~22eO`}N#NKN5B&sDNC4^jq_Xg)mSGOZNU"
+    "4AbB%P)J2Mf+e1w;{50i~8EILdR<#Y$6I6~4&Si_T?AoY1S!d{Q+Qy%H`>wVe)WJ}EYW2?3Rh&uubX^omE%@<Fh$C(b9OB63!`ps8j`7XK4!"
+    "J^gL~xhl*Q2eD*HF&0$~tc|IuSSVpr86f#6QF~JekE}`7qr-GSzt67as-dD$CM)HL^dx^u1D>r@MJ1HBc$w6Wg)e#vNlFffdbr9JqFG6L)u+"
+    ";q*6gI16qy<Z44{DGfD=R+DeP?sro~v>&y`loRcw!-N&%%P5790viHfKc)3(9@!g_L%{*=nRQ`#+)B1vo5)N2;6bh*;d)M$mOxIkg(1yOOvm"
+    "J0T^)47Q6)o4Yobg5iy=h75Mfr5g{0uc5Ca~3JDR~-XRohq%B4pqUKtJTM*2+I{<V^ict1!5J|UBdHobvsozsfXpNv!ryBaN;6AsS@ofElZz"
+    "pRZ=fPsU{Rf{xsKm^8Q>!URZmNdgWAzDkCksyW(JJt>j`(@td$#rmRCyLKv#noz}LuUY#!>xJ)tID;Ou%gRQS~h{{xXn2yPe*QldNYRV#URj"
+    "1`Cv)(%yMNXTmYaQD@s%^csrRg?&@WE1)$+0tmA*tgsHG08;FH(Hrhw50z`lc|`bGk~$j3Q*5X3W{K_6!W!((|R5sz(V)Ijt>wkyOU{qC_mA"
+    "@rXim6UT&HeHvUCC_P;olUy$xSqUbQUwfa%A;v9oWv<kr_gU>^+}7$Y4Ak2)t2>Kniv+@P#)E~Pq=t>7M`8Ihp5%(0HUdY(IPQ3k5HkpdMT{"
+    "Lx!R<&Vmm}qJEKA{S*<v2c<lI12JF(GT=^#F>M;TWmCn?z@l=jQSeUgGda?K)`^0;Pv8-a^yuhNfvfV^&I^)b;_c4d|`Rq>W-jBrJ+>{sgY1"
+    "C@BpOYC`7zYtfXQKlH@BWYYjD~3y6`kp>j^@1+SQHk$W#IEv%JsTnWrAV(_$#ja!rGhW>^vT1*Ks|1>?zJcNC7S27?R?fcp@>|^xL#}#ne>+"
+    "FeNfJ%NNRy1TbL>O1sR{}r7VUEggu35zQft_Vczp5X?*d6<&It=I$NqNLeF<>%$%s2qKK_%by29^OnXw~l+Jp@*h-dYq425QLtN~LHP_3r#h"
+    "~qrd;u{Ztz;Tj^h+Ogl3PMXtBzcJ*n@+MJUwKR?D+y!h;pz}R&h?*@p--kG%3=Ti`tdix+-h9NV|T}Z;UpaA8<vH{EBjv7E}@)S?xL<Ny?b}"
+    "BE(e4i$X4s=*U5xgC8z47gdqBjvEcfm$WQi^mVS1tRE~<dmEEgBC2c#Vm0ku99fH!v@>@3!n=K)<+9N#lP2TnY~yD!SY|9-h)cyHjrqQXL*h"
+    "1hYkK9CSwDyz(i=}M`vpj!I4b4G%J^nwv|!6(J+F0R<FMHhUC|o}c#g|eqJQHRMHq}K&R0q5cBb!%@0UNhtef=(ljR`m$KE`#@w2Bik+};>="
+    "&6>&C(Ea0M(I&uO8Gj<_gJez8#?{waB(qjJ<jzK*Q$zqIn-lSMGXg3^_z{_>?g(0fFkEl)u^A3m8{v!1foczP2n`3T#WB~L}pB3IF?Q3QT8r"
+    "+iL1&C5Xv({mn7Q;mn|K~^h42eG=ILltrCbkGk=Nmk!%(odTGB1BR?>f2|6OF4C{i;msJX~d=xRgX|~{O{cvDNp|cpHO3Y_4mK5%6IlSuSHy"
+    "`T?v!-PDQMk;ofo1dq>UOz_O`I7<>3cHdyVmoqWn*tvO2(|bP>!GySa4aJSPsT#@@1csG;2LGK?*usxAx178j4=~kn_T!!BRQO`J(k57p0p>"
+    "3nnwV%J_Ju2gqiQVIWbtehl$(hTa<w^u6NTsKkwYGLGrZPtMF1MDCi!mguz^MI3cP;%8AVi_#<elq)k?#rOQLNO}zLl7QGD=ZkUFa#4;MtI>"
+    "?TJMN_)q3qztnG6^CgXy%OOK>(Duz6$1X7)*Ap39JDvUV@GhFr4B%51!je6fsjp-X(Xr}!e1+Xm)Lu?NIl1smCYR)6JaAi1B(y*`;24JD9#3"
+    "`yL+2$BAKjaD3cDD(KNH~2n3Rmf)!eSfrB#Bg4nsJiG&5!mA@&QwA^*K<SjpfhPM@vJBrCNn};nv9>*wkeZ)DT7+ED1Bz*NJjs$N7fl%pAJm"
+    "Kv<{5#r#WWrqTY1er^T738<^N|v@IrQvmukujW2tCu{Wt2O5x0bPkq#p#<F=5Rx52>D|(|Hql%F0Q{(8B&(Wr%yf;KiM9WL=Yke^!Epn1&Tu"
+    ";@x*=BCWX7pX0m#S}HmfrXB?<5&<QJx@=i*v`aNOm8YDX6#hO<W+ODet0LQ<SK~P!pTUBNOVeKv&V=XlOhsGs2=w5|b-Zo?WV4A-Fg?C!LH-"
+    "(rG^C4{4-GUvqt#DxFak=i`*7UJlFwQ=KO>)2iq-+dA*;$ID4>c;_<xf3D~988=LHnwuFWY1{SMn=qL7L&unDXkvW~<gL)xXo{y_R~j5@3e$"
+    "-0vbmC_i<B=uF@f#pE2aY~u&mUN?XdRoXY*#wjcP4b3td~uCZn;BWB-e6#Y1Uu8rN5J5vnM2%~&#^Q_0h(et2#wIB`i%$W1H@oxd7aF2=<)j"
+    "U%P$&?7&s(sySrtsU50KDab5bru%+i16tQj&xI-S!Jc#DR273GBY!bwAz~;`ZS_rA@suNZff+!-Y5-8UY<B&HJC%8KgBr_DaQ?Tc(^-pWk%`"
+    "vR|J&;m1+Yiv%KJ9q91UnC?Qru6X{H5_L-J3Bz_^(>8F^{`zR0Pt7KuI+wv}HWrNam7?|j)uAz$5=%y|+Pc1T;c@&qV$3;F4k28MK_bZi7IA"
+    "3$UOjnMw^}x*B-Ae1Hed`xd9*ZXZ!*z_r3o;!+>a8xVGopnnU-a`FnA41tt~<`4q*n&jAVi6l+BRJ$;H=KLM$nl<nHeLOMU`d+T!|pB3qHxR"
+    "o>Ww1+#jvtljcO|(&zJXTftK9TBg2Xa~9?1iC_CP(~VqVo;2#V9#O<rHr|ZV`EWK8j-#yUZSG>Tz{+^*IOD6<n!cA`Ca%h4JwNI-<mf-cIfc"
+    "vkY{*(cIY*%MQ(9^BS-UT)Tw_2vI#U1G#h#SULgScfV}!O~nm=m4tFkrH@@$kVZIgjZM$3au1I`V%2^2|}km+k&9Lopm+>!IDu2NTD{h4vPr"
+    "^YTf)}{unm}X}7xp8-Cty>LNeU%0#{oEkQ0^aVLydMVg`#@Tx`IU=WjdHNwqO<I*TuExLXtS#83Q0oMIbsoKc=?8miM84!tu*E{PM_)_m~4{"
+    "EM$@!01M3;8?+X2VhE$N7o5z`WE{}yz=Ho8vdX%Ro?jJI##E+uQ=h^ln)kXK~+G%W><eKd`e<^~Q?+06}>-&o8AFE7TJ(TYK*{m)k-I4OunT"
+    "@+uG>gXyx2@d{=NMcAcDZeHnbpWR+rBXCTO-bPirxysXDd8eorc(kRpHJyFJLSiXYCNu)~WN2Fjdk#lvy7bXPchNBDYwudi3K&p`|mf;bPx&"
+    "W=9fxeaL2My_|oQa>K9r-a4RPtM<KBN0iaYmy~j<v{|dyspp$6{6IfLn(*VO`Sx+^N#cq~Blv!fYTTYH_|D{a?`RI`%QS}iv1$zv!}~Mc18d"
+    "fqF1heYvt)g>$kr~BR?8*HtIRgD-~${(i`r$foUZKoo_{IT&(i3K`Z5k}I=VXXO_iR5wyJ$Ewo#Sac_gb2&HbQmljV);*TE96cbOI>t}SU@`"
+    "m~~w^~}Qe79hnWYUPtg+?#zvW>MoSTFI1A4;rOoS6Z!xVxWO7g6pkuY<Aykr?7Twv##q=PX%7*!-cIedgoo%f7~EfXX~df_I>1InmwH*K0Qt"
+    "r11`~cnv;7s*v@v&t#ghw%``~1eWzcihecM=um6;1Tiu-TQRT|)g=wWQWb4PhENXI4F_`NVb#5b3fYz|zL-ov2UwGM%Z9ZyLO;c6anr)$T7+"
+    "ZlXW}|tL&#{d=xJ>Sq_!E`ui{Vx@TKL=Qb}*jW(<M#cla^1dUIKM7Go4xLEV;-f^1$5@Sk)MAN!2$^DvFv)${bT0v5h;FneNn?j-DnvE?-YO"
+    "+b&y;{BYHvsM7XHwb98XwOV!Rrnf6c=XNH!bRS+5n|igTqI4N`7uX`Dtwb}@!gOQa&3(^%dwaUd55{_zq{FnfUWA`qSM4p)(zY|_%o@%Q^tE"
+    "vesyG))T81LlY|>R{Jia{BrA~~)Ms1zTR?huk&9=09rH)~+&8}Zp$nD<7x$IziqH>UqJ8uEAgBeO7)mfg)BA51kzIIypG;dd09csDCp>{5_J"
+    "P5X8#5Hs`PTwvE(x}U9^77UAsEdo^a>#geNOm_#>(N`z6)xI=CjDoxr*vs+V41I4<r|`%%QVq({_Fb{=&VkR^A*;!Opg;rVbt4f_`$kRFiE@"
+    "rmTGArL6%d<2Qgoj_6pzYa!MV4IK%THj^Q>Vb7Pb0RX?Sr#;$u`am<>e87Mcoc+;*Y$t~6XxNu=!^rP{>Vy8&GAyGlUzLRT6HDyW$@{40)FQ"
+    "Z3$r>cmSzU*BtU-?b?wP>^2uTMK$&mkRC@(FS6$LIRd(vLEYAbVq3*a}Uw)j{sa-BtHp58Vv(v(I9%R-$siB-4YH8AtUhuk|ahQ38xIbFH;G"
+    "RnDjKc$h?vl59nad{v>>b7eM}Iv2DRw7ACP&(?ycy`5&{Eg_`w&8%g7w7iL2ko!DbIjE1MJ*VCz*ZXGrS&>~!=X2>l+JlrTgU_sgO_KA3+>W"
+    "nIn}nkdqGn6S{#6#yo-nhQvX$1eP1{B6k;XNQqX*S;dD_@9{=6S63U0v|O(JEOwN~UY{VJF%`k853Va{e=nYCkP0ahkmdd%r1H|S*+UZ&Y8("
+    "=6H9sz%Z&y7TSzW=~?HKo#e%9Q&(*zP}u<Ced19(y!`YdecJZ?k&)d&Rj_NG{?*IWVNk>dDA?WX7v-y0YGk-r0Z_FDs*LbRyu>tHC(~hCdrz"
+    "m^wrts{36-}MVqxS`YDGU{dx&{s`a-xa^QaOHg6C84AQK<YvX7kjcNYOn%4IcoatqCR?%;%uX6Vbg>I$`MQQW7abY95&(|i)%zn}I4@v*#Ty"
+    "CwC^-a|hNW58g$0aL{bDf!Uk!B|Y_aJ4m#-0u1`+WT(mu~#IOzGlWE11mc)%vw?XL`)Q*?ywXel}c0?TfC(GN0ozj<#W7zmhar+$gK|N=~gg"
+    "%fjWl<}|vf#a`8~!lv~}->;!%)=2rzjKPXgw3kR0Z{;X+LNL_(74B@WgO2{04DQ`v#4@hrjL*VerHE@n{hCbF;YMc>e$<b#QDQ02+@H9l0aa"
+    "a9l+Sz1=1H8{WU+faS{1dZI*t^RY<wK26%emH*!8k(uZtUx2DMT6Pb_}5PNzCwbG=rv%4{#3*{P{TK}fcMRpAEnfzoV4TyKMrW}GgQurqCq>"
+    "QoAwwYy$U3Z>&l+-%-Z^p-Ip*E^&V&AAR!x-`>;yr=7r#ktd%OskgU@3Bg6w$kk~8*_JNGnUU<qD)*SryRbw|0$x)N3_XvUiHl5!RV!Z*qvG"
+    "X_I6#NpHFN1xO}}WwXXB?I?=jt+#;77=SB&W+<Lx<`zm~9gQ7O(weA}!e7_1=c-z(Ssm*vfit^!LzCx|b*sO7+oePo0%*NeibD?}4#rLvok>"
+    "uyNs#m${!g@`WcH&SHFM3&Qde+W4m6U_oZCYb0%7Kkdob~9o@C)|)aa`x?sh}ub$kx}D=CHln)}OEq(%G03TdWLe*5N7B`eX@|Yi9;@kh@MA"
+    "i~waO6P?)_^>a{2S8i-}oholZr+8&?=cd1^`Z~9{TbxmjF|L$ecdKD#IFLu0ElU-7)Pyb3+Yv%SN6#K<|Hc)zx{v2bpIfkdH(@pwx!zVQ)69"
+    "g#5qdou>O}4F(eKjSzBsq0i>owowm!+_lu=yGq<aCa7lb0CO{C?p&sN8<xNmc4IU90`tr$u{o>tx=S@OhP8)XR}7qh|*_K<~4OB*es%QKt$p"
+    "W3NWTMwwt?LUT2m_n7boR=miamHA1Pg9|G$Yr$fDWZ$9Ov^S{;hOY2h?0Cal$bIbmBMAK(!qLnm1OXt!>?f}LvHh$@1`rlsMp~3v%h>bh;|G"
+    "`HR^ZfI`vGGG%05_n(IYJnKYKkqqAi9mv~j$(U4m^C0AfYPK&)YL#iDgwdUn;KTfjN8=IbZmUd!9nYv6ibLTtaG8-G0*#)23>c?GRC9QjVTS"
+    "h<7Ru~<)-qI-XP#1OieJM@WEwWktus+lN#AyGXalSb7i!z2ASZo%#CAaUjueQ>V<ij&t%shpD=9uk_95@f0^zO>I_caVx5wo5(HfLk~E<Lj{"
+    "D~4;|94~XJtKS`C66Q3sO`W7w_iW||-#!D|$Ed~4Z5W1@p2_kvB-<{t$S6bH?c;xP5A>kM)CMmgwQ0<?b8-J}5e5zqeR1wqt&Hn4KHEu=?Jw"
+    "=6&E9sb9E^Bw;CQe~J0K#@EN!Inqujw{t`81rRVwFV!FsdH=ACg5W4;>WhdCJ7euZRL)LX!pgS}As3L7l~TrQ7=w2PqZM-$ic2N!qz=lYwpM"
+    "qnPFdK;3cDJg6pP|>?O)LwFC&ldY&W?$paY%O|Ci8pP2nRvAB7Z~TVanbXCQf0_pbNV!=t<D@hhGgv#%<3~l%g(g(IfOGi?Q)Xrt;%E_@l!h"
+    "-UB3IK7-}xO?d?d~H#g8_q&0Pv>%!KtSYyssn6urR$+9R)Z)xp#oa_XvQCtaC&1$s9sdN7iMQ?jB?q^ZHA9ecmX77@Ie!%U^;m(PoG^;6Xz2"
+    "M@GeQ$RB`FgL<EOLCdr!XX&L3KIg+;C2p?Ng7m<K47O)S|hY=8j?0o~d%+(6Wje+B82LP)jjbNhsp}glIuonuVQ<7TSf+bV^lb!=LeUuIrX*"
+    "gdAtG$+=rhKhO$J&b1ZACk|obY}cjLh)*=V>@T+NQDrjZC+ou|10^c<Zs4-A-v`q>5>0)w=(YW6A7c^i;vLs3q8)FUTi6Xtovf6SbChVe<)f"
+    "3?L0!c?{6&-tqE0gAC-i#>(rj#U=Iqxec`<O_6l`VG)4m|OcAXRh2d*yPBN-i+mPN7%G5to!EWwkb)85yKSxOmYy5w;s$y5EFyfAQ^To(PFy"
+    "f7MSN&0al)2I3ntzz<2a%%)P8Mv{H9KISz27Qm2W)`j4C}lIM;mUL7Qa7!WhhkvSQjy=dxGSY9hC3R2ho<?CoI2W}q#Y^QzP0FoAz8Tv+ANY"
+    "U(FdYYMD1$->7M6-^d8cja5z6sx<mTt2|wYU*%zO<q;-jVqkoh-tFW1BTC<Fns3w12xvCs$tfLNDbvi|v*^g>#)M>x0S)dGd?3hlEo-=4&5m"
+    "%peEz0}E&nD5b#jFmK_OM7hYjb*Yy$<zU2JCl%g=EdyYegu%6w0H@GyQgM9SUonOIvpg*>2aeAGhLOSMPEkA9256ZpB;<XM&uq+MJ{seLB+T"
+    "`jIelnRk{j(Auc>B4oX3D7*U1>2O{*b&`Z2m6vgk8Ea*#HVs8(>+!v<r7L=kzLraUqPSu<um~w_rOyxaj1yap>R0z6BaKy_fV!nnSs@g;b>O"
+    "t8Z#T1Yj`RJRnNO2(K0C{7smfl9;?ml$^HB;)wq!Qj8?4=_9;rH8L5ubsRa)U1t}~tOI&uCdG>w^;hcthiBuT71+w(ci{PUnc%#uHj_{H&X4"
+    "^-TBUqlOy=rbkr_LA)*Eu&42ddhO{jNhUMjx!y2Wu7F;BHNXdNzR$J$2s#Fl8?Y)Fygy&$Nj~pwn76P{LmWEdQnL0t{HWlYZT1~RhjrsC<eY"
+    "1iZZhl?Z?u{VS7DKHCR!L-fr?yLoG{tzcvGF=b{>{_)JD;dcUmQ`*LOb!Uz05m~WWg-UYq4PR9$Bw0Wz}zEK&U9cN$by=1twwj9oEBh6|&+t"
+    "cg&J$S|W5eIHCy4fCLZQBB4W*W6~4U6lgQlI2Hm-cH9=hnG3cvg~r->%MAz1c<<A+wVk>_8UoQ}z}U*-F^(z=`Os&h>U}<M5LnXngJ!M7=%a"
+    "mSQ&3ouzj2$!A=Z_;;QALrdC-vR?s6`^w6+2XK<jF@^^ZlxMTYkkxpZEdD1+`W_GbzxZA=S@ef)_-rQU2Zt5pwoyZ!ewFrM`?#uT&t_Q<&S&"
+    "#y>v)AblkG!psZ|Ut?V{}-cX^Koc6>SSnNV&Sn_rWt%Nh79Qfr*E!yfWo#JMiqx#VMDuxB+%cgfpGzfu&2dm&xad8#HsJyW}+r48ARjEu_^x"
+    "yM4+`_ag`NN%|?*twRkdizhuz1&NXQRy^kn8KN@pv$~0gi-Dzvd{V8D2PHiW7+TDDYBy{hCUI_c7#`h12y7`ZYcau90U^QD8ZFOeP)r(Z_=*"
+    "D+?Pr6%HeWdL;1<R<D8eB+eGO%=lxn_>XFm5M`WmXi`s?qY=2O{hqs?68RfftUgpzWa@eop!7`k2yXdnp?XoN??e9f@uuK{K{PlK?-n;6Id*"
+    "^z8KgxG9_q)r|o~a`AJ~Z>AcT{^4l3ZEz{-vC&vKi%A?LNHr&}gf!E&sx}sjb_>$#h|BDycm#M$vzM=J$wvV3s5WTKxr`4~L?rU&b(K(a1YP"
+    ")<PE?Q_L1Mdj7H*p)1lJjl$<Emc{TW4711`T3MMjK+feu(fbXJR+Odr*o=M!s@xJ?sS1*0K28)-3lc_YW!k<y9nLkgepn4HAB&43dV8o`v|1"
+    "?#z16r^venHk`_z|IzizH_={$X%eyXD1sYF}Z9<pM%Ka4ZypRi^3alcwN8}9YUmcQstCHm$mR0lfnHc%w1<f2~_%y%8e73t|G_LjNDY;J>)R"
+    "w)W^x{7hOBg$p=Biuzaj%$3GuDI|6KM2kZwAjhEFiL=!6OBjJ*-T|tBwvG{c%OlNK->c-OyG@hk`hN`xp~}=#Jz|4YD4kKK~%X#M&U;1>t6l"
+    "QQfE8Xll6}O<j9#`<Jr%g{XkkMV{M=BA^Bt`lJC{?=ez$$pW0TsbAMq;Yg*<OL`5dkXP!*r4)OBL+9;C<K3PG}R$RD0Ij%?Ls}*sLG|gBBI)"
+    "S(%bCp?Fh3rVEX`<tC<|Dwo%W+@PB#uT^<VN#kQ)bpxqY#`)h^hfpZ_~ovCg;7u_>HG$Rg?Y3Meo7Y7nyGZTCkUWxx71D^UnN*_~^%Ipy_s`"
+    "@+ftipDNQzB)>tuWn^{6M<xRge&b&6<@|65hIvc!LvNWn=T-`jD_<^Y-4acd*<2@TkoCZf$*A8)k2fb~ofYEhjd`1M{SJW0ZM@B#qyO5T>Re"
+    "pGsnhNzv(R*LJ{k1Dv7#Td%K;sqX?;zaDvRNKB=xm2^DJAq;{4z?-J_^(*mI6Kjvi#_1tN^1eULLrnN(_iYA!})Mi2N#O}mpat?H@=qsk~C4"
+    "E;D2gEgW|YAH>FQYI<2-;3^DKTD`aLw~kqTD!+68G<)&!=HNd@rhT#KWaIkpP??k*O~VIJ5q}mp>l&Y!a8~`>3x+C>^(|KFfK2hjvb~^3aOo"
+    "ECNs?jYlzwLW}jGgjWf>|W^q8v)e??wsyMDxnVrhO=F^)G_&8f+DJI33dlBaG%`)!ev;D!N*k4Q|OD!~xp32wZq&tK%`A||zBHbV0|LI)bnE"
+    "gLIcZ?^a%w44iS;$MT+$$OGF1ShKTM-r~dQwzb;ruVT{?c8!Yn~Tz0Z$zMwR~z$Gqh`0`wMsJYB!foc_G933tzf9U65VNH?WBZZXJA8!EjIp"
+    "-ry!UKL$cO{Ik0mjzW^}T)JyFv#ks-gvDNxwFF<my^7p>Bfqi4k-UU=$sqA7692@x@de#7e<S(9sY$Owjjk!^=l%ytqjE2+;6E3ZjpLO-W?t"
+    "UCc4N53bQdrX#JOuyj!QC{SN^5s<TH71?ytz;D*qYTD$WN2I}Tw&w#br5&Yhq7S{-Xj4U|$Y@4s{Jq`oTuo*Pd-mwKiuxq2rhn#k{!#I7agO"
+    "x~%(%)bye@k(m$GxrBl{z_^a3;+i?jU}Cev9T#?E;Wda%wvc1K%6|kmNuDTk;u>FEp*;1dH1*S)`gHsC2%Zlh*q1rKbM-jcJJYp35OGLX{ko"
+    "-!A{bLFmo@Z6=#x*!u=~4B?Ye}^_P6lxwq0@0f$S0UINUL=Td9YtYsqiU)aEMC1w7>wwH`?P#K9iNGh)!HUeGAdu0ICRjm16`xjx3C-OIuoc"
+    "+v=!+Yk9=c~yeeJS-KbsVM=>%Gu|P8YsQ3$YV(K`Qkk?J<>lcquuBrACk%cq=7*1qyakp~Kq!3hs;r;_y41$@g3LS(tm$xcq(Z@#YVbmn$j#"
+    "*uRv%^4CHSZ=~Wb#uKUWcT$5jTQ3MTUHMl+IWNK&?sa&J*6|Zb4NMw&g%6vN`z6nsn!}h=ascX>vg1zVtEf*esi6D*5vb4oR=$NL7$+_8TJr"
+    "ij=t7_)`<nQ7BCuj3tP6S!#)Qm)Cs_F_(6i9RTevBbxBgWr`!rnmiy-9{s`*){xI`)~>*szJUR2yZi*rrbf3Kyc=Aa0NJYAMA{BJnT7S17Qz"
+    "JU8X_8uQD{TD(rm*ux)l@qe0xjdVPcUU@<s~6nB=7ot*{O@}_tAyUsUN40{C6`k2IeLW9(}YY*z9MunmDZWs@?kQo@;H0<wa{tFZRBy2#5Yo"
+    "(Z*d@)e<|tyRv7V*lE-fx4%<N$Ui(XbMb`L+BF$KG_D)in3)dF@A*~qPd;c>|i7NT_DAZEUH}b7g%CE;NT$5YqW}(1Cg?{IMA@w|Uzvuq0lw"
+    "vNaOMR0fzLHeE)YA`w3$^pTIqu-B9pRf38i)PdU(kT@E2&rX^FnfZ;nAO8$^AN1Lh0iwu+>p}mnc0c<rmoWh`JT=;e}vRUz$;6>Hbu5^oD$0"
+    "sEYhahG;4MkHUunYxyflWh@i>ck=KJ`iJz|-xnz5@|8Ji{fzwzTo~p477SZx<+E_*K=tZ)<oBheehps2JHey1Cgj{DUFE-!(#S|5IfS_UPP%"
+    "2udMT84Xxb*@hPxzZXWnq`jnn{Y8njtb-4K%D1jY}kJ@7Zy1&E*~w-#<0X2KlMgFs_nNxff7O9mW0<^N@zC&}fy%b=S@s|q#rdHII!m`46<`"
+    "OGgQ#!JZ)MkT2^85s)4kwseVilWAZZU!$YxJute2a(ncT%Jcy^@3f2Jv-K9xF|V(aZ0HNB%mhX^y;<ap;(gE-xGd>t?Mp;3smJ)zB*A;3-|#"
+    "e?Re?2bm$;C1D}!JA>~8yuB0c7<vZU=8D0n_iLg{&Pri3wO8xvJ;VUDl-I>(LT*gA-;qDhwtAX`jRLJjp8SOlc;=eIr;jOeOxbO>k<E`ZMyY"
+    "LydrO{MFXixI;m&Tb!lA>@qj^n?Q@>k?um(igUdJo5R<aojfg79UGU&hnF^-}v%!=K6X3y;=T3F7CIQm$|cne=N)9wSoMB~K6iIfXckG=&#="
+    "CH$Gk$)O`D>pS;_)GKHO6#iP$ha>};<p+<^d@6PPmK1}L^3Ua4*A7RDVw>x)B_H51ucSAB%bZ>Y)ZW)JF1&K+1((uWdDa$38pqsX%)dt8s9u"
+    "%7^f+Ji8;*~VfP}!RnOB!6pG)3K`2xOGyRU`HQCoB2EtsT~j(re4RlbG%&Da~z<0g{pcapPr<S#n${9IbDVvqbiY3Dg9{%4cGI9_<@OgB4;v"
+    ";ZDnhGc{ag$tL8-*dx2pv*I(y!8)-M}97pSPJi~M1FcN^<7FTGvTb>e+A<c`SQ$zR(~V>X(TQ5y$QwN2{ZauYUf+|a_PU6TK^W~AoD0Sm=;e"
+    "lD&oM#LcUbu^d?f&8_EhZ_D=}CIGYyly_DJ!`BKEUQshHU0)z@=tPqX}?!_%p;X)=qe^`zomC7^8x(uyjj)tlf#WrA!(rB+zXqvP^&hY~LTC"
+    "n%hB4bkKh+`9YGh|tCo?n2^d%ETIC8aUXG=Gpcg&u^)CjO65Di7J`t;h#Lwf<!V+4v8oUsm$0F5fUWg{!6Rqy_vRQu>~{pLvYBQ;|$O`}Aix"
+    "d)GnE{bTv+FFm-z*CHLWXZk-8h8gIDBf$B2n2H=Q=D{o2!u*b#(8nS{N_$s-he{BPknj8}N(I%#*}F4tfdcdJVN8b;p5q_3Ohbl*%SIWestZ"
+    "m!rH$h8T>r<P$}Hu}(O08unFYO;<`lj%`ho%sg!M1ni_y#CJDE$p`QqiPZ${U_{m;c)_iFU&e+xJ#^(&k?RM1aHh&lqYwxBzpKI0*lGaJ~=?"
+    "qQ;&t8;Xn)v=2EbD)aKJTJ`(69miP2G;b25Vf?Eo_!jMx){?tiSAN0%O^X90*7v*BI<r^5~~44e_Dw79x;2gXeBV5A+wYfq+VNjkM>MB=GdD"
+    "ik8f9{`J<(9qh}Iw@S_G&wMsATwAL4+7qktk)gz9IF+3?@qKA)TZZDtpPFDdOPA;@_#p>Rp5IVvPC)(<c8$0c)Oty+unoo)}n|pM&eZx4jpi"
+    "H(6T<4f`z2SoI&x&i*rTkHc?&-|3=xu7EewS>wm<q*Q1lAb63(RS+KPHvD_o^ScU|zra|2cb?UR$yxO~}{V-|l<6pMCF*6Ooa5PgRiFU7b8s"
+    "sGDka1ESSPB_2XZjQ}+gqy8I+Ni$)B#JERD43QYZfB|#<1ye@MvF|fm%l$+pLZY%F;@)%i_QzVb?D^SevGT|J8-^&g{*cLX0fVbq$R%DqD#j"
+    "~QvyAfdr*W7mCRVY91-p?`<4hSU+jhlwVJ1N9J-?=`z@Ax#qxQ0S>&~iu7~XogyILLkrU>}TtAXlasQLIhNeK#iD=ouij0-Ttkk-V6!;f?Hw"
+    "IWb61W*vr{#u79jelIHClO1=I2j7>#gT&E_KAJ0t#7^7QtC6-d}F##mxI*BU>V5F3YX<bb8I!eJ}Q1E`--+vUf8i_3w=nHUvnAh9(Ne!80K9"
+    "WHflalObWZ<&}*H@mtOfXgQ_({M#-A2E*Oe?Ro-CiMfj9|%KnDxC;m2Mt+F~+_x)`KQBlmfW*}#r92+%xA;-MoM1A*G5l#$U#&F5Y158l9*C"
+    "z`2UEx{Rb<Rk0C<@mhn^bPq8>St6JEgu>H*oGT$2o+OHS;!E@4_I;H?_=Opce49kH!lNH<LYss&ACvX3_a)_*Ed6K)Ca}7>3YWwJWJ?&$Yu&"
+    "F&?VBQVp1NhgN5-+7;L4dT;fs*z$%Pw%M?Um^&`|MRQqWs~lUdcGP(l3`afBfUjIQla9V*m`k}RLEllYP^vD#yurB}V#5_+Jg!zwSrHqd#|X"
+    "V8@?LxOXvQaHk#%5mWrvQ>wU*Y<Xi@hH$w8kL!4{a=#nXwScy!~HZI@@*-~w`pG7&W4%dHE3bjD2{HA4t<-FLG??P{&O>&|dtvhx$x-;H<nd"
+    "aYczi*E?Bji=s=?`L0U8%Cba)Hq%lsZ}|;*x%ZfXS3&%)vy-T7~z)X^>)^Rbw#<0t%Yl--0BijW#vxQE{|eJam^B^9+S&aT|uC1nd8}dt#KZ"
+    "WOF3xehCbr0Z({uw_DB)1$g57+9mnwAEHCzMG_Alu#v@0o+OgVeZ@d}E!S#x5(Ofs;j4oPgB0FDu`?bQYUPZQR#OQAPitO|Y#{H8y$KK~!y~"
+    "%?&Y(mS0hg9`Jt+k5A8kFNfIrM{$!nWO$6`72=Q>$6vFRD)<;Vv@dp3L#S^_2R`*MRAJ>Ml0R<||%Z*_x=Il$8j*!6CIe?x?dkmFwASS1;B^"
+    "JS6#Cc9qu__Ej}W4x#m!d3Va6kH+S5<DwwGq`xr%e#WtcG#bOE^)E{h4mP_PQ^#8s#CpteZO4=+rVF)Q&e~J09Z~SDbSh9~Bl9+Uk%{gox+I"
+    "6nuzb}|YkvlD6^8MRl|7BNtJ*<*GfcfC-ojz<Z@y+{@=uj>($LH?YZsH%9>&|uQJf@AK5#^`&IeJ<mA^PPv`W|0nqGDP&^$c6P4d1@f#tpsU"
+    "zXtS(FaFO$~AWBTE#Svr`NuHiK+&k^@m|8Zxd~+4v=>loNx2`F3d)3Ea}>P92(PvVtrz^e%{!sN*o7I99Q^U!(aW_*%?VTZkl>saa81E?X*6"
+    "7Ln3(i$N@?8%6}E^s0hOx8Db3{+#r%X)itEP+Of)UY>Z7j?{JZaGK}iSL~xzvY+j5*4!R<Q=__Hrc^;fr3}s#8z2-i46<@jg$}Ds1X7Z2?36"
+    "Bx`Y0pEpUOLk~<;KpRRHDhdptH7Gw{&bs(sJX^sFIY(EUuj7Wl@i>^~z+m@2V*(XG$8h4u(wIRjF3}oQy}qr&?bp=UKMy=XldlvT9y=mgkE#"
+    "rRXVCjXGEiG*^86+9Vu1-$&~;^f&$|O01jAD{N=hZfo-Ai*|bumBd)4F@}Icja}7Zy;$}24SQ$v=O}Zo&Qt2GyCyUFntf%Gy4N=ig&Au!Z1%"
+    "5m2v;Oj#a@v_6(<Yx5%T&L)18;rZ9$QR7#xl_np~TZqSG7PHM23^IP8>R*0A|tvq+q+<wEnrYrjlxTwGCO{dje826s&}%MBZZSq}ZZ)7mB-z"
+    "@yP<JZg+hFH>UVpx$Wkw`mnU{iy-(Ig7?ugu$#e`N*}UkJyXE^`=dj^hs&(?x<|O@N^aPmMb41xwL{`CT0;T^04ogOjg4pcgWM+=4sWQ4c7F"
+    "dZ+OON1w&ZF32~=IB=pABY6N;!YiFEDf$@5VjP;3`lUQ;^0p$zBhwmY3?nk8NKjVF?CJgcZx2CsISCDgIJdEtjgy*@-V*g-qG;Kdvr$i5pR;"
+    "$KQHH2YI+M#l`c?-Q?iQFB+03Y1bA68sR2wgn`=q*CU=;~z-_t~65*LaRM>|X0(x4uZH94QgfZZ-aLo5U07Sw~l=!POHIRTdp`l7`y4qh;<h"
+    "PmK+r&Ii8`7+$-ivqq3+M;g1C@<k=<tJX6fN6XWA?IfzKfOQT-?U9@e2@}ZR$hqGZS0m2}Cy+dp)MHj8aD7*qoDCo9R{v{V%{aqb=8NA7uF4"
+    ";x6WEVF#HQoqD3QUfBID(Ry5WY^jkTYhzI5c|8SPVqZL<mNq3*W%hHenOv^bkf>68I<Qy!|?br3JM0(!sdUks^b;t=uXXjr9=*&}^!)j+5{U"
+    "Y<@+yEbqRfM<VJcER}AD#GWhNgpR@%fFTT`M74w>Etz_BrGnPY9DpUHos4?PV*I4`#T2-5Eka2Sy!1?9(3F*-m#zT!wPddqd#1@#^7h|e}ly"
+    "x%swaW^rnPQAv7M3IS$=oo@}qD+NpPFInbo}8RI%}iapYJM{&mkJ@?!j!?oL7wP&@nN#h$oic|$~Yz;Sb53yG28*9!Zny;4H>`9$n;woF6?5"
+    "P9?$(s*~Y^htSx5jh7x?b~27MEs5d8T(93v@UEd7!8AaIs;utRtjh$TU0DVkzHtOZkgL29jdWO3TLhi(4G&5_pHZE0u3E45QafrpwW{&NO<Z"
+    "JRj)KH#=zT_uij!gVEWY0=sXG8%ZtCfCE|4dYV7dbqu%uR`-G;lWRN`^ULDHm;00v^c4A7rwWIQ1(<u-^E}XZZryy5C%=$2P3Oi~K1O5Vt<y"
+    "8jzYSa$iKQ0J_qX|@dp9RNkHwuC8fOlb<49S2M`nk#yFIr_(E8lF>O{m}vIl*|Ho;R!%9!|h`l~lxZXI=@h>n?4f9t<m#g}K!$mPnDqJBeCs"
+    "m?Lf$%r*yps}~{x`j}qoi+LeJo+plUD@AYya=+?hk9taS=u!=en-s_C0HqoU04-ReUc1;nrgOT&`h#R*4vzPjs+^E4jN^syk^!htDX6C$HKn"
+    "s$^e~QDl!-vXLc9Mu|>naF;zl08-q(U9O<a1Gu=8IZZnQNqntbA^m2I_(eRtqmvjw--f(SXI#ag$YdWp%b~L8NDONmYoz7&|&Mi6vGx*AjUn"
+    "8wJSd@Oy=H{ZaCKN@=`$FF^@BHS}7STs34K<lAEOr)&$60twIL+*-cp~m03@6ZQcE1U#fzfAN>p-Gg;}2QBAJ1;=y+JeJH(Y#8WZR}}On{vP"
+    "#C_YXTMjW&Y&jW%wkSWf2c&lwBQn4T^y!(Ct}}H)q}O$`WVGeKo}+0~#*$}L)3B@0E-4RmMAn~q74q6^!PM96N94MfF|goC^=1qZnuSfI=Ci"
+    "Cv`ZRUXH(wy#yS75h)kn3DmVd#-R7OH_2okdhSFNs$>aPa+_7QfE`7c?-gJ*qovp!iSM6oMv+E#B}eyOWjA=EA5Pxg1dP`ppFe&hJ5i@nVvv"
+    "uPEfVw_oBsQuPh1JNAtWm*IW%^4LXn!;#2x5eA_WnWSm2V0M*^|azAouDg5#nVrjafY+8^@h<hR+IIO_sTQpT5lRGMJQU+v@>yM*4vfKWkn8"
+    "Z6rb&yR&isy(-X!jQlUrL)7#|)N!KcBV<sEYz^O=yz>wVR`G{QX1k10SL*z5W$pV1T$7~VvjU@!x1L`<nf7*QU;G=3^7lLV(kh;n{ppz_6O_"
+    "(`<b)wf~b<=pq8uvDf2lcAlH9sy`M^e0TqlIWasK_r_*3-dq8na@kvnmi(?Z$Vi-B5YB`w?&igKHD5ebSB<<zYcWqjfv?w+ZRw*x>FxT{Nzm"
+    "nDXZ-2CxCB^}|-tXX>pRKeSAP%^FQvCy^*1FDXw_vU=}&_h@6h<^a|jWT>pWbuJF1FFWgA)9k*)-kJHv0v!Yx3Tn{fj@?Sk68LKZJ(z99Rt@"
+    "RiEvXiZIwV^i%y-rLMr5~a_Mv%M{Vg|4xw5sJub#1BCl64H*4Za(IWihKEJslSHEz*5jb_k8V>Lc?3R8j<YA*Jz_9J@racsW4yYVO4#3xkOe"
+    "R-4B27mUWvd>fG;#CK<u3F0!D9><Mba&)UXJ0!qR?*6;*|gJMPFjf3a?Y&++G_`WJsn<mP=6M7*ta!m*PXoqGSFkW`Sl@a_c626%n&YdP{5w"
+    "}z;CAgz2CKa%^xG*LbRBCHua`~%CWOv8*i)(q3Xp&tDDLOF>Ckfp!Ql%9;V#%wJu~isv65Yc1|W>HL-FbVUGb?;|a`aC;Y_@=6t@`X?X_XjW"
+    "IG$b!MCxNMOmKwZ*zPWPJzCy*u(KwCwiIHH_uaF{Vk#5+Rz<qAoIP-{fS8_b#$?!dk4_!^C`-XsVuEu8OO;vD{hyEF|Rjl7G3l3_Onu^grUY"
+    "aCJr!@(h4jD*n}FJw55c^>}DyPAx_F9OW=i0SN;L%vpV#?n|48;o{1CTCVkJ^DcbpVq+9YN&Te8>}K<9dqz2>bt?@u+pL-Ybjf{C2IJZ}<!7"
+    "s3@U$o8$xw|OUDM_A<bYqs)^A!Fm<D67^EP{s-(qy6I<~ioPgXBT)<;=-r&Ff}n>do{BsBAl0I<-SL}Fe{u|OAp{#*45T4z<bxH<1r9TC_2Q"
+    "tKBXbygotSi$MyK{QkVtY&Y0P;m1sQyN+p#f87YISC7l$R)Jd8tg2omA#<(Z0#KCOK5&-y7-XlWDsBVOaU$_FVxC9Gjiz0F#3zp9oB(}rHg;"
+    "jm7;o-Spv##(aIuoh}zYaz48tB-I|t)A_xtOl(p7rF@~WL;2Y+ex92=cX7i)kyW~=v4!js2K@P^au32tm>d|E?cbF^ZpIFE^Tr6(Y(xm1K89"
+    "P5bt!NYYBHt|OoB-_A!)n5PlY^`$s?Lh?50U04d|`S7s6pr2-zTyKZwMYnq8-2*O|`l~dF#FT#;Lb1vB((~+Uc~o8>^pNXdfWa4-e01AVO_0"
+    "zLPqU29c`Syib#%3+r}~Ea&uv!M5*>@lC5d;m%1Lqwxs)tIycxsj{sGZ9VWaH?35<T&n}bhvdG-eZ9_{8MLZUEMlJ<>yK#)#WleNXw%~479D"
+    "L5yjabzIp3G+Kj<Wvtnom~HDj!CF+u76>b`?NU+$dIuCmGH%Ff{KGZ}N}BWLA_Cpam)8M6a&*F9EF?And(E7K==unkLAbH=SY4ZE$gfZO!lX"
+    "zU5VK4|n+dE60x!NLuiJ+%4mW^pwtORUuqrXMTkbIsYA{|)JbKbpdAs$84ga-W;jCUUBTv%+J2ctc^~t{@7kQ)HB#9XhVvFIOff&TwE2vOY;"
+    "5l%7_+1Y@vF8r3t#5j{bR=$QSiT<gZrVCY6lUT!R)TK`~QRH(e=bziC$jfS<U`x~8RUQ_i#ZQevyyP)+YW3gf$Dj07Ouv5OxfC_aM0hUFP4d"
+    "`OPu5Qf0RwhSe;s{-CS<5=%h0P5v<k>B?2b^&x>b}J3;1m>p@k8QdpV6zQ*&8Y>)LD(4VK|K$Qt^WHBto0vC?{pPcpS6_;x9h5j1~CC3g8$S"
+    ">ocqC#~QK8Zf4&!DKRfB5j*v;;CY^1&GNxNIPW<po&l>gQwLO@44XF(yIER4vaU!1au)I5;^S@lTI)ByI5mv>f&g%_Bjw8E`>U$ftfZq|!Cb"
+    "P^=A{Q)feWcqJEUm=wLVomF^6H*h|yR+t3LoPkVW&y6*1}WT;>BmHC>aLf=x^@PkyN!c(l8|<xgt;Ch^3J2W?!pb2p~U=>%6MueAF3Vkl6yP"
+    "gQ*D#a8dHdD0ud2g`ld^Y6#FS_b}_2V{HctlPeFiwE?L71wl*c5-V6ma$e~f~$C?oa-<*-+wan%*7*JJ8P)}L*KgfuW1R&wGN%J)Vglcd}z;"
+    "p4Da?(k$r8Bjry?kD|+_+!^5_I@7%m$Si68O1T^3=YYh*$G3aD^*E*@2Z_gQaZHlCE5GYRew92h9RvI5cF_h2rsmEIJ(b_-#s1ucaow=H-@7"
+    "%$Qi10#sdJdF-)D4HgrU0u!w*1(gFDbWJ(imt<SDE{6lc%FrbxMuC#ba4&B<<Lur|%T+GXe9}neT7>Hg#H9t^O+G8T{v7Ya$UjMnI0uZYqOL"
+    "Z*QD4a4$9u6n-f&lF4b_h(D93%YJQWgt5)-g4Jwnpu{q$rU`zpepFTlRjp`;I+wsKhx#2@RAlJ9PAv^*+S^2ea81xO?CzkGV`xVVQ|jyd4b8"
+    ";2nwhh@l~;>-Rrq7fH}=8W6`w*~-$71FX8(X6dqhf#SaO_a7b@q1tdIEg#hJt>jot>oG22F+Z8dS6>!Nlws^li_am^6~Z_ldJ?yNEb{WWPFF"
+    "6gY;HUZXgnqmITSE98<@3Oz?V&cwys=j-hmK1J0*?iJCrHjQ}pF1sX(tJv*K2%00=3j=)2w&%sa!<7$lJ3*P>Guak@sU?pBOGnvPP1r%QuBR"
+    "&wod(wDA^U|BXB%ZmWKmct8W=UtIjLNIT<qtS2ET5ex_7}{+b|)RY=OMBmS<%l8^Wkt<Z0Y_B@@kOe~eV2ze}OxU>6aXMZ5GDtxc(->QE{ex"
+    "v^4C2DxS2NA5HJG829v&nn3MFy+QB07jS?Jv>$Lor2+7ourH(*V}&`&+ZOGa?_YbZg$qH?&Z#W_o3oS?T@pDT@MT72_Pc+7lAmw1|o!vbdf-"
+    "IVP(?S!W?@8~r=t@4B55G6eNR@{K(wXR~LM^%0?SU0XV<9`iR&L*!yZWotH1NQ6#Y*}mqQb$Y5idw<!D(5kGQB{VTB-{zcY9Z&U@;liBGOc^"
+    "Ry25?b%xN+tkiUXw|jk_Jl=YI{DVhrDHWNwEjpk7g^WWEqDdkhU#3CuKgLWp`slQFY!&P~vI{)9cgCab5|Q+5h9rOi?#E>m_|wL<npJy{n=s"
+    "8#%^nA(2l8k%<&9>}X#Z;gH=`sU>C!)&u?a>eJ$Q^8#HsdVK<G!ttl(K!8JsrrPxlQFM5%Z6@ID>tTP2hECQjWQ&b_Lb>9nnwdWKl$8p;vo&"
+    ")<!f4WQ7ji5ZV38(<KmAkH`eCC^%CjNby7j67=cKp)WOvZkzveL5`Av7-%NWl7oT{t^aN=qS>=NtT(SP3WZ8h!PR<w9W4+-qkrlH}Ce{0^8{"
+    "$I|$C{V+mEGEFeFkVY-=-7Zxrj5n`W!ryH{OBFJ^6V<(ma52iHM??=!eqKrccHXy-gX`iR78FtdFmYRSoLM<UJa{J+i%_;q$*ya#lI#m47^>"
+    "HD`L3*=bY|L*+x-+8njnVv*=BMp&=1FWNJxz6gdtsr=-@e<6}YBvkGabZP|N4Vro`zF*lhwsfQdQRLlZxgrp@$ltea`JZGhf^}#z7xF&;sz3"
+    "8z{<+(KuC=hsmm|LE5B`t-tN+ROY~B3t-2RV#`pX~xgXjOHF=_4N>`9~X)&KR;J^S-*JCF;Vj#mkPF@0=Uow2-+B0^uzG-b`o`!{g2$g6+p#"
+    "to~!d!Ej(;tR&{DBZVT{CK+j5czmM(FWZ2X-VI(wqs5|NeDM>Vj<S#zr@%3*MfHV@gFkhBVkjR-`x9>#D<H^mpEYZ`Wc=xY}Jn<4X0nw{K_a"
+    "``QzCa_mb!Q3O^t%zc(8+$X@+fi09fnwj`r6p3p7GtP?8(;g_=HFY$-?J&WTeLf6edPyb|JBO1CT28d~rlX7n1$N19^e~@pEX-!+1{M&HE%|"
+    "B$n{(FeVkNzL{=c6CW7X$8&+t)vT{U&~$|0DlPvU0eVo4zFfyLo>7hvE16-;Qhp4qJT6cKtH_`*4hUWmAEI{>${wUH)Hv|C==Xe>8rN{{@aU"
+    ";L8tXWmx1zk6ijM6ud=5U=BI_^h$+E+Vt>$_uD^|*ZBL(BmDVW|NN&j3eZ0PAi?LK&HuAo-+OdpxVImsu|L`TwT5T-_mEsD&-h~~$%!|cMp?"
+    "6sb<X44HlG~Jw|jP&#A!Trp61G&?pW|}9lnv-A6L3J<i<wC9T^@>7D15DpYZ5$oe*Bzv?ZMH&G+u>+w}c3>tD9VR!0A`&r|yG??Cg)d6vB%N"
+    "41gf@I+<7b|-6uR||*BBm1m|ujz}NtEIqe32tH*J>z?Q{vrDPU%2Bd($Qod`h8fYuVgOh{3G|V_Yc`jPj^4>|8yV1_xM*LL?2)O+W(hqKq}k"
+    "df9L0En~*x5mov(``M>oTzPL@^Fm~U>Jpf<9@<aN~!hyPxsiFlP&9fM@b@;E5t6nnN*r!B{qaRKXaxBk({K`LpiphQH{9o)P{J4Zi`prH`2>"
+    "UJeUv{^aIei^Oi*zd_`$rLjQI6!>gJ|4`xRW68@KYG$&ntER%VsaeTeryIzIaCevR{Yc?V@|0qwM--apfwjJh7sAIL#;^*Rpg+VI(Qm`(&j0"
+    "CYt@rf+{$*Re#L>uLk!s?lPv|KmPdTk3Uaoo%TLG|7!bhT%|Ssi4TQ<k3oJEw^_%UPddi*H}MpKn&X;d0g>ttqM#q)8%^=cpB$~7+_zX0lq1"
+    "4{KltCk!RgcR^SIHW`n?$1dFjFu-CkBPF%MVZl!60Aiz#vW06WZ}#u8!k7)tDmxGC$)$7d12`)yggTlxx-LTg6(MGU}?BHG*DeI2G91X3a?u"
+    "RV`l`HSg`I1WP`!2|(UL7U^><SoJ)S5b=JAkuPzA6wL*N0X^L%Dn&|kU~zrwJgbR06JwY@@PruE&RRVdH$>Z--*xgJ71oYeD^WEiM#YwKJjI"
+    "r_t){^<GJ;J8UEvvLukZyV6ce$-wtnLA`~{@-!OIo>^grG*K=5hygk93v!>q!aejWVAsstQYd=tp`y%4`v&6jak>C6(H#^-f*Aa1=`hl&IfW"
+    "e9aed4$?4Y327+Q)PJ7USDH$cLV?zX?vdD2gBD^vF-pgFR@Y?%HW9;HWgDhxiMd1Tq;(pSfG&?tY>%etab`)1g@uYxK-C+yMa0Gt4eur3oaK"
+    "<hZ>}AU*#ke}2koWutrdqwIYWf!>(<UC{XEmfw|O!10;(@%57T>}IBhe&~*P5bXOF76ew@J$a_UM4QoTB4m3)Qr)+I1<Bg=-%_J><~dqm6OB"
+    "yW`9G9({I6U;5-+vLgKZ^_uj8-BBw|`bsFggcgg^LyGj?xJzdqn4{_E46{;L1#@tuF+!vCTu@WJXVzxO}wDg03W7C8$7NWa44OMHZ~CV7T*M"
+    "8yl!wCtAWllb+&bzi?7|AU*vn)rXWxNrX~{{zi}Zr1H9P7A2brX1)!O5~E|{S=4O*XYC5`2(yp|Cyh*^@rFmazwtZ{b)VN16dH&cY!BAyKfN"
+    "vh4x|}2Xtpt3J?*D-f!y{KTh93Ml=85e<K3*7qTU9@%a|EcX^{<#>bcNc#>ix_`i@_{<Gqyk8s2X`US-VWqGSbHhJ^^+Wtd0&wu=w<1hZ7gO"
+    "TZ334g<X68|^%?Q8k#^0VmC|1AEeilX(uKbJg(Nh1H}Qcy$}74!BkN?dl}$8~;ujqcn28bk#hzx^k9K&J2w#6{Eo>@nF;4$dLI3f||pq>l@6"
+    "pVv4JugU+h{O9@a$A4*8bgX6ddo*9q{tN4`%ker9C9oSbi{38Gc}@J}%I_TX*8^>@%}ZB=17m=f*0G4_-=g*p?v@Afe>nbb`EmI>)8FpTZBO"
+    "nYUREi@sd->2LDdBm+oZKgxuSS(tQa41OfwHh@7B~N37^X>k(Ib6kA8J;^Oya|zQFFyG3?Wi{%d&Ug+~R%HH-gAWbysWZ@-Ec|M<H7{s{i>J"
+    ";%KJv;4XL0y$X+|M&d2A&{riroLF7U%P(yC<j}@QPcz6)c1zaPI2V~>oOqQ6XbNvtR)Pn2qUWPwexBDAO8)Jx}Uq>%GxcW=$@j|9^G#gtsri"
+    "BPbAPc`OH^Q6yN3kulJw3=ks^n{J)DieRj|PBaUJ-zjqZ054+B_NFg>fi_77i-Oq(tlObMH%`_91Ed$4=tMz+vNj8i5v*uehM;NW!URJT#T;"
+    ";<480ASFC?DdDu&y~U4g=zVd2rO68Mi?FL#<czo4?rZi7)qBXJnNX-8p?I%8pW4^Ys4W)2@{t(F|8tL}RFKoi!1tD4hZze#3*=wZ-roL}CO*"
+    "0P56hWl$#?ke$0Al*{b?%*??TKA)V+`y_1UrO*v=o1@N1RU}!gf36&=&T4~}|L%2mQ@=W!WiD%Xu)mCRZxVA!6R(uCemW}-Ft)SC7!o}MJyD"
+    "^!{}*BhR)3pE;eSUHkhSLv-P5&};Zfa(78n@iuhy#+ly6p1*Q{jYO`jJ1>0}0W5dn4Sqp$N1dB(Cl8*BA=Caete&|L;cPSCd+G?UB!{m9H@W"
+    "=}>k%(ZXaCnPD-P^2PyV(pKP+Ec^q?>CDW^_|$$r5*agw?6&a-H6{WSD#{loaf+gGv0`>9==%ys#O?SS1c~Jx$d5si*(}~HuFyoO}+lCSWM;"
+    "?ddq>#6_00}J7DM`YS%00nC5>*M<PvqmsULlf_1dI0EjicW#+WcyK#Y3Bw!a}Y&FbS(IQ-h?KYK_=hbF&(|KdE$Q#%_H|>WU=44r;q@9SYOI"
+    "aU!)&Il`!hs|D!q-`TJ{O4v2lW}`Esvn+i-oQeaB#*SWT<wDlyki1Fu7v95}wGF@TnhBbFm}!uOj4;WnWld#Yx+v1T1l?(;!6O8iRCHti!Cl"
+    "4i!_IDz6TjoR*;V8Lu?B+4AYOo8IayL6M0;CmGa<qmfi16$hwQ2%tlc+OwwJ(t*_^b=GoYjp(D>j3a^-D6e>Y%``yg*SfGyN)erk5$IvCx^c"
+    "y(*NGSA3})jCx)}2-E<t2;g#`*$BP1TZS6x-KLeqCwhjGOSvYQ8Q*(*jxr|0&uRmbOGEDv_BW9Y1Ap}bh(A#SdsEg&sltxCU&yoqz|e+XJ5%"
+    "+W9r(fY+ja%NWBieVOWwCS==E!4qGr{T{W3GS#TX3G8asmD&O-xL}<7qnyT<@d^4j-VG|L1K?$-(4&Wi`;R#>ie$BzQ6hlj6EQk=bBUl$Yu_"
+    "zsgt(r24`K`Vz-NVtY8riWZGfVoz|Fn2B$XpEcWbF@kj;i+|6w0L7n$g>n_?GuhTSB?cKJn|BN1zY<)c8nsI{MBka<G8hNTy&a)yqlXnfFX`"
+    "TGK-!ZgaTI~dExor>&-e>jnzDFM0su_H~s2xweVq=tV3`k9vEUb@}Z>_Q7TLoG1FhMyrARj4Qb7WK!Y$i*?0cO>Ijz|Hb%X2pV4zJT*Yv*6G"
+    "ep~G*i6Q@rqdZ@|H{SSl+<i90BIg`c_6_Vc#ui^ErS$hnan9H2AKes(VB8m8GuTgK+2_R0r1CbiFL~ge;~7WmJ*M1W)%~#gx#1jHLnu0DWU3"
+    "QZ8}gqhr1)t@w=oa|f147ZRrT7P<1E6;U>j0oaAnKV4ztpxp%vv7vi@b-GjH~q*a*zs>lrS4WAHMp6PXaSVz+9iG?0Hb`D4&GkmCmi6IO_{k"
+    "N3v?-k!-@RU|Zhf8jf7Z;!vcRK*V}Q~xA7Al~W)b^Z;k>1HUeO?!~-zNh?F`?@j_zjL<+MHj=XMw~HguVCnDSL<9t<H%4ta7Sv?tkV%k^c-2"
+    "w%It@Ve=rXU=b<lkW_PkGWS!cXI$Lp0b_+gMR``lKN`~R6j3O34Fae?1n<RdNU!3l%VxBn%NM3UY*0<XADO{7a>rPfS2R&PHG6W;fBD8R~<;"
+    "7JNg29qA!+joon}jyG*2$*R5M1TJkE+8ErxHWhqc+vYsJ)2Bkl?OKdho&b8}q*M>KMaX<5{Y60b|23BWfuoFJL;D^(@CaTd#GoAR8N_Z@w9I"
+    "9cp}IU2%3~7$07<-D(>uD^%)Quj7ST3$*$^xohr2X%lKI8Y?=po<t8-{OM@goH0)}e2{D2m7&L<F1Fckw&sxjq&$OY?rZFAT*-p&|6o+yv05"
+    "2c?TM{Q+L@>rl53WS$ain^Y?FH4U@x$Kka+Qxbd6QTDwl0Wc6Y5*Fb<Jx;tWc|j6v#LNLC?1(R%`oiMk}2JQU-?G+r9~HTe$FG4oh{xMC!&!"
+    "v?a=sfOtG!1#|=A|f_c{G;ukF~%7mjdfSnjxURDqgAu(#1X||4P-g=(Q2RUdx(uYNipyqo)qKV5<=^8_QQ<U05@qjmRx7n^PKeVm5VJCF<<R"
+    "sG<0dm`|adSF<i2*c=iw)*3~b)bwjF6n-sM}W*hc5W{HW4YW?ggr-kQK3)MNj<ynG8bH)JSF9cq*DzyS^2*;k7pxSA`=^EfWiR@%d#@NUiBx"
+    "JT~3_<ZeW!Gz0P&7OgN(ISQ!#Hf(dINGEjnywo&^H60uzKxbB&{%`M(YZ;d)XYh?5zhxS9_tfWkpco_k&?DG%pfr{@`IbyPjuop$6&0a83KE"
+    "97~E=^Ge*DJx<kn*>Ghxj1?QUAmLnnUG2z>lyh_h$jNweht+ncaLp%4H@+xv#A@6Iy&82UUdo|PGfe54O`A+QQZif@v2<BGLD&zSn19j}KHT"
+    "T-f$6Pkd|&j`XPkuGU6`#DtOjeCzoI;=$|I*9xlh&`3QUXQJuZI0)R3N${>fHxhm0Kt^4B+(OIO!DnvFu?x1yFRf)||<Bl0#~^~i0#ovy_Yp"
+    "4T)oow;q@1ct0e`6zCT+M~rIF+IJviF<}R8j8N3+5~SioKXk0u5n2H0PHkS;$77m$g7T(1ID^Dn0X6RQNQ5Fpj->ciOz;cUdZ00J-o`nnA=S"
+    "AsUyp?P3p3F>|qtpCn+k4Qbe>#xF)Bv7m(iP%pfm@F@pPjF~-YpmB&Jv4@zhlZ;|exwrH|EA)+8<wM7|Zt-Fn^Zu8q(cM<(L4vUD!IqQ_Y#5"
+    "!qp4o}FI^P^wOtjwTj4Z})VA6mSSgXCxtS)dK*4)PvbCv`A%HuZ9fJk_pPr$$f=K7GHz7^v`*Ty|p}HEviuf!bwzquuablWJ2xwG4pwr$xLr"
+    "84kFW$gneo)aF^%xyRaL>62?n&}1j7_pbV_8?`m3CxRJ_`m(Q_S+3&ve4lGKTI9eHUhyltJ67ntYlfNm0-2|>w7E*<;@3``V#(YVI?o#7@8V"
+    "qaUt6z%K7H!Gu{%h$?l*Rau;0y4yM5JLQ8~+))55Q}={D~XQCqM5ok1~C8|&VhZDkKr?{DmZ3;p?A{U-S~b-kFEubp9<80GcK?~>K$3_)w*J"
+    "+r)OwGfp(I&%NH8pAI&`w|r)mu`J^ir2DegA%A7&&vH9tgHM{*&loLmL_9w493$;E#|F55fM7o4rN>dm~+7ap;u}7@YX+9{PMQ7?CGdQ$`Ec"
+    "-(NpyYqw-2e#3?>p3=@H8a(3neIqk1Xb%wh#jK}XuGiURK&@yJ(ObfZT?86K$uxhWou4#7bl{>8c*w!8F<4C@-#dww<*1wf%o)gJPvA_3Oz|"
+    "7*xSG>P@qxHE;Wll#%Tz!(_D+6lvFnf39zO8G^1EXc}PSo5(s{Gb<f_c17z*DOVI!&A$i4vow_IB6w`tTyZO1!w`TGwxEZwhPmV88cXQMKBi"
+    "gij5symX95y?!KC|K~uC?-1KW>lu-v{N%Tc%KG@Vn+M}Ty3OlVPO`cA_rwVrv&7mxDeKym6e>PZPZ9eiDo0?fGR!m4TW4DdedWk=_l#d+Ux{"
+    "Wj7LD(Xs{pgcCO2AScWA!sVjyLXtGLPtxhd;hY`xZ%wIeAeHC%iNxv>;>=EZ|OPjkD;*!)VU-iX$ELd)yd9E_{{56Y;L$eUkM<v6H)>+}O>-"
+    "%aVxbsKT=!gl3|;~OP*af|Nn2+x}uT%=@EhB%8oBiLvLWYcwewJ}zxWegURI`u+&S7+pbOPGxN;>D2j(0yV{C3wkdJ3Z(2hSgh+NUk#a-a4("
+    "cqqX+_<Xcxx-8X|e0847KTQvrGx_Q)2`+Q9c_oH63atl?asC1hgaP^kxRA#YRgU`%$pkbDs&Tf%lxDS@ON46v)3k!~c<QD=rDnli8o$r;)TX"
+    "uh8k8NFxr1BPLvH@VGMV2)Sp|TJ%{}V}ys6G}<NA|5>Oj(?Y@%Vah1jMYGZ{_Sc?e#Fu8c5f}AM9G0eVs61JcGeo5AMn;c<$1txw*!g6qH{s"
+    "#cN{Z<lb0)X|Z}J97P68_YJcafceA8qL*y=Za#mkNLtr&EYxGvXQ5^Bn8nRqWtUXe41ezqjuoX_8G^v@k;q#LD9~#CAe={OEK`ZzoHBx#HD)"
+    "K?gUl%8!MCw>y`iGT`ep0bF@(O(jijFPZEA_lH&&RDk8EA+>hxwm&*WEO9afn=fF*PrF%&^F3k0xTHqN>RZOV78B!QhRxO7b@)hb?8?ZbR}R"
+    "%ROIpC=zi<JHQ{iD_(@b*`#OXmJl?12HVQEZfuS7|b>gUo5kzc?9^_k^8%YpU)U+a?4irW!8??&N7zb$o+^@0Q)r)W6(85T*uK}ow7Y(YNW<"
+    "D8*?gO+<j^$^{2n<_FV6vJe9N(wR*QeA~YY06B6TQ&^Kn1TRxwD#;Sd9)M}y5f6y$UCyQ-X8-*xqjrr=x5LtLrUN*2IX`JJa;Wke@lD9Bw{w"
+    "u~IrDa#fA@wSQassAOEjN7(+L0I+<9yH<`kT`^?DT&yvaPcWk$Xb^W<4#X<s&gLk3;*&q+s^5u`@BRQ8)rhedIzwpjw5rx)BiF?q_nDtTiV}"
+    "&x_M_7<a&$CO^Z<j!VbUYTEJqz~H2J<f7agD&64?gPuB@bJ3=V&;0&nw`vwJnUzJJ@heuhSpNsO^{hIbU7IBhiN`U3h0T3sUPX&B5GpyPC;L"
+    "Bmii(Y)Qhl0`ix90|&Q6D<#H$)oEx(9PZx*6XYcXGOM9zP#6PFV!yVtbiThBiIe|k)Ps8a}Th!#DmQ&fI$wE{_Q>x`$gvTOj|Z1bW~p)9V>c"
+    "<z;3+&30WT`L{rQrXmon<tAdc*6_~=0j(&_#~clEmewZRV{BXzf*iM&iN6t&0be;pt46R^MSvz3~XD~ep2hkRE$E+3Fqn=B<<~H&p)y~N$Xz"
+    "9d+oh;PNifVGC8uN$@_X%^&U>6MxG@+Rk6%EW94YPtQxaEG<V6~tu>5R&z$*AiU0{!gKKwP%h(6+KTXayUiysaN<Eo$n`K@I6lJe%V@UAV{2"
+    "F6h!Kq8iTI!N<#%O%d*K80q?C5iw>`-h@`sbO%oa$2<R9F*<Y3F+Mb<#?Y9Q-v8zGVz~Vv4)wTpOcQXIjj+8P6_xt$z*7=Lb1p$mVCVd}a^M"
+    "qQlkvSKm5cHFk{mxCZR4uFXzRf7r9qM4upojRg{lY8WdTNwG%YTMWDAYU86Kg}RsAXY7jQ^NY=5(tiJJS){(JlU+FfA(ZCruR3GJI;oWJ@Xq"
+    "K@&8Vk^n5aYsb<OHl*;9lRVkcyJckOGmTtK|@l+_Nrq#axf-(e)9Ok?0RCV1^?GA6|m+D!9kTy3d#E>hN0<M!sv8k;|$S@GKE9jj-aTDRAIq"
+    "WC2jij!$M_?diUQ9H=Ppl=ctN5X#G;E7;+l5sy=to_=tUcyime|O=jQe|x!Z=Bl7(XH5p(vh-X&qS!~G<6M&;i?uxfy7vUcboprKO4`x-FIk"
+    "nvAtDEC#TH$T955b&a$z<Tjwx&aFd~^G!Na_T)Z*`X#Fdd<f>0Zo|1H{x`l=tFhp0cF{iVRQ4GXZ>J9q9$z}~`?X@y0Mt5=SRhE0Jv^WXeo#"
+    "Gzb<PDtMSmk^&6vo7FveUR$3#^wBUXbzbYJ8cPNvf6ZPyfs8CPpleP^nFi@smxi(+YjnPsU)uA%)($1cwW&;I%hyPrdb}N3F%6E?(d<fCV+<"
+    "%xk|pvN?@C^Oo_gmH`8ERa+`Yx3U!*@7_W#5w4D95m?#M`i(b~55{!n3DyM7H>u@UoN+AI+z$9#e19<y2Xe6cr09mcbdB@F$66_2EgWN_b;1"
+    "=<2FS0<)8$;d^Cx(SU|I-<Uj)l+R<FDEvP%3?5we(Q9BY%p5i5fR_D5pFI4J``jpEbQ3!j)J(Md4Cf+frs>`q^ir~a02RS!Ehj$p*}$u)ik?"
+    "SI$mC;Pr*Z!t5cUuo~HRh7u>Tim4|731OWb34p#Y{q80@b8+LkIZpapAyJaqG`RdJ`s(_Tquw{tVV{VGTd0UKiIUJB&*)H{296G6;*~41G?7"
+    "^Gvqkcj*$S--_5t<xNOQQkit7>upN;(Kwj_ZlmU?ASM}^yFCg5eVuffPe%0^H35zS3oM~IDGGe~Q;<e{G)|zv)9HJtCfphY8s+X^`3z0oiu2"
+    "=TKXPZH_t6gD#bOIfqL^)&QXHvXc>Mwm0{MD7No=6{zb5rwHWZetCao^@uQ3Y1L4?bKIKX>Ley;|IwPv`VYa`nb;F-8ei#>-RDAE8_m6m=qu"
+    "M5=g#l-2tHUkTXW*KUCKq)6{jd*3<6+ol`EmjCHn=FetI_{pYzDx!R=9D6#|gg%na>D0&zO^D`!Xsyd~D#i8LPElWR<=E~5q>#&XmWr+UrM0"
+    "7S4t8VI+-KkE%0^=Yl?X{Wf0<Dkbm9fGo<t}3Ithq1n1)|0u#{1!I7NMnvc$$0f@mplzJbekP8`%xJQ#m5r7#;xK)WbP&FeSbywc_!hKT8&4"
+    "bu^4#&<+1^*Xsqqa5Rot=@JtY>%$0@*#R{Zwukm$*Bl!+DOf@oV7|yRt}x*(4$9MaUIdyET)R_y|TW6i7}f7#Z2yQ(g8b;PNPu!{aw6G1u<T"
+    "<_D_2{e=%43itVWRRP60s&p~j?6w0d1<#&dl4D|kiN~hstj4eKxXHHwR7>6b7*vLvL<C9U@c1<3YPw2)aRkJDi#yN~?DmY1_b({1xR`p~iq4"
+    "po4U!2V?qaPWZPBj#d80=b_G17{gP7>ps7_E~;YsxeBEoYf?vbQiNW{f_k?aEJL6TVlBvpb<LSO=OK-j5x>{;m5#=j@5ro-JPu&*i;kcaiBA"
+    "?H&f#H?QGQ@dy6682Tz3jdFbq%4l2jv>`NhD@?X=k6<-`ViQ~-E8TCs_QG*Gf}$S4B1d!`&Ij27xUw7PN3P0Sr2P{*_rYXG`Mk)I=r7*n0Gn"
+    "=zTJlEvifpUi?P5L`B<oQ<NR1^dN1<_QxhgUjf->m|>2;_l8^7z6s=+wQ)DP&jmfWy~S&_kwheT_QezZ9RmLcggGQ^WaOZt;hb9de<BwER#T"
+    "oicmNg4Hw=S+U{(iq)l^F8>@c|=RQtm{kGdI?*de;1>n%8B!P0AY`Tkg3huP&USeHJ~e2uej2wvJlx!TBk^)0hr7%Z~(V*+)`immj6|aUlfV"
+    "LsoHg-seh?1Or^40X{9VE@*?EfG|~f8G2EE&j@k{A6)!j4S+9*NEotRvxXnQFw~85?b2Td{(Oa>+wX$^<<&WTdua(E!<v1B@Wbb?Bc{a>j#c"
+    "irTSaRir%~mgEZb&B?wK=k(PIyoqK<3uoII*>E3y5KFS=v5W&9cryM6~Ejxw3O(om1q=8*LSH&I!o<t!m4xREVq<{mAuQ%}>e1P?ODUUg`UM"
+    "tKON`AvH_DY*UtVUOATY#ps`s^?i{GPS*Ivx>?k@((bLZ*^Fp5cZ)>&VAa?(jtJy0i6>E-p~cLBeK@r?<LL$wAL70;i(~BEvW>*^yULH(H{5"
+    "K~0`llT5EGg({e=^q9=>MN;js^$@+>0JT`Lf$ADQXJGmK&LIv<HOwC;=LgDQ(qMVTshFY^w+F}~;gmcd&Mq!BX*ewcH3HFl`Q#cZ6BE?jd<p"
+    "=EWHsUzYP{+xKb{r~xYyUxk2{=fduiL-aef1{k)j>YR?=*}>n-7to)>(Glm?2g9}M{ow?_mSU{{{^(vPs4y|Ebtidk6Td(@75&$9wPpe4*al"
+    "l`s2K&Rqn^%>UZ$J#DA^PE`-l~#oy%0KCbpZ-~LtPb4NGhsxc3<e0dzc@=9OjZzF#)4?hn01gw`o#oC?AlI8CS-#Wm(kdIEEOZH-wr+mmIbI"
+    "Gs(_<Ah*giih}uRrVGIy~{9uRG$asQUAE@)EPYP5mF=s<gk#m+_SH@pt*^=!OC7ARqFwmbjbz@vv)5$Vqhamw_vEy6Ym&)-GjR!J%_AzGe@1"
+    "yB}`yjjJPzn+Ey6ZpYf<@g=m?XB=#~23<JZ;47X_zgM`B(LRIU;%x{1GoDYoczau{MYJ8LyF2kiqkip_KZq3&sleXiXAqdR@T(vh5lI(eO!7"
+    "`5E4-q7Zd!>#k~dt2p^U?sv7fSQYm%Lm&F%K{33YZJ-FU9@Bl*H2g13#m{0`gQbz?}FxVA$mx`<zPlp~6W2t$XDIooA9Ybyj1mr5g=B+mtRf"
+    "(R}0lfl6mKf7IS;8vj6)^v&&35PU?C3UzU$0BBVRuR4Vz>n6K%J*{0y-soaaZkBiFaOzbdq}GIrE&|ooqPv3T{1*Bb+gB3&sp4B`4rw=&J)h"
+    "5<10~|`DS>hjn69=;G?X#qTG}Bb6B^tTQMO)S77GP@imHvJdS)~!GdO-wR7Q*xf-XN*5vFm`g|vzYQfnmLH^`cF^=KT=fSt1{I)!ZeC>?(S3"
+    "Co6i9;lZn*0958>CS;qMV&RmHZIPJ`NAAAy+JOWAsh+VIm(sb^8#Mu(><*C$gpZJ>CXm6&Jp;Jc(#or*F*{!p~(}M6@1r!Cy|d;}O>+a`wWX"
+    "PDYVWTr4=18_^oeTUo%#db+Tm56C67%E`w*yVrxSB;Nt50NcBIU6u|jqI<S*Gw>i-gj4<mS6sC0<nrlsV`dRHF{lUM_ZQWqqOU|aQr$XLW@+"
+    "S0<l-C_FzdT=@A`yqIcz=-$)UF@e29KJ=;%X!WnD~}bCcweqHboAqlB$EUm~vOg0fN;+b%!BRZc9i?zC<&{zc8JJ2~isaK$4o>3G#tw>haW%"
+    "ERLXqa+U%&^eXMameXC;{qz~@)l3`Ttu^k$PdFBAgLPhOu%TJJTBcwH~~iKc{5o?5m~u~{HT){0*|HEq+oj-jMElnA01zI7lBTrK7_+Jp*%;"
+    "NcbE@1LP<DzgeB{+6$b>0NF4U1OT*bcU`-d5&qX!N#&dN*Ey-PZYkN!FW3Rj8#K&<waZj!k6hnd)>u6=U<#Du)UmbqgajSV6fPvBXlzXo7Fj"
+    "%vb>u=(x2L?aU^DvCFOL{ou|DT6m?999mz7y=A;3ulh<O@4&7@QDXZX(1PwdS*{%2LGX%oM^r;9{~K8RrpZtLH{y|1cW~j~k((hVfAO>(V4Y"
+    "!qSUITI5v<?j4J0auM`J?1d<*{mcoI1fYzlbto@TS@M&o-w%Bbr+QIe9<nD&6efQ)>ko~GeUOdyPzJV4PF28(eOxITB2|Z%Cs^bq_XTxu`2h"
+    "HtkFFo-l$;<?a^imXh(X0rWa`N!?_%|Ov37AeVY}4A;ObN~GgrD7D<}3msvYD}<c{-?bH_iz^>Wm2r{n7JC!Ohlm~kLQ(pOF`7B?c8Rh37<_"
+    "i#`AY3ek#7hS`OoRiDVxK=FA77BlqNWAOn<KX}Fc_g@zh0qc)1!$4)`gwWts*d&L^$jSNd?)BN{%9rmK>o&e>R1?d?FBl0cCW75n&!^V7phG"
+    "5q8(FGkl%7_JYM{v2p}HTnM%M#+gDsD_<N6E%Ri1k_q;z;tVqI{tNq7ER5bA&ZWh$cZ7pO!@?*u0Bg%xEB9{ak4>gb);}xRWL75Y@b?uQ_tW"
+    "NhJt=By%q!_-;yKuqq$b2>4o1fCR<IltaIUh8HD-y`6kFVRfrTa?1S<amA>?+=w4E6lMZFAi(II4@iB%eU9g+3{{VBHvXo;SKHe2~EBa&<fH"
+    "Whpz@N8&I{dVKw@W8Wq|9{8H|QU%Qv(cYzex1UE$qp$10=d%UHc4Jr!-j9pwuN!x&k#2H}z5~}$(3iHCo(hMid!isvvv<hJ(c{A@$Grm=)$0"
+    "MmP{RXG3y5z00%Q;L8noQ~{PHOIRb_ge#XIC}{Myb3We1J}qMc)<5)ct`^r~;45`!=xrZUOZL@<4&Fgj<){jfK^eG`7k!oN#EOKG+<?dndLx"
+    "FQ)LfBarODz4HBE|jDm+Qjv6e$wASSLF>)AgT?bfa-h+$3dNIX6Av##8TVyO~=tx5;VY>sVn5-5h`Sz>E?9e^e;$pnM6TD*^~MYUArn4d__^"
+    "8SOffE;LB|M%pfO9!$`j9iot$xGsPOMRDHJnlsDN$@v-bpxf5Rf83`gh+=Ej$6Ib5xja{5^-V7@nh__nhd!-7LE|^IT{_hccJoSu?_9yp_vS"
+    "kjJ>IHkRiSOg0YJFgyR{Jw{$!vhE*2!e6?1a|?AWn$<D%zs1bJbX?VO0wRTT#d5(Hriwv-JcENLVGtm~+)7@-KWUjATx7c97-_L6YBY@+1_{"
+    "9K+#PyS}VvxAMch6CU21mh*PALcuOMP@s1CZhGi%Egc}*V4^g79<_R{584Q9Ej}(cnP^S<A7_aI#E(=y_UebcRGOhByP$jS{H3~dn~KL)G`Z"
+    "lJg^o2dQEl&X$)rQrN6kW`(jhBinjNl&Jo(0fwacYF0=*B87t}Y>#dxeW`o;btbREJcZF(tR)n#hgn(=@>;}#>cq-sT0K(%A&nqi~%y1NFnx"
+    "LqH*yCyf?IB}iKg6S^uS*HM@-SwrAsc-gD(@B|%<Z-Mb4p>xi0oL_6Ff;^aR$nz`v#=0(KLz>5a4p`_!)Xk*(w^&H6_fse%f|^7DsTD}2PR!"
+    "w92WVts^?2}Eckx9$+n^LtW<2Sz~77_ay(QWd&}@G5njg`nz(|N(rq=>XUYiX;l%B09939&4$Wuiyd6Q^F|h%rBHXMCDtDdE+g_UgWRJ(sU_"
+    "G%m>bi)|RfQPvz<TIJWCBHH3cB4%1pnr=w3juZ(#LboH~k=QUxiM#&{0wbePwS6LyC!+4L0NH5ACP;qlo)~QY8YeHQmgtSuxGQOg5p?mhn+l"
+    "CUk-&Ggcl-(}UR@c#Gum9d7axukS%cy1A)1`w=B!lxSIu`@<DzsJN;u3|u%EW>{UXYpNm^$I~@K<*$X)ZIvtN#+!PFE~*}as+;dnY=sF+o<~"
+    "^}q{q6v(~}ZC(S@a1VLh)a^_&|StzX6rF{qE~aWUTQHhahVT}!^wFgic~YQt|fv?(v$4vQn1Tb;VlUwPr`IziM<J=&#Qp370_qmsYIaY5yVf"
+    "Z>RWb@9`7iw4wKBB+yGpI~x0Yxu5f3!Jzc3_!3D?NRmE^t22(;1E(c_qG>K^DIIAPlrfTTuuqpI@erTjehizCMN6DIMlEx9tU**e^VENt`<e"
+    "yx1~{iZ;Odn3hE6<x$04Pd=NOT45vHPpODAYNCc0A!j^W*!D*s<ay+3HU9|@k@twbEx2ZV}`|ESZ5%(q~siQJXjy_pF%7M%R!c=TxP9VQ!bh"
+    "64e6%qE;7PonTCp~-~d+ep1fR6c1M*FC}!8~^@qN#?{v;_=+ubNJOlWI7i=HM<Bsu$J!H{FgXINx;><XLmV?$@C(lO?K`+DWJmPPiU|PidEo"
+    "e1Fr`%xSn)Q`%0n00Zyoia|R_nqN9KpDlneWu<u+<fNJAlNZg@X8IgFbl6#a-qabtVU5G1iIyG}II^L;t%E;I6Jm}-3y|fl?*~gZ<^dmRHeH"
+    "M*=JNT;)S*SxhsLhM(1%YNqwm5MAw`Xt??F=&c%GNR4uY=!YH<nrw=EPa{9d&kpQ3r34&=i1LBo|_)N83bp}~Tzm?b&t;gW|x(fpupWYpKS9"
+    "igyaQfQ8W%9>Z5Gg7KPSs>T@PeRGfHp%j?N^@6@6C+pZBQ8W-+RC^Zuy^oKaaoNDHDV84i#I#sc0@mj33?!Dt5%aT>NUV;0{Z46+U+*E3L}h"
+    "#suQKSl>{1}b0LRWIpB;#r%Qz(IDGQ_)pAsQSEFTh1Q|g9@6%~SJ9{&5FhQEj^Tz=bdVpxPy1XI8HEDit)g&>`5E91#9PV3?i=;L5BUFg1S*"
+    "4+S!dSuXG@mq<(QF(2pVdx|df=ABvs#d~86VI`_-j9P_p}Y%Zhj4(p>rxCwo;kFhCE<0eN-T|o@<iSSV97?l+CZ~rN(yku~oGcK1lTS=>yy~"
+    "LWSu-b?}`I+fn>p69Th0S9h+FyDp!%v>Ofs-+BsNbrHMEJL?R0sTQgoIC^V{*}Ix3b`$?Jb-pdODDf^{iMKfMZ2PJh#1Gn_4jC$yK)d92b?%"
+    "w6bLOLKhL<*CY6_l(2Q~Xxa-?OE(CWgKY++KBFS6)1B1)CmdufNSGiAzn)gj*3rxypr?<ggSGjTF4)+`8(SjTur4Pwx3<tzH;v8Sfh=w@_QJ"
+    ")&Ik-Vp5|e(joS>^t+&OkSOI`=U5NScg37u3<xAWSJqu7x!bOD<g(smjg4GgfI}GScd8?Kc~SQJZ3RC9p}~sJ`s{M!+4bC?t!Z4$kHFIkw`>"
+    "?7|GYj&6WW(eQSON8Enr-N&O`NuzCe)aB8MsMFta}?rDxp&E)kD-RzEArjhl{uUbCEY38yIop~^D)%A$3_gtsAKdT)zH9_jY^Vuz%Gu5y_9Y"
+    "1>8Ohv4Y=@a-(tZ9cDurgdiZ=`15y(P;b^wXNo^{jqH^flqdkLsaynvRhTeZaq}9zl)G0TfxHD=6tjkw7zq9>EE6LWCjRO!nQ<b$4yYutOsT"
+    "M3o0JF7iMkjtCiM`)E)Qgm}>E>CN^7{3fX;1eQe$NH+k+r4f=H#Ypx?9yxm`)$FFpp%a@LN-fpt={Q`ji!CNamEThD!l8QTnJ7b$ZFU3m%a-"
+    "o)fy^MIzFl3Y1S@?{Mq)dd{z!>KFD>ofb?pg!&DJ|0b2Px)y@pnz<!V}*@jx>g7HqH8-H@l2IM6J)<&#xPydyXy*nW2-C60PmRZSv{%2`}NC"
+    "l;Fc$|hC&I#9FIsk+%F%QBreKS!0gt7nJ#WRU#CPi}8g&1K>gF1Ooi6Jp7@2uu;#+2z5z+{Un^l68gfuSJZR9X48kS{LcMo6{iX9Ucp-L_ot"
+    "=hww^#&}UNHH(@@_t#Ea(EUX3`(!U+*I5o9wS_VJ%)#YyqiWZPIm$kcGyum`e=6H4HhszpPqq^0Ac+!G<JqDU)Ko#`Led;3-BYt~{8VX;Y8*"
+    "X9hR_o*s@toiUI)7I?`2fYe5rvEMAyM?@W)l;p>Xo8jomovv%r&lL#NlVy2-K69w%~7oBVIA$Lw}l?!f5g0^0^e#%QYqns!l<xUg|A&>egTB"
+    "D%QT2-YoucSTSS@2FBWgYWI7s1yXaR`@7>ZB;LYh^=kALI)$t=^Pl)@m?b3sPr5+e<!Y5_Md=35fc2@0wQJxPpn>Hit?1jtr$Q~g$km%Oz+C"
+    "6pxtg}CF}y@<%WNq>^`TU6m?w_(6AC=$<XJuBwpQxT-7>bmR!~vKxhWdkkCtX*`2v1v)0DjPe0$!>H}!i}Kf}$Ep5;)TXK#cfiI-WlAcPEw9"
+    "$SZB@zqmq_8$14!|&z>qdoWRwBFbA-4!(FQGA*$6Qbk*G$TBPdv&9N?RIl0;B=3-JfChp6Z~rB87$~x=z1d)L)W0X(+hiF)vP+JBJe^vM|0A"
+    "u!t<7e{vK7DW_XwHC0x55HP0c-Yo4=4<IrNIu*P1qoSH?)`8~T&Uf5Za!!av@l79PKR;}sl6Y&U7wX!USdFighDIr5VHWYvm6t)zkIqMR*4C"
+    "85KF!lPJmMpBOW2)|CB@5sMpWUo=f5_FRvWA@t%Qjna3unN&cJ?jmiJveBCaZQn;1#WhIUNI#l4}*O+2q_nJZc^e4VMFVDQKB^wIv9eYR}$X"
+    "My{q$OG_Q-v#d3Z4eiy<bh^dsY6TU`CF|Sy8L^02V)Fzk$A}wpROkC(TKRa|y}4uMC{uyF$IppV)e^_4ArxyKs0}z~i{i+xMR5pZIVQ_#)|7"
+    "xet(=xC>@ojVqbS4=X9q;Ly41}voHgZ`Svk|C3GEtcacYVysQoZAGpOKA(dzV}A}LS~G2a{u+0@6JpAva|QzfeBSaYDP%+<n>sdLkMTG6YDM"
+    "hrDo3(6w89+{O7Pjo?4H?EbUnma2t<Ehmj1V_49cU=dh3|>Z0EPB_76peV1&pKQGhSWGu|4L+zDZXZIEUyS5HAxAzj8-%EHQ0nkP@~`LGzas"
+    "zkax{Y8YtA~o}ZjUyGmD`;(HQtjWumo57VhIKhZ;JpSx3C7&_ss>V&%;4(ps0UJ%WdZ6{P#(E_TZ$L=8xID)c)qTVtRG`Aq#Vyc}-14D2aqx"
+    ")u)b!E{afFru851MM?L4s|>=drq0SK5lF+c)$;eRF1J2WKJl?3+@;x#ArUzIULztQTV;fG*uaj}l307GPU`_Xa<rR{QXGBMeZP!Y()qph7Ur"
+    "ZKIesG|E*pF_4MGg*msBXiZGYJHS9)H>vAiok)hm?!w+SZvw6w8w_yi?o)D6j}pRm(N%f=)(!Qh6_cY81jr01nJlV>>I~n?GYuWo-HW0$S;u"
+    "-h3mxS*uansx7R)0RbLu7<rCJ-xfbJsllx^>^=0j&{pJ=4+$}pI}`W<Dh$xsv3AGc#{8Pje_8}{LO_z$o4GqFl~tOrPPP!&SW$$VE|!+b~8T"
+    "uo*76hVLo;ve+-oEigL#+5#Y+M0N<yHjB&a8M*1>WKYK-{!7?qN>Ru!1KcN=t@u=#kf;gw@%esLMOX8P;A9f{g?@vUDViZ>K?&F;^Mn$#}EH"
+    "tT-+T7*1CXuJT}grWwY=Nyt?pAaWYpmA=Jm}Cu_TJcQs#7ZKczi5X?z7pV(jFYPMK^)ea12&dT*cH2~@y5Gv(w-66L!Kwo1pSL<S-en?>u_D"
+    "!c2<JZ5l$jx`ICC^(ZRgnkw<0}Z2S1^I=ueeM8Q<HdT=&qkt=tKR8bM$YV-8<Kdn;x>NS~q`!Ho7}9P^%(V<ZcmLd;DvO^6hUO*+TROpJ0aW"
+    "_UhqNpk0&G;d0zyK3f9R;+D_L^QlbR7W>n6{p~mQobDb%*NqM4_yHPb`~0~>$lb4FfKzJ9_GaqatgUgv_sD&B*P7kLsQX-EZtw6n-thW$+tk"
+    "1D`kz1A|B1Evo4>p*S^e~Ff8Fh|P0~I;->2W+K@p#?d4siHcfSxPfAZR{K^pr%^?LqKuAg)Fr>mlMU%lJYek$&NzG(OpoAsxb+qIuuU;+QBQ"
+    "vRoR`BMqKzn`UMQ`*DV>&0KGo(f91-N%VlU=qXf5B^eD3R4Ttl1_g@G`jBp?G*q2`os{c%Kelm`n1qps9=?=;cj&E0RB++dpXahucDoI1B{O"
+    "=!x;WV_nmm}!{~oFknEU#)jMVFQZVR5n~%f0XX$I*qLX+S2#E(8LcSxhGA!xX*F0;>k6-CNywE*Via!nw-(kFn)9q{V&)nHUZ;cp`xXwW7Zw"
+    "|ghv3@<o+!D9R2j+4hbW>pc8uxd({fB$)$G$9xQP=oH5_vZOXIkB|&<kGmr|<cA%3t1A6e3^pgIykVGx*%J0-)JN!^R;}Sxa1cx<af((G^`&"
+    "F7hn<hg)7)k@x(D3cwi_PSBF8%I9ae`*T4*h&<e}A=TwNdC+csttYn7PjZph%#aWTDTRH()ZDVTvUwl4xtRE;e6h%z^BVD0tAHC*KkP7*1>a"
+    "i+hdY5Qt*?jIrbOAhQyy=Tz^%xdW4+7p4mTM=_uD}nC7s!b^&eg{uJ;j+mESu6#4RJdix2;b(^`&aw|sFQ;&7E?7jK5i;ZqapAK`<|Fj!GQU"
+    "FB}_)`h($5<zeB?mMAP;>KXFH~BQy5wGf_yvnM(vCEBDmLWd?_Sxk*5n^bm1HCRZ8?#r?HPM48=y12kfH#(1I{k~+9YeuQ*B34-5f2{WdpOy"
+    "*L;ugqBI8j~r_yNsVn}4NXd`RQr#cioibZ}y%zOlqDRF}QE<2Cc+1F&fcw|a+-FK0Px1}oz7RE~HIvuh)iLp+ZG--$qh*P_KEW3|oa|oi29r"
+    "8Jh_#O`p1X1%L0Dg@_3bpA%p7YRSupj=-su=}gg<+7(;N)#A_JcpVbgvisJl{GE;n1ShSsR+6wb6-n?zqH;wMr*Dun^ZRJ;dB&)9}0_i%H{}"
+    "v^rE>6v*m<?$sAC&Ve0Ga#rLpEuE|%`-`@6jIWIju53@*-#WbO3s<$m7v)<N+QvONx^qUrQnKt&W`DuRxD4*dqGU-C!NgMFc`qE^L<J>(L?f"
+    "ukNrZzpXuJbt7n(j_^Lzeq3=?owO2bA8jE@c*9&u;LOIKS}P5=qINxRiDUVaF&SDS`Xw(ihM5o1)K<Q&9wa{;<iz6RLT`Zk8N&Wi$!HVp`l4"
+    "==~*4ItC6(5k@0Xfy7Hn&x?+NGg}b24T7eb|08~j$4u!>}xt+^WTtrY=9+1o%JGSxkHk>?@YxKveAw5*#Ze27nH;N_YN0dzn&YT3x8^gcEu%"
+    "C%V10L`UQzJS-gV5Q$>Q+fidQQ?mM($fp`-+&;D#^WUn1)E?Q_83F*KS&9XP8*CQz^ORUYtu9;DE0*(ZPgNP23`a;X`-lM(%WX+sZt-neSjK"
+    "C_o4^NFoFtkZ5-|&K&U&nihb|@dt-e;g57y0I{$&Y8QCzSR|0EO7Y*GAy}ObftEYlp0MsN(UCkvUto;c@kms94^Blp_ur!mruU+5@aPUR>ru"
+    "b>X#5?{uYf2Q=zy(oF=uDK6e?J$dyWVgW)~Fb*(VMFD0mHAyU8s4|=zZ&p}e{Oy1ie(m3(x&7|DOgVbZAX#8q-2gLU!~hLMYcMn(E6$OMKI_"
+    "=93l(UYDEaT(2NK`wJPymUuxk^kMlGXztt|S}&KskF-O0A#1=7+(;cvJ-jsbKxl!Pg`_#0F%cUZD<KxP4ZCuS>*Y?T2}#>9d}Z`$~Y*5))oA"
+    "M#c-Tyi5MGB(7`vfHA+#rHXR^7xX6(Fb_zOhh3`E`$v=6c=ny(vt@(jb`Fy5fNS#kScbZN=QB_PgvyI(BL1gsx>~T{AA*K#!1!;NR0(DV~r@"
+    "|k|o||M<+7KTZr%QGj_$$%1#~PbK$UZ*X98Ln%Bh63vnVKaP(y4+?)?OMikV7>bv+xr=w}XgPj}i3UL<goW!K#oW5sT^W92gQIi%hE%UeTY;"
+    "XW4P9kOMWj(*EdKdDPZ%dxvi-%`3Q_cszHIw0}LEzZ6%E61(CS-8rGH=?<2Z;`BN@uIPwF!$Q*5=1U{lB@pd70EvvLxL&d^q(yV5B2J2O?Pe"
+    ";?pEsJhJT9$q$QW;fTRi2bX6;R_-Og)uhTsT?UW9(Um-p=ZD*98GymX4(P5#)rqe~dzI(Il2fl45U7OC+*LcoO&MsaX;ZN})ipi9LtyK!&5C"
+    "S`T)Xgus+RQ?U+F|m2*<Z9tO)iZ0>Cjt`~l<<D^0HjZP&1KI8U($F#4fp0Tmvo9?>zD9@l*dglD+v5DkKS8BRZp&EernuSuP02*eK8PWz2P!"
+    ">B#c$8Oq#pO7bbF8vfbv+AopV8_RWg%od^&amd$2c0OQm4JQ$CKI~2LI%YX<l#onZaMZZSP6rRS^<LoDT$z<4L4bK>;L&+(Qfy&;JHD_A=KL"
+    "=PGVDEwD7>^5-zxqyVA?fsn<Kx14?i%M6Y8JHk3#`xR?n~g8#TL2I?yE^m*Vh+7Io~1Q6l_!Hjx1xVilG#hq6RLaGOvWHIavbD#i5IX;?<7Z"
+    "H~~>n>>)<$#r6v<WkJDZ*S}@6q%hA84;nh7ddU8@lMA5id9bPMOz98nJ0}ja-s@gkDj8d*?30eZ@Y|hbB}^h4UmLoRB+i(gQuVvLG2hB>{`X"
+    "5csqBX;@f1UKffuHQvL-`kB@f@tHcY-J_;;!}9iyR)GDqglu|#IBh^+c!gz*<0Rk3GH!$#l>W8CC3+dSaW$;ZL(w@qOB=W;Ult0@J2qr$9g?"
+    "s!J&Q2A58RJV6&_r?Q$3ehl+%sV#^Wv`^j)Kp1F!a2#0?Qg4;oRP2+>U6;})3*@_0b&zowH8dxQ>4=5-^y<*|xzNcpEj@jp(-H9ECqJEBP{3"
+    "T*fDpp3t$=urC_RK!N;nv-fu9(I0BQPC&AhP{lvn9Gljn~tmOsMFyBg_(K$(!FDmQ6hMo3uy=rJMQmAPc%;boHv7dXrCvK1$|_XSPG?j`1{n"
+    "94zU22K+kr06LY==Q}72h@{4RAnDNOdMgvK>C2|GgBFmv|F#hP*7Yyh|kmT9f+VRF%?^Bg*QnHs1ZB&Kgf9<v6g5DdbIwFr(Es3lwm+S}2T<"
+    "g-!X9I<K@+-(g6_w46t#WeR;eAB7w1v*}8nPAUUvA)gIms~u5j~Y?LFp4n0U60qBhrAVkxd8^y?1cdaaanS@W`A$z0UX@DsTVZK`wCum_eZ0"
+    "rlAl+B36K>kZuR<0rU3u&}f`_vD-$Gt56R-qkF3d&TxC=i^Fi>k<kvd1?^anCwSp0`ek;{laLM(bA;oiqGHq}!Vmz2PD&?FpJOc&V;;B#B<{"
+    "O=jnGtdVi&g0!4rEz@nHYtLo?f(7|RjeR08$T>wJ9In7#uw&W0lEs#mGFBKZbRJ(~tuQX-{;5n`;6O7*xPuuqx*ZcIl(5p}k&c5qIX!nD9EW"
+    "@<E~fyU%J_e6~Htn?%v&KxOo4vHe2Mryvwrn8?KK8SPiLJYosp}~KyhF!;AA9g%od;O}uj5U-HZ8M5Y@W<-t0CjZIU0J@;x<n(~fegse3!Nr"
+    "4pv7;6cD3dYc!Ou_5jc#JMX6T~gW>5>AbF5Je@E^Z#f<MfxgXvNQR?J?R%K(dVpdGFMmKmREn9U6lV0k6S}w-vKPwhEQSr#G?fMw2Y6!gS83"
+    "@GDRxt)JG#(q=zNHtJlj0gba~`cYp9eETE6o!6PFbor%+ENU-<3DTn-XAwACAOE=$8gS01drPqaE^<T_tYJ{AeE=omzCV4kJ01I=F1lwQy4*"
+    "k4J59>{PF#X@uKB%BiFm-Q+9OwX&|;S<y1Ach62gs@IuONpy%eUo_9~39`hu;g{~sN{zrCI4$^6Zq+^J5*@rU+yeC9;%*SzjmjO~`Uj4cg!i"
+    "K2-p87L3_LMMNAGumk()GiC03#{ajl-L6I)?91l&p1L5`j|VN-yW95u}N&U9Suo!Yh3e`t&itx!w{BY{ETLEU)&VBjYKe}`NvL&urw-)xfCB"
+    "DFiKKYc2{Ny?%P9!!xQRRrbo?;`~s?wnXoy*t=>KAdjAW+m7CScCc`a%*#|HMhXl!P7kZi61E7hl*5ZX(zP+!)A`TpyvM|M9dR#hpRq~CP3c"
+    "udoZ0U2Z~6&Idrd;EBk^p1MmIh`AMqa9$Xp#n8bU1?KDqDsX?sICI?0Q%mdEii-(!!c}7ZcMkaBuj0`OPi#U`LOjFRb#t+&GB<%62hd9ui=H"
+    "rw=;dIq6McU~Fx1u2U;Cb$;J#^uSS+yR0Ifk2|>Ul3<4<wFb;#I<zms&m(RUTNVR46-Bm)Z=;P>2p8eFo6x^cqjCUJQ!07C=e+s)jXo(>x*f"
+    "M*SBJBK@Sfa<8rqEesY&!tj}b_hK+ase)cnRxic7O?qSFIHJ(0#!jkDt*w)KQIqox{KsF-0iim5?e}bbJ39~F4ilwkaia5ybAxjWv-vdQx{Y"
+    "D$Mo;}Prj2rH!lruMlyE+;ov4k<jXy&zK&&+)?gjqY{#xvT-{ce^V*(YY+o)zRs&W;bEh~n01$r}DEMfBL0xjurp$~AVzSO=i5tU#z4X70Ef"
+    "E<XT2}|Vdx!)dyVbG*34Lx_yVuFG>N%o>hO}RQdG}yTSUkRSgYg3bf8qtZjw3WxjSa{Jcod;I<Sb6Rb=CVJ`1BYpRV^0$AZWJ94uA0_{uqvT"
+    "X&1IM6c+i+Z^?$&fRrJj+G3Qz|b76W+AvU`>3!1TAmEP@5skx$d0j>s1^wq7(YBY9*t>Z^>nS{LWo9K&!dKM=&4k{%pG9`cJ4zqPs#m7@b`n"
+    "w{s-m@Lh53++n(Hy!ws+v!AIO%tux_x*<tg4zUb;Tj=AEd2&X~*yj58_^g#63{%+Ob`F5V|UfBJShijW|IAXjii(-X!HoO{<G|sJ1c>2|lD|"
+    "fMn%x&#k7;3@QvgX4(i~;+MJkwFZE=N(uNV*e^{N(I~F4UZUhDlo(O(fK}S9V|@cWN_3?jLUmg@Xol|+vTaPzC>(XFfS`?%I#DorTs$#H*k<"
+    "^X6-bYNEKg>#g|l|59-_0@X&`^^eMVfrYBI@hAI-(U10za!I^G)zRwi7DywdzSVymPY-cksbNaLNfB(SS~X3j_zHGQZ8?XD>_bzulia;(HD&"
+    "t&G|-sprf_xRu*&TB!G%9Du9*3eu#=oCoacN{}#0qO>{pKcDDOzX(x>MF`iGXX2Bpi?yWMy|d0qaK>9St=?kxMrd_cKEHk-y+!iB(AGCHGY>"
+    "T^+lIjMgAm@h9<nc++3_C4gmb;lVYq&nS5t{{6R&_uixbZADw#nhvrQf!ESK#L|9n*L2_#gJqv3qnNieDo_RVn>^|uZ!YZix*Yu;>LwWI!fD"
+    "Ju21UopIeBbrMo#vELUni>?s=Z-v1bK`OBG(+vb5fh(ZSUp3@5%y+Kxow@=OgyY%Luvq&^SuD9eku+Da_!`F46CFwyZmnKP$`T@)ojLA|(=L"
+    "y=HZA-@O*zv}(C@t=&**T>ZkpX%%gWLj|L<1oc&AE1l9H>Ql?DZ@fsv+Iy%V^v(eStz>LZjf><|>~ss{(YM-XqQ#0OsIsZ#!WT7<77G!ge$m"
+    "+7zr*T?IGei=)ubF0No*GE>-q-dDS{lhP%KuEc>uAzYESN&eERsVKY`C6e?TWDe8$KGE5nmsxskj&GE7wy#XA8ifUiDZrH9>tIIA}(T5013s"
+    "A7~?o(KUz66zflKyhg4G@_nE?`#Ky)Cx%d!RD}H)d(?ytjVy!k~9JvQ&ZHX$Wp!bVSp&Lc3>Rtmt`b<P-hn^2`$8$^)m8iCDJ5GE0e*xmTJs"
+    "Iz@LZpWD;`0cUCZhLQ<%?4;XKN3GnK4s5Q2c0}q6TL*~dR1^7ECg~KvoP&sfC&I*Nh7O9EG!J)IVYB-?XwbFlVID2}zGWpIz0p@;BdGgKrH("
+    "2+atj6@xBMGe`&x@nPCuIppxnCtj{*D9>pZ}o-2s^toRaQ{EjUf=sk3<4J{}YDi*qx>V=#m-d3SX@?d(TDN4Iee&l4Eg_WNiS6K~&(5*#7kk"
+    "Gl7qDL8D(q%zHHob}k@DdL%mqg{Z|pWN)=5=XR^A9Z%L;^_21|50R|yX#qc%<0bx!`bZmJLnKXfb<ZH|Sj`N<2r3U4+cA@d6;!c$?7H_!ZF<"
+    ")P9)apcOodvCXs&{W-<sh6PE`fT?ucA}NWl8|-XS|c`-wtgRS2`0NToW^G-@%|i5J!|Vtp+=KgiPNcZPDlI*V%NtPlaH#8+PZv2<mn2vEn1D"
+    "gm<Tgt5i$$?JYdB-k+tc&wCez(7`ST8oNuqCg*(ds{D(bZqxmz4go@B|PX4^OcxLm@J?rNQ9YK6kSiv7e{(<q{PxJd>N}ZMsLR6ir?1mimoz"
+    "Jun>WxrqA0|cPo<Fwo`uGkq)-Il3sXEa}TIcc^(f<|A5Q&;DTy?wKlxY>MBTNS$=7FDbI4h7Od3ETsWH`d<Rb!<*`hlRbe>dTQBK@=&QNoK5"
+    "E*(3>R=;zpBL7d<Jdsf?NOL0f2f_3^)OByr8VuTsb>bEo8sE1ua3N2<M&V0W}hF7DsyZh^V`RMqHg4{GHmDJrVSw#8V~bfTeN(cC#3r%C-~^"
+    "PoUdP!vp*l>eA$_+!TI<J(n2J0Q3q-{ZMw#ZJQlV7&@-rbJY0ER0%#W&plSBPIm-no4CJUI;h{Hs}VivNl}42&|W=ip{PSD4>2nnMx1e<py@"
+    "#zH}<Y(#qdETzGp>;hz{#t$>Pd~7A=e6p(td4cEmB1ngwGNx1p;n$Ys~o-$jbGE?UkB@?BX(zk4$hoA$P6tEQ7n=G5+r?rQYY<b=|8%NaziP"
+    "n%On_|>t>1UfXb3yaIP8q7}|wNt-^pl@azuVgpmiykdmL6YZH8OstVu^IEOskb3ka+<7s)M;q|nlNZC;KNs~39n6om!f4<s6=~K*kpWYC^rr"
+    "dbQG@M)ZoFI5n|1gn3PU|iX_!Ec|k5G!-l*mhr3+;+{KwhU|0xPgkQfw;V{b9G%k@?Yce&<hAg?CSXD8dZ<OZ#Cq=5jeZs?Q0tQ#u`1l0dU6"
+    "g!B!1KfG()No`YocrEOkaFO3DG*c`2{WB@BqNt@Y`s<P;7~2|K3bFo!$FDZ<e)f%`<FHQ!2ZdblH)OXu+Ctme&MB2RzF+`fe{IFqt<-CM;;s"
+    "u~;9gXq#7qG_Y9s>YrRY5E1B`tM7s64LPaxeR%E6ggeV<XyKG4+KHbK*G$ias=W8|nvGvVd=->|;NZ>qf%cKJ(7%Nnxs$A$Vv}keuM}Vej9>"
+    "{C0b~_kt5ZB8+FrX-a+QZ|M0Cz-L{VaI4c`fU<X@JBw6)^J%Q*y{y(k+BS8Eyty@wNz5N<I@1kqx-0<MXVt%zTrHXHy=HfN<l;)&9x7X0kcU"
+    "5N0S?trOookpB+q+T+3>>a8GZ;Hd!2ws-3OPZK~D@CZ~i!m+1wxB<kQ~MahyrM!14-dl5`y<FWH5mFr7rwGNChc=ev@b+o(M>7zMAW@sYy4R"
+    "H*ZyVsAmjn=%0r=d4vy^W7qxIy+~~lg16B>ei<Yrut3Z?wr=B=u|Ft4Qk=FpYPqd<?xgmM%o?^xzTE>ld=LX%JiBEX@?lh~#NSWAF^?i|I*?"
+    "1pK$nyTw0yCgQN2y^0Wd<N|iLFF6XMV-;Mo)>h-VE;L<7=;sSOLKlGcv53h&@u!+5^X{he1&kmK<7isq4AT1H}$U=CzX=VL)K(Kpg}#O+i;g"
+    "!J&vtc5Evd@XRF1$!__X$qvGa4Z?;*ig$F(yTw&cw_AwN;T5+@gY1TyVG(6X){zapjb%gu9NO9$#p6tOz~tg2#MihgHT|)X*!CQhIctBBi2*"
+    "Y%v>vQEQ++8QhctuqnqdJo;Go5p)k5^RWB1r{Es9>X0|k@F7HA%b&W@WSs4VO-_qA{EeK70NQMCYNxYns0H3+FWJc(<kwQO3|{G}s)!B#4&{"
+    "K@ue3%?q3y|m@a%D4r<Tus20Bfz}~LZeUin!0lh3JqmdwDw_cnkCW>LFTE*uQRu3|9hZrw;pNdHCdK-Z<Wh~{D({^92HYuB|KW4PraXWr9=|"
+    "J)30wG&Mmi)MN;Zs#|HGZF@4eSiO3M}3~vYe>$`qulZcGLW5hDQ>MVtd%BKeb;DU88;`cjEYkhZ7Th#f^BY|)_%RD=pTh09i75ccN+mn5gno"
+    "3Oca1W*wtR`4An(xF}L~Y3uW3%=iwU%c&>$-`GsE}i4n0N!1kzWprnek}5x9Ee~nt8$R7mdEc4p}7RX-HOjw9?MoK^AZ#%~kCgycmD`F+0VO"
+    "yeyjA73ZR57)+1RvPP%r#V)+Ij%xt;^QzJ14oE!EIn=*!)i?7g8O7py%SBQz(hp{F^LD*i^Oaa}^+i?11Fiyl&iPJL=dD<QBZBx$QPx_~o5-"
+    "9jR<P#-lucy*eXJvk<aN_wkK=Wg3;(>oR>uiA;&$!7d~QqLn45nC5~Hy!?7%)7(rbPtO*EC=D@e9TOvg@N+;@4`1TU<<sA*<p973jw6abQ)^"
+    "R$+3u0=&rMHtm+OE+*?Frr+`V6wQH{pj!6ZDbKp`ZYKUUPn%d(L8A#iUG>{g7F~;Ns~NVP=Q@Rn@AB-f0YM{$TCp{XMXrx2`sTGUFSEWSa#$"
+    "Crrl=!@gQOnEdV+&WL}qa6bos~cs`HE(N&J*LL7quY~s*rDKmh?Mq#29SQ`-;s9~3$-8021!p!JbommTNR0waHScCT_kMSLC)Vrx8Y>4{Wm2"
+    "k8k$G1+*theO0jx6$8iINz{w61Qh*hhBU8GWgkKnC+11jD*2pCi#bhOoWX|A)CZ?UEcvk^}*e01xA3MjFE-ENk9d_wJnj|G#imL=-fS$eP~S"
+    "H~V3$X1X#X+|76Z3O(d-69Yld(Xp}z%zH^JLb{uK-gx1E2Y>+Q^6GVt17YnW2rWpn_n9meJk*<S7x)kykFg0ir4EtZ2KDV$Wq*%r_1;=kUVz"
+    "kaMl9`tM+HcLxq?UJd6VP7mlKMd{5H%p)80#~U3mUH_csYXOrT{T96I)vytlhWvRTFc##kfe6L~{<Pku|uGHSbMyqmnMJz&X3T_+g6+QNH8m"
+    ">V8IJSdFa*{+g!$&F|Bjs#RG-=2mc?J^}{dN?Nq1`_aljj=T@j6f0EfpyB8X_HOMHFRV1l*UJhZ{hkY9yh{$uZ+_1l1Ze+#U=q4iQzO>0!iE"
+    "Rz7qpA+nX)|W8iL(t5kvK1vx}U3AAglr^pbr8ty*qK+}Kqe5=;rc(PxOAR+3C>+k}ox95Sra9u#j06FihJQHOw&PDcO8f_V-tJ{|Vv0U6Y1l"
+    "KgYicqk)g0<1*?L?Fuci)%?)56<wQY?v^z7QneYZ|n1UHvugNg95+sLh2HHS@P`R>L;z?*d?|<o`2i%eSO9`k1S&)=o=Zb13ep;RW2kpE7ne"
+    "7MJbn`SOlXLDk4v>G;Nc9{K9jcqYnYF2x>mOtjaIO-bsx{-&zk?0iOegMV7-oNl(1#@-fgVhq6813?C3!oZ;vI+tsV?*>s=?82?u!kGBWaRq"
+    "7-<6+&=d?ceXOAu6hMBUrYPOfRJWDioUj<tDM=$WOTkz**4ZOg#Euku<uGA!@vj#8YH)E!LumzPW>Hl5J+q1u@Us^?tz?;sD*=4<tSet?WE`"
+    "tWwb{}>y_xmwXwl{S)uR>i0+nF}(*LZb<qC0VU26{h_@6EgZlE^Uw7-gG1ec4rq51e<0?wt_mjsn}hN#!?1SA;^6wini%!giea~{gy6|8r0h"
+    "@<)j=rgFTeUG-I$hA{!sV^s?XjO?KQKB9~E)Be5CZeH9qxnXa=a$Nz2|1h;T7JML^!iS`}stFXUy@NV|2iSwMEFD(K87xp{>g^X^et($xLlC"
+    "czSEnE2@(YgAp$??uEAD9I!v^<%p6UrbGiA)H{5#aiURCD28XaaP(cqm$We;%O~5fy_Rb!R(wB8_j+_B~m7BY-ko01uIYJB$(0uwxh{prJ?_"
+    "2ZgOqmED47k!VRi+2E#j*L`s@wU9ZFw@1iH5??-j9YLzZJ;nPa=VH~2mCm<umpmP&jLQ!h?o2|9+Pyvi0JhhL?ZDmu^As$`C$FNXeV3qI5T@"
+    "yF6!35R1YY{iN+H`hbt)lu;9zjH0q_ZwAOwd(KoK-icQA1Z`#_1rhn|sR=1Fo&+--MSh15uP)kZs4Hmf}_$yu_0X@GVUYfAa5!`FCRp?m5m("
+    "6l(HN|}_aVGCG(6B)w=%Q!%g*<*CbB6PV~CG4sSMb;fGPsY@fZ(`rA_MOqePU?+4S(eU@+p>%$+L?}GbJC=W)C&9XA4p4qaO#;x65Vs^>ow7"
+    "BG+lZX2BqB>xLxYbUYC*-%#OtNUN8mWSwD+?hGKlBz2{NKSFL{-Pd4JJyEy}Hj~XB2O?A!DXaLdYzMMXkcBbL<MvtDG6#^QTCqX2g&A=8_Cy"
+    "7JLoiVWmzK@mhsj1s*?BUwnr{)c@JNW5%wE>aO_N$;sv{<?eTOwaV(!n%XXC-q1fH=um>je^v(b1P_M-fNZD8OtJlU05m{128NDjfJo&$i$Z"
+    "Vv^Y9hG=3^tA#?lYgVS#&89*O5>Dt+ww1EPO}G2pQH0Y^G4CIL4fei0ZP{byezBL8G~r_=e*;X@j<nY(PBCE}j5#F8aT2fyu+JFLeO1w-Mwq"
+    "D?b>iW*a*$R73pv3E>52s89KUX_-C^~|@CD@Ji>T%l{KVr|^;#>9C=}o~VyxH;TS01PLz}8lN^gll@Ud)A0=(?w;K(daANc?>hhf`W)KLpNv"
+    "$3-HNz4tQG}=*&IC=T*G4(%OU2qp&Co4_EjO-S?Z>l+5S~RHjc<5KiKUvkwBv>PSB6!N%;v}Wd0Ux-S)PbQGgfg=?|5WGQ=~a#g4TLHSrH`6"
+    ")LpnFfvYZE}+Xi%t>?)|#ILM24cHb3bBOeq$ZI9yp7&L5@0<7?HmBibFl3X})1Q*c(BBZgD4HZK{0?>_YvigN{F8-3XYWf2j!yYr^uuL^kwO"
+    "8m81D%GfvqEAPW(-|;c^l^6Jc3lL5`KO6?3$vR0#e0FhS?b>7}-!Z&j968QI?|?z{dIFDK`IfssRi!;UFr|a-csL#*jGLSq&CflU5?e71(9s"
+    "c3-2j=#Oee{P3{L()#I((RS6oM!nEwpQNKmJaStBU#_=}&fQM!c5eXemVls{Rpe=O#7`v}vz0{m1F9re?c5HX=JFAZZ063h2(G|#B`+I~4L="
+    "BmDM9I3DSw}VjdsD-EJ4GW;XU)IPSHxsnMppwdOmNj0Tsk1#l+jED59I?RTIy{356bkt-I)cnh1|Q@ZXEz`784N9y{y{lLc^fq-(jc1x&h(C"
+    "xDijz|4+(c{`2{UK1ilX2*Iej%&4w6@MnjAIk`OkFgs5PnBu$q(B|{3WJrl9f5NlJIr<nqArbcJRGIYvi&tOWQV&#1_IjwU56^lNbuq&-F?C"
+    "~Z8O3hSwGDFA0G=(!WPwWma|d6<X6WQ<=k(Q=5kRPm*kIclaoLkJ`QAF#iu<eq{-5B?~3^1@l3HpxLSBUU^V$}5M!n1)MA&7kYgc)P}#X;#p"
+    "d2+iF%xDqv{Hn`@5@THK!1{lMt^>7z4=`+&F_p2Dr{YU14#JPV&aMC8VZ_U4-fbD7U4tO*IS~Nm$6(4uKo0@tao(RYsz9X%oAhUP2MvcI*SQ"
+    "G83qr&Fk6DY_zldD8jQ&x=5l(1xQS#&y<dGK_9G!Io&13S;^`St6w@Yu0a3Cv?urW>07l10H<lz0f_&uMdyOB_(c-`R`@MX*A;LNi(?DE*|_"
+    "r#wou!x&bvX7CR}%?1`Gm6taO3?r~12|<&s2UH?f>3yCVC^Cm+Qnwi=tN{6ogxM8@TC6piRL-Pm2gnQ`c{NJGz@%PL9f!TB_py>gZb{BYqif"
+    "~`7>I5zj!kWj(s0Jh&=g>PXJ0Orm%35cFn*|i{P%ToM&hT7Nf(W%PVQ;9Szl2h+=Uu>>T1K~kV1R)!sR}R3^MrxD2ZrU3V$4*R)U{(&1u?K7"
+    "~#y(XDC?8JnsASzpUn;w<gYfHuGng``rRwdo5pZ2EMX|0%9=S1i8@6>4g*)t%vwEUgPRDrCmTwdHt;dr&4YiVxQ5SQN)HKya0B^@K#*7|}C8"
+    "MkKk$oI^4Y9Dw?4e;Jb>FN3lr?ahuNabH&+p1PVR>%f{uNid!Px>7ED{;Pd-P+VU4Sy&(<kUVS<*y|v$w^UJatq=NVpnXsSEL&GL}EwfSuw="
+    "_TJg^cM0>usewW5e|P&SbZvQyj@tp|n!HFC1<F4hn?gDrJLjcC(!cuv3D6Fvb<n#{ySG27-uh4)WBHR)U3WX$ogt@2kvDl~pMnQUbMrZ()`7"
+    "Xb28du;CvrCni?42|4)qHy)cxec>fVE=;K8#A)*5U<^df`Ub6D8s>G-5}Qlsx|cELm5Rw?meb$FrHSt5`1E9nHK&)fd^SAG+AqO-4A?lVsau"
+    "2V&1duAh!M_z|etmHr1sY;Xvs3!4^!J{F8ZrzoMKxiL54PpWQq)qwm&moJmxj6rGx3|w~A<#!N6VIT|3(Cg5ieem24YD7zr0WP`zp_vfHYNs"
+    "6D%d$_76AG<2BqY{TZxs=)oDYdENY@<!QT-cJ4<~8vxm=0Y&U4|#-p^m%!%J=a43CfvYXdiTp%ittV)>4O9YPHzp$w@=ZOlotm9zU(@slGki"
+    "74HuvWf6Z`=5TV0JdCWE+|&LG93Dc>hR?2_r6|<#;%L#pk5Y5f>LlMRJ-U0vBa=uETi`QXWG8NzXC}Lv3eg=|J1RpJ}#Ci@A?FN^f_g3SeDD"
+    "^gRXPBx_O5AlQEoZbB~SYMmnLm|Sk&Tx8krw85368Kw&H7ex8l>c4ZAU6Lgai-Inn>-yLl`V#_da|levMc0u%!WD%SYpnr9)rTZ1)P(svRQJ"
+    "j5%*?!FQWJ`^%L%ML6gmBq84(mKb_HiU*H(>j(NqQyQ3O@G{iu)Uod@7_*p(SjFFjd-s1AG;$9_U$UX>bKOB=CRb<uOo;;2V&cC}~G+ZC^P@"
+    "u4?=pK`_p76?%O5|zMC0Nh0<pQx|sZa}Jhm+)K*h7DNun~cshpR=?-%25ps5o7_lv8U@ETSSyCo5(qTv%^NH^g?|Gd&#`N<Idt?53(VX34!+"
+    "w;*(e3QC8qv0*tW7UtYlo7zVvNdL%GucJos}P*mT3B_TPP=nd`Rx;c<KqQQ|!8v?-s3zOY_ro7#8fV8C3I3f^YOakc@JxRF%N7(?PX?t~Tx^"
+    "}t#n?$8{xbzWy>#MT~Ta`nO(`xB<ndRkbIovrR*l>#atW?hBoE(68O4Ed0t&{R!aTmfhi=x1T7vpt>IQ{nyt1o9#ATJy7M0HVe@SBpeM=es^"
+    "Xt+T!Azt$2`_uBz`3Zpv9DPp|dzKydT<G@SSjf}mfgmVFH&#7Is3Nv2=OHkpb!4mRW_vZ#04xB|R__zr%9C1cQ{gxcW0%gpaS)2uHU9~lds-"
+    "4DnQ)qc!JLvdMNnPoh_~Ba+LEQi4Qv>!!8noQ?4#l&T{1i4skgR=bJYpErjy>^n9NKJOqcZ-*y?Opoyrzf=D8T+6rsddGQ83<IonO<BE~4VY"
+    "-x8(oodC2bH<XoXYkJP9~Q$D<jI^%QppD+aXeOgB?7Oj%%gEk?Z9BW6;#H!jM26Z`sj1HBPl4r?jFUB0o)P1V`Sx9ud;@xRUPPQaU}X^9IlL"
+    "n8J&DdH?pX+D4l#t!`kJkx&K&OV^3RJ_J$5;<ol{n#LGIUnKDb`m8X<Fa`CqBNKRT$JuN=Q@U}gzt&!d33&o2p9nz<>@*|!^ws)`@f(gz8$v"
+    "=<_@Rr2M6syMN!^!;XtBX_VdCCK)gGUK%%SU`5z3b>U&LD(FS5UW}A|_BCanc-f>g`mcmI(4;IbW73B-e|y^0l4kku;C)6s3ZgM3Jiqt7R#5"
+    "6z6|{^ICDwVkfV{J1rAhyY|Gen%bB&kq+b*BCW9;d@i|nq5Ze&86fs|uMgR8w|~w<t2P~afwS$*_U1<u+cLW(-ls&UkG&QRTD!Ht_^AtdZqO"
+    "0W{f#(tY$(n2#$kjNE*&(Q{<gan2PQ=05+l&rY*9%`#r6+@hFRJKgNuA6xfM+1y!>z#itl0@UZ#9<`jB6qa4Y4zG1WVdQ;TdOMf>c;&zPev^"
+    "${Cfl-!Dhfmj0sM}vknOMi>=PptLa11*LgiDlAE8itXE(xjuv&|%sWY)Z2w)qXiZ=1c?F9~vSN%~O^6J08)J%1Dd+1?OYt>%rx1XU9e@s+re"
+    "7w1I^GQ$snRPRTigK0@?-)Dlp9FFctpo%Z2rK2zHxoDNNN*I4K=gG1<fG^p7hW5V>eBWU6g5;5)eicZpPR`dwxpSw2W|0v+1w1HTTwb<D>*x"
+    "#l3=j9m&H-e6n`S}BqH;w)5{<egSp^x(9%_JH$Yn@ks-UX;~T89_l9^voch?Z_32w8I?Af&oc!gBb4$!-`NEGP#*H5l6L8ttl^YAuQ9GBzv3"
+    "Kc7l)`FK0quhU@vZ_alR5NGt%rx)<-_SP~&4dTl#VDAb}CY>pcIL^P>fsoyCNU{WSrP3(|cB$HRG5eS7Q?+4>ht7OzzXE%0m%_0xLJV`u%u@"
+    "wT)J?T+a$9-|AQhflAO>=1v42&?ng{1Wlk#sVKb<7tTy?qwTzQsAYmCt@)U&H_%76sX6`FwYXaDNXb~JRLF%fYg7AltsqMV&+8YKU-Ren!3b"
+    "|v6Z<2f=B3D!m@xp+B*9YUlG)npcw@KJakq;$J?XfAzxN3z@NW84<XCP-L}Pd5T;5|j!rI=+Zum;w27aYZ*}@+{Golcn!a{GD^B4Bb`^SzrR"
+    "DS+qmJLhvFEol3*wFoR`=IPp9^q)->%38YxJ%G3V#CnF*;r*a(Nu^=BZQO{~jGpDR6MLR|M@D|#zQV1Ul0|^p7(B6NZrmg_cwrkWi?Yt|j(<"
+    "!QA+-QqxzfkUjZS*6!)N7|<G6tVh#n80Nr=1A^idG5|@gS^OvOKcJdS)*>C860e<fJa#w1$K+ZrrSgsU(h%yZ052N+3NP6Bb?O@2l!jxYWhf"
+    "-C)a`rQk#DpQNr9s`HtWBv42y-*jQvU9tV7k*BzNBQFK>K38K^cOvc1R+GpNhRzP~<=KhmJVq36n*F&ue@@af>HS|73WAtY`Q7O?6&%_6$dm"
+    "kBqQ4VqHHVa0_H=1H1>vzS|Fp*?Pk+1cuS8JsAuURKf?V+&<@{ZR{E&ShFv5d0$*BEyM4!biSTNJ#PvNF<v6`rEfJC$DbKQjx1vC7>#sJBbh"
+    "e*0vz_guFg|a2YPzZYAgj`c-UhW1^P{qA#>TuLHVuiHjZC77}eN?<^_nFc&M&$hz!$|Bp(7HUfaE9Se!Lq|I3+~mm4CIZ?4ia%Kmh(R}!@PA"
+    "nP`|Sme(W8qkHY4R9X%gdD*(|UuX9l@EDYzh3*EAiUS^NxRqA%q*fv#Zw~lfRXx|aRlt7OMUjON2aUgd|{7;s+K%qKl;!Y3^n+jm@t1Ibq$8"
+    "J&oT~u8*DL)C90epg^3emqh%DUFBJRr>|&LSyv4E&hCKcf0H39`f(kgz7ou7|g<-~P$ay8FWZN}^Towe3#u$lgkFLY>EI#7Dox<{;-E?ubAs"
+    "i6UnyHQ*AA&Uy`~+isWbxod506*f;@n%du`NVP~^o-0`W3sW?78)lk0GUsT56l+D7A?%qi=gU=ekQQ>aTU}UmXmZ|nz;*%1t8>ndig4M^bWj"
+    "RC3V|>o3$;TU8XRhh%tYjH<2t8N^R=CrAs751syOiY3mWM7RtA3KzNdOHiDo^!dBu&UzNcC*mNiXyc1!n`!4^8o^^BArP07brNRB#3Z4o8Yj"
+    "a3+(ibsf`&vdv5nAY-ZL<V)biTS=HXM5nmbiRMtrwfiD5=WUiif**66x7CbHPtXg4#t2BdPhE~)no??Kc^v1)ZWXvIJONa<-4VC4DmHUH;ZQ"
+    "?#0snW=T`!}{uKOP=MRaV_%J4JaB>L6UF#w11Xu{it&zCFEEor$%Nz&~3{@Su+o^Stt29-*;p9|i79<*T-Q%v_3}S4ldZf#A0$Kl`$on97DJ"
+    "tmhkqLbfs)v8GR&b3?Rmv1_hrOq^*GU}?g3;8Q={QRxS_oDQp}fYS&HVdw1D`uk48@g^sLD;rw#|tPseHws(CupHBHkcNlStVUc`l%2JIA~>"
+    "4{d^*aCdbf$wxCTG`#7FmCxR4b~%;Kg#>Eq;j(XVRf9^dLe5bKd{X~g*emOLxs|xiMCZ^8M`O$pZEFc|6jn-;J`KrJ+>(&hP|)CL2d>MEv{f"
+    "`?O`+-_R5bxC83fv{b(y#YqZX-IR5>+(z%VjEfEZh_ci4B`B}Pd!t>&gDNB?V@3w$>!;$#n!bs%+)Y0FmAXXmg=I6;zbU7_l5^qaK5`Y~SY1"
+    "FYeb>*P}p#tJO^tk2|FDV>&tA@IplOe;~@5G;C^Pd{;#?a)trLR|i{+8Ai0yf*^&c~UECW7NRFRzFXgWfJ5qQ1WZ170a%jNC4#G&2G)7ql4M"
+    "0fWpypwd3iw#S^=Zcnw#QV`4}-yvhLkaRIJ%GEWh!bJ5M5H$_~etHidTcRUQU^rXY}(Ag-F<U+&K44?O(v0@rof(5D{+8J{3_ata5rT?eW?t"
+    "vj<*Qp3;FpYHgunxKDz8cQdP{AB(<)T9*>Nv>DB=zH0qeNzPzAaETxBU2^I<O0)LdfPEf3ylZM4H-Nf65F<<8OL*fa~V3Dk>HI;p0@2E#@zw"
+    "0+$1E@e_}8sqUR<u6&BHTlcGw&VUO5RcEIwRRV(;iX0SLmbQ0J+HtuV3RI!D#H{f%_=}A$UU*zeai9>Odj!E9i1BHjSzR|NZ$xtWP9YJ>=j%"
+    "0M?c8+C;%T$Z033mxX|_4QM{}Gcq3NI;L*`J40yE<hlcZP{x0-$&p}ID#_N>#=*8AKl(r-_3BD#DL+Uvw6$eXm4Mbt&+CS2EEU+71KgfH7z!"
+    "0wBxNI)w`FgfnA!Z*XdDpX>ZVBb8o_jd9kz;luU#ft{Z4=L5HI&}{f=#EZl<T8aLe_tr~^<?8)vv_GR*eyt(J}ifCc*1hF&*szNyvsu(i8a<"
+    "&AsdN3f(+zZGEg#eS_;z%Zk-?)-l62fJO1?PWCh})2@p6^tu2_8o`l{*3^#Fb^n$UXhR=oqYb2V5YTiNdC`d1Vp{T#L3<RuqZ82KuZ_nxw*="
+    "vmwIP)6*i5F-$y0d8<s?=h3*;-P^k^W!{Ll_t58xB~SF!7x8mCQqhKtyMKitwYESg8CqhLeml?YNV~Mhe;-sOKNu;hSP6ORP*15m?yga($P0"
+    "9j#C?OUq>gALVu<w<j98qZYZfKpWU~;M9KBrp&QanLx$cgQa7_D3GrSUPRl|>*1XQ4A!9$2(AaF*DQqYdR}BVJUH}XP0s@$Qz<byRaXKx30V"
+    "+HZ&>SDR>|}qCg>I2g0<nMR(`vUV_ngkSAAh`n!@RP0dN%6gI9qp^z{rZ?LlM80cG~Me%RT52!MWDG~sejb~bN-`u3&{c{ie3i894`r+4LAL"
+    "1i%xVkRU{F~tY(XJBgOBIvt=sah~iHP7y_9q_~(e_0e>Wlv)B_JDSK+GWj3f@^!_AEGX>CBlXeBJ%EL5yVR2A(N(uzo$_czO^b?J96jn9qL?"
+    "%uF$=213N-Yx|;`J>CK$W$3ku9<;b6^(U!|}S3bf2&XpdMkC8s<45s8O{ipP2v0Kw#51FUNz_1fdj`mKIM2opTiAxma5r2k>1~p)%5xl1nI2"
+    "i8DQ3@cguPXgCskoCLiQY;M1KVD?V*9)|TZwe)>nv&@eO<CjEy5W>=(%2sc|P`S2N0pz*W~jH!22>_qwng9waRpeFIIjL$lDm9-K0DeQGM}F"
+    "da4TLs0lj?4Z?3vNibned$nf9Ng(T@Dp#0V0Bo{^>=*f)*E6-FayM<1H;b05J&}ggg#&%c(v{D~tIMU@jxlf9^YYCfIkLR~7pps4v9_RZD2C"
+    "YERLkb62VPavbS?TfHoLk(vbwAL^l?)}2A?uWJLW>`ccqFf&FQ3>!{U{#x<r?(Y7E|sIGxd_x=KxU(r(i%I-K}~6k4c`H$#ilP_Pvq;GJ`ZJ"
+    "-oCWggx8^C;wQ7kwor0yRtkoIw|8dviVBxx8<_@PRv0I6*SE{*$3Xk6*;H`yV4PXK&(7eTjmp>aF(E_J4lH>^?nHKR1Sl5^cSIAz8I|;gDC-"
+    "fSva+8RSYE3?xuv;mI^cZvD#>FRiX**21|ufJ4+fEl!p3aXc=&dzxY(+dg3lX`c-W<To<YOw98M1A|iYVjwmCvo{vqiS?GV_WWTG(z>nZMJN"
+    "83s_2;rB&NlX5uaBaLU|g&cTcR)RLwwe)`X!|60|0DcS=zZyIAj5^#d*gFtS^OfOPg*MgzO_JN+NNHFJ?P<Zdsbq_WF(hmeF}5jBq=bp>1Lt"
+    "DYuSdd<cUhpJvY%gl9d~d;{`_9xvb~t+m^~Q}B+(GOfjS1{16g9QL2B_Ao{BTs0Z6KMQN0M9EP@2Dt>&=|SqXSiNAD;X7e~6+|RGAsY(S{?%"
+    "tk)%Os~*R~z=08dT0+{syK`+==5stX9Eu(mEPQvl1}CY8QOF{iy}C^*_G;t|qH_z?^W`q&`PvXBZMb9Vv9DS?B>h`05B#r>k+f58R{A_h5BW"
+    "PbAgN8=_cbtjS=2cX3(xYew!Dfv+Xza(L5T<~2-xig5k%+>t79O^ZKX~=J4z$QcJD^*20qD4-PfUfq)dc{ckU=^9POHL8-CKqZ%K`qK1_F|U"
+    "YJT;x#<S<qD4CJ4?kPm#!BFw$SK<9zj4#BOLc31S$gxyjjTXnUopO)^tM5H9j=dBwl+$;MnZdW_o*|Skmx@v@?ByWb6b41BtxmXE9asof{9;"
+    "$GT+CB|Iv*IV<?jK?qx_BHpGL)`ZpimnqkV=nU^&4ml<FToXS5Y*b@G3%6dF=VkRjf5uC3{5gS5XPaVAl)CCScw$N<k^zF3e-ct%oI#Y>CK}"
+    "_Ep%obSF4SIDRED@Ao@;RMo9Y;Qhx`9?HTVUh7dlm7;Zafc{-qF}wL(SApQ~RV}XoU3n;n+H02bLxNW5@?7_Z()ZHFlJZj_0n|25sG^_DvWf"
+    "d_)Gn#!Gp$TMB$anS3O&6AQ*qflxUjoai4F%VTOv*=l|M9FFwB+KqqiQ}#=g6Sf!(l(A#5%*N{dVNzVbDZtfHHLQ2sp7L&vEC=VVI_2Dp4he"
+    "lE}S8(oyXO&zodFiy6^%sm*vKaxp}qa-(3@&FGilq*Oz2tYnLWKoJ@NyDiC`2w=}Q|!{^g$XV=+T9A3nru<R(C2#M-|7g3x<WY|v@4r2i@Og"
+    "9QCuq0+cS8Tx`fI9?D2&Ty=V|brYr=bVv=t0sGWZh2Fs4XUP}g0KLKP{<jc9$NV0k!G}X5w(7U$wzSl$^lJFSPHa$5RNff<5We&@UG+_HAfO"
+    "opX-Tii#er%k8r{OsnfOLOxXFxwWLc^0nD`!>%CAH0)mw{U5Wm!dg)1;3wkv%CAp-20ADz>*VSP%8)Iw$0u4nv@TsGI(wXX5nM$_HaZ1ga^!"
+    "7c^k}DeA544T$MzNsKMM0}E2^QlMIZw$R8`Khs^!7Aus%9m3vTT{jNlE-+S5#vaDMuASse9*S-N&akgij*~<$1KW*frDLU<6eKtePrXv8MoM"
+    "mP^yp==AXj@KID=K)HSqkljPdDH{k2ZwAESD}cV=PK5L;l{SBNuV-OZscH193YK9pVM{r(zUQH6WR_6`PwR;KZGbh>ps;HbcX6m#`+^Bgkt%"
+    "-K+?u8{AHvG$oTH%8m;MRn*)Sr$6KqU!*I<{eGpbJ0n4M-L`5l0bLo@k&KIUPUFjNG8z(0ykD89}R6r%b5;$$eq2tx=R%r$ctrfy;VWd?&(u"
+    "0ja_ZqK-%@`4Qui!H;Ku+x!qSIdGF}mrYdrbY>3f@qsmPU31%cxiQl{rXy4%T^J=I?siMU>!}Yziq5e>?1P9b!>JQZf>ms#Vq|&pzB%zk6qS"
+    "`VIErC6Bx07@1gUZf417ZE9-Q82Muwjw-^r1DkE%!ozZ!`?Ju@?j<N0{t3JMz(^2+iSY8(&ck&->752&TSm=lWq!nf=J|@G)l;9zq>dbzo4f"
+    "8X_w>9u`_a+7ZM?I)QC=$&*%da+dB)w_33m@V3Vr@VMMeW7~q=Kt?d`8>2zA!S`;YtCN^wQxn{GYXT~Um|oPmc1#2oh4@mwl(ETUEcW3Yv7x"
+    "&|G&W~!QpNNuxhM`9I>AY@<509?u-&_=<kD@`3<<xpTjoX1X~Whby$U=ecf&XwU}{m++m1=4HLoPWJshm3WUX0|2-1M91acrQVXY;*X7)5Yf"
+    "nW$ZHSXIcFb&Q>4B>6fb=$GROwaLz*y-{ZVJ#@JiH7io(H;bqQGn2g@(i0%)N#L^+ff^Iw-A0yI8gtQ1#|~Hv`|SjQ)%|NQ}RUl2{-{U=9+D"
+    "^S}lA?n_UY#FEIOb<a@kzn0bp^TI|>lf~8Wrb!mqIY2itTDNP517{WkMwu&fZCa5!a0|OkRV*w}8>uN$XG_vwRj3Dk<sI*&fF~5Uu=g_Ty;V"
+    "76-!w@Ps&AZiP;2;Cwx=b8RV=DX=-LJG;ra9V~zp7)4V*kXv0O)JEp!eY-@y80$w4IE|BaOJ5<Om^e?2?%``Kx#Yu|tCk<0u;R0{PD1IzRws"
+    "Byy}z(f-5lvFevt(0v<lnBO9`7<^T9WKQ)Vi=Px`*NN%IFxZOi>{VzKca&^bnP!~hda9`>W3Wmt9*ms8a?F4^P)3b%VRsowAf@<<5(2L}Ms4"
+    "2#-5gzgS|--^##iE*i^j^dgru~<oEL%2VA9*E9U0->9D(E6YB8_Jg-!YxfKQu#4tTkaYB-r$uBs)kJyLzw<fDp!cuN%*+@s5osn9%gPO`NBQ"
+    "^aN0@qC76a`M?zh2%s&J)lSG#X+MWfjco**A0b0iD#>dn_Pe%-3-UNJKI)-B&UesZl@yAdn&V72%|t3?+~Zk)9(52%c_?R>H^VHH}|9RIZz9"
+    "U)Et@hs#Vo#X5ty8?{&UA6stKF&o`MM%W_$&KT}7jE5ySjkPuzpI7CmrFAv%3Jy}JQE$43h+aR<$4nF&RtC-Rw^jN2ISLsGfF27m^a<=JcJb"
+    "ss0hH^t+OTwa|zvoC?N2wlGZsJ02j8GF`4?cQjILY*+ZzDL1huazqVD5Ns$lm8X40k`x93&X_x9#S3Ncbp};_%_kMFfH@SeBeg_sd*LllwKQ"
+    ")fA+n!VwDkVD?U*uJ%sXC<^+7S#DCSdQO*M7YSwgK^cw(<l-k@sSqu5w@@vqi~Km|Kxuf@T6=?5BXyQ$tBB4y{P>Fhqvybl?(PS}(Z}CPpy&"
+    "mM5BaL2U5NTP-kGpGuVyVtJ^_2jbxlHdd%sP;KgA3s{?o3@tutH--G29n{RQs5+hkVBAH#o-qQCwzaQ^5_pVjpegQR;|EKKtZDbpfrJiN_w6"
+    "}JZBj%bF*NAwBbB6*y1nC8$gpDlYd9h3s>gquV>gm24N!z)2v`f$bZf#owV!5@drN3=jrVb0~1j2An3wSV>*WDbO%?5vz>$|hAO8Gr9+#XPG"
+    "C$I7SDilBlJ2AUG(!}rFQ2^tS{gn@;tM1r*=O0u(;HK`+o^ha~>KqT`VHa+oYsUpu;`w?5PNN-AQrY%hUD9Rp0{Rh89g5|biRyMtWpXrc;W{"
+    "!bcQJj`r2S_!L*rjb|IUVu2v~=Q>+PlvcJg9F$rH~ygIS!RCC%ImvNa5C;+a)_g>*^;VX=k-;wGW#{Zzxb_Eptys{St!ri{mqj_7rNXaf4A&"
+    "fX!PrZocAcfXkzuL%DO}n<aXQMs1EyASa(-yNWVMGBuKQ5XTGcL3svdo48Fbw@r9s%}X>@aoqyTXp6)ncUM^L8j|}vg6_1TsE0=RF1L5Jk66"
+    "OtQw-Ny!{~7$$JU*p1iO~U<$ku3ZbMG`y6qR-nl6@W*k>P)GH$n0@xX;ambKiD5Z-;i)f)ku1|*Qk;}=_A(O72Ck%za;#c7<6xHh(G(Im8`t"
+    "a<Rd>@O>JR;&lNN05Lk`hKh18C%YUbF(|b(d~=dN*;5MJf-t?7n)d7zSNVzj@VukA1ty-V)9n*jYZsCa=(c<pGg!_WX3Yy$tG00tyaE*SO8a"
+    "&-r%Cm8((T&5Nvxca-j+<>o(|N<xL<9CdVjWZnM?BuDOkZ2jCxiad$<4KMCf7?E=@qv$Z0+^M%%qc8QN25)>SLT`lzvMVZUDeTIphkw<d55D"
+    "t;)8DW7x$NuOooe$!RWNfZj=c5CZ8iC&>WO<B8*)f8POxck<0RluB#c5EB$F|Zr=Z77)p^0Th5^W(N%<)I_+4nIOME+ae5AW}Ty~ZZOq>~km"
+    "Bg#*(W)4thN#wt+)PSc>8dVd<zAJ@xl^~xrC>AEy79)3;+#mbN>8C>^;ZoBN>L+0Gg(Yoo#BvYUIcsNLhMh-qYyYp|K(VI+mQNn-f4U@Q0bX"
+    "zC#5A<v9wC7mT-*X6(W8?#1gxa@gV;G|3)|O#=)kN-C?5KeYoq~fEBu5NGLS{ewr9#pZ3fGLyC<+alQ?l-jO_WElmwrUS_Gj-=%ct!HtZ_mK"
+    "AuDiPJi_nSdpTY<|@0?IAUWxmgr!oxk%o*^e%;5B?K&editRdw=k1>O*eLeJea6iMG|w{rno+En&G#g#BzzH^Wz?n7f?I(<X7CSf){i!2l4q"
+    "JCixWVO(Ec>vHK1Pf;zwiF=M7}hr2ziW4+IpOAI-*(~*BpIJs~yxs}*js48vj?;*fT?o67(<9WXXw2J^W{FNkTz7<vuC~#l~Do<EJ%-^`Bw3"
+    "~*fQGYv}<`k;znSBN4{xj^BV3L%>u!BQRC<X(_VJk7;F`YW*)}_s|WTJVNpnwB_ei;Vxgsr$c+o}{dbeA-cUBzwLNOQO75Fe$_?Kq%u1>rZl"
+    "@fnx~)*@)sZ^Nj729yQC-Q}2P_*dLhnajg|&0@<cU3f9AqiEKssoU7`8ZrNs#N1)KhYBh7dE)@}?8ZKJV2*rD!G5FI$EIeUM?AdNa(?{%=wx"
+    "wR;}e~mGFmY@iac$9DF=*A2PbhR_J`0x2bvF-64XqX<+U?5P(FxLE|y;79h5wR_Hfue!N%J^6Mr-p@ZdA9$pQ=!$>WXRU~7sWUU-@p#J-uP0"
+    "Ebe_tO-1o8t|=R_}b#kb~`6D*zGgrGC|B&ypg_M=wQX7Z=MezTTq+h`|T;;EsPeN&V{@Ssi@%iLR}oEnd8ElXAIKYnV+jwg69~0&DraY>c7y"
+    "%CeH;y&mJyrH3}k4Y2HH9%PhT6e4vFi`=>)}^%IeZQoKQ3vu(dAF3BBn{!-C1Elqq>y@&lu(v&`ay1W`Zg*GKeNQ#94A4V;78bk-uM0xRx7D"
+    "K7rdEDL#Q}|5mqN1v;6H8lM_aRnEK$Qr7DNdnK-ty?}=;hk^aP>g$_-Bv<_PK9^Ti84rH)@4hj6mXZW1pp83ZB%-P-S<!NGb5lyZlo&y&Qc^"
+    "@JFF#!>dK`iBh_0$6rz|SgQx^?{2Y#)v+%)3wL(7oU1PnCO>?Ngb}D6H0WCN1vjUjVx8r{K<X;cp|$7_-K&|UTzv&)rpyI*TkaZBx^J#qSv0"
+    "w+)_t73&&W#0hOn#KO7=I>YjmI75<M!~@OQL4<7oLt;3n?vR8dz}#%M=ze>6Rkv-P|6@N;x{FPpRM8Ht9`mj6n-D|;<Zf7EudLp7rU9Sn_V2"
+    "0DJ3Eq&}V4}G+b7tOtS`dXs15d<grEx6AjqbaCM>aF%STncuN`?PF(bv1PV8|5*I1h`0&JW?qG03aG93<IBIh9>Lk0l(pTf{N(S(yxQMe#=C"
+    "w4aEjzE#C5>W6@<XL5Jm&TYs%0=`HiagIfwN4Ey~4*GDV^wsfwmbaN}=UH#O$E=h0%zddhti%UaP*(HCzb1YWm_7yjNvl#a5@CK+vuZL@gz("
+    "@+BU1F<0ELg?Z6?E*gJ<<r;+TD}lgauZ+mrpw}v9$PMplEY8@jUvruE(<mqU_??qP%IBVpa7NcmN4je}t>FCtG)%UEEas6Btz^mS!HMuIrCK"
+    "`ayt@g$HhHjf!p3n2k;<*VcnJEPY&Nc@JB$^-Zp3-VzoPA~^LqJZ*3-RE@>*0e=8+<8=V=DQ#2d@tgZW@0o7`vYXrh_T4pRxejJVxmEmCqeC"
+    "@vpvCS6ah4cSPdfD!LZ8}8*vH4FXMz)YC4?#adgQzFwc^KOT(s)rqMZAno=l*g#3AkWD&$7j8ILIVr)JVa*761Vh7W?4qr2-@Wv&sh*mb1W^"
+    "JhCw9T|G|-8aoM9F{!L=R_CLF_ptln9PqVS6owXymKd@IkpmI!g{y25<7uA*=@jb8~y0Pxt!gFk}5&!L*T7sB!Sa7^qICjma9f?iAWt2S?gH"
+    "ngJg!%A%YNmE0&|ULbENj0eNqc5?-6t+h=HNAks$B8Ohi4_1G_OFj|1BOf@?9Wuw)qf52f3QA__`7d2s^ru3RU1^mct?;UHfX(UL3Aa_r!ny"
+    "~M+0h!22iLPXwfOFaSjfDtKOK70nEWHfmOhxJ!C8Jatbq>|T|4`DzEI`-4zDfUle)mC(k10=a_&ApU1o)hyj`@WHyl?&O8RX5ztpj*LfhH!u"
+    "(H`SCsK?tqT^)k9m9r+7OeJ|&QTjWv+OHqQcBBBNb#q78op%bBKMgK3#JkP!3N9Q7z%;ccB@tbV9}PF^J>KSA%_6btCwu!=-;y<VNQo5pfd?"
+    "s-^u0a;J*}=vT%6jE86Iu+(YKmG2H%r%EK{)L`CqPgw%Xh8>JCzx66I^jWO1uW6#}Wi_yapoht+BLn%O0*^D_v|&Mkl<myf+@<3sIK67yMxu"
+    "CjBL*z<}L9FteDM@|BaiS#7%Sjb@Ib%%l%lMc@#)vRu>petjV;tWw?Nrx~fxnl#tHlZ!`wQr#*XAgb#`?G&Kln7)61Z1Qdc1F)#Avf6IDsN$"
+    "PEwojaV2=tQIt8fWs73dvgiIDn65RBva|0WdqoJau@dUDB7@6S^_@8@^I@3Ui44$MdgVb2rwV-dAbw>pogmUA|7nzV`ZYt!tKpim1+6`D1ES"
+    "X`7Ooz4gq|IO7%;;{184g7)gH>LjxlEcw<8ZcZVA+!f$98ntrD*;u*R7dn>;rS#0@ZZY*O<;?I*7a9?ig;V>or*9Lh?3j2aY*Q_P7esEOF1t"
+    "jAYJkbv?9XR{Z@_dujfbSG#gJhg$6F<F=r?qVTr^9^Mk0q2;4Vk41E4I?Na5jyp}R)|m(IT$D&?sKA+m@3j@B9rUzHNp^Lf=wNjcQ@UK~kTN"
+    "mtD(Z)C->axW;gE6(-mi4kGg2D!Opq9}D)jf*<>@t~8qwX_(WPU94(++IcI6lxns6+mWXayWuqlVD7j=-gbCUH0`yn*=u%pr7K}&~AgML@&%"
+    "%B_7`<ZrRy#HhJFv9M%z_Fo0TR9+3<lwE3+kx&t5U#=h^ZlRo2mfFEgbM>F4$|@C>CYc)^gq4-ar*XG^`EJr$Dfl+IAs1)1FNT`A9Hj9{)60"
+    ")6>kGHU8L2OlP6R8ewq3|)kNJ6!(p78G4<cS92D{9x|gZS=3U>F^do_GVtyC@_CMDhM}i~J3Qo=NzT@_K5UKE_r#&?8?E7cNfAefY8tacYP7"
+    "WKs{mA=+uR+)KC)W+h<j8;9u5Qtl>FeH)_IgLZU5Ni((l90!hORQt5OEY3d1&X{rA(uEJm2J34~L@q(d+=`h!vA1)fnV+)Z1>y5D1;@?ZtU>"
+    "6+8{EX`UCqDc53Bke`1odo%vXNF&hF@^QGV8W#XX1g%w%wm|J~Y1e7xK+(Q<_dx_fYCAm?0~|FKSc^rbG&(H=L%%y#-Rd36wjzrAWtgH%dfM"
+    "_M)QT)l*m`B4q+J`D_h1WS8L8e?mR*pu((wDhG*_kJP2Pqz^~WNZ?>7J91B=@y<PIGiA%zAgZ%_s=-FP(F&k`jO$LXe7DSrW=mIsDtT_ZPf;"
+    "Uy?C$8KkF-GTd<s*)}k8A9zLTsN{6tz)Z3LwJk+Vk3&EFoErig7y{2&iq)Yk`$o!`TNH5GY%tz)fHOOwO0PI4VknLvfGs0+L)ZEu+ro+ZlgN"
+    "LV4byU6wW|wR5)NCT&4lK<sz~ow%YTT_(ZIXkd=DJTt$)Qa{B!t&A;pq3FE_hj}7k(?L@gSLbh!O&hjyCa<eAzV}j@(br&Fnt{@j%-^iqkJm"
+    "+z77wGC~LPQ>GfV-M*1Ck5-wqO2k66Y3JX8IIRPD7&_u&Jn}w+~9{td7A}WEe<*jaiwBwa2LsE^ERe-Qn|q6tHb2pxv6bNlaRMR3h$@Iu08y"
+    "4BXVHxmlVLJy168!WXDs7rR`eFTU5#sdN5xKsbL6@J+0Z&7L#%!e&p>p4*uII4J7BFcEm@14fr=E3`tJpGb>R4*xs?Y5-eyd)@otR#5z!44x"
+    "mzJPCu1f$N+1(NaQCw`re?Yiq|K<UKJL`3u!{NV!#9j*dc`oQo4>UPaOj4xetDs5xnwL*$Va`H(RC1CtY90PuiIUSYa96}+Lr2?ZTYxh?-+D"
+    "0zD@RDiTGL+a<26p*S5byESgTe3*~3xy{G4bj6fE<2v!(Ad|nw{a^HpWGZZ0Rha=r?r9UN2lwPBVEX^M7yW1i!1+i6gBu{*imD9ItaW=E|Y<"
+    "o*3|pE(5VpLhsp#k+y=cF0PvRQ40}!m8LkV`RN==V89-bf0VF>N{TZu+pF2NJLjIsN@<0tW40aQ}BgbSi%KZZCzi{jSanio8Yko!=m(h(mM!"
+    ">1CVdlyfMSDl2AADq5+&P$|u{jE1mxG5<61o_aI3b&t?gJ7G;iOFeJolc9=<DAR@)>R2{hBFY$LfltT(!#L^4a{tJ>79&wrPm=3ZM^Xxjp+q"
+    "m=$s}{1j9@+iF$-fpHq17}rI6G}IKJ8fAcSGS8%hn4f8$InNyI=E@9n#H*`q_Eat+u?M9j0^V}=u!cbm$W<^VqF(HPoPSM)1pICwF#gr8Ds$"
+    "Q^wXyqKZCip83)R;qyS`?9$ISSN*^uTWl)FDMN40_nK{$pgGy>5LyP2L#6I!W3N2lwWZ6gnn4PdTKml#5ay`O4>fsewXLP%Gjkr6<9vrBXw0"
+    "n~g+Oxj7aq%w%)g|e0kcm~|pn5=dJ+%FP&wuHZJUIXJ#3yE|pWuiNcyW8)WJ!~w8*)xoRfX|TIMtwNIFxs(@uD(tduk4iqPYF*ghW|*O%+%8"
+    "=viUvN<2g<|JRqfq$apbT>|cAIe|<K#f95OE^xsq{!PNiR+i_!&JOhm#$N-@154J)*xb41sBCYUii$#nVhLvzln-kR6>{PR0lp}C*?PDH6t`"
+    "8PzyXB;nQ^CCcKHGm>=uKtbxibz?FU-ymgb)lTn0sl4Ea%nBjuRge<fll}=fXq8?l)4$j54*LR(3tBD!YiNc%2fTUh5&I#Q3qOpH;XSmD?Zz"
+    "l!<uDi;1NLDZL1rl?MUggL{l3*I1t01g{jlmt;pY*ESxKt&DxO+F3BR#7)&ow_VN;&Kg{RK<Sz!Ifh7WG25$@1HpPtyf;Zk_BTj`$V_HTQQG"
+    "obAKOW|4e<~}pHN}dpoO;J(efWNAK^@cW;z(zVr~=tTNeO6nUljzhDVaaoe%%teW{Rj@kOyZQgG)0PkM(4dsRzME#!e2_hsp60lZ2m#93T@y"
+    "g7@?c=v@ny?YH+=8s?iy>2d)7Qr(xP$YM7KFR)BDsobMYfG<(k7b^L(fOshZr9+HlB~NG*0|}ryMng3xBzUp4-4jOD`XUSFf{upNqV%6GM?s"
+    "XdwfgwNX9@Ri9k15TT>H4FnAr!{IPEXwY4FkY#&K8D#$YB2Uz7Z|3+vN#%eIms6_DDRHy~PRbY91IZQ6B7WjgoDg6UImu#W3YpUYGv3QcD3R"
+    "y^u#XS+|#vp^BCEN2K(yjiqGCb%vtqy>RBk!2{ZFA$cy3`)J|Jwpsjt^{>k+9R)*Cn8^^OYjIP@SzeHHS1ENYORtv0Ug;5$)7_*A~6<-ZnXm"
+    "oum{sx9>dl>y5UxPvD^p5NoAkIMpur^AnGt4i5I!Hf!dTMkVO748Eg*Lr1K8UkP2o>~-}1fbpcT*9CL^fur^^%~ZyZhPc(GpVac&0O&a89uH"
+    "k)!SqD@Dsx9Ih;Cm-0Q;Y;-2jMzz+|ydfA*eT(I5-2vq$=Rxi^KN5ZwuC6=p^!TZ%_Sb-Z)eEcqm;?kN%@&ab>tbgkqOS1A#xSZih5(kmLU{"
+    "E{10d@f6{4d@V_v@Tw%NrM|CAS+-ZfrOM#8jyU#qo4s=(*h9RwaPpFI%o(e$GpH9^hsDyI7?yr@>KtR0eHlpHBzo=8loSATm-^SLd=-~nv7O"
+    "_ebLr|Fn8cK23nOp5b8=LBo$E4@~hfVS}@Crwli<lBR!E3%lerDBc!HdHNCpyG5mA@+r$WHM*s(%5NWp$>PV$`54mB60ZEJcx23BXlkh|9tp"
+    "p?;P~(P@|GupDb13t{tVFMQLErS|Qx!qamfhk}N0}BPhwtcaOvuF^oIBqf)sy5@^i3bbQQ1<oOssh*bk(X6gM7DRhk+;vyD)l|iM_XhzBV?4"
+    "$|xF5(NRTRKe48Hl^cs8R&27*A?WSlws!sW(<Kh<bkpgLkYZ~SxSNS}y5%vWgLW-10-mBh_G$!5_TflJG!#S+^(ca?hjZZ~A}`+8-gUC*UoF"
+    "w13pgHsg$1vyg1SYz{J&^y@c5u?{-SIeY$~fIThbBYcJRfYehH-R1W~HGh6kygIF5*y1+%h7`|Wm&jL{+As`?C+z;5DIlARk}t+;b>8uTz4P"
+    "oSYbw7OOpQwhs75F91T_e4H-RU+cdbJ1pnaaqWz*d^nu;Q~wq%Bdq$Rltr0QW_SY$A1x!%QxNysuFIEI!<MtpH{6%#sCOkbjbWdWxU+wW);_"
+    "7+)c5&W7p~mGvXNwayA^Bj4nW-YXxWgc=C5X!+hsf^2f~{ZMdo1hDRgy_=4<Z+oX|W3+dHW;D5QiiCM>GD@Mf*vz@q6N0MH>m~&1-McJcV5h"
+    "wX*SKq~*o*M);P<lC<)m{L965N@Umx<FISi27VEm6?>9k%b&Us)P7=Xw)>78Io85;5wS_r=))0b3+<kfpBT#7wpU+}+SW!<L4gK-T0h6sI-7"
+    "$zGTr>S4*Fm<d>Z1T-ov-MQh6A$zjxg$hTPh<A%4fYjQVua$SsqET~jq|OwHT-Y`Ud-Uv?3oJMDTpEcC=P!M)y>GC%C#`^5^iifz4n1H<vxF"
+    "G`#e}B|J+X9|;#&vWeOXP|wBGE@%3-g%r+Al3R5LmkQiN7UvA}e^A!}Fj7SP8cH<sNAS>jd=#R@3cEpfjsR0rFpYSxwn_$|BvThrY!?R$08E"
+    "Q)R*00b#CFY(H4O6^zi*f`k;WXr~`<r#pae`=VnA-2Zlp3ET8wyUvgMZ?Zsq9q<t2lC0ngAMiG`OvxZo*Dx=HGO<NJ7K=FI(+(tBWJA+wmyx"
+    "sf9+Y)A<Z7bjc&`ft~YiI_{YoS8Bs2=W|s}CF3Uw()65vN&q++a<X&(uTdFs0whh@vVe@JMv3i~s<~$O@M4hotFQvj-ulTbc=%o+C#3+*0{6"
+    "JdJu|Ty`u8Jzma~D-|@v-qAn#60hcai0vg!;>h&HX`^Q8m}aw2SAVLs!T8H@)Qsd?O<cGUR-n1f75c#uM+ANOzRzTT*nh9gDv#dr|E~pZ?$F"
+    "UP$xEAYCS0He~77#sy9wmh-W^ZWTUaCnA?^>HQo44|$4ysM;T2#Ws$Sj^Y>b@>f5&xE*M2zZY0cG7GF_u6F@Q%Nhl76eu0W83RaXFT!r6X@+"
+    ")I@A{lAH9cteG?1{rLE@*`B&I=3^bh9SJGl}A>85e{izmyjIvXu@uxTwA67yX8^y>ULi{!j1X2Zf;(O`F9lcW2fLr&-<a@c36>q9wn!;i8R5"
+    "$5K~;cXctKXBWRMXsu-zqyw&&qcOPhI{)8$UP@OAmKB{cyg1M-O|P_$z25D>`CTsr_evy`Sl8N!URhe_qobd$W~@s<GRWUD%aSeTUBoy^3C2"
+    "mD_fJjfE#m-l*hgc9g|~?H5xMB05$p86W+;B%a1HY`6N4iM&AMSg@yG9CLbPzCe*)+D<Ag`e*(stfwR5Q3mSjsHL|4^CAkv?p!A*9$Qstz#o"
+    "3|qA_at*EjF30l(<bfo>*3h$MzuiPp?gr`+t<~B`0TW+%>MZwdsp|Ib(u)!@z^d1>Nmv!YjlY=*!Jkw}lq)&ZInra;2vV%_-4kv|b@X)UdH)"
+    "xvH$oKE}u+sqMxz7xcfmj4<AqLhBbuhWX4o>K<svJuDyO!sK)OA>~5(N07t-ZEJ)aUY-PpHcNvnQ^j(%tO4me+uAO3YKsEo&I!c^<m~Vj9We"
+    "-4SKedBWyWj7-TIM%54bBjKbgoN#$NBJa0sN#@jh-vsyp^DSX%^!0c`+eH`H>o$1v|3&qVv9p|@I}xl4L-+KU(PDcAZ(P=7qrW3Ge-g8KU?L"
+    "pbIIDYjRip0swo8=SyjDadX^15*i>AxR_JifUe<9;3A;9mLf^CvQLLA}3!50a5RD$N8m<3KS_?Ec6nU2$^S|#>-u1Iua9oucQLy+G4;~K~bf"
+    "HF9k0PBH>x%Y&31;6y#$kE)YfO&GWnLO)g{_Xzqn;`d8tm(L-+cTSo#REtBjWtJ`huEC4iD8geM@DwqYWELBU#Be%m4{+gL$%o}OA2!7GNTV"
+    "a8w3KYCn+TqnEQ1l)U4^u9(@N5{bmq66agX(wwywy}EDjMKu^tOveZp`BC_{=e`Q|2>?N)B&<iCpgeJgaaIOAFOzQOXB7&{Lg47M*J=?-pjL"
+    "_(H2~M^{l<-1-ROE5L!@US<5(F>ljRpb$Y#QJkqcJoq}Ew(E{v#d*t&f6cXyE<ydzr0HddKUuYLY=Y>|@d@j2Adq=5*LGTPr=7G;YDZ=<5wW"
+    "8=MU!mq>XJ-zn5JF2K^CJE=UF~=m?+-@@SWxGAJ9QLX&Tsx?y*v|by@!!c_a@v8Rv+mu}O?dhkZ<tq5@h5KbRX^6G$vRC2kU@ZW!($m0$*LP"
+    "kQAqg7l?>ep5Yci+CKcdI_K}H^Q2(rkOuEwOoBXbcc9{r?OZG*SJB!jou_OO@)&mjdDA-o59zb(IGy#3iyl61UgPvM+C*MhGbB;^WbRqmtqE"
+    "2#I@f8GcC4<Xlrk4#8S!*ov;(&1#g^!H21>RoVt0FH!x;rO+_IfOX}J0!$lS*wTwtB1==8VKP~Lo<0q{&vQr2*M@A<Twk=~5GWi<k*4}m3IM"
+    "#WrWgFfaCmw;DC|M1GlSVp6N(kb7G?6Qt)4Gi~ax06V{jM$ss_j=b=>bI(Gg(q%@IMT5+6K9&77*vvPt?Kdgn0%!S{P5NSXdg^i2ny@|LBfk"
+    "d6NggzO+<!MKjKpWn+zR3Zv9Y!gFNw?Bk6Hfply9+W;=-E4^9f^QEG&b+vY3zL6Yk*aL{Q9sO7woQ(Z9R}*n2oZAdxMM0i<u2G}f5_vmrh@b"
+    "2C0%J+6B}xRYOlYIsGICy&;m2b^Gx6l0s<)+waE3+_6ggm7IO;s2XAu=0@-^>Ku=};k|Amf2YxC3o1m|_iMSY``!llB8p3AClLp2m&m4w^>u"
+    ")RI7VSrxXqD3F&dloRekCUX&0$x2U6|HdB@}|`O3?F%w+?{%M#Zs~nHscL*Lht=a`2{~_CF-kqb0u)7f?@BQvJxtw&W^6wvd{MAzUZ9;y82J"
+    "{xhcp_y+-^1PSG63FHAl3W^c7k$EHkTG7+`A0l+|np)16SP3rU3>fj9TSn2A!uzhATka-kYe3scsY_P`SsZ-)=DLxy!Iy_s5n0P@2RYAIMEN"
+    "+!3^@6l&Z@Z5l^8gy7K>Ehd#dXrSO+%=J_O%|?9OwMNe13L1xK=6tV!x{uL<HF!X-rCBN$(()^aohZzg&$YOgVBl$xKtZ+}wEMqzu%V20Q#3"
+    "&kz$DM8QYb>c`0N14Sgc<64aI-hRig$N|}O)NIU^SrWUtn^Uh^^3($d=GV#qPuJq#D|xk_*LLbAq$5Bi*uivg<7(E80%DhzBjOK!ftoVF--="
+    "Dyx-F2L2k^L`2Nr}yc<fhQhn^6>?)kc)oEOCL!jodt&k-hFWu5*4nAdi+l}3vO_;#f8i8X6PN|M(b41%-dzXGWLPpP%vl9(Yk&y0A|oc?NjJ"
+    "`w#jwKaLeP&o;UoLpHz&Ub8p3?exDki?QUB)wJ!E884q$3eLvQNwrRo|<zxLVv+$a>oj`iaDXNL3kIuQ0AwE2yX5HC)gO8MDg<QRp$vo6;#J"
+    "v_!4^n%`5?>Q^_lFVi78boNx4=xK-q$bV@{(BKVw#H%UsLZWs}XDU)y$_~)9Lb@z#hXu<;=Q@@33S+dNKqY(y=C{3)DRWeF$#*EG5)1OE{Et"
+    "|b;Qxxi*Q>bR{i4RJwkQ(1RKv^MPV!*KM$M$o=*=;q-%${HJ{bLv0QYsD@3atERf3r|Cp(|@SCDH@Orr7NP@Lk(?>_xkY1I>I1zCS!cS|>16"
+    "+?`Wxw^>!fXT#3?N?qhl&`2CF9kREefnHadmtFp>A<XuZVF^)I!B6-eW^TjP$j55*b`QcY&(p<$v1sR~;4OL}f{1-6)4sk2D%e^f`!mRx%xc"
+    "|3?jjk2VRDN}y~o{EQ)lu;hQ=#Xe0zoMprUq#yhej44my818iT#v_zGJZ*ipm@5;_@3VtD}38$Oo*!eLXs={87tJS+r>iINag_$@F*pL-&bS"
+    "V;UJ8b+Z45>)_TN4I2V*?v~En$L?{|0fjzC$Msd6~Mp-t_`Q?ES^e37?M?2A3^R0mUu=C37OXMWQkuCc1>~d9|&w?;HaL<<U){?uTwicORY0"
+    "V1(Fk{RXKh}pB%j&a#o{8k+y(XRR{t@nYr%*ZWW3trx|FGJw~d>IAVbXs6w#{FUuRziiJXXjm+KQ+bF(4^4y0_#Iqy}`ydp@GDWWgnBBi&;7"
+    "m>WMqKeWwvs_=7b!q8JGMi?LO`n_PX&npl~F6?IJuK6K5S~MNH6&RQU?ALatv0`PpNwI6fRfmSL)=or=2%uOjMEa1@HgG+rT#>P-P891B@9r"
+    "5^eT{-F1tU_H@$3#!XMCttF#YJ0#*F`c4(_+QYLiQ{yKR*iVIT3tkNVEFmms{a8e4$ve7Qw!k0r4ExHAVn15yesfUa;8+m+^}dYFh-2cQ0Py"
+    "y)un~rUkg=10{icyh&j+vRV9gb!&7ZK@Y*)tTS5nG_f!^v6B~8-mOQnJl>0#q*L`7uvM%rzC{-9;8mr7JJA($-;J(%RX6<?sn;`z&$#`2O^5"
+    "$t3km~Nfs$X0odFue3e)=WJ-tA?Negm>UWd_+FSfIi+h;7VnP-+`VBn;=j<^zo0qpK<GpKT1G7<XdUc!Jgesi*B^4;iv<vk*Vn&s4Is;V!K}"
+    "u{#NDxZMBG9AiE7U`o)(Gnw9mqm;%LdW~w4)PUR!Rbl=WugSDFmH^1~Nq!#!#SY8FK1dTdKW0FwJqLS%WokXU;u_Zf8$(h1Im96TaTg>-e+5"
+    "*4o^PsLoy>Ja;zSlfJ?IcW~mMW7AkoXbZain_Pd;6=y#()+Pz7=>qWSBmUIVf!|YwveY3Br@xI-NYClFBTX_xC-ofRl@N0sI`n6yFoD2Gbj)"
+    "?QE6rU8loMR?&?W@b<W$7PoHt1k{UIFTE}K`B*gs|2FHu!$$BKm_0*bX$cM}<HKef=~b#?+9@*}{OK6~Nx)&%x3l-T%qz5;^`wI3x<H`WzbM"
+    "+`)u!Cc?@!3W)i-uZYFagCrh}gMzI!c}K9%eUqvZ7j)FuVfrvD`eDqUmgp5<ll?edMi)m)6GU;F0BwX%1;h3w+)_Iy2XvXW#DYToz_^M!Nqz"
+    "3JiwH3)jd5IQ2*{Ne|Bxw*qmHjs@zvpsN^nT=?ZSo)LjF}8faR9LEe`syNJgZAKNXejaC>&Vr!018OmHFW_9v$i})Qar#kZ9VL>VMsiKBTxX"
+    "csbZ&kq-%5=g%(Gz@ZQ;FJxRymnt-r{Ac%Ar`BGO+XD%zVsu+)yZ*pC7N=Fh|z`acD*i5*E<O5rYpq>_N85fk)yxBEVKmR)VFEAtT{>%mpsq"
+    "*$k^im*^<9JXGl|sF~L4X)#4q*!x4!K|2oBtIoT$i8fE8_<{1qQ_)T|Me#b`-#HXzlnH`G5^{${L7MO@`+$L^QX8$<#%jNG9C_eO9MXgc)Ls"
+    "08)M$(9*)>5d5Z$J8A+Fg%?MuMxsxFMvA2qbzdlg=s6j{jY!n&B?31;qPF=bJt+ZS_o$gpAKnlS^hhX<;^TppGSQsOux$dc+z|xKQ>W7oyxd"
+    "Tz09_IGHX2}{EW+A)dal!d5!s*$_ttRM62zImp*4rn8X`~=ojs!3?r|HCa!=?4BBMHnf9<yX1;RvMVv&EC<?)GVfAqADtnzQ=q1i`ef$7F$t"
+    "6P4sMqj=5ikoDjEU`FPsLltsHaoMCxnbyrq5}p)V(+{*;35R=gaFY<V*I-jgU>^r9GS6KJSzteox9ubkO7$KEB=rce;tls10P!U$$4|^y>Qe"
+    "SE@Y>ZG>c{sElY@T5T%{t6u3f7^VRQP4ji*><r`V1=C+}ZnCyMp0bOY;K+X?=tkq>3FzLEQQ385omkH_wFsx?IdR%z2;i7yhuVw{!f<^$@pt"
+    "e&I0*_#(`(2KqTKbSE$I%RG!cm?IdyEJZhX{VPh;~VFNe!aq+4@)v>Uv-=0A^vurHo}pOfUl5Tc{wSOA#jq8LI`-Rj*aLKmf^oVv}aJ5SZoa"
+    "qZxHyvE8Tw)Kn|_wF6=qfyxxyAzmioA6e;wT6;5;^QmJWw3nZESCMgkZ|*DFErgO;rs?`D>VbYt;)|Lg!8PqiNMS!|Td3puAoOLxH^*cN?b)"
+    "?x|I8&kpmwM3>sBG~jK1;ulF};n&$H7Cx~8(<=o`ktl?LV1iggEaPHm3(A5j}W&hUqy>XffX){jb(L<BBNRDiwPBy+Zc4=lKkQGvKNH&#iiI"
+    "<6Drn6bVx7qlM%E!i(4oY>!LGuCcp%D5Mqi7)}#_aK}NTbB0l{6SoRBo}C9`IbsW6=urhp>2-JBoM`*UJ!@a?x?iZKHx5C3Ct#$WFKN^-F>P"
+    "~sB43hFFQtyUnizlYNYW5Xy31+?k#kLrtyMy*CVjk?m(sIRtTDmRvjXgs9<Zt<Wq%Mak=%N#0KXEpXWOMi!3zQkE1n4#19jhV0$RJ@FgE?YM"
+    "56?=zL-B>JYegyb4$3QggYJLCrcgRtEbVSYP`#v{JDm?$NjocHKY4B+Sxow1N<o@jh-Ah<_=IxeI!TIaFewt}EF3aNVM#tDR@Uq_N1Dr&4(u"
+    "=zk=LRxp^YTAz#Zm}zVzdrS_gmKxhT;7nLyOVSnErx$<O+wZH4JOTb=3Wm5I>ZA}!?BVWP&MvFu*7a@B=*gW=BBkUGSbh<P4M6W{{^g3^JGl"
+    "Y}N2mge`VzXMMUC2bPr-K;A7;Qv8UqWGNvtd>(E%<i2PxiUn6KuD!$E6r?OTB$piIbzv{?uCDlLcMoo61kY4OOoO;r741FikQ``gLsziNf}P"
+    "Ko6`ks7|uhBz*rC64XPY<@OQs;ov9Kr4uRb7<0<10^<DT}(v>1w#qD5!<;+&)PexHy#FZtAVJ3tvC@GV(@N-lO$~iB@3l&EdaYbhoh!U=_1{"
+    "dDcP$SB%Ti(KqB`fs#jZ~$hWhPJZ-ZKmFmr9hmFU~bBg@mCdtm#>YRYd!(wq{qPnPXPxAZ)QdOcl#R)%BawIGO0N`m77=F~;9s$eo4iegr(b"
+    "Wl4;3x#@p?Q{>;KF1o#~B<!ViDe*H_NY_G*F3fb~?^HL%gCOz%0_?udEYf3r5XKARZ?ZUlP#A^h9fdzjkQ!YDafvTH^v!2IV2r#t^7CXp;o="
+    "d!l!;<Gb`+o_0o9`uycvGIDLGEvN}wv&5PW|Hc*kSVoaBW+ogRijWsd22?QJ!hQ(zz5I<{Xu%DQhl9%HptWZy2%I4L5>kf_i@gT<@1hMwxuY"
+    "mv5n!Ss+cFG!Y04A77N?lpYoTy8T~q~b+uRH>#M;>-Jj_R%SEVUJ*BJjeJk+H0!8*sTfrsxNJ+MGUOJ~qQ%6!L|XW90B#1pBgZ+C)&ThlNoD"
+    "YpD`Sl5ZMvHNWBzViN_Yey;aJ{1@H|FxV-NEiG0s%*XAh*CQ`v4U3Bcx33MqbljqJsOf@nX$iw(xdkiS+}#sHbZ=+cM5>Y%HHSnDuU@b!5`#"
+    "E)Sf&J=z;J<gSEG0hY|oB>2OxEU4XGWQb0gCPAj`tyrbV$S-y2kJfI-#q)1Y9opn<G`f4w5<8FkdYxvN<7YSDENGN0`@;|DIqD3nNJfM>X?q"
+    "`Zkb}eWS(xOAYzvn-*kOG^d%0Xy&mD!4ju$HBe0DKc(PvbW<s2k)O^+~2T`<<(VoSB?SG+G}*5$D)k4~~2g?C@D#3HvUKm%!ZJ1xXS;GQP!T"
+    "{JtqIgZ848s7(C7DvFmAi>R{#>rl;`-!x)KxxFklC5^nR*G7^o3Zq>|kz1DAyM*&)@I2uk5oAam6d2St0TxxATD0HyRR`#eEeN|zlv&&%$F>"
+    "Y4Udu!CF39f!^+ybB3QvwXP2m#w0}=1TF%9R^VV(u}33*d(6+PLNvlZ2Wg(TL<6980C%Fk!-EQ+@VEcYSCH&LI`Ea=-yl42E;3>=&n%XO++#"
+    "h}EJJrWxJy1e6ZGRNXT6^Sjh46wAZD8HJ$E8^!W4`Z^libmnMxB!?cB9ztIQ-uF0mt!TzDPQARcOZX*d*s@%b}cjUR;?`wXa=5JWw%e@C|ij"
+    "nuTy4-mNPY)Y;oU!)&XjFsVX_xx1&2u%n~?HE7gpB4at~s_B43XLCRSV9JGQaCa55eIsFW33elJ|zsHv;I%<^r7&qz$xH$X<tNPmW%XOF0P5"
+    "ZUcgMD(V+tvLz<0Lk0%$-YCWpn^1w4iVq(Y5P<!Umiva9=ifKWyaMhn=qi%rw%LnG6Ldf^?j;ux}>042|joFBWU#WzTP-)e!#AL^-`>JlPX#"
+    "QCl!qd8h*p=aam7VJ(}mg`RhGO|gyj6-BQOIw@30QfAu~y;;D?G?LXXq&@!2<q`+9&EnEGkQzYpa$|-^qkvkIc2_=|m~vZ;@2g^g4=mo@Fwy"
+    "|gzi~|!c1J9=hjas0H-?h5b!HfBL|~U3sRpXxOWGq?zv9Q}!UJCpgO<b+8$tF#mJxF4+xhY8s)7tU;47)o181*(z|%hG+u`9@E%y@EA>Wr93"
+    "S`6-G~|GugQyh|1W_i;Y(UD*X5tHiTQ~+AaUzsMLox2>DOF7eI|C^W@q|w>T*MQGeikEp1t*?AuiFgy`k~<g8adIKiH#~QJwY>g`BC_DWj0y"
+    "78O}b)L|_Go8W%Yu^N<gN_mA4UnlcW~WSWIb{sFO&7u6<MV*%z0p98KNJ0@Y`B+Q5mGo9L<Rpl)EI*Go!1^cLe3;XuY6l%u%>lz0UA4>Jk6("
+    "NmQ5ca5EQZayqPQi#YUY}7#jKun$!k+?BBCS|@*V5z;e9Jo1Jw*VnL)$O|6f=_8Cu{?$-bhC@X=T3yQJNjo=QTi57Y%fv;4C@-yT$l)CQaj="
+    "6|^qqMH)K*Y7j-qg9q#Zw&F4SZBfZcnPI}S$QIKvRN9wHWA?AIR59<g>Ou7MbV@=>gnFsctfr&Ei?i>{G0d(NC2w^cAf&zE7QTyhS592&n&r"
+    "nvzof2L(*<2J5U`paWT>4~6*#9JLDrE_i{k3y1e1Orz6?S6al9TSzKMcDc8QR+COPz3i0w5Gf$j<$YaLyP9H2nl2k6jqIFq+I?IdNhLuN;S%"
+    "C4em(l`+TpRZ<UA|WEA8ePgA>K3gOn{5Z30lSuI?KlwI+ABR6^%H$i*RZ&Vm2i2Dd$r~P)mWpW7;I$HGVI0Q*jihF<@_~Dvt$Dd@0a{gV!XK"
+    "Bi^e~c(?aQxJ7QU%-uLd=j4y-~MSxj3|3&WB0=t3vFZL1)mmaX$61p=u^$u(o0IK7D=aU{Z(amAj_@=vrjS=c?e|L*i7<tPP(nVb48j(q{jJ"
+    "mLoSeb`+c8}Q1@9p6pa~J4UhzDS+$xhEHDC-`;zaTLi6I^B%otEb||0(ze%uUx+^KLvHWHEQBUMjgkYBL`c9mux7SC5;C^=O7772t&(00pe&"
+    "7Rjt!C5dHOYPF)-aZmgq!nLR{`PZm*7}OyB#XuFF&XElac|iztWS_(GjWf-qFOWC&5E(>wh#Cbu_5ld0uf71+3H(0kkJU$PZsu82cPjU}B?7"
+    "w^FdDH7`@nS9vWg(@c+O^i$-kT#UyuhJ1DPL*i7m>`U8yNa4)ao;U-mz#(&jYIT)kpGiHGfmAk@mthNg&w%Mu=qnpm?41(3*!Q3~V885z|`u"
+    "UVP+9_OuU^UAc)x7?CH7R!eJHP|Y@(Fci$qC`{=Y2=YdQL$5a{&;nQ#QpLN*-|pe!!ThRB(@u;hR%LRgd=9?Y38$CbW{#nYO^xH{bZk?9=m{"
+    "+jv%sOUIFhfiz)#iC4?QE6AxFyI$5O<(zC0jF!Aw^S<(z*U@?;7a8ny`Po!T2DG1U0D{y{^w2<@O{lQRRUz>zdcUDu=AN6|&3U<*q&T*iOv*"
+    "p+!M;JDCL|dO9k3=2G;o9=hmFjydv&fy1ObrgOY$mKbh>fCMo&033w(NYfz+ghhFH5-{+RL_<kaq76CWq7F-O^qTjz^=qp+ot@B=*Ww)Gcx&"
+    "Te57!^B|*4m~jdXV@+Fn|5I9QB4Eljf{k)3?~2$Rx%kNqgWixjN+AYvd9^JjkW$f!+-34ThR@~&5Jsz*0JJMn`|+hpX5d8}4x>gVD6KR{6eQ"
+    "YWIP8WtuQSL9q4yLF7=i$a=m>J6fFrdJZI<u~_cNK2Kx&RF0V91E_w8FE06v^8w;j?%>=zG-$zRu_a-1!1Y<<f3OKz~J+(;2u>bA1fXw(Qha"
+    "M<HzO>R<5_OvCai{94srQK@V<dyo{Hc8esXaF_^nT+$Wa7|2=_u+z8+F$<AIN>f*{#!olx5?}R?>Wcsqx<{dta4gDYR~_MK6$h0cxmk;Phg>"
+    "rxKe2in#>&yRl?-q!<Ox@mn-owd;-ILNQ0~8WKjLSi(TI*CPe36?HTDE$tVh*10?y%?aH~ADnG<&T~)Sm<ga346r6;14xl7Hpit#O{;|v)Nr"
+    "dKctOCQ`tI~o#ep067xJ*nVemGUi?)bq|n{ILlB^`1BJMIwo<-j_+LJKP+t3pO8S~QnfZqU*U4@>ST9Uz$fzR;N^TH3U>O2^RUjNTVU3)vR<"
+    "BdiUFUv@(;;xRg!8N#}JCr@&h|8!?DI!-dnxbWrC7ncN3XZg92hlkLG8JXCo1*QB7$fTo1ZA+rIzIh)CCF$+bG1#yo0KDUA`9%jwr>OI(fkz"
+    "KtFwcWKWPm8`_Hcj0^OM8=T5o&G+OYm@E2%RHH-0g@TjGV9PMUy3FW6F5JoRl1WSni(z2c$i#tE@xmw`t>+?rSDfrsy_=p)Hy?mtT+oF>Z&I"
+    "=YDro~HJJb4Bq2UT+m4wU>#sir;~qnn@oNt3$4uH(P*E5BF{f2Jr`lKj_RJXZ4(el3kvu?46(EwxSboXdiexMQ)Wi8!%7}4?a$x=)2U(BxaY"
+    "NyS{-^qT$hVU&56HCHBtdYj;+0AN!QEEh72ggOTk1surWmlZ9SvQCvMK99l3)L&SKEV!WW|0956aI%VZP5czakQJ<E^PU<3po4u)2(O4+jXa"
+    "PR`3|HVt?YEghy9|R8s)h}J9nL%Hp_?3J+o%tOyJBhVk{Zw!e$ox<hq~xQiac<OUGniAc}UZU01PmRz2Js8*8)A(X5kHb7{XHdY@`gQ;k6qM"
+    "PjO<%sG!Of>#|)S54pSmNF}IOjQ1V_1?f+bbu6Cd(`_7knbK}tpVFP40dm{Z?O3AE5{QXA7)-I^!6bpe^TBPI;Cb$q?0Yr{U8+wh+7Jj6Fl5"
+    "S$GzE#Yn36`odGxgjFKUMK6wx&vF%q!<nIiFg1C`+^!EgvojztWKO3)qAhHV`^O3jK$+5D(MIe>C#Ewh;-gK`?Rqs0ultoC)Q+C0=JpV@(q!"
+    "AokqqFASl>x-uI5<<a}`A~4kF;XtIU4XvKOP=2isYsn?4#dXcb+cR|^mCvm`9QB=J3G$#*I@U^5`qzdE^Cenv3wzwJ-N8jat`AnuD>0de^(D"
+    "m(YwW=!Cz<UIa3;j{;b4klH`{%<ap}TUB^vmYwv(qYlO1nAkLxFH2&!1-mAV@Xv%1-fX2L0Gq$RNmeAp`*o3s#{k=+uB$yqD!RL5Ad+cYB6t"
+    "=5FWiGd5Yvo_8JJC&Y5<=`#6tS0=E3DB(o+6c4k8^wMY^;1i1eqMztR@*JAU=5Kn8;R8{>eDI?m(RJGrJjje1vNyNQiigP3w&I$bCyh>K#+h"
+    "@vJlK2oa3kil|9kw?C&N6;$4MIt5FM?X!Wa+NxZRIp}0n3HApmUp~nO&P%hKwoP6xk7BK%Q+@-Allc~MkcI5@&4ot09**%$92*IqcfCBV*an"
+    "0f#!|hN2ewW+yM=R?*J?+&+C<h|whHIq2XLqbT#WaxF}Q%1)8QNri}$Xv(&ZGZ5E;0(oph7fdt=grzsc1*^>jGg{bD!;3UNE--SsQkK1l>`v"
+    "SuY741<@8M{r4&=|Mlk)C{alSV}(uG{6iXr@K#zZ<^A3cSz!`j)8S1;u8|OQi8cxIWCUe?m=$q(yhC*8BHv@n`WfOo8Zu7*)P>2IGpsmGGj|"
+    "sW)g=iTHo^6ju6bFjvZ2FwqUIU2GERe3A_7A5>-Z{n!VP$KSF$>w`32r_UtGK`Lo&K|Fo@6d2Q4oXm4qqt|WD9mY&mH7ZS+?Bze!~M)X@%%V"
+    "6t$Bt8#3HrN+n9elCy&&5jp4P##kjoOM04F8R*@LHZC&DJGV{wwJ7Ln628ZNBhf2W@kdTla9am~N0$J-PWLaptc1bcOqlrVzWG`pc7QV0owj"
+    "|ITlNNFMO4Z7<p5p*QSVMWI{v?&pu#gV{S}(3%?L#Qgs>8kpZm$)ndSPP3Q~2lWaNAOx5_6ATv?_JT1-U5*L|nmE&;4vGj(cY8s=L84u~P?~"
+    "FT=<4o{!n25NIH?(k2WTU6Mn(ljnhJiY$y++o_>p$HM+fgaeRCkWXnSuiZKyIR!7(>~;1SX{=Mx$^HG^zKRDyqlq`%Rm?37bhrlI6C0Xs$9f"
+    "P?dmT|8Ie-&`#pYx3ZqbGKj2fz<zYP1oj@pxG{2yf(&+wTf;;^Jr)m-ws1y&!)XVFFqRAKb@PS+i~%Yh7y=Ok7~T!pi76N^GmB38w$;$yX6E"
+    "Qb@iZ>YU*Ruyc<ihCjM{C$sSdoX=2I20oxp~Fn-8-dsZJV&ThJmt^7(IglXCOEVTiD-NOOQ1+C1P+MesQCD|cOq9|}iJ5DS7J^nCH_{YB}Yn"
+    ";E08h+Z^^cjPr$83iX0ve)p=@x<U+1!N46o?sV`<o*i_zy}YqurZtz_D0Y%Th(OHkyi|X-9A#Nd>4W>9iZS*C5Kob64;4Sz$X+%A-}hP9965"
+    "`f90*RW^~1oc<?0EY-*EG}eI*>T;3FvvZJQyG;}k8U;6)TpARFmZl!+?k4UEcC)8;sv5}DchC{*t~<MN>?Bi|%HD6Y1*!-vJ8jU3FW%9b2IP"
+    "or0t@pykGMmWUw*vO@N8Kf<R7K}vo`8q>3IR^aQHg3r#CgP!JER$FY!1DteorhcF2yWRinHx|FqL_<ww*e17rVJtn*-w^t)17lMfx;W4|;!9"
+    "x;#D@AH#Q$K*B^+63rneJm{5x=9sR8AjPadC7+U+9w{#rN@7177?#yFMYCD76J6kYE)J8sCWO#aoTd;pbmQ)7Xn5t+*^2^B>q)YU2OK?_q(0"
+    "BpUrQoAG_tO%WOxins_U<M7wQrgwVEQFg$Xk+q6{w!~SLW&r<lEN@t0)OUM@@h+ul{oWqs!Qd@oK$q&J-nK#l0E4u7MvvgKYxupP{0j~Oh2K"
+    "i_6Wwj@Y7W=~f_NDy@*55GVD(3m+Y-|N+@d*h)D}Q6E0NbVZE$!A^5UVlxAw-6}eGVGswp5cmQAju2HE1uDCUU9D3x%#{!PYeWm(ZxRgB)DH"
+    "E(UQ=O2G`VaRn<|)hIm$e5Zs=dvj%tRr6?a7Gf%IEUo~uEoWYokehoN5zMh{PDGi*#gJG<u(JH%p;HxlosvVc*YnkYW~G!9%^glAsZZn`DWa"
+    "oWAt?8W6wjt5t6UT0NFgEH$}X`XvFj@H0^mq+EH+WHNUS9g;c!^?g+7~e6BnOJ;MEF&?EYilg-sW7XVHP*1(J#&GZNh^hn<<_$JD`S?p&47w"
+    "&BL9DCRq}M1qDS0IcZg39m>`YJgAf*;~pC&mqBrdQ9En%Ze1Y_ZE>%G9gZwmS<J3j~z}C!Ay^Zt-|>L;uQMk;>|uHl2E7A@-i^xwy=TMjKQT"
+    "&j4Gi)-Lr{f)LpFK_|`r6rt(hpXnSXl5UKqpR|cnN!3pK^1iG}H0#&&kc0HXqF<s*j1vc9nE4?U9j<?n4iR_8pE8o_2#CHqxAMTt!)9bI=rZ"
+    "8A^vuJR1B-;)!LD-T{^Zf4PeTKE|vakhP&D7dZr`y3fzKN-K;%c$D<HzZ50$j6*rtLo(G3X6>ng^)3m!oZbTkh4+qfRqqT>T>zA?zGy(!5e#"
+    "y;ipsOW7}>f>F_{1ZCn}iDvHBW{s2>fFfs@wr?y0UVH_+?hEDV?WLoSjrD)`*nvBz^9QyRr{+WoLQ5l)4$=N*YWE#lN(?vQbfB_hn(^-SITh"
+    "OTEPE(eK4T?7P{<NU<@J(4i;z7)vm>7!0UTuT{vxtws#8;`Q6Pg|o?{;%`O$8%!tN_mSKdxRX;1CA>?~+0EGBN=RDA&3-$X7rH+x*%hq<E2I"
+    "!l9QO<mTX@@T2;;zX~y<~#41r+;5nxu!71I?2i3j9nUUvfH6M_HnuJ78b@!U4TuIzJtn^RNLk}9`H&yppW)f^9Lp<f@I{QFgUy<2-m)QGvVs"
+    "h;4JygeDZ(aGt!dw|2@~p|9?0}{=f8xB!d13PZ)h65%RaVgI7EKo1Ey7gbNKn{!g4G|Mc+uZw){HJEzcpI%G=8<p0#T5?n8aiphWcJ4(G4fK"
+    "B*TvA(bIjjVc?1j?n`;WBajW+yVnH=F))4}vwiuix7xoDwQs&%-hlWL)y@oBiOD*Kcbhrf*hd0{E>;gZt(y{x+a}H}oAhpMK+Y+`mcwe~*pV"
+    "0hGuftJSPqE@-kgQ16Wqbo|EpiEp7F?R4)4xLR$z5c;&H`Q|wA&6$b=(SweU--L`pSO0q2Jv(tQaQXd>{kh(#3(#SZl>Q$q0tI)dz8koi+6("
+    "ED8{X0m=sHy@^|-wj;<xLqfBOB^#c&Z5M8sODBg0ppS}1{FAerQRutSq~iNC*k-9Y@)zwW!Oo_g&qV^L9zX(eOqs?@<}ho!%m3E$){TvH;yB"
+    "f!7At0Vk(7J6hZ)vI!LL8|9P-E|ZNbBh96tY!cDfAH}WYLE2qt@7R~>E8)6&9{rO#~7)>t5DYEdc5zDeAHyb5_mLLr!LAb&2K76Bg)l5-Cc>"
+    "Bu1jy4|M2}Oa(U~v<YYHCmzy1p>KxavMs^fQpfYdD6^XtZzSZ$)^m}|mwS}~SG<vlfLB{^g-AovNC-7adXa^&^b+MCo*YDf=(;}d;=jGxF2Q"
+    "jvXE8f;&<1=6zMLG{H2pBYp_!3`1TojL@@p6s&UzkJvX$$rHD}P6I**Q6#CcWjQ!t&j9NkW6=GApvzSN<?88md|GZ`YB$2r1=y8dm~v^+tj2"
+    "MC-Dlwcjr5-HGbjS17789m~oT)hz%6v$V!PjA&?Wb^`cnrLSQ8Q>cJYz=v$9ej|UnTg{Je+%bx=Hh=ULYwyYO!0x-B&lu@=9)wn*Hr*WB@9H"
+    "h@!^8cDWv5eZ1@H~S|4rDpz}r-&|F8RH@3q$6`>b{LIh<%Zhmd59k))EYBh$sGDI*C<QpuDgNh%rB$WKPX7^#emBuSEFFgl%dI_aiTNxDgmk"
+    "yI-6f4|T3uC>=e^Z$H)(=R$_?{#_K=Y1~UOZ*Gz)0dC4$d08OB)yKM3{m^0_DZt&k~m}nrl}~3npQ~4l)yVooMzkFM0uY0@cd`fN-CJxcmiE"
+    "1ti6nuvLH2MQc3=hO6s!DtY$T~pU`+}BZsX8YWYf?aH$fGr)g1;@k_>PvUQkn4%IlgC0Nwbsf9;kr=p(~kA>rssKmW>>57>?q&7-b;@?)KH&"
+    "{T*wFkL3K>oYr-H?yTNV;D7tkR(-^58JWOFGi8O3Itcmz>WWK>9<=QjeolMmvz%%#b5jk13s+mGWZ~!IZ+6mUU9PUCAfQUMmsVxrj?ioRDUT"
+    "CK39TK|JQfsx^!GLk%XV;MY7wM-w!om5y{a4bP`$xP0Y=TuzoxSkmJwd9lR_RG_9$&I67|x!N7&P=Gpl$bgr{^L3>}5H~DUo_c6ZL?R25dqL"
+    "H`(vap5N=_623Jj2Sve-u|wO*y?oytU`#)rD5G>VA;bSXS`r!iD)s}xfY!p0YnoGfu(PLG9jq7)Xh<+fCbt4UytRDPb)4wQ)4#sX8Nt4r4#j"
+    "dI+W3Z3Qdqml+DnhBMi`-HJV0r_(%M2|r~)1j8X85~HPJ``7)Tz;wLfre5f@0n@oq_V9BHaq5uOhYk@hygepm}nTLYKa6ia28M^0OdkSrDSR"
+    "%1ZyR=h(zX)X0iB=pA#3Zp{W2H@{(AAd>kf6<XkpP&VE0Mym1iDQzp|$gce$}CFZewGU9m0-x=v=(`aFpaywTk(XVBqr3Szyx~0|IC`;!ilw"
+    "p#fvEeAX1QzhAm{S~L1%u_t=uZ&<NG6iz8${E$p@n~deyqh#Q3?>5<%zOuHfNLNn(atrbC|EzN%xe6wb*9&K(*6IiHu~(%J-U@vNl#F{ok`!"
+    "<!9wclL3_$hcrp|O3I;w`h3m-^>*XrT`JUwSFMrM?axkC3Cg4?2MK{5&`UGoK27RyZ!}*OpOlgS4M_)IGh%8o#Ezh@kFtm?3bKY2FD@N}B(Y"
+    "S4<Z=AjW_%&!BTLGeB-DL?=p~6QW)4|The4cdP>~S#z|dXCD91;=qBc=t@gF@Ms}eg^NwJUL1Wyk{6fp_0qw4-4YDDstXv|o|`m!=f!k@IX`"
+    "KJPQvTJng%77&Gxuu;HlOl35BaqkhKMsl%L@w6*v@obRl=Npwo{Pbga@a|UVlFK#s~ke3oWbi>{E&PaD5P3&dYqy;^lC)}*GkDm`idbpQ{tU"
+    "BY8^|hf|4VW#NUXsD@nBuu*J?Cgoo6tc!Gnf<Nu>A%1H+aD6qh2BgO5;&482`fPTnxQ%iRmO`lvxDEZL%baFH|F0Rw#4wk)6TD4NnjJVH@8y"
+    "5#kJ(kiqgOJf#oj9U_$s|Q_O0u$ifTm-{AWE>#fkjgAY0M7BLQJKk(gAuqit)c?CX@A%+7vNZ&P*k)MsoO;4nUQuX$NJY2WAWE0dSQV5>84k"
+    "2Q?BK4-4|*fJg~fYD($^(+=#;D3YDcNj(%<Fu@5M_e4`shZHZvlI5#q#QK+nhhf)JPi{C8pe*T>kv1eC$Y$g)rGw&!8o&HPoM^EHlbUE^>g0"
+    "W?9B4e4&NSt{h>%BoQ4%O+5SdA0xFx{~RUu|eJ_Q2-A1N!Y-6l21PytDZYET<+gAyA{j_~D^(ezS}LY3wYQeiRgNq(Xdi_7I8X$x)2xT&qPF"
+    "CSCO6R3b1SNAM+lcM>GYs~6Oyo)rIdmW9cTK#~=nraxjCY1-d#v|1l<U%p+R8N*L0d+~KhXmELs$WXlBxRhJw5~|eiZm)XRn9~vgu_ZpO^F|"
+    "qsvIPqQd(A#JiCyp!10axv8?yUMUttNtOJv&SipQl)&nbpkCLOhNoJx_wihL4Nh~rOS+S3jDVLs^4=C@ns3SmQ^^gN`dR8y<T*Y^2(YuvFtN"
+    "~ciEb-OcY2too>cD2?he#4!>PrO0gC*dYZe|-=O5QE9O2w$mRDo_UNqRB5Se^ieZ2S|Si91B9CgWC=KiE8r=lqtqIna?!37Iy<TOcGFlx{q`"
+    "TB9J$@_7g$hQ^GjDCQR#nyVgCaVxE~MZyFJ$YC{>z~U}k8rhcg@qi~~rD#J-6tJBG69P3=_gUo3L>;V@(*X?w9Lz%v(2$K(fK!#!sG1(BLj>"
+    "o>t>jW|YQ&oA2K|T>@!>ou6~q-i{=||BR`Mf89J&vT%xP*vs{O>-Vw^TK4)-Er$8<T3swxr6bTDRe)CE$w?`ye{b&yzzb|@7hC>^n5?9WJL#"
+    "Wu&%sgL&OAw{nalB<GMSZebdv3*rzPBo}=i5^{4c1Ue%_uv%dfZRY;V;p4D#QLC=!?M>^)5ud2F>WQs2g>%e8jEWYejK<NDV?KYPIoADe8Au"
+    "kFvn%UHA}rB?uDc*4tXvAFX1c_OJVga_8l(uo=l(JOf1b#VR~8OIbpCg$}cE>xgw>9l85B^8e~sN;1@Y+l&6-etEG{-Ek7YgKuSae6BTF_Fe"
+    ";95mF(PS(>KSFy)>iaoo=dXEL-=pGFsd^mXjDYR%y^mL#gyzca>yzPv0m4GUb7XNKungHP+P=nZIKkyusteLpIMb`Px?`U4Z(Vw9#TF2M7mR"
+    "5a(x%BH$EAOAMP2t*Yf$YG$k%##oC(_q6G!4s5%nd$FcgvVs=*wp4jOXsVrTOVv4Ogq(yL8dj;&034IC)Hz;i8~7#o1yyiKSEy0<qcRA}H6>"
+    "R4qHw68=b@H7iB#@u$8o|!mmg5XFhh(tg_%-~JYo)*a-{3@bP!Ep5)OTJsa|)|ES1Z?hH$MJRV{5!d2C8_8t~aFTjs!RmW92frk86lAkZo)y"
+    "C>>Y1}il{eu^h?s@8auiulTfBWu6K-SbqB+a-!6k~1xn$w^^Mns>1C8VMF1T9wM+aiMN&azae<(ReYoEW!cH@@PAdN|Zu!Z}h3eO^Co#@pz)"
+    "65W|<Sl^KrsI7v~PAoWg|2h<oaNMA||wbY_i^~N3112TIe4U_l@cx@!K<ddL=v?qnzADeG7^tg1`moheH#L|xAZ-YA&jfKQ%c*xo|?k%Oz@U"
+    "kna(O8{6k4qd(5>4fRp1F}Y1V9`NIw@sw<0H8&lgt1aec^E=!h|g^5x*kOCpRO0s|u4P6lrVY%4{8BlqVA<o*S5+DTqQM-A7Sc(Gs;H!by=Q"
+    "M!f0u#@nKi)BOP!MUA}6VtG(9Iw#UO*MwZHL1{BFq8G&h_r#fX50?tExF=awnE@Coba^~TgebB59;fImjGq?VO!u<XMjfGe6}a*W1Bni2BA1"
+    "gbDGP-8B!xj{Li#)*fyl~3yF^fcRtVGo*&dKJHyaW6iBE4TUQCe(0X`LXN*&1{-gs8BvI?PX=^Oyjx=KfFt%S!(7Lf#_5xkeHEh{h@)2YRVi"
+    "?uSz4b&*L1z=8<G+QO^*R*36FvL$WL||7)KF0L8dQ>IOLM2g%LlAKjAgUpQCHRZ5ZH-vI%aR~xQQ_r)j?Xvh?`Wy*L$we&ry(2=0J)r$N|DK"
+    "x!($;|Qo>JnCRv9Z%C}6@6zOJ(Kt&#M^ao#Oq4ywi4?z=37tmDm>ynBa2dRWrM)#Y@ieh%F+CM+?Nu`VNaZ3K$|39)4zB`wIQ8bR@TB?PcK("
+    ";*1IuI-`O)ymwB?6-+D!R%66Ocy7MWY0iXz~9au1yoldJB#7+EUA%uY=oxV)JBEM|rCHfwZ{@%FIr3DTOQ5ZiG94=yxd1NYsLKw#0#}+0^7f"
+    "R5KKo!Y28?5;x-zG>mvzsEvYlY}Z1vV&n`?2G(Y2$25XpiT_m6ON+<O9uEv*mY{jMOcyLeO|o;50#}q8z@;fPaQ%|mqv?7h++PX==linjl4W"
+    "2;7Ca3$Za4(OR!tN;^lG{9H6wwhsVwG@^f76wBn}`pXNpmD+<E{y*ppm-Jt|ETOMpY4vj|^yK`HM^*}zD(9X+Mhk8J>BPvv0#h9O-5^E6hW`"
+    "M+|g4KIP+vCN5~*z(nqM{Y?EUFCz5l)4V&d?X9}K&mt4SstZ=$*H2GfdRz+@D*2cv=RjqiM*^Uh|VA5=;h#1RoUL!$n(sE#Mg~9Dv>iuHB3G"
+    ";?u90$38@8@;%(Yc$xTh*4(udo>7xhX0_%hsAaOp=GDP`UoEnIs0(a&}J`j*EvDBhsD9I}YIiCF)KEr{BSsYlZl*~c=gp?&|qaB(ADJ9Au4B"
+    "BUyKFDZ{wl~2JGDLk!XO3#1bZQKSj{rJPd?Y2?RHXko#fa-!Dt|$^%Zr!L3<NBwPzL3>Cgjy1&nin-(thk1Dac5J&XY!ogr0_<8?js?s#J*Q"
+    "h;METJ}0Il4<|ANHRl~CJt3rKJB_+@A}cVAT{5I{L`iN6Wu#E~pICH*Q)cUsfn8IS|AFN${UMD_NWsjKm}O`Oju6z+;Mj>@ZVJN8dAerDQ1N"
+    ")}bK>b91cgll%U#bEPrNApLCjP(xr8%FQrpl;uO`)83EvHBCUln@0bgbFK~-4zMt0n_1ixw?az0%;v&sFSaVB6W2O$d%dZ^mLfb##}@mr#-I"
+    "b5EnCW~=sc2gIj>Z$3O3Xrvo6}D~|F6apdPk!QS)qiHml>Pv~2r3!H3vJ@tiKNr>ea+2T<OV`$k|K%cWqBH)9=eGa%R1UX0B4n0_Rr#6Jzqu"
+    "IGNIN4@`wQwtyow&baPzRYaCsD5=cOHFFsA2tB!2T%7Ztsax^GnnN_&xvh+u__*i7FASkLeI`ei3LdKOBjID_o#iu|(kZ+p5i&z6$2;Z_`q#"
+    "nRC2di0p5}$@tzF>ZA`q%~*3H(87Q;X>EgpN*02Nk~;7$QR9>QqKNi2~8fXr``fPHb`>6M`ra3ph|{67=SvTUp?tqsbJ17UogJ3#w6bWeFzB"
+    "7PT$F!fXu|fQBhPMssxH#~E3X#PMN(_JkhDq5=GLs>CyzrG?~(qZ-+;fWib61{euQFmgT<t1l2}*n%cE_@mhjxoUy`0Lm54ACUu!M`)34LaB"
+    "FV#cfvGa9Qx9(8vbXjf>P+s)kwyb~a%=fQzrHhnW&doh3zcLY%4)btf|q6z1g|MI55Il7Jm$0?<Sd3%Z;vh22VN+k*owhy_TgML@5kN?NMHD"
+    "NMXPTbIK@k=8(r($|QgZ9!H6wGnOyl78Z^Vx1XSkBa}16$;p_5Wut%u);=jzw~$l+D*19zA^{Xnuu(z{7T=+8om#dmz3Lt&v^w23B|Ajy=2E"
+    "k)J%oC2}W6xTxAs_T{`F-N5!%xWQi#C$|zyc2pmPdu^fqRJBDA))HHJ36P0$t14{D6Bv(-xiZ10nS^GfGh>ZwOoG=$l>%{FaK%{gXs{6Wzj1"
+    "#CeOO&qAA#hU}NeWa}8KBh2_@!J~B}E*V{Gg`<N^~iM{+XhzMvHu&O*X-N5%wL>iHC$UHiivkzHUG~6k6?SqS&T6Eau}{+@x`XV%%DYjn1Qh"
+    "W^-bVhtTKF$+1FU!T_CxSIERPpDrTgv&$+j^^ow7lGLkes-jBpEeOf_5i%o?^OPKrMI?EeaWo^8zLq*WXB*O>Rh+(AU-e7^)I<9NEge%QU1i"
+    "mBJr;{%Jq%KYAY>oSfyr(`Wu$;h`3oAlqWDJNG2{@GGa4nVY8rqEksFZz4DL5Vwg=YNVimzLS}*1!KUTa_NbLw;Mzp*HB(23gFnF0cP$;g^N"
+    "q?f6WN&jKgmW6NGY2sNO(c1S78k;<3!H1d7`Sdhyj;^V4bmkvWMPvPKT;sbwJ2qahD(0%f#c^5mEGbwr<PX)Z|(x{u(YF9E0){9`>NJi7J}+"
+    "q*bR$QsR)IdM!ADp0&t1_O4O&YP^DFAH5#Uylo;DmLLgxAbkod;)d%K?60&f=sYnq!B_ykuJav^kCrd(7nB1~Fzo#Q#)^wBTI65icr>Gr)D}"
+    "uFyu$9xwS&i1xSoMzlpH+A&NAa&{x{WM6@N(j4(n!KfT%N|TC4&Z2mO_RyDiOn#&?b>0$I$|s9Z{m(n%dH#>~MhbEQ&eTbq$7)@wo_EM?{A$"
+    ";;kPf2rl2U;e)DG>$$R!V?6MDHR9=s3!<eF=0dU@CruKtx!DMWJU{crEPgmBkCdDNaqf)DQUj2~LXTX0WzjLx&=gg?a?6E-ABNB_vpxJ|9)+"
+    "r(ePW?qFZP#s1>%Pt$bT7OzL<x2n(t>kokC*7s_Rjio-Lu#WA#r0r^5du)T->*okg*^d+wuK341$n?-@4?^eU}dlOjk;qa<5VOM_fet``@@V"
+    "m?wb1k;WvlvXEd=3os~Ne=W#91ZG5CVVn;MUkkhN#3XOp$>a^RV|XOylm8%YCL2Pj4W>)0HbM=1dy?~m>h4Ea)KqO5QcEY-vYfz^+&8FApQU"
+    "jNv?*3^w5KWvky7zX_gt-KKxv`>1&E-qxqE;8IrH6QAsCDY!5x-C?V@7XQ`4EDM(N*QWOn?*g|L*rMkUXiPDXWoWZ&Jh)RI3Qer}GwsI_nrh"
+    "v$x9NiNKD(US}pHNMvH$eYL@R;uB)8I>Pz2LTzN|MwpQ}8MXQE|W}eyV9GHM*#cH1XQWO-KqIBXi3lcBoz!!7gw_VXasOi40P~93mS8KnDs|"
+    "s^*$3p9w$FpgMM2k?zMLZ7Jrmv2X>j*WzzAz6lQpBV~kvqm$!^6)TeaDFT>GGRTpEq{GC4-&8!Y9F*c9X>2O&k`l6PaGs22kx0_Q$uw#!Vff"
+    "%%Q2Hvy{xgc@n`OT5ktUo0jwmF6h!K|2kg%I-On;&v5u2IVnz*JMX}lPecLWY;>5-@m`yN&+8p|<z1R5d`8ewZ#G*a{PA#EnAY)HD+$TF%z#"
+    "simnixN->u_<5bd)4qf1^l^kP~$>uQ{UkiA0-{%P~`OtN;b73Cm^QSzd=+8N!da?rJSw>Y|SecM;SvtG`3Cm<?bZB994A%nGi<>$(0qG14j="
+    "e9BlC>v13dJV&-8kXM{N(f2pFt$X3BykE#z}E2(R$T8d6=G@j&26CZwWnY=^mRu3A*r&QZPJiUmQj;<zMMDpG!b-?Kj`s$&$-g>f&Y|dOcaa"
+    "A0k1~Ep2b`32mhL93bj+5n*5uu`{!6FO+pgK}<J?2hIH37Ryq%>l=goZqx!!lpenpEQe3JX4sRO-dA;1sA)*<YI+No^Ye#tl3Y0@e`y44rV_"
+    "<m(_)PKUY?9?k<e4q@$xXvXuQxJneOG1II{oZr=o8oSOBnO&?BaTt|}C6|Hd5)@!j^kv*AMs|~?qr;BXmh5unB<GT(F0d&fFGRQy4aF}PH;T"
+    "<OVp_Lwnn$%R_D%&U%!zwMZWiWP<_WS#@M;KI_*V1H9J@L4wjrTY2wSSL5+J2oS_!C-B`u1Olxp)N<(gMuzf>gcIjQBN$=}SfVW$zr_Tq-ha"
+    "8eO{XgZ!W;^bJX$eno%3o$nH$i<D9hG{dttunxwE)pIiBZFWy`+dtxq}i;7c14yT)6x}M&hC(W7g6hY5W8f0uSU%cn>+cj8*G-FFrfm$UR$%"
+    "U*203={|?<1GIMdYUNI|@ue?UWWWG+b6LI>5`FQwiaZeUlO44y;J04G@3b0?7Q8iz1jO2igVOF|rB}(QBDbMP$zAL5KRELN(6+9*;0#~pcE>"
+    "4X+d0dJAj2tBk=#!HXcUr*rqbRk-32BpKF()7_zNolO0toja!4pxNHgfFzC?APQPJZ|>CGwjnc}=5!k=W;%N}ea0EDTLWj)?B!5=3QZM<P2E"
+    "CoeE>rZ_8Xakin%H;@RE${Yk*(Im-XZz4<-(e7eJOy5>)XbT699vgfi>k2hLJsFdV+2X}QslUpqQbayxQzdG1R-Az*tk{9oP#O+wuL;T!iVk"
+    "_2Ww4F|#4*|ZjHK3ss0zbC2kx`tzO4u~i~$b{aY5xraw8`XlK>=x5bMWwU}1V_x3Z#)IQqp_3o4<7kNTTPNh&FCi7Xc~XYyXyB}?35q}FJn?"
+    ")8BRh-++{=_%;tTH=9d;t@3J?~1#Gl^UgY2-5`(#W*n8nA$?xIQFo2;fL(OlrJN)E3KU313f)9Jdm_wO}Ay>NA513O1Vy|U*t=hDUmxQtTwC"
+    "ICB$5!)`%w(<gyv22aydCjx`GD7>jb*Ze#YSkajB%?`+07vJrC#IC;!GG3f{-g9bhy6=vKUx-J3`M9oD}p*Pq4bRx|Hqy|keq$!D-&!87TCM"
+    "ybg)AI=zaJpb-yhOMdR}z+G@-_f8VIDbGF&8Ps#kMn|fG$HG5{X12lA`ZTY2FZ$<q9YhB0;FKNpFs_6Omn2i4sT@M|r=|%q}EMMIa8R981{)"
+    "X@C^R&+|Ns5~La$L<5dXr1y-aGum1)RQ93*;$7k;5!CYt7tl0Q$bA?h9v*oV5w=9vMYSrv1SED-E#v#Qxio@hIL^$xCnbqF?V>;X<+c~N95H"
+    "K3qq_t_>G6CNP$#kW_*mECZaN1Zl7Ex$wL-UQq^W&Q9NV6ym&Qoa7zjsC$c!qS4VKTElSfhyGqkHLX)~{)<bc#INfH?HxI^+y*5#1ZCSfE}g"
+    "rl;s462bhQ%GejE>}r`E>bvW^i##U%F`u{^eC+??S2SzV~6Ra_7{m;puRiwAj}vA;T&L>9BR@wO659VvLVn6Q$mulRekCbi8QoCsZ&cxc2ZN"
+    "O;wa2lWr@|Q1~?vLfUv1)vVJqAtg0xs95>@+Y)4597ho67X6X5JRL#NiC*<g_Qd88Yc_r2gHLE<;b!+qr@v^ima;AKhMY<WLFI}!hX<HV*VK"
+    "$OvBRe{>a++AqYBgR$&O;YJ-fnW@tg_*QLhrJyh7`QTU6p4Do^9jdSddSs%&6?c=cvd~#Ihm)k|kC%gi>)!8HiyaagD4@KI3A~TR~Y)FT?5-"
+    "$3X?H6WBYMb{PcMMfE{`?mE1IRG)O=ea`mbyQ{~Z4QLana{NmaLeys@azYdnQ@6DeWzPs?Y_$0uOXYQT8c3iiDuTabLdOr80=eDgU02ra=r)"
+    "T2E00Q+-A+}KjHQ?ZSb|n9Zl7vYh-ixZ&URhuii<i$JU~A(rA>iG(^4eOsv$~uYOxWd2!<batSD!YQC~duql`AenGzBi#U~81pm3@%YlLeEj"
+    "VwD4bC_stDtaX-PtpcQWOA-yx`-oafcP5EGT6Yzhnr%_&zP)l)uaoH6Eer$K=K!1xlJGRBQ}i@KVJ|z8}vTl8An@7A+1r8!2oCq0%7t53Z%}"
+    "1IP^WoZz{gnj?ZJM%SemYDU+&3bmpNxLT!)W0p~M1w1^BDsVvX}18<RQRt6rHl>#yV51+k^13gTUX27*w7Vx1RhaHtdP>xYUdBw@9c|VP6VA"
+    "pX}1?AOT`_mllFt=JP7IJV<GpYrjbnc!wYPFWjDj3Rp5urAM_)wK3D|Eg*>gVP)Ca!{&gvD<Av4M9L8=;B#D0ZUkLCRtl5e#bKB8uk4OUP2z"
+    "j@&uv8&I+knv8Z33!s9aS0Yk~8W*cpq)oa=ssfR0J94g7#3@)rDjF36Pi!SkjWNa?g<+JZtG1W3OefZ-U>^^My3jhk2nboKkzRwRT}1a<lyF"
+    ">w9;xKLBw5iDxi1ksSZ5L?9NJY$#23$7++jc|tjNKnUy=wHUXeY`ZCX1a=~E!mD4HzweU&885kE~@t0Lp|YA}!zCzDrBZ7;iswIE&#&(p9Oe"
+    "b_r;o#!FqO47|*m8c1G5N;zY3J|;)*XdCXO$`{x4TxGBhft34Vp~LlBF*z53{pe)mq$mMw1Vv_O?p0{RpN&EEDj10?VyM(H8;7_uT=)DDT7>"
+    "|$QuMGinyI4lQ-5r#HFBHDVK*WsxtBYj)-BF3p*hjur5bQ4<uE|4|goRwL&RFt`T~R;VcSMrr2Z+(;{w(%G0!pRggp+(a<MDLx@I#CMg}q^@"
+    "50o#W?8_X(a_;v5`eAhRm2RR*3=+U}}#7_eovAP+?|Tj?^#nDcwkk_!dE+8g4fb+a)jreT8M}DrVoJRu#!$3#R<!IOu1jV00yZ!BWX-DaT{~"
+    "8XY4DQAtotmv-3{HmO)LUFxES^oC<GAB?1B0d8~al1#1?pUrlhFawz;o>?MuRXx}=h(xp+zeX#&C@DN9m*x0tpQg4NcVqGailfMnQq2K+Yob"
+    "JL;+ITwV)a)E*fFJ9ffA&g7{sy@Hy~D%W10!)Tm)-1ub~{*HR`aU{mhLUEHyV$s$5trVM&Tq+RKaT5+e<@G3DB)d$uhp!^-$q2K#2*Fjr;Cm"
+    "@7VwB$>&GfL)3;nd_)*n{6v}LPHEl>;PNdW0qS`M7je(45L=DIjPtx^9}f8>2#v;6ET(eNWdvTj}br%a`F-X7Gh=^L{i(I*Nr0%Mp1I)1KB3"
+    "8LG_L+^qXdM8aonolrByz91#Q&I!zI>L$PEcmXwEO3jGUtIdF?q%d=Z!LWm}-<3J<<4gowUU=deW^~zHo41{(f@Nh`3Qn(*c{v*9W(y5cQgY"
+    "=uBX_u)7*k;ri5|3Lk;^NcOVA!KI^_{FHRjrEXW{N*q)cXRmOT(ba*4ZBo<slhbAki<%?n;pcXbO2i(1={mkk=yA$h9D=rnjdY9cOgf6_%@)"
+    "i_glj+cQk(6_|~LqKZQ$uCU-cQX$ySu^a@&pd6PVfuz?b9CcAmP-zbQtR~4PAVAYp732J3o~(9cW0Q4Za95%Zt5)IB<g%n>8U~J$fv#DmhE5"
+    "3$*4&cmvk}A{Io7)(OAJ!zQUQArG0{d}k4Dj%O7xNm2~aJbns`R&vrw5DggH&x10hqQWo#-07*CqXI;Jog2*(4z5QJ5D1p!K7k}_7LUXrd5C"
+    "Qgy!C<aokAj;_|y_%Ab0Lc#J_|8S<$+j}wjNo-ait$=wc|ui6=zxKuQQEBX#FdT!kJTaUe9@?8Y3>Zy@@#g1WX5z&=!^Mzar9cUnF|Ci3IM!"
+    "HkqnXU4LUEy9QUpRk#n(mN`zriSnz#zW`(^^Q7ldqCxlpc;ugfY8nU+`aRs!jDV=4qB>wM8iVJ0!zU&q2RGp}79vUE}HpzJ^OdQh66=W;o9&"
+    "$(?#VKOy6<M`P{20zNVq}t`w2e+@2FAAKVVMN!(OXwBcMEJAMHoE=lre4$Ak|bR1Oi%vA%%}DMqw|6rW~Zv<H}-DIT<ZaBOLKODe$64gf3>0"
+    "yIcXR?~qeOMJD)*XJcYxmlqA#(J56H`sEVlN_JWDHklKvz*Cb2AwxZk;;BZK*AkbuQsT~p_gpaxUG$KKw`k+QU{X|dW#~l`TPB30it94cOdM"
+    "rYhgM+5tdLMQ!@?W@m?ZdEwxB7?3v31`iGPYSF{CDXF(^{|!#DHtS2Wv;e?tO@CF+uiIxu+gV|5;zNjzW<gXkq*4P`|cekAnTLN>3+>vHx-7"
+    "_!DNP+irO#+@RCTH!<t1GPiXxvpLU0Wn+$iLOWska!nGEsrE#+6)+WjfxHv1X&_g<0gGh#G0n)S;@Fx4A?|5V#P@%6mK?$`bs^1&!tive{aK"
+    "hD9q%E?Vw~7YPxEc6-ewXWe_3SVbDQGZ&V@CCUh><97hKZ30dg~$VM^HUGha*)>xjXv6zT-Pa(k!RgO)h1f<O@GOiIgyy6J-RE=u4l$-@Ue9"
+    "EY-z=qX!q?5QbI?^<y)kT(TVv$&|dsI^GAPSE<_KD|EKS@MTv1eS2d(}{BB-%q~Hc%>LWErTs4@{ZwSxU@EfU1NZvD>qcFE^`btBD*99%oS)"
+    "4^;U05mB3MK63J;AeB787=Zeba&>WiBWfDocbx>no5H6uLMN0tHU<G2b+8b1Fli8l2#@Sy=zBg?Vk1ZPvn*mrP_4(=VI0e?Sl&ZKWK#<q#=q"
+    "HgIG5CysF8vyqK52|O`<QM`G6rac|NhZ9%nP$zU0ge4F(<(K)#p035`;bW0Io^3}msD=_m*F402x{m2GrdMC@K=(?fM|P??&?V)J+yXyoU)W"
+    "R@Cnh(sk^odz9vU_hV=N}U`$M7GnyE5uY9%}_L5$W{WR3VesSXznj$w8pq%IYo72+=V7K2r5hzcr>~oWfs(j5qaI@BCCil5)MhRu01;zB$6~"
+    "A9&!MNK;<FXbi#u>kn))-un-uBi7&u2wG$w$ny_Fp8XEZ-$!Jay<8er9JjT@ZOziC^o&z^3#9|CgYzT40mgSnzMpa{zr&!g{NX>I7m5Pc~vd"
+    "0dna3&OIR28qsn6aUz$fY<G$o`K|6u|YMr$pU#8_v&`czh(uq2&lAOYTk_=n0(?Ql$VVRJJ8U9!>awfGYh+aWj$S(`n5YYH4{bF#%$q6Tn_v"
+    "11)Em_HmRCV!n+fkGmp#3aSBv!A_55bwe0lXyqXPivt(1K60SSQuoQ%$xclqlVUZMiHPl|^or9$HyWf;ff|k>(uqDi-h71lF-gFRKT&_u%m4"
+    "r)au|M2X!Mr_k?Tq&6$cksP0(<PVmyG**acaXjvi(^fex%PEOBbM-y-V6rXly`;bu@w5jd3;;|P|Uo<+Vjfu7SarQ>7AP4R%$G^LnfzL0l!L"
+    "?BTUWGX+3(oYg@Km;TwqY|$-sL)*+IHyieZqzGACRR;Rcqqd#6=XK$G#}>rgz^R~M@*7|)j@4)i=b#DqNOybR3)wzAZI|GaMUeuQ4$r6N`0b"
+    "63^=T3ljZD0R!2L{7u8@DcU1^OS8PIY$Y&)$_M}a#{)J@4>4TOj5>!#1DH<gLT8Rc`s$6{qc4PWRN&^oa4q!tOyQDynf^ZKK9cB8q*37OUe@"
+    "$DQ@X6r{H=8ilbkkzAg)2QjZB;raYFd^%GMHrqs^+KACp_FK;?xy2FCfH$rFh90E*^`)npum;w+3aZtR4`#tM$k&FOc;GwJs^mFGB@ul9YwP"
+    "4HEFQEU|YofCeOBeag;4&9k_zN`R3ZMM-7~x_YeTkqEUikBe{-71`#1!}@-?7H2GQ?;<BzaiDM_Nw5JsaH=>WS|Y!KH!~9uF*nLLA-@~^H-d"
+    "|BgTp;oryY>;BFnd8391N1)Ct5HBWrx|A>ss%XdoAJ)k+Yb8u;R(O2T$#urm5Vq8NuriY<!NB6PaZvl1zE=(^HMxES#(rz$fD(df*0;#-R}%"
+    "C>!OII#nOqewAA*fT=dBO+?It4Wu25iisN`>YVtMQpX4_^2o)%ki_+7?|3Vw4z8wtwhgL4{V%HA&lXQE#pMljZ<jw;YB8@JCZoS#9FB)MCm_"
+    "PJ&r(r=DHr2=n9Oalo*wRqt7vQfUeaH49-QOkA=bqSCFEXi-73m#CpaFOx+Tix&q{rr+U+}7(*Sq?1Xrivd>RvBZK?I;xny;bCJ*!{c?<3io"
+    "k=5!aU>YZ~#Nv#aK5rfe=|l#l@tb?L4zeijqi`e`OHJiWQztNQE4fgcvYKRt8q1oJ?2%X{rS|4avgT4GI>OG%?a0?)gZXC<%(0WL+bE*=JW?"
+    "l}Ms~iV6jDWGUyY=RJ%l=t|H!_uW8jf*Q7ABh#KHh!EmdC>0Y0WxizJk+82_hVu~$N5r#$`tqio5s@W9F{lhlBjKJZ&CT%S8oQBkgo#~>*0{"
+    "VNJJUerl)RWPr|ZUvCGN5k{iRSdq*D*D#}T=n8N`N)GZjA9SU=gPtd@AAi78JUiVGPRE{1q@mgI~CS~WY5(Uz?tgOe&-tXdE%!@L7EjsgL*m"
+    "Hf{z-AZscphD!^iicYmf@dU5GMT>;8ZYL>X+U|1lIS2s*~XN6H8#D>aLwZ@Y5A|T+khsGc_pqF9zcvlXTL^__-f!_WCd~GjDHdibY)m|BD(@"
+    "2Fwi*Bqd7@R=u0idKT=S_OUUUtG+S`*DnSA(MSKdCe57Y6+=;|7V4!VAY;w?x44UwueozYVY*PtFW2uRMy{GzUlX}3a0rpGvDvn;A@+=%`WG"
+    "o&<zQv0NXA`nn#Uhj}_ms^{S_PJS&q#_1E=Qz_Tq131#%*?ue-6MO^q_g-aR8ZxXIeU_DIR%1<~1Z+;NAF90o`O02S*sdYEGURT3iJCqKw<N"
+    "^H6gX53q(@uVuH6jZ2{d12;7SkCo$er}!!UEsSg)N#h_DVcw6>$L1RlXF$Y2oB*k_*siq49kFoo4$1!#5sErQhUzMeyAA*xAUkx%NNbUUHa>"
+    "OwD?_rsrIQWajEK5{BJcA=%HA?@xS=Mo224zzJyb=ynsc$lilQ*C){1aYRpm^|DMMjcqqjy9jiHvf_$VkQdRdyzN+zlTPe(t4Fpy45Q;D9&Z"
+    "Gadg&TLYd;$Wx`x}?%VB?48RmD;IV&Y?f%$NgA4_P4TWtyGJgAL}2I`#u_uwxX45gbU#M8;3PF3(Od4Y3s1;RoEJousPyaZ3CPS@ytD>o5Y{"
+    "Xl4KzA<PhkCK#RLsROh<*nY^!QRkEu}Htk@9TOsdOjk)8LoyR#IRneGFsw(4eFa|>Dr|J=A=)T7AKB*a5dU}cHsK!cxY@3HJov#tTG>Bct2("
+    "L))mLPtTS0GtfA_o((qKWwMYMOzD)Gh*3jq)LkZ&0^5L|ozYq)1)S46<%bk#zhjsZLs@k()8QT!<{j%N(Rr6N`$g8c&uL-==9eB_~--9zjnj"
+    "C*+BobfB0vwPHcibk(NBe)T}iHY4A4^OzbJ0uLkIAjiPjBJuE5;(nG<*}%QIgs@MKAHhPi2!d;gQ<^xHIya6&bO#iRE&8PThU`7?dIN=2i*-"
+    "38g-FRFFqMUA-l4&Xx@DyhL;)cs(BT&gCn!B0@hA+(W_b`RtFd(@cb$k`tErjDkYIoy7XE@L46-89IYJT{gKVjUkUk~o_=<{(Qm7DwDbHtfc"
+    "+`xdoT<@>P$cy`N=9dtbP*WJi|8OVv#!n@EU`Aw2r6L6YjdwOaA^1~vS1r?K}U1lhy%Y9(cltW$u;CS8a)u?WI=qND35I;vf>zk^3_!cL}Rc"
+    ">9$FCSc@;~8R!tm}yhwn`puV*1Udw=(lTxQzq8O-`EZX9~Ql%sa<HPJk>4N|Z3C2>Ka1|MGUWK|8QsGt>utr6iH6cG~+>d6I4W>?DFB6InjF"
+    "YT*T6u{hKv+k7<MAPmw7f=zsg_eH1@oBX0#_9|D%O=o1EGYe;K{^_MlrDE5eHNl=B3So$W)}HEN&~d0ZCL*)7emL_rb+<lCDX55gGMzZl)m<"
+    "hP15&!r)e_G~^9A?u|r{B=f0X9ErlXjE%zzJV6htb)=(YYAFIL{XUV&iC+PdePo3^*ET{Y?MEd&Ado*t;6M=k7o2)z>hvM_VD4anWu?%30VC"
+    "=PRdSM1FOd-fyxk<Vg2D1KQbj%nKSdZxvtI(OD+<I&fY5|iX~tn|Y%ebU&jw|{t09yC4j+TAKm>g)CE1`ulo|8!JeP;`>9HS}8Ucq_?kkQ2+"
+    "N#X9W9v*1MK!{DXvo_9d^JP^JOJveGU7|EGAR@4X(V+9ifs;iy()|974^3`;u$s!9VDESIY-Y_iToiFuL(_B#F|h`)F{QfCy6ba2oQ=v^bl@"
+    "IikF{)?2A}IpdQ{SXd*LuF;?PGGfwO#>KHy7$gxz8Z)QMQ*Tror8M@oZ$4n3U3L;%BmpnjB6f9zdiJJv$o4Z;$hslJ#F47TEb_d+uuhBuI7N"
+    "Id@$P_U}FvYA^NMkiHN^d>D#pOvU%~X9XJTIHWdK3j8@nJl42eZ;hgA~2JNCX>`PGHZ4`k+pwtIrG$aiRc<l0)yq)H4UV&|-T~q(ra}#A`u`"
+    "iCCIDxW6G%ZCmr@$c%h9sEdtxMPq*$EhSr&qrhDmmNn9dsj_q~8*s<EBSL@~7u%`twNxd+6-(Q8!tn<bc62)*K|d%<X`-u=WwmOllF*G+fW9"
+    "}PzRSBXX2z;)8s+;=BB81&2lz!OF}qgEX9p5^qtS|#XKKQ|F6KBpq7Z=ts!AjdwEJyh=Hgp1q|_4qADfv+wvnaLSv+LX2rf{gyJ_E%v|(jP{"
+    "BL6O0^8EWBS-nrChZQ3ROFnjqQ_w~8x*UoBbA6-UgG|9SwM+IL0?6p0-1nXvn9huQ;s(1c0rZWbGk;f5jBUM6e&^-33*T4FR&SAMXLuf2X%{"
+    "Wp>M6~8Qij}>WNgFoi*7#)TDv|hqg#%YeZfUf~ZHUrXr(@<Ce;I+M42?%Zhm)3~dRg)*88ju$)lVZz>{IMx0?jAxy~7r}TbP!dr;MMOjlPDo"
+    "bJo>5f&A3G9**Z?gD3#Q%sGnj$bc@PTtRzY-A*2msfJ;uKiPVzg+L^v~_s(#XQJTUAH~q)LOO9@4SOfTMa76lq?K8slLtu&L1&0*Y81ZOG_z"
+    "iLw|TC>aNdWUssc3V~*-X>X@kfDcKTw1+~%)`GQ(ReEkBbrw5^&{*On@W2UW2?CDcWDfLXMJW@BsKrAupE+M5r}Z#4QjKz@rT7Uj7htJJuAl"
+    "{3^r0o``_)pd1ziDRdPjv2F|WvPQ&k|DgF$OZ95s>eKw_@+swJE)7Pe6_)k6kr{tw&BL~%=T6t$$fhL#VzDT;hsWI>9^_c2?B$Eg*2>c!kQG"
+    "D6V_)EQ6DN_Md#=MoWC=8lR42baLv&;>2}d0pBHv-B4p14(8Oh5}IqOI;&~dvpl$rrM}0!^;vwKu=2D9^ej$p1BQ_4}0pwP6{c(!@SgmNjwh"
+    ">C11=j98J+(DZ{5_jl>zChH?xif<b&JRy~bjMQk(kYD;1b+uUT3u|vsG`DJDr2@|KRlmORFOl?U5sk{+tQ3g9Uaiqi#iqCey5*}qN6ic&ZkD"
+    "8of2Vr;8jNKD=%Zf+=TdZqo*UCmIW}*p0LwTyxE!~a9-IMXE1ka>}+PEatb7n@1;N^^y9MHJ95ViqB)n%wmyu3@Q|04Gw-}FfAAD4Z`{hUXd"
+    "%t&QO^nnX<G&ns=GsRCifT4$o<pdKBbI8=Qk&+S*I>0g*LUR#Wd>6z!6tAP8BKWYYCrJOc!JSDD9fv%L!(vAg5Rqz}Of#tpEB+da5Mrs9iL}"
+    "Hfop=D(iX<6A5EW08APE{TP@BGzAnKl41H7<<A*fAxu4Rj>B5-p^!bygtWW+Qumj3my2gO5m$VQ$-gE>{OBp^iBwPGyRFP;&L3Cm%TMqE|7?"
+    "qhhKMOK)erRO1s00w(JQzJDrI;ViFFAJslJA!Rijn(EL0^n5f&<Yw1tf<ZAAU?W$sGIQYY-Szf>0lkuC^tt<6l95{K7-I>774#)$0%+ZSQ5V"
+    "uoeT~<21d@lQm#X=gph-(WYZ=c7|fXfU@!Q@VbXQ+9(A4`*pZKH2Te6`hErPTQwgiFC%u++%37$bbB*Lzc33Qp6nG>s6^RO|Q|mY;M64_iNU"
+    "B5Rgv6f+h?z`NKc;wjr0`tG>E#7S9ED~i<w7HQ66%s20ZM9QSvsIjevOXh?vXBp4)lOd5I#bjI^tlV(-vbFmCi}cCvaj8^1Fdc2&N;ICMtk%"
+    "9{JluEV3(`YmhY~q!8YMSw<b1WaGp&Wl$cmfltW;Cl<6&4=AZ+_);0mpjC4}K^~S78|ylT$xg+ZFUmJ`vLZ~76%Uvq@lX+2nni4=Zu${bMmd"
+    "k9D3lt?YRD=q%sZf_v+I*aQ&H+YW5?-Se5m;vjS%($gC(dh;L9m0dTwE^Mvn_<HR1V{A(t{-#+g=B26&|!gg$~myjh0wfifEez*)1|s8~f!s"
+    "i%htxH#iAgSupie`zST7ciF?`YL89R=2{JK!7QPE=33L-LdpI%g%zH<SQ~oRSan=9*H}53y@-=gEu6`zYXX(gt8cu04g?mJ1K5!JU~-OH=el"
+    "BO6!F1!eRtI+}UwW^t?b4Zz}$_iAdXtI${EMPib#fhfE%nnDWfFBTg3S{uQeYA0ZjcBqe77I!%PkB+KWd7xZ+I7%8%Fr)vU%#t1SF99|JNa@"
+    "->%Z3gavNu^R!ekH;d+L^I@n3i&QO?y7r09?ifq!#3We8nZu762d~&M%OO#Gc8=h#rJbG%OU^c~e*n17I%7^P&)1q8MP6)Lo#bhP5bu7+aSl"
+    "4s5A|B?<&m(UKa1R4p=}S9d&#$q8s4&7fmNGNNN&08rgo8OBju;#`RJnM~?%!WpqylHy1m6+_w_Gd&-El3J8c6y8-?!-ckHiaN<AJV{uR(No"
+    "k^jui&ds|AoCdOuL5(?x-TaU>~#fm<63aH<TA;U2%MXB2SbkUh&zEhdQp&C>P2DI+;Tu|{Ze%*8ZH3Y#XWGNfCQ=)_V{)GCE7be>Rf4z{NaM"
+    "I%xH5XFedyD&W_hLNI3;{q;oso6jvA`DH)+rTk(IU>%;W&o8Zr0D1YUxfEV1o$v45*L6}CnCgig=@M}<y8VD+M&pPwOj~Kb%y2zRAh63B2L&"
+    "c6;BUmY6OyFo~3DI*(vIUz^`-|&t?$vTD(D#FsR(LBC2XZVfGx(N~oaLs3kR#*qyG7K}b;!Dgecdm!(HgAlwtdy7N-AK;add^D`luoSrD0Jv"
+    "wRv;LSqSbkNQNniI(gi?apLJSY!Iw+paHO|vcPwB$(friM@yB0$jFFfxSYApK5+8>PAB=bMm|Ddlcnrdi(8@}ip3eamf@RryvdcElxtbK3*m"
+    "16+#$T6)|ffcS5ovn3w{CQ=W@l{1pPDP>v7QgR4zlQ{^eB4M=*h>FBF<T%;MsnyhY!$ntQSr&}lHjx60;|ilZ8*RZNW!2K0OhO6uSSCR?NII"
+    "c1s01@kO2QG~T|}^)XNr`K8Zcs`tFoL!$p;ZQ@ju&uyaMSRG3*F^0Ta2B2vl*=g&C3;SuroeR$@emnN>L7L3jy84M5c40_jRBS-Y%E+&!`i;"
+    "J>(yYnfWik>jU;Y>V;w)Y=FlXkX<)i$qd^CY)@Mf@R=}=Syb{&p%lQU1kP4s~VHq19fa|FposmU6o~#1w6b0txZESNjQv(^&+t2bnYYRLyy&"
+    "_iF;mzL`iy-qhC`ckq`V$87ZU_cP*##+}8@2aX=Y8E56wvYm3$7qV=w3ZM8raN8<X$Ul(OR6(At7k<kvsWYHig7nN=XFj0kC<gD)`O+fIDb6"
+    "~b=A@F!25*nryYoH`LLcwWUo~;y^r%<I;q5o6P>QLe*P2%AcnfaWdMVBY<kC0X*<unmL6*^R0^kJ$rzmXYA$<06k-4$Fx&5OBbx<ZI)UL|O6"
+    "@_8nLsm9`XSkz*-b8Tgj)hlj`vn!v(1Ott}Lo4umi?mq!UIa!HrKc#;z#(Hwf`|ka8IR6epQisJOgbV>6pxm-N)9U$5u}DyHwdJxaDS2c=N="
+    "*ItRPlVLW8JUcU`p%Z&Z|W)r|P1R}CPlQKmq>gPa?n2xk(hASAN0XUoonM#=|4F{{Q1RRUmWzNDy7dRO3w4PYdaqrhk3tWbV33qU1tTqO`7`"
+    "hHFd5mi#nkC4t$b6zL-fC!+vn$>VNVYa4v*@(rb%Bz*U2{9kkw_4<gjG1L%Y$@!^S$4Jpa;ef{oAsE;fiG0#BUCwmS7X^BOpAgj<02!H1_TC"
+    "OG-XXpq|>FMCqv}5EX_E5Ge=Jsvw<M0kyHgn$L9#wm5-;gA;|rpwTjxt0h@y6a2{rxS~(wHjP@7Fo}ro;PLwkvqec^H32se`$ztLMGt?xD3w"
+    "vAo2aETi0|<_6B9A=H%y~#M2=?n3K8=fwiX1pf)La$Mp73y(HyU~j4b{{*3x$QAW2tfLBKCF=?^%OQiXj<N@P~0-ph|KoJ$jN=MHxw3%*_C%"
+    "EWrulw#6D(fU7N5Ar89QA?#i#6i9>3cq*C}-&JE3j>w8IUn=rYm-s<a3EB0jWlo+sl4O@B;!zDLF}S*=7HCjGbZ9%2;{?W4@X$-VM86__iG~"
+    "JsTSF=iVV0-FAZ@&KQ!QB(OHpys$8+$QiOOWsNXur(r%8PyC!>jQqasfv$phDwb02gk#Py^13VMD(A{Hj8TxiT~fR8fBnIdbm!5_wgD67#?f"
+    "RO5jNNB6|9GDE0LWf#DC)NPxcp`fZxG7CXQzU9MNB~PJ0ODH^Nj?*G6cE+(8L?zQWYLI)9gDEWH6~5-aILZsW_lwjS=(ib1W55<$7A^_RjiA"
+    "+91=ecOCeUA#Ledkq(stWB0$vWi4!5cToJ=)geZOQq}!Bdk=Qr;Ia8ihEwTVxF;F6=W*G<?nPw2yVIM7mIH8|W0q(e|F*(sx5_B|BKCF0Fl_"
+    "?U=OoDn$D)%GBv^DZ5;IkPcS-+9{xty(K6y`c|1x}q!8DnGjF|=0fK$WV$jMxw4Buom|NHf)tVuS6*Cm_kPvZSgWYB4%Ok$_&PpQWa3nY1%4"
+    "$B<C=)JRj6x`Jvf!NiKdzQbcO)z%3PU^5I+>}-TTzy=~eaxx5>3nGHSi;&8)5_tcRf`V!g%~7dDLE4ay#K{3Bop>2}Qk*JM0^c;TzhQY)DvU"
+    "}q6E4899l?derG!kGqPb%=x?aA8;h=c0)sWtXh#rI<s5tj*y(+_$XC_%H5Dh1i1j|@!W=`ZO&=Dq?AF9dlAS*Rn&x-gcZpzdO5uJvKRu${%L"
+    "#Z6fkYvoEP+P<Ua0_s1leo-!$vD){w}5=8mSg#CXxBKV3RQRp8jwYohJS~AQka)Wx~%58QcO{=(sI(y(MM6`n^Ku3BW{`wJr$A>q^`uB%vg<"
+    "s5hDb{2)vwEEd_(HxvFvBnBqEN8k(uZE<SVvB6t^bjEpgxTQSoi#LQ77A4QMlE!@Q01_O_XTvSM@t{j<UVoZ{hAEupQaItM=aS9uxp_Q+)Rd"
+    "J}9S~;4Ts0h$<bVX6E<2kz~i=B#lKT`bvN-2gw((bCB3CVXN?jQpZhV~B2g{mIE4x&p#zLdK~fDb|76PaS5WbrP_QR>IS1Vj(v^Z>s=3V{ye"
+    "`w@w_V;Lq;;#hzH$uiTlM1dl50kTIyUd13Z;Ci?pp|HGj5c>v-axg-IETRJ?FM#%Ebb!W1%I=tAVG%tPHaj9c$E$;&WYB^JM`X~Z1ZXb<w?%"
+    "L#i$)jmwA%`7^ihij3wMeXj^{miG#WwhY#cyM6Q(kwI!y>HW8oM9v;-ux4pZ&0$PNvJ(a&hq-6eksTgAgbo0n`u#T$0W9a~Lg=M=<d92??CG"
+    "c+Y(T(Jq|ry3Ft5|tmGl_=B1D>IpwM^g{tL;;P3EVmrJ7e6oQ8ia?Via0bGogPxBj=%tTB6!xcbC^XN5kcEc0-=gtBFMislvlL!#C9Ye+T^%"
+    "6FPSIuq%Py4Q=}OXnI;L}ScE`CfGk(!BAFu~4Lt*PuG2NC@`!}XvBixR)qt3F1|v6Et6qF0yNOb}K2JbiARdr0VOV03RDa--Z;)^1sSF5;BF"
+    "5#)Kn>5EU^rzQ-(scj*he;-qs9hZfSwO2n?sMzXKOM*Yco|GKuP@q3)K`^I`q<MFfYQjIIi+F5CRv=D<+XhX}LTdA0il|^6`KmN0_Q|J#zdZ"
+    "60WUCe_p^*ksH)-Dk7z^)sk%vD1IX2g)m+b2xSKpKFV4Y=7i#LX0=L;?r4+vH24k^tt%;eN79>0u1MA&MJmj)AT)<$AyHtC1%N*`N>k+HUd*"
+    "OSn_D8%i3+b=T(e1{W+I<3GmgOrF?tzAP7f@oYQu1(G64An=rQ0_IPrmtDV>toWH{TQ0!H`=9sy`TEJLoD03RUhYsG9>=F=oUhZa!NNaWag5"
+    "|*%uz2NHXx`~Hws<ukbspW);EGnc}Kw~FGaZ3i)%!*=#JH~|qC|)4Al351OHv<z~Qr%EuoPabVrgl})2;x}?OW7jCQd>YJ@QbL6P`Dsh60i1"
+    "1C9<>(wGZ%%kUO<h@-4ItjFmE4Q<CEX_td09Fyj%4Ly?qSM;r+XaTBEyZc2h)k?lux0K}6=9Zsb?HOsJiS)YJ9-8?5mi$c$_inNka&-YohEf"
+    "4H!fS2wmG_z7-85+u;6H8)B3XxTmMXHQAVbDa0i6I#mGpjNboZO`KxvI}0c@VG9A+7ylsEFJ`TsiFLM0iw0neAI{Mp8k*)(PSXC?lf8#>@v5"
+    "srh!YZ_tPg^M~+aDq);rPfV>uOZi!|CsIHzdY0iby(h&GOj%_SA0YM`EU(d1Yb7X|)RWG!A)g;Z@wLP*vKX^cW9La3W!*HXMN3;M(E*MyVgO"
+    "j4xUK1a3Bs>H6Ch-HHj+b8C7rB9j!BtvP{T2_GkE`r-ExA*R7#*!HMYp3=7b^EH}(-0f25*{pwqO}eN`n@8>UU#AuKA{10>^=QTH4=e<4k&Y"
+    "5EO%VWs%{VqVI%i>w%ti+c1&k~M}%4g)<k(@e2UvOMHeQ|jY>lo5$hE~pTNICNMP1RLP~4|Ik((1|Rf*qFX{QX`1s5(uXnayU`?=A<XKs)_d"
+    "l6CLiHF<b^_xfNocmy?)rIUT)?{WW7wGV<zNBlmGN(A5GN66N(ULia&z3)>9~frkdJ(FEgI%a(2etZ)xKP7&`(tXrqXqE^Hx0$#9^mxo|U86"
+    "tT65OZR&L0p0OC8x^Pecsc#DvO1P)9X7YyP~oUPGg+JSF_})=mDP-Fddr`8-<JrNNkCTwGmN_^$hKCZoiVzg6qP=OR6wunuXb*T=q01<%V(w"
+    "u|vxhM)r{|G{cVxie<zjIfZ+IG+bi^R9hppO;NoVgs@|yOlEbKLD|cqX}ZfpV9TQcDAdyeRANq~LjS2H6STw7Wr}q{QW|5{vUsM{R7whzjFR"
+    "#5MJ-Oa8HFpV$U<e%G`{F!HKXgP_bN7|!zw9|^AoFC<bWX<1d5VZf^4-;n#O>V*+nBsCmQo~F(^XkhRB|NlN#w?SxQe8AZlIY-UuEdKr$j6{"
+    "S@?aOtF%IT!5*242IW9&qW-w+^i-IzkD&7(<Yk{zFt1K{W%?CcjbOl;DE(`Le`3gUO{@S6XzLO7!-1wi6gK~yaKc@;nfOMGSr|Gy&gGALzmR"
+    "%Nb4wxwTNsq5CKjKB+yxH(>ds7s6Jpar#Lkt-zTdt4TcXKfDD{iWkfRYOJ9dG5ug=uBsJ&MCwA(z5(scmEN7ae$=2-_c`=Y#0D*#0hcN#jC<"
+    "#T<h&!V>U^TfZmBEz4q@_^CV|dxP##N=aljBPvy)YNp%x9)a7EV<3E+UpnaJh*Ak+H)Zk!a~q^0H*xhV}H|3&zEhwDQ5Ot>Ni&APEXV82Ln&"
+    "Blt%U=c^hrqoVju50FUmZBnvoz@F0>9!8Lxu5xm+$WNTH2(o7S)WpO@(qZ{7G>fIX7258Q;<HQ%M>JzIRc^ww85eR=hT;$xo+fu0q+a5!>8w"
+    "6Rcs~=2AUMTC_#LTwK8%wK(`Sbz!23NUg(Scya(^FkQ(@k-LL`(P<zv1nso0k6&|`s#Od$&w_RuFhSs`(3vEfCDx=)JwQbb3VjJZuj(;JVaK"
+    "4==FkuHo_@FD}wMSvAcoC3unqN!r@u`WYw-odIyWVGaj+}EXz#ln~t70jVSx_#^rhM|Vol%7g>9CAs_i5F;;3?UDeW*|c?7KfHSX`rkEubQz"
+    "B_-L?DeL#^7hQ_H%wH6jUMJbIY&<hp^s<_w0CtFcVojKVXb3yXVD|xD6#QJA}9h`X7foHH9D+5aziv-t>XMj?ynrW$`E(wbPih@uHq*4P(;^"
+    ">Kuw6w$)hgC6%&6|{z+Z=h>%S$86P?FEWTQ*hKg<wSp9#YAJx`a$*O&{8>fT0-TFw_n<{F0+3hGlUUMb@rLn!zH6|7tu5OmZ|R6b7MqGY-6{"
+    "37A?!fF{B;n5+8~SWL#e<O>jqVl*bPO+;CT_HtHSNI5|osR$>160sdQIYUv=h{L2Ntal|*kjFRBE$J#IWK4TY_<WL<j23Q)7LfR7L}#`%R?b"
+    "p94BV_n<TabRXNAZQ8li;`SekZ`F<J5*=rNR7g)x$^74xOOM?8@U+>G>Curw`)wP5CHz-dbEVGdv@QB|^qkd9JEd``liC_P%4BWsS%4eLZ~6"
+    "J1iQ`Mej0(G;;uRV3bpifFncUt{pGYw99hJ<x2~h+70mgjf>Gkv6I#`Qd(LPQ$?3Q%T+~M@tX3H0YuzJdCak(nh}}o5{3cd<?aebPe0$%2U2"
+    "W?hTM8G%+YNxqNkt<hbod2wg2MIJjztJLi!Y!bz_eDgSBOP_8%Fv;+JzYH~+qC``%0RZ3%7bVzHF0sx>m=#d|!j6mgJoP^yU-)1UTy!7QI=H"
+    "CD7ddtwhw>AIwOEdrW?%;RseV|AC5tYAK@n)~FYmW~;X`TOa@a4;=uYPXzk3+hy{IR}!?S?1!u4%Dk<U3myKeTt>cROBO_0G0tef}`@#H(f>"
+    "HhWyZHE(qpKCHIktn=rO-MnS;m2Zvv!|~%+{Ac|eH%|Y@q*-@eI%P|zW35*QPM`O{Vc);M_v<}h-80^wTJz*rtt)i>*7CtyIs{!$IOpuY+;v"
+    "I2_Ktl@_m}FA@AA}&5BKdjx!e0E&iig(yO!tos(;|tQ%}n+UDxg8TkMfb_kY&qoU^aF`jt%sKA&`C%O}E1`~2bA5oiBm*wS;i{i@SbJ6rv7?"
+    ")zKMIQ{O)&#ZcX>!XXG+hCb5)IGB3<B#6i^5OP3H?O#?^{cDDp7!8VD=zJSLf5m;>AibaulmmaS~YW4{ZaK(j%+z}#3_SjzxmDh^%a#hUv6C"
+    "a^q<DI+&*;L!wY_RU|w~FyKe1K<NnfZ?+bNLuYAH@^s5f9JUDd8lD}U*INIE`@6tBM)jnTW`&zd?Z<r(Rn{m_VlO`?uaeviehgB&*-97oJHa"
+    "Cpy>nt9A?Y_IR_cU$t=_lWQ^Yq~rOB${mx_9>}eO{`!%-Ii~^4X4$Kbp|`lBY)Bv43GWam;<{v_D?A|Avv@?aR0?H#oD~wEgU}9naS7`EdJ-"
+    ";>vCst*LKr-nj0#5v#VY+j>dAaeHP4|5~F=xM@#$|Fthp%jYigYcHL1>KFg{Y{#REKmFw5z7KU?vU=)(uV38w&X%&m&adn-H(zw&lQ)l9zTv"
+    "qItp{9J-s7?f?pZxP?7HBVvDaK(S@FQU!2fdh<%3(y8@6;-S;5O*-1oT+FV(kLIqaP+mO10T54JtBsH|}0py>l{>VDCM&)2^3`Ul&(p786AE"
+    "1uf*-}73wX;IVXh?|~S_3V;PtuJqw@#x|g>P|cLU&nS@^XBGbJI$K;&xN;+JEq;bwJ+3Nvux$lE1&8-?*86AZy34C>G{CCi~C+X{Kbu5?tY}"
+    "#b=zNVxUBPxaYxs!Z0N9M+jrgWYIp7Mz0H3!yu~AH{E^X|+}1~|hIX|lx2ahA_;>prUa;aXuhu?)d;NJ2tk^O4y{k7pwq)+~;-E33p6I&z+1"
+    "D-@mwEB3?!%^CKVtlhT{9lo{AQD>pRN00#-K;88@{B;-`@V`yxQd>`sG*NJjoaxj=43z|Hp?H3~0Jy{B6(I{{Dhm<EqJ@OuE0OX8hVSM%{Sl"
+    ">D_J{-+l1CZP$;yVeON9U#g$k{nFd(UijDcR!{9)v*e3S|GH+9zV)FY+d8&d|L?y}YdEoGtLY1dXv36^b-x|AalypLH<-(Rx=y|RoBdy(dDJ"
+    "#9`}E46R$jm2)@2(%{p98`J3k&Wb=wCUUu<{G;d_f$9@Amas&=0p*ZEHq2Yfew_YV)vX=b-ru=w|{^_;YR$D`Xmcx>`?cU-I1^)EfOqO3{h)"
+    "z38SZ2J1?>y))OkD0UPlG@8(uT@t+yP<aPphq^`I_{fZ4_{gP=Sh1WUw!y5>Tj7Hx|s!^cANIsd#4}YW%-k1-o1F|=QC%us99v$i{@8cd*N3"
+    "{KiKZ<c@O+)VxNvT7JHvRuHn4bpE-NR*yC2-wz&1E{zrs$@4dM3oU><WL&x3vo4z}bsU6hoy#4bYn9<{dkvH@%uHW>wozFe^&>OFJYS_B|$*"
+    "%@q-uL1bZHHuUA9mHneU}sm-}l3`Q@UR<WX!@A3x>2mx$V&_p6Y+;ggZNRzwwh#cYfafmosnJ^8Lh<SAVdr;{tW^clXw8-c{D5NyX&5pHmx7"
+    "Xt({tci(&M)vK>r^Q!^5+Fehn&)5Fn>nq=1b;O>pTJ5X8>%Cr+U+mhx-;YfvZFugp34`V=J$cvJ=R7fc;nf{4nKY;U(rKqY-Rn~S<%UxZA29"
+    "HUF~dg=9P~qOM(u*}PpxQh-@fpo33uMrq}4qS4Y_LAMT7S2ykXLp+j1LPzVPlJN4!+O{@>e%p0)YaM+WTqecPi|?dqk!7(M=n+wYkDw~-5ea"
+    "m)S*`v%|LYRru2_K$|VGUSS0*-M81qtk*5zj^EBx~0$excZvwuj})NEeqR?JnE`p_fGila~nqAw7QS?R@DW&e>36EcaQIT$L+bBhFWV+ZBTn"
+    "XaczE2)!KE|;k`Qd{d{NFx93c0G3}n3qxQ~Q{cNG^_3_Kj{$s0^Q{TUR{B6%|IA>k=o%NxY9eHx?hLcyVI={F0)SFj(eU~(A?RsmMPIoi=Cv"
+    "LjPY&L7;Mc$5un_ASgsOi|Oe*Sa6IrGEK+1u}U@S(rY+4$lY#WtPmJa=_vpIrX@-pigi<MiEM&YF4BiB*Rk-M04l5zU%6yxi^NpKk7SySw^D"
+    "ukC{2^Rq{sa@DXc?+jXb+{ZVMd0^f`<$}5S;eVdKr~O$U-#YF@^R#DIU$COX;S2wG()?yOT=<(akMCeEYu~L!!*_3tyY8#yHE%a-URbxJ%W3"
+    "Y7qwbq=+xWZwGW4M?r=IrEgB_l@{oji!o?3C@NzX0%_`Gvx*7?V--~HvVt7gtRy6xE6hZTbFd;RXRLGzZrc1!(|bA}C8&u>@Lz5k`BEc|Ef="
+    "*pw7zwWag+b$kGwbjhdf0_5dO`{+GXk&S?$IXA<*|71pKJRwgaH}%p)Suqiq@FeRo&kHW-Z*P!O^YACe{}KMby2(8W-V&+tLMEue(F7!5598"
+    "fa~t+tIj{DjtM^u|eNVk({Gvx%x9Tu-*5^BiU)%D?i!K~<vuRb`*zcUPpIA0<kh|x%U1yKjQ<cAQ)Y8X0s>d#UTsw2++ZF4F_8Rod+|Jilv^"
+    "Br~;q)_(+_-wwtqba3xzx;c8g<0N`iJW7x?t}s`!<g#|5J~%_Bw^Dk9&Q>)xFQJ-P^S9H>>R@zj<Ou-S9ihSN(eAf`?nT8oTWLBRYP#q~@9)"
+    "R}5M4lx4oZ^%rv{_S7CbyRhoE+D8}9{PoOZJMX`DdZ*bhzwvsl)2wFym^<8ew>|Pz)rOBoT>EkL;JV+PG=9k1BbS{%?5Y`akDoUEsMSMHeqi"
+    "N*fsZe3d-T87Jho)q9r~Z^{<HXoktcWi;y>@szNya{y=M1$;>(_OkA1RkZL5lt2MoMnWVe&+>tAT!b?^f-2iBhX&h(2{&imp&mk+*W>?HNOD"
+    "_+0%)LwJG8CRTm)Vv8t&fT|W<@I-OTs!^VAq~&o-s7w%PVCsL!^--99amAfWZ(*SbM4v}2OU;bH~-pKHf??8+E=$ue`@pAzt8#gf=(ASZF1^"
+    "qdd2+Nm)xBlKO)oqry;fbnglN&wsyhFF=N7L$zuavKla8^uWZ`&-+MdtZ*%UaqlYZq`pBYY+cxiiW2)U^(i6+RSAY2Mxg{IhjqCQW(>~fZX5"
+    "l~Q_bi(;Zu2`6$F$r0+!}S}#V0L!Y^MFdgVw3d9$wIQ-H@M@D`z%zKJMj)zr4_La9!6E^0xa{j}}|EuD*58SM^KJn!U68xLa4uI%3VLXKKE!"
+    "{p$QZ{kNQT^@`D#yfL=vWy_w}bAG@6=kNdKqmOSKHSMp@tg3(P*|}TZsXjv0#OgbLY=_5wQofzvYrwmg)n9PV*)?OwFMN65ckK$l*n0Re{;;"
+    "bKs~Wbt&lu&&aVv*+UC`(JBmTR4|4+)~5tsCPcibh<*S0z8fx%t>yX(FgA5ZEha)~`(z1%ST+D>1uId!t*ocPV6Bfo8V!P<{T-usJ<3%g%9Z"
+    "^%h2>u1brzFPg|u&XNvl#je-&!~YzZhU{j=7*M;H;#CA^#<d<E(@zB?zz@~aKas7ha27;-?3Y(#b;i8=G003CXHI0pHq8zkMYBow4OKdr+p2"
+    "xUpwR5v)t`Lo1PWsi9dc+7hW^v|E{x|{ib~A%D=T5JMYz(>a$nQyk?KNz`bevYx#w*HCU%sbX(hD>D+f_em-&drfE;KoY?Y`iI+_8)^$Vc9j"
+    "m5ZxBM6N)B0uG)%{_@o$YVyHD=C~hrjRo)?df=`q%LL=T^M_%}-w~?6CTrfv0XAdga_N?sm0?Yd)X7dVY@^+t&TCV%%3ddu_jS>ygd&Z0vOY"
+    "7<<$28=mYu^`sU5zWBSbdp}vJZ@zEsN@MKb&MyC8+qvgW{O5|HgWA>ad}!tHZQYJDH`H9QYHHo~56`P`KPf)+;H8@;|6~5N`hh)`J^H)K9<z"
+    "5W-#C2ll-$NWTmM@9?9g6M?tS%-b@dB7_Uk|6iFW?p4_0nI{<`wcl|y>oYIixh$C9g`Y4~ql;ru!4yZrVD_vOxiY~F0;b*~Qo>t}B*JH7Yez"
+    "gpe>o=5jhe)hDx+TAy!mvdh4rK|dNIQyMB_iaD*iyqfb>~_lvuXo>zkNMR-`vxmh+fM%V*1EBe-f{bsaMMve?%X+O^v$hq*)!w{W!2)3CcSd"
+    "~>Rl(*J-1`y)i?K?{dV)a8k#hePyF4>Cw8B4{`d=4RS$mS%ly0@-#>i*Hv@LHE8E`f&ePo~Q%0TmRP@n~jU896A24^|)ESSjn0e*$>&~7w<d"
+    "w=14^3V<{he2Sx4%j~Y-#NzyT4=q-`>j`+D~3`eRlP|gD>xV@BdBd*T2p1TY8_{u;;_Ae_6QbR};=W`ZsNx^?c^PQ`f)p!=%1TpPl+a|NX7|"
+    "&aTqOEc&Y5<##XMH~Zg%c8_`Fg3-V2x%A5Av%gwi_Ma2m?3!r@oyQ*CZvXOI>i)d)#&^5Edf}+wOd9a<re~JFxN+7qGatNc>^W!8>%QWM-v?"
+    "u_dvM8uHcb~S+WF6azZ7==_U$ufY+U~E?zcCrf3{7-?Z=LOr(f^IeR{oq<>K?FbX<LR)r>w3GkeY+G0~je=O6DZ*gascb?1hqiw78Y-(!#KH"
+    "GT2@r*=Bxg%cN^GHBMQ*ZThcf?+*Rdv3zm&I8X_weOOCtA5dRP{Yzz>t?^ua(aH_op<f{U{i;$>gR4*z46@MYR}#`ett`*9j$sVTTpky#B*="
+    "Fw&C!07w6vJv;3R8`xp(zh&8*0_vy2HSckt??S0{?;VZ|lSz!J}o4BRV7tfFQ<8Cciaoi(o7xi18@7ejdz4xq}bL!e(u5Wd6_{dvNEi*g*di"
+    "=aO6Kb82172Eo{D_m5PrCl2k>e`HZhdFpM{jKDz12Oc^VDZ*+bGj6UlUHav!=XjZd3J1KkR>S>EySMKl_UxK3d$dL;bJYTwQMux@zg;W#`t^"
+    "zxB=2Z+|~=Q|*H@?%TBNA6v?Qs;ubqr$KeCTMgatOLN@4S8QH4Z|$&tFK)f8ZT*^-+y8Uf?wYG#x^4ODt4}=X?9p{~{XbuI_3GL#KkWPE$e!"
+    "bmZnpdJ0i7=V!>V;B-GBbPk6zh1_JoEH8)`c|(X(Y3{jPd)`;7a<5mQgx@m>G<bq_`QN~7WB$>(f*XXy{S9{g_Fm3w;U>IT<u7_sldv6l?_{"
+    "_y$jrr#^Fxu(s{2dc*X?WZ?h=<?ajSv%@qs%rJy-}ahWzUel<`-WG#jUBeQ{)zfAkABy7P=3)(M|{!ay|4Fb>gZMddj4Wp`}f}5e01Bcnfkt"
+    "aE-xSd`}daCU(x&2_Wh@R8V>tg&%rOf^|m-vn!ng?XzRPSwyhsGci6)V<}UuA{qoTbYv=85`@_f~6T?|gH2dwcwtN4xcas0xWs7z_e)wZ=?O"
+    "r`|{6jrw4P8-RJ8<^452l{-z@qu<hi$m}wD&5OcW8O~qxsylzi#`q|MmZ#Fk$z*Bep#|<{#7U?fvI7CzTh!>37M%zw~%8?0@ZH=eC`F`KpEI"
+    "o%`Y)FKy}m^vZ>cMtySldoN5J{`%~DH@>*F`?wx&b$ND$S-0`t=BJN&sP=c0#z)h}^?af5R8Reag-`!w_Kwd!{iJ2bi{IJu?Vk@Hw7+NXzfB"
+    "o>^zJV2w(8&Xe!X_{u<3ht9=qe7h0C8@-`VPY<d$w@e)If>p+C+a)p_pFyGM3C<?+S$wCefXmg49!#rONKI_$Mgx|e<LyEcnAS9TlJtodbC>"
+    ";5`>_X9&G_WO0m;q$k5JM8`u|DAT>2erqI*mKiOlQ*B&W%PApx{ST0+1|s(Y-!f8pwKXU-0y!}z4g8scdVGwb@IoHK74uGkcz#ZeDUmwW!wC"
+    "^#aHZW*fW1<bpDz-_7#(kxbuqbeI_rq&e&Z0<gU3FJo4xlOWL$qbN!l{xB50Y@zEy+pL@Xte_GjYm%ex2jW12QuE(__|FHbG6ULl*%<YSwTC"
+    "u+G&HMXb;SbMEIkV4Wg*mrB(|h9P8&_;E+ckN@P4y=Yz4G-=T^_%5;kottw}Ypy`CVqv_FV(Y3b!o&<hPx=%vj&-wXV&7wYpn<?UzHhwCPnh"
+    ">Fgov=gfGxuI||xUUtb_U;n+=s)0i{j99hgr<T_btXgx-*DVi6p8eIHzt8#pv7`G;$nMW9ZZT@^x&A=C-{0o%ZTa@nj~Aac@sdH;?Oput(c5"
+    "~Q+qAB%@OkuL-(R-3Z@u07>uu$ieYAQ_zWlL1=e9PFSo%YcFdFY|9C}T`Ep++zp`$)?kH2ei`KC|rpLxoH&bgZwy|}mT&mE3CyqntT+b>7d{"
+    "%uUhpN^`lIAQX0o0ji8a_F3PXHFb@-uy>r?K$(7Uv_+J!RYn*Q*sNZ%)hVGoYp;iKRy1JR}BAt?bGw$-qN{$Sl{o0%Z`70{<JB}wy*Pcf8Nq"
+    "=|Je!SM^CSxVm3@`+GKXt>(GASwClI&(<-_gzw-U|3zxt8<@bx09M|moTPKV<b7jT9m#tHKpL9*wcR{yqWB&Ac)$PN+Zr<^kS4VE#bHdowyM"
+    "Mgwj8}U%*?i2lPUZP8Za-t>{Ni1+YTF&tXY0l}_kZ7~$C{1nzq;YFujlVLb*sAm!hMB_yDtCL7c-~sdhEwPy?4a^rUkd#KUe?f?D}!nyxqOS"
+    "b!9i~TtC^E|9su4cg<gW_Ve}ie;D}fHFZ;7AJT15H}}-pTfS-DW7V3m%d~Yfhd*{i-R`sg{^ur3lu7sPd$)7v<z3p|^mgs**-=YB>)GeN$JT"
+    "E+zE_`dw_c*xx7l{=)=lHa>PNhG$+<)4{I1oSr4^rEw0oBytbb#Kdu9JOj##$u`Hl56E<d5`zt;S9+E*7e8+Xz83vau1+!4bUeca>sOXr(2c"
+    "8>UL;oLi3Z?p5IDX%ZOapM=dd)QY$b?<m-;Oe7aIJepKvG3hCWmm6-D}M8zzqQ`pa{tT6beZ@~-O3YAUAeH`=tch>&}{gF9eUS#Cr$3V%y`2"
+    "Zwd;hdn>X9>*=eVKxx4)Sx-V9(KI4L|_x&_t>7wzkyt8B2#uo~6_q5&f<E2y0iSMt@me=lnbI^(%vv+;3w|s5M*MIEYzhT%HlU}a*>7xxlDH"
+    "Sb8?eWj~)B5&<X1r3L>011(!;m5SJ8l1{%jQRBcIn>tt4oKS`N^_RSDrR^z_0H(Ysu=p6PI3c`Kw>(FKzti!mGQFZMXaAqaR$89XtMthK4tL"
+    "85Lij_t>hvXZQQ;v0-1g72ADf!%fqUo7Q1Uf9HZJb5B2R=gLLfj{Tt14I>Aget7>MmrvR?_RaPWFIqfpUf)*Zj=%J#g*|?^=gk?jm)^2*#BK"
+    "f!l~oVFHGY1}Nl$d?y`aO6?xX&@;Fy&gpIqMj%TY5HG%P!;?T+Rb_V4`dOY<K1V2b@o_X$H97IxacwqnbgzuviY#m;kE4p{W!BboOLbB3Io>"
+    "AH2+^0k-uw3eQ5LDvi4DHJyJ8PT#;>+i2CUfB8X?=PQTv2oBf6Xy2cYMQ@XHtNse_Vdplc+G&LkIt^Bbn4H&Va(=bZL`-+ToLT7e{u2rm-g)"
+    "SF8sso=PVp{^3-N)MtnK`sz1-@x8(iyH+H?c{<>GrY^BWBmp(mZ@2sH}eUDyu=ho=)wR;9mt)K7jTK?cAPPcQHZU2-1X5AkuUb}wh^zg2_IZ"
+    "c~P`_*H)SBJE1bN}IOcAZ!GQu&6$nwjfg%k>`f$|u{`K6CikX1|_$<%l<4Uv$L_9}L;oW2yh#AMB;&V~)Li@Z}3vt)KnQ-6Q62>)YYj;aiul"
+    "xOe)4o5x<ZeEIO|shci(@U*^PShtM5>&6{Bn)Dst>&Xe*J~-~PC%$R3tm_Hgw%mUB+;Qt~8sB_)$D1s3@9U!Koi}LWKQI2KYSO!V&*(Dxg+Y"
+    "hEKH<tARxOybe!vOGtDOdIJN|=L^?!^W_-$^=n4$l6SB_cu+N-yXKYhW4FVF1w#M#fR3P1X4-<p4&c+I5KpWM;2`K+1mY}s-D_shQ<S3Cc{F"
+    "?+sw_RS52PXAojwr=UBMPoWGnq9v7rur{F@4nDKedd40KiYQqpN8JutYh2Ne;IJm(z)%2-M?t!nAS!|b@Vc``RqHtJ$1_15&z!w(dz|sOv^K"
+    "7jU2q7)A$=I);{yi{A-t*)5c9`)BTuBzkRjYx>;Q>sQ+o+zOFO7uO0I6e}{}Yw_k%>tetZG-xuHB_xJYLb7n8P?yG69_3uA$!2e_A@8g;L-}"
+    "rw#Nk~Gj6GD>fB)OO+iIJA8B(Wqki;-NVnGu>Lq0ul}a=F&bT8Nohvu0*S2nk6@OA?YK-+H}2-`~ae@9$sd`N#Rkd3&Dc^LRdv<9OVUv}qH#"
+    "Vw>Lq1uzuflMXp}>Rg2~JBylmxD}1zA2Ki80t<JtSS$fTLAEiL(7mW$VYa`2{koV=MbF{0H<KQgtst+AgOOpEYHHn*%AHsWmj!O@25{ldseJ"
+    "WuHdv1>kMLSHuxdWzz&nHV;FWyPp`9&7=Jf`NZPlv*SXl@_4;}~jCf<0D*TI#E@wJ0KWxCggH2rFg1fe`aNu$m)0zxQzc!>C9^PHFLiU-Rwn"
+    "9CQ+pyea=n(TpY4YS%?W<iq2StooWqKvDnfWV58-&RLmSZ~r|U={qu`?g*yJOj(HobM@2RCN`zrI}xGkT=`s9FR^I1e---4H+Nx^KxgG6G)t"
+    "DhLO(UrX%w-^_ct0BZ>saGcCWr)ae8bDoh|PFsmLRIL>0$IXJm$jDUGqJ|C8w5qvpgu+vz8*d;qYHhto;WU-=tes05o=+{!w%5q-*;e=JVU#"
+    "2Bz^Ye_W2N=)1T0xEJ(%6LQE9~AXR#`E2qc|{tl7E6K-Su7XNIhTY5D$AEPbJ$}-y-FT#3yGwgF(`yMzR1Anmu}VU{PV&SA5$gfZo&%eK^t!"
+    "u-W#b&(8~P7^OPpQ|)6s`4kMkpMP9aXYCg~K#jTp6fJau*erl@<O{i4h}(`Nrfs2}(`x7o4Q9BOy&{)QtZ8Z%3e8MYMr{0L<qR;CM`h_qGan"
+    "=I(|V56taGkm@unvf15MChJwh>e=6fb0ChFkOOQD*>xsiIdKGtj7pgR{)1hysVt-x2ONLl9N?J}r$9ThKcDCjZf7W-ON#u+4my_h>a!)bKPL"
+    "VCXqop2~yoXOX`xhv?!U2xF$`&qH#rQ94uvW=dC0!X9c&tDC`$oE)ARqKd1A-)iUb^wsMrIqUWrYRYYnKIMsn&psV7v-||t2kv^*#gUT679q"
+    "eTIKBp8ER7fnL-d$mM7dietddmMV#uGAbzceO=i10vNiQVuGXD*O(DY-U38)SK8hT^>F6%Ol!b`lciy(_Jkvam>bEK`jvyl3QoUa0-C9>(G4"
+    "s$l;JfRRDJSMN9QAcyH(|xUfEG3>I)&rJfRE(I7U;!3*eR29uhh|xr`H;46(<o9l|z0Ljh6Yn4!Ib6vWBFLg(lm+LuZORH(p+T`2#=XDeQy@"
+    "W6}PEnzDzhGOufBu?KVRzZjnYUl|#f02w#b=$ju3Mvh3wxtcCTpCnH(FC^Bm;o{C`?}5DC7Kxb;nz{TOU%po*aa8Vkg@FE>mgS|cGt=aovu#"
+    "Y@;cmPMPeI1=R=D4!jD9REH3b=T2~Yi892=KAw9kOGtXO5%UI~{QUyC2`+Bc>BUS1iuV{{Wy1mRxi5As2e_~8S|>!R{a<^)JV_9;7GJ4uB6I"
+    "Y}zZ_EJZcT~CWx(ON1iL1&41eUh3J2n25W09A=*HF<#sZ16Q-ki_q(9B?Zma%=gCQqn*4w-ob)ctOuoQVrMPI(OT6w)3KFgmrOUlJhxVm9dA"
+    ";i%DZ?l5YEdr*o~2-plDZGXfn#8la55Z$imF@sih`cgM)~3b$;g@y69Iy=B$Qvg!1yko~#}(<)R1tw(U~T9x&vq#1i!9;b6Zy4h<<>R@CvC0"
+    "F~fY@Gw-UB-4xR=F@X4txeGrWxs@ss8MxMPm1YzjZ{$nxZhEOulK<c-Px$bGoJVS+swGCxqisE|^jENHk|{G2c4`WA1pP3g-C<!+vKvJ`ttl"
+    "p5%C^TC1nk@dRDua!-zA$6I#USH{&DRhS@gKY79;tct}Ws8JHJ0YQ?_1L)~n@}7po^2$d>YZ`pUlbt0!DEXa@q8(^Q;7wb<({!%kG~O_YHQx"
+    "%8e1shw*r2x(A{_8UF#q_($yLF3z0G(2=`aELR7gQ{ZaPPB*y5(9NpmtH3hss$-XN2hX${i$LM0ru_@ce_77n(c(E0(j>^9FMYhKkiZRC=-b"
+    "U=;q_t(D_h3J8)X^mWh!<yeL&*pjzGgeZJRTX8(_VPa%?vDoW$|8OPfEiL!7OI-IL?QEN;{0X(Uv4pHCvJTKY@w`am}972yc+P2J?dY^kh%Q"
+    "sQ%Q%gK{pf^xw;5LN_s>AB~e$We*jl>2U9AwGYOarR%Nz-m@HFoKE^}+O#DSHuplu;e+Q>97&?vE!?qT-g5ko^clq7olXd6bs7fj}U)CIlWI"
+    "96r4Dm`1L90AY0npJ+U~>9F_|<h{WfCktX6Q;7I`9G>yGvH|#rO}aKO&}W>lc~n8593L=#F?p;tSb)Lq*uhFYc&OD7ELSgBVHT$uvz`y4ggk"
+    "Y|`C;F{d#s`D!wH<;P1_2RllZQ%pZRm5)eUmJ3D#_`jAordCf<?1DTiI^w60Yw_O5bxuU4|I^onA;rc9F?$#jPi;m4#0#fVjf7n2<T)fauzx"
+    "^ulsm#ybTZkip6lPuXSOFx#PeT(&gW>x7iKp5bxmVnpIVzos>GV$`zJn5esDN`8a^iWeJeu@i#L8pS<J`}z8qu@JDfMP$Z3Djr%-$Ub^kP~<"
+    "pP%8FQK`IZAd(<Hs~nq9X+2Y&WCe5azXop$*2>orDb=bQ$#_>uL-WZl~CN9LE-yjJ~QU*g#Ora{lPG7DozBrd`NRMw@T#rG;pNB?yzq#O(Pv"
+    "&(M617+MFZuM)l&SLQ;152?_q|2}kt3E;_OE!(OT|c{(E=zWcL%p8;|~%f!5<bfi}Bx`g#b<dnTHEoy^CGdGJ7pw$}Y$Qu^b$#-A@G6CRUYx"
+    "(zGH$j`kO;3L&P9D<R&J0FiSZ;T-e~rJRy@@#u7{NUV3+T(ey>g1*GF~+p=B3ARtB_33&{dRu?!$`as5HE*D8iLL{vo1Lt6s9c06q?p`}%?X"
+    "zDN=|A@l2*9BpADKxgm`IKhC+u<Y5P`Mz*AXfdSXn&Mp6_QDw1^;>1iH;Tu~rukO|2{~&|h`wlQw(-?&bU2LEz@u#3*$&^rM&)L^wc!<EllY"
+    "@rl@gL+97X)gB^t?jZm-m611eQeDv<jsHuj1U&LOk&IPtsfkxmWMNx);7S?~SPo0dm}q{;IQ?thp+3@_e?L}>?$!a@4fp=VUvJ-}VEnHu^iy"
+    "JLMJnYzZy;@hCRiK`dG_S(@Lf|>0orX4QWS<-H<U7W5)f$~18_dqu8aXdheo#(&V?f0?`O2!v5`Umu$Xop-54h=DtZ`zh#ql|*#Um1&U1Lz>"
+    "fi%Tx}i@mH;zCNuG0kjV53+~Z7`<&)<(%9rh6Rxk#jO2^TwI}6A{C0{A<fqe)r>V)=!ZX9jz=iFOQX!4#L2$%~rdEzgSpk1Br;xgF=9qyGoP"
+    "dS<-w54`<r>`l8G~2foEubmy2Q7{V7*|s0?Dn4gb|d#sH>YOgN>A|a`F!Y6v(+wa93PB#6E0We?`iIvV)FTPK}w=>`~GePpz}knGz@)5d9)d"
+    "Y3(nV0r`qdCj8x!!mW~OizWs76a=$$D%`sn^RNu+RlQBpw3+qmg%3#fD$lJW2p;u$&etD3lz!GFA3TL+jm}l`i*PcM&7V%ui5Bb!4ldCGRZ@"
+    "8qI<7#O`b>=SV}0Ecbv@Yy6>NF-1muSL;zR11nb)ZQ1)bTQEK@|9g-60&A15961Te#1LEEc?$6YVZ^6KN#aK+?0w&wzSsDI#J)4GHifUJzL>"
+    "K`h#Ss!Y~TOLVV+Vcfh)3fjXq|@YgwzYKS_5OWEAXJwZtW*Xt&@lO7tC&3U$doBeQyBFis9j+##xdYenfN<vQIp|8^(jaVJj_7U`$ae|hvWv"
+    "N5rqOPYSZ2;OLI$j^s_zPujpd;l{GR6hQcm?6eZe-x)m{U0l5fB2%3((?_d7)+@i5TMjw48`Yr*Ho{@swA$<`7n-LTWmGG>|pNdZVMuok!=U"
+    "BX1DZ3i!ctKTrF_ZM-uC-0hF?Ya;6}PHgQ9iG?ra{A1#ob>$Hb1noA{CwkEUMZAGQL0QcYd(9k#d%MjABX#3LI4J>$lYnLTwE_s;rOSOY#8Z"
+    "S-W2vn9k1k+a2OGB+|w&=VhD2qr}tWmwX2w8Cw>jf065QmIRO2(_5d@R%^ekgWWc<qA%sQSk1dYGho(vdKu}FbiO~o`w_vH;M;!&F3a47G_Z"
+    ">b%e0D_OY6U026;Lu4heC(lG6#j(y2#yJAx_}J%sJB3bgYFDBnlqH5_odi`@v0E?S&nRgKqF;nG4_U}U`x!+bZ;+sn&Bp2q@aYv%^PhCnz;V"
+    "!Z_MI<=u>CBpPx!DZwU`W$i`V_et7Q{Ur(eUnlva7#RG-{47XXV#RMVX!x)^0Aec4r&|-^$78)pa&jc&8|DhH_*twIuXlq949T6YJ>2$1`H3"
+    "@<C$G;sPv2pPRp0V-N?xgy!1Yi>@JD<E!XL{noz#y6d!``_Q;82_5kXff#SdUvE|%awt4?TFWI%h_fGkb_*>po)g}8h_lM+KrZ!|@Zqmo*8("
+    "TvzXYL)kfitFbdNC<vL)acF@-1a&^-(Sb4Q9UXJsDj=-=s4H#KI?C=2Zy2spS1u%~yX&NJL;Dp#0v+(WH|Zv3m^XU%zQ((hW3(GVhzvkhd4G"
+    "E0;u8o7>CypyW}q^X#Y3U(YMzM=Cb^UfX6J;X1(B&)sMa9q{som$CKC&=4kWT6UKadQqlygv1Y34Ax@PJ22`ec2q4zUtXB!z1v5Q$XoQ0M6N"
+    "_Ec)eGU8tK1+@n^NDVWMIm4tlunVEhV;)QkXJr;b#>uVlqbqVx}pHOnh6!J8gW>JVyVKO;5s>z%}YPU$mML_%orMCUd_HoL+%BfgKf>mj)LN"
+    "iB+)Q`@K2^`1D$ppt^fI8soOm-B<Na~k->@{xm+8u2_M%9EoD&Ig_Jb=TzNIWy+c$vmiB9D(5nK|!_EMl%IBYToNn9XQv6K9XUfQAsmHNuA1"
+    "?h3(gwF?f2iS1Ifx&WF+5ZJVQ2p=-8((ybWVq0vHKLWzrD2G4waCQomeM~l!`u7cRoQayZOC|qxMh1idfib}SL3)Yu)2HZ%x-PpicI3Ils*~"
+    "Xf3F#hC?4S|L^+*<(O`)DmM!H`uFLTi#H#FMxx%3?LIDun)c`M`JPH3G7UWq`!?{(--dKkR`8zdU12gbZg0*N9R-`;&8XpJ;e!o}a5Bf1bPP"
+    "v2)URfIdG5iH$ATt?<+wU~0g6``PcW)M#<0!7VTgPBk5jG{&aBSm?(o8)2WNI>^}tzb5yB&_ol>NP7j|&h(o-ZXcYh6ckj}_j-R!oMc*TMS7"
+    "54Z1(M@$G5(7=|k53dvjOrD^N3hK*x_5H*Zghml$NlPkwaQ6?$>pcN5Kja&`oZWidR8Z}x^lbUrVYW$g#G&{H$lROV5HH2@BQWK=e61_y!P9"
+    "yMYzZJB#m-yIfaKQ(BMH)5M&0|Q9gQ-<0Fe>Jh7N7LIv*h~HCtmw#L8zzGhE()j4Ssbd`MIKtDlhS56HjMDk*$&(LPdecPHMIPel;m})tnnL"
+    "WOi@ZrLPO5QS@CTH01MMq6iYH)JmSGJc15hJw$RK&6rhTI8dhd+U5dZ`3q{w6(f+BHh$;UQ$;(!r(m5sNrn>2QlOiIQKooRn1jqA_Dh~A+vt"
+    "AzFeKA598zJ2{#up?!%jagC<DPuVns`i<nw`DAQ}lk+t3W#7X@CcLMO_eUnWzNw`*b%>)J)NehN9$l;$6!0CZCc{D#wcd`7pWBVD)hz?WJG5"
+    "E(R^e{j6iunW*Q3Nu2tls;<UY(opiqtdv#P_xvb`@w-bzwjnCE=+ZD=yL?%{Ch>s=VNjC?0fm!HddC;sxjDZE>PiZF|C)N^%B5)=A7v}YLQL"
+    "z?y%VHJr`!I@lS>CnmVhcUS!njDOmPV5d9OYwJw4JBr@t{@6=~K|Gfm7iObi}$tkEwk`GZ}vC9FhXj$f|&Gsaah1o?Gxt>=agB6Jqc`uJb?w"
+    "m|(OToc{HGH;^=iO3&mGT+r^B*d!MjlbAO?m(<cey|&cH6z_17d0MF{Mkq}oKuk4GNH@|9<g)}l>4wUm*%%MdjUgcq6U7Ra13yNz{Csza|XM"
+    "L03HR!JH*YZg7x{`<uoz2rMYeisH(zL;*NETp_!>K^k$;~4}n~jnNHibiKmNRSWUTIQPc>@ooM#$V8fZZONp>PTWr_PL}EIBAM0itc5~ti7k"
+    "?(&!W4riogIA#k76VB0cyAz(5!KhE9e=u0DIJ`o-%RWjKQBM?PyQ|6O`3`D*6_Kwsn-Zuvh=!8?xw$0VzP^kuf5QrPafE1!#D?9nFxqM`!`T"
+    ";g~OIT^+B>a^o~OeR&Dw%E~^YKT-0;d?N+BnVQs)oeDqq_NUEx?#W5O;`G4$PL_UB6M*=eS;$0&u`IQ4MJ|l4p|ze*F!Ds&^!|Ab^;2#gwXw"
+    "a5Jh0T0B`^l5t20|+K9YIcB?u=i>^|Fl$Oyu;7A$;Rf?c(X5QOu`!u-mP5kj~$z)q_Amd`R)P6OKo`RgHd$|Kvv0}2Y;r5j2DfRPcHJ25pU4"
+    "Py(me<*AK3{f}hLSxkXKWQG>;0LLy(O!s)zv3v*9d?Pa<uuB81UaA0Ojm5CF77~+f_9vU=(~n`PRqoZ$m$L|1hQksy4D4lv$Mc*N4+bY^#}@"
+    "vDd+I8)EJBYa4AS}?GH-{zqs;v7jG%u_Vb+E(L=Tt=DD-L%(wS1_FtF@b2NtF(!2~YbEO?lh+wGjDwxlR6}gd}dAq)LJ=SM$<5+;yIw!4dR)"
+    "12TwqOJSC8CDaOQsEH=8$25qo}BIC_F+C5S*90`29J}!!yp88gbswp-p1a5Kj410Y4X&5YJ0S1m;_8_*Rnj<4vw@(>0{8tYllS0&>7XM#U02"
+    "7=dTnuNQu7;;T77JurZ|TPsT0FlYog4KL^zn!?TE({r8>!=cMdDoc46AyWd0;zxoMUz8VhaChL2d5S7K7xo2U-E41A`yn{Sp<&HE;XwYXVvO"
+    "#Bw{YyRUW9MovJ<N#AU$9%_JtG=cy}SRi+9G{<#jfH%<>PPD%tXLb>8TVYIO9(@v5x%^A-LeC&38!WNs4kgRoID8Br#?<I=)=a+2k{#+Vp$d"
+    ")dO?YL<o=LgNsq*r^(I<=QI}hK#YR$tLa`0`0dd*-MekV6t{og7G4&(rjGe=u!<c+On>-e?o8V&QCJaZC!$R&KDucCmqc)oSx;;>v8LR7AF3"
+    "XG|nbWd}{HW`1tQ+-gc5Q^Ysc=mNi!M`q^~_3+AuWlkQdx4omrt#pOZd%xy-({xYb5lk@zyv0$X?)`<LRogg(}P0;ryow*az)5=3IU$CFaqO"
+    "Jc!x5G43^9t?wbO8tDb|}WviT9c#E9g1tlpYz`*T5q)RDOJ5u*4_3W>2{toLB}JH~a=5KG@tB+7l*7GMJ`fgz_}gIrsK8m{91{BfxxBDV`h%"
+    "Nc#A8WNJsyO<eYv&h0-ueicZj*NA1@ybhL&3y816JRJu+RAtG`cFHvO8c!Y$K!nV$HWm5o7d*iG9d+C^59|Ib_ZN5beAlf7j~r}G4W$^p(@8"
+    "g(?Fy|?sshD7dBtVE#HF;Mu|{;7;StTZbm94te83D8?uaoE*|_Niccg+%9auJrAwblnPy)!cxLxll%24((>235%u%BwG>;MOmsNO4#_e=~%r"
+    "sz*ielXGTJ!k#_>twIl*0i9kq*g;~8}bw~19X`@zG`>#(*QTbYF{x+IoO(Do<F8!npX;m5P9S^R|H=3Aw7+V+#|YjW18W_u1g=2XJ*rWqh30"
+    "Vd`R$>y~pf|Si7pe1}>9;Y#l~I)n3^tikcEdV~4yeWE3<&^{vPdccKM-tSuw`^lHz$DSt*O%p$Lk-gS)^?N7>Zg@2wb#vhnWFb^1w52_jpao"
+    "pD+f`%h>9xa<ln2Vb?fv8zhg;i4fv_-{6W_^dTk{?H@c&Dwj6YIZ+h9$Nee{4Ez(eNpI!Yg*0Nsa3D$vYSgbfwI<?~_iH)7PavS~b6JU5vhl"
+    "1QCx`5n#H^+sA+sL`dLVj7Cs=9F3$Hlc%HMNBp&ERPJyG+6M=mQXm+=J_RN>#Vn~M^qVrH9W#FM!6?CXKTLR^qx-D`emdSt6{1(kx>k4rXY<"
+    ">~X$xED*yPygU{_6kos2LvK>vU>_{=&i?e0sxzIzyV3hwjCniymd?%Mn#f|RBRHxNhhdO&wb6Xt}^qzM#kHR{M9xl@b14W2&$`o3mYfEBMoC"
+    "(A<}^n`%&8yp*s=vgY0r~bHEbHIgffjBV0qVu`}obR3=YnuD5(05SG;aLn2GP-JUq3#aRG2%)z5$yebce?nLR(Ev-HiXo=l|6?-dtzCpYW+>"
+    "A#Lt?no{fM@j~gs+K_=K8=&T;WQxZ&}FkFn2`VRVrl?XZ31I%10P9kblFYL9IPOtgAxOCb4LAMy+1svd8d3U5=;9G6>lB#U1o%pr6W%**#n4"
+    "^=0SlTL^@eo<sE6mwP5YKd<85@5bYw8vLw9i~xWKd3h_KZqfZQnwO^||XlN73Kww3P#d#2z80fh(kQJ<6CTj;aRKq?wTJX066+LnD3;O9n*7"
+    "h<nfj4$gDQdBx4mpbB2ziZzMkf;G?n2-8*m9bjO&x&Qa=?1}XI)d?H!q%uC?M32DY@Ht->3hu}xZ2D&zh4`>63kIWxsZiwASK67hMKdhV*x4"
+    "=FYc?jZtnIFtVSE^LBp|SxzxVSTbpwWWWiF(jo?aqmg<WxvDj8u;`G=@-uelnEP2Vh<7YfR?<710UT#UnLY;+T6+B~y;!VarF9|)gP&vJF#l"
+    "+*$K-pQNWPpCo1JA7iF#~!gnrOwR<PqpW!c_-b^x%X{>Q#rA*lji`PS|##ca3VO<roSXaycN*f5vjDv%TGxh#W7<6r|}{Lpa}mQrV~cCVV^`"
+    "L6p!Y?<uU^}j#<aFg|ny)w>Q<Wkh?bSiKpCFKlIc6x_GnX`8*jatJc!fOXKYcL!)y-^s&1<pR?UW?Y0g%3TsP03tE*_7VmKYrPFX*DC{lPyS"
+    "U<;9RL^ml@cM@(DVmS$k&?SHUlN^M9ss9rk22<8m+4?{m2JZ##M@G*It8>=X?uqqgE4_M!NL_t^Cd_s-y<%Joc2FTd)&%^73Yhs&PR_Togw!"
+    "om_ZSKCricKyVb=6mouDh&F)xSbCJ+1BTezdCRsMektn|i6KwkArstV;Zct<(}PzKF<;qtI95lCfx|6<0nN{-`gg-lxxua;bABUuym$C2qI="
+    "PiyBV2Mh#b;vCLaFmCz^9P#LAiYakL)-b9uvPwyZCR$(0U+rBAizjAx*E#<jOOi0`4s{X!oo&-FNSlfO}N)oB$@FPjOU=zXNBK$0lky*@X28"
+    "#Vx5Olk_6k!uAU%p#z`A<gL8^Nz{QwK0x1dK2ctHWH<-uljqb_{KMy-}V9=fUe`ZEvg9ufNN6_=_fV(kzpaMaw(nbp=(0KhSC(k@@#Ac!5Sn"
+    "Wu8Xs1E_{LSP~ORWZal{nD#H#5S4Gy(_SZ(5$8K(x+vOSO)IM&^w-t<l@O&U*yDzq+PkleZfBDQj%PTv?+3D7TTpAJ5Let!ckysuu2oMrsX8"
+    "G4{>XkTTr<g7XLvXS<?o}1aYC+eaL%q17$^^RPc2bX~Ib22EE6C&bb1>0?j4vE=IF?(ku(_TXAoV17A{8zwDi(!Y%FU!}RPVx)O8Rfe<8fH7"
+    ";Vo&scfr8Oj7^ldmRyeBaEC@8ire{(G`ihe^G|)uiAUiJ+5Wb%DC%sGG6n~gNI%tCodtFpiAEJd1yA<O-UQ#%cAlux7x4FqY<JzAc*)lM)2>"
+    "QW;<_LAf65X%tIIV(O#CE9`!qmUJ#y=p5NYv8k?&SfvkDPm{>1#F+=$NjO~GiJxE^YK%Hhcii2!XpE&W}5sb`pzhQQzD;S_YGDo;`TlJB=$)"
+    "Gc!9C<Hmcy)R^d8^NuKzFQmlJ-w!!*8j+RD$AbUl)q;%4GE$ug#iVq39Gqz!Lk@Nre_-@6{=tS<}i?KJ2Zrg-Ji%~eY`t@#Vn{QO46Hgl2bB"
+    "+uEJYRTsz^JR|2m&k@Xdy&-1C;O!xR(DK_xw#!57@2;hdxk0`r#4CEhaCNMr*VZNjak$JutTxF#`0ztjttH)_9T=!<msThtOm1n<_uGi^(o^"
+    "bqnvVauEdlTmH>{7<Ih#o^{-D)0s*Po*wB0J99;Y&TdQpJyj5qNGI@^+a?H?(B~<v6q#uif6dnjQRL|2Rl62MHtoY=0}<{tEJP)=Da#m2@<U"
+    "e?-O4<bBV+<0e_A=Z|%6EgwkjtD8h$7e>^?c{4S4!uRyr*|=V*(Dv9!QrXdQ@=g#w70I|ADD>N2)t<1V^+8HtO)_FU<vd9RG#L@xupc)37Q|"
+    "0y-Oz2TZALJpudp+JEH{VTnIaus7QXuQz4E$s!sqi>>?^N>@aVGlm4~vY{c8)Mk;17s5sSSdvVm?-ja(Lj8~2+I?niSMrvHR=%s6mXj=4+o_"
+    "7UcPvKh#XaJj7G&)m+fES$T1xbq&%$ZxDsM21)X$O4V+9NBtH>SGR**(pY|d;aEF;@ao5EyR;b_aNMpPa@ia%uZ{Z<3D%#EuW`*fuET7#qf6"
+    "gLPhHyD+Xn^kS=(cBe9y$c`I<)C<@}VC&1~}7s^AUq5Uc6Lk}jAU+eRET6RAdnK7MdqHxpbNLc}0qhz;=*{Qmk)wHbhai4<3_CCmcKH!+xwI"
+    "f4WX<JN#PE)1y{z(4>-Whl8@nRwGB#_5-K9z8(=lyGO;V)u8@GI&4aV?XHmC#eM!>zI#_DWk4o<I1Y(DaVDRSWd<)<VouYFS8VZgGqGFw>0p"
+    "sN-YuQ#G}0d>LBl8qE=Nb;{$s*Sjn&glUfUn<Vk2bm6luttHA94}l#LR$cByzZ9iu=dGWw3>iCj{OrXc8*@FQ=E8f$;3~7XT+Hx`Pdifno(c"
+    "~dJoN2%XECkM2G*;&?4at+4grAdc2<5bsAQ>E&+&fWo-f{6i#sxqXxGb9#?Bq-ibd~?s$=V~RR6Nh+hy$@8uaY{jVJ6kG8$I-2hf|&>2sDDB"
+    "0y13_ybq}R%OBP0ioF8Z1*8mwdkCe4=5X9#k{cQ{||6?lr@1p;#Qq0{e7`rBKV7A;|endzw3YGT|RI>B@!P`u3Y*5q3=BZN8g2>boxB!Cvq7"
+    ">T^vDO_<yid{|A>^Xt%xkI1F$rjrvSW^FN=RLs;u4p7Q%&Ym;B3B{1Pb!I$CnqhT@E6?S*6^w&+vvZ3xy;@d*vzC9wu#r8WwRwJ8Ua0iNm;6"
+    "nV*K-dBquF5ahoylp$?IYF%OB+L8G@(*0098sm%VBD&yA=@0OVO7XEe~uH?^bC3E8cW<(3eEEl$~^OcSQ0X0liH)FS{#&f6EXWzOq{*@kVtO"
+    "u1I`adInY!Rd4>V1&H8Qe9?mxqWHC2xnIp&ljzzSu+VMdwC7`?==6-^4zD<8z=lTCzJi!!&Z~E2FGt@U6XY#$l-`i1FQrT8HShTy;Evf98-@"
+    "$o#a$+3F}Z>sOzH|dRVyh7Hnv5ckG|7wzA^8~@!A8qn1BCDv!Bl^j;7WD{oJ5$OugHyop)m6+Cuz;HN7ue8V0XqsH%B+!>$tJb(PsEOVp)h="
+    "^dn}np(b9u|lh!>Klnnhb^R9IT4gzHx8ve=bRx+>xIe1IWvIMC_x=D7=8J&+%aH}zcjQe_lT_>!1Suq$&%vj63Qwj%F3V}tiRb;)mH6&)m8r"
+    "yX3X}PX$U4hk$k(1dxhA_*TO|Je&PCFb3nVAD6R}Il|5EZVvhl%QQuxPy>d!(JYnW&$iAJKcmtWz(i{#g#mh~NM6I0b<c87NpN=USCdB_;{4"
+    "8D<y|pIaZsaZS@X`lyzQWqCM+6mRgNkm2-F?3e!^le3+XeJiFYl%ot0aDgVxjIeQz1Hir?pKzB`+7}_Te8~htz*ub%n`2WB_bSfAGaBlQZ<_"
+    "B1B0s`|d?2LWur+IJ7=n$$Ib&=T+{-?Sq^+tHdLglzQRie3P@J{+ikm%AIrYB2@pt5~oMe=j_cSq!ebe+9AyH2)@+SNqk31vGo!({t6fWUsg"
+    "FRg>_#DI4QBDp)s^`+n%Q!nVn{CQ|{uPf7Ppnu)3U`(tO;Zwx*t97T>_{wz2N!n;1(;u72z1`RPZw9Ru#4R@ZB>Mg3aaC96D^7RPE_p=32UM"
+    "S}io+VltvmiE@XP-t!;eXz1POu=7&yL46=GzU0nVw{3>oQ-rGx|-|a%=6zbO2E8i$;n?VMEnnRZ~?Er;yBR+F~8}7A!~eA|F=h$;$!P?Jr#g"
+    "s6(~aD9u<y9W^!bR`ksFTM4AeAu)mb3T~(A;NcEc;4e(*6KmxoJc4wqNCGomWQX+384pv~<NY9uyKbg#jxhH8-Qy9GD)-~oKVf#PmV)IlZrJ"
+    "hNVk*c=HLJtpZCVZt*7ru$Uq-TVL8Xz7ov)#?9T|8b_bBndjO3SnOxz91KgX{3CQE*;Y#^8pCE;0A0;gs9o*V!S6jG*MdyJrv%Wwc32c5=J<"
+    "KYYr~zq9{7m_9UI7yHjcQ!M__{LsctB%gWLIfC>G#(K$XvtYTOzU4kOKehC2>mZwHtFA+7Y1Y(IR$+G-8HUL2dK1%ZCk^bBlP4%VL(pyDQSx"
+    "$TrUxt*FZee$#LwK%jX7fZ>&F7ScDjR2sgHLS`91=4TaY!8Jjd$Ci|~2I9?&uoa|a&vY?jx}|CxCYU$glV1+ieOuz;W3!nQUj2!nUPtb*Lz?"
+    "&Af;(xk^UM=N+`Y!!yk{6|N3;hl&fyytiRv^%?lJ~HLrW*{7ykrAPe^?jXB!;Qf%|6ZT}D)+H(A)!WAfqC9fS)~@q3-bP<uU!elmyH|*S5;@"
+    ";hK93VQgE&W@)KO1ki~L3DeY%Jz2trxm5NhCP0z%Cc4|oaIVZbi^G~ye0Wt-VrwH%x^*c{LHGPT(Xpr~k(GOl!+9cCS#U(?-J7uKh_RN0`4E"
+    "T);iHs2O8XJlv;BXcz85eXvA0D+`0(?e)fD#ugDMhYpZ1@jF9U6Y!$9S)24}fBpPK7j`EBn3}R1bE$s;z{=`kk+-z2M_qCZ;X6HJ2BtANO%e"
+    "OsC&hV6|=J?JG{qb%eokJ;|xS*L>po5tfhO&&HXWDviBc#X=e^&xpaV344oh`X@DYbju#rQ)sZZhPlitGwx>{%u4Fn=)J<;_yj?Z%uXpuxl^"
+    "{EW)DY}U4`Z47M4no%=NGZN1*(tq<>&55b>crbBUMsC&GtXi-D20;vCK0!&D2DH;e<d=LzW==r<N;z{v;^Mp4_j=PiFyb+OaLR}%%itWz+L{"
+    "_q<Ak$~9v(_A^f{;Pq5xRs`(JL9IG*ee8%6R35CR_F`6WQDyI2h+u9O$?as+JT1P3?12B_h%QHt?eoxR!2>hQ7?`75XI5MNfD5F?~qR+>Cb7"
+    "|!{BN+elEL%(blAR%#E3EgfC6o)Qdk$xgo1*b~DN9Xi2fb!6F>DQ?PnoAVwHBSm-{DYw{f6W6>fHPnn&LC$x1oFMZIaK5b4YlnX06^J)@u{0"
+    "5oN>zX+9kK`p<9$|NMa=(bm9!`Dq$dP(8r1Q%jFeo{midua_Ex>m1<mD!jmmU#fu8-|5F0OEPc`6AFSKsqRH2?J#=l^DaZC@7)l1Y0tfGR^x"
+    "BE3+OJd0Ua%47+p-BH!z+k`UjZYK2)NMPhqs8reu@rdUAd?;^wVa#Tk$G0=!yprPFL=wp_gNRp#EPk6{{;y~blPU|#&<v<?!nbCF1s|1Z^En"
+    "R=D8~$%$KF;zrSiK4a^vQQW<O2OtpBFBa(n01Ii$FstGN%Ci8)8@Y~fL?mwCkL1$z|#aXCFeO>j0w(LBM~?Nliql`18vF#J5x!?Olm=W9u33"
+    "~LnrN9eq0GCd}{7C=fy7##c?P>umpQHeJyDk%}mLvKe8j8p~kH7)TqE(fHoxWwxrB?<AIDcQlQoc13p3ro+17Q8k6_&h<+DlQLq*fau}f-6c"
+    "z?NQ$;!|l8Z`!qZ9R{WdLkH6w^)6mNNN^G2*d{xf9>JO9Vhbk()yes?ygGS!^Zj}qRmeV<$e}Aibq0h!@CnQfW@J^W@eJwWbAT=K3x~ZU1Mf"
+    "|mSyZi4~Xo5CaR{iW}7eyZzRyueoJ}%cEZ*u1E{<d(?Am<*l{mmew?Mxa!_nFTB$i!H&(}Sb$q60-e0&+%r9Oqw8KmHXBufAvShn46KX1fGC"
+    ")7RtMUfL`Ye5QSq!FrkR`w8Lvl5ZAocx?UmmQCKI5;Rv0y}8BbA{vr~C*(y&uLT5hUMZ`vUdqXTT3RZZr553Yi!ViAUL0FNrFwMhIVrfAx2w"
+    "8MLe8#aFGD$&OLxjD!r7aY`qiJWNwgRi`qbNz=xb{W!auE+f~_a~=5}RoO+QQ%kOys#&e>{STL`u~x^J$}PiFR$jrB#y?;!l@&l`!SER}hC%"
+    "E<=}{vH)YI8<tG^)VmuZSN=k6{>h$wY*V>YrVqW!dXB|V*{dQfB6Z*$od<Gl5h6>O<q^I!-tU2_1{}LKv$3j;YdU|c7wy|^to+u5u&Lju|4d"
+    "2wxjqmnT!3`!~Y_}m#%L7Xhz-!kB`0GAw5F*T39o(x9xyF;;kDU-y|_TqiX0(n3jK$EkMmL1O_}P^xw<+SHS@pO#<v~?Y370OYW2jiNu$t()"
+    "j;S_y19l&5nPFPyPo#dT0ssQzX2CeXr%`ySF@9&8+AR=;W^b%A)P}t*EK3tdQ6aupb)-T(i8J{dUBcHOveMBql0FCtDto*%@_d7MQErl<PW3"
+    "yuSGTA4eY!wd^<1qdvnHSSyY7K@PRjRn_)sf0#VIVym%!I`QC_pllyC`{<^F&uOu7EzOcr-d+a`HrO3(vo&}JTUmutZ*0QrvK=l9x`f8<>mS"
+    "gR+@C7l_xc~VHQ<YSO48KYA?>l7g)7Rx|BBOTK=L72>N(mGY`5_@65{`L0z4ATd^WKKNjDe2+d8Lmq<a%*$R{@4?l?N0c;E*dH?5En^!OD3W"
+    "Ni$;&i`Idyb&0Xcw?LR;&+UE=H~gJRYLv|emA!>H!tjpLkdtOx+-G$xRk;Y=M~v_2LZ6~O|8#aeb1&nfZO?FrQN9x9uRDSdd_GIyTZ=762~^"
+    "cBW178lgHqiS`jVpBbYx{4*CmjBt~B&7vR9%)6>U*5s2pk+H)1<e3^%wl0m?Mxy>z%wgGp{r&;!30W@FG^SGS#5}5*z;&rY3h}c;^9|$k2t_"
+    "mq<>XU64-^8#lqU>dSE*cre+p&vJ7Jo-QF%<M%(RN0iCb6vO510ZTk+n1(EsHPoc(1<Yv$7Xp%Bt2k$`V`%a)pLx-~9)v<lkra<{}KU-Z2p1"
+    "GY-f1(t}qPZY#jk`!GkHDAZ!hfI#ZA><yw0ujg!-flSHDI_{1DVlw(o`EEAwCwI~3Y;LF(#rX9-FRBI=%<mp>&-6MvMQdJ~Nxz$IV-3-`*~#"
+    "^Z?F<YsG@4E0BOel$fdYj}_C9S}yAJl!au!0mp&>IgcA#HX?Rx_t>;aaSo9Da9CoeA<88VH(B;J_(pxD#g*c($EEn^=O?a#cO|5ZCS4l&VhW"
+    "L@>Lxb<#!dPX=D^=LsDoO%0lu(#J$n6b&&LuMPp&<GkXFK2nAl|H*u=aQr8!ay$<oU?znoa|mE?6o#<B`lqaifta_yb7L`-1raQqkIK=c%oo"
+    "mnC;Qnv$9VDUBOP-cYjJO3VX$@Ul$hx-q_I6?&VzHn-g}WrMZj8ZMOeM`N``xnj0BDrx`vf8)ObLw?Gz|p*@2ChDJOh2(c|_A-cjO3+)r!C?"
+    "&b_qtY>0@s!oI=nyfR+N7m=y0uM@Kvj+UjP&$HQ&EI5@rj`k>=~$=ANKx@m0nC5zgymk@9kAlsjPA-C^Td<GQ#<H1GD{d@cRj>1kbxK3*Fd&"
+    "{p8bSK=xoy7Wo5_DgPR;re?(@r`<WPYN*t>51=NP?q3BI9ENp!d6-g<Fs`jwC}6lr-43>$^Kve-vkiw9K0v0>TX)JlL5_iWT_K^K9;#~k2j-"
+    "Lv&Vcp(?3p`R?vRW1l>cLHB%HaKf0UowX(iX!)lEyZV>P!h7%F1LWe?p?gQ>*16fN_S3aTk_=NPm7+PXbp1XuQOL{|LE$ElFe@rW2Z+ovS$6"
+    "_vsVO)psI3%Q-X&JTe~;Q&(|Z%+@}PbWs3u4l~L#n?B4#3!30Z!0QYx&0)nG4h%3ztI^LmDyJ(OpJfvY;_hTf0ep>6gQpOmU%n&gNLS#^;5!"
+    "!`G5q~(>NMBOO35zAlE-|Hyc~PKAXEYbLEn&H1MRprm@M_`Njst94twTB@DO=i`lARZ<rhWeaTe!X43c=yJMdA_~+`4M9(JNKJDPkS{Ox?hv"
+    "Q;~&skewg6b4Pc$z*}otuY|Lh{e&3?l-p|4MH`&mXh!$^2q*V~v)nXlHQ|EFw*4e+wcoO1t%M!oYe>rA?4~Hi%CHwcH}399KNvJo~Z2>vBI`"
+    "Q#iR#VfW5NY}zg0G56D)SFiiN|J_lpAotULDf&?4Oo%)Q)nr#>r4FijG4FN|Td=gOqHJUBbN0tdC%1#`;n~HjtcdM*{VQ@`HI+dQ^<e_Pv+<"
+    "<^{gy{aPj6>_5g}r}9!aMl6z=YTkP08<->1~0i*H#+0!kLj-wUJHeyJ#jNG(w`#P*HW2F)f1{3`280+S;dceAg;&iN|sHNRvLbeK~hlm@z%e"
+    "RhA{xAsd>DKD4$EH8KNGh)vVtp0)6h<f4MkrZUQ%te8)msk1s*7WNIpmX-s*x2vx&T}<W=B>%n>V83&K7n!bGA9-XQztU75LMOR{T$K`s@m@"
+    "2+yV|F{(`&?fyc#WM}KG@sIFqXQRQd7eB*2Q&M{izTto3clWG^wG1=M)OAlTeDPT37C3$3s#G>uw5XppBM8weWhsn9mIVNR$orW$2?KM~_f2"
+    "^ss_RE<YNbTq9JaYy?%XzXICI>KlZs%z?F;z7?TksiN=wH<dyLxSn!Z|zzj=A34@-NvNtB|}ydw$Aop#OTzA#>VP5&2yzdGjGYHqI5)S9RlF"
+    "&hSui$yvluW5bYDeS;`=Et`gg?y$X#25+Ip+!G>%V6R8kv7>jaZ6=r#oHD$)bG7bai|H9g+yDB3hDU?Qs%rih7}J&HXW~sSK(2qnOraj0j|j"
+    "PWdix)j3wm6fzbzCCN_rw9CGW%wfK8K``~D2ELd?&#O$B>u3i}6+0cCel0AIp3x4a4}e;jrNU{9&13+}j@s=s7a@IWt6sf&BxusilsW5l*cg"
+    "2gpmLFtZGDIh@qfNVQ8As&^Qms|cg1!?@1ZE$SRasI1UJ;eV)?oBkQp#W=f_(ozq1(_nHzm&NWRGhTA1#>68aE}D7h5GFOixFERkE#^bJovB"
+    "0Hu&adl9%^xbp^)Te?x3)A#N$i9zkq<hqH^{dAC#6Had;i+nK)+DBGR=_wz$TcGtkP_qm<Y(bYfTa9sJ6C3N@eO{8u@p*A1E&@FjjENk6|DE"
+    "JAx{&`BGs#;00rMX~{;N{JEBRBi7q2oR~-&>JTR{B>Z9!g0oEOgw-6Ol{)o2GL>wur*-Hb2DgHq_ia<%=GFP<X_$UZD(pS<&}g`fh><pf;Li"
+    ";d8>#;rQ^7^p1AsVsAW@_3{=g7=mnPrYsrnqn37$f^rFuey-NmWT9RDit{_U>4A3w3b0SPgf@OR>}ua@)oXqrR}*7v-8r2+csGAX(t2Sh7x%"
+    "@tq?p3H8Jv7YGHl*EmKD4|abJz6p}zisD7f3HNlfJEd-2$~hQ<)73fl9?2xxfFdz97Dnv=yMM0jgODAKEg$+TeJOgaM|<HO>D9ubm+ekp}5r"
+    "gLiGTitiF|7^@m!=oIIck{E*#|vvdOzxD?Kd{k`p95G+?(XMxr3d?eFY#LIX7hnx=N}aE9`J1KTtWHw+nMPZh-5{je?BsAUZ<BwKzBCi*>jq"
+    "v7UwR9*}hi;AH6f_=J3!ig>^>JNbb4`p;t&1qx`;7c#&x2v4-D|hRu4HbFY$iK*YA5P&6i8AiZQ|-acsX|2Ol<)^4Dm(S|Gfv4SgVZs`>Uhn"
+    "n^adU${4>sDY_eb1@yq15*eOyh4Ub~Si=u`UyIbgze<uF&(SpzEG=0`&5@F3zLxoQtGE0WSh<tnX$M9;Kr8F@x~h`%1;ndBw(UhBY+L$ni6p"
+    "xIEhjN3TVvAm!CpLPGCgn#%rs#O#tyy6KSWprecPN|^MkoBD_b6<`IeIWN87$Aokr(oNfB`)Oaqc>;P`@HaC%6S!M_oL%;C;;4_Y3Bdj-Z^|"
+    "ApG`y$;@YyoznhwZJc_qyC2$a6K`jfhE+j^cP>FI8TtwQtXw6$Mj<CNHUEP~I>bSb{3ma)Z=S6$U-k-^*t5-g@&Co;5_ntzTce5tG;+?oss6"
+    "gbNJUpVC!nLB!FKyUTWMjaWQRarrAy(q{<Bp;9iy@|FY*XhY4@{cGCb^p~mKUei_<~b2s9sN=8n%ez(Hr73YUDD#b{bj$KB&8<zJN8{cDi06"
+    "I>|}h@r?-nslNx7FWb;jo)0J{De*;z>Ic4r|G+tf`uo?ZERQ%)OK29Y*2e@~mI10m#CwA*-p*+^h%d=6bcQ@ldyBn}OZ0(*=b8Tvr6vwTq?g"
+    "nkGl;E*m(pI++XkX_YQXC8~m|um})P^J|MnsBla~JGsdSQMj6*V+$Z6oM$>P#<3$gi%)3fx#J7N6%PE!6<_C!J2Zt;${xF5i<BJ5(1Oe0g?t"
+    "Jgv?+^S1UrO*=_y2(D=98H4#o(QUYRsiZg@`uA_S){s-DZD-5xE+1~?>C>LyU^YQMXUCp6JT^Y@eyanE_8fdhbg@)+E)oSkBSx)Ys?^r_ou@"
+    "swP%S+@%Kj)mQG~ldA>K-}IvN>ax8(c<VIeqJXl9CXsqvcna8@%U^kz~=JeXIeS2Rh8g`JOr?}TM)yZ}WDda~~-tBjAKE-DBF4+Sq-dsW4MY"
+    "L7z9BVIJ6K$R~-dWFwv5{0F>3{m2ZuD|OtJtKf0!K*vg*0kBC4}NswJ*N?${AVKPYb~hOmlgUfq?K&o%V$~+u!A2F484*e7wgE1N{tQ4i1vJ"
+    "GT(+Rc)C_4vswu$wT?s4nVO}TT^6{k@#knlb;fRk86(Co!t&e~q(=)^;N{UXCF51!8_ImKK1yS&FBlX-i($LgGb0)OF7^r@otY~Kc&oq{!sn"
+    "u8Qn7_QVb}0-*{?W<33d_lu{2T0?PVTPw5hCbmxWzAfSbY5*&G#H`?!!x+zZb^2oigB51?}RJULi|(f6f!y%@_9m8&9UFwD6GZv~QH(Z4Vet"
+    "I=8u9qMKhtoUg3`7}*<!gqk1P2)fw!n)=LiOW&J8?j2hU?CLpRC&MUJ*Lsesr^oo1WnHR-e{qL&v*?SeS`m)j;dtU16?PR@bPVY2m7Dil@<u"
+    "at?U(wVxY!=S8SsBz(?7-cmpFtgeN{INjR?|DQez?!VAIm~j3hhQ)rVzm43KNt!|#hX62FM-Y<mRLGat!dp=xkXpKWkJWA%I-dV|^XggB}vJ"
+    "GILYa|e7T6*V?q3+;oi{>;4X?;;Am?BZ96`pRsFTr5URk+yHy{R3uZ%6gghO;OBmx;XVWWQmxH`nK@tc@^8DNB<@4Iqf)t?Fu>rE-snBTSlo"
+    "*yrH98f~glQmOo~w`1xNrXy7lsMR3HUG3+^4G}J`|1qRgCIGt?OR!<8c{HZug*|M2<L(E?MyiB^!*(b!N7Xz9W?$!amXYfB)FH>YIvd}>EE8"
+    "{B+ji3wYzDfNZ8pPO`?x<Y1X|v6hANdc&ZLFXB1PLYHT#o_R>n7DuD0{QFSr*DZ{yJ}HwEA=6y_u>00sgQ||A05hn&&FE;^%(9H6lfU@CaA*"
+    "x=#gYJId8#D$d<t2+LoN{}u1kJxmwpc4)YuRPYkAEr`SEC%zr&5%9Xj9%-f^l4nb$&oSG}kC)lR5d*)Nt45p`X<TYGV9dPY(BePt;`RufT?Y"
+    "C|PnqqfgGAF${358&!i+<!jDK*mMSJ@_=8v=WX?d(6e}R(IR<Y<xLCCj-hDKHSRa+SsO)W_&n&^>-XW7Gd=h9|tU=6SP9uYFqxyH+hH`>-&?"
+    "x#;Us_(I}PS40lU#UpF=A*rjaW34DJp4}>95RoHyq#%lmz!sP=xl$m<~T_*2TvxR2cH=<-Ku|pLnLd-&RxmNoVrRbc3n!pu~%dIF&*r>x+(1"
+    "Kdu?noJ@a~YuCrP8U>LJUP+6g>b_{sf;;=<?OK8Z@FuGe?r<fXj^=v0seGg{!R?fX-#6Il<`YOuVy=`b4N;uSfe<~ngjC~w&!GGd?q%0&h?v"
+    "VMI@1JHljJucB7U#+%mSPj{gXe?|DI{S?{1ZLavDzoZWv+3}&AzFRZs^yv=XYBAqi<)v?mOYQ@J^(w6SkKknSY=59cXAosh0|>d0gJc5N|k="
+    "CKVXKdF6CcdtZD)N%7)$DISo@zpSz*$?eV7`kp-Kw3qwC6uNrR!_(rh{{=7ankx*^M0asXDZaJ{$Pw=v8}A>esf~YRxJNw{EhFe35SH@S^9s"
+    "4mx6Y`FTcjZE0g^9#uv~6u!=a?!>A67VQ)`8eCpNeI&BiEwcc@ztYhCK_Obn!JzD#wwKQ#Fo$e<Lj*6=7SL$j662rLV!b&5VawNF8Iuf`)n6"
+    "kIdr58TV`cACDU#o?-I6jo{U+m~FyTg3U`9nLPa(?1y%6OTI@Xbo4FmrUl`=n@4S2zC1-!aw`&Qv;Gt!{hSB@1Y?|im`E`j)Q>0)69V!c1Q0"
+    "`+Msjd>?i6oi^I@6I(@zezla=;UkH{dci+0ar2Ar|9xgP{ka>UqMSuJw!r%BwJv9F{^S0xOH-nWGHrBd2S79Jmr<3$n($m;!+&9`#?0<9xN7"
+    "t_KhHd9e6S86CZPSYs<g?5>+D`h0+WQohHvV*S0rugVJk+jc_>>epqS1=2LVWU)h3xgpxz{b4FgSQQ_>91_uPjoaCNlPNe;60LnAH1_D)1Z}"
+    "LN(&{dYiU4&#NZgWIoc$N~8u@9tqHO&aDDPUz_{f+>(F4e;@^^7<A~!!nJ54!_RYz-ve25$%xAntIaMPFYnyE9)XMVb6WJZuiApLhaR3&AN?"
+    "W~ig3n_n8OwomH1LX@tc(&jnwnn3w&f9nGMv{{#P4(P-tjm52&und0{LsDV@GW1|IW0t);n2{Al(wDmqL5Kv0c|e|XPD$adInEnXAcbGZER="
+    "Sjn{dk)|yL_?#uY~^>O4UO4%59n*nS<c$=DEd@C!GXTl8-HL|k62nA72CQn)H$}S3=MaDU*`N6IO25JqLm(VovHI-kNSVpljyDgwr?4_?uM$"
+    "oRBZmXqgJ0XgSGd;qfR;n1itR8_^=~ns-ZFXvSJ(2_Z;<ED}C}qWQ5zPYth$Zpy8rn(eO}#D&j=!T0g~U3pV~%+LqUSH<OG_E(PV~Cd9)b-4"
+    "__6%!)%8-+f3odTTf|`dR^&QQls(N+l~b)RDuX{R6n-SA`h`ak15^73;r+z5MQfWCyXy{C;uC=Q--c{iIXEdpWEG8ou<tIhLP%+8=&dl(<8>"
+    "{BZ|cW@nS5E7oN@*>`v-U~Tuw<Mfmhg(Ot!KVRyR5TUM43Q~GUD?J&}#(=lDe{ZK68ig7P{x7E9#h>Z-f&0%XA?J{g<eXE^IVCxzISU~PA?K"
+    "Xa8s>aR4kM%yGc%esVrCd-t(loasDuzg&PkH|TA%NI-#>o<^VoHGUDx~ldOkznkTNqa6XPI7Ev>M*yH(Zz-Ahr?H(mYwzsz5ZZy6tRbjU3@7"
+    "ais3z{z25q4I_+ryXbQy-Yza40q&_6Jt<UJ5c%ZfE!M&Tl5`FlR>nSyg0v9<p_iRSyjDjdAS3h@h65^WVx`Q0_yE!*YMlP+6h)2r2<ZNbAK}"
+    "_oSBi8-Py(96@`Vy#OCFP-%m@o{HZPFw~>~<+txES9{eRvEaKk8{8L~)k?!r4b2eH}&*RoT53c=RY8Rb^iTv$|^|fcnjW+BA`{&Ks&{0|~P*"
+    "GhYIx0VJb0d*%&t$`<9&}fGS$_9NWv^7f^%mK~`cPL$fCMl#^Yi!fmshZS!xaI1<gq<WoSg&D`V4<$$F{v}5HC&xUBdnUxk%$w?^%eto<5J@"
+    "{_Ex~^-te&&PR}$s@$<6gV%d{6ID_84qP-YN|@bW&`hOZ+|-L^E5*m#tkQe<YjS#u`f^tE44!|G0jm0cXr6NChZ)byjpY6B`eMiCGmfb%$3+"
+    "|C_4KE}cVZJcHPpYYYU}L%tgaH-R)FN&TA^QMflm(75|hZhX;+hExkn`CYo)+ZsN~=R0zv$O;`4HOl^Yk;UR2T*T#KIu+^a)OyuadlnvZvG7"
+    "FL6<v@f6JV{&ai1Cl~0ju-&-UHKKOIXcNGR{>z2;)T{0U)#!7pFdtqzWzqAIpCv|)QHHlkc`X0!~FghCC<mu9Gt*MogjZ!mAB;F*rjtHWIqQ"
+    "Gm6O5nH?n)}IH~jT4@ci6`HHziNE@3ksg=1Hqswo}tFMT;FL)UQsfGvC#f5Wr_L96k2c`n_+mTb#v_aiVA;IrP5rxa<)@*6%-w2Dmjt&N^7z"
+    "d@BJymxTlX4#S^h(S0Q~qxqc!*wy(9_>{I}XMkQ83ha>+d@|-_?!mH6!}6ku$6;D`-7z^{S0OI?%?p5GX_<urbfC74U!G2@a`87D13Lo#&AC"
+    "u$rmqJpWM@Rg?;GTR4!3+1$eXk*)xLODhNG{FmJy|B-WwAXe93Hi(>F{kC+$WaA0c5Dr1sudUl1SWkYESHRqH^t@dGE%}bC`gmD{`jisDhoJ"
+    "u5xe}9<mH3S56Yry<pO+^kvRm4YOvg`|jDh!v-iQ<KZg;#AeHTA`d^sUVc|K|c>cFqBSrLkd?m1Wzwwk<s$}g3#nz>Ho-1C61tuwJQ%L_E?V"
+    "VZXGQXxeFk26+Lloo*k8x9R%^=3?bnk{*4ox#m1%a|k3hic*1ty%+YCde;pU@%%9gWB5F*_EpzBz#`V)pm11A6gEr7=FiezABN}mnK}m3(lA"
+    "NrCWJX&54~5bJfv1Rf^Ity(UnOuz0V-%UV*3vaixmzw1lrj)^TPm6Zz(yK8bnG2|%py4C+Fd;j(pJOkTj;qRKHaGfdJNgUyI^`R~-zJ^E<mR"
+    "RbklXb%*pag{1i4PwM-SP^$m+b8ZsBPHsF*W!6Jb5POa^d)^CZM0`paibo7TRD?;L+1!Zy(xVflyt{^-)faER@N^TDZwZ+QZA9af`fbio$1J"
+    "QH(skImE;gqcPt?L6t9vlqVZ)6jEkSV9?P;^(VQpdV2LppcrdWGPns-{#>>#?4_Pi&G;C{dpaNQCEeQwQYEEq$A9`2Y;UQmIJ;omL`s_Q*)$"
+    "DW<uQ~H;Bn3T4W}%ba&8{y^Rzm|9WPrO+Tg-sE&On4kuWE94}FOJKq>p^gI!U#kwtP`nAni`TKQsgLrC}{lgd3NzhU=`<7|HZWzVPsqQWV0#"
+    "J;IswSd`xev^z2ytmK8_)bTNi}TJcA}m<=EJb>o?(D*83U$+9J02Bn(qxOLlq|PwZMzEKc=_TcY}GEZpI|@1{l`qx=rZ=SS8xcb@z_xj#MG>"
+    "?;EvbJ2L5i;-!0sxL&|^um%{#tw9NQe&f_1uOFr?gwKkOgY7bL)CpOpL;41K^sY4S!nt}eIkZ?Wn&*9`J7w31Q5l4||ZB@&H!V8#<3_01}9^"
+    "bnsTI}Q%3JR0?Q^3JUjx)HMOs@1ZJXh6uJ#RlPjwqF#4R`$3U?TN8@0w-c^%<KWF>x_rp%LP?tqr0MwVqAs?7DU6Sy-S!d#<V?z&}J^veHsy"
+    "QI(eANQh8UZobzXb~t>u2qJQtm1S++<m&zKz9YSyta#SrEpzH4!?ZyYho|J7j`Nlihkxip161H6S&_>izJg52fC}h8EOeF)v|t8GEV)ggG?i"
+    "p$Nu2fZE-cvE#-6DdeJ49`lk4QYs4Ym5gW)nuN{iTpQpVy*uGskkB4PAq%9}3fb4+ljV=#}Z>N{TH_e)Eh)y_cjDtI&TRJ*1ZY8Ow75c^1Px"
+    ";kg)&PvoH+3W5!yxf@%5iEy|rlPMTb~d8?{l4!|3ua7?LEI`sGmMrLnAlGs>;F&7Bi>WbaYJpIdv3I<y2N#x@!I;bw#K1axpU8{yRKkTnpX^"
+    "xXq&~veA^TEYsbpt7O+O1cF+${Mf=iMU&kqRhU8XO;XC#|FZ}~wA02DQjVWDJnh;tlkL>CMC8$t-HvQeNVL?Kehw;KfCRZ7-@hYi&s^mGEOw"
+    "76EbtWL}92m)->no>AK9-%80Gi<G4}En6GW79wbB7ci9aB+#Jv>V)eoNk;u$5|fsjSqF133(#m4SOdf9#U3jKOSdSy|#=>B=jVrzJ3>?2S-t"
+    "n_vs#$nflG=X3gS$l>pQeK-V(979V07{|r94hDyG?UAZ*dr$P7u1)!&O|H5~=%Tut?YMWod)$)!i1G1;;b^et)YcYfmmVkKx!E9^TZ;gfZ<P"
+    "8!wBE$~d%F=0_ORHPAZI~69%cClHfg@6-l<(wFBgyt9DOIif1E8i<aP5|iM)JbpW+2;z>x3k0~-D&4cDIc&eR%^lG=pvvRzYB9;Q@WMnW7O%"
+    "dT&jYTWW*PkQfhvI7l6@y4j(HDaO$-41^DTpTUwr$|lxfQx}xIpGps<uZN**@xWbY=V;%Sb6-^&DlBc55vc{CJj#8Z~b;HEEs+%W8x)|O-0n"
+    "roYs?9=$RI?T~IX0%ut18<y>`6oZaU-{xbe=e#{ZC*UionJT<QP^$s$pb3Dy%f9Vl8w3j{q`{Zgt4uY<Fl<r#Kl=Il~>i+3r^Y64PlbzJ0M9"
+    "Fh+es+#?Py<O9fpP-)6YOUcm)Ww#vV`~MuYD0w^SoVE{UB~Su{z-Ux-ZUy(xU;_yr<dlat^DQ016Eoq)qr|XXS<rmpuYzXUXH{x;lsNLsu~s"
+    "K%~rzN)ApAPTC+`A9A`X?i>sh6sUG_(GCKyJvyeXquLp&Ab<F$4a*>ak)L_<di@9I8kcI$$h5kyAn(rakP|rH>KmH-r12^G5aAbGkv7RMq)m"
+    "hPkT=>MtmcTEmXifOdKf>xy6i9r<QFifc}BatJ;@cjj@pgmXJ%@CT?1>wUNL@!{&UF5vCzC2O=xOn)}(E1YpA<8Grc7b(K`!O;3y*fs>H?h$"
+    "`>?Bm3}`(NqKIz;ib)EV>45=O*UG&*)r<TL((<shMqym%LcGnPaF2np~&eR=kA|lnHkgp^ef-HtKWi2+?Vxq_RF{OLxR)NpO>TDE}k~_Zg(@"
+    "ja!b_Xw1HuGyOqr|z|{12H~@d%Kyk*NUdfeJnw3r2#2D!1<@fZYN~&^aWj_MqG#d$XAHHssLo2bm{m_c|hm0z)w#kG4i{#6>s}K<x974KX0;"
+    "}=T8l?>;C0aH7kRXQkmdK?uJtDvD>76^+*wHibXxugjhek39THQ*sB72f9KK{Pb(>wWzi8(5|m8rQLp>lrwgX8FjFS-xo<z$0H%Ek>Y=D<#J"
+    "rKINGAP<k2Jat<7N;JCEKbdphFwZY4+R>bgRdz~9id!+V1K<1_)u=lq@{0zqjqe9jrByj}FL~Wr{Z{-G_=v_}_YBhLRza@<n#F$~XlnHlnFd"
+    "$A{+LW6T0o6z{(j`Q8=ES~_muv%^&3vyLeI0sTFd&%-DqhmnX47S>MR4~xOX0k7n(4AL~Pp|QU!E4%YA07b?;}+QnaZVbwESie6GwI;KqaGh"
+    ">fuZSY1cf7fM8ghBXu}thLm--V{xI#^6ho#ZJb=GTPO!nm>oMnlT1`|L@<sW@6NLB8?cXW0S52DT-F~I~x^^epOx7PZ8!;Ymwq!$4l|@p7q?"
+    "hG5Ll4=vc<5+zQ{(cM@k6<bk~bQ$0DhL_Wa&w=E6zuFn4u{@+$JG6P!9=2Y<GJ93{SfY^@z<A{r#K05YmKgmXIc;t%|-B1OGmO9G`1z6LL25"
+    "0rerIpN!ww@~3DLHtT;HQ{F%d+&1M;RPJ21Jliu{0mdASU3{+v2<$F6q9XpbeUu1$;5HiaR4JdB0Jy9^^a!DFj}NI^niI-V8<{*G=5qjeq?O"
+    "zXspXhKK@ok9Blf%k?#KymuLH8)0=VVvLi6gA><I3*SOIDC_CJLVqh?8_q>No%x_-FQu|^9)Qxt6dJ+I+h!2U*tY2@T>CR2ZJP=xW5^^X`6K"
+    "a>aB3OqS{-fD&Aq4hA!Ol$-&L#YJDfs+Q`dxq5yoHlf59V8Td%et)tC>QCs=ajrOo%V{!V{@mWjQh(<rHZ=Lu?Q&$E$RySe_;BxU*=+7VXKu"
+    "z}Q9@iv^G7r<)hLp{9*HuN*eVC@y77~Y|PdPE3O<aAaxeJC`H`iw>!<chpZwDZ(FxNHheKAj`TG_+^a*;RvEPPAAy>N&Hccc4Qbs(}gcCnZ+"
+    "7cwtaGO_+}#;OIUnt3a}AsGs}aT~A-n!SUDVM`xFR?Wv1uTAB~yGBR@|8>cuH&q`c1DV}kFFcUhecFFYp+hdR-O8@$r@7;LltKfH}`^ee3Q("
+    "Rv6MV8v2<ste~0chYOAMgI(5x_BJm<f1dRT25%mQ<x}Zt>Gl&`SAt=f9_Bdv`Z+u}_nE_Jm-9GC3l+R`CMwiW;)~xgC0B*!Qltj}2rl;NHPF"
+    ")SwZCS20PpuVm2}h(K2Sh#~g%5y!^0TxCSlUOdhb;E(9Aa=KxGDn41R(xB$|Zq&?_I)FUs{cco9{&H`eQ*hSgC;X<So&DTw9YQlJ>o#!|G(5"
+    "rpK;H4X?YZ-vIsmJ=<E4Hxx45OXW%-5WHDt_hX?>&PxDsdY0>j$p<>k+1q`NwmxAgEnFcnp&ZaYyP?gY>k<4d}B_Pg}XxW{1vgn*QvUVi5F!"
+    "HT6*E=Zbe9r*i>Jvr3@SC7ok6FrlWsihed$li__aa*=D54guK!_5M$kJ<93+$Xk%g>u{JKD7pDNb+AuB#S$m&!~9b7T}jxNI`4FMQRf($jXm"
+    "^t~dX&D(&r(5;-}#aF9^lrZ^T>Y+Ey$vix(#hAQsub4JuVSt_^<u++yYO8UMdE_PakkU5p*N#Kz4_z@2b4smyjIucCZ+Wu*SurR-3tc*V=3l"
+    "O6eQ4n=YUyb#t;GZzp^ArV^J;e@9k#Nid5^&VAuLvK^5zEbUF96BsXJ}Aba%UbGp7pD(naw=Vo`umHY;75II-c;3PScDDT{JM9-Q*4m{Ljik"
+    "dV>%Bs)@hp)L#y!+8c}sc$k4`{#rEO-v^MQdjZT$D>yX-UBTY++CM<<Ee}Trj!va*AenVd`EXZE0PD;{^_j<{IE>Q<f9^?rGyr<YQQ1Ap)HN"
+    ")x{0Fe57m@b|X(YBpYt0WlZtgV)NTDvo%Z4}GILSqlx9NX`SNl`c;v&eC_;0T7!9Lzu-I|QMy1<|pm1d^MdWSHvjLg6wnY`jY;u%rqoS6UlL"
+    "AJgit9s_oNiuvQ<hRpP|M-VC6vsTIo4cu5M5LA4LvV6+RTXDI+Jmhrx}LrO0p8X5gdf;P-2a8Sts0kjPVKSB@SWVyFn$-NE`&l7KZIWIbwTp"
+    "jtQ5WaCt^ok{<QzFXPI$lDIMaI(zXmpyun6in$~?oqtQ&5YCQWXg1Ikpm}62>S6mB_eosqQk@XYrfserNg^{Rh9+du>&uDhmCUbUM-AiVs4H"
+    "3OgDRjM_t0tp{EWY={O?DKYEI79}Y(d_3t$tI}^*>3Wf|j|aP*0jLxy|k(Y8R!A{atU;`dKY49%dRR^opKonx~DrV@CCENqy$0(Lw|uHZ)2<"
+    ";GXD7t}Diy8;^57KR?jjCoXW8{Me1M7R`&mOUp!kwv;_6snqZJR5JVtFo*V+LP5a`ItvvWhgn4%h5TjPTPduae`7&VphtBO`Y^vBb1yF>i`$"
+    "hb{*%&^$djB%bF2DY1X=IHJkIgF{o1YUuxBZ=>V9|!ezJVI=c=5E$>dq7RPTZTqkR|WDRCnvX2}3$`0HkGP6VoPWjQUKHi&6LH6|w2z(&Mc{"
+    "zJq$yBHb_A0vc2*8tQ4o)&Z{Iz&s!NSEAw5&Y{70ao+zB1dY<(pQ+(x^a8F>8u&3^0q7cav{PR;4B%d(zEGzfxaV>EaKo5|6Wszk)o(ZoV97"
+    "YaGtPv*$;C!oK6WHnOn1cna@&b%gWBm5q31Ec6(5MsG0o4`uxqI7Jl<KwqKO|3TNa`@Hf99bTc!>)T%{A{|?af+#Q^tfDKv!XHlZrh73gwea"
+    "JZPA<451e($5cASPaQD?a2|Sx@iSxZO5x$@FL)$t^zx*T^)ckyrzXjt&|S_Mo}h{a^dP+Hv9aZyThpL_msIE%6M81Uh}J4sk&-{J#CJht<V}"
+    "K4K|IjA6h5i9<WP^74bPeKeioc#qug0w$tVZn0tkZtj|g=v2YbHp1rgEQ>wB=kR%`L-#M~$GS9+Xe@sBM-%3%NpAFlYq|<kOIsjFWRSL2Vdu"
+    "pLus$BwZen>Y9ZM@H3}w2%lV8T9b>7((%<}12Fw6O^D=$nN&_`v@DE)L5l5Q*kTZO-^^aWe?Oe(6d9@ZfQpPsU_AD}`jVhUaw?vkZmH#fXoh"
+    "ppA@n`-U0?evsGmV*gIkhPimC<~w~lyDie^BpKr+8#d~THh1L?dxAo`M$$`;&ro}Yyt?|1}Q2#m$CFU_eolMGFU;rpAx6q3{DQXclc*`q*bi"
+    "U#^{m2*aMi;4M+i4Chrsv_wN8mYz#Ngk)ZP5{|9T9OX+8O1Gk|(`+JrWQ`&%5j4!vKvG%YCE>d2;WL7;BGx)lnH?(4);ONbZ%Di<?P=ZnP7&"
+    "(l+aTl8a^7p%iXcif($G>ilj9@$dA0v6s)1?S<*H`nA?<hZ?UYWrm4c?YYy5N!sO6ctg3;iF$WN0wlt{M!j;Nd>O?r|$SOA-3^$FA>5{2G6V"
+    "tD%9&2<`;TS9M?Wd5X}dNe4&BP_y8w&#K;b%ZHEOR{yK}|06;^QTKopWoFzDm&Q*ssKFmTeEis%Og#Lv0O$0#6zgLzR-kJ|^du%7XCwAGD#?"
+    "?6U5z_JradoWyaS$?<ep~(+WV=ka~JO6tsPlaHuG6eABMGS{$rB3)O>lfWL1(p8!VZ4LTu*KzM1KhTuvvz5!-ws-1L?Ih7l-%KJ++eZdNZW3"
+    "vgcy6LC%9jHvnX&RV!Nm@-6f9ui|=1t<T2z)z64?tZKuW_$G5z)-CbbnHkqrQyRD6Y`gNora8)2;ccR=EF0egIOV`MPf2tV8qWPQGNkf4dRz"
+    "WWJK;07iWW-02k*PSOv5}eyrqb&f3HJP=mSIxCh+?k_GrA#hCGkm4CpVT_vYYew9P~`zl*$Nl(X~Z1YEnv$9ct$00`~)x+4{>6BO?MHD{zj="
+    "RgAc1+#DQR+Me6)V6`9jo^C8Ke~q+O6{O_Vyg7BJnDSCd{G;ZG6cHm6~!<&Gd;CvW@#fn$e-TB*OL-Zf^F^Aq8nuFn_ZdbZldGZD`q}F%UFh"
+    "`5T`<S}F!=2N|5HwiXE`;mEs-^66>!!+npHCl&}?gCd7V<YY~*O8FR<l<xgZNnKyl()@?Y5hY<C4556#Wkhgzpw!#XN}$Kmfsc-}S?t;!M>`"
+    ")K<D<#Oco}d|`qR?qzw}dB2C0wOVuAwSPej~53RbT;I_7(qI`C~*`okV4huw?Du+S<+s`Gjyek&z%9ppv39Ak;04w#vSg}S>j+)NvnEVpNQX"
+    "XUj6ait6jv*Lw`(U+MSn2l;2Ez^zT6@beB^t-Iyo~Gmg^;o&D=i6YVQ+`+q@r#7B%hopSIc*HtEc_hgAfLtT14Bo_H>Furl)Q)NcT;9`%E}`"
+    "Uz3xr;U4}-BhdUw?QuHKORpqAZ5WVc#{{YWENgj!`+-X*p=>~NT^#B2+#ISPT4lgTzQ-@o{s_huLLPdDV+ybjRUhpz-I*RuDGq=RqWN^yz#x"
+    "3^y8z3O410QeDy8lb+yjZFTDa*z-D9|QW-p-ySGv%(YP+OJxVwG+PBv!-<vDxE%`ljpi@`%VMBVOWS%PUsb&BlE}+Nvr-!e>5=&S&{brQh*j"
+    "QC8YIB{hePqU^;zh)8a6U0Lq^yJ;C39A^gupK1Cntpt|%`)M9(kl$u!VPqn{n!tW|K^7Mfj>sRoVAr-BhYj{$tW&Zrt<A6P?bNeve%{iR?v|"
+    "_^pf0bxZWa@F`h+7M<`|eF%~fA*$jPdzc-|Kb79IR!85jgV?iH+UwSuHX`!CzY+p1)>eeF~P@#pjMJ;`9>;pW279tRs8b6zejw>r?W_B~QZC"
+    "JUFdXSm3^ci@*@uS%Z7wn3NEpXBBhu`I8!-}3}8+4}9PZ+a|9b5i;V-JqIL2dRGK>*nmN_Y)3|Tqk>a6|-ptKHfOp?Ver+KYJm&l4at(oBRA"
+    "1LxUl@k}?ZxXICA<PW^vW?bZ-!thUpQbRwY^uBDk+WGfzM@c&dgJly&3@<tsTjV^cI1>|<+lwj?x0iHZafK*9#mYHcr(5%&U0sdPa+B*0McO"
+    "^(sH$h3+U+g$rECJuKTO#q~EIyNBML8vF?60GZeJ5rQM=UJbQWGy5jlT2q8^E9UJNTWxb5yXS?RnK=;kuty&by->uNzYqffYz~l|A+pSTLrS"
+    "7vCZ8mOM3m*EcO@x`0@Pd6O8*Z|5l!vs3ce>4u#>+b@XJCf)NkKfv?KEakf*+g(rFz-7~xFY|M=VH7yBUR{Uf#VRH%`#<c{=)2;lOw8OoC8b"
+    "_>5V)Pa4{{ru_rpg=4nG?N>bW+be2}tZ9#N|2WtsE1^FAgq$+XVb+eh%!jMB*tJiuBmpcAkV*}NFBzUFk}sNrQdp>plX(_#kZLO#>$Ss8=w$"
+    "dJj!5OhK@=fHta=jO8j7pJF4&6Q_Rjo{?ys6~iVFK?$?8B?-ol_A6MR$Zm7V^k7b*|9Kj)0Kn9IbfnKG`7<5_n5uv=6cLViSi@yY7emw<E}u"
+    "-i(tD$35qwPNaVhhnKkL`3cX6)<l|*+(Y^K0QBz&D_Jh3(%f@xGmUQm4NMPxRy`6)jHLhSp67!zKAL`K$ipkFU@qLFj7#R`w;LoA#EX6_OLn"
+    "_}^4y-1SM4z22g4}90_5N+za#kWK@&9=hNC9irS4gom#K8<`-f;4~sT`X`!-3nghPBH^n;XnbFpuCU5ejC!4kZDMvce=#Yhe5WgytaXf+;DT"
+    "AS;Kc8(&HbSlXc&7XMjg<8sP&p56GeGyjFq9W@=u%`*YKQU2W2EIrLAjeBGUY1sUt5^*-}5kbzG$5@3FAxkau*kmE8q>XAoa$At~F3wyhaqX"
+    "uBb5eNR#BR>I%F#a0Y+cX=C+|`E25FjFe`ia6J<|8Co9|E5bq=7-p0LC*s>83z7{s|_N9=PS!g-(vzh5@=NmuTCcc^prWn=jd+HSvi?W|3CA"
+    "Mr(HpqVqpA}yU^0hE?`5cdekKWGeMDE|)s-14X_)*-GHKi=EgU^$B|?$5Xi73JkCNJ}rYeA=}46Es2rC1i~)3tTJFP*?g!+-GH}&>YkiYN&l"
+    "$Wv*A>Ipxcc6n>OPLwqR9i)-t)He1}sP#y6QiL-h6U7f$evnDx}KHTiVIqiSAaA<n96|6Z&c^FViP^9|kYCbPd0KMX>Vqxt$xa#e7#qwGOlq"
+    "JJ&yB&Acgg*b8BRY_i!`sIiQ$~B{5TEl{azBC9m>9oIdQ;xrAnkdmu2hcs`w?AAOiry5XMioXVssrpJNu=t>?bBap$0JW5yQ?dw>$=@k%cS@"
+    "^8fUP#8Ht~PB+MJ3kz6SccVd=7i;|#u9G|8HPq+7tgqD};I#qwejl8d0yX>z|Lz(ew$s&lf?DF>Fg>NDTw3x9?cgXLm@BjD1~i|x8ny<gI6Q"
+    "h6?(OW7l-OSGKrJZT|5cBq^f$j2X-yGrMA-v)S>}@&7#|VO*d_nsrJaPFz#!C%tq#2Sb?V=rQmUCLeP~$2>!ybh;ihZofG4(XH6icaDAQ-AD"
+    "P;ZA;*em5+BI#6&17>!Tud$5fpxlzP9J@@yy6y4J&UK6rGBA-lhe}IC20WbJI30pL<3?U-;S7$c2DodCfCV;d%+>ZHLE{6Uv|K_W0wsKzpb9"
+    "qlcNuPPKi+J6e<M9KO7$Uxi>r_G;eb~<<Wz1ryF@PkiekzwQho@R!DGOzQkGAo4@F+Y86maV|}alARGB%{AsXuIce`_PNrouvR*^Irx({A_r"
+    "P89O^7OStP!<KY=_sr!Ep&mT`DPs6s@gq4o{ktmuL~X*VYj$0f5NL7rLu5Fl2C~<h>2=8&tq)ldFH4S<I33#ZPPD1Jr)8h9gZa?!iu4fR@lK"
+    "J-y}U6|f|b<ExgY*BuPRVvr`l|2U_x;HK+EwW(=gA!}(6avMOCz~wytb9hr%@`B=i4bsOOdpRm4m#vBVB=~-KXqfL^KYu=6J$=qm?FAD8@od"
+    "TvA<bxRNn2K~$A<6Rk>uR$72_YfO&DpJl2UuS44T^?mfcv&8j+{k>ym<R%NbL%mR3iHXJt+oC#&o%pE$9ySeT2P?((Q`zH&{4g{<srXM6YqV"
+    "RxvfA32j}W-7mW>R@QJ%x(o>{jAK}hY%dnU3_1Tm#?>nH81Kdc|XaW)=5ue+?b}Olo-OeH~x^`=m|{71EK|TQ|M4FNqDA>UaVJ)bn1`YTKL2"
+    "GFc@X&>(9N2M!j12gSD)`-^qo5fI39;>n6<i9b+@5I2qKbwT5`~D*;2B)D&v~?5(u1ME9!C1+I@DG(J{UZ*FvUy==Ja`<A?2K6|O5pfK%s99"
+    "DD$lmL808+>YRXJ;>SB<=0vbw~0eE;WU3Lo&GYg1LpnbmpF2$-{XK^*1Ed0R6oDo36K@o#JA7`8wJ%(&rWFG><w&ExeD|#e!>T9UgfYk8NX("
+    "&j=1tyO@|%Wq7=bIzSzG2Pszp&&{e6Lv3<wXQk+Ldf4)cQxxr4TA4VxkaE-2^4dn!-G4$8TN_wS%V$LuRbD>sxb!|E=`l%wpE03cHX!R+SuC"
+    "#+2RN=6zs<dbpp@h({M-vTc`G#J(D2asw8*i2wt#y~PnjT0%&a!p^Z*<BMtVppd%Px1)hW*Vnl^vHy}+O%OTZCs#xEr`GU72>PJ0_aHZJ{Zw"
+    "A&;(p_!sMe&cm>@zbrAy2LfhamjjQ+=GYly)6aEVJ2qh-e9hin;XUB5>@1uw;9GUu|}6u90XFZPa6DyzokA%otNy)mBaQ>pZwfwZ8;~&lyDp"
+    "55fLeMzJ`fEk2aW*$#~I9U1N4m@D$Bg%gx>7s<?r8iSP1?CsCQ>EejF1K5#~qn`f`NSE%@Dl}LN|3UG0O`<iYcjVL4S?^g)j>D#3V=4eL%J0"
+    "gR_LZKCs8Fk09VgiASre=e*dnjG7N`Z24&$oh-$cTo}$}=w<&eO}gKmAP_C8hBXQH_57JlxP2ujqwwABXGr0xjci&C?xJ-r3UOwPB%}T9~E^"
+    "D0@~R`jwOUg_eHUA2zovBG<(j(-j02Pc?bEBgQ8#M!Jia#<L{@&r7{*_|M;&m(O*ws(M&cUww1qMdgW-d}RIosDlO3ZOzW4#D-~ghQ~Gj%Fc"
+    "J|hh*A|Z>z%-??c<HpcP5U+SFHQhWyCtI{Ec%kAiTDMkmuZmjda;B&_W8u&SEMvIw)9A@_^QdKDmbfcr@go}~Rtq9`Wdp2!!ie`4563@>&{>"
+    "Z2o|d9Ald%p2X33k6^1M-2mV!Z<pmIgPKZ)<VVVk+f~;1d!2X#S2r@)PeuG4O?0dqFytF{#tCoico#)Fn_bnny{kN4THP#|0H*p!)dS@pJHn"
+    "9Q;D-VM0+K#$B?4HAm6*OF<IFgn;frQ^z_->oeB${7B^wMKkcP}5*8K}<j+e51}Q232b;IE&-N4%#L78{GNiRU+_5QA^dS#)&)RzDX}8cYak"
+    "0&f0V*?-)p1<n7@9$oJ~+v%qUwt~+p&;O=73zcVn5N^;@9WJsNu%O%zs%Xy_z{8PYQxXL^ff_Z=n@J!W!x~oE)tAfq46tP&w!|4?9Y~xEOt?"
+    "+Pk~>>Bi>4@6R)z)B#=xCL~tDLH?L$T2*5$hP+0WN9JqoEUZnYf6r73@`384vdYsybbepMzFb~0(u)&WPaCAA-FO64R#J7Ce0+__`?@(VA5m"
+    "v{4cnHI+SR%3+hNR+mL8)gM(8NJH~)p=n$`FZplxsW=g{bK9)7N5_eb0VQW>6z5q`{Vd{^4@_J@x~k=+yj*%?CXbXn>UW~Nt7e0h*t+dVz0W"
+    "hxPu5|gT{5Or(olzvmQwRPXSLIW)UafO)OcH)3ZY;cJ8k<V!nbBh<1=12Kf6+TfpZ%8VtXGBqr-*=*;@Ey;}s;YM_>^yJpdOycyo&L5e;`u-"
+    "n2fyRs(P#yDde`@wWdzed4!YI#-J~pQfYEzji78Or>@hzUR$RG@7hW9Gq@}5@vFMzKYwzhr7_omV-Y-l{O8gmj)Afom0)10XwoNzjmqU$uct"
+    "b*G=N2<>S7({Wcl0ZpX68<7Z$jCyxB1EEz)xOf&p<(|T1xEBF3<qhvl3(D9GsD56Rp?<X!7QU#b|`TA4y_!JG+=PR@Z__ovYqLd*0U8Es`Be"
+    "MG5d<F)n-7PvPbJbI8Z5zM#by04OlM{f2~Vw=k!+JmB;`{&&2`TTs`~FJ92;;hIBAe^+&nvDI(3HjiTjFDRasNX3%aWPP(qZ`5>!GC4H0r~?"
+    "TgKDQPc*LyOh%Z@-qT;~lZ<w+B|L#IWLM(M9hXDxN-TmDR#&-Jk8vP4Wzfs>V$NY_({eRlTG%S%kB4TK!Qx5mal_<0}+K}KPrsCYSNm#Zf0Y"
+    "h`h#2B<2kjAou%v}rxk*=0Xz23}dOJKW7A(Y$sF`ILt{Cbrxm;s(lG$z3HhZ0YNld4M%pKLW3^!VonlCAI}_3$p8(c@bWBDk)dTyz{(012+1"
+    "!fQsm++z+v&)WSi&7uvzeD7W9cL-fl=5@(V1Igiz{dOL_Fy-8z=oynxmE@?4GWT|8o`u;7C)$5-8oO|>@!nC}+R6ib!vm74<LyLj;d+9=p)H"
+    "KJaXl&aC8(X!zhA*|>X0nPFJi9d0oCuP7_ZAc=C;QGBwEF|oRENmP5(Xt07}n=FQFehbD?HrRES4OcL4ms;9wN^yv8e37rOtoZJ1x=L($z`m"
+    "9-^zQ;Eecqt9>~txYNA8rkPs|(SO06Mui6c#$E`*@G>dhXX0vwH+Kur&@`SJ5A4vz0dD)UrG<hLY;2vetIm?k&Zjby{OQ8pErRht&LT+Mgst"
+    "Eygh_IaWH3nau{Y&rZeGfj;qMb1f#YMd_vQj}pM-`5+%qtYoi8x&Pr<cEJ(In|Yjg6ll<cI_I9%j(OzhvqmjUTG^#4;vd#dhR`C@Js+9X)j+"
+    "F1{BQTRpDL^QFRnu(r~z+QL#GCRk3@SBzG#kR-hZ+Yz%dVS5~)@GK9ZfKa^127)F-F;{E$sY9QUMbs1(DDpTJ$QL#n#NoC;@~H1XxLk_su%4"
+    "L@b*N8$x*y$F3M0WBO$|Q)wj6h$OGTO#B889(Hr%So$8#b@|Mi|8g}>$x(j=5d5!MM*|JDz9EP|@`dR1Xe5X;BK4cJj2|XO24xPTOE-nCf?*"
+    "9YeBkJts<&~82@%l^-j&rkGnpcdy?p#oGb1#YEnVr*6PlTSevgxP$kSuA!65t9}fc4C0>cH|!P&%6$3zm~)itmtqhZdO^m(aUo;~n#i{}&iI"
+    "TWL*s#JGSbG4~mdLtIFCy*;GKPZD25TA|heCFLT>{1>)X^i>n3%UM92>@*#u7sK@ks0S21o~ri7K}Pyn8E}CT)aw|yFy_Bi{!6##MwG!V$cB"
+    "Ip@%KT#soT~SW5x=-_N2F}=b~CN*lAJ~+H%A48o6nigEKWHC{UZm3{K|eF*8*~q?q4y{kyKkKg6~T$5yG5ec81i8QgS@uOUth4K7JwgSlOL6"
+    "5Z}Ro1#=qUPkKY{m|}g$932_h*~=F<-~u+L<t*H;OUhy6UL|MzCBVdQfdMsQkQZC*Ybgn2B>kuqAHpSEUr8I`Z=hEmwNhlyzm{{TXhI@vBfC"
+    "pqWrZtq_OcsjR7k;+HwmCSzwIfR-IM@RKj1$GMgTv?h{p1L!>PW3jeWN734t)!{_Z9QByZ5%R_E`Os&noX<jtI2x0Q2SBb<Sm~a6TiIx7jLR"
+    "khb<6i!BgZ;^Jz83HddhojW`wrvw-_70L?zxx2k6jmMs=bw7!^>nmDI+r|aO<iaudHsE=k2?`8#Ct|*iR&YN_e7}m|br&!V)OK_)1DD6Z0)6"
+    "_LS6Xmg^|v1~b(1EsvO^=)1nK8ksV7Fz|PxzB(Ii5WDpf*RK9LW$Bui0*#(UeWOOP(>f-*ODb2jn9$KyVo^SL>ZBwzHQm#DN!KY;^PjaP$L1"
+    "8jYhJy-DaRcz7w7++cpq3z7I^v0o1_4@J(Chk6+^F@jNJgy25VsJa2V{8?lsGc3szv3bRaaZevmf$u8$~2=kdk;=HoRrbG<p`X^7{xWZoDxe"
+    "iDBpjXLAYLlzVNiqXc4&@bXtbI}dI)~BY;cMX#gy?y?<k^ZI&Zym35#iUJqiBg}EVzgvh^X95fGE3s`gVvTiI@;85XKIWb+S;5Y$xE_!ic;?"
+    "FcVmr}<+9O9V`^W62&9Pjj8IXAV#o=A%qeY#zk5IF8jT|Ltvs`=k!wVMBC;%~8N+h$d%IFmeq~uhy%t`N)YseckC=F`qztfzTB9$j^;1H_)F"
+    "kamLvQGYw$grJ3*zcS$C=`aGq||_G|f&o#>R)}&&-_+IIMq3%Q(B>J0y<HGX}ecLIn2*d%M}Wz@TfE382+)Z%BV;zcAf!nE!IwC|>4`TZt~{"
+    "5;!?CSnN-570<^H^dUcgvF~)OO^<4@U>k92ZJi-zs%oynj^DI|!>|K{Zi%y#pG?hQHK#>Ruy+&8Oj}f|Cg8P%Tx*ivpSf8E&ZPo+KOFez8n3"
+    "RBGO<rtNke`0TUz?kSAD(C_CsOyc^BtPx~}q9dzhJ=FU@WP+=VCg*y}s>5V0}1c0OK48ejeP3O#npC^&>YF18A?j*i=XKJs}cVkerPI9X$I)"
+    "p$&pgng7rB-+?+ZgBG$7mve=^(|UKOG1f>QQyycJN#b~tF+8NTOaaqlDF!ZD@`XL{-MO#@5(S08`>a!s73mt-<^G<%Mxe({npp`_z6ZOrKKf"
+    "Sv(!y^qfv;;I8@ipo|gB!47wXYAtZyTlKr2GtFUgqv1y(GyFH_%=R0SB^ZImx<SYE{^#0)JJJ0WeVE+uM9JRSwQ!}yfuWsrZu$sBq(vmu7hr"
+    "E0hRe&`hSa1OQ1slbW2~hseX&PuT>3Y+_@nQVP@Q;IotnBKliT4xgoJVfA_J6V4w~32IME=u;PE8lzA={myh_qMk^wG_8x|ZKGEJj2=hzkiu"
+    ")SZ>^_gh#j+baYm^eBECb4iRy=6*}o*L#N8(kpU{j#?x0xNd&PiRV8p!r|`FDfUrJoQS@x#ly>>k-X#Wz^^QO-ah;jm@m5<#u_iLKztoKhWf"
+    "r^bmiz<Kw4V*APxKXgZxLgZ_YAbetTjv?RE3ccUv271Mc?`+$CS_nlR7HE1)&7mF3_NH}^Lr0`o?r$Z4~xs^-^!_bW4ws%l6P`c*vo5vJ1U^"
+    "2Gc16D1e+OB!Bcn%GZVRBOX#WxJ!)-q~51?eG3@TU0vkTe9xlCR%lXOF2PSMuU7<Je5Y^p0_x03%MWW`IH(_de-Y6pAtD9hDSu+F_8Y}CzOt"
+    "d8rH&l`q{NK{r&v?s;Wy$7cuIPqBEk6^oU?L_<u&c=GPxmkC39rS0|^YKeO=i5&QD;1yAic0^#?d7o+e4e`m9ESWC~MF04jL8N0c0ANwHg;|"
+    "Fh_43y5pcm~!ZQct(AfY^65JEx+9J<k&OB-iiv@p90K3^UV%4g#vt>yD!d_pIrxE|GDuLFwO#1TC04%7+y0nnWnchiQvQiTygStn}w^_Cs_F"
+    "y$BpoQns~e$06(O?OLkkdydVEqEocu9^9A!PJWU+w<h&TuxC>|IE35M-MrJmF`a&0u{tw9kA;;^ecnyTeSFkMWIypBj)PNH?wB)@hkKdcw(S"
+    "`f8yc0CM@oa|*1$?jlEEyj^0lCV%*ROc#ma@ntz?GM`NKy;gS>p(h0;1iTKa8IDP%t#dcTios6M7y3ulPVtO05l_Zsc|YT?q}S8Y^`)6#$Lx"
+    "n9vjh2O77y54NZF$IzNbM3NrvboaU8O1fmfTJ$4^tj&qbEu`+AL{Yu?+H}wV`pZ@rY`m*m$uH|-)x|`Nwl*k-0chpNU?GB;o?q0-i><R?&Zb"
+    "U+Y!1i1mo2;96$#nTTZ!7h2a2SdZLo@6tUX%W)m0O-_O8sYnwK>lQ4|y>7`;SS?vO5{d%!+@dvv<h#dqy#x)qKv81%kGQ5Etz12-y5Qi67nD"
+    "<jCE{{d60i!n&w(mbw5RHFf*^YPMUC}3KgU`#2E<@p~Z$%MmRUG7}l)TQ)9+JJ8tQ?_^k{7L^elYW?n+1Q}it<G?utv|+j86DWAX<`f>!{Uo"
+    "++APlKvuTNRRwwUtCjG$`{CAr#RUVyn<^=AXhnO@t{$R}FRo-4U3<1TWAEoba(R;kL#x6O70ng#$g<GN7}XP`gr_eQKkDh#P}j|OZfS*42R$"
+    "F>FrI!SCAQ<}!czg2FW8QUp*uZpSpzha0e1Ff&$hSBEvT9JQ{n%BMP(Fj9iqPJUIgw7F8n^C4s#Ktc5!PvIHc@Z*|RJcDns=}etX5Zi3wfHT"
+    "YQphWH{j7qc|2&xwt3P`7OxwiE;TZ)fhh)D{+=MdeUdC?3uPsRkhUllvJ?_DX)j|uo{5_*iNENh$N3WDc*gC>m-Ba@{zdp$=k>2hSYhJX&ak"
+    "Nx>fL52_0>&lW+qWQy>2DnXN+?KX8vl@l)!6xdkgronCMVoaAu4ndER<-)3#~o3;)=&p`)$m3ToSxN44q->IUWk}8I#)o>>zLMzhJ+tBRT*v"
+    "``;jt*kLeod3B*DQsEgFk-N7K3hR6?C5PjyEW~v_v0r?GA9G+PSH@In;|!_|A~t9BpiNLeCK;&yA1eo^lYBRB8dtS#u{oF@AsVc28L!G44Tr"
+    "UisAmAwT59fce+7Agj-w5kqgUK#RRGRh~Wj3~dm<fQ99ukpC;Cb8x#)ig2#E*@@rMtu4s?n$9jG{_WS?1S~(^X0BH6?-{{GLB9NXYYSq<bUq"
+    "ViVctiqG^&M5IXKRI4tR1>2vtdoFjyeD)6llTe$WbQKn2v~%tQ^$&z}?wfFu@r`|QVmY(wk;C)8dVe8@x8nS4b$ATu(F<)1nt3}!vZ{}jVEw"
+    "t!c@KY(%XvAq1V^b2WQL-eJuL4lB>iHPgkI<T6BMPjkLjjgwj49yi;9|QhrYNmUPL>+jAhE~+(z*d30Igj00awsm&uur<EuD{1)4RuV@8Byx"
+    "(;5-Zls&$v4DGM+?8Xso5UI|XNwb|D^=7b|^Y5{ia@&kb1*qdML_GY!TQfvH;s;jg#2WkBj7V2sf)O;hRfhbQwlZ}feY^J8^s-6??{r#>Oe_"
+    "KtggA_k>kUe&E-6|T>!^#pASm?bQN|lw<(-#uf)RK{&o89F&rl%hoHZ~49H3|+jgW6njI?;hQG-!C~u$Ia{Fg4kJbnJ!`z`A%cddM?EFJxc$"
+    "lqs#H74Pi8`wZF8iF@kI3ERydn_NQ25^+bDe&MqE<xJ+~16B&xz{!N}=GXao0rw70eT5WZ+pc4xR(Qd!S7Hc=Y-wp3^4sXB`Qg`PuA3{%v$x"
+    "`_s$uV%ff`FzgfP_WX26j(cspF^eNWmD+rE|hD-f>zSy=^CT<l?d(*o7b={!*JLOX7D?m=8>iGMlO)a>_x-A{z1vaQEka(dbjUGUc#PL7DEM"
+    "M8JhqDN{<!1o+1e}AoDK}M#$0`O5&aMUoOE;VIN{>Y-M^WejHeK(B!Z5910F-bw5{PwaD<Uj;}*QtCn+fzj@91BXg>kCfq=`}SA4Qs<jF~t&"
+    "fkN=ogwnTWHFw!kR2cOps97)D7n#@eh?8)(%8{{Um3d+%8VG%x05PuQTjyo-K)g*rye@cZck!wl&Bt0fFX7TO726hB_7(YaxlkBPTl~8vyRo"
+    "hL_+awX<;&Y4d-&2#zl}I5Uq-U9r#ZxTnE*r%?u)Jox3EU^fI6B}&)=t;@<B_c`HfS~H!Vayaf`?a(!|#`*j!wQ+AN69P^IAAK%HGm8a`3H&"
+    "^2R;5AHMnytHkEbU8u5i@SCr*Y6#rf<)J{uwwYV#b{q9b1X2c3&RyK--k!hf11KTBQS%LnmBqnP_mZA|P+(}7SkE*y5?5Z<%nY_9=v8f?ynV"
+    "U}VN_{5vOa=VJtgYvA(WQ>WA~Q1kY5o-jlXQ%L87??CoA_qU!J4GUMG9&9@C>vQG<s==RKurb_Ai2(zzB;qqP%U<Y@kngv0$``=2HcpwDb=m"
+    "b*XA)W&}m9Q_o0iz*`xY*e3}b9Rw{_eDj^$=(a#5ax<|z-3g`sq+3ALHc@0DRm%Ul0BdUuOOe1DZZzMN+c^Q6+x^#Ze9O0d54WxJ5CBoGfB|"
+    "VHmH1I6sT|D3a*fl^=rKB<>%LbVDIFtGkb_>8huyxOimVcHvDBnaJ=26#f3#9#Pf0!4Z74twKpV(cVKNDn(n2+z@S_>muAxl#<P=}JwUyn$Z"
+    "mYCW~w@{x{9T;#_JAs;6F#}b8{?|HW(7DtrN$ce((qGCM%b*9f)9mRq2!h%4kRBf-zdCbSP0u(Ad^SY%;sRDIG8mln_s#%`qV$lpLB&5|Oq`"
+    "=i@!jM%_k&08Y>I0x#*Nd~_OEo)1D?W}r_uY(|QYv%Q+3+t~K2L-$LuGjR`MVi~cW)ORrYZeg)=_cic^wCBfWaucv$9&<v)^Y)Kj+EClC319"
+    "dUg38s>Jh{SsBbO8$vd8{s7xkj9%C5%A=5m=@>;$B%(!r}-C}2^q#2oRPf4}6a34z1;+>hNMy1-F`Uuj93X;geahdH*58WjnTX51%yM*z%b#"
+    "4Krp=y&GEP;Z~qZqv&~WY0en$a+LwbrqwPB3u;#%sc6IXKY+s=d=i{=B0P5@#!&e^6O^oMYo|I9Q+toFp>R(k1m~!hlSPm{#3453ZLd=c8et"
+    "X*OSUs5&SziQ#~t-jyAI1!u*!U@`{<MjPyHjm1V%}T>L`>is4_2LGO$Hz(+^@GgD;4=bb+BlT|bejJdz<1`2R2wbh8YU9(J*c9RS#Zuv6LBq"
+    "+?r$u_b-Av%BE$}MZwK5KT)b?HiA)z|RC|7qBy!>sNF==JAutbe6!*fz;7^YR(g(<>)W_Jo#}Fu+{Iz7(2$!%GGEzthqzYh`)qE1<a3BlWft"
+    "4s{!ypV!3=)K*cgg)i6OSHB?z0uKL>-!hOB58||Sg1k9ydveHY<mcg4R?bSaws3MdI8JFe6&56ht|unNJ@5<)teRv0aGWiC*Z+V!_T~X4JC&"
+    "=cnHkgcKOGz^i(jFV%}5%iN%vAW;Xm_jvEOfDc=*(G^Xpq4vvY4qbTm&cD~q9lc|SmwS6mEHS3dI7Xv1UHkot^fXYcyG-1Sjfxzu@4$OCe3&"
+    "-4_><I4H2PPK~_bb9WlH_Zp)8Ny8;;#92cu7$s!$jcWwov4p>xF-ZrXqnR1k><C&mTt$&V(x}|(iNT`ifQQn=Hgrnhu01!$UC!<%LSBJmZ(6"
+    "HhFj>CR{6!hVdC=)R;I|>VGmMN_UwN6%JLQC%D3`zlUCQQocC<Cb^QJI*LQsHGBH=a7#<;Xza^)nR#jhbfR;b6ouuf-|Fp{6J<HJFHEji^(L"
+    "=+i1M(>^g%tSTkSvcIMrB}{$Q&cPC-_4zjirS`3Af3+XFP6VX`#M&cE?<+>rdSb-jdl*Bql|*4hZd)KWD!8cL%q;CN8!Z0Mfm*vK9Wo-Hn+^"
+    "O#JZA=7v~rtmrwDDF;V2&PhG}pL>sUUZDqR#6ssdPw$H}c^{3+!O7I~hEDF4oak2`r?9j^cef5alK?OIZSIpi0Izx9v4T~aV3VynH;)M9CG="
+    "+(kgl|R6xx|Vhume53hxEX`>5Dhz0ZAa;`$(NgwlnSAois-nT0;dg(bZJqEBr_Ff)~*uSf8wGQLJWUP#e)i^0a`AK#K6yFW*z-;xtRf~Nr1;"
+    "C-~R{C%s4;uEZJPXoi(&EM3q^dVHEmh;r!&xdqmVv=_BaA6kWZ(?ZU$ZTK_Ai9bv%&lqbc!)h9zwPSW-m>B$1_ge@tKARh<~hmr`@rBFDg}j"
+    "pWp==BJbSDhyt%>0dls6g8Qm>)UQSj=n<V~<cdxJ@HpXbE;NyZ!L-6Dm_P`3w%#0tqN5^)alrS^#aDUlfE_uPOb}>2%b|#8pajkrjo;Ej|0J"
+    "`m&jQFthm6s3OHb~1~g;hoVUFFWr8|i45gp8`F>gg*OFOhnk5Lb*tg3n1h49g6U5Q&-ID+Qdih>;LXQ~0ky$qygd4ftIkMb-cbNA=+mX&Fte"
+    "sAz}oa6NrL|1cE67&?7HF)O>}jJMmnBp9(^WZ2I?HiiVUpbp&fxb4ZUAbNio8X56<CTQEE5k(#NGQab^31eYy*$>{+RAz*)#RXVRmvLeo=*P"
+    "<Pb*r6NAYkXtN3N3y?)9c6O8<pJrRu5#P_G>kwZox#T_hx!1zulL`Z%YcP&1QBkm0(9*D79^|B~uvF%_1S*xJk_Vey2tA?Vdmo97M9eKtDuA"
+    "j;5yI`GLDO4R)w8<S?(Vv70mv*9J9a~BzL%Y%?Z`5NU<qK12{9ZOharvQX68|^>JIx(jQ55I5J!)+T!JC3MhW@^?UHgkA;p7Tl@0a#t94gT0"
+    "olZ`s(B5H8kvj}3z>w<0b9cl7=DI}JLVrp!-pctMm^f;%V!hT|SgtxDmA#Qf+4(=upGi7~<CWSeTsO#+$WUp0{6+5!t<5oFuy_qRD4;6Su@H"
+    "{o{Zc338{&ZeOTDseFl3rI{%BhInl9uYK&@g7E;u8@7%!Wn=e&SvZOXO@`CV>n}Fm8&Fk#^xXC%=t*FgI(Nc;zkGeOMw0;I(jV+?xvbU%Nq-"
+    "I{&OpcIJl7aW*YYc<s-<<(1PSdHD>{4!;0>NKTga{O_QRWD9oX!$K?8AUB-$(r$Z}w~PIAOunD61{fNkntdqLrvfCv`-wgxGt*vjRyRRIT}("
+    "VJ{oSZYH=^sHM_8z;Ixy(01ZXF+Cu;?YJ^z%@ZG5FcfL^>{pz|GLrNd(MzU7lV{Yo3+TBW&#=oxd1j2A+CCwP6l#ded!C)_kX&&d4fab*)c^"
+    "9ucaM++afwQY3ylCIDj%x<XSla~$Q_vgR(@mb01mQ_=XDE%_hlIQSRF;mmAFQpEC|5BmOf6313>|(f}RL0?qb`2Bri-TL%2IUbI!D?zNIQCl"
+    "TL*7!w3y8W&6P5KU-@9R<-aZDaePvnM>Kb>v0Eq*`=;XQCjFyM-mvt|#ts6$&Ymjq!M8SNwQIB|Arj(Re>a}6Hu~`$Ysk$BmzuqbY1&j>0q*"
+    "EQxrWe;ZN^?++Tm==CFCICuU?M2}Ztjzx^7Cfr%Ac2%+Szl$Jbq4ons_f)ULm^yeKPnr-op)xzsxJh+uA7Id`4bg;T7j9hJxq53DJ6Jm(CB;"
+    "c7Mn#&<$XmvIDPFq&+z~?CeWReod&=6c_8OxQYFLtety2)BhjnLz3KcPjX9cA-U%|m)w)wat~?bPHv6n5;Jm{YY4f_LUT=;VP;q}GuIFjLUJ"
+    "b|w_|;O=a2LM`G0%t;o<XnzhBqqv%AOQ!LABmbE5-8R;3|4r>NYDf3)8>&kEz6hlTbM_@Il`J{M@ANy7ranVH^K?{%9oBHqbJx1_*w6XF*a-"
+    "b--<BRSotyAGF+4yWZWODjL=9iPB=inM8z^mM~3DyxFt=fyp=-Pi=>^Aj<trX~k}+uGIU;4GGp_21KaUx<kLd%*iZxvo}RtaIKjE-k(I?N#6"
+    "gPEtZq37XXA>*rV7{yS4__e;DvvgUPeZOjAyt?gIId{_6%%jg2FKc5`GLkPlBx~;!r4jukTw{d4LD~DDY7)JdGSTeuQ9rjsqVG)|d#Oxm+b@"
+    "SY*E@wgGOX6>9Fmb>zIBcbw)!4|)!jo`xDC(>_GqR(kXkyw<Z^gC?{1vCHVr6Nh`m$0&-3XRb7*~?N=O18MxJ@n6B!=mb2l=&iV3_45AGv@N"
+    "a9{c26KKw}U6#8oEM(Wn?2vga0F!CCTP)S5titP4r>nQU)sov7m2DRu78J-*zt_u@SN<pJMYx2SfFP!$%~g=Z3K)U`BqcgT3fXV*?O;B1;a)"
+    "4cQd8j?XrWGP>-fa(Y*%KcOH#!pjZ4k-PpcAS&4mY}!79q`4Bc$xhwW!!+}W>eZj6srg3J1wK4xZxhtXbur`*28B06lnnM(zZmb=~4T`O=+2"
+    "6Tnj+N&cab=BzX-y@P;>l2?KTK1W9xbnjJ;K}|i9`4y!m7no39GTv?yEiw;>h&lwt%CE8ZppIzqIb(gSDbDwwned+%H9&QQrkcff>w-kyJKR"
+    "Peu|4_*Vg5nr;(O<OMWbWSBo~P(Mm{AAQJQ<N<tF%Ams~8H|mA)p*b;w$lRoueRjFDpm?tw{KYR1WAE<dEsY%bXS$qS@l^E<*_xH4{;Pb#XR"
+    "l)olBKfM)WrSqQd03*>>v)$R9UCq;v8pa($daWC{$MILg89=eusvDdyVq*D452J{3}8YP0Aci^h!fZKbvk{$t){hT`7J`T5FAsv3L;i{J!~*"
+    "dBl~#*}3`#9RR;o;oX_(?yrexU%!iVY%_(`CII{UWeWXLY$d_Oxx9SnZMgi8T2lW286AtSLEbmVZ{yC=OC#e%JL#BMaI`sdn{N{TDOx9AgN-"
+    "~pcO*s9)&lQ`-4OM5>a(_yS1>U>3#j$)&u&5go*WYjp1><IwkjVW3#1>VY(Pey1uus<H_({?&VtFb^b{Moh)0>LkE8@buK?3wuq?nL`C~CN#"
+    "=^YveyFU5H(x~9Hr<cOpg=D)V_+cFm1Y-3C6IE%;Lrviqd&IXKTjc#6#7&77>3Wu_Ij#VFyQTz2x<Pbzt`pJk`{8|>qPbY<zG!#iV$~Tk)Y&"
+    "$t+`o6^4B$U65(Z>y&d_QN%N;~!}Jc0_sqc2*iP&P?(A$!tKesa19T-2KVQ~HhueRp-XRQ}5Rchm2r1#as0jDh2U3D*Su6#0d0s-o0_p03S-"
+    "0b&9=mRC=+S6#+o7)cgDb0+w&`LahVf{-mA{QQpC`+%b+#QL&HV2W3=ESic$=wJ1vZ?W9x&)eF$-leGRVC!BKGwWJH2dMP=nHoOXX!o#&?<-"
+    "LW%`R^`bW}(hZN~zP4CTSb~bAupOd~yYMj&MkYn(<sEDagx(=$dzY#zp-Em(p-G)!00ZO9cTZsQtJ`v^5yipamo)j)Xd>N6+)L3{9*YZY2JP"
+    "M-?V|A4#NldrU%FYw^>wH{SgZB#4h?pD5yPrjudo}93`e~z25!iGG4}`z>O+Vu{rtgH!YdY4GCVou@x=Ba;kLZ=QSh^)LsJv-0Hse<xQBly8"
+    "3@q9mrnQxK$B{aKEB7~0Ta`;_4#s42PSE-nf?><$Na_pG~cxJ3V1DZ%tT$SojtCr@dKsQfd;%Sng0>&5%uu4oW}5eLvBduBL6k-2!Ed*>>nY"
+    "UZ4)x7zwv{v;G|@eE#D!gwXJ>ru4_;rL1d=?fkk$XP}JKQrr9SlIH&C2(4?Ti_O`9<{4gPQUC>DJTSkU1+~m|LCsz?cGA^!QOG@oKnB*~{<3"
+    "7!on6<d@I(K*}>vjqH0fCT}N$o#2u2x*^^j_N8&li%Yq}a5s9FRBK-7_*=%LOzrbgHRKgeWP3BFoCPrPv3D4t{#BBl#x_IglQ9_CtdPhJL;U"
+    "ZwAQl3RDZa)%~%gL_f(TM}Frwt+RC}_T4hofyA|D+a^}v^j*qMrnk@g>WQx+{#njW-)HJS(pp-5YW|E@%64viQeXcNK54|RehRJNyD8<aH!F"
+    "JUHz~+}g<H0;=ws7-9m&_P1@*R=GbD-FXN^41$k0$9lg>o!3k<pxac7MAQ?UMQb3Qv2-!1-Y@(Ntw>`rV?_u|6#eE|Qp?jG4&s%65hU!~Rjf"
+    "nJN8y8HEC2lr#h_lc_l&uz$ZWq0yl=l--l_K}h9CsBs?V4oG~E-wG7J^Ry5Oq>0h?d%ahy7)TEIxsuG_3x_QS%nrkIIbCa%I+|7zhOH_TUjk"
+    "B{fdyoCDk`{V@M=%0xU!7W+Ehjv#hxTqxjP79fA~&aCt<L#?&{Yr7!(t=jcICqcazFJtDpcbM}+?f@{gF-Cf7OYg<6Mvh{hXyW59*`%cb!x`"
+    "71xg-gAND7|iLBlinqUfTD}?CdKa!1Z*~!7Qie@Y{f;Zmov(yyj24fB2jM=G|NqU(N2}y5?n!9Q+xw{rIo#?fg=`6B3#PjmTM~kxW7CfFftU"
+    "Z*6aEy1B9iCzO?khA7hzWxb+RxJPf1f<i)RFJ!WU(5+mYRYMUyY>nOMSU%+&UX4u;cAWes{bprT-r7DSj|>d!{>86})x=B8mNf+5o2VKdv+l"
+    "HlRU@pVQx-z<?|Z)z@SO`;+omDokI0#|@c|vp-DG5d|M!^^%nybt0hdSaiK4bv=c_^DM#h%}mMI+;8Qx!1@OLdoFd&K}JMuvFF4~-mI`GGQ;"
+    "EztM2VXnqhVt^S)<XWmOO@)>W+?LM7h>P&7nu?@bAtp8|A!0HiD#F|xFl7Rec5d)S#+zk3_C8}FfIM~<USgf;3A3#-8-Qt&<&jBni(T0M^dz"
+    "F^?wi2($C`9?C_?gW*_hFo|IGrT<;E%_JWGqaoz=QbwXegG&^VlmD!S2WluXi5*U=cG?yWFo3EvCVetaODG8b**+y1UOD;49&MGRsO3pO-7R"
+    ";O%LFfXzKc>BabEHcl^{c5zgRLx2&ykv5hJ@0bH<3A+v9uBtaC0pyhp8f-k@|}Y1tU_pC6#F}|K174tFwJJhInl9UZHELpZWf38rj%?4U?d8"
+    "bM2MWKw(kSs-n7@qXT^om3JUPqB(%y;tCD7ndTP3G^(Mw@dF0;Qg}g)gZ(PX6?aLDk1#Zw0OJ;Y3Lx~FEh&jyUlwJpt(&Xwx3N}JKRNE(8*I"
+    "?Os(T&+7It+3O|h_|P1==XH8d?jLjn*RBut~9qDlqm$k2)2V**Hs-oHdot|(D1bU}thx;tfdXZ8e4*4C*sur;8`#J;w6gPPgr{3T}0&7V3jk"
+    "VNu;YN8n}FzlzX5whmCTyz9h*U9;wnS*|*j0avo@QKIk+~*PgbHPr|(4@7Cyhn$`mo)W%y_t&Tt3i)=2^J4BKM2$yfA45&s8MOQ*)dM=Q5&G"
+    "{nJLI09nQK{eWeu?sBid;|1tlGuV8L>Im0WgS;31x*SxKl5a*lYxCsLqs0P*`cmLdn;>_-4W>r<*bXU>V($no11p>#~BHNG;w-z*Um}g+QhT"
+    "T7nmeW5K4ZUU2>&h8tUkXpz5fF6uy&G&AC_!;$E30?{Sr;U3q^!`FR8w2#<!=aT43_0#1+MV^-to&GdsE=;vnwdEX64~^vGA#)eB*~!^i@7f"
+    "D?9t)k^C6mWP4KX>kJsOrl;G4_{iWp)dC%$J|Vsn+ig`j8{)as-3+-v9)M-Aus*Or)?7@B$jZ!LLEcO$<S-%(4fYY)evDUgu%Axe_$YOC<G#"
+    "7HjJ!fDBr%4AJvGJXOR|F_7shsWj*5D1o%RAX)ygU|btW1dW!@M3%<P`W6H^mrrVQ9;PX6q@{k>}YCi*`f@qJ^(Py#?_KmyLhEG@I~3aEJO^"
+    "*8N>CD>Q3&3>b@lH<8tEqiZM)Qh@W`b(~EIc**h2O**TzAo<&!b11t9>)|GrKLY&3!MJYSYAeRJ|&gqiBm7ORw2%;;Enc{dpP^oiM@ScA-UU"
+    "W@fM!6ml+<KjLA>nk3s)A*?%3b-TkA%X!b;8b%pP$atWizU=IUh=*Aj)nul9h=tF%6wgwp(1h05B5!ZvI(bmFs<vVCleC>93Eee{l+j`pUK5"
+    "U!(T<XNKvWRhOGcgBe2_W9(FEq{nfTZ#KXLN6)>122+;I~7IpjT7R{oF<<qv<6)uxM)i%Plt?Reg1snJFvt%`o20^^R)m(&&btosh4eKfEpe"
+    "VJ~50b0VX8aLB<id;JL-phF1;ab4+5G4)g*Ugs9>fw_SG<I%F_1wB&o3ZggG)+fb{Zp#g?^D?e{7rjA$$q|kc3ItMxOub<^zI5YK`-a3ju(%"
+    "j9*9v7#kx`YF(9(oCeJ?K?iLqekIFcrRL@?3(lg)GX(6MFLH`LWyS@K>{RuLDoQ<&()Quz9Ou=mhUOIKVrHvjVkX9_czyJTO9C;z`z`aMXrh"
+    "(324>L?`C+mOg&Y(#78%*l0?PXX_3BU(lmv$6S93{WEfg^SbB;MBpSbpbl2kwPK?`|$IoGZ1a9t9<@%$857ghBqo!SJc&jH*xfrsw&?h7*IW"
+    "m*F7Ng)O%uC-ssk_b^{aBsYx9GBvDISU2S;ehN%AC%q+5Tglno4zbo$U77e0Mo!F<GW5M7?G~zVjva~u+Lptb{k^Z^lYS)?sb$Ns~PU$1M?>"
+    "P&YnqU8n&&zjpi(|Nti3W#<JrQbEeGb&J)Qtu^IwW(&(8@@oT0Y}BS@-y^7QE@{p1n^?ID6mtab4HcJW6{HNzfa26pOdEJ2|V-tqSslUVht9"
+    "2P=d{TYF)V(^CeS+T9t1#l+3^z*tMGOKA~=-dGeq_*vyIt=f<qQa9IMEkmiUsO?s3d<k?%)_mUs0VKl0G0&O=LKjG+!Mcr=TQrckQHRQ(phz"
+    "<L^*C9K@oU=`2_(|Ac<=y&lJCND6zp~q56X(Vx4@-e0o~l}0C`W{WD~5JABkj7lS^tL#X)DVGHu81f}tTvP#U<}&kHGG%uF4a^tAkyroD-;8"
+    "h)}9Ul~jR4vy>|xGP?P9PERQ2{)xWN&<lzd@8VlcZJeoHu`r1t%_ff*Vl}UKQ%YQ+cSxunl}*!d{^m=0YSx|b1D43Rf2$})!ZyJND2#8z3IY"
+    "snX(4T5>HzCbE(mulnl!V4WS>K+fC$-sJ)x{ti;73rb(D)ksDqRo~99vFN!-o*YpwePO62bZI`10)$GHZXGuc_eyPOu3RDvN(0kAhr?0S0r?"
+    "K(oPZ7SMEWZ2Q-BE-a!;rbz8=}?n-)S${ImhFXX+Br3I0na`gf#-MqTW@1;ci-(9j;gD1rhGTE9$>ZH;9Q_I@4oS!Z;?CZ*HuLx$rookytC5"
+    "ZmwwIGKk$+IfJMd-)CA-IoWw`c!R0zp+PNefDYY7O76Q)w~<+*GCP;2d9LiPzOnVr$0mC_np#6ZorI*gN8|3|NmC0_Fc8o81EsNlSATZSBCI"
+    "z*@AxwNY(NU)-EH$(j7SB>&sVfO%63I>VX@FPlXVB$iG^1jpA3(<I!{ZB5Dvi|w+=v0z50mOHq&Dt^YilaJX}AwqTAX(HodP#e9ByxR)hO=Q"
+    "&A&po(0oiYW(nJ?40ba+Pc70W{J@+ZmtX;5JJMbg3~*{wY4NAR7BW>svxgp4u8l<Yik7s=I8D0TfCIt2>@X_=n5Et8@La)f_Nt8;nn?>v%Kc"
+    "-LGy@n1Pv4O@3jt$8$tJcAkPT70}~0VEH?hVgOf2Z8|K{{-4d21_LY_#9oC&CtOeiGX!sXzxf*yk3O2n;p2;J3_xxHOTyAw33@e}bN=l<<%t"
+    "d?|WczKMmM$hf**epmH%D7J7#m~6k?*Rch^)~~BX-bHtqQR#@tvC=l0d}7MuJYy0X;1koUv-0KA%`96JYn2J%&fZ&Bd~F=11shmiM~5UtNN8"
+    "elWie(9zRXQk-3+p>U7(_BpvO(v{gmrD#9hL$?NlpD8suIFkB~%OVF5iwmPgcwAS4oMnK&jWy3GAm<o2D9q0EIdM9Wi&NZskcXSSX{C>Izzp"
+    "QM1mtHgI(uN(!M+jC9UXvVn|A9s9e~EqO5__8=P-LcTT)bBa`}rW0l{nhdp1s8INA&9YDUJmF6_RtriQN{Cs$}ly|19jhWgy>2Mu`(ITZV~X"
+    "{mp5avL%vEAx6KXz3@hFB0T(sce6E<Qci_zWLhvS+*?t*C;43EnW5tJQBn&Oj8nbU*ft56SK1u!t9TXbn*)oZnjGR{IlSaQb`s*e(BsFFQOt"
+    "r=J%yl=!@T`IIY$<U^~5i3=MSkiV=oA-Q{J)&TXE+1=&{kDHl@zE>J*_IxOX2cFxpyTE92WZ9aSHMN|gN)opR1jtXfK*gouZtE!TTIVbz{Tq"
+    "id96`}WFZn+ixBRJ*(oiZj7Z#h&*;I6GJx$B6xsQyU1!Wr{=+s?pzWLPXxYW(z(i-6$BaPI4w@443}B2;5zv_6KUHe2Mb6i=#ST2K)(joWb<"
+    "Y?<#UsKeR0Eg_C?)79k2*-km+bx~??G~{NP6k#7(GpT#iJW{!O9bj$q#KYds{70sQB(n11heoNJHAqY*`MQB&BnTYM&7(zTwVL;TQ_zWhc!d"
+    "Q=AA`qcETcut)Gz>hZmFBekof9PuSiz$gxRQ@kKJLK)nns<eRgleE`s8-m<GsWp9WS$3lHAc7Zt*EYUOStYi8$4zGFA|pt)wOSaXSs!fd_XC"
+    "h`goEZkh(AJg>U!o#le-7_Q4H(?}p=TyiXnc#&Ce>HXv+v0tGL{F!Y4$5I(+v0(D+C57J`RCi9%<{hnpPE6Z&x;D}?7282o`<DCQv>2w4Bnr"
+    "*&vb{X!HzkVs05fY7j;{+MORl`9vwghE|g%}PQAX-qPx4jKvIp;m??{uf@T0Xv<nHxy0m@V`wIf+zQ(6|#Z3Hs?kWq8s2W7pr^GxHpJ<sM?Z"
+    "i;62n(@23-%8{)?DL1FV|EG0EMJH8rzQ9YW$#jhgZ?=O#-foAZ+dCs;BE8z`|Dq92-`C-F9?1@wL9eXI82(N{e35gh1>A?F8^&Tb+N4y-Rjj"
+    ";woKQ3h)qEK2Ou=SjNbtv|_|}VfoK4vF};1B^UOYuBZbJCrYX|7?)ePZ;t;=fCt1R&;-^posjhJj!l1TK@E!}CtRLX)S*{a&F<&Bn(8EbitU"
+    "{Eiky<>V3)e-I0%JTT%?=-(cN>Au2}x9!os=VLQK;ZcT2R`7b?@|)<nr6shn3*AsccN)rpl=W`EeSHzR7<_|l5KWT{#plcLAx1O&4(i{G}OB"
+    "qU+XFQ0nhKW}d2X(LQc=vsZlE}fo*+AlFR$PnF@tG2kpBKZ%z`PoJE8k)+1PJFL#9U}^h&eHjOZp1s9^L$tNw#}crKX!QpNz9IW8;9vggnSZ"
+    "eocH<>w(p*KXV`<4rJrPIkhVCu^{!@Ucme1cI$T^-c$O(nhz5})9fY3S85)2h>+PZp+x}D=)Ki-ebu-O88Eg`WcG1*8=)|QsFP%k%uT_-i%r"
+    "eJo#Y|1^0T+sWh_8vnU_bqoQXP6cH#YyGcZKTo6T5e#&?MPg$|@$NE_N;RLdF-3xND!+nwakXq4Wf<Ny}7KdIIYk(5?G>ZSB2gHtQH<&3PLC"
+    "ml<VRfA40%_N2v!24}C#@z&K&uQDY;(XBwwo!`9#BuH|8gjGoqVv39U)IMWGmJ+*007qB9zje*zW&L0dYO<+?CX?{o7JGb>pI6-G9N>R+cti"
+    "B;Fz|Rp+?O^mM6ZZhxT9)3YJZzVm-|T3^Rr7NEEI=urz*%#_j0_$p(|s>XACHyIj?+ax$nptWL4#)!yV2;PY>4WwTr;0!e6<guPxP=sw%mC6"
+    "V^>iHnJ;!>A62HD>qLyC8LH({Ov!NNM7GElq=wQ$u~Aw+S^!IJ223sPAvYjv<zNRepOFgY{e7wGH$lrD-g6|kf&P#enN1D(O(kX=Qnk8WxK4"
+    "blEp&yGT`I_=!{~rM&s-a4DqK!bTp<WYi^+{7wN{wvO@U1o(_<8c$<9(z0^N7d;1t0U7C>?{sl$d^7tB3O!kvUA!XfjKlc&{7pgfiL%W&Zyn"
+    ";iU+a74JtH{#1gLZB=F+KLVpDTKNLzGfXJPSEhPQ83ucno=U_0CSs`R5Tl+&is=hI;g>tU7F^%`~O$`;1XUmqEdglG3LZ+$*hQK1jLs-?Ap3"
+    "#+GCB>s(sSt9?YF#xG9J$|@V`tSN-Jm*8kS`-^lYrrq08*W%3#nr#YWLiE-Ac1Zn(22RdqxL=zwu*O`uUfvl!y<rpz(q#5j#M?*OK{%I*nR9"
+    "YG<RW|2O72qrOU?+Mf}2DsxkvivC(hy}#W(S@!b03Ul83=QqQRW6_V={u<@<<l1@5uY*SkCd=)6NLIR?AAs;ebI`$?uI0se1`m6z*B)YX=2^"
+    "LKvd{l>$hUMzK2ND5UyZjMi=tvftY40pGNB$uOn@Y-7EX>eWq*CZt_){@CIjf1xw1hRr9C0JPkSFD_#T2{N1z2FTFN#f8YliD}FO^=4ZR-@Q"
+    "QxIKY9b+rJU<Xdo;M~qHLT*|gTUx2k#U9G+w$;>rgUq<@e;O52&wmM)}&#aN5Lv-dsJ0ObYe9O$9EG%h+&x!X6yErFIYk(UV3;%1;m}#gxF_"
+    "d7<l#1!~hF3huY%4Dt%|Lfxg!L!i%%J=-CkKakzyz|8@Z4;9+3`tXk#r4GCOfC9vI>b&{XT<t&TK&i2C3cLV*ZLdL=>=-iG9`YpCnJb&Lt0I"
+    "4Pz>+^zRB`Mn5rQ%=@*D18l6Bm|Y&}>ItvOLw~u>C|Tb#d%m3J?c@F!Tp>gg8ltJO@PULh`cqdcE4<ZL&pkIgfcMSwPvRXUy>0p!7?ht!bcQ"
+    "W$=LS0DY{ljEi8)Mz<Y%kj=dYY1hx4|}W)(3NwbC+dI%cz|e)hnica^fFH(qie@$>Rj5v3&|YNqbtwU9YG7&qF}*{KO`e{viaesrkSiO6h98"
+    "y^eL+g(sopPI}aP`(9ftg39N7u(>O>8=2Ltj5Fg=|yjt(F&8QwR%m`28S#jNXzsRP%Y#E{Cy}Vm*|blY=uQJuNc(SB{5zvq9_U*675C#!mQn"
+    "q;lZKY*AJVE-5>uwsLs@`tM&D>c<`p6v_wMkGoFfCWAekPv^Rx#)YhGlH*+~zaaik<#i{WqL85HtE%rlWcZ9aepzSs-5&49t6+Jm6b<@g{*q"
+    "5L8ZJLTY?5k^3-wOEFF~O*?=&4uk-N+G6O)-Jbh<AwfGNV8^&m$ME4RjV-+`F_Sp71^3*}5x{|DmrjI=Q5jnJM`d1%hHt>kNui-31#p)se<F"
+    "7R^^yEf+8ceu;w`YvMLBBy7fR-1A2+l413WPzNOd@LSH1{xh$q7tjZFvbX9RJ~Wn;R_)c^9xfdov9We=l$Ie6w5*UCKU5}qJTdW`ED73ib49"
+    "lTboTbq3Sr=Mpl1uAu2w?Q?w+}0<NmP!*^@ClC+R|n`RG#&yN_{oYiqZ(Dk|Lhgq@ja1yVUPH}GlLf}?%K(MTt{%Ok2wVX6m#PtTnq-oY~R@"
+    ";P8JstXR0ks#VqJ}@IgNT{#h`dVIo996<z9m=TouamQ`o|yQ7I)MLLtgcp|4cB38jDE6vfSQ7QZ4ma;*bFz1{0Xt!k?7);{Hjtg*vTizN$A%"
+    "yWfMQrsNWOl<_fPsx4uJ=`s?Xh_V*kdi{DDi6u-U9Mi-Sx9-ySX-6oeeG*lKuSdZDgeHu$h^hRFf<xQZ7%9?;zcxeg$ILg$dvdK+sq{!$j*6"
+    ")u}Y^c}UV%oif8q>vcE;2QJM5kHuKgUVjzJxLO*kolXXUc0(<-);!a@>iHdV#DNePOZZbd?W_RORtbmvuR$I$}=;sovQEI@TcPe>gZws77*<"
+    "`b%7>{R0Xe+j`jRkC$G==~&xTR#(wEOUu}`z2GxyrhS<$R~`RU(v_J>K(L=Al&&GGF@T(Rawhh12a%rDIGC?^J&fdZ&(XDLZ?mzMS5#2S&kK"
+    "GQJ621S&X54=>N$a<otJ)QKEbdblvg1tD-r&k3J67O9ZU@3r<ShXOAHp(T=i!7LBts3VWF&sCWJBOV{yu0liI2J48hu6;?*&{g4Azm1%+}gx"
+    ")SN9iSY^cE52zXHZ<9}Q|q!|t&U7vTa~jX#XsyPjg|SA(fJ=M)vx_O=*GQ@k~DJ%=%lB~Nb7fk2)(#2zN_$x4ot1qW`Mttuv{B~xjIQs+wMw"
+    "P`2bnmmP~trog?HqZ3fKAxuITO!7&fJu&B2%3(9>B%{fc>JoY|X$K3c}>+*;^FgA`#9VYfYa+%>51B-)kUA_eh653ky<$0f);T4lp;G6dr*f"
+    "%ykfv4xXa9Y|^8iirktFL&~ex2A@ldZyud&_8}Wr7j!oHDnS6i2CUtHIIerJrS%m*KDOX~aWm!vlA=4@J2);yum}N^_r{laSN_#N@^mky0`5"
+    "tDj?kv+$J><wAB@eB}eBRBS<!74WNA1PTP=OnpYRK-EVSYemxxclW?)=~jN7rI)TWKK>+jz_$W8-Y>6wSn&dFSh#~@B&hm!{L}=t8bKt~rQu"
+    "DoiMcbAI?~uo)OXp+rU_e(xn`8VyiL8Y+m0vj$ysnlOvM%!EuE+P$S!(z<`pJec*T%*qjw6`rv(8~>?^vRxGv~>k*rKYERUFA+83s@0gdIXO"
+    "2cni$}!b`IFcwUU-gxUf=%a?WeD679s-B&ZYZDpV!EUHECQ$aGVX@x(V?=&Go=DX!S4I|bWqsU({rZ*Qk?Mu$%n>9w#s8qbicrM+FtC8MZKg"
+    ";e&y(3cb*tE(Uw;{t9?iksTK@YE#8oLFXRKYA}Fd>ULovt{q=7%da+wtJ@NJ6ugDaFseVIaW#h8}ZgQ&m6FY}BQJD9!k;|jyU-AkggEXZ6y?"
+    "y*=5*eyy_8}#;Z2+_NHa#u)8U9)E@9#794Ub%m6567&b7(MKn(h<!N-Je-KSCTRZ}{t6w#IEilXr-dV{r6PK{eDpHuBY=Nn!8~@0IAhh0HAS"
+    "3)NtY2f@#Z-#%E$Bv%?&83hIzoy?O7y{0BEny#RQMWTwgxL8x#dH&+!!ZqybJ49`r>!?y@R?7J>D7|5$f9D};n4qaK;t+vueTXh}Sd$3h^rf"
+    "L2wPNqgD~|X&A$3y+P{@nYBnZH;@^)r#$6D;hq-9oD{_GkU!c8t0g7Ke=-zLS;rlsFeotnHZB|(~<vo$Na9arYy_=Z^IJ2nLYtvyDN-xjyEO"
+    "N$P$V%$*)$_CmBQdX8K%F-9cWN%4iwiEj(yDARf<AjXGvU8fB+BGrxrKV6Kk+pSiAKD9l5Bz7Y!)s_$asz)%K=ry|7#<Ssh?S+a&2oOTtR9n"
+    "|Zd!(fQ^9l#fNbaVWW}3{(^Of<V`Jhgw)3VGKqthgy`g?-ulco%bZ6MEWn7i0c=&1Y($C0hQm~zj%gWb@)v)kaDkfp7cRn?5Z&_X^ZES92Wp"
+    "1{$13lBzFk<PPBd^&mTWE7wCPf+6H^j{LHZNC~6dbwRE|LjUZ(iq;`UUpK8t3z^L3wVu<c-I`l2{QuKFq|}Xlj!Cju4O9bZ7_<Jn&^)4HEfq"
+    "LH!4wFDLsrATUChG%;FA6y`R-%HB$TWpLd9mJr4iw&<(ePA+2)A1kDdNn$MY^(Lx(YQ}cDJbGW9opY5>MmjCs{66C$OCED@Nj+!5h3uT-w+7"
+    "L@uncP(R2f0q<~xp$vP*^M*zg91Kd=Z7le-Pj)#`CsyJxwaWetvITWmqJNtE=8F)*g-JfMOm<)Y8EPy?BmmA9K69Jy8AW2>FY9%FgWEhIwP+"
+    "6@h!cti@>RaPZJD3TFM&&HSl{(V3<Uf~OOpss(~#6J7Gw8U2WsuD3U$jRB-Mlxy-JhG2!QBn4I0+9H%BzODIRxZ6Mpt6cGc)zmRfmvN?LFFj"
+    "A$Vl_l0+)WC1%kL;2}!EQu9?}AVc~;ASF8z~3uYtnf0l4Yb-Snx7!&gc1jG2)9dA<gdzMP43xRwtXgB-3d<REIhp^YHcytE0uAcjM(84o@nD"
+    "^BWZ5^h(IDr#+5_Ree42;c;mQgPNI&7CCK{Sr<)Ya_m9A-3~($>M4Qda;o5&427dgGBx!JD1mY5f|6-fR5)BU40tRpqQ^xv&tmYw^k|IKbir"
+    "YVp0;KS1J@`{b0JJri?Tw>_tR{rr-+mW9)-^-t0pl7#us2w>&Rn8lZB{#h8^b?Ar2<C892)Qb;|FZf;A6UcOcG?^X66t$wlv1r8Y;U<I@v=`"
+    "fXSKr3k*N?L94~q2l`$NS&k)7kM{0L2wB&890ANt|0Zb$`waj&f_yP(T2Tc4@hGS&$cdfVL-9@dh^th)QAj73akHZsr87l%t!R#}hoKRJ#Bo"
+    "giq<`$-hDXC!EVyuG#jE8Sbf(rSQgWZW^zb82aogP!<0;Rl^BF9S#0V{>C-pGTCJwYRysYHHl~pP8Dx#@~YSl^qMs%Qrhh#<~c-EoSHNPWf}"
+    "*KVbCBVGrJ7$-83dr`OZl&<#V-(&H44=Mp4ntjP7xV;fA&wsBL83<rP1!r{<*k@IX^Gv7t7TUwF&&z+Lz*2flxPcn|Zee@qNT;-eoCM`3av4"
+    "Ly)$N|cOSc*(tFRP)iZ=iVvIS)(iF!P_AwVQ+Vo+Y`YPs_BUQ#Va!swyk1;=b8AJAGD7A(47zDSHi=NR(j#Qd=t~_UKT>+uKDvq;`ERKhM~R"
+    "JTP1qeqH2Fe4~b@p6=11rbY**q?G&$O|g;Wj%(E*8*!o5d-uP31lKpzy4AO8fuwG>qI*vXv^5Aw;>xPG#Dv~(M&V9YW@6#8u#k;))C*TxD=a"
+    "t~81|jk(tc+BHCzbr*nkl?`XxT$W7884La!^QMK33pqNLgiIxjftC=agD5~ACIIff>}G8E+3)~TuP>N`3enie3NKaG25h402Zw1pp*zOG;L1"
+    "h%(HO0=NH$0&xm1?+FL-9M`<Jlvju5Pn!S`wfpTqts^?aKy#5eC*h-<$@QpoLp~LkhB%>_tlXM{(Zz>$&Hn_A(d5?omd^fC$J*#%-@*U;#+4"
+    "&f$5IjXMD6QF>Yw^=hB-3iz&2LOawWlr!|JerpiZuvQw#)EG=_*R4fy8{N%(V!e<MZAy&{=1oY@!*5L(up7Ty7aIgx&3%t0NrJsJE$<DbcRX"
+    "#h>BwJi`_L|(=P&c8X=3Z7)XSdhyCrL^a8q&15ejf}1)0|&9J6Qvdop>uV-WHdY<GRMsKk6*4W@g%=cYeFN0dyc3Tj|JqOO<s5&9nl{?DhNJ"
+    "1jV`P>mqIAyrCf|BW4sSa&Ld<cXPfF2Hnbg<qMj34Ho;@J^AKMu9RdfP2B7gWX(GSCl@!*q_J-cs=G%)e*Q-!Xero{*e7>mtF0*N%@6FP{s8"
+    "%9oTi5D#dt3}k5Ubf<yR#vtb`ES;-F*(TdBWMa)zB)XQ$lP*h(Lh5j2tCHq^C94HS7pG&72owvN%?paWxzIOpg499LEtOmp7Nbzw0PwhPkjU"
+    "|{6CDtFubeoyxRxu1k?<-<%x^qSAj78Pm*$v1x*Ajife4K}f_qsZpsVxb|PKxh(Wk|Hep-n2j2WGRLUa8$x(cNU$1qigH97@*mQYXBYF)r5L"
+    "r1NI|a2Qbrx*>QtO2ozM+1wRXZ<l^cU^`c-16Jl={$L~XEYZtxoYZ)e-wgdNC6sC)fnVrjh-G!68ZE2O7V*V$N&q<-Ix0t_ogD)@tGrqRY$o"
+    "Pi@%1d=2eC^=x0Qr$i64ar^iRGzXHB@C~^+Th$nC#d^`LeI7cNTc$J~mnVarfH!*F)~$y0D$vS}Q6>)87Wjib{!IUiI*b%Vs$1@-iEHJMQqe"
+    "*4~U7e`Lxa{Ujf6P~;^DKx1yUmk^(T>A1|coF6Y{WK0UXdwim&+ebvaD?TA)c3>*Kx%kEDYvTAA@Shcz1h;+?q|Cp>mwj8v<;qQ|Mp^%v_jg"
+    "`%DDJyusl7efWgg-m(1mM%MI{m90i0+>_YoWFNp<bTX7{QAn;h)qfyt@7{JisC9T>LDH0QZEuZu7dT~uo828V7nf_(j+)Hj-#zJ%Zv7v|KeE"
+    "(LS2mlDLy6BP{&PS4H46U)m)I*ZTK^mMN+r#AlCts~8jkHKJtCQSG_D$+=BtG>m9eYi!$bKM%RU(3Ii8|H^EOj^o}kHHxQn@Ld><Cub3&7*2"
+    "En8v)>^UlMSvrA%(y1b0<7C5uo?qlt%WY_7(Bx`mKk?Y+(1#enVF6|1i$v=yaX>M{9r_x96I=*pqNU2pXc;g8S4XJ&G({B&kv@AnuWo9+U2g"
+    "%aNNH6~?{!<0Zq4M?9N;kV_wlmSE7II|NihksAVFv$>`>DlF*=wT<=p?A>9eNG}OsALa&!w*uQ6Hd4gE7G<&_0L6G9W5IbRW9s>|}ONPS!2c"
+    ")WZUjXldo%Cj4_LC!2iDY~pJjj8pk>Z5+DQ{C<3blP~+6veU)){A1%EnhzgFapEk(MKA4D=US~OO5NnYc8$M4PdWmD5w)EWN&hmaX34kvr;q"
+    "6DWU_0FHc?WH2K)I^apWr09lc)CAo1~I#^)odi9*7-hnX<?e9E(=AkQvBr|m==ff_`SwjQRoSy!V5qvG#+CCfh=v<uV}oTt;!OcL^{Z-|IF8"
+    "naF7U~s66v0&JAcKXTR?WOEO!#%uB>d#&Ae93Fh8G*B+zr=-hmF4U%CMy;rzD@tx4GgNRGBv4y@BU#>)*Bla5*8EhBZj#6WTRFKvUT+|G|lf"
+    "H2K7OkHCk6-B2h8OA<$$c&@+}4(FkEBF01kb+CgXGD~iDVdyTfV1SXbeb%{PR3%A$0^od+npfhYAk7`+mYL?vtLxEJ2r6u^!038MSD37^k!4"
+    "8hm1s7ACcGq`Bu5WBI1hoor`Vf&#qS0WYG$Y$SL27x;bw1{0L<SLiF=F%!{`1k{x9I|7B!xo69StN8*xU6IAiFQTKNxgNZL>`LvUpIEg&T>W"
+    "HywOVvlWJ}J#v+f1O)|Z`;!m;QVikJGOcJ#$KQh)O9ch_%?&<nk(gL2YKS2QYeK~u6SM(ITxQxI%`{6SFG#wY!v+|D4iuCp-{$by>(ZIc_t^"
+    "b?bylXDx+Xjq*R{6Z%|0zf>i+2Lq^2k#u=}d}e)0SdSKJMD-(Mb7323N>33byY`n~;r(#q;aZsNx#@<3hfq9{hg;)19-KUs~-$e_%(fjWc^4"
+    "2acAgfy)>t{_0n(xYjGuuFy_f@L=d;>v5+_x3#!1n!wR;S8>ehCuz=eo9zc!JdC76*#Fud=SC}Req&R=i#Tp$5Ss4palbX3pVMTwL-PZxOP<"
+    "yP2AfJ7}Za$hp9T6gjqIoGicPurg1E%VT?sELyijQ&_G<QGFL}b>OquT-P-yc)$4O2v-$y2b+vs&zN?`j4vz1u0Xi2YrWsPeS5O}g3caU>Rp"
+    "UF{AItubk4}iU{irNLg&G;w_cHo$dM-aNG;h+^7rF}JyPADDN}5e@=7B|DrGVle3=x`6+6^u#t*w(wvdt3?S5yBi1iwU2SDJfUj?f$6|16ku"
+    "@MpXYU0QaDrbfAegVHYGr<uIRXFMs_q3c9+><tLx($q{}a0g~O)8q}L@@lwi3U)%N!42$U0*3sfJ~U?Uew+12H2-pMirwP-NwmO!#MgiK4`A"
+    "mY_QfZ-|BQoIG=22;S+lBHSkfnbcbXqez8n{&HiV7g*xeE3(5+l5YQlEfSfBl3|EK20yP2@Mt%2hQ%DmDt$ePj;PvHLE={aSUUP6C~8WO<GQ"
+    "vtteHyHd3m()Erp4TDrdnar$qoKYmXDjYy*OPMIi~7S-gnWH)^u$*gS+JBlSz|WAPI~4&slMUw!R#C@)N|}vaADEv3Zv{~A_Q6UjrT08u_oW"
+    "x`o5A*AOFBYKoH=OBZUhItt_}!1@1Or_6Kho8#RCG9y^O>5$`CcBXrj1rqsxAOzc5eldew(+d&{8397KC@ntkKi=9IZRN6}jWG!6&^~bVgZ2"
+    "UK$7~@AwZ3_z5#dNaa>({VEC_tQcg5SEBY`K&Ig5l6&)QRmw6VsU34OS+$-9PaO#iUzUE0>*I9&pGn-KGc*cH4(z<43vf7ih8A$Xu7PaYApu"
+    "Y~jf<HI@52`Av95NT>pk=m({lDJ?mby1632EOqnv1XaFv*hgfaG<CYG4@uP36U|0E_C7}>1O*nFuRCeZcs(^WK|An}t|+pb-$y_ix<{8zYwL"
+    "(CQ)Z*^(_VOm*yrLDzRG)txUT3wGuaL&g*0ypaPijWo7m3e-@x&)Q|qfZ{Aal@xEZ`^40E!9<gDr)I(MJFee-K1p+eC`#Jg5>dD&xkNaFiyc"
+    "@e&#bEdj<abGP-{r&-4+jJMDE)}b7Z2rtOqg>lePi&K4-5m_RDHZogz7e&v7-yNcK06l_NTH_!J>?Zz(LPI~NKA*nV#Pk~mhw=ZN@EP)RSf3"
+    "E`!agm4Oea+3P*O6Ao9rN`%GSb{WC1FPeAa#IWZNRcU;41uDJ$Dq%^>N{Yd@g`5>|s{_GYo&CH@KZr9arZ5tSh-q`bgf&j{DuUzB@L@F2eRD"
+    "!s9%<dT)korA(TsqHU=?{%->!;_~d+H~?rllJhM}tLg0C7s@cS}lHS)y`cvaA0h;B@qtbFvec3$?WAFNJ&pa5v;ZlYpLzN_2d}zJ6~C=)Mlu"
+    "+FjDt;=lH>X=Jzw6@VwCtSY%b77{)@GQUrEv8^4T6ZS#vlGwGz4}t<E+J!N(m@n)UpZrs=f;WxNFt!ivYb)>U=!4`)FDRZ&3HU(Ni+&P2#~o"
+    "D($zSpA(cpu>-aeNGRo6lxRh6oDxK<?W?CCFQqT+0<%|m*mm}6Y{0$&*|$gHn@Y91QAquSoKY@|?2dSQ0&p8-3-Kk5apOGx;M$NTE~2Hq<vs"
+    "SuUg;AiD!f&x$zqT+d}WpazKkg*Z|hSNjakkG@UH}L|yZH|S5LqUO%#K-Qz;*FlW^T}f3TT<8TN8@=Fcop=*7#VW1<K{Men?8CyRlLWE5t?&"
+    "z6%c&y?moY|Qg#dK38c7iiGA46#*om5w&G&{9JH=(|Fgw%uu}}N=a{xezwrGTv*f~Yg%y74jk$HxDe8p>NdZ|SBmKVG+D7(PFjBCr-2HK2P+"
+    "L^G#n*}95o{+4X2b9@uCDe;&hZ-CKjA0+rGhsUOJ+P5OkP3tj<FFd3ykw!7<W3ZtEl*R_f<9rdm<!X7Wj(g9syYs5{lD_0!NeGaTO0};+l%a"
+    "q{>CYEpc7E0Q;#)D(d+k7Wa=&&)L~KjzTP7XVwCA+NBuc($eXo;~3Q(G#{oB>;W!slRK?vpWBcT!}L6`<X1iP=<4^reo0U<@#7PUkd2k)pME"
+    "VRb%Zg>bz`%xmWrApMl-u-o1scMKYuzTo0<s7FhznGu}0-(qhD55`}u3z+pH|j?kP(=rm&I6Of-3+!8xAXJbw>P&rx(&>u3g1Xp6LdKg9Oo("
+    "|BGyMMfn=Z_)lx1fH_-%tU!aBm3L*<kSO;ynG|$vk=i_+l+k8+U8JG_w3lY#-F`RXaLU66%~#Qdlku3%tpC@uVZ@Vyj7KQzna-DiygSemOUD"
+    "S+G)1Mk_WW4Kv|p_mKwCb<<TJg4gT)qKH~h3e+C@`!~gkjqQNDXfc+#;<YhYgp~261RYxI#DN--$JOHcJ5^<4YOz{}<=HNUP5M;vi(_Pfl?Z"
+    "U0D$Ol0iou{KH?vFm=Z)}*gyBY8!C)eQ6Kh=hhx3^D9>iyzO-VcqLSqqDQ4}LC5^q2fkG4UNtP~Ui!tbd_RB-A1-JU(G%Wt{$VtQOpZ(btca"
+    "<v$C<Q!n~Dcu`^8OY(d}AU#sj##)Bt5}!cRPrSS<viIKIfZ{h89I~r0nIE}aR-o<U{ltSJEugpx?wT9~BCd3ct^zMtQd9%_cYXafHZ^26Ha2"
+    ";<V`3jN)a-R)&rge*(&;({u)i)iw6piGP)yGED)~pEm%B~b=R(--O$?kIpQ_#QtrsjUiFn?+FcuB|2URyVIyuJLT_x0iHlk3>H#V7=3*HC{p"
+    "jwFUCX2I`Y^+&WM_bKuQ!P~G&>?Pob(t@sq$(oLYvC@lDdBx5D;Y9y!>=u^28VhH^FKmE-XS7>M@Ze&zgt$$y2Hnr0ZK{bzvc<Vnz8EYrKee"
+    "M7nqu?t+%3GL|*n0FVMm=ST_WE3BLDdFS8jKz9~pa6&5ly$j)JeRSw2k`~fy6zoMXWKhxk~R@hv1IE7m4eteERCxUL<lz&@Xy{QZ0C&3wae&"
+    "4Bu%BnN*XNCO7hNTc;lj+;6h<$7{Ph_~=*VZkq_^-J?rnR?hY&cfdp=V~Yw==qca_?~XkCy5s*X?4P0~)FbOG`H}wEa^s<^!WZP1DfEVd2s;"
+    "`FSpnTprn2AN)nsJ}hSS-`dtg<fX-KJ@NP-c2izqkwqLOz4|xotE;um|K(tEus@GjF?I@mra`Os4v~pacXb=Cd=WNwFEvF6@MSb5m7-JM-kM"
+    "b%`x6?Hog*&B&QaemIhF8&CX;x%zOX1Jw)v9`-d*vTS_fF`x`;udR`vV1mo><;a?laDdFws#X|eC!G0Q}GAOz&|$VETZAR1g=HvR1$Dl;0Kn"
+    "s)rY8k<f!Ji;OaARR7wCjUTg2Y*dWy`H{^n*X7!@@3T0YJbrndvdC~XJyse#_S#wGdTD+T>k4nrWr{I7&l}_>MwZ1e{IrTd-so15PKCw$P-9"
+    "=f$j1?-WWH}^N6c_vB1SUs%90orDeysE+=QToQim(fu3###<#^31ecxE8}^618X^%z74Xds7S^bXkWMUxLxrDWha}QpTIRn<^;X{NQ?sIy`F"
+    ";8>RDF!pqkm8)shT)02Fq?Y3;t_yFH4mpT$9I%3_LU4!3G&dNb#^MA!SgnPdFpvl2TVU3MD8e_MNIX8}s4nN@sTA3nmID*R})L-IHL!E`a;s"
+    "${ixsRls(6>`3I`uTkU_)7Uy^Ai8_IR%gfq|M?&ylx~l^vr^o#c=qI}m!i@?(oJ1$elkm0d3zhNeP)`_z3Jzihim*`ou!coAwaaUuDI^*5=C"
+    "z$L3ioTjegOn3v9IYbf|Bbo@~jUe75tu6%E8nPEI|KC@Eze@c{XH9>&BXMPlo9_39fSn5#Fnwes`+;ZFVsHSw}=7YqwudEiRRM7?u(L;;v|V"
+    "mq-fs~e{}FhRt&Fi9}!Lwv$>S(Cjsx^@=U6L|u^n*B{F`~NT?UMFg{6ut)oV@ja2Q?~NgdOHMNT@>U(IU(74_kX+$d7i-2U{2o?RR;a*Y*v;"
+    "@@cC#FJEmJA6s7{P&(Ak4-Oty0?_RDOf!Js9pz@rxz1`05v-be+dJv?;o%uc*oSC&M*F1hOt@v^<3i0lSC|zoN225iB_P+jLaOl4kbtYyMNC"
+    "}cimmUuk4W@qN!ooVXk=Qo&jW!X3Z*QCV{uxhaVZXJlqHJsw#gSS2TbHsh?CK_W`=%7jRfeZtRpxfxJ-eQP|83Czw?7NzE<ZY?+7;pH>8`B0"
+    "D^vhUOBWYI)|8bSSQjxd8yhYEx@t5CdP!efXYR%ZPr3cbrKkJ9eaon~LN>JKDXGIF&tkSvErNv*la_rmHu)d5FNNH}(Ug@$$|m9GV?uULUVb"
+    "PNuUIg!3U$d{j3SLKGP$`PqCQMb&chti3xqns0B|&sZp0^Mnb5L)6x~EP#I!0Y^4ln1q)SiJQa^0|1h0@+__zI(n)01$+R1t6x0d$obwCeWq"
+    "pFx&VG$K|h)STjjrDCRSpwa_bY6Hb;oz@rg0zOF<>z2>>jq^t<a+ZbHTA+GOb4Y1>h05st#7!QQaC($P(|5K0O)LQF)&i*>BYFU+h{tu<%VI"
+    "^j{b12?1S_g<lcTkkJJ_3<CF3-c8*SLcFup(>^rx_#xz`0r4Ih0TjOsO6M7jLF44!tg7Jn~uZqR^)HWS5+gt_z>>e;(ba3Rm>gGB&PQwi^aE"
+    "`_|wV*gAmH!PGcVhG0@Fk@arh)$^gY)x5u3Pwb-8xY0Bf7eso-_8IRuN&tbYx~#7&!gjX=<Sn6Ne;H##?b+Jlv#}mh7B$urC$$f3u`EWC$l0"
+    "C0Z5`3;^xsQhUY52njoD(~sF=d)%X5xIebDU*ravLz7BM+oB4m03uIvUsoPR3?NnS@ckmuf2BQpK(qCboF_|y0*%shd;6qF`~v>7!y_8&lKm"
+    "T^f@t^4Y*f^gAv!<bn0)S`!TFI5VIk9cpj@%)6y}#dDlb`y1z))zo)yA>X-2}PnmifW+=dqR-TN`W(@GGwCD_?_Z%diolhb2=C2vNruEywut"
+    "nTE5S^VIeIiZZmC{QM391`L%5QoXBneGbweW-(@mE{E3enZ>b6KHpk{VOm3KpmhUKR(9I(`|B@ox|G))k2v%;2%dtDK_w5!*(809XUDY=vs`"
+    "AWm;hn{ye&Rm)XG40G$p@1-z~OU$@+I0ZgIqe4p_II%RI}Y#&ZNBl$+<_G1y=AP}5xMXz#lYC>b6nU#h3vN=Yhqlw3*nya?H75g&oxs*s@vh"
+    "Eky(Zs*Ltwe$lr9DgO&T<*x*cxr0+gYh{i;ESmCAp3&`TwLR4HGzVx~;{9ye|pY3c*Rx**OQt!Xk95^jHr@UIEiVdm(5EYGs*LC$RMMkxS!z"
+    "eq!3e)Fd~L>@9<@Fw5HWK+g%I>xqy=Nd42M`5zunR#tgxfrCT&d3U@?x_YS$F;tFrW#yAoeVk1Io!)AG801P;Cf!B;YdqZ9IWVCBv_mH_vtM"
+    "<Sb7FvejX%~!sKd;k_TXIHH#-t3zt7ucZ(rhMxcIHB)t2H1N>kxqPvP)LNwG?nh-`*CNBC^%Pc+Sb`Y}KAol+jAl*)Op6ugOJPG(_6w|YJ8z"
+    "(n+#YiSP+hK0Mj{Z~BZ6Q-+%s??)=u$}M<iVdL}uqo16Tvsb3{J(momiEp>->(uQi*Ql7>h$_Nl(oV3?jIB5dJ`o@DqTC8S4+C{Bh{2D9;AB"
+    "kVnoc*zXIKl`~2NrD?|UQ${hxAK%+pilE0QI1vCdoh6kcToEg&oO`@Y_*B268t6|Y?KnK37Y?n=_n_M2bxjH+2z|*r`SW~M+!l+`k*e+8_I+"
+    "Wg>DxFTf{3684+l5k%K@>r<bEMg{A6PsK4)BL%aDlTag%whNn;p+bFv?#IVP_>28w0P1O2c~J+WoKep)v44nfJ=-gT$>%FQXuaZWpEWyW-ei"
+    "Pf1n;*FCBDtDMfPZ1UKp;s3`cSXh-<7XEtE{SXs-M>pd6m-;%;r~;UWlH1wKDXo8^ygT;b1s7R6Tx#_z^_pa&cuY4fKSb)1TyB53AJvY{8=3"
+    "KmTWFD`5bf<^Nh$M=b8&Sjr?y>Cxb{nf;;{lJ>GNHLal&41UmvFPdWU2;_2(@9;SylEk5!;SZt=7W(S3y*VP*JN1yo-y+b_#Lnj}YcQ=uox)"
+    "v=3HlQay`tjn6bpEW6}sbObdTbGxg5HEcw_~wBsJ<0mWP>;6i*jg35W^#ix<^5-bQE6pE_s{Qvir465zTmB%yg*$uQedRv(GBhKPO%WnUpDa"
+    "U#nR(bb;}ve=Z-r+yLun3fXAC;RKEJ#d5*Z`jjW(m)hflul4#V~EX1lNEluwvZ7^uIw?A2|d(|{ith?u=et9eb*Qns4C#!6jnNau3uM0<gO7"
+    "Hs|ZR&K~eDmU488=~cz_rZ$ON^MhMs}?Xq2dVHzra~%me8sL+AY)fd8a-*%fHCf-uym9SZ$<kX=<5#9Wn(%{{~g{R>(FuT=8;Nmnli#tBNqy"
+    "*AwyboyWCjlX52)no^~UZcWlm{U3_XLZQtih{Cu##ogV#xVsm3cXx;4?(Q1g-9xYd!6{BJ(&ELTKwB=nLGthJ%$(hs@2p?uqzDsYVWR5%muK"
+    "``Tzj&KgAVOxxqs$h{^k1Y!F-dWz#aMQp`!(TKX-8x2~icJE3bgGA2DyN3rbvK#d!+YI>gAp!~61lenCN*nPq8#gI$nMOq3G;mYfh60;jpjd"
+    "IJKosl~FSxx^|x+{s&$Zu!B{C84}Q-NcQhp!!YG4ydXDlMBS(iY{l-stT>Fw|DIATB34=VBwbG)-Hd|fFo&Y!9HR<H08{T8|$tvmV>d<GSPJ"
+    "d!3R)gfPC9oF7DPk_^WFZ)3+qL_hWE(k0dODxaJ^H1RfE!$zY0Yhs;OlTRnWu3LrgKj21kCJt;o)DFehzOfoRa%5|jCmwQxr?(hJR5VgM$61"
+    "*$Ztjyo1=st;B>J4wr_@Fhb3J=DVGIWem1#*8WudY7P6wE6_e6?gfyYEIxQ>=}=Zdfxd-|RJ07q;UO65u;l_Ucb#>()BcniC}1zbO_Ks$)+)"
+    "ro~-Uvn3rS9wjAm*UDxx$6ND&q`_yUWv2>0R4wHdXHzVWai<1`S(yr0J*AtFT3egbiB?TNF}U^F!-XH?I=VaCG0_ZlvGwi4L+To4c=&__Px@"
+    "r!Qj*L}>Ke>UpM|u)cn}@9@9%qfva%qpj8ONghlae@8Q3^w=vx(~E=h^KJ@<EP>}914j3-=OIN0`fA^D-rO*SK=Tbl!HXGyE$`HP7Q(PNVyo"
+    "_=i2Vg7$!UF!+HMo7yrGf7F3`U`*e8^abSYaJfCL;IPE6;4U<w76MZf>@SoG!C(qmgx};sRf9NDaaQU%I3W&TYq1)y0WnqGoq9b3kePR^ZHA"
+    "*l#afsxgl_YQ<P8U2J;#31vqsv^Pl5H;<l8CAD?>&b$;yC$f#<sgN1y7Mv1T~Ph38SN<KL+mx*-%#3Ig1?4ZFCCvH;^s_AMM_W0A@#-+Y0iR"
+    "n;Sk^i=~3I5PXw_lJ^_#L&Ti{q>0OCJxfxfw2(_dJZe0wo1WseUQGz;LFNq;VGH_oR;U6m%Tx^Sq+c@sygSrIm#>_RcmD4l#?PFb^-`qRxoR"
+    "!uvV=giGJEt+acv+C@fA`fwK`tw-|nhgZp_^oh6+Q5n$A{xqxZ=o<C#(AbDnwCx+ICKv@-MmkI;T)N?u)v>Ril%%J(v*W{M2sA$P6Z~U$FDO"
+    "_{l!H@KOHQ`4qog=GMku6z4M6vRXyqD;`0W-dPqZM2q@@)bG>#)KvAK0~`(dBK#~;2Bw%B}CO@LxJXE2Lgi<vv$g*V&YHm9f0!1!Ksey1K@&"
+    ">YIvNlbFN_%Uy(81@VMKS*(j3>kwCfKGY`J};-!KC8nqDER97>TY5fY&l(*HdHLSqGja~ui?nn9b0d-;2LP|>}0mEI6M?k+BAbPGCG7lOis3"
+    "mjl;Ob@Bki-x23hT*wzg=IrjDO@T>)-U<a+IY$Vf2k!^wSsw&&xTAJU^FPdZ%mpS^M8*4Uds{5QKvBn)D(~T6z@mi0P9(9$RG+M*G!+v}DsN"
+    ";5qsq5);)zx!1HG6pK=;mZs8q#wQ!3yx;S-KXou%2nR`mkPkrO?>g3~Het9{u;-!gAC&MBuO6KH363mA@Y#1yp1t()&-f0tOZyA?$IatK@M?"
+    "^>AcUX#5i?tbh_OynfK<&!XPP>OsMnyJIDMi<q!tLP9&ke|#5H`eyihx@QM8yb$|f2L^>jX6OD$cY(%*ML0Q@mzE``#QnRv<rT#5+dd`%w7="
+    "w*ex5?tK*N3=GuMmnk;hZFRmc$4wz4K6O~JK~W&_zR#ZGo9@oyTzKtoJeWx=u8TLAj8(fI2G%a4mt6o=C;jQ9UwY(!3$5WlzEf4KJjzqr^xu"
+    "N?IOJiJ1pt9OwlZ&oYS#jVW8UPVw8jGGKwm%5|0I!~Edh+dVHJMkQJ+ahvP^zaBFzn?-$w8NUiMNLiea*xrEPhLZP0W&mnv!M_jT@AiZxe;*"
+    "uWkNQ0;fY+_bzPG*{qgk^I>SSn#)F&(`wv|TuF^7+D0prEeJ?I~R~H_h5w}H=f%JUZ5bJqbnssDu&;Lx-;CowIA8?KW1A2S%Ta*|Wi}uu+^y"
+    "`1!lo?F~ZS(B#$}Ht>R!-U$6XkK{4wSi~4??|JT9i?oXKQK!N~alW?d>$wTavbWdtRP@5#n9J!DePLF!E<s9_*iA80~~vAXF9={&~g1^q;Yg"
+    "@_N$mhx%@AtvtFe`}QR{fGF^a$$F&qM%cArEVtDKXhXg%Db?SHLvwj12?$f3gL>1Pdvv=3{PU%4X{DrqgN;u}p%n@k2T4vKjEsJj7FSi<zLW"
+    "G8-kygHB`F`#OZ|k*_w<T|$&{A;3~)k#Z$3&@RO%}2E-Pl4sRhi<?m^Tl$n`HDT*XA)-JV%qSRWe#`ZSsH*E45qY*T2G770d;oc)6buh9N9>"
+    "QvUT?*2wU{d7m6$&JvQxwwFZSymdRI&WwH9^8D}hEmgVvPCvL$~!t+TR1ru7pf}9DFB<6iAX{Q^*p)GD!e?sJu%UTDgva+UENriHdQavrQ+#"
+    "}WyvU5zHjVo19{uL>TBN)clVT4pkWGlO!C$LYf!+}oQqDOGNC<57^N?&%=A7x{SK{X`140W)A>mF2t2~+89GK?{Rm3;T)6@0wx?G~u`e`0@e"
+    "OKEBzSu?NJe_?o4(bZ&9ak0MX$v<J0ypVh1Qn_l$$p>Ati~WUDj9nF{i`DEh;7*8Uh-Z0gaQ@=q+Z<r$bQIxkQBL{VJ<;KHdRJw}OX-gj|tz"
+    ">%^A^&THXdDJVC$3=GNEznJWmk6T!#B<JR>t`K|Cqn1<II8IEqwJWO}keX!*af4^9t*EK2tu!wkb|x~ogS93nbh0lzjOND0d8mMR^-Ro$1|P"
+    "6=gE_BZ@h}wR{=SH>Z}9PbEVsRnNWAv*)^V{L>x~WQ80cOY-pKT`>O7Sj$e69AP9DKQew1S*62Z%8cPy;;>l<Rt!Y%6?#6%eA@}w)YG)i{4C"
+    "9x~<nOS$i(e`$Jdsex&3umXs7c%EY(!wIX-|Zz03A(!w;29Yz%J+7+O+HVV=l=bdmKrkfd3XprBkYUHy}=!Ag_W{)^M3*+mIKxN*`-u4Be&K"
+    "OH&Kyu;#(?nL_%G&vo{&!wri47^4}D2KOO9Ete3S=EIhxoI1oohp`wk0EG<4njj@rE;>~SFy1YVOF5LD+NoYuQ4RcWpwAs0qmZoOQ(sFBa6L"
+    "xc@gfN1KDXfXhQN&kP6k|J<g=J9em*2=J)KpK|DIzYA&JG#rvs1Mneph6}rB2RkmhnaFFp{BJ@M6+H;7fkN)wRll5D9~0F(bcVesNT!rj`!*"
+    "L}U~q)B`*M9zHV@aO^F=kAyO7x1gc%m(j=z?!JDlm;QP$zRhh!8+g-q6R$USs9aY|6AM7nnUuJ<OG-j!wP5n|+<AA-G$z_`Em&NFgfwzMVhF"
+    "B^fcWW%n&t98aXw=5*VuKol^8sn5@iHpB06xQ@$zrJB(1QX3gPg~EI$6I$iV@kVMY{R_lz_jhhX@cdN2LDThWe}=TQ^azaD0PUNzLIrlxOis"
+    "D%|o<R>SVm(VfFwhc=WClnCu5~u|81agtKS!{P$UH<*WwqUFJEcD;^qSLnSuDbg2ihW&BQ)(I_((GJ&TUBLUBq`2}F<o8#z#vjoI4q)~5;V*"
+    "kNWkC(iT><#9Um5yPf#2l-Cc}*XU^-4q-Qr)x&BXtqkWWeTk^x7ny@&3jBO?~#E}~OWhAqZGP0|Coi*w_vY@N4Ova5}>$H$u?RyV?ck#$)ha"
+    "|i%H!-xf@R-+{ueuR)vuLpin1iu%0)p>aEpR0+&cNElE+`BE9_r1%X_f-XSX+qFNYy4-a$wMrOJE)n9=5gl<0oZ#1%<txmG#6t{0w*=^7Q-i"
+    "myvN+Qnd2zjd`ZBBGr?_#H6%L_;Z+f-tVV(?aayo11&1^a<Kn#%^@b*);@+9A)s*=zMYx{D<(=s`Kmr&lCMz=DOgzzwZr{WRVgRi(RsQ0qp_"
+    "hW`f-H&vE9ULhoj5K<3vy*KvWE-q}0zJO?oOI@bt`YQ4b4q!@-4~?*2|kmyh4Xl!1|s{`zWgKuo;IFO5L4I`^?ax)HUfH$6j7zvg!zYBi7tM"
+    "V6j!Y1ua(#PIl#W&Kok4SOrEhjZiP414BF?DJeujEwU9l9cFUdMqYdRmsnHd!wk7n@32Xq3+}?W%R?vH7oyX$Z3=gncYZ%t}eg*zPv)4>~E+"
+    "y6V1|L21blxQPZ9*u7=*8*~up_@2E%|?4Lhgo~cVC92^V(V6;>hb-auFF4U=MYb%c!T%}2hN<|T2_1^$|yf>(Imy^yri&CZ#vjPgBYgtt3OM"
+    "}O5YFdB-1iHDYrqbo}Y&n|4P~+w79JIXB+w7c?@$e81HjrS;*$K?^Z+Fkx>GW)EaNwJnYV*@?_Q!|WWg1(_xi^1GUVEM67M^Q9?|)w4+`Mg2"
+    "1htqb1!XY{RS73GJb0$jO1`>gTfebG+M;>~`4Hu3|6ncGHDBpfn==4aCGX1HD%g4VBsrxP5EIRwoT7M0w?NDFN@QTzG@X^%C5bQkT~Odu%Wf"
+    "Xx=~1uu##?m)H6Dc9AF^j5*!|o!#>H*y=Wmp+bA7qX@;ks7sT(Q!c13*KH~)2(adhr<X<0}2?>{uNCQD^JGxHS=IA|C)_UxRr)a$ESK!ROVW"
+    "nKLW&woL@$#b*c)-+K~|Gc)eYUatp!f|gU2aS$&bUGv7DeKNXr|9Tb%KrUfvgM{^Ay!gYrY%|wKt&iFz{dHatt(2<A(v_N<Ga*<#`34)5c3u"
+    "o@o%Q0qCXj6;RXlP`j`8#F!PsGaO`AT_BZOvS~BBTK2K3b=S~1+)40e&isbg~+G!ZqQjDxf(+GT}bnkqsCNSk~5CR^uNl5n(qGRsvMG?b9RB"
+    "FX+6p<kF-~SU6l{*Yc?Pj4)PTARJVxF9kxzSX<n(@@TwXh@#3601kAqi;RRgvk|yz?b5Za|}4T)<oJkT!fE_rI4Biue0fUzh#$+`{tn61fm^"
+    "CyFgTo{gRT`%<E1b8+)`gdd~kr)=dc6T=da@s{41Z?y#rlPINxAdg6l)^XHxf@kcIqXh?F5#Rx}J-ypI42(yIj1@F`s$(vVo*wjck{Gj^T3h"
+    "ST*H`xE@IFGH-#A@>9C8F9pj8He`I6$CY-=>!pL|4IsLScvSp}S_X~iTdzjGwE$b|Dtj|T^!uHTqG&w%p_#6*330Y0dX=%JJh`bmkh0Yd|Vb"
+    "oAyAW{)`7j10OD7J!*rFlgM({qMh>?b<GkhQ{;^luRF0wGJNMP9#-F8ZAv3X<nYnD)LZ~H06aRGR1iQ9~kJESb*Bx$)L!$WHB)l42YBShDQF"
+    "DIt>OBGcUX4dAuZB>oXZPR)UA;0F11|*?ay)MXRi$q|niw2g9PF-rs%rGB`U;P6QaOZmb&_Gcf+Gn<i`cp2WmloRN-DFb<;pkK#Kt6AZJLw~"
+    "^rXy0YuJK+Fa$AVErUVlsYcc&B2!GW)j~FHc<T+EhtVp#rf*Fs#fFd*L1%+XXg`9)#Y>d1ZBCXy^Kd@WC(lLg$nHw@QL+qzXesgK{MTt{;S%"
+    "O*f+>FZ2}Z8f)JseU|V%8h`%F$#=xJw8+aXdp0a8Oo(^N{+UKsLIbw2?6cQm7;fqg=ocTN6mRTjEN>{tFD`){`@>;4L?<P=>~kS6Kr^2b6dV"
+    ">_!$q^*9&J9-n3{HOF!I^(vo|3Rp*lix>6f){2t;M2IE)PSbxMjV%ELnd;8D!&O?%r#VJR$}o-;@gpefwH7b=;A+D9(@7UJhWwlIf!;Og$i&"
+    "1GRZ4^j7L*xeInas2%xNTrZyC&@ose)WNds5K~T11CQgOA{C~{2Wr)+qc3FY{^EoUyPLYxJ!r^m)PFv?~@R3Yqz(Pl(GYK`)q63`>}&k(_rC"
+    "pRzubzqeL%d4S!ww!F-7xnvEZBZ$p6plr13qdpC`KeLUnn&X*;`mu^W~PIivyOysVv$g0a}*!57-(W@vkO79;exlmC0`F}W)T3K6KcwPST#>"
+    "Y!aENFXu#Udg7@bw@jGB?wb)iA0B93Ev<<2aejogCwS^4Im#DJ*LIG4WX_EPR=kX6YARc%k_b9r#%#mp(}IHm}ae*v&mVC-{#a#K(7VVBW-Z"
+    "nVN6EKKkYP!&AGXir)!|&pS9sQE46$r?;r2I6XDRaz8yqNf8=CMLlF+mzqWx>E`e3=brUc2+EJE1&m*Yd}&~w&CY3@+gOK3kdu{?3_^_gE_m"
+    "N|ncVTKRzn@5&<A7GV<fk$A9iS1RSgyiECe$l+SI(uvYnWhyVoYs{>AOHvTH?h<n0%rw2X<Vm9;4w^tM*Too3fG_V1mi?R~_`G)-e8t=1L{^"
+    "o<dMit==9U&_0V1@kWZ9U^t_i6(v$f<U}etywY@1s)dCtEFWGcm;VyrJ_PY0zm;?oliwAq%<#A@d^Jl8xHn`vJ4>eW5AQ*lH<dpJ5wiaSu<}"
+    "fO#{OgHS3?qO=>|G=Rv_gf2^!xpgTJJ`^&<lTUm8%b`oM5b|SZXY^NhpOtCsK>EH+rBPQCIy(+@MD8sg5mjj(SRoJ%|(7Pmn(pKUSkwM|*=Z"
+    "}qZrDBEP;TaApCL3)LV5FiJ7z%Ew30hoB=HsX7?YGji-K=liN0bW#%T1C(Sg_{f6F#1lm2oUg({c@z8uBmnV&mZ67pAZI)nXr+`;TQ*6IG~@"
+    "YTV=kqnpT2WHurDS6zd=jokHzF#Hbu4@sO|n=@T}<}4Bt@txt#Um&&f-|VG*_$jIeiBUoH=)~n05p@qXCJ{Nh0kp8hgZ+_{vY!KL$3HxT%;{"
+    ")p9y{x_GzA1Rw1pwl2%zyV0Bx{)W|m~8M5*L*9C?NdCT^DteL!G%nEhPIY2aaqz1`4oU%$CoWz}w&F=U?BHFY*R066LGB{w#jnifr5zaUaa^"
+    "1882iiQd$Nm3acl$013%gTZq45Z#zkjaUpTIYj&)ipQs@vkaJLshDb6S<4)@L5snyxBT+a!!ahHp11FWN;Nm{=+uw=|M<<vOT=Z;N7uaav6Z"
+    "?npl#=8Q4%>_}v+mE#kp;9x@M!`1<D=+S#cfAJN_piGXl=N=>yO{|lepfR^fi-w%&MLMy9!__!tKA^LjH2!ZeutvPl2O)af_{1c286O$&U@u"
+    "6s%T9Zq6aIl9*Qj(H3Qnn{ID3njxsfWh8+x(!qMXs)KyR%~42X(BtSaY+Fm$BbZW5CGO1J(VP-6Jf_m}o#PWZsOX3!hebjrw0ym@L~GyBx-}"
+    "XY!$eApzmT<I$Hx?MM~D*tpCrW~Pr6E-Yec5g73Dtg4os6LjbP)ELOW)I!N8-6^EjQAI-s*?Z&Ukd)%%ALobO?ESnT{yTAO3HIVz=*c9u3b*"
+    "(k7OtpJwW9pL^l180o3cqCUq^>wNW2yEu5!deAOmbiudqltYdjx+IIJj~SlAUtlr%Wo?O3U2ep%5SGsCa?fOdd{C@z0z5Ht>Tg-J^TwdBnFk"
+    "W|o-O*kSfa<KnlT(+D#4DerYb0_S<mR-$q85yN4j<mDa7)g#--zq6)XA69`8P7;0=efIo-Vr%Q$EdICI}h&caP2?XuLT&p5E@w`FL4@~nNLh"
+    "^Z6@SSF-=bFA82YMV0#%D_Vr6AW=%)(IEpecZ;0BKS2Q%HdZb-=o_BV{L=V8przAHvd@S4LFG2!hbPu9%R+b*FGb{2Qmwh#%&jf@(1JaK-SI"
+    "gf|m>uI5AM-*zM9Y8w%_Yov9#hPEP@adrE47x9Z@Bq%gj?CgE>{Gq)}P`@z`d)Vc0C-xx8uCZ^CvysLbWbkqa$_oygZy7_;_LAM~5oPg}J=G"
+    "EQ&77a3Cfor}2VM1uH|il^;(&>7XfK;81?)eUMw$IBn^ytnzvpk6c*zNB1>ovWWp-qj*}xxg%odRs2jTHv1691FJZ;Igx)sMw*le8g7>kXCg"
+    "kKv#lL6zp=iwOhL)TotNwFrF0vjD)J?;G)8DaM>lBG(7@c#z}n18se!alI5Z?;P)xMj?_ED6OaV)ZMTCcmhlmzpde~<dgp2#~GU%3<zD7jH5"
+    "MnX?l@OnW;Zaqi=$!T;&CbDf2xaDB;suS@*QJ0!@SYwdr1*GL)E=Jpc8ModI=X}eA8j{@Nr?L=6Qy&Ly0bcE-~Vf9R8##hUukG$Va?0!4)d}"
+    "7p^{zcoA+6QqoF=U#|S4`kj*&F-%noQ_miTMoqcjF>Q0qOmf@_=Nv5BF24cET_|h`mAnX93miFuZ1SS}3<_*f#MYH%CwXwV(wnIx(>Q3F$?P"
+    "M3##`e$a_Kvy+#Tgg|+CC;C=i*}B%)GNhPv70m$yq}^^_K}H1sS=DGB?+s*NCsSs9%~~Azi0Bx(tk#c*>3r42)^1;bAz~IhBLh=&yeYZ!{6u"
+    "j`j7`boE=iRe%hjFvAmOH8+v^%BnHo3>X<@9x`>=U2^$H<!@V?a(jn%KnLX!I4yOg1O`M~RXN(CpL3*?9RVJ1<>tD&cATxdvwXIbmKh$}KPW"
+    "C)7S1Ln>Wrd-fIDWzL{;3?hU(e&iHr1br9aKhy1B1?+E^Erj5pxVF{GfhqNK1+&#0;9)!eTrkEX{%Xr^=eUh74n%Dd1ZNk9no*3~@&7KWR$n"
+    "dPj^kKy2KbC#4k*k5JEY?SUkZOE&x8~XaPqHT4l6j5WYH@h^2sk1t(al^;x=rHcNjV;e;Z_iLZ(bFP;<_KIuExtB_pOv_aO2$Cv@~JH<L_!="
+    "U8iAoHbD=cpBDp?YI_v2z-0K(QlaU@iuHVRZ8#;^+y@b>}#8D-q1l4GNsjf#M{(cSdjm|GP*vF4gj88~R5);*?Uy?Q_fvz>0u9$L<$aB*)&u"
+    "{u{#B4p6lYOM(uIz@ohPBiE26&p7JcIQsLyu30(D}y3?&3;MHwKKo0Gi5w-~Pd@M~F?}xtX=S)7OtE!gG8wG#qPjHV+{owXl41b{b&!NV-PV"
+    "OROYxba;kq2qK!Ao&t_#W*HlOjmVZOQT>ElU)S~$$(F6CgoUZ9HZ}b&Ea%cvkwnE1^9!1rQkIk7miqgcnZmYeDvfS#M@CVQ$8I|?&^uwrvg&"
+    "+#kYNSpURn^5K6iHs5ffdU1IJPekdxJO`mP@KuMZwme&L28Tyk^O)qk-6md%<bIy(~LeSH=dE6V3cN>q%Nz)xRV{Nl<$8j0@*2SHr}P#d2>T"
+    "^+PIO%p#w@o^)7hmYR5$^GG~X<&G=a`v5H`}=?DTZWscgOLMKCZi*!N{Z?lTAFl%zckdxnZk*nvog<{o4jKQet*B|>%RrhsH!<Q+S*+H>VX2"
+    "5e0$c@Uo*`aF|h_(*^Su)YQy%AjEfmm!x=3tJQ{w9_w`47-B@=KsPXXy&lnnfxNvuLo*b(VB~o0ZI`1xK6GqxzncBFNl{)e6--JWOAAe2l5-"
+    "usWw8*GZE^McYsEUpI`|tkl@aXr`;{!<!Y4*UNlw?MFL!(NuO&f7bjtb#nDYJP@bbH&%Dgyi|zjEe57<Z@2Hd}|tf4Itw3@l!(-b{*b%sp~S"
+    "P_m%lL-`{GeZAHeI{Mtai}Qm%27NtiE8I_&Re1QwoOA(!*QsW$EiJ9{5a$QPH7BHbc0e(q_7@?J&vd$c=?iM?b1oM8@lBxdWRTECmt#vS26}"
+    ";~N4}b>w2Yg3atbUu&c9^IWm}tpNLZQhWzLW#Ar>$J`!2!W^wi#NK|UNsTI#-@evzhps(xnH)I8+#oovrM9swaWm7&mQgLzF@6hCA~t@Mn6R"
+    "38K);xiwg>W<a${1&!wKmV!eC@Tte87aicyT1Mso0eFP0z6*i5bZBtBf7f`Tk51`&eN)WeROqT;edR<|NU)jASN<0?(RB)CSF`n`$i)p-PC-"
+    "=L(9eeLC=89Q&Ibd-OYe4El!SEvN^K^Lgit;M$`iS{)2_X{WLW_P&?+s^+!;Dj35k%0RQ&oXl8;hBn%aW@@?#U7%+&vV0Gwmt26_VE$QzjdB"
+    ";+YueuLPpD!F4ae793TW@>YCiM(BG^8b2cx_lamgirPvr|*B)(++@Yk9Z0lA^nt);D*K>T?YSEpJe<Qquyta#5k#;L?Up*!h)oCj}mUT<q2L"
+    "?w*Y;Pumfq?@Irni>8)u^@6;@{=p1*Dc4>^7=a&l`tT?<?e2a99n9rcv9QR-PB)G%wC!hI65!$*h=UE8&&%DyM3jW|F~1JH5bGy=n^97<4Lb"
+    "Lhmc)vGfcf?tqoTw_vgEX@ul7<;A2=4DkQ;R#659Jb#B9N2$;=cLX={@ig7pbEH6=Oi$$PEz_l$A~(H_X!iia0vo29TQDEP@lR}AxOn@nm)X"
+    "U7;2Jfrp)0E0Qe#T^>b*Vf;Dr4!ajfGej<CeVcP>Nm)hMgw!k%gNyr%f_CU+t=UuQ+WM{%{cP(5N(SW9X*12m+?~k+PBIo32~ll09({h(>Q2"
+    "vw|b&x5(U}FSfS04c}3^Ro5+e?4}?o{e2UqZLoGV~w_A~I*?SUxVR>oHDDDzCmcBg7!Fl<MmPSt2#Af{X#BWGSQG`m%Xrd{K&~i1T^`_f2T3"
+    "+E3E*BV8Y{q8O(@hXc^*tl7`Nz<Bbqx$<nU>_CGZO^R;-J&T60)-i2r8I&>FL9@m`!J_7wn%LpxYh$wzp}hBfSw_hL;VfB9X<#dh+vm`1n55"
+    "8M%UuT^y^_d1@-DLU#jlZRZX0o?ps|=Y1f{OV(DV$6kLV2Mk<&44<Z^8_MPM=L)*oOIcV&^WD=wp$~7jw+#j<Kfo}g_A(#rGx;VU6Qz1o1VH"
+    "9nY90teZ7$BIr`F}1$jM|=<n!;6iX7&-xO4O15kAYLpGpJFc^>U67w4V!vy_|<1`LVBB|JT#ONgyl7+L|porIh}&(3*|3C|r5H(k0_cpR52n"
+    "GDw|x-Z7m*S$`e-<vH;h)-hWL#2+T{ro{ei3ep5{puxF0i>o1!cOY$!cv^V!Zfpfsh6~Ss4S2WzrU*}m4%kefRG=akisr3-rR1E7>+bH%z%f"
+    "7V&m$dwEc|vn!LR4?^;{XoiGD2LPDLLM8z(DLFUsZ`GVnnsw(^YW^=$}Kq*&Y|F#}UKbPKL-I|oodGRJzoI`4vGm!O-zpW1c2H&9a3ts;K$J"
+    "V}yiHeGa=kSDy(wJEd3I3ODW=>1f(Aa4-t+-w-+Zd3YBL3l*70|*wa$3*9O+Dm-MDO58H~TbBfb1|Skckx(6&WBmo00xtVfpy*XeJ^l;s4f@"
+    "@*w*9$Hvx*CeFJ}Br{7#x2@gJe{c5_?mT2~cVd#5h>z}PA`Z5z3prU#bXfQYyL=oJ7;tq>L3!7H-<A-cPSY(WnvrgerwUqmSRH?Crb?Wft%p"
+    "c>(A0C-saK+DQ1;plgntXP3M+1FUs~SqDGwrHA}2$~C@ss*NlE^7$)}&0EY8I#g*9Q0X?q47&mq`0eLH>j78O1{gUpA8|Hq6B12CBSRbED;T"
+    "Wz80zbRS(8Zp_#QdU&Dw*al(@L7(doK2lhk5C=FxW&`Z62$fBHIVJns0r9qXl>k+);b{-U0=bBLxa8~hGci<$SY7+bd2zQTB&lTnz?eJzqZ>"
+    "26dzTF)6plV@L)7GZzAGJPRzOAtLQk(G6&G<VsnY5N~sYMhlTGSVB>t44deu3y7zS@P&rf{Cx}awmG1K1E86BlD4r;Pqhlzk{LtdeylnfHhL"
+    "ME5u!hcX?e3<Wu96`x@%o35zy#Ia*N2YYAKbL(=H?V|#9N*|y}B~x<I5~%Sk?vRYau%7SiiA3SU@|w-zQ#?wH~TYO#{JLVnV03w0?M%U!0e~"
+    "l!Ipk1xkwh`Zcu(+RT!YQ%Z_A{UfYYc?i|kH%>^8NrHn2#e-A*g<@!<X#`UN<vDutjh-_#<sPY`{CpA5^uvonLBZ=AjSV+(*_WbBu~jEp3Gu"
+    "Y;9Yn1WGw=wRS&t9DpR#in0c}G)Y5YTo4lS*Y-CeP9<}+qs^GlD9Hfw`(xrIf8(rh%WRJeJF95Qd(^weQNm%CfU*Ec9<r?gbym_xgKX4d&dR"
+    "b@)@_nA{Na(xvXXg#ALn_=6Wflb^`1A{pR*@m)m$0ux`QGI=gI`d14)ip|r$3fv?rY7WMIoV3Y&BxdTy3sl@ka>WcuK00`?f`woxel)Wzse!"
+    "=yxgP118FNEIsNsCzA7S)%9!AnXBg-yknePhlw@vRXvpx;Ge;1LuQkINXnbxKAtf0e4z|f>E)(2jO-e#aaz!UtfWOk*gpQG#oKnbo!T@Z&l5"
+    "lqm3%}Yry}L&o>=+uJdHn-EtF0-;4rXO(Y^b1%15*LDyilt{HPj`gl=GA;5gV%yNj7^eNxo_sJXy$XKE6E9CZVAM-9wDrcEB?;U?wi!Sk`q@"
+    "@GqLBWd>VO`3OT#q0dQ)A3mhjHE!;73h}uq$))PbNNh1zb2Zif=?;V>5C0g1Sn;N%Y6YynA2Uw&DKosq$fyNF*Qw^FTR#G{fSBVu)H<6QPQ9"
+    "1sc}RB7@)8wwL!-T&xtXGpq*S9mjc1sFw817Y5CLmJS%sulCCUW*G7^Uv@axjw&&~brYQ~mzl;ysq^(@s$N-`*zirU@Hkk)`EE;eyBX~n?Uq"
+    "z7kJi$?m{i~5NC(3^m8b!BfCj%{r{mt877!_MB=$aclz&+CGjfAkHtYAs%#rNzd2{_2VijG@8VX=6n7f=Z@2+DiGvau!$e!{R|~%F5~oFX8u"
+    "-x0kB>g64AR{PRm-K=bAb6SImkxhWKv9u^1$9v`1MI((QZO1TwpOI`JWN5A0Vps?M$HCS80S;c85MmK1|!4AC@HlYdm425lE+%V4wh<>!d+}"
+    "$(#)J8z4pU7)%_42&8v%Agfp{n+th*Q%r(5Gq$uQ2bp2+y^cBVx&uscb#6E@YWQcm|UUnUD~%FdrW}I>&&lEWiHhHR0!M_x*m7h`J#N55L=%"
+    "4+yN-J?ds{3i<xu`bH5oji^z5U0EpwJNkM|Q^eO9@WK9X_?sCp;C$hFbi~`(NJUvrR!!BT7VsF%!WwgMw-4=(kM}X0R}`bqH;a6wvTz4qlk#"
+    "NInfwOD7o}=uE(0hG;ufqqU0YjS0nZS$yD@BTImiBBW5-tDV`Ulr3p|I+bMSp}DI@#!{<Rl#?xPoY*1oZ@hKCguRx96{(Wsmsg3f}>b&7deS"
+    "UuHff`i_bAUm7&bLTxn>5VyKNf^V_fk5PR`@lo5K$rzx+<9UkH1>IKkDBU8+Cm;lhy&Ym(CbJ+<R<~ja1L4=+KqZmM}+H7nZGWp#%wULpx%P"
+    "f$pH)WLZ<?)iAT34CiS3rZ4~prGRB0GIM@%=RIM$Kf&$E2Oq&(Bl-6j0>xSuTBRm0?dMwT59H4PyBQepnZ(ZHCHcD^ivvX#Ov2l=jDA)WTf?"
+    ";Ho{r-x8M7#Sro5=S%+OXG(s}0%QVyugmr4|4h$HaQ2qW+U4tnTJcg1L9k?R?k%{1fVYVp5%cU7XK=NUF4~Yf+L~Gd^Kra(c?hI6mRS)b{!1"
+    "!+;KKiRcdOYWHtTOVu}CY0p%(euHA&wTg~eQKwZ^qic<aUp(nJzgY632{b{H>tbQ;zWjB5ksUn)fm{p@yww7nRmsQ`(?de%W;;7JlkK^Z3_h"
+    "I6HIv3H+|hJmx16w@_YX3&PLA>Ly~}z?dhEj>c}`5;miym!=Jd2@Gqi9N!9gRVBctbu{vR)_4UOGholoLY5-KgN%Iq~ONR`c2O?$g@$0vHYJ"
+    "y+NI(J{0%aIis`ot43oQj>(RjiGB89O%F?9o_J%!%dsi#jSr2L(3*Mq^Ti&g4sE+)%BQIfByvv=WDJ_iv8o$ilY%iz?~rcURCDM7>9jQ{yiw"
+    "-PS}|LG%`v@*V}6q<tcuGlf_moIzPRb8A~3zgyAy-eX)&gdt3RLd{(9%rUFDl9OufeZ+UiMwG6hJmj~;|ik%3Pp8lb0VO-_b=8F(cB{rWzU;"
+    "oN#Sh%3Th!R&C@}9&mHly7c)x@OtkKmQt+rBh9!pIQc`r~KkJfvfTovo_7tI}Qsu_6fA+X2s%Ic#qSWkFOJ4P!CAfTSm-G<7o#U){U-m*fLz"
+    "Usqpyk$H5;&USYXp6N~>=u#t{6??BBAoI*j@$~hC`E>+$<^SxUy$wi$0**<*5mN$t<2nqCqTrYzQL&L3u#vIaxtWA`E#U6<+ls21`#!YJ40w"
+    "i}EhJPjswL$aZsU1%8$2@(l9iJX4`6O#VO5ZZZOYDRzP-U{6U#}?MhDdP_sB^9$y{8hPmG_Ql9WnHWM$#6=66-!7Z%ZU8@I6ZevZk?Oo&%h%"
+    "FF$7LlK#$jqe!J)C7u}-lC1jb8B5`86B~<rl?CxWx1xN0>#Bvv|TmOwoOo)w#0UcRF%3~`ALYEO->|yxnWO@&&g(FaE<jsa=8bM&qL<wC?Kz"
+    "Y+UDE;1~BMF_%bu<JAXZ%^Z9V``#{D0a<t1A{uvZpR+@od?eC|!k*s25?BuK*U{m>3-9ZFyUyRJ7aSW)Y`brJ&>jrF_n0Of=x~Ei7)ccwEBg"
+    "w|Lqf=JSVvV1VUu7Gte{l|vP>>(b)D9-so}2v|5f@8Z{#hj}^Zt&Rsk_U7Dv*voD)RP5T|-fcpD(n(FT}_g4p#YmQ$)BBhiVw8Kwcq_jFM~!"
+    "?(W*%6LRIFr_0Lx{$Iq`pkQ4cHulrAzJ5Z2y#275>&>%U|A#qE;l>jl!`l3gNgo3D#1mOjfO)Tnl%zc0`>*-0Mc)ia&_>Ow1LPccQJ&G<zYJ"
+    "SEzsQWT#@Sy|!$6;#<u^LL+S+7g`9K+Y!TN)TzHk>69-C0Uhd2Vlr{5p_Df9g>3w>eX#zu@yejh0A>#MYX$r$L7r)K#Rx=L}iBU{YemfyG85"
+    "Boa(71?H8>mfwYjDT8SWLVq8*>R9#&fCPK?OHlC%-rlKft_S<P+`&cAVWKQr`UTv2QF@s+Kp%uTx<2c-N_rJXb?3@X_=^)n>!*BGZU<eN8cP"
+    "0<Ik`#$h?g7;ZZ5YsP>nw&B7vRm`e0242Fe%zyA=cfrQ-7yxdr&)lFWt%Et2{rr$NSLPI9V^K9rEf{o1OfVanyqYWAOiAjBkNd3tvB%hv|n<"
+    "S<BU3db2)0InCFqeKRAk6dXHqKOJ9Gbtr;@~7DDK5FaF*NAu^(%TX^v@Vt0Tt+HIO#D`^?8+~Oy=fI{CPzf7=*X5AhECv1<zPEHt_M6YmH=9"
+    "n3}K|Jx77Y&o4^LRvaDi>U=6)>dg?6CTrR#sM;y1pZ-4b?`-oqI!Jyq0B6{g2q?5=pI-oKlf4Yw!1QOVhC*AVw}<E`$N@eXCGP21Y_)DP0%>"
+    "i!EUbW?0E^n5-X|wpVQ8`UrA6Go5-sTtRW`oAqopAuug^_$X+8F3s=N4v!P^=?G@OyHv+`5s?w*0s%>3`a8Sp1uC<9U^rMhW#yU&K(>}<wF8"
+    "ZB>m|J+iW>87VB7$_OZ$p8LBLoEkd3q0o2oSnkLwTjOg2q5-_FdDPRFY?=$nf!}bup8O0K|u2I#`h~89r;zdQ70%6q%3LE4{rlr$5Kq6q--S"
+    "Tck(>O5)nSg>B6+@CML=?FYxMDmH;^J*V2ITYi_264S#I!Jil-ot@!{bjg8hadgFhTo+&bZQ&r=G&mM*5pCH~L%$cr4xVxy1;&FBiqNAhFHn"
+    "I*qMr`p09Z8o)$blg9UmUd^SXc!FSy{A?SaYnRmkt-$_(T3V*o>Qzk%x!%^saA=4C1jIYld4{E344DDJ$oxJk__QX8>CC>+9l1rg#}98Yg)o"
+    "6BxMKzQRC%!Uc_&6xRY8t>o*$0y7?(T9uzOzeadwt7IE+{8m+inwox7c~btJm=xQ|R8k15Va*8!DWaZ{D~Y7PPJMB}ZxCOcZfU|Q+}vVGb55"
+    "N^3=JWF-hg|2fJXq0_c$(?ls~WjWj#U>0JC>>(*%?hmu%H7&VY}TyT>-xr6dOiDJYG`?5L=5asc3&v{Z95M$qIN!+T-u@7JkGK1(7YCrjhzU"
+    "RacrI54QDDoRTu*4c4Ld_2!|3eUjE&gMI-TUS2@bVjs!=<Kj|2?+e)#gKZH@IA`Q?b`l_%uST=fnisW4=pSkSU{oQRumM-$|PrPYghcBo)A$"
+    "Ziiz^^ciTb27#PnvtS@-ZFZ>jQ7C9aM+aO>(9~%FQormu-hU*ae!8WL@5)r1OCn2q=9_;8GP)Qx2rYb2uIwT?eAh;+hm0u_S(&~sqLGFx|S5"
+    "Vi`*K6kr2dVk1j{8M+2;SV*Mhpa9e&D=ns)K?D2Y_SdX3b59G}_`?v?>u_=~UH7NIgBq9eufkr(D!M##EI5yk1I6$!L?3>}<2xUwwrT&+riC"
+    "a&Qg~h^MKyvq%9O8l@rUKhwR-{}A(Wxi6x%XcguVF{F*w*x^0>{vdBWUC(=IN=F8jsM$>~2<&XD(ytd4%1B4ux&QsgAPKXaKEARFVx))yMIL"
+    "Q5Y{pC(3a=`wa0`EuQ@o9TXvy>$0OcF|`sC)7K(9t-qVau=ph1QCdd`lSAQQm_G0N}e+H=A{x3UfnqNA53R*g=Ge{<F_!Z+(M<KEojN`>Mny"
+    "CI!OE;g?Qr>DVu7SbOhSXhM2=bcu5srq&K_^@Ut!O5Y9D}=&89<O)sfufBG57vDeicWq_t2kj1`6f1j?I$Q;qNrr*NTw*W|71r_mN5$o!v1A"
+    "VPgvn~1X1W6Y1bxycs$sL%zJq1DXLbeg@#yK*xKCQeBca%gPKY(K0F|p+Z}w_#;f1#d@HLYiv*Bm<<1Tf;Nj6RGSY>`L_|3_`S~<n75Ze{Ap"
+    "4E$SrS?>&_ThdXhg(5z5p|%tW2VAYX?V_J*MTQmDRXdN{URhxG&n5zj}I2O&lGhWkBP|C>7xWF5|OvlXYY(<-VmXbBIWPgGEOd7Hw=D9XR-G"
+    "=OHrEYu)>DvdN|FWEkY=`BCRy-bBQ<BnvysehwtPF?J0LlavlUy;_?;8Q!<&;y52vh6M-=-IOWS)B6S`!-wA1p7ENkAU|Gc@{iVOVV^*KL0Q"
+    "#*+z*7)-iEzoqhL#}+^-;SX%X?YEF`BZ&!vp1l$mK#dO`+>xolxMVqcKx;JBE7T32sv6`z3A9?x#7A`UNngXcXN?L?RscF7s7W7d7<NJK0?{"
+    "WU)Jnd;}nS!#_BxnW2s=-O(Ei5a9v{=v^+Kd9S}jE+I}?DN*)Cm_Vf3m+66*uB?g#Lh_9pQA$HAO2T09rp0p(0FlfHG3<jr~mgK)EhmWhWcQ"
+    "O5PP_G*p~^0i#MpUQX5;Y9Nj)k+GrvgphvrcIXj88Lwf@*`@YHQiqYfCi(FFTgf+W()#Sq~r0r){rxWi#Ecg;VF7M`cJLnd8QWBuP-k6(?u("
+    "~cUAhq_yT|wTUwlA}#RaZxnTZ-!n@uj2~9V58DUN0!TPM?XM&bB@{<%^mN*ON=h&V8tj_k$+m7XTYqDXBsJb^D*&o5G@37PbAsb?Zbve!nw6"
+    "5C5+bIoOd>O@ovamlpMPt1CzDo<G<%+T6Tys+!*HYO#x?$CwlyhcXjoo?soZt}nUM{!&)NIHMBZZx8%1J8N|6tI9`3hS%<U-1bzf$hdhN;{$"
+    "5D+*q0u!dbj5E)2;d)Ya=esm1zh7yr8C36&@LCG?&RJv>#Eqce&BI8Q+c38r&VkS_qkp&@2yC&x6p2lV1#+Bz-G`rQ|jpL9d!4ai}Q<}Rq=!"
+    "Y8a5u0OCD5?yj4?xA?+);CsHyuDJ>M1;3SAj)vC&hRVg$|@f?G8fmX%9g{d@4cI-Xj+;DqDJm+yL&CIu^?kA-6dVHob1W*-Tk+cTs$~+#$wn"
+    "{xbe3vriCcT+E9~ZUgZ1A>>BEl9tH&SpSW=(rB+S3;uA`-+-d<fGX?N_>wR?p^`lIzt}rt>I^5so<_QS?(tU7F>Bt-!{z5m<JzG^#-r4bC(;"
+    "gc)4{>sq3>E$}^-6QL6=0^MxK2dezB#w_OiHpPDxzFEduvjzQr6#Rz8U%BXLgPkwD-mwvYTU_5?{8XMI$F9gGGNVAdr6`rnHRzUBy<uZV1pP"
+    "=AU2G*TFnI+AR!6R@d<H`$YT()czF_uC6&}VGRhpfJcamTwL(-URdPi0d_wOr&3LjFbL}EOj^8GFz$ZOC&#=zXmhBuib^(l@VsWeKFVjM^>v"
+    "&aib^aY^%Rt-Xq+6xL=kehqb?Wc4UK*fPl_{Wv|=mp%-y}CLt>JHBPyD>M5Q_K`$@)x&8#gKw}dz%(#5&G9Srmsu)VFnFDSUThn$SC#V+~F#"
+    "2E04Had8tw+Fx;e9^(_fG8zEx7Bv}i=M6)KtUfK?eBM%mwO5gGdYow-r7P>*W6TGvf<b)(dCfQ<`WPX8y>c}5IoNYtRW{`eiugj`$FD=W%~M"
+    "Ssjl%iX}72cE(zPYm7Gm^HV@=c3}hGZ$F}_;o1K`y#<-ewOj_AsTy((OWu@xIr~qnN`RVD;a|<dHp5P-prT;`H#MC`{dp_VO(^EEr@(KdBPR"
+    "@h`<0&TVuOX%xY?qVc3i9BY>#I6hvG_mb#5{cbwnaa&OP6fEH$nnw3qj*3I&b}7y0-ejwA;Gq7zT!ArOQi>4jW#dg{<(FflqO`URnw)SC4F("
+    "SQsP|kTP<z@Gy6`$T|6_$T1+V=u>GKa15;FzxFLK;Q57vQ%}FY&!R-wFgnIyWVE4CNf8=Gg^P&fxqAQ|gH-gCadxh=!^I5+{yqsT-=pl>)*d"
+    "`QoDzg));Bzqlo+(^bo%^);X<#smK{}A8d+bbuLs;NNlMH}H)4BbCh@QS)2^V-$$^O#93(FBG5IiSQJO7Yv&Ah<!{`4A>WxNtMg&az3AgtFx"
+    "aeZ>p04@ID4#OL{CGtD$y0vz#bW-AR|s%&PDw`c@j*m!_Qk|vWEdFK(LE!p4gthsUE0if7NbVkXrX<jv%NU~=$aQ0?ASl(%n2dzrcu9hdt8i"
+    "b<4cH<4c57%i>9Y)+z~I%NCycfdE}yu0lDV#Q-Nb?3i5^)9W}p~b-E^dIy-J~<x3_MeA6?45iN?crV<GV*Cu1o(^K_qK}UzU&Zgi4?vYUnN<"
+    "&V2<Rb$+j!me{tXQ<jq2c~M6>_tq)ROan_aw5a9NpIs*SSS88{Od)70KSbo0;YA1{@>6{Y1#j)Y97A)Y?K$wrI%$D?++u)3qslq@%9EVpdu8"
+    "B^r{N)_Ruj?BsXt7ZAwGQd5n|^!ehPi+dy|a%X%0(k*a?mX?}k+G70|URygIm;N8&G2r_)1@)6|A(WT*#oQ<-m6ZRjE>4h-{Q#q?s_E&MR}d"
+    "UI9g-_xT&bx(zx;VMFwD;3FXyZHF#D>kDl9ranK$Np-fo9nT^DLgBJk!o@t{WuO!f=R_U&v>0&y?NZbh>}<MCDredHlIh0mb`d0}V(E6}*Kg"
+    "&%s%>Cf6%N($4i!R`SQ80gK6o`m=&b118!;$yb$zyGSBhVUTYER13;O<TL5&~ZAMT~)VTkPxdX6IkQ9S-7k~XegKbe3fyBAGnVW)N)z@eU@g"
+    "xPy^KYips8vag856cm^IJnu3s8S>E2$!;YCLCR)KCcyk*XlAYt=`1IRDZV4U3xx=aRNZJ0uJz!w)=2lY5VeOkE0byT%k4!Q%6U-`9^}mo!Cx"
+    "@}@htp1HQVv8(65gHAki;ZZgq7t)47vmMk<UhezW;h6KmYvk^M^VO+SHi-X<YL2+49n9Rb@tcRi%L7rDrr8tdinJ)%w~3Bg4jzD+PHHQfsRT"
+    "W-BY}!j{&ehU+ZpOmZ?iW5qh<nSXXF(&?;xA)T3(QKd@+gdEf7Y)~Gko)al@n^wGRkkMHCwvIBU4!XWc1lB#!gs3z=4D{c>|5}=JkHfpVmkL"
+    "3bzs6m=yP{)0&S`N;h8Ia>RJ{pvn`Hp5BTHv&VG$ZC2K!?GNxJ;NpY;u4H4*$Ck?g+wA6QLA05=lSx!LuNqeCpr{?ng>Kav|8>~QMDL{HCvW"
+    "54vW!82;A6zu5NTnD9;KhSx%eo{ny6=VA|NtsC{Y-Ic<EL*JU^RJvS0WgWA`Vl$;10I<`Q|GTj?r|4n<jhJpu)F_YcpR>_cdn%*?`4}PE=KO"
+    "<6(%O3s`Y|`m%auDwD{6gH+|-#;nE#yZaQoIl=;JF!Fgdz=d=Iy)d_}>#9!7w2&8sRd<*-1zmL(dpBJ8rxznKD)IuN?*7ZNvMn33v8|w-2(^"
+    "FK`nOX8E!2fzS;uDkb6Q>Us+wi##>**pk)_KvvEQ^3z<(zC4eOo=7<saurDcP2A$lDeN;mbP?VN67Z*z)HW;~*#JqiKScCcZfGDG^AlQw=Jb"
+    ">U_AnTlV=^Xc%F1C3yu;kKMg8qG(g0`2jNGgllIi19`GKyMC9ndg?kVS{jXLYn`=6)KmL5yY{~R@GvUsk5-7@o;N6fFNA}$w}+bxA8+lO`G4"
+    "4l*b&dP5=5|{*Cttd_6~Y?_d#08^ANf-6FbPfNY^(qNrZ}WYpd<$2VohZHR_++N-mAzMv9p?l2QhS^mJBhGb2=Z2LZ?^pKwn~yqJ#f?*QjCT"
+    "eQ+!@cNn>4UGnhvG2ip^ZUS{k?}W!AUpg1J`XIJ^Kw3^3MX3yw*jJy{@;bG{y}7Iy*;4uRV8u7Y?Cx(dPg@f8<7J6xhaRgpRdp3!^hOo-TnO"
+    "$fbI6ijWC|f-!Cq<ub+U>5Z;egnx0%<As`S?8!A}nm3w`5!9tObQMNe|7YT36AUY2b6{F4e+$Ao^P$iNRDD+@vT3WWWC@qtdb)9(Ez2$UOs$"
+    "Ny(l~ir3MTMAHvh%T=9N*Rq4VISe?aK1?n#xMQ16p;644HPkC)X5xgz<-C;~4uS#GS0|B&A+2Bmv`rqDWc>Rt?CAUrWA5D3^4Uc6O+1wD9p4"
+    "su*H~pz9$99jk`}=qv01uWZX*G`({GsrE|s?yir?BTtX^c!tmrCg%RV2O$T4KSqY!W}F^)hqzet<VrJ$$L}Z4(UF@L(w}BonTJOsaf1G7eyK"
+    "IM*v{u#n!`iRPTpSqed-zmt#?pwIoWRR42)Wu=@|rJdH?=`#woGUd3pS&S{4@TbUtowmrw8p)-lIHd4GrX-iY2KIwuT(<9k#`=j4Ql@Hj|DI"
+    "wiU7MG*!017Z9hh@`!Z!lN?W!)34;aaKyQ>P^igbAr48>OR;46)cQeoY3!CMb*jH-KC<ZTvOP#v>YP>AC$cjTv-(!mf0lb&p|k~*>`Fi!6Eq"
+    "8YG&RuIO5JGiXLu)o0eKtsr?1BZH$Pxu6}*P*l2WMLIH?;htF_h3bRQq!_Q-H8^*-!?xq{J1Pe-U%i?a3aW!+Hb?OnmxfQV)3LCZ!2aOk(RE"
+    "CUlw`m<$fBL(%c`;r^NQfY}gtXAM*#224Ci?zvVG(OH@;s)7=|}bW;J_eVCN@ryvN}^OU<}AS4|#mBwnE|<Is%UExWqg#FwQhZ!Tk4Kwz3Sq"
+    "*%jC@5(N!3d-gVe@j5x~JTMp?xilHN3p$z*@Qx9IRY}=p{Jc*IEqsejMx!@Kbw~{v*OqU3^m73tDKZVEyrtQvS^5i(cs4Y?7a>lvP0cFGW+u"
+    "b21aX9m3($yY2m9}tZ>+i|G(@AW8WpX(OZtWvVr%~fRV#xVZu|o>JS6ESssgP?>AW`ejn7|0{p^&N`zHy<`@Y<AJD-i(#4=qdUW<%aRPF1R#"
+    "9!&?1dhcE(|z5}o&|yCF~EkCogHg+9r#5dUf#(m^Dbsw+%~p<LpV5tr|5=j0i3LBs@X|p0fD6&>c}XSRj6p-nW#ubrSJbqd6*~EVLCdnYV$L"
+    "`78ef>@$mZlRrkgVwPt2zq#ORv+*|&|)n@yfXmAe@9D)Z3!CeyEg9Ud8?(Xg$+}+(>3oDAEa0^awcL)$B<msnR_nAIte)E|(^Dpe$`>wU_^<"
+    "CGc0RkuI=kN`}R94I{z{7Ob_JbPKp>6FdE2;)?TS)Ng0)S`b<Q*cxA^Fpy&z{1|GN4MEK_|V8%)p>yaC3FZ3kXdB<euGXK~dO*<mmKFXsyyD"
+    "X%jCK{0+U7SeOZifw8`Ba{~)IFTZJg4>0iJDH7|9`1K?qsZd<>nUy2n{NeG)Dd7S(+;QbunkK1(hmC!m^XnvU*$2~MKK`|Je;)5A-T)tBB_s"
+    "585G{gx)aGNf+l{2~^~lVFjO@^0c*ILm4pC>J-8SL@T(0fvxx^TG!e3%ly4^Pm69e56S3l_fv_7c<wwBv85BjDw5_+AU*3`VZVrLtomJNP}B"
+    "5Q~Kr6Aibv%AO51^?<msH&>Ey38C9K=18+u7?SyB)cRSM7``@ji825#K!)8SzF6pW99?%#wHB(+$`0K#MLGKo8R^I=M4!nLTb#9Aq|u2YHJp"
+    "uj0`{Ti;A_bo|SBtMoWRDB#U1w+OkijZ)4+*4(%Ntme`!*;zpRyN=BC6sq?9OC7CxDH7zbRZ;z=<N=OEGcfnILe*7B16%B}9X%9Faml#wYk_"
+    "4;t^jh_mQBjTpU7W3Azmv76WrLzRvJB4p>_0?H&A9aTTwM~>h>4BS=Y}L_DWHfcz3Xxt1GOZ2y7j0EudEhi2nP`~>I?+JaDd7|Z`anr<8*x@"
+    "6cUmwmG0bJn;YK~o1!JG#`q}v`||Q369$HHv39oYVAH@i_?o|qa$mm>b>7`wj}NIS9O$TMK$PV9uGSWJkJB?~nAkWw+q(K}7S^ow$R$h5+{I"
+    "YHsMQ$QUuTo)eO|t$Rd?6@&2lq=+mN%NyqR%UXj|R8KxGEtlX>!d<~$ez?yBeb9`pN{nN3y7lCSl`#BlJ?ux3u~y4APGuvz^oZ;(gQ6k2&vY"
+    "!xcMlCwBYiEp+smp|Lyz18NBB@B7@5yEW%fis;@yc2MT05Lgwftp>h-fm{r=ci3`Z{z)hP*4ZR$gLAjzL|TVRhScoLB5uCoSn|jWn^00(9x3"
+    "3mt{zj3Uzvn1}b_7DRB4qNlDYtP*VeWgYyq)aWZ<y_8-aoQyJ3w-Wqhdx&;7ku33!9PG9YvS(qy+2KYzfCUCwab(!8%QL?eeGoKsr4YSBHW#"
+    "1={CHR+;HkA^GWa~DAO1=uwZz`A^s|d7;e;euPH84ze_{fn|+Ohqx4caa#E@DMA173XFjLU`y1C?l9lYeEXl|R!Q66LAGU0Ue}h+DLvp)VM~"
+    "x_@<Y)B}#Lf<WbCD<|EdLfQFs^-*1{VXF*0FLO03wx3GYwfC-ZKbdPPDb;`VvX%AJ2LzM&1Cr|EDA27)K+`j6qbyKgQ1|OpZJ(iz4qIByCyb"
+    "s|ly!B?N_wm}rl~4jSw@EWV1;Le7;c4sE;?w1R?1<a?!H6m{uJ{?F!b2_gjp%MJbWCYg%vbgMW(xGzGTsf9Y#ng^DHW2IyGs=!;5C-H^_vZg"
+    "kBrFe4^}%717;Qo@`a2tnwW6dDht_JFBFWsGYbC4wi~?JPDi}9&vPddG&5NWnN@~-k6y9b;G!F+A~K(DOiQp=xPa`!y-PJOu;d(e@)Pqbv-Y"
+    "i`GdO^NgynbSy~hRoG3T#HLw5LIsxG}GjVL5d#;wJ8aU)6>Ze^Y2Pb`I4Air-3T3`$eO*BzjTotvbXaI<Np_Zy@a;~j=tfFyZcbgj2Ysq{%v"
+    "mRII8Vo^^#o+<e1o440nsBII94Ky$%Zx~!Cqj2Pg-O+Y$4;=?d0gx6%jrGS$E&{90Oh7Oimr2fKOB_D>!p_b9u_kMuvCyL_~u_{Cqh%=xCKy"
+    "zApm?N=v}K1IXjx9{P8=IkQ8@by5M;4wLI`X!yTdyx}l%vgw(KaC31n3m)DH21lu_3Y{ul&Fm~E$3=p-%+gZCM4k%U>G@FKKesHOV5xqwkF9"
+    "+~u^hLw3Xj;^1!sZ<I!yD?Ba@Q^QBa$j&o7XX)Ya67)COI#qT0AUlad|mi;F%mvv;@_6t0%Bk!JZ)(<CNX+ejbkJY+68!IEs?=6s68Lq*A7#"
+    "g_VAtyWSXB80xd2aUCUj96N<+B%&_WnI)LE=ta(gj=I}<zFIId7%g%e@jtNXl9y_n4XNdx4Ue#JHcye1|hkjJ3bj2oTz|QK0MaWxnF7j>c~1"
+    "dc5&{`NDK9fq&*q(1oElmVk@iYF2}_k@h}6ifH_IBGToD}gIZ$w!a|2fIANKSjaZO6YjSgv>p5`dOv?b^=BDxDB47louEJ^s%NzW=TZPZa+0"
+    "9u<O>wb?`v(Ri!&%v^8TDOJpTq*)aiyfQvr<zeCFW^rk&(RkKNbMcYNe^AqV}EZ*x3>~a1%GCHU)#h%1$@yqWF@uEq5de^>xD|b;Z|v{??>8"
+    "uW=APzT?<@A~OIi!KpCt@aE=dX)ny*-A<BR1o#6g#G0ReJw%$FVvF~{Z)TU3mzBp14o|%H^ty=`<4!23tMBZ11#j}*)NtKQP{3n&)xz%tj<$"
+    "xcB=i`%t&!?A`lb%XSVwu;I2cMUarN>|RstJ4{ufASe>`(gppmg>91fILL8q9jqEZTUrk3^_!NJ&A`gZ82U&2DzSPUa+cemy1j&@i)i~G*og"
+    "owL*22Jd2`FV~`P|sY@nzXkJjA*ugZS7v3cDBE;O<vVCIv(Cq3Q8Ycx(a~DF9Zk8{d{4dv$7rRb#&caznb7zy{YyO7&L8!Ib`RH_w&`%;O4@"
+    ">^r8^KC(?4s%WrOymdefw4g0Yb>9iXja9dKEmtU%?C@Vul4ZxInxhJQg&dnJE$;;*D#6&_hH*psvSPE5^l{+hTUc-(K@~7mTo-{YX;Nl$(4j"
+    "pD?x3(xY8(B887_ycT5s!nLn#tvxnhGbU3gW*NIAsSCK!6WJMa2z`j10RLz9G2T5`d+}p*~m@Wh=+qtZaV1?k+TRZy#DZf0fA-MMj|2CYsL1"
+    "(|lN*UZ{q?W|4IfJ2@a03M*H>fjLDCZng|K-P~lU{h?3G!TzhscMQyBYMMdvA+m~!U46l#8w#hW$bpl9n$t~sIb7Lm(AxT<I?h{)x43w(;2R"
+    "rG&qhYM&W(ZI9ivK68~B<Q;1w!LJlw<p{{;N4^e?ED&?Q8~&@g?xsKL4{o54CoZX26RfCFzISUjUTI2-HGu%cqu0GY0i&LdwvwC7|UE|*Lbj"
+    "0{l`H1u)mfiLB%=4F6^F9eELd5x_lygUM{Ift!g*eqDz6t&{3WoCj=YfN4vS%`MP>~ihnT?)g-8G9Ph&Ti@Xwrsgw+sIIyGWy<7Xz~}ig}eS"
+    "fU42jObOjkQ6@Rwee~Sl=;k;&JXZ|3`Oc2LppsVBJtgMUF-eyhL0S%KhZS{+<^DrJbT3;9I?GqQKr9n&gzNU6#6B?$XlCrnxmQUxyM$y%jD?"
+    "z`K;{JiO)WLphi$;WS`^P44X%srlwAiAJXI}Xh*A=(b))%3X^N>RFNemW7Aj$EqvC(mmv{Y};=7xniyu8FisNvg>pJt}Nh2IHtAY7a;E=fsy"
+    "g!RF$;uK^*fyX@3)>4V{YB*r$J`YA0dQ%u1-CWyo(-YR1inR%KgWz3HU%7R<dw6;33y~osS!cU8>7rK?P<E`AmG5jfHOt8x7?zYi{ldU}pp`"
+    "zt+CQkMY|_?hwzTqSYj^)dsSE8|Uk95nr!YK{a~kL4eKqa_wwD`A5~a^GMGggpVYaKQk&!284sucK;T73f1J6!JZ|{H=RCTUqL()BLWsn-)1"
+    "|z7EVg7Sk$}vz>;|@sjy6f~zIU^0X_U^W&m4>Fm83Uh)IQ;kX*V2Z6H8`}D-}K4Ys5#Y(pq3=((;!r|v@X;(_I+KX>baz73zAIHd%rHA{=S^"
+    "R8ODMpT#-lPS{u{rU-pxcQ&07mS9QZjha;R+${#p(wuy<HUEo?-T+-7F4bah|bbKlZF{F72_N)8waB-60X1{%?MS0Cz#8do^o|x!HvEW0S^E"
+    "*9Y6^RToE{7l~9xf+6<w71Bez78*V^{aC9S-VkGqk%jikIiiw7EwKiBywxf`$1yyzsjw2}_zDo6ie4LjI+7*P0q=B#ybM5CQkrF%b6`RmemR"
+    ">NOIf<&MJV%PY_rWa7f+cATUt1FZ0?CxT)$TO_Qv2MwKTyptQ;F+GFpy!?Z<=C$cOPM-^8Q;Cf$P7OHf%`=3drLC-z)Yy>tPCByaM_^85m;("
+    "VD$xpUH9o-@J26oTUT`B_PTT`>xhY?0h-3}d!Dm)$a{?3gQ1sy8qc9?igOEVFMcNZQ-?jCcDD~=3|Rq(G)e|H_#cMvt$Lq)dqw0!wBj4b2;5"
+    "oWFIw(P8nbI3&Lb;%7a-R#dD+Z1&*3}s`=J*wTe<6w%u{_o3QP14eb26;wf>*__C7+YHRn>{}S0aaa+ZJRhb9O&$61JDzsQF6#Uq*mS0TFh^"
+    "9W0JCLh8h|v-g4uUZ5$!Bhz;{QGk>V5HCvs%JTPTs0FJh{ti-`qJ2IyZM?NGcJ-)$jZkn1rI(!9xm|*o<S7!h)H){m{%Gl8<E;eO))J!Lph&"
+    "VC9)~*J+ev)62$jFS0ytd}9Oil=b`9=|6X#miX&IUUe_5)6#upo@vdOETr)Mf@mLTuOCD1$2e_<-|TT1s|jTV?<t$4q#M9}AgKR*@ZKF6ZUp"
+    "<`T;#$PmaR)aaR;-Q0+ViGbR3MeW#KZ<3M@M_)h-=YJ+7s0OcvV5ju<tmo)=t$m9Z5=QA8Cns~T7otp8pMx!3?vZL*UjB~I8uB@q9*vuj0PP"
+    "tSUy>;zoQ_sQ)7?W*!1Ug5)4kVmW38rJQR%0BCD;~iyAo-Q6n-%PC<&JJ29NLPh3e_wSO+`1P<`PkL8who5f{TxmWt?mbN?itOhYZ!b&c|#P"
+    "MpoEiV2mB+`&F2RRzag=ykiYhr5Hl_+*r2Q`3TgAYj1Gw!e?0Xu!u?Qo`BAndY;fZ&^9z=r%)A)yL{jy8J0u8Y$XZ#W?YZ)Em!G<Nz)3_~Sk"
+    "nS5E(%o;ro{vU<#q(L>0^MW<(o2pK)SEGKQ5j10zV(Vct=i7zzJ7Ywbf-53Y~v6D8TjL;UX&E|F2gIsTqJb2s;3)?g^!`ALswCxz^dnt&Fyd"
+    "7}85e-`kH)?ZVV_ovIwv>=yq(Gmt-V(IW7RRmgxO{yxlh2slkk`WYahh`YQ8<S8(N7f5?IA^~>8=6dQu1Uzsh7T|=s&j`6V1Y!o0*ZLulKR8"
+    "{?pK)lVd>9J#dt?nZ@QD$HPRR)pc*z)GPyJhKyvHW^8I@1hxEKO}$gW6Y~w-K6eHCBdsvn!TvVe%P}!vqEk{@(db;~R5>_ALp>HFlVQ&W@L~"
+    "7<{nWgDWMxD}W}2-18Dy;61N;}}MMMXGkaW%AJG;<_6snn-sw;a>QAkqD$fmn{m@>y68|BX-)Q6okPygzf&dl%+Xlf?(l*GPum;RurTI%K5*"
+    "#S@O=gWAG1{D#G^EyJjL7s~*BK)$ot-WRXi~nJ`mzZ#)=bdMR95&z${{ATNAR$pl*TFtrkEf|wMfvtlzSZBWM$W^1XM24OJRY&MAC~i;Dc8`"
+    "zyRAN~um1z{>dMjKxA?4Va7pR-$S_y;?}{k?3v6->=ts4NVp~+7fl_Wxg>06g0St8B=PD=11k&)Ai6dyt+lK?1+t*J}AT-S4ybgee+hSoisM"
+    "QI^eo0Uk7K8-jc>7kqkq-&xnVZ;KyLF%H`+X`^2_I{7$f|Xf7~>b5S9gT}z_KL5e$Tguz>m1g#x6r0HbIDqk>T(1NXfjb%}x@2cUx3^cgxP^"
+    "V4u@xn37spFf@1_mqALBh-^xa5*l`Py10ak2iEZ-4BQqGz0XLdoqrnAep;y2P|e6Rc+#h$w0CH25fSa{FE3+cP*z!4rI}MM!NbkSjQ{4=(NR"
+    ">K$%Aa|#OK)QSS~Fm@0niC)JJDw{?ONbDy*=%Veg<}gY_Ec<d}z720(rt`DoSHk|@4{j-OCC<pO=sVa<Ss&KUoVwFXX_lEse?Qfp|Ppreb5q"
+    "TQyN9H^CT$rAfuKb|n4sDy>h%QFIcP*eZBmX9$!f{q3U+f!cbPCTxx0?~^xPM8oEgP651x;j$RIF*z-yBzE@hp8$M8n{)0>2@nC%7U>;BcnP"
+    "xeF1v~ogIyWTIY)xNlQ?H(Z>$<aj|6Hh5#aB0>bL5PT=|X<;~`eCN%T_|JXQ$eh?hG2)yX4{=Sd9#zWCDWY*+1NlR3eouOfSN;QcI1d275{E"
+    "$fVsJi;baakQ(Ie8vlIyJ~BhXMUhL<EUi{#rf)SOU0UJh%knmuDBJ<Cn16+(b%3NPvXAhkm(2ILgiSJ~mHIe%r}$r!HW$xIX?n^zX)SW_oDw"
+    "UfYJrQDnM|rg-dUqBDt$GYKnLSEpTxh$}fZE=fsodndAJy(%>YINCNi{2?OB#d$3~4P00YQ_|5%Nd+FdZOzopYSDqoqlg0y08l=E{D5*6aF^"
+    "XPKkSa&P(4KQY^;@u3eO*^!@#&;ZT^D3&dO$F5cnVrHk#)w?Cl8&ZfW%okdh`~#a}u+&dJKn{!(713inC^o=CsnNH0+REk%&p(=WFQaA*$Mm"
+    "8!pSrtaKN=)*wD5p+}9_EVo<rm>|ZcDCl@vD2T!0WYpD9^SHxUB9g%z}ouY&^DD>H5aAnb-qJYTRR;b_9bj+mxScV@FnIIMqh?2GDk}4-mam"
+    "6FqshfXCzxj>58nI>z!>EMaDWnHI8$2mA>BALp3`+IpReVpSREcfwhfw9r?VyGzaH~UG$X3VKT9RwpMQ&Xed0wFN#Ce_e(}wX9v`CbyZchu@"
+    "T~KMxdjUuU|~GZKHa_^?7!db7a{JdkQNIQ~W8z4=wGhOJ$X!Vq~NNl=DFu^O{;&3nz1u{g0oV91l!QpE$N9C7xewFST!f2xP3RuMG}y)w*tM"
+    "c6N4jlv->vjSSE3$`K+02Cml|<xHX?Ulu<%9NW>&v4@8uovz90VW69vtbvKTIzXF_&ODSQLo9br4o|P!J4Gc|H#b*G$VE~@n2v+JK&>MR>c>"
+    "w-#YiRf0{|@S^b=nVBILK}^3=nnMjSHt5oz{N!a^^!u&78q_od{6>?CfG)|C0_`PXl`9!cjI>ysF?oOlt!_t)_&tAz!vEvEYSC&$a*PtQ({I"
+    "gd46HzYbc<`+D@vQ1fPMj^H29Ay?|%y>GX{CsHWl@)pUBBJBsDOKPXvG`F{#i6FWTvvn=NqwDN;NjHd%l40<LDrWbz6$M{HlB;xnue9tMvp~"
+    "SYMi(xmNJB|*D4~S`pSCJcYUhMm~Y7l4LsBF9PI5Ks;cAN7uaFp?m!GlmR}SF1ncUb2cd>oSmzNI5Zl^CMUD<#ZUeBeRfIn(yVhBlGpaP??Q"
+    "AP$G?9@fCFcuIq6eqtW{AMTio*H%hDRLiH~+2_($ipr>c?AKkda<0i;zuV){C!l|6u(11RN0_5k3IO{N95M6vD&x^F>Fi*-bUK7zN^+zwxke"
+    "4+{Kw|6^-)1t~BtHm>z}O3>B-0SOuBbvv#(PiF_!Auw*j72?)C0NB{<qJP)Y+L;0;49>Z2?v24=`F&P*CI5WS#Z3h1>E>|zNZf_|O&q3DlgZ"
+    "2}$+5EvjQ~}ws?wx)mAV2$%#30T^!u$Vq&&YUE%|EF(A?C>vlf;tzzgnr!$CQY0EsU!W?;N`f<S{O_SARPbahN^^3|J~U7W$=Ok-ICfHtFc<"
+    "IBU%^0J%HV!xi;{ch$LlCN<+oPU28Blxq6);4#EJ@p0F-ZsVdLR+~F+zz}v9i1$!iQR!b3C_P(C|t<Y-0pt{1!)GZ2nyhfM`wekvZg{lee{F"
+    "Qee_i*Xv}#q>N58B8EzVB-ukgw#U^F)DcN3{as3t|(%we%Oie~EB@KMt%u~Tz>E%g4_%gl&+;OzG)z>wpJ1!?kLJ~|V6U}ZLCK`$LEYI|<uu"
+    "riH3kCq@{c69Sz!<Ia3RNMvp;+--qdvs#Ihr+f9krAs<`Pj#D?)Xct|XjXak1QH3oj={Ym1Nf_D*X{W2hCwPeOlNyOCl4=6fTNi<IO&rG<j?"
+    "ms5{Nz;95Y+vVPY%vVj_AXe>69Xu{IIVBzcO-Q(~AU`kA8)gEct+g<Zfhi;F$E;9Mxy(qO)bzc=4$#^%2GR`}yjkwco6gYtd8it?ZSob*RzJ"
+    "6-skw?71{}!Loc?}wFm*Bq0r_sHlOyZ|+UB}hj0l?m>Bl1dyXl$kF6w}`e6ue)(FEE4W0e*Cx~Zz#1alx9)6I+PB63S>n{QIJ_ZXP%PYDPVn"
+    "dU5-8gKAX<1$8uW1=IC=M_G8bdH1fBXTT%xT2w34HmVxH8oE(5FiIx1sY)S5&2Rz_V&EN-`+7ZZGNZYUr`CaR5BM9e_c?h;Dk0m@bS~xX;XM"
+    "ab4Df>HjZ_`=<)lv2EZ%tbPOB;!S6J#j5~}S5n#|5G>oK#m8IW4_cHE!F;{RCl;+GdDar82Ei+v?8~k|ouRJMpq~CoYG0|ZeHcRACx9Q-Kwi"
+    "ceQ37+>NE}Ht<*dfmAD)lmZ8nqd|>)AOrcBc37ia+!n4`-%b>AG8X&$n(xL_uSxXHJg4p7wS%G+SE|6PVtIN4$cM2+#L$&r{xDw-_)7@QUrt"
+    "cC3zd67q|H5RW@ZxZ~>al=(&~l#15YRg_EkjhH>{P=iBQSdsLRU+du*F$+v#^uQi4_S!r2-0wx^FHy#c>d|g2$!H}_WLvALTl-)*I%#Cx)z$"
+    "<C@$*SZ&o7X_A;UkvsH^9(!(aEiZpo_l{USLxJK=4`o~1}h)zb@^2;t-i*3#C|9i-Cn_BlEP49v~u=7g%W2HIH9DGwg(_wb+o1V<^W*xKdh9"
+    "PG2QSUj7ii~{99Ft;>N+1c9Cn$UeL9R!XJ<>vSY^rJM?Ow<-Zil=8z<XeavWG+gozpdTN9cFa@ydS-s9yvR$+e!{hcw=jKxj4p}#ghG)lEVI"
+    "yi(X8y5f)NW9tF1W`YU{1m@k8_OvRoKE%}IuH&*p^p^wa1XEfwjeO&AdOo@>p-doIPPG0VJp|zh*T~+-uw6oz3eXg;F;^ZLfSr-($l?jdY${"
+    "B_!UNj==>}W4J8X5!)kdUe<yI3D<JHx-SvCgPh6Q-gJ3e3Gc%HRTWK@WV**B+|rZM41eyz~lQ`wIT@u0i255ph#<U44tR<5@^NE}mQ*l6-Ja"
+    "6zyJQX2x5h-93ba#OWCm2}SyM27sqb&R4kU9Q5k%)X0jf%2KM!kCi)3-cmHft4d*v4nFepZT>zbIqHyCmBz{5tCE+WlI`pMG-`OmGlJ!AV-0"
+    "7eiUJEQ75H_`+|3m@>g1T{Cj#x;3cqFIllFCbhLTE0S2zYtLk${pcIoQ2F!ykeiSFopDZSqf;eUB^s(S1ay8bTSHS9JtUr3H1FF%AqBQ}mi&"
+    "OqLf)IPx>ali!dl|+fHqZ0+y$haYf!eSjdEnP;Ik+hD4B8UqA&GL7qO5ewadsPzB&jFhiMS3J9uW&uK7_$Tf_d9mz*K?FhO3zM-i3W>{*NT2"
+    "@b$89q?ag`vAQF;ru%>3_i^<j2HUff-o*uW|r}Xb8r)q2F7lK2yv^zQl2i;|51hQ)=5QUT_C5A_;_0i4({nf0(LThVycppYUD^lQ_rNwooI*"
+    "c#mKw~DZuWJ-AHr8IAKekj0?cd($C17K<VMYS4Z|W>A&26qk0R#R4!~7q__kpA1FqF9S9njp@P+Y@$-TJ)ms{q%}gZs5mef=dwvcnyZVGqk{"
+    "XI`F5Chiu%G+^A|=0>HaqsGWltx1h6K-cGx2t<5CZ$NI{4&S~RbC}VlAjffZdiI&;;N)0MoxhXAix0q8g|2677nEVFc*{XD<M3$%@Uby6Y*I"
+    "4HTWIH@%m+2FhaJxkFw4d@b5nT#vVoHK4G-QBQUgu5MV;Q68vBvORPw5WwrC<eqNij=<HXO``%PL`_YshvcGSUv1mNZA=Q|3d_H9`5n~@5KO"
+    "iVxmgS5222~;M|8P@dSCLqM8*Y5^tqnkrLFCZe!PtSOIRaHN-agPQx5xEKoR^s^!1%K+Ia;_@;_$h#zfFGoKdiKZ+%E=`Wffbc!`WAmdKMYC"
+    "-hXluUOv=g2%Z-5~Z&Y(N<iAR6t*y%z761nL`9wvsCGg}4@o^!p5nTjs@d(ILN#XJE!a)xV*7e`(;c-hIH*&QVl|Vr)cD6p=V&kFjzh7&#WN"
+    "yh{Yiw>r#{}y(6@~Qo5kYw6KDU~rOHe2@fl=rLe}py&(_&P*3tcv6X7Ka#u@2fQ55)m2l2wO^z~c$b1DF_kk@`{1O%;_Af?(>&sn!-<PFl;W"
+    "OC`m**{e$(nf8L@^(YuD%j1uq3JN{F+S>*I28J1#Ma3eb^tC!X4!KZ~jkG$tv2od1VWA4<pDjwJw_4BI2Zvs+W<c=;cHc@%(%&<QDbJ6>HgO"
+    "CyR5&p<_MtK$C=y#$R8CF-1`G`fr|MUXNY)fmcz8)ad#)-xbbsXk{R()O88tT|7#MbRg2s+IU!-AOhriye@Kh_SRPpj$UUg6IYp^d$N?>Bd#"
+    "`(@vwzTHrYHwdb>1}{<AzdR#ev>-zf`;Q>Ii9&gzFga4c;dLk<6vqZc*XMzS2ueHr7*=%SGV&N`>O0zhu{Bj$jr8+>_T?caR4L9Lk6;G@|nz"
+    "xn``(m|74gX=<tZ%9>rRnDcol$(SnEEq@&7}Wn?5X)9INjc>szx>RSq@)4-=+QQo5p;pBRA`xV7S8JQWG6UQ5tR#nxKUEu|V9i52@tSkb8iX"
+    "vj7sdE+daIjk1b@k%&N5y>nQFyL_wn+gNkza;_*J7`oJo;xEh>5DIef{+GscArDaC;W!k#t#&{SAH1P1<A?(!qD?1zp{K0|4J!l7l;tpD!`>"
+    "_2re9CyK6OUj8?4Ec?$ZW~MT-q9Uhfj=wVFWyJ1(g2v*%wS8-kpPBCJ-q|KOJtHL}cf0oU@_a$g@h7(6o0>H>_x8a5?kBHulqsnW_Md)<iH`"
+    "ycGZ1|J@^l>95@k-<>f7pG=&OJM{5M09-7JH6xY$@e5B?Z8u9NDF_jN__gp1xC4q;E<zZwZ)lHhaw8g6epZv~O44_p7Tig?n<%FIwwOiyDm{"
+    "qB~K*rA)3kQin_eN4P7_6nZGNQ)GrffR`73$qWWm2!1J9LfqcX-4e&Ty>OY(jTA3sIzE8sw^poI1WbhPb8baz$n91QY^P+wDZ3ti<?tYhzL("
+    "ln^vV81xDuLFv}8!M|{f8`p7f2Q#R@9#>*pU3!cSn{>a0{^DW-T+sL?XsD98Wo~YJX_*visb8Ze5rL_$-4&gd<eZd*L*ib3<8&)%rTr^8dHl"
+    "(Dqw~IWxhnOfb>hQ?J9S-(k;_4B|a?1nZ?d+&iFJfcQ&!eOg7wZ~RVYVxHDoEU;tBP754!HK`-Rdm$?<!Gzz1RUK1W;2S0HmaLb@TAb$)~{A"
+    "2G=rQ4SSod`}%#0*MhF9KT86QSy`T*)m021gpaVW>gYN-s;f=U^!A8}XS*9LBNljimG$D{bCS>v=koBPqcv~`zNoM`I90#EKuc4t%u}|+*5k"
+    "Z}On_cBySlPMv(Om<a&t5_?%}>R!P>UFI5##3$c81o(dy{*=TSX5FX-$@UGt%jO5x&usaJOQ)Oabcv);5KX1TO>pJHWuTL;uYleN8`-=0<4G"
+    "$%(_T7ti4kdCG9H9;tz0mBJHn+o{~yi-y3OXc*I*|`Pl)B;pbE@?=%@4-z8nM`9pJQCt!&|GYtUOhrP4yHn&m9F{tj42UfD{g2qzP(HKbJW&"
+    "pV<~U5-|y-XW*=F>tgoyHAxj4g;F%_n_y<P&Eh$+g;~t;<0QOLy{r-7wZ6XQ_?5NkW`RadW9u^4SXQ`Xf>XJ;3he!Aav^5xw4gVArh&0Q5J_"
+    "A7kY??#$*?>BIwIG~gN`GDfgU$-#OBg|!6FUguvVQ;>d1%;ZZR6$IT1t-4)2I5%?*|o$Y1!I{3WJCFd5hr@OWGDWT39VbjNe0tvH*p58Qi0q"
+    "V^4$3;;Z4RRn^xP&XN+E8cn(iT_McUoBg++*$Q_tK`T8HL!>?^_B^~5l_v<>db^TUbgrZ%;%HpQHN?3@DXDAgsM^4Z7;B<WH3|^HT9_gYx{?"
+    "_-M7pl+c~VdsS-S;1hkXxj`NpQhcjN8aoi|aVC3yR}73M80tmS1c&V>a>hjk-DxbCeCj4e^q3-fTk`&Vg~;PItJ4T@3z@Mkr380dt=mxT_`+"
+    "0O}yPL9bOdVaGd?2S(P9+r+rThIb(0V&E%Oppl)L5<8D)gJ%qs)PORuI(LBy|)NZdHG1lLa?89whId^t%!*8^X4&mws(H`x{OcPiy%O8*j+W"
+    "DigOe}#X2+?N>OCTeIk_i(S?4wkC&7Pn_h|@43YH<<P73>_c$g?3p$=%-lHNWs=K*p*-mp6XyxFvOr~#bsi?%<0Oy)~Wo5a(*=GB+LqN+ulE"
+    "4Pu^gq_k&jU=vdWJ`=t+NEOvQ|ZeH#QhqBlU^6S-Gjc7u`VpghEh~uDy^JN%tB#Ct$U_Y^A-4Eo<W!3qfj1t)k8t$lPLNIKY1}EOe-+ClU7r"
+    "rj55dQ(w1u^MkT)$Jl5b%(JY^KH=|=i#LM=Oi5krZ_@2;QdU6j=`AYWT0$1@7wc2EI5fAOZTx<5UR~wsWop(T2FFW|wmZW!h^h%r8S3sT{4~"
+    "|GhkHGMxe{M}fC2!rH3YpUCqoS*L!Zn;laky?kXC!{M$4C#N>Nv3J5mc$dhD1eh!tkJ2i9YJ3jY|9o3nRd9c@u=?hT8EK2hu6+oO(Lgv8)=W"
+    "bOU3_rRFkH^dX!Kf|Iv5vj7o#K1T=Yh~HjuW5v&VFMWW7GLl_QlQY}XzEf(d{V97l!TO)j)zz289b(_tAmYITO*Lk9v>KV|1*5FcVm-*(akn"
+    "ykZ*XO*w-&D-OTi@%8VsN+vCHpr*SYUii~Vgv0~8r5j2dq!q_9JvL@LC<RC>+TFSv*L$AHPEio&b8??Ce;&txj?&0d}=<LYiHzetpfOL}LSX"
+    "2&=B>MCJI20i!+Sy)RnNG7&Mp1o)_eK4n{EFG{i>j3L>0KFX3tfxh#^7n~wU-1j5kFsO*noin)<jn=IoOkeH><BdE_V2N<mixrF*k>$*9lks"
+    "<6M@s6c@E~R+lAmkOEC)6cY05L7AdxCH`WeFRBx5bO^Wp0gN15D;BbGNn4&i(Dn`-oREnkp&iZOuBwMVolcp=ggaoNu4W?*8Ps#Tvj_ttuC3"
+    "c9R-d(v_#H%yzP-&<?8{eH8hAHQN($T6Q0d<6;aE{I=kiAc`Bx+%qQG-RoLBIG0bD#r22_-SLPUhs6-TGM{OaZ4?_>zRG=9{6x8ZB+?jBF`a"
+    "}11B^cmFh#<~Ty?&I39!B*R1;^6U(O<X)aSUCQ)b`ni&ERDe-Wfiyv96k^CXQ=5JDcPLt%8HtGCeWDwtp_Q|b5%9Y##K$NpRcHhyxjAK<CnV"
+    "VVw1t4vr{>FT^*Q#tu<(kJld1=&e(YU0RQv{Zmu{vT;%H2o?56Kqi2?lO>LxeME$^pJ8kPWmyVKBz<@r_0QQrUqnT-BRF&@Pp$;g*)X~f-CH"
+    "443Lvv^l4i*WSWDTmaf{Xk7A_`DI$@G5fM^|Qd#&J{e`9)hhuZQAZQKbPS-*Y~HN@B6?ZK6~X2bnZyS~>zE2Id50a0t$y!F-#7l7-ef<Z7(B"
+    "{4phAk}z?KASu~5kfp3Vq}s^1w#LlV(aFa<<2e&5vuPU|7OvHx$<W@x->k;I3s!-ualbpat=-kF$DfwtQQf+{3XSQptb9M@18@|?%VS;hs?w"
+    "(7;~6Ih+fLoBf#JeRR|IQMFKeTHLzln9IU)jO$yY6b_Ggs)cTNhUz{+yfn0ATsPzu#A@)>fO#;#M7GhGFIM};+Xw4(H-^oQ{)dALX96yNIVt"
+    "%S0tg}syO=VoQr6TZ4hnrKT*cRTZWxuB!Lmss@uE`2~_S-9EVCBq}(XKfWW6~Ut34UKrX*;%G$re=HP4^bt<WwkB!B+5;40(|_cUr0$xOANh"
+    "9Nya|g76{p8_>EsuGorknf)U5Ws1uG3+b9wiQdBxQex+6=Ajn~!Yt>@OdE+Q6GZ@$T`C^G>G6UoMO^|N<z3mzU@{22wB*YX)m_au-UqRj4w+"
+    "%cwg_)j)K~1Bg922ejrA6kFrYlZMn})ii)XA~cRl?2o@+t#lw)KOBb$DcT<>Gv0tve{NufMuV9Y-WAR77-l4>-!htEO%U%go^B`a=u?-ujVn"
+    "iiT5+-aq}8&4-TSa~iDydt$l&;4RZ$;KeO29vy96eR>+&=`RV%wcLd`z7*x%<n`!s$kfDS*;YD&nr8fuoj{z|dVRmk#N`Zn+yMXvrsGK|S%n"
+    "+OoVYG3vZ=Ygj+lrQiB{e`|E#M;Ox(=0#-Wdnb{3gu&Pl}6i-@?RQ|__K)$KJ3DGm<BTN>;wxu2TO@F_^L9wZBG+Z$?QUszdkssu)h(t5gl?"
+    "rvpdw=P7nw4ID9l(SW`JiYQvo-cA;2;{z&PTz^>G`I$bh>I;PYMKGGHJ0n@^LRXSsXr@RULhl?kVgSW8O!`*g=?OEt&b<Jk5LHuM!F$~Q>`&"
+    "b2_>}yO?<*!-EbI$+uI7NzAr0%o#N_2&!~I)C6n5SH3zsu7W@Rg$j8QYab8%En^T+z8yfc39?vM7Mm-{H!Drq$LygB<LM;}*JiZ|A(u0&v?8"
+    "Z_G?vcXwDO$R(@{L^&(K9j5YbYtckn}V}1c9N@r>)KYKJqSuHcOY<$+rrJN9bsyKm-0o8fpye6MQbi@NU$hypK6P6A)RMJIBDB+~APVusPvb"
+    "p~E9O+El0%B}Gz40$8UctihYu<yoUWH^ecJD8C3F^+QW$#uv*o@ARAr+tYxn#oBB|A2M)Dus#Snj^b?@!Tr!rV|8ar4P%D7dX<cpl}@{cJb?"
+    "#CMMzX!L^Cv<<oV4tWMcWdh57KvrFlSb8}at5m?0XkbQ?;M1`N-4`p-0mJ(qg+WXnbFhJ*U+8t%;H`kHx7>>l5D25yjUaL)`%%?!3FaId+ND"
+    "+vkYc|ydMLuF;olvKZ(eEd>f<>s25MZP7VplQVUG4?%uVI!o7?^Spu2Dr7irRV&D@<aT$iH>QhhEo~~o8ke0kN2>W;s^%jOH5v5T6D(3yt5-"
+    "SV{wU<h5hhn7WDGeYbS`wR|gW(MOX2GhSY=M5iaiaHT*ZRaX;iZUAJs40}gU?mX+Onyuo3i<6fSivA%w)B=hC!aV8%itm@|n&kqeS&@RqBy~"
+    "-+D1<|rLT=th)#g|;YskA>VT;QsLGM5r1cK6&|J;P#8xcfqstzTp3l1VkM#B|ly*1#>nk9ED1O9(wi=q@9<x)cf$>Fdv&9-f+8bY*;3FNL7r"
+    "!;rly1gNN_qkO|)#b}CcZZCnr$nXSLQF(MOFE?)(etPy|H~ql;t-LH=Oq`U9(1VNoJDZV%)r0P}KcuJ|Fn}EDPx1DQ^*%2Y9kY-phc>H=sUs"
+    "2N$JQ5B)4KW#N;9yS`#4%-!_1enE(r_gpM2!o;Stl7^S_?j+TA}i_3=TesarnF6E$(nrt=%_2;SCZt=~*0(0ztp{eF3c2pW)-sHzT3MAJo3-"
+    "Pr6Y`TBi%n;LZhP*6BK=k1f2Ac`r1k&G9XkAEFWjW1G#beR$*1SQ-Wi1*y!7a89U+NW0I@A28o+x?DWuGopHN8)$bTQe{r9C1S?(5dC=z3rB"
+    "g&#4@rgGY#mi7|qJG5ou|%pU?Z3<qirtDwM)f#mg)XUDQoyxT`0>|gbBFNCCfsDy!@jvka$hWR!2yC?mbu0CjfU1jC<bqQ)}+?T(e@?V_hhz"
+    "Lc+^9#jApg7pT{^*#kAGurcHRuTa9z{;EP;qsOU9V-Lmp3>S8De@32>wkz`G4+=baVYbv_}5_!x;Jh(hu2`6!>0;juyYZ?#-V<=ua}Xy^WNl"
+    "zt7J0Kh#8x4Q=iF2QPw573KdgX378V@cdtepZ}XF^#5+iL_=p||Nkzobg=(<pOEP5r=+Oi-~Xv^figpmb=St%_@I&n3!g%1pgj7#$~srlaK;"
+    "<={PssMjlrkj*Yq$t9Qt0Km#ty(3y)?@?N$^Kig)R!4W7d#gfj3dIkQOh9{-d$)_D=U=tO3EgnLm~AI(2a-3XDq&fL6N>Cvdt&o1#^|NVa3+"
+    "5Y^dI*>L!5eYeUwRR*olog1ZNPv9G+IPkHDdsx<;8tHZ4*th=>woD7<yy`ANjp{+I$;jDN_uQ8KpV12YE{*8)~7f?^l=!-s)|vWa$*951s@S"
+    "{`bk$`gHw!C#PqN`n@x_)eMAaCkm9Y6H{Bf!D|F{8EfyUL;dUX2ucg<cD+`xh!eBbG4FW1ETLD#?3v4kV5;rWB*&4^0j76D<8qs}6vzaOJBq"
+    "mE%u@?6sla>A5v8h93f5T3n@HPhKOM4f3WQ53XVei77a`F~L*lzw`pdU1U@kj9d1<&j6NN(ZdCAWH!BHg1$DJ?#P``Q4dy8RE#5(8iQdq*&d"
+    "(acqoFe>mJZ>#+vE`+Qs&(YyusXlL2bv>^c$g&aj#_PICVvDAH3h((uQ8#02w`5@W=cc*6HJ-}a%=@pL+yAHyeBlC+k_fc7IqfQ7ti09am~j"
+    "3f$ip*XX#8rzm6d#~<#N*dt1X%;>?Ho|N!T06-ECGBqIi*SN)?zP(kDbijWe!VMj5mOz;&K0C{!lY30`wL(5~<nOmEJMkb+6a&T`~x&`N8ZR"
+    "j`#ukmF%{^00yTp<xKpl^BnB6a$uv9S|9=A!V1?R0K}*BW9)Vx$&DBZqoN4YmOx#fIcBfOXdC||6CSrJK6O8ju*WP*mL{GuUA-*=kuKtfypJ"
+    "6Q_A-GriJ%Lp<edx$X;Ei4Apn;t8vhvr387qOKSguOi3@n;Ij%iP^9&g$jjZN;GHJ-ElgNdsv?(wn`%T#2@4QqRB*HuNQ}z^e%T`bYj!9nFT"
+    "^kWu3gEH1hU)1)E=Bd>mElCba#oZwD+I_V&2=GSWWX$`~gWBfBov2*4M`uvuC}Aj^tuP#LoKF!T$fI(EE8G8I_Vf<XNb%$!A)pgT8BWC`xjO"
+    "0+ae)6F2-Lliwc~4G-@NQu*S%fpe47y$e5$BS}Gaqne`|qeXH11n0O~Rd@nLo8uYyJ&!O*Hir)UpH+GIG&I_OQPR5x*fNUKI4BGEcdPtL1vx"
+    "LAoCT?oi;j}XN;kie#b|2OS4+1l$%NX!Uy%sB{M|ZV-zX_k*M=*;ODVudtKeK_E79F`9863#k>aaZEyMfO*C@ZM*sEiO_ZOwf)~=}d#b9?WI"
+    "UjQq9ryQ|e{9^`y5f5I-e)4c+vvDm3R2JX-(6*7)L$mM7tq8%Y<B+;)fpIqoftxlw^O!r=`|sLEeYsGWs%Jgo*IVlA1t^cIG3oA|Eus#=Ly|"
+    "}P_o;;Cq)+)kX=93bbHHfkNk0X^R<1ov{colwrOHQK?Im>&s(?RbIXqRzu3*l$o~?Vg;4&h$!z139+-PL&xg{O&)qlFz<W8-w;zw>Zf~6<jV"
+    "2^MojiV}YPw?a(H?h=BYepR-6g)3w6fxlLF~`<Fw|Jb>N7oWX2zLxr%VSn!Y3~2DXB?1TJX5J#W*+`+1=XH#)FZ8ja^$p<S%cOvdW7&N|^Sa"
+    ")~NqM4)x!)P;N^DVEzshU=&N;&BRfFZ+0v4d6I07J13dnYSe%^E>A<)Ko)hSblydC+11jEnCV}wOROw^7JcVsZ0KZOWJOigk`n(-SY)5tks*"
+    "eKmh4n4-rR`Y(yrP<(YCMLlAB|ubyHY`1K`BuSSj5`>e!6a+!NSo-KU7vbPbuw`mWj%u<D_~7R25X%LmEMnn+A|5jK1+>v-YMOX0x~D0a{L@"
+    "_b)~hbxg}3K?iDDsFw{gH>nK!d7;v^^!#WHxbPn{KKQv6myH0;H#_*G%pt;ZAUv5<==r&lIR!<nTYWJTK;@lr>4)0QB(hy-LV%KD~vL4z#LP"
+    "JRbF;R#fp59!zW8C<}g)qGDBRM*f>`8ePamQ-^zk1z9eV+Jwk%WsFx&6XBC>L`Ql}w9%AR=p$}QqMMWhjbg`U;RmQXHAO7L{*Xs8F)C&B8L?"
+    "I%i5i37+#Dlur_!F|J^{L%ng|zHZI(kn1Xl<F=%Tcb6oyQQ|68HzoFix`IckheZ-6<X}2x)0QcIG~R{fcI;0QgEoF`rZncgO`b<Hw?AN|v+%"
+    "pVhw-l1^xR2Wo|s5=;~zib}j6W~m3uWV1{b31O3Sg<r_?HH^X6IZJpB4PShR8OpAB{#`tgLBTwnX?(=Ck${v3L?bY22b9<5m+{-VpbiMCg)s"
+    "d`lKSCM6`#1M4gy#maN7MBVWE`fw1s+o?eYq^evrNYHzyqag%bX{>V*luACdD1^u0ne4OuBeX8!PMrby%!Ya=-sboK0We*w<rYbXmek|R0^9"
+    "(Dc$T45%g{cS!@R9Ivq_&1M0mb=?|NF}e7>E4k+g#g+nZI$6b$VS%6YBECE)K9yoy9nEbmdLj|5h@8Jd^UiQ;Z4O_)xJFw(kX<S4@Z-PA|-s"
+    "MVOlqe1X7XXJblO?+1QpE*`raDUdXlo-QMsA|NXbSp}7f$o4_=(tyK_olXq%u6-C0%DYWJUOUfo$AsSdXZB_stM?q}>Ud&HRHx3F4*z&%!2B"
+    "`?Txi+R<M#;PP#`F7%7Gyw3>z02_S&$SlQu%LY2@?~&>qZ~SJ6FhQ@=3fmtU>RoWcYi)YHI#h<Omi(iJ!Gs8eFU+`4l%-#*Hqq_G7jMe^kwl"
+    "W}c(*hC1s_vtmRJxl{O#|E++R#s_Hl(?q#}zAc$orLoCIGO{HIH`+3?v2p)`IEl8?n6W)1<~Vwm_bezc`+Lm!1~5=#O7ZqT4JJTi4R_6sO@W"
+    "PgPPmTRT2Ka_%(1KQHnlN;ntH>Y2q9*qdh|RHYty{Xvf9XH?`{2W1j)yCa<VL&_YAi^Kx2RN_}CvE2G~VbLKB{jiPhXc{muC0qV^po=^AjDU"
+    "h44lqPuzD9MwJGf1t!&S+OA2cb|SN-gJV{1s)*^;`wHddhZ3Xh3A&WN12e9>+5%(OIV@kc4^%~CfokB#eZ+B>eOFT7Sno6LcCya@LAp<G9(z"
+    "rKu~~>Kk`+vc&Aj;<Zh8*iWMT_<|29CuszuxbN5MHU^=EhaZ(GqYSLXiWCGYc+VodI7JhY}!$%R`wTe?)f+YXS9e&}%(Zl1_B?;+8y2gY8oE"
+    "p{7OdhLZMW3$|_rOjK0zBF0n{n;$K2i+~-te!={~klVktO`z8PV3-U=>3pp%K7<h~Sz-9f{Yz@F<z+??_bA`CZA>HK(A#U3fKijvK|?C0aLt"
+    "4Ny&w!|wdm#0pW0)R)A7VOrYs+yl%NHr%@W7qy^mufeE%+o=Oqpuz0a@i|1{ia$3XRR4toD<==?%0Wh@gXx`E`>6V5F0{;;+e0=!M?Md+K3q"
+    "V=?mZg1V)*b8XS~x;ux4|m^ksm*e*!4(4M{%&)!aQ|;w!Z(2u+=^Qff=Y{Vd9@9<#?z84kH`2JzP&Ni-^nf$4Mr^}g1!Sy13-LqZZ6gWWv|N"
+    "l-fC`v-(}49qq}9ew$N%YUp*_eP$?)jzlo|NE{qL1P-G9G36Ib7_gLPD<+O(tbY19FU^V&e5UB=jZ(kZ#p78CYnXO3N)ZcOgY+@pXcE5B*X0"
+    "SYr5aq9v-8>26|QNZv-^*dvCz?3;%g%8(!{WqLSG_{@gIyqP)=?HmMP-LHb?qK5tRwccRcRJjN<-ruPo^D}OPIS05k#C%ABUgrULa%OI)^^o"
+    "KPGa@lB;s;DY@l?lZd+tdsP8yMs@;1<*1+1pUj)<MK%)O3fP-6+%W3Uhn<c9i~QPX2EY+85SrjpUXFlTF_wT`l+fQr@2?T7@O0d}yiFcQGy9"
+    "{DL`6(5~)OD<}H)J=RV(=uZ78STG%EjRd5on+lHk<vwb@?{C>J=4}7yFaI(Dgg*TWvxTk&)X3ub%nNbG)*@X+66HR=Lt@!?>OPpVuQ=D+ue>"
+    "NNQT;-#8!3IRj&wHy!)6}!CvZ>&Mt?$!*ChWI4u}}|3l}@Ki~#}>($W#&S$Lo8?<gypj9mO1KlTqdR!%-`L13(mEH~$$WLHJfsY%dZ$q1)N%"
+    "T>$c0YFgTAMWW3SnCCP`k!d0mR74P{}{4<&CU3G%K8_Tl%y~2->9U8HDY9K1JB#DO2TF2*sJdF=M25E7Sf-SCW!msRFwZm9I3TUo={0XUk*B"
+    "o&8Jd!4HT0n+MO<za@T)MSywUZFU<qi+Kx(Ic@5Dl{kiAEHGwCV$Ldf%_FE+r!e}Vjit&S0IWfB1>z8X5ZaIeT1PJCK;18-M|3TgUk5g6Fy1"
+    "M#$7Fn794g&QIi#6u%L;uHJ+UpbTaAh!BLawJ(j?71tosG~eQve%s1{OE@QMLL#^=Erb)qh2R-v1=?rsaM%x1_5jJ|wo8(AE+bva|gwW9aDx"
+    "?IIZ^QQpE?z(e&glf#()#heRB6Y+vr+Sxt~{2VjPN%#`@j;_@>P>lTp(R3+-{2^z?EB<&<fB!r5@=l;lKrj~)Ge-*uYzc0-vtjJSQQ<l0mDl"
+    "$j9_c>Se*>1V{493=N+9bGnZCc4xf70Q78~o=Q&{K=E>lXHxxGicbwQ}8Ef4ue*3VC?FfgKN(L>M%D=F`Q&Wu@dH)ut0pTt`_{@j{oX4F*8N"
+    "cROk`YE0UsTGnIyxF|_<p<7f`?(!Rk8B|Nk@&uWOMLr7Ci1^;ENW;1xktIYJrLPhgEvD}Cby_y!aaEEV4G;#TEEF{$n0mx={S=ovvFsC<v$9"
+    "~YV%C*4b=4SU-_<NY@hd56rlH)PD)wDiISU30a0VoWKbE(!I{Z}kjafm^BM~y(J#@8>Wm{ty^c5M(9I8yNZdayt^Xepxs!`Ab4x3J+XM%sT="
+    "l`mHt>Hye~O1d|BdI8lTS#Dc@~fh3C4>wKpd}^!L5b5|1Yp?ZoY8QI++JRGk#W%&Amv?rZtZ_F~MB)CvEKXqahP(S#c4RR)HpcL-E}=`X<)U"
+    "vA=L$OOn!=<}8^RFCqBFG}W^u+;CMiR{maDLW1HhTltDM+2Y>N=NH_Jm+j9d_^?_F!%axlSGgwjhwG;Sz~;dV-ab|>+ZX&}CnNKZ5y`;58g%"
+    "E`JGOsKt#nzY8V$_1D=OEnLhW^0=d#$aZ`Nbi&eiwb6H7cgg%<GLOTlGg(wUsv4ayz9->}sV{(oSL*44Yhlro)w!n@V}07m;d`e&Ox$Dxp2>"
+    "~Q0p&Dq(m+GiHM3afF%W%?)Q<meR=iVEt)_h$+yoZ@8=`JTi+oiBd?e4MT`i*n;_rW#Oh(q=3pg8T|qc2;qm%68JxHeP=oJWMm&mTm?6roqn"
+    "lVj45C`)4~(!-&z+WGyU@QybgH=9I&XW3tj>o0rw>rk0fcbN4wcRGw~J4ZGh>)Ch>5=>2UTMhs&b*jB|pM8C-7{_05_Q{Nk18g?p+U@D}rBb"
+    "uOJ>YH+U^sa^PN_XaYQE_NzUVaxIuDwI5wgs0KR!ht4Db7_nc@|(-C<Ej0`kT|{WeCfg!<C<{(_ZD+7g0tMo_>~2-Rkr@y3=_s|2t-q3%K^C"
+    "=m);E-%)2XG=n8BaHwkC4cjIYx1+2^2`@71N|!d-q?HQpuZ@lV&?=kv$tpYe6tLU+#k1|>FUckTgM)<l@~>ByKLVo{J+i@kt1JIAjxsyT&UR"
+    "n)!IAr*Luh<)js*WTZM)o`VFA7UW!5<DzYhzlveD-;c`Aq7-ljSt!6@?GlrgkTtv?FReA#5vpOZQB7&3{vhb?9B+)`v{^r<nh8tymgNPj&ZI"
+    "48~%whw2oz!LS2UPJE3B=6b*65lg%Xl7(5`f7RW`Hq17ddjOm#LM}Gh50{;VJ{bFPsM-mFP$9MS{JEl{>D)L6F~W2oU&^J!>h}i7pNpBM@uU"
+    "}Zs+u3d8j05&=xSzNt^HjijXSVQwSVngxS}JBXoxtj-7RQ#QbFNm9|UigOX;Wwzq#@KJ|en^tN%3RzT!aS2f^yxYj3Q+nLe|vZQtAX1u#MJc"
+    "|r@fkSqRxqhCwrY|p(_Xf{QOG%5xT+94(Bhk}KK^E>`Vj!X-zM_62(JF&~XpYoNbwo+T$(f`SLjqcZ8JSR6Df=GHe>TpEfYbf~zhdoR?Ytqo"
+    "OsM}CVQ0Y=$F?q7+}&M*dvJGmcMI<B?he5{xO;GSZJNd<SaA0s2_e7>*?Zq}&$agl=pNP7s<lRabI!9sTS{Y6=U<?o41dQRFhu?s7LidVCs`"
+    "YG^#p}%9?b~=np%3gZ{jCgoAhOkF)WX=aZ&xFagCmz;(w#%2`3Bf$Stmvp~z9OGSM=c74n)T{(>j8Ty$G$e`CIT`>Pu2YqV~l!)`s(VH%`^B"
+    "F`)Wcc<>9z~aIr#c+!I?IJr=4*<)d(_Y*ANvm}gVdhB&fjbOJ21a1F&tR>l+kw>3fGRUr^xW!V@9J9gp2I@ir>Z~P>9%u+ky2EyMu*}j4fU}"
+    "2=5IT@0WEsV*6{PXR_QFOV1FUwkZ=I{7~atDbPnbvs!)(5#7;)YZ=-I_u4-rBG;YwGZuAYvLrO{Vf|hmtuCiVD7!A6nnvXb*#Px44KEYSA_3"
+    "9v}pJJ24Zi;6L&`wULQa~-*nG3(t&$fK!==OT6#v>rZ{Cs>XzRjPNolEci<@=*AZKqZ&S$8OGM&yQ-mn(>8Q0l+?+WRqqnB)!fthi#n_Gzv("
+    "h1P%TDAm^qE~uHg#HiRZwMA9y&p7%*!zd2tNTt|mE0A}(4d#C&A@1cby+wPY#dgohr+&Wq{y;jT9`lIW8f1am)qmU%U;1(X?OlCHsG24Ja1g"
+    "hjGtwZRjyCU5W7E*!KMufliG=nrzQ{z*wz&|5Pz_-kA<#ptFQQ?2#?9>B(Rft+FT&_3GxNIo>qKLDh5xRATk|pg%lY=7^lp|G;(J>zvy>H!-"
+    "94_&V+EtRUs~Jr4d^7z@6>F2cYcN0sDYPLvt$^EaJ^E|4UbG>aqs%MG)mvd5Ox}|oD0Vg5nnKv6Dgj1PJ?QSq^PHIT2l)c82PfDORyjU``5{"
+    "<%&*z%>f7&hGp)&tyJl*vyvG}=2%L1ZRg~XMH|D0}8R-(@PS@>HPbPucY%9xeS>DGH6O)N?cemM@dbXXf0{-g*e*dF!>pz>eYHEL<;r@#b>)"
+    "#bve+jU(bex%1O<{72cqG*t;ZzBdrr%sx?R+6agSsyzbtBmSVZg4?I#xoy{Q0QRh;(hpaB~JPjil2f;t&r~U5Rr}_IZAhSNK!(D9h+qakRHl"
+    "*Z$?GY*Esi9EAj>X&2TTIO{j#Z<S%Ga^`QXRDgBVJIl)EqdBAFKs)ZhjzIgyag~;Yg;&Wn_8+m2#Qo$s|JjmL>6d)gsB?dbu)Opoj9^p{!*5"
+    "YOLh)PXr;$3(-2rk7(5#`PvMvz`JD18>hy=4}Vk<TSRfl%$1_JrHduqmC7OWEL^zJv`m0-=d@xKeNMoDr^@BB@|0fpZY^B%ffU&*nUypYS?h"
+    "YkzgljvU*_2SpXw?E$@32X{)aLURRA@kA@f#~_>-lbM~SGiW40rF2Je^P>j!J;-k&Hn-nO#--ihFY2j|DMfpUs!aTpF<X2a~zyv2eks%@_;u"
+    "fDx#KuS%^%Z5FLtiOm4?M)cT3E<6tkoJTEjS-tzn}s;u`caTBQ(&FVYW1kpTHXrgb4o~JcPkEA54f0th2H%J1|=;EdR=&BCsd%d|hgG~#6K|"
+    "T55m$aA^JekprUz?lzfJ~y@gm!C8F``#_!0N94pmW}tZ$7#p%aEDb;2sO&&FjD2)VcQ6eX*ssLEnb;l4d!~g~(~zjs3T_`@@#_3xY!_9_uGm"
+    ";);sRH)?_>A=e)|?HZvdYHQvj=7e53$Bqz=`vBf(&UE6$q=%EcH!+sUQa~UdzaQ)GRp`P2sdPGbaCc{*KgXO9m$YhT_FuZwp+N}9=e5<CZ|~"
+    "%da%JU=4D+RNd<ix*XS`zL-lpT<2c*X&Gcj{4VmGXiDGDBq@Es*`^P9AW@z;Z+IoQPcR-HSn>HDKJB=C>#QbirSDB9;$)cLFZpW>`tHTJrCk"
+    "?y8;m5bEB^jWe>pZ${(RY^*gr+~Si7>nAlafJEg?*Gj6wtesZOYyw74}b~%aH{Z^+Uh98lpz~hMEH-|%4VI7w07H;HQ%Ic17=^zGvZN|z$37"
+    "SYJV?PMt-ziwj`w^ux^s<^jH?88!o$iJRl9s=uajRY&X#VD?}nI7aTv%=^E79mYN0)(-|Ky<lLP8NU;gk#m$qI`EXx|<ENFk*z3Z7bN{WL!@"
+    "W<I4$9W)$go9*H>){_=4SMtOyB>i(IO)i67KL!+Cpa8*}chp$PvFBK+FI#D>iPHF&7^MEU+0@l$TwP5CKX_RN6|4n$!iH0-@<2P+uo}uXDFJ"
+    "*tb1nhG|;Su#htbJ~mM%_1bJAwym_-8Lly5rJ3-Yt5Pux^k-%<K6LeRcPFR!vOr1m7i4>0Bk26HuHQq^-b}-1&g_5s@(oIwQyVFOwpat#Eh5"
+    "{p`(CUPkQ?S~A}Y`+&Si<6!#URK$75?aaWc2GrhgrD#o_(EV)2-OeP^{5P5uy$2vuIy@IQjh|Fc!Ax+*0`Km|`jhCey-iRl)vPIjPsluI>do"
+    "R+lt+6d!9mX1K>gWq8gFMBOFSfC!8nK7Sz8R`95$oWiJp8)@eqT>y0#z)|;(p29RvV^NLskjT-*_;X<?)d#%2D<e~-<QKVVN5Rj<reyLL18X"
+    "BYlF~N=N}(%b>)Y*XOAFtq^F|Xnc@4~E*ep6SK-%wUNseJCdvKK&?ZamCBV<k<al%Xc|56!nj8e!1ja{ZWm+!%z>o|kS4qGEyApG(&Es%d`m"
+    "|mW@C5;crS@(MBj0Y#g%9&<)nN}yG{+nq0{q^7ecj*IuhFR{D+8G%{)nYa^^<T-O{@N#B(0`!>m9VDg5*yrLj^=(Hg+@G<$b-X2Ks6k=rw9("
+    "vT}b&DI>#g-uK|D-GayLV3pa;A!9xGxW_8fykYONN5yzaxYuyA=u>XJn5~6_OiLbv+z<-~KbAMS`v(BN)unmgpe$lu*)cRRk-H<;>!01W2YX"
+    "W<O4vt$K|%f}zaGm8<BiKu9~)xHI2>ztU+?<H_SRbK0W3)H+3@ak1YuG|gij~LQ&&`{uu%PqfwN!4MQma5EtxYup>Ob)*z0en7d(Q8=W_?YC"
+    "(?&Gc>TZ3?*G`SvNHb&sQ&1u0F%N-2b#T~Dh()ydW;G}hUqMtgj1Av$3}O)zW(EWd-?=+ndT0e8FrSJx`VAR)`xS5*=0);cm*lm7@9nuGU4f"
+    "QcWa5^WpNxrN;c51+GduQ|0XQ*&D*38z8r~T&#sWWXzygi$HLe(badbsKurcV5DMgnObMmaF{W(5!byn7^3Xt<{F#&F{v!@TZejTFjcsBa9f"
+    "N@sj+!hzgWeeM<}5kR%Rib1y-}={%TBn<zz=V&N#oKIcQ@hhf>|4HUJ=O5e%a5h8@Mt|y;B-x$0g5ihK~-DC9ZZ7VhjBten^oJA)OgVjMv)L"
+    "?<}JkZJ`qiy|eu7_SkP?7+;E#e~DpKosyC+Du8h2z!9_Rs)o<FdW0FBZ$b?NeG=k}%OUE9&Va|C5s_f8x{XJL6*JUdd1aL!B5LHH;A_Wuv*t"
+    "e68ew5-YIXHRHst>PIR;QC0@Lvp-|A5PNH=eG_Yt>YeLwWkEGKIT8Yze|NU0D%GI#*oJRdgHY$KA{ScBY*&<=#QE^W5d6&^rgDJ)#DN>c9+P"
+    "o=0t<c9CHJ3Ltc+qZIt^+2n@?^DCLWZ*_f)7=9})eRrHqeVAdN6+iXd3*Q$$BtZXTsf3Bo;y!A-mr3iK%jh<Jf?>^woiJju<Z~z>}rI0Qo1K"
+    "l3l*)9^ekOfEhIpBD%9U^TqN3FL0ykDj{-`<V(XoP{2SX}Y>v)dYe+#uNr3_StM2sA)YbKsj5uVm^OpYcg;k7g&(BLa;}2yE@m<zdA)(REA7"
+    "Bc1qDV~C<QN4hT0_N!Wuy-eJ~up;!FU^~73UJzryDY<hKO1o`IUP*IQl+9x>NZ5UAmXb{NLMU0b*T}thaq^X+6p(C!VZHl@%Sb@zH`}xwZJp"
+    "G~uGs{|eEk0jE;+4LaJNK~oZ9ItkUym;tSn>9v1rSq~2)2_pI*NAM9x#|lUX&d-QR$Ss@c&L!y+uKwir3>@(EP2u(PEB-^c=_<IT$8EZ;S5g"
+    "$tOG=j4JLAY!J}xnOM?Wt9Ud9+pzO!%6v)ZXO=G%wyzox_guIF;|{L3srN;WfmT=J{5q`XY!2_8XM#NG}Aonq#j;Agk8@=%mfITdtLUpHCLc"
+    "Rt9M7pKDCtXK^vXX=frpdkM%xPN$%lg;vV^Zh@F{2Ks|o1x(3wbV$jyvxS89P5_+GzrSe8Emd?ogMhv6h=ksO;a-%)tAdP<K?}zJ%5gNpBO("
+    "PY}DSx?UA2r`-%GHJF&2KZubRi4dCNYy`?Z(*!3IpEh0*o5J$jc{pF3_UZvmbTXuG;sQj-uH3xeU;;bpD&k2_i^O>Q8VQ~2iD4t(gMA*eOES"
+    "ynTZmLU?n_<RyzI9fvB4(WQ9||~-@YC#!iz|x`YV9p@RBu41*7Zdm0(=?it!x}^RV&J!oM(KM(UARS!v6%~N>)$F5n_B-OF1q>pXq0&fDPdN"
+    "#t)eMnBeb+gZWfAxW~oG7t`>DZGNp`?J6wj6dVqDGNB!U`Tn(Pd=)fZpelGmA=LjV4==z-R#Q%E>+foZ`&HN*y7p7of1igt)&2Bj>kq|s%f^"
+    "R9urBlcps5`ZKTNArCN^7n<K)odAi?i_^WT`Js|z?L0o1$4l50QBG2F`FAbAzxD5zR)g}+4aM1&>$Px%*Noe@I@i&`E~M1;Ggz8F^MbuWqHN"
+    "b=Cj9&r1af@U@6y?s&2B&jN>kq=%OcyCmhE<u05n^iP#@`o^&{baZFn^yFVy2O-Sarx@n>|<Wn64~08W4<yWymdRmW4tMvvwL%BGxD^&w_PE"
+    "+V6~r!)V8bs4x|v^<NN=Em3sOunR2tMD#SxgOvhX&6-`4!TxaxQm30-*88Wk~5j5(qU7SliNm<#1Mt%P4uzbgxlCPbT;*XT*ji?C@>dy$fzK"
+    "OuNu=8d7MtSaaK`~-7sKtwD;st~z%{V==o}X~lCJx0Y=dr~2l>7f@ZG3z+)U7Q+I0sxD-F*#`4S_|4DI!u)|4zwtF|jASQ894%m>V-WVZY2%"
+    "c-5xLg>w&*P5kI$>h7mO@2*fS`p7It$s%XKk*5y<C&l&!yRUv}KQy(5`<v7aS2YHkH%G^0yIR}6tT^c#1O*orn|j6L#0_E-;0(p!$JV8ajZe"
+    "I(uqVbDU8RVJ|HWqf4;V(I&&h;vZUU?IwMV|lQv-=_co%0*_CL9n;-Y`b;ITa17!=W7&4ZXur*uCoonO&@aDop^p1I2LyyjGJkNnG*W@k^6#"
+    "M+PyrCzQvOq<8bmTwl>0)lnI9i2QCRT^ub&Yr(__G3Fi78Vm(T-ZlV!K~4%R}DiWY0Sd}6U2?Bzq*c;0Cb;K9<lYm1+~1P`#DpFv9SYpUGrb"
+    "t7}8j`LnkZXCwlAa(lgS>F8AMP&%gVSBEpOebMq`xN`#73M2msbhhpEml&Oe73m7V;ziLGfnAG10<mZ>Eqhl0I+|lx@x@(=WzZ_yTmU*(T)-"
+    "3<T?pMCxk2_MF*0z=yyiMT)M!$DwF}1J1P2wL*Z5~+-AvVXIr#o^ZAqsXgty$8^sH04S>}lj9ua#)Lrz*%EL77B_-NNs5uqj0V%9?JzYq|nV"
+    "e`jDE-o5!-P8^9&VF^5fBP9jDHWzDuq(~@%h%NnZ{DzR=-xa{1;7dDunA-wc@5+iF!CYMBA7hf6@u)(pwCE1}+cQv$Y;AstZmpl4Z~ce>m5P"
+    "2A#i%%SBqotVQ%r{RYZ7DzpMmx1%yOg>I-pXs?M<>%9X2xjugu5zWq(wEL$-%=i@%#Wx*m>&rhcQ&Dm%xUJFR(3Dw&ySdC6ufh{b$xH;i)`%"
+    "cNGX%$nhyz(4edKFO9C<o5LGmQ}<UnfX}JGQok#cV^A6WShl*aDD<eYQ!RP3){(!xP}Z4IdlN4$w<WKP=<k1WR&VC@}S^1*#G(E<EJl{2Qv6"
+    "s@7FV>Wv;K@B=1I`2<zqck+jAME4v*#f-L8H&g_wu>3JcqTVZx7RNUxxV8x^8CItd_Ji_U_={q~O6Bm_Z0CAX4a{#kCk+igb$@RNWF$yW?il"
+    "JVaJ>1P5PfEg$XZqtvh#O!%F|nLBh%c&t5g-=8qxU7*k;g3W8|@tjYp4K^3YpY?s^7AzAixQ+zPrhX=ta4{aTSLLHQvDZxCYn3qvJPZH)r$@"
+    "_3*#&4AeT&-}0<}1UhKuGH6SF59oOKq7^W0u1$Ih_-}jyP!>`KGj3zAZ`f+?R1|0L;k!Ifc_%%9QF5dvGy>ioti7`0zYp#IHKsoafZk8j^V)"
+    "MtO&c4%v55I5S{XZde#*2uWkc$)^Y6p(j10GT|Iv~Bhc*qK*_z!BV&}lv9QyJXW4pf8vVMH@?Pe127RmPX_}rkW6%hE=YA_p`OyuMW%?Vj3{"
+    "!cyjKNIM_X;#3=N2KhWoi9}zs;WKlLH}v|{2ydIHfCx0O+Wpo`0($;=SfT^ghcrd<BEIztA9q#*A4kRLVmn8Ar@Z1*{6M{il46V4FHq*hBcz"
+    "K5PFp0&Yijxt<V)h=0SUc^*%D7vT_3agpV|||JN)!hm&2a{czh!BPn<7)jCosQ)9~=+#>o^0l|ow4n^?9mq~<6u`eM+Q#IYz_9z!)Zf-s80i"
+    "4zHEV=A`hUz2K9U`LYrrZLl2;D)7SkIUbI{Tsv#7$~<xUL?Bb<MUXct<Q)HWp{+SA&vVoOzWWMGyiz6D80y1=qA0C+edn;P8O-^0Xe<ye>}O"
+    "7fD&e-jr7iqtw9B!*~edp{x6+2jRiT&{ErI7rxY!knO0T$T5Mz0Ni7*sZk`WL>sYHNtr6!VfD}YSWMxSJE6yNdn`jA6F6qfaIgVmvcuq5iD4"
+    "m<=Y|RpPPP01O2<ixy*kK!38pU$*RnCJwnC6mHlM+jDii1YsX*UEglSn{iF%YCPO!Lg_+6v*OHVQtX5`SuoBNrcF)UQYW#MQYTNv1Q@qXsAN"
+    "i8_cQ`{oLI>pr|26xQ+4E%ryGf&bg2Y)`&>ThDJfE7Xi-pslR%;~Rc@A)OHVmo7=M@@^z#LA*!`J$*UStj*M3H}&L{26B@%kA<Wh}7-;OLFH"
+    "fYmpzxMd+x?@z4kMzYmlPI+gaA*p>4YGq`+1{SW||F&M3udN==$irlh&A4o;mUn=@E?PwV#!6Q5s1#%xxP+?t$RXU2^1#MN4G6|WVd;E-@Ff"
+    "%{CEh5-|44K8ozaM-wT=XSlk#vWA<N?)L1zzU4XPH=Zd?$wFZ9j~O3(rimgNJ1;<*EI`1HO%gw0hhS<UdQdbVw^XGh6qZY=luGUZd!n_7Kj~"
+    "&g~gRpG#)W<<O%8jZwOfmr5-xB5hCMIyC4qG4A53u8}yzDj`nS*hD|%q>7Fa8*_Lt^~&K!mE(p4ubiN=gq!ueK~QjsZ3V6y6(B3;=y?%x{Tg"
+    "7J$4G?4{LJ)%IM#{iPubm*=ixa#Qd~5(SJrm~fqaZ~c<`p->gg5~l96`*y;o;oGCg?R&P(SwU*9+*Bi;C^Cmpv=oNoeSz%Kv~nnq}CBP0rpx"
+    "m940uMZ)`)_MAD=*%1`E*P8{62!*&Oqb=5lxVjg^z(7tWWv;<#Jvn}^%WJ3U!c3Ef1t1ct-X?rbP5O#aj^X;E}!<W53|?8#pj}{*Ua*Mpnt;"
+    "8$JhS}IMBUW^4v23oZ1@Z2g}(0eTu8N&C%71+SPxy6J2X~sq?GH!45|`hcIPg$n?85q^?aQq$-V}_KVHQruq_x6ILqRtHHsZCUm6vE!EcMhL"
+    "86{ywzOXF-Jl(Bov!Ob(Kf3lx23*z%+hwQBddiA6<06Wa;IeloZn*=xYK}BO~sui;KK?6}sl*hzK*w%>3Qd=zjPX=7GIZgHh>dC#Ve8ju-R="
+    "1<!?{sGF><Mn=@t*S9p+5fa_qR#%1Rk~1{en)SaEW3cM*Y*&A;8Xt!pl0i$;-11{&D1O+gK8}=ZgLf(~zqOU4+iUCq6;%Rdw8;gU8Z>=u4HF"
+    "x~$ptO1fQhvrCc0>C#mW{ZsTBXSsWBrx{`Z%WkD4c6eYd8l^y^7hE+zS6LRRMfCbZ+uF8z)}N5ki88)0#YZxym~vd&I#;=|7k_I65&YQiO|X"
+    "bjBNS0|ceq*}GDi@XXLO@NM?t$;N^<*oS4EW_BqXetCa?-U<U5^w^Lk@zIv(=9MT+|03@F@93SdqQp2qC*W|{fo1vmdmWNLcG$OA`^$+i~8z"
+    "4MXG6Hata7xY{X2G$f-)|)2}DbtB4pE#MnRv#=)Vn&Oty>XP1&<nXj}}^SB;{{p!lss`8wbZ{BmsDY*!{%5m|0D<*BN80h|fvomqT=cNQByV"
+    "O*^m=@Sr+9A9+!!#NhBXV}UgtEpTG(D=Zv?Q^ZMQ3JbJUvypY@0veN(&*SpoaYZgrb@rrHIi@MQ3<~55}wERYZiHUA=upH%-O;Vc|y^49r|-"
+    "kFzsH#RY{K>2&7&Q$Ru@N(xQIQs_JO?uA7~JkZ3mNGJ_mW07O`6HCV$GbTkK6XtR^YY&^2X1S1H*`d$Jr!OlGj@>=EpKM}mW8q-;_W+ZX73S"
+    "q`lxLZ1$W_%%WQ~nK%tAtq4EtMWu00UjJ9ei*vcUtOX=*2a56C)SpLq%uWk&~}j39X|iXIPNWwcBN2L*x|M#}EkW_e{w0SczE(NmQKi#|dSp"
+    "`sEWiydpWfIwVPMq^27YFcFl1$=s_SOJpV*G(kE=;7hnnV*jyo_xGb2kPZ1%FT`SD0-+2Iak%{v4m^&+CpU{&iZ2og~r>;DnYR^c^t@-;>aV"
+    "z)#_CvE&+j<SRS6=71ZIpm7w(fGN)*uFRM1I{JGn}eeOP$QNZcy5a9ywv;zWt)yFj=7*NrAx;e465;1S9cJJ6r3gbm!t@VWLyH~C*=jY0+(o"
+    "loGrDsPpjWG>?3yVy|h0xNdstGcj82nUI)zSoeCCJiZ*^SV$aVMIg?8`UTv!J!xWw}~2PBE{+{Wc^(*ouRlm;cwh$-8leg~b31%RsRyQQ)Td"
+    "fX`N6yL-2uZf#9x*A#GmZfrCwb7r>0wB+OYK`W9>8*IX;0U?o|p?c9INW)0s&FwSYtc3J1{v+0JiL^-*8POfdt!CW)b3+6A(CXT%)SBcg3Nk"
+    "pvG)rDaI!7~m%jj5lkD)W>=LQ^E9lv5fr_gkf(_Q>A^dUtvh>+oKT`gBVK$DnLBlD$K#e9Jq4w-i);V3c+H&1tuV-c`9B(y~k7f<N@qF)3aE"
+    "-?}!Nr=VaO!sUL8Z7*nxJUw8+tV6v;x!uTP9<L;+7kf{QvmH_!kyVqdi0gPl;p6|r(fY5A?lr79u8t4$FG|o^YVY+(PJKB%?Kx|YGi^tc-U~"
+    "pH=O~2HJsjZi7a|vG_;o&b2{_dPRUNr5E)x;#yEJWQ-IE{=9c_CMWyZ@1<G2iKDexymN3OMvMTXaU8@?UMqZ(asFQHl?XA?Zt!;(N;bML=j{"
+    "CtOP_56X2$}3x2DwHpO=uW3)tK1de-u0kIi!D^)bZ5;48_p_d1Kw>tNr4TY7f8m?z;2WZzr86QPE#r?5?l8y{M>XX8E-UhX&hPQ<7(9-;pOJ"
+    "4$#2CTCQ)Trv1JY#Eb=_UMWVZIDH{a3p2CD46JSL#AJq!i%I$h0L$FAR^tz)CFK(#XSAu?f?Jvo_dMK{6+}MYGq_=iNr(vD-QwcKCD2e+l;v"
+    "-glT?(udlZ$5iiHGUkB-4o(=5F#U(&f?4-b-1pEK&~oOF(Kv@b3P`g1#&Cfohb9W$4#AVX$#Hiyg0j*s*Wa#0Zs-Q9L~XldTen=4;3<YlE(y"
+    "*t?eKg>zQI32JrABLU;H)QlxE_@9kp$OM{#U-R=&d=}(gaoUqU;X{u4GvuO&5Js0#9;*{we^6UT&8C5x3dZ}^2?Vty5#Se;&}$*%6_KQMMUb"
+    "YE4k=qq&K$=4VnP6Cx%A^h0^hL*xVIIhS5;N!o$y3<4wZ?BUGLlv!@vX+N)8%-AKz|BoZX@+1R2h9}pcDUld(NdPaD#wD}quy_<)I0O#a7iw"
+    "qgo4W<x;45@4>^b!+ARyVa$306%BBfK77yCM}4o}C$j?d)iWgB@S%GP9BuxbpFJoe6xAlP&PeGBwHUI`!}jJ?RXo(uZMYDlV#ui{IO?Ru1ZI"
+    "uEPk9TvJu+>y;4w{jl!CM=aIUlt60E)DY+6RZ-SZ4-X?TQMJ+pvcb?@L`H;#mzA6REV~JA25M<y29j7TZRbis(b_+{9KOf?y+Bd&@p^larN>"
+    "aj#4ayU3JL!BURi;Ngoi6EGSJV*tEuJLj%I+}`>5|Xqww<V>*IBpVsA%xJq)1On!dejZ3_t{SzI8-q<|G+Vuse#f(Z{(Q7$PZBoY%14pO0f2"
+    "DWA?$f%l9&GnP&j*b<sj(2P8^f;k@Bu0DusjUNA-}o`DS|L<J1`qxUVSW}~6cl`Tz<Yk?EqK0)dU$Z|=x~N4KF%-T;7CE4k$!lvyo7Q?OfPy"
+    "A72VwvzY%a$S`wgL_*nNLQ2X5x1_p-<KpGE&mxj(I`;@HqJ&UtbYnw@xe0_DI#xN4%%<Ra>@UVgj_z6U~`of^)G>C(}qLOte@%g2(>EyJau;"
+    "KIEJV)qHEcsg~BOFQ-0Obr+vZ3$k7t&Hu4k|LM<!naKGzWWnMr4Gaxsw+bCTneAjqLbDcvv19s_wiV`};giz00K6=6BaK7vEai`WXZ9Hz!ps"
+    "Z5I3#IX~28q<{TEW!@TK7T6XS|8OsZhW=@^<_8o_WWNKZAzN?g1kNt1_ktHaott~^F*dwr>3i^Rnq6A8ow(K{Bhj@r-DuPrLoW3*s%V*1*=^"
+    "?!QnDqImu%iuKfZspYZPl~zL^{8Y@A4DWeaFiknijK(W`l{^4ujaULZ5hH~kL7O;aG0GYA+H%fQG`Q5nD(7#`LrlJLO9FLcigrpluB-rCC6C"
+    "L_JB*+W^yAKLt5LjNVx*0#Ib?^XD7Xb3z))cXpCxOhfyuU5gGeox?X<-ljH;l%ZgzM|sZDPU6f+^;7=p%0lrL?Wt$tj}r%K;O>|SJ##ns2Hs"
+    "v1o-O|X_=i-%ryC<q}0bGe_GlmFqOfQQXk);xOnTntedP?FlRl6*Qn^0@#YB%N-!(ySDJ$WEU7yv&a6P?vX!1+?X*72_OPWTpc@z0;2=8sn6"
+    "z8a%x>~`Q^rfDp=>EGPRaX+!`0bUeA2)*pyC?Y!67}J_Mr_s8LkN9^(1LuFAw)Lh>jjO#l>lF$HrP(!t$Qx*?chI`;UOTy%%-J<^3h9zF#VP"
+    "LCoe%O^wrhydYwd`8j&J?jEJ&>8Qt_EzN3G)~Z(3;PiCLYFpcGB0vKCRoHttkB2o+#;Oo0$>0FUpO3EOq(&24=q6j+loYKm(mwi&1O4S?>C9"
+    "|E3GvI9=Zn;|HkqHst>gG$ufH!QgT4WARJm&MzJh%5cP{yMrvbBGL_wk8zRL&eRb>?TWTpEnq}CE;<m6#$6Cy$$?v*2{V~40{zJt2ME7S0>@"
+    "UTy_aIiC?y1dC#5VW#nD_@33y#M$Y-ioG+3tQV>4lw?_hZU8B?9iy;6^GgU%b_9mx-G*)gK)ps;pix2z?a-9RwKg=RG^UHB;ZYrK}C&(Sjtc"
+    "`Tf#3uMoL;#O!hWl#G-e4LUZ%(9Di`=_l1B*Xa<KUh(Pi!E{Y$$vKgx}ueH6q{rSiXG0v-QEk#~fke_E_3K^G#jFLXV+Pp_dlwocrBO@(6KH"
+    "=#BkMM9WBD|T?Jq_C4vauauO-xPW<qHgu=Ou|G<`;m2#l@TcIG&X`kpKdR0B<iKVHEH1pcF(P^Y^on4V`$ly}h%s4GFzSdvg#}K=ZIe-h$n|"
+    "F047nkUPDLi;qoBTi%7_4mPiAXlewFJ+e!qILk=CFfbC6#=}5s4U+T^d~V?8!SKp-a9mxBL`I3&-&<TrPSMkqm9w?+ln!33TX+R~b#NrV_#T"
+    "{-<huIfoo7sUSY$+tqD6|ByPzAib9PP_Wb1ZkDG18M^lcfYq&QtzJh8SCuQU@Claw+ArM?w&^0orGSRs>D_v7Lx0mCD&U@oo|m105*HRu>xH"
+    "T5=Lj`ECn{oEVG5$-FU_H^9#m|9wX21LuS&4P)|12ObU`}_-j0{+0CVjv|&NvZpX{JdANgTulicwnFDg=>s2d((t0h!9JxL{+aGhJ`M*M?_d"
+    "r$vI77Ae+B+g%f%uL7`HiAvox>T>1!S3)7J-wRi$I?b&&whpEshuc^EXe|bOoA=O?<=|q8mdO?L+JnBtvQf=RPQG|^xvA<!&r-00rFSqXPs1"
+    "n>f>l?qG-ZFQoX+Y%!luszbt}u9tBULU?t89t!+IAk8qVjU2ehOMcps(0>HnLp=a|D_~2y?J-^Ua!UtX0*{PP+n2<+5dIuSi=AsI#i=9Ul{F"
+    "Ylu_<sOb>p{NTTT^y;b>dundNR3sF7#K%;06pKCei&*gFIrLfxr3g`j55_Gr?fU5%voq#^?D4E5izj-zkl4r2WO;>mN4z4!CF8D?dn8n)6w`"
+    "uD$44T<HgE`e@Yh<gbjm6@7DKPuF0R#8kr9JK$te+$6XOuz*h~_F;&xNl2%FIk6RV$c7Zwvf0;hPmkr20jeBVZv<RPC>i;shN=jTsPm!$st<"
+    "PjL4IYV6ya1p42{RC%bo@-_f1AU)Ab#0MzRYB$CE}kjM)%`h~a~ny=NAM&rp4N0(mhgsbc!Z9gf^v23{=w8_Jkwz!FrZ-B>Pyy2;fO;E`&XN"
+    "`{LquGC$S0xF7t>_xfxcU0M1T2+EvwF-fzjtUr+gY9PDkanrm9ClYpY)=a<zrTs(aPWt9zp;F74zOPrWfdIr6ezCZcVvEilwb7Q!crh5&~?>"
+    "&qucWCK?>`LIcT}|q!9ORa=N*dHyt-SHrXmUz#9|AGfU4wXf@#W)Sne{a2hz<)hjfw_Er0HJUz+b9Kvn*J092UG;E^vB+j`6hE%|y@5R9>b)"
+    "ZWt_mSCy5C1E*JoSvm*cAS5bjn!w{9-+Yt!4#p^WdXzRKLGLIgOVrl<>go&#Qsf+j;;D*c+{sbMl-&&v>sCdHjsk(Er{_Z)Mm@!wM8&ZE{Hr"
+    "Nj$rkAlMhK-v0rRLnNf9H%8j<ROn+$byx{n8C^z)&5YymxNfd}I%$|kEOs+5y`y@PVPM3xOhgW?iXlK>!nt$3Z`bbTGI;l4W8mem56c_A9=&"
+    "qsQ?)B2Ij;f-~81Z%6xip;y)tboM#>}aJW-97LK9PA_VUXBjuXX;s*-d-9_-d>Gb40Igq@CaNN@T8{7KggPa2`JLNeTGKQFYaz$-afv`DMFo"
+    "L0T#PG-LZ?Z<F7)Upqkp7u@KBVqwXR@ERWDzGE&gAraEnSX-P?`!bj?|BYCPay>i`#&;EWu_X<ysw{<Hv#?}TAsinE$^Nxi0E(UrhUQu!JpC"
+    "J!6*0-kn>e`xdw6qK-7uSt_<LpeJUw`kmS#?!THXXgcA2Q0y7p&B~^iHY=HECYHNx&q)Fp#*`OuDPHn=fEvoto+)(ZYD%Mf%`SCLe6)HE+LB"
+    "@ylwJf0<u-wUcvthQZcZN?fY97YQ-6?Kn))TXzf<ZT$XWg7I<M(jwTxD&l#*xrG5chtXeJMnZgiVq(0m-o&(9-{APDr#gzfcXsBr@8IwRM|k"
+    "G6FzjYlLmdyf^Yicsur{!<rmo(_b#Gr%Y8vFBIK<HQ^y}5#nT*uw3Jn>ZJ*7~&gE<|aU~hkH^yoPE(-m=)O7pp_a5@3yw=bg$ifETyREbGr5"
+    "LSiYmKIjln_u;Ibaw*+cXt$2ACX#xfo;*3Fn%q~+1*-wzrRCljF>1ij0I3;0v*_{A%3vGFRd(D(oRU^@8{xr%Hh*}a(K|x=<UV8*bhcC@Jc&"
+    "A0iEi)f{RyK;Yj8{y2dg{@G-&5`$krv1G9vljx@u=+A6&M_fxPV@rwlHfDLUgzktj4AFgt;zGvq?aq-jBxqkj5!-`6U1um|vE+(#QrqD15@Q"
+    "*(y0fhw)j>LgvLOkjpx*Epjo?oh~kSDu2xm;Y|)ZH$wL`N6+rb8b*XAsb*2ziwTi>i2rHn`_``A5gL`&xWS^>Hk>Y<zl)WQ*S?7Zg#R+0M0r"
+    "%V&m$<XyzFe5vTX26XjaMM7xnq^4!0zdCS9_RP-weoSv|mzD%KH3oTm$tze`s@F)16lQj`W8<8jY|uht2-AADjPl?%gtfrKP%_&y(UnOoEb8"
+    "t?C1pM`LpISg`ugbIwK|ft{uJU(b}&v_3y^Mf8W~2(vj~5vh)Ib8l-{yNSDi+-B_8u|dr&ttQN?YrYa-?6>BSo4adL5@Aaj+LydzgpR#GIB#"
+    "ZJ@$GA`rX2p912j*eNUF0@&(V828>ev5{I?xgxwe_1CLILORopolFjGASxInas;~2!taS$jsu8&Bic#qM$U<)k8Wy;+=a115G>4+mEHby{?5"
+    "{eMpeGxsJ@g|JbK`BU&}l>(o<?F5h;jXjIUPJkZ?Itfy;jRZ=P<+;tVb(kYS+Ij|M!`DxWvm}PdxMdUpaVrmPlrb4jP)W&nTiRs~irN#2n{q"
+    "x=F2{cS;2{V(dTy~C5UqdouaM0p{qLPzyX^FT59X+JH%E_sMe1>54*r=7Y7@M2%=Y|i$B8Ene4lb^3bnXsNkd7Se`FWt}jrH3*HrB3~DawaP"
+    "2#5DS+<hK(D=Oo%bK>D!ni0}?Sj_OblVYbfuS!bu@|9H-mBd7smL~ycO`}|#q=D^@xu5jC=(CJA%+{eJ9M<#$(FGbn2J9R<+FssF%pRUtnC$"
+    "0<Msk^8Rz2MW`1W?`8NC*iscBx`2=FGRsA#k_pBrAm=KFIh=iJU885u+((^=ezsHrLz&DJIpQ^({mb+DARRjhP>Z`O=Iz{0_r*jnYV`}#OIx"
+    "`WIHqNBJtoys}eTOEf#Eb)noQBWSQcFTYC#&ja(cp&dpU@EjZ2_+5LvSe<~M?|Ybf`WXZG2fRs9vRNodPlFmvC`J6r72T<BqWGJ>x>#g2%i)"
+    "%@eI(?Y;7x4$C(}l7BsiOBSeECMI7UP2AM&qVlr{Gig<c^-Q7aT!hFx$eFzId36C2Yo|&yJdJq&!OU=&l@{WxuF9S_OiSYP!_iTRUV3+>fAa"
+    "im`LmMC0+vn-A`Sqrio2T;YrjcQO-qyB@YcpGDNGK!}4XvS3eO+@4J|6)uAFrBfrPY8E7i3SP=$WCU6sC!Hkl3Jg1Vs{|74Tjd4Udq12I!Sg"
+    "-2SrD5d@mXV-Fs@W!P;mD}R1zd&}H*vvc%ZU$KO$uC0Qm^Gt^kTu1%J7#LkXFDb>89yUNPEwcbw5Kht~A)?DT%8T+Z{HA-l4`VbM1lc3q6Mr"
+    "4<MB!m?W;1YP>fiD4s(Kn30=3jmPj0?_S*dHio?4i<zckw|fqtFy+eCN2EHlpV!~cNfid;;L@QjX;m8sCxDX*?E(C^70YhIes%OubB{oE|U6"
+    "rw4oQA^){QoQ1MzAK1Bk6m|s0#Z(z32aVKNUy!<9$~n~+C6ABXe~G>3a-F`6z`o0WdwIQ0SL*a<lBv(KiB7G<8R_K4e0MNSfpi`vTQoAaoR)"
+    "WfL|{zH+_7EM}$S7ihkdM;u2b#!z27y0;0pnqGA`9)>iV1-N2USCvnA<aKhNn%s|tz(e+g>yC~{xTwU!A)TQP9<xavO-l(ihZ5`cuJXY1q^<"
+    "hk!j8t>?NGF!zqV@t$4_cbM{E6}YfiElk0_<$ck?FY&pEb37h^wl7Q%TZ(--Uex?C0-U&Ti$n;%fMzxN2{6QIe415!xr{U0iv=>*|Fi!1?3j"
+    "1VVvw;&%<2TGBFr$?l%LeXLv3;2^9zi+~}9V?EuLW(;(DyP@Bw$@|`xz<}PqlT$0}v8~lzf-z82<Hq{v7+`WVZKkK&$Jf;*`OWOFnL_Tr-s_"
+    "ccDUM}~!;~+~oV9)y0|j8pjs|9)Yr4A$3XT2VMU;*%@@`vFNarC!85!?WeG4)-PR0LLY(_nBXDvwpiQClps^IqlT+j80ow7ws&u>y)lZv%5C"
+    "!1d&mqd6iL}YbN!euf_DoR~LHKnp3sxuiPI#xwFhLvq%+|(o@a^|A##238vz3!OZ%9odCZU>58PX$U7Q-!72r(ar{(wu=KOvA^&PX+^*7v*J"
+    "Mv)YnH*FPGYRMoCOr5!c1W4btGA^hGCLx9i7%F)uGW1OFbgaWJ(<IjqRSsz@^t&|pK#twcx<(^-d#lB}4O&+KH!r`-)jY@F*PBF^?0kD@(2s"
+    "Bkk9vnjXl#6U?5|7tg$TAppkG;Hvz}vOO2VhUw=8cJ^YSAhW(Nqcz`IzulE%Ws7^dKRAMMEVdT3U8-{q~-{sBMQ@GMABeBk$8P>9!a=5#gIt"
+    "M8R~GX*NAmmXvIPA}$ge_h(A-0S~vT_0C~=SzNr-XptmN-OmWxg2#krF+}ack!pFGNjBE(oZlyn=9GwQo8TZ}{Bb-(1S8Ij+skMkIy7I42~L"
+    "KJN}m_I7}$uVkgtM5+&s?GG`XMrCQ50>>FB2ffc(F=l2tRaD_;ondM>hmEKKBthbga3bGn&dhJ`nGQJJ*}?({bQjKto>c?HY;q^afL7#flW;"
+    "0kNzF|HW?a3=xiWMb|LJFuFcpJQW{l-i1~s;Kn$vmbn}F+i79UO78&Yo%9z{Hd#_0h}TcAm*>G(l-E1wlv$@k?<0o#i?ot#j86x$B5HS(^pi"
+    "sV`6ncny*CZi+p!tZo^5X+MjkxNsc=UOl0fnF4NKkPL-63zewcg^>Bw-{oaJ{{NC*l5$>^J6YjTn{Gg|L9!;Vud$<n{B4$<D*(Jrg?PzCtpW"
+    "CU$<DpNhwly*CVmLdqh8_v0w#qM%R|*XYC9jZ|KMqJZ=fc5GN-QW`UUG45_#CIb@9*c}C@IBe!O`APRQ&T1G<`xxe+~UmqKXD`mpj3Zk3&Iz"
+    "d8VSq!EUN-teA|Ba?;JtIX!7^smUaVlh#u>Jjh&1_~>}u&iVeHKmYCd&xMO+_H6#1MN=yzl%NB@-Nclgi-Xg_vAj(FZgecLB7m!}m(xIBM!K"
+    "rHx~i+wZ=&1Z7Aj)&y)cV?={Mla^Xv=N@W?V`cK*_!*pTQc6CyXy$K|D6VxspFgyJlb5lmj?uccrm=on1QZ@Ju%(4E~M-)l@;gMw{rt*sasv"
+    "2l_TRn_E9hB#6UU9eLM%PRuqU;_&3{QMv80h7Zc&@d$s;H4$CKQJ!*m&%e(0_D-M5Rn)ez!isa3Mc7^0}HY;E&a|i(oxIH&_Y?>hk(()(lIh"
+    "9DL%i9jhdPFUs9c&0|qEPRm{#B&M@lgsr&Z){m_49nnh+_<Yd2RX=`<My0`>QtEyR99~;J0ClJz<Ociv(6m~)9H4P47CMG#LczYpUB3<-!V_"
+    "}X@v@{<a*46*`Zv25f{9PCh_R8fIb<=a_Ue5()7Z#2xT8eUq<j3KW=9a7TCpvn0g`M5Fc=uFjmMUMUaV1D%l4L*sl%3s;_3Ek*#*`FCZU&wn"
+    "42-O7uy9?SqhoEYT^Y#X%AK7RQk9Zz#H~`2B!)&OrQLSry!--3#~n_x&@h`{hX(ie*l-W4o9~4L-GbI<jSLO+C4D}v=YE14{(UpNYTFsxe>g"
+    "t6ydWZH0&YT=l@bc@-_Q3<D5HOyZ8mA0A(xed#4XD;0!DY2%rm*ZOHECD@!^icYC;#OHtKPs)g>ng-awd}G|>0)mAp(!tVm7U1f1htG0I;kh"
+    "Dv+^f08-avf`?*d%JuwF~awTP<=+RfXQs9MKCi)$Zt+zr*5`3kV;P$#vJk-ANoav2i7-MzQo0AY6bT9(uh@Yl{r)DspC3b4-HO(=BnyK=QMu"
+    "ORGmFZ?X`xtQBeNgiXK_i)!W+K*SD*(M~+X>g;e46jfI+;j1rT4-CSF}@pG(dR)m3qPUKr!Hs~M1uPpMm)8wA;RCdv^R91=8Klbex`rZKF6("
+    "u(~KH=ip+SFfJaT6QU#>Hu84*~FQyt*D8V`PxuPBk<-g*Z_>^B#bO%RCBJkS7IQDgh=H!Co2N3w}7n(84f*Lv*xTS=;H4<>%SxTo7#IZw(Dz"
+    "FAQt@`P0%=OLuNZA;!ia$;uTAd2V?S5$@{_$&L$#2NW0S>Gt@`o9g()9CQ!i9)jqsCB%Op&5uXN^l{oT(5Ha@E&ZtnnYCfQN5?vwU$x<2ot#"
+    "Tb5s^L^117_K!hNZzuNI_2c9fwOoa3d#X6NUEgMy->gZsrly2n;*&eX5>4+I1@w-j6O8|br42YvbFh&c}(f>+m{uEot`zJ*jUVA<&V;^Z)}R"
+    "Mqaz&p|^_*_6fx?&{LqB3+Uiczv}UtE`T6wBuO~4o$kfWo1o(|7ah-z71Jaj18SvJq==epU={-qI~br_TXrx_`!GzC(o=jEQw<3Xp)erz<Bz"
+    "DsMy%(-7U*|O(()#HPs*A`FKxH2v0$zWcv{0UnTB~geKqu(;)>ryEfKSkcWGPhoK4zqm_I{D~xF9wa5Ae96(;)Ma2mpAMU-p=jQtdkPy@OKs"
+    "2<Do-}p=3y4U=BY3znFBL5{R?VI>sVDdPT@!n8@$%cE5qRzM?rtHW)Um7{o|gd^cJ_`ey8vG7ZN6<xtas!^?<59an_FPZ^BQxNAYrbrpz=$S"
+    "KNHhdOd7}rY%XY4KEx*O?j$ilJ-!<men33&tsz$_(^Zg%C8~jl6C$*>($xzIeMA=jiP9y}`QUJo#w{nDmmd&#^NlsfVOi3s*3s0Ypm2SI6;V"
+    "h--6+T~INM8vlx)7UtE=<M#r68-nNFQv0~$t7HY&QX05tu!A>-w{m{<)6q@<vrR8(SRgNE@AyY22tPVw_M0lP@$h~8<EOk~c+!i3C+hH(Uxr"
+    "Dw2~mawIzY77H}M=&Q#OU%so_A$^MN#U4BhJrM(WDU**&_hytnDWqCn&abInxp!O7_)Q*4|Napob;reZzZi-Tie=xRXtUsARisCuC1-YKwDd"
+    "dJq0(3I-U4gc6xPr`}<i*?*}Ole;WDmo%?`jabg@WxzKU=T<{9E`PI)K%V>2Jb1jG&d913MkN5m6KhMWkS!H_*`*uVE8z(S8Q!6iDLOech{`"
+    "Ud-=r}0Y>E5~>;xWDb@}ic#hJ!~c*Y6VtyOH7dA8!s(QvNyn*q|!~Q+x+^#_gHe<0Bjnee5l`sIaeC2g<)xp5W*<U%}Enw;UWRDoac732JI#"
+    "pkbgTrB?8Sv2tznqsNYqvUB=+D=YrUH02dm4(YnvHpOGbd;8uVCU9?c(J&hJ=eN4(#`?h5=dVoO+dl7)s(?cdq`=uR<d!ny53@6dMqgHB<-V"
+    "*SI|WaS+qMu(zGq=#5TBO+z~g0SkE{fbKu6!&mYl-FUD0vGVP?k(jx!vkitS4<iP_lnx#6I@r?ZfU8zDJ`ih5%m{^Zo9$Q@)%^;y+UOw>dxd"
+    "`+5mn&L=-l7>Gyg}H&L@M?$~b~3@g!S_=Ly%Q}iU99kPv|{8S9ewU6HPyGba1M?;yXhHxV7!N~2mR*^YpXODIJP#a<})IjlNY@q7Vb8--R}s"
+    "scXm6wND^&Xc?rO-5<F0HkQHfYpI?j&iEzQ$Iqo0I%J=rUd0xS~dr*);Om2?*3lHRMFniXlQEkwv@hfK)>`hLrl|Ze<!J+n!py1StP*}L)A{"
+    "=Z@HMoQE(r0}S{FG6HF(&4n-7!5$DOcT57Z`op5aDDI6Vn60=U53Q;Z;UpfV)%Iq^1ERK%2R`Y8UBZfKLOzKP_n3I44))*QNM{F@e@u9ln}P"
+    "$<;Nx-WmyUkl7(Mm6ta?o$(VA>IY}17VdC0)sf-EBodc*<ixHIu`%~mVCqPykwKYwv53klrY0l9m{?q#jt*XKABJU><dhe~vU8-c^717y<rP"
+    "j&!6BYs&dx0?oz^l2hiGVPYBx}U)1Xp9S$!fc^!COAh%sfAz<_tq+&D1Pp#8nnG<bw^jEW45GW7Lojzv=_ZsI+CCp_owqzBot(KE%lc{t6+T"
+    "mgQMt4D|+Z(hD1?Wzdh+YK~3pe+b28}XY$LYJ1ky^>R;SvQpM2!G$pplK<|0JLNt?yBlDymMSE%uyR=ZJmR|+M2}G8$A6llaT6%yF20lUv34"
+    "=B=`s^$%*lrV)Zz45UmCcC9sl<-Z(m{k#M@X1rjPeERVr&(w~~D4#S1jgV9+qvWuSq)Her^cI{{v6(c0VK!1vfd`d_$OxFAO^RdEB@nMkbG0"
+    "r~4i`c`SwoSZM;yp|5H0aaBI5>phbtAt3GQ_Q`i<^54Q-^f4=<ol5X&YM<<nXYX+RRBh6**xMQq<3AtiKmaDqnnz?>^HY2FA1V#-{nq8|k;B"
+    "o4SUcBQsv460#=iJEZCwU|mw;G>DSo@u$^_2psH`uAT#Cdq5uAIcmNN#*Q+28GQM<*EEFaH_N~yhNYU?yIWbgh{)(DWff5|W+p#>Y#cULFYm"
+    "JQHlu`A3s?)!kHjRkbyvTSB&=-bw;f`O<B(946v86GL8Rxv^bC#Eh2INH=Mzt1sx^E+6YjGAjPNX3i2hKg((cYaUAo*w$jqh6AWV-XUclLTd"
+    "0A-4!eV;|1UL<C^-G2Rz$biyC+i>laPSoH2rI)Vku&y-sSAuihOAo~+WnjPDY2=Y83)~VGjj>?m*?O2Jf5L@vgNmsg;1#+-s3t4%LWPBW9Ve"
+    "aJ7}1zNdVw1rDQTRB#}Q!0C3T<X(LlrJv@R$vIBO&enhOXx2;Z|{Y9lubhF|0rB{Jq8tf`s*fY4|65@GL#u8|^ihzn{N^L@QePv_o{^C@qt5"
+    "<*&oySPKbxpC3UmWFE9;{K(*wYOJ<rsgEEH`m=VF=eGCCkef;5Xgg+6go_DJ$ncJP?3^c3v^Ph0e>z#OejbGco6Wf&g!6Ho#yaye+3S{-BCz"
+    "q@?KWC3--CAolid&&KwLXTP$6ZZLy_ppdzlppcWZQ^&_JXZcv=#wL}GbxyAEu=28W4O&p3M1VHztlhgAHBKlN0{qsXvEGyj&l_K#VKn)wY9c"
+    "~EiPd`XIxXooX?cZ_0GU=0_UC{a-~BaSZ?C=X`v<WAwC^Mj6k{J2h*viR1+p^lA2`WzRU4Zf)7mG)Ut@mww;o4aK6}F(ipruOI1UbFXF}Udn"
+    "t{jydD!e$z<_`ROLr4fNozy5VPINbq+<SfJli6wHXQZE7n=GcK~G*3<U}9e=%|LY-p3Pf=Fd~{JK74caP77hHYDvwg_~cOmtdd`**&p274}}"
+    "9vvcZq>UJjq-}?tLlZHpQIJ-L6MM*Auy5V{JPwoqO62?Yxu)VyIQ3B%v;_q%tOU}PwHU`(!23`Dsy}U~Jhy?vqWy^0F{VN@9hPvy-zwWgE+t"
+    "bOrHB1lB?~bw9IQRt2Oz#Rp4hq@fh;&m;38z6R$xV$Bk@;4vlQWuHW#z?1`eGIV0%82&cJ@+|bMupfpijv_@N(}V)E?EGY&G}$pi1Qm74odd"
+    "X?PgHreTCR?@lZg<qyUUpXE?;IJvWZq=M};J#6)KFJ6#m>GZM{y(X7!0h{U`{@@Uw+$5tyFpQKg<(7UQ6Z7&ryYO(OB;(>EKpItN8L4S-u;3"
+    "7EtOoi&zUSyeRb<!RikxkbTh%Bbqu3V#28WoV`uS<E9<!N0Gr77j!~R}{85l|0H9FLZ_jNT+@^sb)x3$%;={u@D-V#QNO6nT5q>6jvKR2Bhp"
+    "Wb03qg0X0FA841uexq{HX2gBCI|WX2M4M5So9CHf^o=%h^K9-Pd~GCf4k`+&30A5_<h<O8kCWyrdn7;MmgyKC5GOx@e7+!BHN@z_nN161|2("
+    "e(EuOE;J?gh)aWtkv#c3}cXll<banw@$1?Pbg$h#e3B0|$z4)3MdD%~w<Cbga0B3EZ#QTwyb#@Uy28Sf2G_`DPP@9Snk(QRv44i_3OG*i~X;"
+    "82GJUlIcxV8^BGS3-Ahu}MiR5vgp_H|Rhf&QLuZ5`(&!#PtUqh-UM?wwuGG&{%6E<VBCt&pHPL(ZtxGfrA665{2BG#-5E*z85==f}YkJ>8!q"
+    "#9EpaF%9!wQ(!ogq;pu4!xCTJF*YKr>ZsL;_RNV`A)yYrdrJV&$4%LO{sDoG4grCI0lPc?e*6OW0^xw5V8Jih2_FZECFF5;WX<YRl6TF`8W!"
+    "h$eZ|2`u+3h!xYT`TXGn;DK4M`O6h4Z{D$MvbHtp>jf3UUr`96jT{IN5(>-;P@2)Gx({1p|H@G-8I*j1fa^#4(Gjg56}L9}U-#%XMujqS#^Z"
+    "QHhOtFdk8MmHC+)ijOmq-kGX`v=a4efG>+Yxc~VRb8|Q0`#wo$&F?BgoSHYmuu?|tQZqKyq}?WBLT#)1tlkzeV>Jji}-a>Os0PJyW9`<(Z^<"
+    "$f7{U%`fxgPnRc~yxb!90?MR=R#>9AxWT^1zF*u~Sgzw_N;W809ry&{S>+Bl=*%w|e0%`8&m%)KDoi!#Nj;(E{Eytw9{U54oCfv<UH{s8@X|"
+    "{F&{va~-%PZ45R8f(Q<)L4f0TCMi%~P7&S{7>Hh%ABH+Zr3nO63EGMki>RJPYzK`)W}*L=BCE50Bbnzm==0mJvorMlCNH8bN`uufM=W@Adma"
+    "kMhEx&GK(9&JZX*L3h`!P`5AuIGbhNVN9A3&&FO_##of^=!}g+PLZC0g*iUf*3QBl9#LE(xW4svp#6Ohraeh+;XZ}7n-l+d;6aj{A`ZaS<kG"
+    "ynWNowm<G16n&Jq&xa)T7AOY0AHiQN<i0@c{V*c5nF6fSPD_ykY@*k3#oJa|jgWB%`X-{|tnP+Lbt6gZ2Hwy_Dux9yCMSz8wx6K1du40`_a^"
+    "!P+Y>9bIAaV{<fODcvVj_UM)XzDEvW=M1__;2SfA3-y8eT@xY!|ufvrLQFV5V;sx=$pRP>`}SU?&DK>20cUV^uE-i^0)GTo92T<AiR~f2*rF"
+    "410lg&+y@@#&uOH@C&zZSj!wYYCtCJUC%}p1-ud%OWyOCpr+;>A{sv^nzT%I=qs*;IaRp60TzmrmfVT0^e>Hf_If(LRq-2Yf?ES;b^YMwHk-"
+    "CPw!r{@zrh<Hp1bAzz!B!akwDwCH;7pg8V=C-&K($*)*sYvaZ)mu$pK34B?t4#fa7geMR-X25X9-}+6PpweqloKhlad<JkZuAt61yKxGp3Pe"
+    "zf^ueUtTgc$;plgx9nC{{`F>QL+7d$)R!~S{T#DNdpj0}r-1*nu|Ylr$s8H6LKep4;!{U65uxB~`Li0sZHxqhBqGk}z+i6P>?{ytXBYSxN|("
+    "2^0g21~w~>&TMBf1Z6UIIaV@0J_4ad4>AQ>}y(8YO0#LnT-Q#5+vgq<zvSqng2gON#6N=#f@#>^BolDU9R2Ge#We>-{*){ok_IW`ckDNs>K="
+    "Da1z#OZ;PJ}y=WZdzW!+Skt}^?@tEw_FWbTh^a{f%ZlPMbgUh*Xt!byW#Tdr=R~BlG3A~{+mTRITqeB{fzPFzoB7mo%uOeH?`^bbq0DK)=7~"
+    ";>ffUytTmG#V-Ok0q#wz#(BawGKhaQ!1m_pfQ2Wn@gX9=RZR^l&K(p`Hg7q6rU)6yHBYWSaWoW2NxD1vKGh*o9ld3icre8*4v}g=G#%3gbRc"
+    "ZG20B760#@sy`8ifE8!hO<G{WwIj(meJKIktBH=H-06o11nD1Dq@oXfN@&=CLz7tLDFv5$J_StXm*~1ndFG)fOmc@F!D~_k88niHT>u)N-;C"
+    "oI8zQ%i5q~!F#(q-)m~|^eE+7`D~O}el`fC!#T=+W>>LC*kg%ubJcVlg+R45Ev-;d623~DmVO)A<l<HuZE?WOSB`#oh&L=P3y%m4ibiIAQP!"
+    "6%85=jrUtR*_7dY5&Z;_Es0IK7O6N!RV+mn(KV_$y-U<3vg6@G&$zP@pD9d=i;adK3<iU(Y3>*$1OGu5i&&0S<M?>YC|ow{havd}Z!-dTjsF"
+    "alfaTg;2y=(*yEg$C-AUs{s3+!a&3nM><Xx4&c28<|0>AC9@@N7}WzaUBF$e*$@UXQow@7Z(_k^A!*MoD~l}S63pGG`04=tEy3Utlk`pX8JI"
+    ")u{VMnK=uw{p+7pvANId%>wrN$y+MK2#5paWZMd<%N&qIBn!#ke>R>R)nhOLrHW7mPD2z9W*SMnH=f|a6x`h49z`U6$l!luN6RS5jI+;8s<)"
+    "2=CdIUZ_E<{BZY3t<W_V<y+IuLvg$4?``zrNAdA-8y6Q~0AAt`tI%SG9}SLAtmd{VE{XGT@Y)va(uO#KBop@;D1T;pa1sr$c5t>fkUoA*cBL"
+    "W?xq7@ZsIZdu*JB`sq<AO)+(5y0mO)n5wKHsJL*3d=_|qAtkxG!okV<MNz2@-Pqyar<J9BW?XC*_-(EVF?+cU;q%iYhDY_;X>52**^!I$(P4"
+    "L&fU}^>$S5wJvrU&eI(E>7>%o6}44w;lxd*>bAkcw9)#@rWTVD<toe@$+RM<E^ndIhr<MJvB%R}f{)Ss5E1bzowCDH7h)s^6w-fGtoE;%HYV"
+    "tJ$g4rRv<5G>4xhEY+T9%<=_NlMFZqfnwDDYqhHqIbVu(bHR**YitqiZ5$~ET*yN#yvldZ3G;m28P`f!}fl+RE*(c7$Cq`*U;1|EIL_DsbU6"
+    ";s(#BS{~`EbU1B^SfC-Ng&lanbaKWw|@oBKtv8_EiX1#?T2YYC1dw6JAZ%22R4*r-G`3i!*(N6ktHm_mQK57c+<L&0^#9fYvKuAPGonJ6DDJ"
+    "(QHI>pa7=}_<)w=}=v_uIfA9pV~`Mb+FAb%Mz#spDc%{5s_yqUCEE5EvUrH8^B+q^-^V2-r?p7a`<ZlTU?aK%?e<gwj?E0#^uTdix0HioND3"
+    "DaJ$e>gxOZzOZU(3bS(Sa=9HpDYQ`R@;*rT3KSt^yX5fk4-eJXfkAe*1A`;6HCSx@yv<GKVZUCtD+GpyxwwrBe|45$H8waoW|GB|5L;SV+t^"
+    "rdZd_g3+Bv)AWINdR)j>GbHRk5#=fR-HOaF2G0%<13=NBR234oCBBvHg#ZXO(LQK9KT?l^;y{%l=+Y}^Duy9b@u9z_1Y5)%AV&zTRx|Lavjz"
+    "97|4-{Oz9=ic{X-=f|>OXJt7YAVV?!gsgMO(c4{Ter}I3j`3Dorjl=ktsEeiE&2`5#c}EqPN1|ghVji9T=Yj{A+5jE<M~Qf07Ip<YR`n4Nh+"
+    "hSLfbN(H7+AWNWD3-hIb7K<nD32ZM@pvP-H}tJD&cFtO^pDxRA0y9w%g3h=!Bd?QDR%RhvLwzi<6oSl}I;b6x^C#O)5$HkfitVI=db#lnEv8"
+    "&Si688qr)a)mR<rhR!6fQsv`cl*QRGe!tv3|Y&TQtPa*B03x#mC>*Uy%Pi4$RFXjm!DB;~TrO=@BOo4c(@_P(`tHvgIoh_x#k5qF=bUL%6LS"
+    "y<1U+E4<jUw)oTIT=2YP<d@9HnfU3N6oPM2Z3&$Mf^F@0w|Tjzb7Fb1XA`sNlNFjL0Kfzo#NL#Ou2xy0Iyhi#qOCJSsy96J{vj_nzo4b{;7f"
+    "<Y@yS|@r&rVWy%{ZZ^y*%`<bspYJ)N$wCJcT5*Mk!8&73vYy^-6y+dC`Ux1_{~@R(>gSfO-$DJx-Dx5=qq30^n3gGWYFpD~q~Udgo7=$D>0K"
+    "7LMsiWE@|$HW?;bfY&i(rwmPjc**)mGEYNGIb`q$jSN__de=d+(I0$KY7Xcm|yi?_7G1!6_1VQ3}xFlbarP$!zVLK@ZygzjNK~YP(fEC6qiG"
+    "2RBnNx*tEr*_CMAURVRO>r6$DNSZ^0><-h)ljKbT%-ISB{4<II)oT`gTm7lRCH9{EQ<jXoRRn*cvJMHfJj1j3*YLIw#8ncs}Qb)I;sH1Icva"
+    "v~4<mDUX@E`1WOJwYzxtlq5y2EQGWtgB$2G~~GV)usiOAZ7w4c*+R9&iGrqoI3x;TME&{~V!d@s5rO@W=GCjtB>V12D4h?QHXM$C5zspE9%h"
+    "9{ZnAP-X7b2XGg0*T;PQ7+Z&e{<4-y-d^i1UCpTiKGPqRRQquoO@DK<1cMK~MT>`dOKYn;7k5HDtz`ltf|4QyITYgS*U~Btjg1TfR{5>3=|I"
+    "~IAXb(mI@zHOm0?|Ch96r>eC*o$!*Z4Sbi16md0x2w<`vpW`irJ!Yn$?KsCX#2xq0Yt`aKO{Lk2dfVQj7JNngh~LL50&+NvHF7hrUIdJXh+u"
+    "TY4YfFdQhE6$ERWtuI>rJQ0Q@W9}hE|S@}oh=4L;y$4~^BXN45n)X&KOa9|{k%e*0-=0+o4o@!S8K~pr}&xij{q9eX%ADyNN!me1;?lOb&54"
+    "|dx!W0<MMAN{sF-u0nf5i!6Bg!fF^M<8|$CWE@yKI@epXcrw9vkN-~Xuy&}~s6=hvL1O3z_t1rlR)30FRe(Kw@HxpxN+1&i|X)}QNWfsUHBQ"
+    "5gO6E#3Hotmwun;@k8_WR<T6;r&|(3qUUN{o7JT)n%Jqk7krZ{nICQc`?#EhTI5YHnm`?*IlVD$%$qD&{G{i2>*tPL4I5jv&y8aG4$3wAAJ%"
+    "K7KdXg6^*Tp9gQh(-!`MOJr1F8LjX0#H^v;R8Oy@!akk6hkIMQjQbMQ*_4hJFkx*NzUa7}Ez_2p=j2E(VL?rU(nB)_wQp)}ZLzWp38rV*YlL"
+    "KSWpS5I)djjZgQhsSmfh2}qA@hV^#PLM1Ur3yMn<!9vNB(8f3;}?L)(;=(3)fJZMQuQt!v{lG!Rp$?X4_3vbrj2<&jZe8TL7_`z=jh4?UKac"
+    "fB^kBktuD^uW%KAR@xdEOWxNt726(|9}!TRYoQr-oAc@1?`j<)%);jK#$)1q+tCwcH?Uai!r|&-%;2BVWGmn6}2KHVUDiB&4G<>Vv@dog$Y>"
+    "Kn*0W->g??;dk6PETuv{~sM3-{4;DQAJ7-5NO*3W|Q-;*sy87&{?wpi-^pCP5pMbO8K48$tNs-hv3-ga3-eJ@!$Sa%G;b1jP%`&w{#>bGa6}"
+    "-RlXR}~L#{>p__76zFO`$jbn{opDb>4p83i+c+5%{jC$;o~YKwYvT;gNrz&{P;(T$-649U+yLA$w$E{11=ZI6W$!j@DzTxT5m#C?nn156~6x"
+    "_x3@c4kW!R4Mzektr_XgF7V;Ml;vB1Zq1*=KIW6o*jQ_7)dw{ZH<itlQZY9-m(nJu%q@I#5VaRcmFmdLeWv?NsyFTT6mhAVU;0%;MvV&rUw2"
+    "}vuniy}SSk`xwYw7=C)X_7+|*=icNk{V)ckKUaq9K(&Ep#}$=N9_oqs@n0cl1O8oHO~#d&8(oHL=T8!n!dq`gqc6L&m&YRaF4!P7Ha5IWL;C"
+    ">5p1`a`gCSSZ2KdDs5fc`d}W8!!Qd{K$2<*I+%YepY+nV`q%-zuAWs@mre!h*8mq!_{15>J}Bw7ZuLEU)JAoaQbp}=H=pc;9Z>85jZDg-q+Q"
+    "mq4$ax#zB9OVJ<*KMVgyHQD%)}umE27(6ITr*I$x>qabj?X=!iIBOkl29zP!h3WXGc_Z`VH(l?V~()dbA$(oyJsDG@W=;^W-3k!J?JKeb=N$"
+    "3rInLgrHVcvqM<lt*$^R@}i8nm?o_0i{o2GIr@e5+Z9hQn%WLO;R?3yC7u6iS?buP4|#340h$-hj(KzDG&&7pKHR!?e-;IgmMfAR8!mdNwvr"
+    "O%oItPg5u*32Mlq0UG=Oe#r!fWPf3uMX<I(JY&us8x|#Xi?g3QkD8Y|PDPr>|D2w|)S>PHFDGl}tkE@?GCChT7cyKYoT0pGUEI#5U&3yQIsp"
+    "KIy*%*=j1GQwNSc4&`%5}+0(hD@Q|&|IuFV{SX${>1|2-r;7?V{hdi!{1A07c7w6%5a&ByE-f@!e@aTuP%VTWT5F7X==5@gn6|Kj4$;1Fb_C"
+    ">baONJ%AnJuT857Yq9zE}HTOrgerj_X3%ip?gtcU#rY|-=xG6%L3O`N1fA-P9JRDp8!VuMsu=8%+lh9S7$p2)XP&<%_-8<>{L`lSV&st;Xc!"
+    "8p)kwO7Z#4OiK!U^rJ~H^FHFq6fkHI3fU}hq|0V+3GMdp&;@*CTJF^Tq7vu*GeRvxlm`s`*qM=T-eNa@&`|sg>y&H34T~&Dv8+-QcHxQfk>i"
+    "!E6hH=~Bk%=*b_5u_#p<Fgls(6QPT~~H-URb1ZsB@&PEGG+r3JCfsN)Rxwtg`%5X2cyG^POfz{_Du<re|yKjsb3ro%4mam!CR6er#!#u+>Q3"
+    "AN)mXa)lTs?nf_R>P_TFHIo=gxprarC{wnWjRKEd<yfIgMh9*ghV=(-bq(t3{d%PaoDqSHR~#HJrzRcjTOKVerK}JTF@C28X6Mw@#>%%@_jj"
+    "!g`&iWy1%3~knhdOF3atY+dM$PltNo1SQWCy*N%K#YlNA&Q3$?c4;r-XP6rXT)37EKR6)`7qB6f5Ry@Eh5ui{n4dU~%esVLnvWtn24vvWRD{"
+    "L!7w{7-`%;K*P)_ER=*!J{}8BbU?RzEbZGyQM>TME3dB23>ZVZY>%~YJ}>Cmf9L4!^fwvP+PKyxY&_6ZJq3#T_L;{O4mcT;u6?D7_8fRp8~y"
+    "A4CE6^1XL+cMpDd)xt~3KIvLw7QAT-qdGKwm@Y*gioU=aSO7^Tg+l8X9+FiXOBPj{fB5ovdly}6GmBPP;hJE@iE7u59Q&rv27#^Xa9v*RZ>F"
+    "1l8c6*13rL7asOiu<(fI`3^ZJpYhhQ_t^uI{<8(D@=$q4y8DGSYb&>6uxH^`vO%PLB27;HI)U@MWMhXTU_u1i;7p6TIolsu>IO1VG&(2eF?W"
+    "N8tOxHhG}CA{(o!8}MF8_@An)D>s51e3Mt$-QnVfgXN<&F*SRxs(u+5oSTo1v9;S&tvbk^qGhDmG^eAD`}ftf10mku^1&OEQ{Z<{wsEzCi{$"
+    "--^f8szG*Y`1Wud<IsHaPPIYL6bi7}64r@-~eqjCNhPq<Y_)>+_SwK?mTD$S488Z}R;*s}XSNQd_sW|t0XdwbdjM%!Wk6)2jUe!rDN++g&L?"
+    "jKyvHLlN}p|B)^NMTSe>b03q*brGBvz=WCRFXbAqXNzhNn6cBER}E4UYtKQt)<n`>GTYMzx^sl-|&mF%ZdQMApa&Sx+U=-HY+J^l$~uvNmWQ"
+    "F9HH*>X!*A=M$N+T2rF*OTx*-*p`n8^5BGd^8JtS(&pO*%A|e$Vzx(>1Urx{Z`pHQDrpow=42*_GW)==VdMtWTU(SCW<Gwb2*3vTe4(CU<>0"
+    ";uraHVB1A2&7~#x(Uyt4S6{MuVnJAjZ)CJ}AQEl^9IJ?v8};OEJkD->T3Wp{Qa{?{1{BFq^>kR&3l(*{DRvxk1m!)n!>lWpIdH!>3z9N7%c2"
+    "@ZwTQQEzVHF>-8Pj(fHTr~uN^8ZRlOd+^il^ejNpLCL;XAi~4_C?@z2!N)r%n*cu{zPrnzw9KBHYjP?!j`x@xk>}`8Fk*njzOBX)Co_weM`S"
+    "X9y@J*CtTPKA1vQYGCOL)wQ34dI5EiUO4nXuC8ooFOObidDXGDZ6$p1X>@+4Z3{QWjR2U+^|;eBY>vU@PL`<Ju~&xQ+(i=Hmw)Fcu7$HCTdP"
+    "=_AOrwVgNCm!BeU~SFI^DL0MaFmX=xrykcq*T4Fy<VH@uhak)Kj+~SprL<Hcfxh#^YWaUTwY3T`>L&<rC_R6dbBE_rz<W7=;OJWAR;6VZG;M"
+    "hgb7Kn{YY@fh*M6)Cm<!mcx4UG3p^taY!CX!-O@8KK7ZQ|jHKM*9l$>sKHFX8QvP_HFcQwb$JUb<c7rV!y4MY7Y$7Bq2Tuw#>iMJ8Zl_lT;M"
+    "+?Z+WM2M)aR_O$*H15`z0<&Kv1Jky`=xNYkqDP82)|1j4%R*?Vi(=ktsgnnSUeSryQ5Bcjo8xfsnB8b6G=1N;46#6k-*ryDF=B5L%$V)XOc|"
+    ")QdhzLL96*9x|rJ*Vlq-OH3loIIbSwmeAhT-rbdzIWs*yV?j1hL)sl18ycq(7t5SkbV>>~eWJGs#}F}@&a#*PFe5AkYhnxs0ys7&j81f*DJg"
+    "bz5)vuM|2@{(Dmf^^C7MRB;q+Ja8XqWz_RB;4(1)}YERBfNkc)G-1&Dt=r_S?$!DlB8bxvT#fUMl1NYCn8{%tw!Da(Drc1bFcR&`Zc>PVy%a"
+    "5f?(Is9Kw0TUw>5{FmJ-4PlS-K#^rvkUDJ6<N^=79NZ8B9#lAF^|kkp<P|EPjN`z|8ZaDP6iJy@2)@`A-I<9l9Fs|7txWuhW(Ni^@~cVRCL>"
+    "n)lVK?9j0L^I3%AtpSjFCzu*(ftD9?T8n}*pc?mEfD`#fP%hTGz*Xo;JAcmlt=NwckAgqHQ=wDdW-1KmNb%~CaU(lA3-X0a%$k@OnuYgbRv8"
+    "*%%CRmxc!t4AZ5~(nWoqM&XS4%S=R>hCLH8!a^`)5m6_t_FIvyL{4p4Y8T0VsHBIpjYe&q8%^Zr*HCVq*ijvoChI@lk@7+Vav=9T)*|e2k9P"
+    "#ksobs;m3bKY)uHIWP!G&rDXXN_V05Pi)+O*QEr$24wg-*^P><W|=psp5|T?fZd%*WXYyxL4lgug`VC;VWEuly6QK`GOQ*@3tVq;frkG4Zs>"
+    "L)E_PIXSoIZud8Yy)0R`1oC1B*`i!VIpee?&gpXETc(HMD1a7ATxReM`eVSms{CpE^~@8j6Dgh}FP^I#$ur>I+tzJeng8{dt;`c*?+MY*!c|"
+    "0CC1qEAHtZN2ICD7)Cp@N>k`VO@Qq7@eUu_hkG~)7QA%Fm*YI(O)!SVpL|?iHRm6l$7%Jk%STcD)do7{$DGP$GH0#6A;$0O}VK^ydkWqxgJi"
+    "oZm0wNxPB<f1OUByOcVSfy(30IEDH~hcy3mKy?@~1W?}9DZBv85V8Fz~JwF6$xsaVxQ3(s@<w<B^g~82L!ILk7gpS6TIV{0Q(P7JRqD)RvQ#"
+    "&@!v0Jv=W*VTr0|=#<aCXTj??*)m3BJ1(6tFp8y_C{Nxlb44l`0UjE+7e<w*f}o!hE+}5uE+BAkwEefF70kt$dcslh>I|kU5z?XWPX?QGQcb"
+    "4+?=nM|t~Qi}A=(Q&&Xt7dBl<zg>KS?2;guQVXv$BAOmx99y2jbN2;)#sEwxtK8mEJyWJ<ApAEtu(5e|DkVuvM@4yjA}*$uIpFK3rkXj2DwO"
+    "45-`37RA1NxQrb<dCA{rVtQ1O&Y6Ise#6&IL4GMXW#O3yGo)6;8b%gGTK^y3tB7ZE~1E)?NRhxiE%v!#HS9E)#cl)t3d;Lckm6My@rE!vzk@"
+    "xKsq!uSMM3&Mxy;i0I7fyd*nrV_XjNh_)-m*d3;M)%G16x;9EklU-L+s0aVUC@-j#F_nF@J3Phe{(x?>tv)>pPf#tAMr2@mrm6tzh@3xJy|}"
+    "kDieR}HcU@Rwijjk6H`|R_xK`~blUXH`)m=aI+se9`gl`yn}>?RkLev(=OL%0h|h-U5Hxhsz|o;ZFn4%F*rH9;y6AlO2|h%YorkT4F$?D^h="
+    "*JkH5&=(V*j~Ue0vKn!U3#LKZK4o+=u2eK1M~!tiucjsB1_f8iP!N9Ftj^fV1LadxpZ&8pTS)r%O}%y!B}C`YHR}2PuW|yHR8}A27LG9bi!|"
+    "id0VFge`x?QBlUFP@t~FkUILGn<0{V&pG867e?RAnp2n)1HY52D61&f$ELe3n8btjh@7ObI|~$41CbXN-+m{=Ti9r7<v(;d>wGa@4sib>S(("
+    "Vhm=I4ycuLQ$(V+#M{P}@;EB#l}Qbyg4+H@h~01@Hce;wn0(o*egJ3D%MY3V$@9GwX8L3g*{o9mKPyR~99)%m&SeXDpO(4wy&yztE2{B-Lag"
+    "$aW$P{}bE7nf{g$FbZ6%l4tzB58i&b#e+Ftz+xOm9*2tm8nnD2D7jK3+p5nMSgv3-1q<?iqTV3bd1E;@Cbb7zD1VPGu6;AHI~?l?JaMbh8fT"
+    "s5AQ{BdtS42f1ispIfas9c1BJ*6td?Ki*XslVhOPNTy3CVwYp+r3=3yI#cKIwYN+zFrp>$_w-b&`j*9hM+m^0uvmL7tB1}gyVTr<>bxr{n_P"
+    "$dbJwu;P;f2(qzgPk5`C4D4_}bI0&&Y?kSd&Ap$lPtSoK}0Qw{pt#_vY-J;E?#?hQJ464i!qOp5DnR9Bf1c9PCXs2yt_`Po}E47+8mA$Q|al"
+    "%+@wP4K^`y7J;wXBLzuxCRe(A314@4)wk*qZM^%33qb3}@rj)+3TjxWmnUGt$2&I8&UVB$vXMeetC<bgP^_a9SJ;2dGJuCSYG_hi%-O})FER"
+    "?&(Jd*_kb`sB+`&G)B7JIN<5S)K87<%&1<-?E9M2J$>v;CAtLJApo0ENgqpYuD@Ru<%YS0gCZ^b8UYz77?D!I8TrYmLqdS!xH(5<eR1#0VnM"
+    "Nz6-9(DE9RF9$#BVC*u6n}MgEH4o~*;nP}Y3tx?kFoEvR-iOD5wzHbM_fDj%gL&$ZEx}N<mH-~HoJQ?WpqlFh?q_e(X1+7QQSX_DXUCQ{m!<"
+    "Y0904m5AuCsC0tz4)1@4Gzo7!Zk5wNaAc~4C<l6oDZ*3j^)1RvA0;vBtw3F(0EU%<gHm<q(xyCy7s*jag@d<pytu3Nle>g=<qZq9U%p`_NW!"
+    "R0%N=@esM>Nz&ze-3d&USQ8*)kac8P`QYwm2dYcED&N8k}B2%68OGev$l8N%Dn7!zw=DUy<IsMX&UIudN*dWvrTyiEd~-#KD<kSS=Kx4`=oG"
+    "foW}{O7)j-78S0q4Sn*5w@aFROSE^G;UgnWudP8q#KJ^E{;8#YxU(zUZz2wpvP3`i#prA+J7;mh#@epmwvT9_6v_6U1ulSyu(f4ode@o3(jf"
+    "6akw2mX(jSC{G}JkiFxeOo5ZTz}*a+ohpI`F+0*P)~s)}-5y^Qp<ID?z7POf&pg?Zm;WR$7Gz+iu0Lj1hF!(1Rb9BdHUN6+?Yi{hTr1FvKQV"
+    "7C&R*B-^++uraOl`Bzl^Ky)O+(lnPgZ+EO8XF3W+S=dKQbU6Cup`~ww7EkJht?Mbh9_%;h2XJqJ}oWh<@#Hl`uXzlBfXUScvn;*FYwV&Lm|S"
+    "LT_nl;e7&-+Zpyo<X?*+*MU92i9TU<ktJ*rPp<#ao(cP`JO>GTtPw@Q%q1Tt#+8X)`!1N4UXi#iiJFCvd!XnzVUMjk+9X>&wMlYKB{tx=dD2"
+    "9k|eT8fLzQ8>N-qNxO02b!^pZ|J#AMT|qO*7J+9P<lwIrZonILxI1++)WRgHM?cp~6B5#U*R&=_K)$6^2I2Dx4hWy+ABXI$HbPz{lE}li=eJ"
+    "5I8kWmo{>nZWd@~i;!NRqrJ16m8tnq>h4jDQ>9d{RGyykjen}VB`GBt#~$0kcU0DWW!2;Uftm(Vm9PI3LF9^8zu0X)?bGUKA>q}PI=<b}q!C"
+    "T7pg_DnmOfAU|02b{)my;wGn+Jo4T3_Ljkz_Q{kTA$ZjuRLHA+x9h|)Xf_gj7e`K?;=8B-{<yb2C7Ket;UG{e_|2^7{E2~-snnt@J3G}NWAp"
+    ";(yX9GQPE&hKuMQ+^&46;4flD^E=u8os-w&vTWOVrSD(|BSK!LqKp~kZq`}t-Ye1Be}VWPm7qlBY1pc=F(QDI&PaMG9v$&nMLDIhCiCo;Zm1"
+    "8{jyeAXmE%@56$G>_xlISZ>H|6i1N^CTAyhfV@MY73jK$7K7NHztPZyPYSFMz!xLVd1x%hBS1x7JxL7h#k&p^HFbD+J(e6iYAVxwC2~JHL9i"
+    "gIxLjEmPtt>=XD_%#=T3QA+-Oc_I0nR2<QoY!(ubG*iovvd}uDL6Gc;^uR4kP8CBAJ{bB1%lc$q^EKd#6W$ubW}5%kM?98Q#>-?|!~Qx5~@2"
+    "$Bc}LRXj3U!u(xHtNb2S;j5;z3v>V9uNE`ZgXMN{(Hh2a?{1r#*VZMaCZ~+54XdmeGMy|%Lq)>y?H>uuhEnEI(;(2usKn>dBolt)5NDTQlV-"
+    "?U)o$GgEEx?as&1;0mNWe!gOubJ-rL|O$u4+x4Qw2xtoNW5MCn6w7iU*DHg>G>G0dT1Ewu_Od}TxgO)VzI=BAcbSvj?E$lGsXlIkkSZb2?zH"
+    "`k}f{013y4IyE6w(yAex8HWQ?QPaJaj_KS**ST+**U9|Q!B;5l37KizYw(24F<)MOr-x@6TCA$4fpO;8xs&zQ$0OX)X5-D&>k1>GBLKO@{UC"
+    "3l&CqgrP2=#GyNwDGlrIuQ*3vS&o7ecXk(2IY}OE`(yf;=Fk_{z@bTknbX*NdG}_&2#cx8(8TAcPl4XZW>Sx@I_B;un1k@uww(rp#rnI&szx"
+    "~F>X=^t!HnDdIGYswSqI{1q?bF2?&ScEz0AI+j2qFv(j}DoeSeUCQXQ*uvB&O2|2+~f^JXSVL-tfmgqtwP;XA~CcRjqv~#90sUUx;W4kJ#Go"
+    "{BmGp9o=94o43F7>fAlBmy*gs87WuVzKq^SCWMBtZakRi2Q6}0>D&8<-{nP|%ol2^bmz1%!b12&Pr_{C+~LuV6Jvn!5k!Ith$#-#^?lz{M@Y"
+    "EtlKKI_x1CRj)d;HR)q&;IXXcpF7Zh+Tez_~kyw$uDI%{}xU)D`YH2%U8>*B4vP@faW{#t*(?FoLNY>VZT8JPZ4rNZq+@L$Xo(uoFWelCwCF"
+    "+MjTiMhKA)sz<%YtX`Yr0$gztm*Bd#YIKQJpmwlMx3>GCO<pH;v@OfjcNYblmft#K4@Xpm2Kj6&2mILf>A&SwN}lCq(GKvmKPQ$PCw-r!29~"
+    "We*i0JRYm=gm6MI|_6bKDyC{Z~FvabC_w<UK5K~c>6qFKpd3JHWyKOPIXl><D{Vu`D&+!-?!$?6wEbAfX{uv|R$gtq#xVC0;hheIlndN%`{x"
+    "a^=q`txOl2k-^p04K{#56ag9xWXm?eq#JHh->QzSpfoKfRE~@9Y!`fj|L=jjTT2TJ+Y26MUh)Bcrfz|FlG7!(_0`q%agO5pr=Zuh23%oDX~P"
+    "-+9g1DK$-cUBgM+GNssmh}y33@chhWr4gvc#2Dcws%oX0h6gdjIfd{si)F5EuyEB?P{;+V7(PL;shOE+PIiVjKsPsU_nnHGCM&a}Gov6sUE="
+    "G2i<)fI&4T`Jd_C)8T^`2<L~eAXwgyqo65(L(*XjpMtapb$j#(M$nNN?8Ph_M$I>i$J2m7t<{U5TLMZ_dN-U{AJL&FSVMz&ZrfgNh7$(@?JJ"
+    "MjsGM17&!Odsan5gBz7?uFxp9<+7pU>fag`}^G8hK7;uksr)0Qj%%uc;YxYVtFS3W~K`HWhMHh2X@cJjTKEyyAEnKwcQ}kLK}&e*5xIn_8K)"
+    "+RFsQzjGkHs`gbM_f$)eVA=RN4ULGF=t~u_cfi%w=PYATIXqNlW_060^eqD!>qKQCGbz#xi*!Z}W<uC-Rs8B6-(uU2c>SKL5($9m6%CYgW@$"
+    "|pJ%0S=O&-&Ae(%NQ4&RM&Ow3)2Q$@Oh$n1`2*os*-UQ&ovpO;!#85eivbw>Eoq);pb>|Gu}mF*omEuceundv;n_<meO_RQ|259vg?6CKmL#"
+    "%Cuj-`*Vw0h*?<0P&~i<+f^nri;i|;QfAiKDF-M2<P={w2yb$V!L{e)*wgFaCkAFTS)W9%zG;6}=H!%)c5bO46cQ55)E;Ay2Ug|UbTPfWdUL"
+    "oZA{1fKs-LMVe-rccvMJc#HfOkG_CKTrbR2P8a4WHp)p+t}Rx~$_k2%=u>He$vxj1KL<>n0u{T33j8gEETU8>|JJccng!9{;=Y`D%ZxVgP+Z"
+    "7K7&?Xz>dy%Q3)Cg=$9x3UZf?&=ms8Zc`5MeNxuw7#aIJOMz|RzgMb9U9i1FUVhB$|))K$aa5uhPl0?rCVOo!NIZj^upGWzQ22eeQ*TvkBr`"
+    "2BO{%;`ud_o#Kn350@)m$c)P;2bu!Zb2A34oa8K`EMPKK`af~Tn_9QwTZB}MvXM@R|Q4v4VK1ZRVWtNXH4T`B13-j<0OUKu~>>MTb!1Ro)Om"
+    ")ZMnP~*X_Ya9>*zScq=)Cf3@MWb3F{eMH6LH4Q42XY6_jBnPo9NEX2L-|l2!1j(J3euhuc|;mlu<~eq#7Q|pERRq*xDW#%t+Tau<2PYv2M1`"
+    "u%=SxNFMF$Z)<O%MFtNIpBz_x9oQigldxC{R}rJmL_xKs8`2|TX5o-1E+Hg3zsQ24^o0FZj(~`Z*WCq`m4m>4LfJYQ97u>)|5fwzfUTkuaqY"
+    "t!toGl;*xnXTV9#0aK~3Y{-KF)eh@htWtsI=01qyb(A|yga`j3n_5hwP%c}%%MQsu@!;HkEFV6cPIAjs=l<y$wSgMA$|xL!3T&j`l6r_A@uU"
+    "(BJVxxDJBy~e^cF%Awvp!!*gfM^H;Lm@ia+B$`=aks=IM~D14WG&$>t$YRp7M(o2=8XaVb664%_Q-@tzJ5e9DNBK&i%hg6_if{!|4lt6;E`w"
+    "IeS?*O)sGJ6Hi<}Io?e=%pr3~w88tO)ZbCr?{+ZE6vaqx&E?HTPPe6A^^WZY_ZnLsHJ_!r$>qqKrXm0B7!^0&%Jfm=NhP{8#)Y8`R8W2N-dV"
+    ")XJ(8pkR1Ah>@xk8|@aDhPxh*6PHh`s?=RaY8yLOc{gBPIFx6cw59O$-N<N-e%Ah%|6x(aW#FLb1owx1*(#g*h|~_q!#~O1gINkmHJ;tNi5@"
+    "&%OLJMz@^o?v80A7G`ov+PKBoMryRYLS|Mp*r3?lA{A~5cILl7A;GY4E2}#qBn=o@T$q)O$mWhO;GYMyO8xot<cAZ1K}UeVVF^_=Cf_!qZLN"
+    "bv41djUgjLl6hooeTN2(^q9`24#$Vl5;vU1y7_yi2}mOVwiR)znqjagE?(gP+W1ipF+Ob@z2)ky&!oE4fUs)K<+UELgVxUq3U@S}3V4;x})q"
+    "m}!Y^VT+nMYb24pOxbiKoX=_;zVNq>d2cLZmuBk!~Hm8uD8z&D$4YISm;BS@E40S_)jIp7oIZGzBR_5;-m*{mCI>4RmR7RP4Ww3<FJY`KbK$"
+    "}G*0ocFndg!`&>lFP(c<m^gna)A1NhFW9MmlU#!fW*VRw2h6FF0mwsHb*;m(yl*Pi7gM;nsSCGfQBK16BK0UJ$4F$psZExApIt*6wAkwS$_Y"
+    "i%kbA9{m<vG|ieQ7fUo*Wq%Y+TV5fY%MGkI9VV_Idx{Eg}l3HT7j?p`ixO+R)mradG?TPjl>=7O%dQ_=k0Ngcg_R>S?IMd=wQC5q-E14k^7%"
+    "A*bNw85uP(etcs60tPiSF3S*tK|oH}L7l#V5ARQpq9VHCJY@tUc!Ph0q$i3Bt(0-m&|4nGds^>Tt4Vlzdy>u}H3#63#0~sbUSwK273Gz`>{C"
+    "$*8EK}ccjG!M4Ev&Cv@#*SqEp=V?+F)FsHwWTv2JaDSzZcU)-L>A)YlJ~0M6<gIC?sHb=!A2AR&iGOnBYO$rio|MQV&nBaV6d4A|3U88h*TZ"
+    "UFeXxw^W4?7O=C>nu;juie^)gLP*(SYl*aUJ?>6v=-#C(NkQpo=qKPOZdV3VZQ}JmYMb8{qjmgR6)MnIyeeyY6kfTvzjSUQAwmC?btIi8sMK"
+    "#6~(UBrLmJs9Z18InA8aZb98V%+~3~G$>Nrj5{-?2c-PTRZWHJAHQ?ZB*$y@26%yw82=kZajo4V993T9ws3eqOPD%C$J%XPCfU_jX1}bRg&x"
+    "sz2zg`(+r0H+2g@kjEvdNjaxh&+{a=&K#AbaPWm?{Z%A*q{LS&Cf*2u-7NfN3kbyRI$+<Z&c#>5{AB6CCXE!61SOb4x{|n_c^Hm|5T~4t7rV"
+    "1b~g*(4oW7+2!K{%zc@V`Q%jay~ivtFQO30RAe)|PG(SnRj90*|IVe1yR=-8zqGu)mGjJv_|i;djDX06;95?FSNow99m%Yr=B~x8kyWQ>apC"
+    "pX@X#peJ|Y|s<_j~fLUors4)DNo&|I05qekwxXY{kIeHoDb<5+O$a0J_coq>LR9WC9?r>>M^J2nDaI@<k<^B*_Y452jwf=Do^dAafm(vh>zF"
+    "Duuy6VZ*k4IEycGlq`F(+suG8+0yxM5fNVl~9dR=Cr>3zDT@*KQz9^$KUs`Fi(7j8lqF=HL^U6ZoD&)BspwO5E^-S=L~g?=Jo39>>XyNf4^y"
+    "JJs!9q7a}4I3>q1po;ml~xb$0xXJtnG*l%x(vLwH`-fKgS+u7yk6GT8%iM{3Kx<f!zQlz9>S|%g?tGok8GPCL+(E6R-Nty5)RFrFu>!lkF#b"
+    "HRi<?Y?e^IW=>q0!W&y#oT`!eS>qLq|ua#MgtL&_A+!bP)SdZKEzPL(lGoMGNyS2F1UO3k(t#8XS0jVP**<CYfs^B$`=z3^Kg$tOIv-4-D#;"
+    "pubVJ4fY|<OeZorh>eWONG~pEX%Z~qFHcTsAS!(vauI3+pQ_6%0`n2csh_(`w}(93l@trjhB048jmi4L`#%(bz+mqdgXe0umfIH+Ph$PtyJp"
+    "&05O@f8xxk+ly{XNNcxOh+atg3|pA5El0CjeJl^`RH(i`#Ashpgu@VoSDZnBh;w1Pk%?nf6U#m5%ZS!|5ht+u|y8k?|d%VeJ%!%8MWnws}E="
+    "HiB%FlUQ^h4`Qh+8Oo9(y}RCJz^4c^U~6?GM#KWq;Y|@Htw*<B<Y|1eLwa~%bJ=)!#3AT_}Z*FylWd8-~9v1O36qyK-z<0a-rY`0L(`>Zkzr"
+    "tE=rpa-GvJ#p5}b}AC7(fCB+q$PmkIdTrK$&8FFK3Mf#GQ9DH9``56-+={SM;%$s;?cv_mp#JM4LC1;8~`9Uzf#i3~%qT8VVbXWQxYz)keGv"
+    "%;9jX>ML*48q{)a&QhoeG%CZ78=86XnkmU-e3KizB17b;ifi+7we`80SRGL>A*lVn<K9{tQoyjsO(fnO6^fR#l^-P}2Y=ic4~`=jI!ToCO3w"
+    "V}u{&!07a4Q;^?On3@OewuFukzl25hQxCCQu$lL-;>2HTio%Ndbu(y4+fkf$QhlM%uq6+zQ#+jM3k~~V@`si0(|dYGY~1JwM9{IctODJ{me|"
+    "9~A15S^v?=pyK<%<`rhhv4z~Uo}PGO&=RZ-#akiA1?#edSOc~L{dks-l`Mu3T!=-9aCCVoEe@R#wi?cJ@N29SctII8IuGop|%6C<=0(z3flu"
+    "p-gatS?!{%@q{r>4jKjJ_|I?nl1m<(b>{^dj|r8z$VNrEczX!B*s7yHHsm@sY%H*E+luRs=A4<?ixx7@tgp}IbZ|_tBEWAnm#^(L6f$QUY(1"
+    "p4A|URB0DD{8QHqR+-ZK!TIEzlS;Nfq*mhKVM5n3w$9_z7M<+K|Z4EzPLH=8Dk)+h<2<RzGl~FCTt2<48u$hXoiJ1jn?QZ}rPGobya>B(Y9B"
+    "bkGDdAm?zAJZit57B;AyGZ1S=*%c_LP-Q!0Nhv-`dF@*3;b997V`UuaZIY^@A;~<ZN#9Z!8rhC3_ih9gX#3JHb3^Xw;hp>IV3Cwx_b7iVh?t"
+    "rgnC$tfGmjk9`}bXP~GEZfKkZj-o}5Wc?EduyFY8`6kBGl{5<SZS9Xw#U(G#$Vg-@mChA%0<wYwWTb@V-^B`oL(ID(fEJFG89>%A8R>QP3yb"
+    "M`*!2-qX-fmMrR$zvUnR74tZkfKT3SbZXIArJLl5*cvf`gU(`KMb)5)w%FTima=(B$L=hpiAD`l$%&%iY=7dY!5Fah}Yi;bK%A}W;B=zgEEH"
+    "T?;GQ`>Oy^R+u#(Su~JO329m3FH#X<<_#cDJlek>D(skXgN77U7pf2B>NR$rBtMqWr_-8X=zMGu0{l~OyZnf78Vy5j0^_`ON!e+mt&0DM$dZ"
+    "y2C@xizIq`I$__Y*;|mZVNQO+I8OhmQ%q3zUohSX+r~QwijdVUf0Rq+2wOwZTV^?-pgJWe5a}=Q-SUASTJ)V*?BU?d4C@h4Gl$$sAX{M+!?8"
+    "d2BWNy9|VAMIeOywwidvU-kZwwb&P-9Y(c3PJ=<(`{22|%b0kAOltxN9XZ(>i|(yrm!~zkfi=$sT5$1wx=qLv*wx#9t*q3c=bs%+>zT^9#tW"
+    "o;6^?d3t7k&LtsUK}%C!k2o%t^|QJL6!QA(GX}~mGCB%SL;dLR<hZ>}PIksKmYb8~-xDiLLv<K^8^aKA@Z*Qim+2Y9LvgV$EwcJG#)k$B7n^"
+    "_ep?^3s4`MG;h^xnk_ttn<Hz$OEo!S~RQ#K{yA*txIQ_7B21AR?PEeQAIltbuge!-x9EFWiQTy7q|tzE;!`-gzGh5g`!AN56bg=eSYVoFkyi"
+    "htt>Bv>JEB*A5E!+mmWKjB!2IFj#bIcu0&`c!6WW^VELG%(0S4WE@ME(QWm0G5@bcZLVekpkOlYqEmR$}Ty=ppefP^K*0a%q+BYgXy4e7?f%"
+    "gsvUEGbz5F;Y#a+SaCUQJaDaVhmu)h-n)Qmfp;1g(MSKE~SeI0CB|bF?tiN8EXl{y$Zl-2#u6(#}nx9KtUQ$s`GEl2CF=k?n+;Mc#>gY2}+`"
+    "b_z`tJN_5gw78(tUI7A}ByxLMba(a|2jj5*D(<3zml9ygUzw@J!GA@^&|4>j$ue69uw&6mWJN9(E=rGHcNGcEI1>DL%g_2`!+GtYlrPiqbR0"
+    "#=*YlA!fP`+n)b-{d#tE*xB*=D=(Mz3n7t`Vp!<fon!R6fVzfYT&$#2UACI`z|1tnlu>6EC=IJHKDOesvP1w9)0$r{94S?huc%bl0E2wIJ=|"
+    "HVR7?xDpU(30DHOGDdCg265E1N0^1iZ-q&A(78W`b05EWhW7!B1_Q6EtT2A`l1L!-`)yj+-%Pmi1N-vPKGeMg@+Hm8hDFeW8%=D;%<g%^j4>"
+    "_Dw1_8DA~$LA$=k=mtzsv1s?N0lcWY-Q0lucqeQye+ZPsw3>HGA4V39&-y}p)4dnIz}d1;Oxd`bPQjRq`8HYGASJmVA!Arl#7C-6foS;3CrC"
+    "Z0~dWh#=$wRq6`L6Qi13nXzxJD9tS4IMTOBZCdT4om{>#Iw82m%dyjiZhmcDQ%Dh}AMyI{RD71K-U3Yu?psW9A|Ijgad^f?QNt2eD1<uWD!L"
+    "NBYH9xhtJvKM}tC|`bU0&7I3zp{+ng*~iFFMyHvO2pw4|R{hNqj3$ZB1)YF@<S29tj;U-j=Gd^7euMR9|;>+0;BVys|nFoWBT#`1vv~L7+O?"
+    "G<cy`UoKB6c6Ob~;~&FZ{PA!DOwC>o+~DoxIyxN9DI_n?4)jhAaK~e!6O+cqZ`L#<)-SKPxm3S?f>)EE^YR2arGo{32<)e4Y;N@aP;HcLV4_"
+    "uHWXwpPn>OR;L}2{ake89}{uJErhdHDGfWi8{2b@(FWIAP(lqxn8?e8-!60)_t)v;@C5))rp6~SBE*sNG)TUhjPZ)mKkt*9gxb(O^tl-szad"
+    "8|C`)X)FCO2^O2@&^mk#ksB?<1;qSq&hbVJ;PM#rVu9*y+IqBK8mT?FuO^M#@zhDPg(k}d^T0p>c@`N@Si3C_6~<fU=S9j6iN;R(1KHHZKK1"
+    "_r_IktkPwgm^Ps)W%#@JG(1?fE!QR8YsW~OtaLQ;hDpFa+!M=Te&ezWo--+Pw5e`oO8}Xrl`4|!Y34Uj{q&QRoNJl#?SUOI$ROa0-8SD?|`6"
+    "{(GKbIF<6|Lyd*?~{s>gM52LM*f7o=jMq5FZgvPT_%Ky#)~4Z{uoAI5jRoWTAg3?iU@>2m%*w7`Sh4csRR|o`H-_<P}a?iF$gwy6tSC5G~D5"
+    "@F=KK3aR5`N?+DKL-x+}ydO?U7^sP$*{p5t?yNHsR)s~A(HY$7T&I5RZNaVxcF8!kdAZn{HCib;+P@M*`;fm}J}o}B+B?*}{;J0+Y~aaUUSf"
+    "F$kEchEWyF*es|X4xE2~7ulx_;xzgl&4((krRj^g1GTZh@&9sK0ybN8sMASHu9XAGx(rJO^<K;XcjjP&1c=^`@OCh6wLUUx9Qvq*%ea8}tra"
+    "-^Lc|5-Gj9G_qG_K@D#EyECM7Vqvzyb7x*S5+I~PS4FzwU&vXw6Jad^FScLZw)*25(@23Ug;_bZM6aCPS3cy-QK|u4}FrAO>?jZr=@~6H~f5"
+    "&TrB(gVFUb0^M_x5!S{IecrgNwJ;h0)EjR*~Due!Q@Mvv;pBP$RLPV&j%t#j&vYMZ>G&DjdyjRySG$L{LAclo=a-^gE$D@ZgH->Pq*N<eqOV"
+    "RDt$SHbz;$khW+&!pWv+!_X92h7_OK(43UJVY=P^(ZI#zaHbFa&}EcYYVEX$T34iqu_^(kxI%$H2lBH=O_QeF4loqx`DWLNy$m*Un61V$8`#"
+    "M6lxw?IG=;&TX;z<N3hl{8fDMcYb$))*##Z_7o)HSZ@2@a#Cj!2fbOHcuddh@*6$|Y-=$jZKm9A8akwEdS^Z_BqQ+QCUKT~N+up|ci%iHJIA"
+    "eBA_z_Yd8`AxZBdL)%N~LS61|7^SPEJ_EsJ|wYH-O0rHyEGbmkY7WosT{F~n)t=-{!5YyYH+iGEmE?3$UbsQhO|zxY0UKO4BZphZ|sHSt=tJ"
+    "A73w`Ok#{U#|j$*qXybn|ILDl0DBoA)+DZ#@fs?5*sVJ`|D5U2<mn83da|hOG&dkG6b8aM;U2vUywr}n1^hP9>s<?W}Li9v>COG9hd9*M;xB"
+    "Gj&^f#iP%0>b=A(yr~E<_XNY&f1R%USJ5;0iIf(SjDUYvr)_tIGcO#kuyBN-f+1B>yS)ED8KU+{g;`2s{IzhKh&)4zu{JDV%fe1zXJLC*!L$"
+    "Mnvo%127`=Q0?9p?yj3Kwf<4G7REy_+I^&wOni0*z1D`%aLlx>xkR_E7v?sdCpc7G!&U6Q3}W#BF13CftM($8wKZl35q)h^0+H&*wH`Q;P5l"
+    "@$v5V>Fu}WBG80`a{}P)1EeZcL6SK&{x^mUj|#uB`OhRXH0_RK=#HBU3b{D<GbS7zDafy_85qPJuCbizj$gW^zBM&N_ZjmMc-n*k{3U2v<*E"
+    "nZZAITHf9Ezk?|%Hh%5Va3ib(F^{(UbtZY02C$Q^EM9JaDlvjwhQo@<O6-}%wrht_zU8s$c{e{}q-i$4yk%66>u6^&be-`sqYz6w@+-1{6r`"
+    "OS@i0i4jW($i}$jZ5GkpcpV;3j%8+4r7{*KE_0Y7}|XG7!~N-bFv|+&@`wG7dFl;yiXNY-N&p<F7Bp~IbNQ!eBCBtiDw#W7Um3wv9csN!K;M"
+    "<iF-(Ow7+%Q%nwCtQ`;oI#+E^sE<|%>h`@hnQh<=aT%4Tj7MbkzE=nJ79qk|cug^nCG)>KnM+4V4%q&5H-whjtpT7inwmLaV%a|B{E4Q}2qg"
+    "Lxu?e6R-D$LGtatsLu&VGc!7H2kmU3X<;?}qA=7{kKJD~ugc=jFn^G1E}}rhI#RYIb#t2ybs{3k-rl)$^p~@hz&Wa!n?`@3}ZjWLn(K=9X(8"
+    "6S%=N@?7j}SlggRrKVf@^nH<(5@h}TR=yXJI@6)1IsMf>RxqI5BI|oyE?MTtsfE~oZN4m&R1m1}bK8F<tS-)kM4p2+r7Fr-DFY_PBi&sao7<"
+    "SAbsB&~(Y=}@I$A3u!}AMUyFMaQJ6nmbL4jlAZ0uyD-aejQH`i4T4@bpszbnNrjeGVC!_~W^gF{wUNjn^^gZl5k9!W%YcAT9$Y2%Wpg3!>hL"
+    "lTAEY9wC%=C`NEsSoCglf_DeM3CAa`=(K}bg#cC%CpHs^}dJI)mvJrHmH#el71$@PtU-?&IX!+Cv8Dfc14ARB2(Y#H~INek`Iq&fodE-M39h"
+    "0jZK!9%uK7QcXqQQ&gp3R`3466LD+Z#vk=1Aw*h^M4I!)FK-ZCzljC%u60N35250lQWCkKa`l-p0QF(=(^`PjI@}a%|S$Xp~y{al*`0TT%Gw"
+    "gll^Uh<{TVqnGq*9qkAOr%5OhK7NCcyy$C<+3iqK!5vDk3c^3W|V=;6w|yI4~%!fCx^l(CvT&Vk6MDc7xrm-e;W`?svcY_pP5Mq^jO?_ORBo"
+    "o@ec~_NogWfA_n7bM43IIO@CCp8eiEZ{BOq-yXHk-FH3t)Jf~7UVGWArax+<yB?ofvy`Rwl3Q;(|Ey!aJ^9qG3)I^#yztG}U-!lfo^8~xe#1"
+    "2vJgxuhnP(?9f9v6ANAJDs!p$GP?Thcf;fSyO>ha&Ny#Kr3dtgUkJpKLlQ*U{B=bEeU|8{HFhj0Ab4}a^B$1i^O4a+|)-<RBb-!sp?_liAty"
+    "!jpB9}oDC|2*KsADVmDKYVuIKZ4Bu*PkxE`g(QJb=URZe8SUT`1+HFy!X#1E?+Kw{_rCY@7VdZuYT;>4IAHj(Fd=3?APzv4Q&3jx9YfU|NPY"
+    "X?|SGf7q(w@)lZ+i`kL=NF!|fj8_twR9skU;fBeJl(=WKpOpdN=oOAId_pxv81daK|e?0lXQ{TS-(=Pi=X!5IXdF0`DUiyLq?!4pH5C8h3A0"
+    "c!I&6mG&$idX9eA=mZ-Tm;hr=0x5Z{Paw$vvmM^U^JwH*EYbe|X5%uRi0Pr_X%d*`HZhwfm;ies;yt7o2e3oqs-V%lmHs($3Fsyyf<<yz9$1"
+    "a&i9gul)MePyFtQC!f0E<NDFBeW?HV?982aeD!M|{m9FH{n*Rn<f;#T;*%G?`9E(echtVszVW1&E?s<MxX&4{-o4@8Up)1e`dxqj?3-3E{`g"
+    "1V`sRl|{E=Thb?xx$@qhkikB>d`QT4Npr(b&Rl`npD_vt%#+;QhcKm6X)FF)(8zxt)!5N$l~+%-#AeekTG9sU<3e=+}!WB>f<<?YUI9zQI&^"
+    "_$=P)mvVF$L+_gJa)cy^+7LM^Ue$2a7?fJ>9xOEzWOxpFDIP%vDg3p3;+F+3pyvQo_}X+(_wFUrhMt6kNx@=FZ#o4uGshA|M<)sUvbj)mz@6"
+    "OZRehM{kpa1y|w;}vtIM$Q%Bx?>EB=ag$GXj!yhj<;iaE_=jVnKfBZvPd!+lNAOGlrH~h;#-~6TDzv+z+KD2YkJAVKEZ(aJ%Z+?5GeBx|&-o"
+    "Ku6Ol|vL{(S3g*M97-yI+6)Pk++xeCE>^ZGNPF-nlm)^%;BLIq5C0_@`HXx&G!?y#D-8e&V154>@>l{^->+fBy7f&92YLGk$(gQ=R$1ckaAn"
+    ";)!*~Uh}nAzT#if<-dOU9n06f?>#quXX(bLk2vh`{V#aK@yFeL$ByPp_j_t@=hwd*^q-tr`Nn^^)6+lu`M>`5nP*QvWzhffFMsuwn_uwk<Xy"
+    "kM_?XMzd-%j~_2SdFuitgk|9tY{Gk*TdN6vfEUzWf4=Xbqo_PVL*?GK7`UvtC#>DT}1p3V_J`td*BbK_5c@+ljMi>|)r;!Cc0!ujxrb{_Hj4"
+    "_@`mvuQT<vVSYGmp}cX51;+opZ)xzw@wVtoIUo8f4uyQXWq5ut`A=I%2#~$!5_T+nInR?P5AXa_j=z4zJ2BU@4pNL=-&Ho{M2>VKlAMEZ(IB"
+    "8$A1057hZq<`>y=K_xIhtZv6>I&EI?U=|6eRdz_2T{nceRZMt)hyMBAry?4LoM@K*W2=y6$W!LVz?mq65n|2?+@Ae;j|JIr7fBVYY{`Hp^o+"
+    "hI!u7CEK?|paYU*9|NK~~>!^ilVJdun=W`tG~Z%nz>pSdqVHdg`(R54z+m|7T)zux+1jee?0(+;{JXKXk#NZ+z3I*&D8&oq5TzUtE!xD_?%h"
+    "G<5jzhM)ZOj=jHn*Lmk2P(J;oHy-<!7u-1b%+<ADUh#Lodiy)xy6|rofAyAgPTO?q-@N7i13pk*_V@4k!qfkD%jYkD?~i``cdtMHigWM2>F;"
+    "m*!p)a`dvmer;isNlvoz?d|G4q0S~)R%?H|rwe&~1WN5Lz<_IPpO+y?RX3z~;ramqV3z5Cw!F)wEBu9LSN`s_C@Nv9sa;{AJl?B|<L-SqAIu"
+    "YBJftGoT<FT45vYrguYdwSi6ANlZyPWZ%$r~m2?d;W3vkA6Hizj>Pf+XGKObj+R~dUnf~7UKK5_x5J%YnMN;{;V^u{rDs2JvGB7C-*vX7Ykp"
+    "1!saXgWtaD>Uw-pja2t^MRSS<?(tL1D{?Nt^Z@m8dFTD4@HB0xuhhKE}nx!Xh{c3W{38!8&yy&}c_}iNsCw%FY!ve9-kB+_dpP{?Hd&t4Z9s"
+    "lvor@r`C_dL1o=F?97%9pRd?mG{BIKTLaBTv8ZiBnHI_>k_`_)C8_y5^kgfBL7#j{fVb!e>u@Wb*7UerajV(KmkPb7}U_M>f6w^MCirgQiY%"
+    "kNEl{>rOfU)L$R<x{vO2+{Z^heD61Q-#&TY%YMJ@mC-4Scb<CMyT19<?$a;#uiAb3%f9xL6?eY++&`>)`#<h`{Yzf;$CD>dJo$mo-u0TZE;;"
+    "r~S6&<sC;s)Q%lAC#&rh!V<?9bOM-S%TafT3o|G+l~XKu@{IOWktUwg^dx7@Jq^xqAx|0QddT-ImrSlRxk7ehup^4QXM8n?Xt;Wgj==dXWc$"
+    "HR}@|FXY+^SeKI`4i_K`-Lxl@85TS<LjOF4Igi9Jnc{MF-M)g`~Bx<@4h%Z^u&MHE4N&={d-?J@Z5Xf=x+Y(+MTbw;Hn${u+Dt)(%-)G(xW<"
+    "iY`frVZ+q?ktX+QQ*|)st!8d;N4eL(`Uv|n#pFi?PUs-d+kAGBe+<em`5AQnk+K=6Q6LVY5!w!Gs;V16=-5uxs_ZvUA=>ylj>$b<t>gcQwy>"
+    "QEucfEh>Kb$B|y0!UFKRo-S*KBxc_}agD%a`Ay?;LIU>YrZt)8AhH-uv#ouK(D#eslTvh6l`i@UyFadc&t~ocq+nKfV1YUz$DY!OeW{dk%QR"
+    "gAe^^^o1>-yY1RbzkbKlYd>@TPk#ERqyOuu%ieST>y^CqlfPen;iF&q@}K@|?|k~yU2lHXMVEgt-RqKlAHQ{{IR46qUU%g=U;FdPr`-Of_x|"
+    "mFKlH?I^Q!Z1?mYN|BaZyVO-GfJZ{Pp>pZ(nGpX^$_c=sNcz3v~kY`FTkbH19r>5h|&KmEsl{@qW$_<{GYT6nT^<ktQA7e4van+Ffw^WS$r@"
+    "!+Aq+x6*xdElepT{!Td#nm@FaQ4kN{ou~aUvlgncmCk}d+mAP8^3Y+ch36jtM@+gdu`|O4{SK}6X*Qlq0b-v&@G=o=822m+U@zl%<uGR)5YA"
+    "2PW5wp-*2K_{lV$SAGdaS<BxCM_T%er=WAB&`lNo*>ZQMY;-U?QUc2K{Q{4}o_`!Sr^w+cRyyJVpH|nbv{^!o~?)c~T-LZ1_VJGcebM)<JyT"
+    "#A+k6+9m*nGjd&mKC}cx<md_uamB`6m9keGl1waJ%!)OCOkh$?(^wJvKl0;29A5*X+Lf^aHOx$p7S>_rK$U`MJM&%SyJwjqLlr{Gx{*oSnJs"
+    "J@?&v{Aox3=9~X;`?f!S?%z-R;`ROaA9%>6TSI>QYkqM{_pvYBb-)YmeAJnoIsd$ES2FkN&s?+VE&JZG{aSVKK3AW3+zFSR_>la_J)@J}f5&"
+    "ZyJ^1Xd*^gfR(5Jui`#CfBKli-*6Q}&+>XUD~YWHV9zxiAL{nk6m{(pSxcRMof-texot}1{0x*Lzby?5`YyTR1-%{NV4ebKW!PTA{KuX}X=?"
+    "`>hfeDqiMJ$=WIZtH*bhyQf$QLlUP5l7Bmd-1OyyZ*Xsu3lVy;o&Pk`H64ee~-KQCqMo8@2;4dKKIb`b{&1xnP<G~-B-TvwE27Hu3L4nyyf^"
+    "uFZlB{`@HT0`q59`^Rt)y_NPzW@OTu*`M}J`4S{jf?v^l|PAun5e=17cq_uw|Vym6N^E{cmlX}kA@kkq;g-Qgjb{rM(I2LWk)QmBKuFFVi<@"
+    "zcvh2AN(Ry>}T%2+L3EsSqsH|j?s3}rgswbsi5DZ|ic8H?PtzE-hzLuMJ%+Vf(=wGM(f_WdkN3=cyax?0C9k^P3z+Sf@K))TE*q+C}i#vFzJ"
+    "@EWngmt&>oD$tzqNJ^;`2BYXtjbUre@od+X(sj9$MJ%D8x~>pfTiq1Ci10hQ&>~43Z6&XH8n3nmzS)poAZkHv8iV8b)Sj!nOwePk(s?d~aa9"
+    "?|0cIY$U1OSNmAAY_;n7lhiqShUjA}em+EN>XaVA*20FM^<HpZcnYMiN)DV67W=*6NJ`BF)2O(5`D8a?I_NC$J(E*`C`chd|TvpN&XDq~y`-"
+    "~oY(QtPUkBShL11sAPWmSG1Z=iSIPR^>EzDJSQ3l5j3DAUq{Eb>S~6!B|AEdVT?EXQJjvZ(wXZ23jvk-=Cgl)mPcgg9ZKkXBrKqTCF@UEGDX"
+    "hRO>RInvC`HUwA5GVK`p-@w}=Z<_S*%41-HXb2BCkm5QA}xbA+c&<PgJD$!LbM#X#wR-={4l@exc(a^pWG$SG6oa5tZ)8bJ^VC-%<UueA37!"
+    "QvYGE`AVyIAoI8&kNoL}Bm^ts>5pmU?m|jf!;K&;!@S<P=QTT8z(hYo5exl*aO;Mka|08<II>EZ7*hg;F-t9fvHqTp4slF7QOou}1=bD>f3="
+    "(W&K9uhliCj2kfn=W(iaPP-!UF=lL2thh0pJJ>#7Vn|X3E=-ZN;{Z=&+QVQ2OxG4djAFy|*s_e0j>lA<Ij*F=aJ^`4T~_<mQ~T&J6hk>n6Dh"
+    "Rs<F_3Q-AGz%+69p}!jK*#Ry35hjZk92;Vbyn$W6&>;J4g$xJ#dfYm+U+aW(vQO<)WCglr|uU}k}$k!x}QEi+{s#zaw5X#od}BAo@9-=TLo_"
+    "?F@kJt(e>AR=>SOnR<#W9(<7?S{_2N(N1b!?yAQkCu|L>d7?^+v;OGvWRDv%vD+yN|6|U!C%INr6aYMW9dQ{t2Pvciwztw502vlJ#-*=rdGQ"
+    "-JP^Y-B?sWdO!$Q#hP0g#0LN7#C9A}bV1Pow>M%$lxJk4Z)9QIT>5=>TE?|#4o`E5n6icgwWLcn_uw|vNjsTarqHxNB_AB&;c#MU&`VsAA!U"
+    "M<03Iw60AD2FtFl3p8UW8TfeLMgV))s1U*)`jEmZh*5LAxZQLaKr+hjs)@NVpU;+C0z7j^lbtX1<2=OWDSF7hwWpR3zV%0o<^LS&Wg?i|~cv"
+    "z~b9&Sw!?pocnqblgU<bEJqkkz$@Sd9)1V!v{L#!4HVpq)*=?z8y9|%YLx)%0g=iPq48bK0~y5D8sjL>CHN)_5rLw|Nuz72^gLtYh8KpBF4t"
+    "DzU70oj#{iZw;x(-v*L93IakUBvE<)oa0+=NXOsUQ1Xh&>i^#wLT_mwC#gKs-~j(pclJASFslw33jjOiB|gYNS-&DZlPq{jN;f!JHxP-(4$w"
+    "XfErdNR;h6K)6G0b=08X_LP1I+)I|EyD^lJ6d(dNT=&$)D4|3yS75V$sEXoQ0kCp`LWdN2Cz}jjy6i=%2FZ3VsTVRQ3)n(oFKv5b@gWMx?zL"
+    "sC{;{WPm6U(<JYclEvsu!!WU$}EF7Uj_-NQ|N3N2EVg!Y07`FwSSCjYDYBUMVa2yC|2Nd(d$rNv<rEm!6Y=vEzM8kJsJ3xJ-t4IM7phQ-}Ed"
+    ">RyQh5wv%}dlEHv}b&M%Mr`U~sT|nt<?2J#@*wfe&ygj0+x?ritQJlyOwZat|@H1d!`wWxQ_5)7dy;FdK7DrqM3pllu?3mT+H3*ZaZ}z=4=x"
+    "Nihu>3{*xY!y8!CM7oa1BdsieQ~|tV;E%@d1|gy{8IMF5!M0N5VHpNg$C5iud_N2k0|^>ICSv2lz}-aJ*vC6eD&kR$pj0g&<|8PmTg1^&m6~"
+    "}lAgmuRbhU($ns6K*B(C&0#XJ}5S&(f2Mw-gQ5@}b)+5-!M6$HGpnvSYvwpw`Xi_gPm*^3y~hjHes^`6)8oK*L;ZuWy*hZgiKkNaw3s5Zt~J"
+    "1>ZpXuY!Gl!@jON*h+Hy~9$C@a;Cp5jj++3c8MqkT8LLE!VH+7PB0x75ZRNi`HT4J2dMGdQF?+^b#U1aKYs+%copKAQw-8x$P)|mCjNc`-z^"
+    "ld8Suk+Tr9H{ETUV_yj!G!YyGYgisRJAehU#&Blg(5D17kia<A#2GfOabcf3xp(6)B)L|p_=3?FR*rN7lRnPaadMU`CYAa3QA}oajS@aA`mA"
+    "@y5+B#6#EZgX`WQ(yT#ZXVSv{<eoo?}}W$6%CM88&5Y4m=~l`0Ki8_q6J3H4!=dXkABqNn3Vmt&Syc)^z69mB-<&dSd&`!rMv{>tLF}{Q+Br"
+    "0N)7xnjc`E8j%GXDZw=Y0FW^ZF%t2^>#YTGjbR@QK_Z4{G^HQa>s>vibh}|17-FVt^GXbBHQN4=;*CUX16x6q00WiNDisKcA*fGZZC`iJO9|"
+    "r}rYyJXa6cFl6DxJQaGW+iY5NHnCRWE4SSdq1yd@TcfEc)kIF_vPw)-%yE&x*%gw6;#O?akX4=2?+9fGimTo+2$_*^UK*p_i^%E;71a2P$D)"
+    "EOub;fOXtU*~#K=aIxuR3z&*2tpRZ8wmhjz~fVR>1Wz(XPQf4?c9VdeE>6Yw-Z5`qLwZs28|6mG8pM4ibRNDfB?rCHPu|f`xfufa5`yVaaPk"
+    "h>qOHIz)p&#G&de%yDFV@4nG(=vEPzju8rFoAvS17B5W!@VY)UAJS7L~88zG0%Yp~%Te`Wb)8P}m%ebO}rxM04qqd$MZF?bbEgyNF2$jrfXR"
+    "rX)x|Q1(8e0!e02+ix3cRk-SS}B#O+;y5cx3&a%A2Yt?3~Pc*5pn|VM1HBZDGa1j&3S{OUcs?&<G2~<(T?_sA}%ELSdu><|E^2VL^1_zDJ=N"
+    "8)n0VDOzj545(bY`J%(83n&>Z5{MfFSbVr@U^Rv!sm<zHp)$^mFi9B51o}Xaa(I?XZQTo7C8Cf3;D*5n(@O)`Dx#cqF4f#$Hhj?43$g*)UGm"
+    "NcR6CXx6^M9f`$l<nLKy%#0a?$0pCB|?Jqbd|c!NR!!Jt3@0UaRjs{5Oir~;w`>~NsRg!F;c5*X+v#mZO>AQrHa=b5+;bC?}ROMODuk{Dqk1"
+    "Cg9v;ANXwHg=*L=%RO+#ccc8oA@~sb8u_~nzY6NK#M!~IOsyJRoCqUDp8=P`YpU&u*`QtCzBP;Qc>iSi>iWxD8w6lnGwI!dP*N)Ctj{u+1wm"
+    "%C_TxPgMi$ZD>&8`=D<B+9K#a?F<1rk8iFSr)PuLu6uU53p$|KF)j{V$){y>rxmSePL9Bg4=n|^ebeRjr$n(&Q^h_Soo@&=H<w5Vk0-2+;hH"
+    "UzNQ_qD-+-`zd!Oe;?pR*l?q324pXUl#`W=StiXOGE-S`RSzt1h0YW2X>XB;qS5If5VW2N86jF2Pe6%R$~<qbFa`Go9hoa=WWzcx*JAh<$y1"
+    "G@f3MqfJ<4IlV94U@97eNELCQTLLmu2eh9?&+vFn2|q>@x58-w0>JL;if9rsV6JW30T#kViYbf$Yv>HL^;8OIZ)iP~>!aFjE4ww?UqDBI(Jx"
+    "x?Ne;?XPC!7w6P*alQo>viH}K{A0vJ?TK-clB_ke`MGj?_yUU#C%lu0P61O-GsBZ~s1GZ6biC$(HtzCeWdo)}5s-3$UiS+?3>jzHN=`M~Z*9"
+    "@7S99`9-VPy5#8v$|EpkdkV%5_MCCvCgxGDzW#N<?@oP^OaG|>t(ch5JoG7UQ&HBS6CHa9rl42UL1KQma5(&+ok1eV^gqRVS*55;8$u91`mJ"
+    "G4j>?LAdI*v>ry2a6h#4Y1)M3G<S;lP>Y&3Ln%wXCYOb$mw)EgoeyZCRv^CxqofuVeW{W=*q?n<bqQZ)tHKy9CwQi60lxScWbCUH#<;U7Vm<"
+    "@G2QK@h+u2h)SF60wrl5`S`p2;bm>uIRGK-Uofx=l})DdG$H%HBo#%34(DaEJ8!oTo`VA<cAHNk0p(C^t^z+UZ!~>c9s90HuXQ1dY^~y6~gt"
+    "6ABLGumOh-g@|-cDS|?;18jI)QEW<e?&onkh~)^o$ieJD89iNBL+!3z#|q+5CE}$%hLR-K8^EBAo{H^!(2}E0tzJx~<1CPrS&iaTTbTk&yHh"
+    "t$NKKsANnUP@5H9ER`cRj5X+59xzzU6OwxRnZLN^nbGfZl@IKS5l_@mwgBehLZC`@sXZm3KneIqB;>U>)Vbh!yO%NSHxjOV~hO|swQ<O@}TX"
+    "&;QJRBqGx7B#zRj;l%Ovl2=JQ-~E-b_!@K+F-@wWzo|$wJ&T|kK|q~Px1uwn8lbxF~Sx@W*NOBvY6IJKC#OMBkHtki@X8L7COx+8gG}0R4pb"
+    "aO$n`}DAA^aXpPyfPrb6P{aQ2XZfI80QJK)fOgBhZj~r+91U3Y|Z>`YBrR&p}sDZNpW~{786ygd`I_*$RvTUh0K_I4Dc@NePShy6s#@41{7D"
+    "!Y#GnL9Suo|h|9I?Y)qx}*Ds`N6y7qpZ~gDztM5$AYr=f=HWD`Vf^3h|Im?PFCI3*yN21^7M2UNXf(-Xfw%+ylN;dUXk?sEK7b0-=|3(|)tq"
+    ">H}@&pfgEmjAk9?iPC~$BHrdnxG!wD8&Qx!pu$ErX`6hvV5HcEbxC>KCZX)ST5Cj)449TPT3peHL`{G;>P>Nbl`@ADQ9;zB*ayp3lh7TZ&Pd"
+    "8hT@&4AlYoV{BI4f(w45IhBi1(0v3;e1{S5M*z!Z=RD-JbsoM)r_V_F4j>5#iPYC5ty@||Ysfr11LaOgr4DaisIQ$D8%#Gd7_t=exmcSzXU6"
+    "k*IQ=mHQrE{<w4J>e}PwC7}o!-LA1mw}UFk6#paTS4e&dldvFEhF*iEbA?<mY91EkF+hV7L<)P=z1~QZ{5U*0#7&O!c~ho1eca>ROR!WY!WQ"
+    "4AJw55BJ7NVSLX;si;GaVAFMK`K}p<Mt7*Fws7Bc`Q<}{{F2_J<)*$6nmU)|~LVRdKc(zm9B&t?kbF#f2G(ZHD4T$qng2tl^fFpG_Ny)Ep_v"
+    "{dog3@j!EGW{cTM;n0xf6%sp?d8;YHLR~CzuH4nn5Fe$)TDTj8c|asntPgjD-(hbAG!|ni{BU4W*o%DZK<>pV{P?hF$2bSzPq=sHJBLOq`V4"
+    "9_BQV<AF}LaBx`2))&mNj6er=GgC`B<;nrHb`pRLyA7StX9~=&JAtLsouO%;i1$?qCRNF6I9M%2D1$=s3Ern1%8$*0Xt0bW_>22ocY3VdHL>"
+    "cMAb>*%AP66<Te<cu3l$|vc3Oy%0TBhFJVHk>TyCRHh|iLldhQF^hUW@jGbmF1>ZCp$QBtU-0WIe;v#wQQScsfVM9j&6zM5s=Zt+;<Ivxl(E"
+    "C|Dyoj@3wkli>GQ-x3ag|G*MZwe-I#6Un8C9(qDnOk$@Ijta$oFu|WVkZLan_L|bE!q?V;NvyRVZD)irEy(2L%g8a@rr_GTu4H+XrzyGyS=H"
+    "i&!3O<(jp|1j|asd@kBZpZMLeN<^$-rm1SH5{F_Ouw~dZ_+bD}vUOPx0T5x>VB?_nNozO-hd7ERUbOHLda2co_Q{BKewDcTkw-6EqI!c&uN!"
+    "NK?z`EiH(yAG&nioJ{NrM%d-h>I-utAuzrk@#pFaWgH0uyX>A><XbYXj7esTu@L=<&Tl*O~3LwF9qVus$J}>3NXnx&;Q`2wAHkh-s3{+`pf`"
+    "K*?|;)-(-^FbY(<PBuG%o_tSDl}W@A6e%2V1#QLc<WgXT?<z|E>0+(T_W{Dd@7EKSCT5b7KXP+Zx`9!CtJf}+$cWJowH-zSrAArV*RFy%3)h"
+    "65jS57RPpve2MDsw&+#z~61el6An&b3P$6w`8iYS!Ra%a&zQ+L|Msn`jO7!n%72_Ths0BKxR!PwQIug{oku5uHAQ&H&EP2QNq<h)?1H{2OeH"
+    "c@5}L_!wX+Tbu^WO|j16FPx#5SC&Sw5udm$%k&})d4?E9S#shA+5jxzyoWu?arDGqOWa&t7(<EyrRwUb)%<+KR+=S*K=q~do*8**tl45*|ee"
+    "0Lm0xs;YAz*Ugy#}SY(_M2F=Xp=`^4o#9-vOEJ`t(P=k{C+_sb+np(k1?&CGK)KxBWvG-~`9)ada#HH|*jqM^F<hBO?+as#!kdmPd;MWrKUQ"
+    "F82n@!=laeJa$rDqWbyjbaNmQa=jbvjHME~}AD<?~5%P=By%J=i{ihK}E)&s{ZAjB<9AO#yGQT1YVg&87B*Yi!taT{~}z#5ZJByx3&gN5Ci;"
+    "9B~D#Hrkl841}JtR8y%F5CyBmH|L%kH~k4eEu^)a4xfZ)i0Kjcsv={f<Az%_DZ`klB%zU|DIFIAm)wev!)F+1hG!B=^3-@taIFd<d6n^%8Bj"
+    "uZrKk&8D<$U~j9?e6x<yF{78Pm{sKwU>Isv%JwHwtqYc@f0T{r4!=phm@vM@T{XfN5RBPh>dCqh_eFq6SGD4l)u>bjoe7wd~=dK4L=h*FUvR"
+    "no6XH^gcjh^^{Pw9_<0=<wiJRwE+rFdJSLsCd@KJ5;R?&JG~(83=@0qs@%%Xv+<^+8;#3R}k9~l6J^McM=OPTpWV?z-&~+ZCeG7L#`^c->Rl"
+    "y=s*jD@og9Dt6j&pPCde}kZLHG)Gn+mqCU-c9)gHMNjik8i)rDa*#o@R$uLi^t#^h{@}q&y|3QQIHf&U`!A7)v1D|7AN7}3d;jN>9>nZriEL"
+    "a6;1@3Xc6SJ#?NMLu0ZJ42BC#7d<g9OnYp$3wtt|O-bvsnOPq152)gf5l^WdkBF02QN?hSiIaC)BF^7`)JlcYu#M*2a|GaCA*V|H6B)M_I7d"
+    "%?c?xvWs<KuA6}_$WEXJ02&H(ElyNU?eB>&GKgZ>C_bsnp`pw=a1v4i&e3E}lg?(EdI)ao!(5?zH@mt$a+>Gpa~D#g-fD%3PQ+h1nepCU=*M"
+    ")vn2CI_PkY_2C6#nU++L@`sHT?ZNt|F=y}I`Hnyty4f}bT(iTMM$jB>aJ+ip$(Uqr{aKqAv{VKE6s`q+WhN<TyFA#o5^rxVOm1?{#(Kpuv~{"
+    "^^7*9-kspYHpL>?6P<OR$eq+izm2=r$PuKwNW}2_9ua5)iGH~1{=Rz^FAhEB0o1gkH?3A@cyDcjiqq`v^wyPEV4`w;%?1JO$S!81n^?9!$^g"
+    "~#AbDb$kN;qtB&@Wj%6Ycb;wa|`@q3oF9ADl)na*a%PWDE(4(abS-X7Z+KIX@uhLiVJ(NCgNF(MovyuYOV7(|)8JK|sF&W7$igv8p=M|!;j!"
+    "jo`=8x)=L}L?>QD=(IbY#}60f_jL3VTqh#UM2VDOxX2&cDu=B0!XzqjLmcMxXHRAQ7rTr5v3uBw`xDLNc8~(qQ*EoSw%LMwD91T%n87-Q24m"
+    "D}Zwgf@hwa4F*M9U8@^9jVT2U*2k+;=oq`L57&!YMrl3LbjYPJFo-~xN*r{5IGmtEVimPOl=OtkGAU~g{5ZBmOiD_7xEMx)-<K=Fut1Gi2-8"
+    "`U(lLjp^z5+<`@LIrYK7jn=GP$#JQ?#?<+M(@9%<8t1At<6vCz_*x=c8LI~$+GlP!3CAX(u9$V9E_3JQ<4hO4r`W-<f+K(Ka;p(`Lo5nx*_I"
+    "=E7)ms(@oeAJ6$ANGY6q7$sxgU}Yl;Dm}{rV_X{v$3eZj&cxSCPxHOw;Mr%0)0CDN=pJC_tu9A*ubhvC(X_3QtM8AKO#@qHFs9`g0yMqfJTH"
+    "484@;lDp9-eN+9T(x-RH|hw>mzI8Ee+!Y_wOjo>3>HLB^rQo~IU#k36?+;Lm5>ci>CPw6T}te1)Xu?~;|$Qd_7kjJTJpuHt`Sxq?8E{|!=9b"
+    "HUTF+PlZpibTnvM>k&<-_#pv@VEVunpmKCASPrK}JDB$Mul{w{2(y?**(4m~-xqC<#I;1}j803CmG*gqC$|IR}#!p%<+|oR^56N^aHo<@vgv"
+    "5(zoK!&Edi7Zxmt)OxH`+$-ROHYLg*CH`Jp{lhOcNfvdRP>e7DU<;Nt8(AoKtb?cdf}Fxk%sP|8Iq^Mkipe@iQzuce5rBFc0%c)kvOa)qD49"
+    "?Byf#TY44j~&2ql6bvMmeofjumSe!^<CX|QS$uPMtt!82AEC9s?^@u3Vv1R7U3YGOv0LP1b~ZHQINi|~TkV8fo<S!3jPq~lQr2U>LvYiXy5D"
+    "TECC&a81GSs(a*Cbk0Atacm-Tkw{Z2QI$kidxdvQ4j07qV5l~y5*@THf;z(BIj^z=w%((9775*8|7RLXQJsQ@3-@~lu@L&)l}$)Va9aAF!5H"
+    "_;p?zm;BZO2jBwS^E3)>mp*T&1gWxi0ytYvTSIx*3@o8|osjyzeNuo_6>ecbGtG4UxKnJTJJkfIk?#94c?s_4o1Mv_501-rqH*ADI=}tx3k$"
+    "?pK)_f1+H>3kKZag097f(65KG192sp17~s}oU<>yILxH$aCLn#y9kn6oa8;uan0IzHtsgd>_Ns)0+v&*!lSoqz+Cx9VW1_l5w=wAfSb(mW4i"
+    "{bHqt;NMk_bzb%<L$JrVdc;Fq@G?5|5$hAzhb#tr5D?0A00c(gg52&y1PkpUh<NKgk#uzTP5dQOh+qNLD8O2#^n_(%r9-4pZ{*umFgNJisF?"
+    "^=-v_{`z*o0oNLXCgFDZj5n=6Uz3jv0r)<P{(dd#N-a;mQgwV2~74*_Fzl3V&7$BVq$ie8m(*6x}%cowG`7gqw({G#a)E6^wQt7<6(ZJic<C"
+    "GxuN(Rp#4IhEE2tcYwWvbzc%4cZwUF2NiSGU)KvvaZ8h3Ib)?0U~E@--SkEE@fm%Gk87gNe5diZ4rhD<-4`%iC#06hI6RL0CFSN`C8CfTUVj"
+    "t1U-6cP+#G2x6bNr8*h!6o91rPCfcg=k^)4dFMQF%uP;P?&9l~mg$|uY&*?y^i6EWcr@wSIY{_^4e(ppJVJd91cx3WJm0UpB8D1D%xDjk>R0"
+    "OumLuK3W2Nzx`LOt#CD)oegX>M;gpgIySwJY?IGkd%y5*>@MacZjwgAle)btJ~!iSSD&fSg-UpRD8QdPqfiPEEyrB>f2T9mXA|%v(Xx6!5;q"
+    "s0_BQ)j~~FIi-m5fm%(tR8s(07Q)vnTnIwVLsHpZq)YfXh0h!cWconxv!YyfBT{7bq)rb-Sg1|o6L#aY>b{++dK|?F8V+XY*kog3PmFcbTMH"
+    "s56f;h^iW$N>KCUu}x9RB6G?V*N+JN#Xj3ooB>uF8<Tfk1}lt4|{Re%S-8%eO*bV@Q$$h4F*X$m?X`=K4BHLQi#rXm4fG+-?>WCdGgerF(j6"
+    "1@2LsGWvpl^Z}hM?K{WZeg-DmyS?KwNKXP3%5T{Nt{$=ieReV)@@_6z|X5=ccAl*mD9W9sIJ`ug&_un-BX^I@u;Bc8EN49K~Wk$4c1;AYsp~"
+    "}@L{Y5I>e&WQ@dSoNRHj^B8WnRrY=b9u$hA;YO1I!s4Q&?Q*%pjo_JjwE|eQ$SVcb%Hegsa-f<!GsU9*EDw!8_n)pI>*jwYC?k(N$>2_Q<u_"
+    "z!nrZX3-1-V=xAh31B2Do0cf!EsMvSPUkT)X0^xrH-h+PB@hiC338%{sLMWrG6@L&0cQq{}h{Wcq)PDhntRs`l^GF&<-CMl~aG0*(qkU*8k{"
+    "q`M&aA!Q3g02?q4mJ@e|h$@uJg+^MVqfhklqyCIe_iO3Nt)gb@z_W?f@kli^@T&&%5KOofG~sRzqcST5ET}X@Ns$<;F#+e?n<O~!)r)KT1&1"
+    "tMI32~&E5tOW8F{)fU5C~Lqz8#nU?x;;TC`1&DyLF~RRsfi#Icl?9mUG`S%7e+tS{*V+BCt-Rj+L~!r);n2_2?@xL_ppFt#LF?PSCzRz<oKL"
+    "qCB-$mt3EZPuxiZLqQhg?-sI3q6%@pmHeCL{53?e7;4Q;BXcj4Ib$!s2esN_&Q&qya9H!Nh=$>`%X)?s7D8iu(pQHU>-xYX>RY+Ks6>xJ$zN"
+    "-Qzq3w4T_fDlpP#!wK|}LIj{D|o*!COSDI0kCMX~ji$@s)fQAYnKJd<f@@cM18aruCG?eNC#+^3QSFE@zRKA8`VLos2PT@((MSyi?cwoRHDt"
+    "mLvVwMiInXa=wm9unx#})fG?G$KjEzCoJ*aGOUaz(^Fs_twclvZ3<Q6g-h*MoHG6n+s!R1OF$x1BB-3D&UI!4?yY@n%DcIRYEvC0gc)2BIpW"
+    "g50Z$NgbG^bK0aI)N~$;V3inF8P=2%6-3<oFr&B|f%kfNDMz&EQ;J!isO!BITlF%=po)Tn90Ew>1P~DjvUv~eZc+t64h5oCP^Fq&ql0=~rzN"
+    "u>GL{j6SIafH{PAyHT*+#xI<IKPv2eQk*8LN){2;<=9b>K&lf@=Rgs{z+(xNW|K!7xK)nFFN2=TWcZlP-6MAwA@z2;Q+X>4QJ>P{F3bhttXp"
+    "fVuMK;^JN8|>ctr~u(zm=X@)+_f?D0H$sl0Nx9Su{=j;UsYv>Jt_=xx4~+_+DL9o%1SoqT%%2}pX*RYVWi@D6Ca=)fp_4ghHuPBO|1qS6h$k"
+    "pGbhL5GZp9Hs?4)+rlJ6=_n@VymaH~c8?3YuC{v=BhB~P+tZrfha3F*xzBsS@I$m+GEWHTk(C+Rf%ToEFOrt2YbvRz^!}-Hp9~`goQ|;Evh="
+    "Fn&A*<pi<CMPYMh#;ZLSVe^%Vs@Y?L!d__zG!*0J|)L3C2xlT>_rQx31Q_?hc1g&$f}NG_!zmngJWvHR}e`p3`V*H>)jWbikvrDD6PxLCu7T"
+    "V{Dv4h^WK~Lc5LGom9}Q*GieKriv0vr}1IMtJ;&q)|<W`0kqc)plA)*J83J?20<?kURl7>6|1$l-l02#ShU~vw<|gVw4?^}(~g0CYiQuOR69"
+    "LW>=UUJw$f{X#*0L)SXO;4Y^|2<Z1-o6*?;Qv`C4G0-%lAIww95y2;nLGRLYp_q12FBl(^_qkw!XQ2wfBHdO`utBYsKc_0kP9z;_GCV7RMIJ"
+    "t2}7S=Y#x+PM}yNK#D}7@cw=Z&Rx#i__$*x~%{VcGGFxjiz*clv7!Vbl@S{ugb|4)w5uEqqHh<j1^co7Z!^)(t4suPlkh<c_Fsa!7<h}fUex"
+    "qE@Oub8=R*-lo)$ctpG3WY}gx?2`XjwrKBho=&5N<<sQo6qo(#TB;6zmV5`hCrKMT!cv4NmhIAA*^e#x<s=z1o)RMAgbN`ptfV3^+i_DcEB%"
+    "P+BGD176R@;<gE$iSnI})nJ<ukkiRzrz2*Y&ziBH{F9h8PaglJ+=dt}B)WkiyDUC7i?Ufv$n|c3=Fq-mFq-Q!^J7oyFKO?yvH^Nx0RX#KU48"
+    "$DT(OwLz6>B~*sL=*ei(?Y37;3w21@rjpwpt*P<~sDzCZa~p$+0Fb`lh6Om3vT_DwcdK<kB;;bhY-j+%par?&P1Ng@@tqAOy;!gzTQto!Wb1"
+    "+PAeAJQnllBU)Hj{e_o$O3WTBa#oPv^)K%G%tGSND31GZ>AbwildK1(Rin#Z68Ws{%36AZKK$tpc4+osCD!?^0kp0gD!X~eNgSUfL=kCxo4N"
+    "&n@mL_~>zaF8bmhI%44S%OFwp0%1I4(JK)dGV}HLsj=x<D7*Fr3Z*ug`(=VUMw12M6SlGXC`G@pMwBtIEf1|uIV}l^OVt9%dsvAhE2`^Dn*>"
+    "03Hs}1)(v7uIxE%U-xOsB_V18^A}|skJGD1WWspuF!;I^|ck6LHmArPNflp-)qLCV8o}W%pZnc92_cR!!^3RwbWICut!(swslCj@yDN{Rsei"
+    "rcpET~yD3W8Q$SU0T|5Hq{?4&$cpMM2>sXy&RoQa5r<H59Rn0F>|EYb3E?5tyzmDya3lq6R_0JHZ)iI~)QFfMR_?rOr&}J(sm9&wS#-zykG+"
+    "pSaBg5Kmr9F?B}E^yqqAS0FiowM{3aUWi(AcVT7fs)(|MMN9Ig&vUo6^0;(Lso5Zo(#TE*+#AhLs*Fu48S1#9+<0@Gsc;ae1|TsG`zIm1XzF"
+    "Wdt9*c$Wwl!Ok^^d?KWkPxHmre9f+FMvlU<jEdhS)5OIJs!W5S4~X;7VVIJN^WR|ntU>&@#|!OeXUnqhOIF>HY-gdNRf6gW~ZoHW;gt>vE1n"
+    "QjLef@3zE484Hz<>f1v$nLtaN?etAsmx;A)HZ9_LQlSCs>xZm1?8lYLbo!Qo*Q+sAZuSfoPh^oBcXQktjK(LDja9ZOI*J4>{Yd<P6s;mC;h1"
+    "O67WAIBF7u4$XR{*Oi#-;mCl(76@{%7e{4S_o^hxOJCdRDWde6<E<<J8Xs+XRfNRz&&XR6Vw@zQ61c9C99VhVuRWOVIYa;7<cmU)!q+U5$xS"
+    "k()z`%H;_B&ljs^H8~?#eYa<wc?if(k24bPzdHf$y}<$s0hK+D)@Ekgg{XMpfLQ7LkG(vHaRC6GAsz2w1H+PFp#IobRdTVG*pohcydagI7sX"
+    "P+6QbwO&4B0jx=QbTYH5)-49$W}?@ZveT@&D^EJKojHXyHPM_X+j&}ZW$H{ujmXKvnPZolv@Th<8RaHc+Jli~e0X39u60NdxLx=R_@GOCN7j"
+    "0w4(1MS^;K0nLET%BDp{N*GH6Ea-D{yjeHlrSI?~FuGebm$5|G{t^UWse4E&V!02RQIb|$B4j*^by%yHo9E|?dc(gdKdz<5`=%wdRhKIg9U|"
+    "Kc~^S??{jVxvlItlGf)r$&4}2(d;vXjTwx-MR-KnB=@cIdB2<|GVMNVvH%}QR6t22xg%YF2JqoybE;T)?v^A|3A9#HjcaR){_om(3~np(EPu"
+    "8r=Dw<g3+`BsFh^gHsVCApbG7(l8C~7f~Ao&Zl6N5uiQD0ntx!J`0toHJm_g~q~m9YzIL}1!GOBy^if4e>cSbtB=D-!YE@J{gF<*7^#s!Sy2"
+    "pWk)KJk@6=QG|6~BYEGG-Hs%7V^F9MDqwv&muXX)RI0iGY7RlugZ}82kXbqv{|rI*O{isj4!eRoc~~ysvgd;8(3`BA_!wAPOCyDm`!M%uPqF"
+    "u(_#j=RyfOq*EYqmP=8!TBVNmeV@+Eso1ENaBihcB5FFIlO$G%>dWZD(*r8{q{=dQYKQErM#_S6eU#&>iiLJ!9S|_UEj*o0Xlx!HYcgu~@KY"
+    "CB!;sdbwv?zUv*y_Kw5l1Q4m0Wm!(_%q`(P&?bbU@~KOTC5k_esyedFZRQbkompiLO0q4k@Xpmhm|Lv^Uq!OtT~Ay``!70C%|biAr&5ML?1L"
+    "ir2IbthD@PW9o>eTkY#{W|fM=gyckCSwFsj*7@>;qAI=d12I}#M5-X(1NxEJ{yq=>Fi)D%&aPDkGx2_QaMy&7PVW{Ag4_3RNaO~xT7A&Iyxz"
+    "25LU+p({aK|Rf0^oJn13ofqf&gVdU6FuyU|h&8)~K;wZ}Vs`S>FZkKo#9^FUW0i<%iWKAP8P`0Frc%3>tVV{|-4sB>u^{S#7hKPL#BRUabGD"
+    "xUNffSIRjC;PQyF+)ovk<UVs{`0UM#;^vbf8rhbok;GgBrG<I~Xv$U{$DjjsT8_!oQN#5qi6((&$wAImh<RRuxlY^F{E$=J=qsOO(-9(fnTd"
+    "FpNoV*e2!F-0BbxbR=uTUNI}_8QKxrYuBYzvac#vQ1tH*mW25hF;~H0z&RCDs<C#dd<2%4ME<xgs`{dizp5G)_FOttLqmq=&{1@pMXJ7x;kh"
+    ";JpL=P2)ut>uc47j%Uy$k3B<O>(I?x6Yh)V1WctcP%+>%Apj<^mX1Jw~#eQMOv%fmisv>Q<(Z-x$ua^-{CVGU_qoAv_yhdq@C8tS^YJwBW)V"
+    "b=&!*n&pdh*@eygjWFW7cpCi3+9if1Kwhn;9R+88D;)JkJ4E+F7RW0VW<^K%4Nf*sUkgAT-r=f&l7bkRt++XC5aA@Tr59px8d?3^*Cmbu;5q"
+    "BvDHy2?8~WM*s*o+%Nzti`VF!_L<Rb}1Mf<JwN)`~RUeMOGyeRl!zy6})ZoQ=)rwkWTs&7%K?1m_!PrL&m=r>mN4;*VV4$>m%1`VRB|Tsf%p"
+    "dpd(IF2ECAMs>ts0*#r5Le2e$=N#az(qT*qo47S>|YI)0`5MS=CELX6VtWnecs&Rub`H>j=IG0Hm5%YHU@qPXKPFVR7&{xx!;DrrbznVgv&R"
+    "N<^5rF+2pat^)*Hmn#2Nx9`ff>f}*X>H+5y2<IsoYCo$4fsuestXmb6Oc<vCp^=)9;joq@1z-%4fQ$`bnZv51Nz5Bt5>YV&K5QIa^+jtpbah"
+    "zZKO<oVI+}1t)T1?SUk1=cD`{mYQX_OOw=6{i3R2i9PiA(KAw+SJL*;^h2Sp(UbTp{Rj(a^S48@b0Whlc$QsF*gW8{h|Ma;%=!?funj{0O>-"
+    "#4aSr=GWQ53oZA4<tVouX?Dcvt$b_B4=s>dy+QDj{*c}*9}q(jQWWYbrs_w9wljxn$K$ChpbhVh$3)8y#@gyLdND1A`c(ztK{BmTCLP5svg2"
+    "JxIT4dOJWf^rBgzaWB()zbT;k;gwL8Dbsp%bCNqPzVbrD%6Yz3Dz3x(9nvLpuHGWPVIzqTZpNgKS(7TFp<G6tRL9n9g0?Jv>bg1sIr%CCD)c"
+    "Q0v0Ic>kwMfN_g3cKc&zv|0KKNnC7;OT5d0RA>lcaK!TGdrfEf$oO#Fs~5M43qtP6T#1T?7;6@v!uUuB`dK;{;UPpkjwoG`T~41aySiRETsI"
+    "wnBZiRC)@F&nO&>(brJ9lNfg<8h3zLT(wB!rQjWg>;6hg(#Wo<T!{KTQd5--8_L{B$U`~}Mm(3YEL<m`GEbMcM$8&IFOiO4IVgRB1r`Lek;p"
+    "L;LU3LvN<_9`zf{eIT{FC=bS*L}2W}@-lQF?7CX>7PDcqmSK-UZb3XIK`RBW}1$wpN>nj`^r*lKEv2P)BdIW;8_p{n|o1SP71z|*u=<Es-$0"
+    "<5Hx7s#j#pQAbxPCb&cYA29-SAl3naWf96Q4OO^31_r*=nS729>Y>mn;)gloiInZBwe5m8!7}|542@YsjX|tW>kqUtb<#H0XlO~sjV;p!%uu"
+    "gt?uJ4$WT&uZ`J$=Q*oOaB6PY(5g)%_oRw6nNs+8$^f(HRZy<1zgnDQ5s@|Wm7;ed^#|J(K#T-)^3_UV*m7yl@h#IgPu*w2XhhIh<&^&>W0f"
+    "AV=@ctm69$-+*h+Z^>_0e?iL4~D_6nG>&s$1}|oz$@|t3#X$OO2p=4B&K(s%~{Sbh=B_wn8TXy?Q7TUXUn|0yNr>8ZavYCJv4qaEDq``$l(b"
+    "wDWOw#YJ`BLvAo}z-{{cB@Hm#B#?0eCjk-EF16**GCI}H!H-LDdW_c{2S!z=Mt_yeSL;AWN)#XrHRt1(QX#3*7;xICJ`KQ1YShxNs%}>rMLw"
+    "!(?w$+yRrMv<b8aMHTsy9p^ROMT2-rk-PGk`P!G>8C?OlDk)`#jXkj!{cmg4<xLrf-$BOG_sYL->AMHHqc73ER#!OQ8KoEk&$kxO*3GK%Kn("
+    "8Ri8UJdFlt6NqZ0gXF?d(^lhO@p$NY`fo9F{o0EkX_wMFx!KON-IVU^Z=r8pC(_rO<jmZ1yHH_<g02t2}1>|P^#0ROGREesl7sXTh%F~_F}r"
+    "h0xKF)G^JKIrAur}6iF+<-s(C}5!&)x^waST4ImF;1^#2ep{)eIVC!Vy2;X!0K6#V&Me#IQvU3}`PC*DnB&zm38Nhip*#sYKJJc!mAr?XI?J"
+    "-G0Bg&l&z75tSsj3j_hPwR1l8<d>ns=x{kIMYCt}cxT0x3%J3Vg$*?w4xDFgS`rUY%GJA;_2=Vo*-CEu6BWVUw5%w!f8nRi8w4_lB1sh!Aza"
+    "XAq{FPNiTp+t0L&3h5|H(ZTB&f*6C*r&&&wGYH}hS7tTJlefWDU5C$P8YCa<XRF%~XdsQ8f&;A?@mdgrIMyPSRYN*L*tobcWK|x`NH9!Av5M"
+    "GPr@CTeae!#v537!K*1;|l)2Jc}r>Z^ByiiiJA{}v$o9pqeEVD*Z+mEV>NhPR94B-q9rT#6^;~A0g{JB-CIBgPu@3|nbR4_)es?IB_ju~6(("
+    "V#mCFu5^3C%38|tvikC-Ecrj<?-5`gxF^pyae$h@I2~QM-(;q!b50j7m||dr#cu+Ja0%2`e7La%%jj_#ulg4LVQN8)Ja+|{D#q0&8<i*Rc#p"
+    "qt`Za}B?0p}xt-EfFi%$1=LgJ}2xV~u_ovk-g_&hzbC3ilAyshJI^9GeWK?F6Wwd;rH&$L_Zj0RvLu`W+7b3|MB8yZ&N#KizMxBE8C*;-dJC"
+    "qgIrGcB8N<FH4sH##i67g9>B|y{I9rG|SPwKB@iZ+LClmIVJl5sE>BJL?naKsj>J~YD$66l5&cj)E{AycGee=)DmG<-$KqHDvW)C)J!<`4B^"
+    "2V{lLA!p*c69B_tdDO<2fz(>cQwp8!J)>pSNm@BcYAE&Nkq2$EA`f{b2;5lGwJRde;be%wR18G7n@}y2n#4$pA^ZbWlFbYh)*K*8S5U}tSt#"
+    "5^`E-}X_zoV}nWl8Es_x4`P%#Cj?$OB{RVs<+&=^7srjiV?sdPPx>dG3(qUdh`<%!%x(upW+!0!tisKz$hFseAG^FW?ZSM!*m5Pb-OG;{^kr"
+    "jKo4T!Eq8>RzNiVKTye1P(-Pu+YeQe0htq5L{5JVMtj9kh+lSmlajB<$8Qk52CSjQ?RWn>(H+<d{Lz}Dyc&C;Hr~Qk!#0RTyK0w&Dg5;$>8&"
+    "@RbqT64LOte|JsP%vRh?I>4>d5YXObR97C7b_@eSs$}6~3l0X+d0I$a^gmj<B#kkUv9!xhsIlQhQacAI=v4uEoxq5}MPFNj`(gimhh8LBPV^"
+    "yIeI5?zBp0nx_3SxV9e47px^Hnw<GLZrv$j?&>6BuA)+Bh)dG_1~RtEUP?A-XH1L3ILv9q#XaI1yJ`gMb_=s;Z;3stQ+~%IG2V8X?UoX$Ms)"
+    "N}G;w$GQOP*r-d9sV>5!A^uJxk2Eg)Q^l3P!`!W<eZ~gEB(N%-K1h-ZX6QYXSiy{XjFMi;S9OeOvJs3ShH`aP&~&JZlTrXRI9H-t_+B2yE7F"
+    "js1W#cQjIVmCe3VKlL99w>2I_&TTI^}|oX87kSkR(>2fh>50)Jtvu1?`1a7i5*X-R3NUeSer5VNE-;Mg_(e|H{{r#L_`r@Gu`ocX640N^>*e"
+    "o=b~tT1E&iM9d|mgQN+YcMzjlFELvreY3dIAFqvs9>Si7+Z8a6EOt+f|E*i>$MPDV7XISf*SavF*ekxB0TC=l`oo#_A?c^1o8s0yXci(*k_W"
+    "c7kt&J^tm$Q35-J>cwn3<imFg-5ub{=wVrE)97_o*wx=wQ)!Q19%z|(N!Jt<Wvw-><KokanW}#oey#lhZDv70IxFXg2gN)PuRWsAN*-#}pWx"
+    "jq^W{4XO1)drN44+i;`5U}|KH$5dj$zWZVZf<%z(aV5szfgL*KJprQCjk`t`387dX#Lo>Wd>|Vm5~h<5d$PbEyy;`W;cL5mpz}R5vI<O6e$$"
+    "A(aUeMY}3|j4-8YJK|hCcRLWhgY1r&wgB4;ms@zS2xl>fAZpUniqNBG%RF@26`IgWR~Q|RDCtg@VmVd+GpATbDH-XEIlf9ND+oaILSa}~UCT"
+    "x9gC>wl<{eNVhw9&|Vr=R0IQ2us82kdO_&H>><cO>lJCIdh1GRGbeoECElT`PkJ6L^2y@^UcM-QE5I_4k<3bQ#~iw2;y8D-UoYTB_nRm3Ymd"
+    "#l~f6E0Q^WtPFNsfe5%zAB#PB}8OY*+m(t6pm=g^HS<5RYQ+@e1HYg=bj}>f^RHW_i;gr7{}AO8HdoytqGqP-5EsX?^VK!M~A>(d8c$Ihlrs"
+    "gFWZBP#t2#y$j4yS77NuuluxXs8!Iqix4O}xYFV+g<YlNjF4=dCF-2Z=EfiHcTJ?NK14MeLYE73?N`^N*GOCPv$t!}X2qDAju%8aztJ_nENP"
+    "t>VCXC3i*P$+ZfNdC3|AY`@_C1bjN;Tm{5j}kT&#Kmxq8;7Nmej*=POpyXrY{3PWxjgu0<wxZK6mb*)FjA&Ld;>hR|kPtRNf9?R#;fyC&D7J"
+    "Any3KyAp<)#Il*u2aCB#xAa^jDCG&vBk0Lm;~T6fArQ&c`?v9uI^B^*@0uuuZWe{_uN+c4jud0@8$;q+=#?~3F4gDa%i5C8`4v$$-@|YUCvW"
+    "*4{g;@i7A%~HdK%Rzj)a))Bt;6k(+QlSbfW^{Ea-_zNhj(7Nd+?)NXiTt{E<j^Vni!V53GPE1^(<wJ)<lOMzU8lt4XBkdY?nwb1O;@h(v3lZ"
+    "3TD?X0TkRyPw7vXTT|0ij~d^OF(EPb9oAtrbC`k>LX;7hAS-X>G+)qqbqzo+LN}g*C;(hhaHiQYa1m4UB=?mO-|KuM;=z$HJ472D%z6>!f!f"
+    "msHi~Y*4E}ZF`jXgs+Uw{X8<lcCJf{YV^^s0nD5z%=%~$u6KZ@mD4YS9kBXfn)^#e~q}v{KGZ>>XrN*V2?BKmsiCbBYRRfd=^$8V}q^d_HU3"
+    "KBwD%&$Q|LQ_FOrfCdQ9)XDE+Vc&2xPLDb0M>*?Xq9QzN*zGA@KI5dr9)P<7ZN?oF-Y?ZtE3Gj15iE94G55^w3=$(L5cZBlG>Bx?qDyI3Dhd"
+    "sWcrU8N&T2@ZbQR>(KIsv2eyW8xmAvfa7!#VuI(&=TgXCjKMdnekW`L`0tcnNT?K!E=3y&HkM0e2E|b$TqlOuj#NjFw3wxK6tmJvV}GsbVuP"
+    "^AQrL)9XKs`p^Bj+p9)?H5MHyXuQl*aw*dsdBo@oY#?k>y(46v>JijGl%->?H>Ove@wu$1fL6^X2JkJdUM13Z9rm6b>xU-1Q`iFAz;$OU1Y-"
+    ")KmiP4y^O7aB+E>U_=(q<kKb$f77Flht8NVYrbZI(1iosnAiZQ5El`+jC^SYE__n7X_tX7TZQ=o@T@?Ak8UhEdsb$Kego2lI~lHDCdZ91+$B"
+    "QROvbuQKsILH3>SWO6ytbxL4&Sooa5(^EbRz+`@GztxE&tegc*)sE1=*mQ)=(s9IbN2J=sRh?k(kEZ^so(;+@t@Nve87k-+KZL~slk8V-Z4H"
+    "Z!9j<(5&Iv*lBpwi>hC{f+(rjyZViS7*;cLpK0c^**@&!Y~i9*jUhE{t!T8y_mc&`ef!(J6-xd?`p(?Km`cYTS`@wnF#1716j-Ew^K?H$GI0"
+    "MRg`+pirT9gYl!sUv#wt+yFaLC)A)rOvsY4d((|>c(koeXg_fS-JGRnPI3rfH@*cPP>gHH!Byu1;bF-lLG)Z#ogEI{8%n)<l8&ShU@6nktYV"
+    "0v>@NWcjWUEw6rQSTm#OlZSNe_WQX8R3lJSAe_@X&pk=D9(t2}Nis}=}A@mywneA`WGsx(4n?i8h5Qg!$Z-+?#{)Vz$HT$#Qe0S$HGO8i+ib"
+    "am}uT=ip9jucF@TLV_nWU$9BrQAKbjkdbRwn`AN>b@dcDY`Zh-`<zHTCo0ga(L=!j93sll(+`R>GKXKs$rF3Q6`a9)Rhjn{P{dk6--D9vQ>)"
+    "A?+MjhV`%{JMZX8sHq2+KuI#qLOrJ!Q%1HH6w~{YOU9{Y~!`=V$UZfpzm87$6=<P;hpa+p{kFVu}KjBq$tqC9+<ILhhHap-*o$6lG)hQ3F^e"
+    "z3PR$Wx}zpv)es_xfeF%*qeOgE(I6<r#QpCC379Rtf!RYFx$W*26bjI*@5^o_|=xj$XT;ZrtXrn(w99D7p8$5w$gtwj{<=|n2hY_688PQWPT"
+    "Vb<E%2X%8JGe0(PC||l@F;WG7PPWT=;?a2y2sYiDQ^hMMBu2xi-Xd^4>i^emYC)plO`h-6iI3HEWnnP!jGFVQW)%-e=@}Y)mZzB)j7_2<Sgo"
+    "u+fNbh$R;R=x#yX&=GtPXF4L;uv{Cui-Qv?<)p1T-RQqK{irf5Zs1B9o6Ntumyh0>!J25Nj?X`Tb%J-S7+a$GyEXdbw_(V#nQt1=Hd!?AXJb"
+    "B?a=7OsdYU010()Pw~$%G(v1P-P@2*FaJZC~a2wT}k;g?W94PR$fR#pa*}Zi!JCfysE5#{5Nt1@B5}&H^S~Z)$U~#iwVjAd!pzJZpMjS1aO;"
+    "AtcS6tjM60$S9uy_#-m{gD$<oMHQOdar0IZqdCW58ZV*@5zp0>2bLT)zN$r_QDMv#W0R!AlTdGbZfuiZILP}Xm>Y$>-O~8!FNpAS#j2-zC%*"
+    "SgKoDMz5&ED99LZ=b$K~Qz+(qk(d*c~7G)aoYlLn=dYRCO(A6g_vy@xNGm(_UMWBS|bX*38Jrh+NNp&fVX>)qAy&#VR(NO?Ee%>}7gJYGEWo"
+    ">KR}(&|m-w&@%cg=#v0_&@Yym$GJt#cd-{%z2)9>Gb7y1-ObH7T){v0l<&m5MV23iZt{ezcI>G4tPIC%jCXa<9e;$}>|YGcdLbgv$#VYTI?Z"
+    "AUcx{ehCkoA_dM8Xw;o4K7(l667BEB>U%P)7{Tx)m%4u|>kD>o%_iU>rI94ZZbHx^ZGK>|7eXWe@@^9|=|$CimbXvd4Yu6_S@-TeOct<WI^P"
+    "gPL>>+p(wf5Kf+3m0MBxYK^@BR>pzd){o=Q}Fke;vs&&?;lo5d$OUcr>O_J2bLhgf+3<Ds$8f}{GwIcl$l%4L#g$$H$wc0qG;w8*%A@~y&!j"
+    "oc!H1$AOjJARC-r;+&z|&2!X@_KtlPrqTH#GeV9}@4dYCcT^<{y=;SJkwC8)zH)|-N#z|&XA*EE+jQ?mCaMN*wI-FphYXq{=g6A9?Kb(k4&M"
+    "3=I60*44lqVaXrvw1Xb>AJQmcM)4kovx$FbW^N|7&E_O2n~&x5;W+9DXHsfJ%yFe$T4^5n<e#fr6YywfAJ9Qm~Y7{&0v$U9Q#mnXNRcY$?D*"
+    "2ADU+nC{rIZxVES<?Y+*rm239FF}RG12s(3^OgtR^gR=9!za}aq^-N|m$x5q#QyQWr|#+dIjL5_-1sQu^P$yUZWq+)^}9Qf@?%x8w<3HUI)1"
+    "i6R}^q6T81L0tydpJx>-|fJepY%aUi=ioHX=Eyxn`-&twgtAZ)1VP#W+NS9&OfjauEOa)wl;rd`Ry4`zqt)eldo7^-(K3?jQ*PL^D!)H~9aR"
+    "oRD=kNHJ6ru74bfZ6r?*$aeUeCrP9+`U?<DhISC8xQ>BXOVr*b6x+%>f2YQN?D}!tlhOKPk2NW;kPx#^za36*c{hoos`KUR$S`#rg`IWo&0L"
+    "AO8Nv*b>sS8#oW{`;guNKJ7Ej;Z#JUvgoB?}<}Hd1dUtsB^{)T;dmP3#<KFz;w&IWn6)MM+q+c0D=|z6_bzx_PdfO&(BE9w<mrX3<rXg^}Uj"
+    "fj-qsDs=L8%u<)m(>~Bx%j<z6u5b+aJ>E%FM^Sbz6dyR$@w0<ECD{iKUY~$Q2+I<rQH)glt90(RCuY!|SA0B1()B!pIz_%EGmC;Qi<CrF-RM"
+    "cFpMuPHvEP)UwodYnUMLf5?rCa2=@tHoZbkU&Of(FNndFddqQ+Ig^$6<L{S8K%8Oh*!;t3sM}MY%KV^hKbkkvHEV(2MZx&Ywrwdzn6ep-06X"
+    "TC@%h)@m;RCjC)4VBQU0bk4Ig_ml$Jcxl;XPBllQ;o_(Avnv$Rp9+t>FERjFlw=1MaVVQdl!&$-;t)`yNe6UgV8G)uPW06i-1e4UW3rbZsTq"
+    "K<bN%-Kd08Q0z7tGetcu}iNMSAp?of0E?8&7+tk2$L}uc2hg#(cP*RIhuvUM`s=wC_is<nB3}5(xKjN%J6__lrw8*dam%-T^UnReE}y=+J~9"
+    "btV~&Fze5hLSJGr79#W-UQ&CYz5|Sb%$XAH#NJQm7EJm){Jt%8XRqRS}^6^vfUj#yDoY7&xt@lDdz~}Aiq3abzq-@uu`?L_ng;I6MHDWOAb("
+    ")ZFxaUMX6lg8sb|mYR37%FAwJRV~BM4k}#Tv!@RFa`6IgoEaZ7$a;(@$~0;i%nJ^Bsrjp3+%v$3_)CPE!xr0t~C<i746I!#n46Tq9MB!24Cg"
+    "pEriQq|!jce^E!gj52^qs4xv2aX|um&+ffu#>11C(!KTpIc^RgU3L$|W1XjnAXh9Y2$w{5o#Q6qEV>!E0$<#9@nP$cW>97Jwfp6`O&jhE)5w"
+    "E@HtS4#i|o>WYGU4#JcrtUVdI_o3}53t%hMnIvTHm7uQ@D^9Z2hM>P>UYbu($bzC+c_ADlTUXt!nPO7~ty7>%gi;)B(dJ=~J@)N$J@-c1Oh|"
+    "31x)AY>7|HM4)25v7}&ipnp3OiD0=t3o!pN^Dv@Mg$=F4}c#B9~_f4tvnDZ?2$cqgg^ePLmK^#4jJy2ib^8MWP*PacXhBjq%zRM=RaFg(^&0"
+    "Q15q^U;Pw4gg6^_IA;Rq`PK%{j0aV<J42zu(`N_YNe|)gdTwykcqoCYr(MYpAAEPon>oTNK`<ha`4dnv;WT}dXjG|dbULnLz#2vInvRaQa@?"
+    "&pRDjlR362|aJ8<c>wml?^RE`$QxQwdsD&?bXpZ|qCC^hP+HW%6XYGpitOe^I2F#5B8p!(BhJxRjJFPROVI_|%I&M9W?gB28dYBt|dvTHqnv"
+    "UYuRKebHPUI4HKVLzLRg+!%kgwINf!d)soFlhUi#oxe6F_??lb5pO1e*cxB;=?3@D&VI3W7~^|EirvK>UQSNrDe-suu_E80lNox^s+3~uSKr"
+    "ls*~r(XqRl&!+vXW{`^@t*L{|&J8dc6Wd}wxc_e<g!paz_hWy&3bk3YU=!I0%i%$vvVYm|xezU@_SwCiMUj3nNM`AU%Be>N)uVI(@YbI-j&z"
+    "Gka7@>!^8N)L(R%F%Vx>07|mB;-5%Z(MOgqz`aq3n*SjiSi<l%MOZLIn+DZib}#L=;~QKW$<ZvC{BEq_&d4?*y55<4+VMAcBsKy_PEN^?zS;"
+    "aMd3AaEQ8O}RqQ3TMQOiKUGU4q#Hess#iE?Trzrj)=?7#R-qU6l!kp+IBHvea`J1UBAw5=IFf9oQ@y_~_Fz@hDmno+Zo9y$5>NJxu<m$|psN"
+    "0<T;HOBudvi;*I&Kj6o0C@g!b-Fy+0h>FIB<xQB8!i3Wqw(rCm!LL>A@i`9SAH9s_usE>0dIYqJDn)BeQqfn)}tfz_rWL*-dZU0u*fp|M-zx"
+    "?`D>E+uEU8<K7AYvq_qA2|1yLB%6T9QIlN9(d5l%3blzoY4>h)gzxU+e28Xrf9~V*uHNHYyO9)yhIS#EW=;K89-pK9b$=PWGE-}O6N#gCloR"
+    "xQj9tw&W%Y}roj47ZC;Ws<@aNnxK+wi7GpuX?i+tMSa?=4tS|6pFFZ4BEB;sTO9Avg?ffg^3Omw50%5r<zD%TQRA-mM79^I2?cf@fPNizqW?"
+    "5%N`Tq}xS2)Y%uJHQ*;x)t}Z7I9W1aG&DfffKbG-z(p6j?6)ysip~UxoHMYf>^?&ks)i$##_9-c&T60qK0^YgD}LdG;`U5^%u)7T!-k|4e;p"
+    "Jk9YX#o;acf=y~9~kbM)P?=7NA%P#{w%y9)HHreP6P90mVcfe4h-tF_HQAoADMsh+;p9QHMm=}g-n`661>TK(FGt;X|h<6g70f0KA{W~`Xb`"
+    "}No`a<oaik37$oTWX8<<?QETzcTnk4<jDd)|J{7Ea(y6BslxQ#Ga4iw_ze5eaIx&Ii0V8@GnB&VFP9`Teiw6i{7RM-o`u<DymXDQfT&oaS8+"
+    "f=XY=5Pj(t;5o1##E(xH-#4fYNiku9I_G@Z`rS^3;*~@+)MkJ9%;oo<?qxbqL@+#50<ARb40k3iYDvh68bAVY>#v@6Z44sZ<S!ep)l0i;7>Y"
+    "(R5(x82egx3}o%de@+>U+YrDDJbx=NVfCmp)08&=_wH$XpGn_2?_;$KiKW!H?Hde(J!M|wF9ZYKjsS@#!3NMO~v7EUwL7AL#_Lil;{Y|cO5X"
+    "I)J=n;Q~_2ybTBrzf*9X$^bQyAY??24=Vg;;@^f$TcA@`A7RUrOnUjyMeFVos`VxmHPHb;)bn;seAtD2-&M}`a<0*g?q%+DgOH8rBw`Q(Y!i"
+    "Z91T*&mV=YtGZkwU7hEE-f!aQC%6vF1+ZMo-H>j@hN2MX^*W<O6P;8y!tZnjhlY9UKqe)Je1gmt`&G|^$3{W~SG{xmP*xk34+xCa7WOzV#HG"
+    ")AV@65#q$!=<D9Y=l}azHC`ZvE@SwF@a+h5y~pzsvR#chUgIugvZZ8O~gDv$VRZl%5iGClTb?OcaIvNr1zkz3yW1j`+!ir?iMfD(Ay+{LR@j"
+    "Ez^wVD<XPMl-Z6Z57gn%Q0}EX2H6IejdDlPe0o?2BWJ<gWL&Cw+^gCTH*OcGDDH2AyUsswG7%T?IdO38dhqeHs4#nWiY(J@JCNdC*MCN0D_i"
+    "3$r%!fy*9b%9%2kWjI8IjE`TzR)xS>Nw+>l4%I2J^>i_D`)3yjZFJ{4?fp9P))>F~{f>RgR@mVlwAzO&;H*`3g~pO>w&cG7*-a61tdC%f!US"
+    "Dij`DMT!g<mnwKKYozoR@O-x&KWv44@A|J73w(*sw(L^h{aBz*gh(#FZcXbDn~)Woqm&PVW_xGS3=a&)BA<A1J_LCurUvim={!F*VD+8AXwi"
+    "h65vI1mwh18oMK~gBej`;(661aZY8|PBs(=+L?Z;o!`$>AQS{WEbeKA^N9dnNWeuW_>aCjqjJowL^}Rkfb>E1XftKkOp_LOdO&xH!Q{AcAh<"
+    "XAZe_vgDE0P@;(wR$}5|5~#9oak>IJq+Br>zdQPm8Md|Mu#RFe#Qf0l@!g^PjAASYCUnDe8%hMFIS%h>`2Zv8uvI&Wsb*cHF4#mK87^LKdM_"
+    "`HAKroSfI?<uMFZFYij5&vx1ZYw`c%d>!p@ll*dYv%4cOnA{aa3U`W6fMfoDWPJ}zGAraCu`6h}F7F?LYmiFD;5QWJA8-g+p;}>GAaYW?%oW"
+    "+EGLI?SL%71WzLS|V9<RrhGhI$q?S{H4#6p>+kZ`7!twfR6J`OL}f7q~JsRFwjOb3*?s25abRCnZMP%&$q?57twA?y$a&<;bUES3K+(?_*Qx"
+    "7<sxT$2gGb{kR&Dh}a;Kcsm3!FNa#>1atpCF(T&z=cmgv=pf0B_K;Z%s^M)q+rFPhU73Bo3Q96)yW9=<`PFdjm0BLWu2>PDv6XCR$Y*rmLEO"
+    "<wym~sBv5?<Lr8n+PreGk+)pS-l0^k--YeYGQ0ue(Q5c<>oxM}U!~d&)cgzIsp*T$fG~s5qQX7pTr|$Q9tWE53p-mYE&?wB2KEigm4;%e}x6"
+    "4DHn;#B3<Eqvf5#jtF-f}bGtF{olOP|=E9^G`qP6zVe$n5~0RlZ&VCR|SBh>K|W2M)hcw+|2Z1Fg3tPzM%?bTS)!6w&tKd>_gZ<2pHJTe<+s"
+    "jqkXn^-PTS%|QJkYIXeVzW>sm7!l67yL-4n)Bz0VfgN_Wl8zx8YHhH8>HleU**_=>K<f$NMFY21F%AQVr9o9~%e5(dsEo(Hr>0XK5Uw`>^1H"
+    "Bk7mb@}1KD-65UG}S<G<oyh|Lt7AbTD^)?MHj16lF>Mvg;$$B6;S@ZVZ)$jB_a`si*X*`%8wH@K{59e%+RU#gJK&vZvz{A+E(RNfOZ@Yo@Yr"
+    "o@GDo)2k?`_eD*{`&*a$R>rb=M@Oz3d{HKbDWQHyZT30kE7x`gXNs06knyp_Ju6!?VW3kql`~IPL3MfBj<xm=4(N@9Py*ZrKN`G>EpL6MJB|"
+    "?OX0IDw06~FL7<53p^$0odec#PYE{REflm0#PxP4cqDL(J#JVis7}q3#-sI{<!X+cnIr_E|CImwqszF;#M)kP5O|k`=TKlXn^mwN%cL8eSjt"
+    "joo%2^0qRfUi!bkq>06`+d>$*5d7RL2iBkg!IQxVT90O{85UO>m9(z<B^Z$*tXTYs_j%PfF={Y}<s;=ez!b`^UD%oo@o-W!P~6wQ0ukg31C6"
+    "`H#o!?87MAX?O_>Zr`hqyieQ0J}uMN!hCdq_*A~aY5&15`dk}nLN+Ke8+i{RUX0szss^ub%^Al#yEff^<n!2UoVdT(crJTAgqoHdD*EMhdN#"
+    "zdty6u!xTBeRzd0*e1}MbXjuhogx>>lLNZl=3f!sZi_taY%Y2*0s6i1G?_SUo|$2Cr(zZgBpwyY7y6t=}>{fU;nx}pP$3v?D@vzmd0kyFB|D"
+    "QmoVg;od7cecnBU2(XSg!FJOX*2=IqJ$E5#=0R7w3pp&(Oi%OT)2r^f8Z)m2+N}NWh*5uxr+;Zjioi&mr3Yvo1^xdL&w_dqKFl?T_-XZ$cr4"
+    "8a5G~PLlf!l2U+AGqeJ!+Rau%V`UQb}@sr=|a8zZ-qG~dWj;bm^N7{~0X~V_kWa+8`#6h}SBR#0^7bi?6{!1@oIL7LlyAfQh<ye_ppibTR_w"
+    "Ok@v2%1r;dGk>yqX+1yIIQ5<-WV~|JwJz{kYj%>g;VS$$T=BrDToJE?>^QG--egrxN1@RpAuPr$Qc`wCrZd0z*oVct{E$klCGU4RzIZo6V(J"
+    "IV>bqbUBvzM1y8mUB$9E#i(|}`JL>Y0Em-+#UCkNTMj~x!dZWO!C8*jdw3_>C9dGCrnDtFg*p^V%l07`NN4ZKLZB6-WprY{zW8@m6&G16p5B"
+    "V*2xoW%X5gaAG}YrkA6Ne!X;h{3HwMvx*Msju%#Y&fMaBalnPJ(;gr{zBx+!5{8@=EpA^9~MCf=UMq4>8(5#x|9E;0qH+R@TA*>H2EGj`en5"
+    "Jgsr+&i;nUc^Or@iyd@_-@&9KN7%Y;Pjg5OEY)U<WBHaE-lNBf_c3$CD`!T;{)KU1yjgsbU7fegCSp}uSIOWu16K@{+|2f8@$iEgHgZwN<MK"
+    "TB=B19V<oIJs!69&0W-zj-~6B{Y+0BAlvBB`;F)fJ_iPy3%kCUMT%ZhhYs26vWi5U0FgK-<;N0!T(c*Ml$tV>+^Rb~;bWIms{y;mfB&P9aHH"
+    "E;<Os}P~cVDE%s7zj$#q1Iy3fq68%yf@C^s@Nc`u$Zvn~TE~0gw%I(f%hls1p7f0&Q_;K#D`%D;%&~)C&xe%1<7;rMu}TlrKr4Ruw%l)Vf^S"
+    "!q1H&uaoRqT4?6F2Sb_?Plb6s6x|6_diXaA86*Z@?)Uh6C;ImMrXl11>%SJyJ(}5h|LK#or1@Ctn2v~$_>8?YwE%^OVIFid?E!np%kEr>g7V"
+    "{>#i(@LRU;joD@rB?v5G4>=c{})LWkf?jRGY16b&Icr?2-5o^Gq>^6B}Y3d#fErWUleC6@5(cS;A*Ca_9I1f;4E*U;~_AA_`SznylS)D)<8&"
+    "P8w8?ORe*z5fUIU!45^iZ4ODU+3}X*8iI$?M9hkI(KIm0Sfe@DHK_1NKsTKuz`VSwhFl;m#yutisDO4g3p6g5aZ6&{s2tv0!j2W6CA$yhmJd"
+    "Gg^P^;W?l#-6dB|`)M5<<ZT#a`QI^{{)c;5UbwZB7oemQ>mPxq;Da)a1pdf)ckX?y7lbUajeUJFvv}6kZ;l2ta_%WuWihVW2uiY&*1yE{qdq"
+    "l)bFJ$6dTf2Jw+56~ECz@YLOSTSz69z7^RgAW|6RsPrY~PtjJ*<ex`ED$Arxfr!iN?M-@BlH&=N9KK$k)r053hg!53~Eu?|#cxL;olyokj^W"
+    "1m*5Lx%~aoG82hWXlZBQ-oDN}Gf3n3ivE+iac|kz6@Wv2s1Qjkm*Royo^8ylB#cK|*D6#eyo5;W8-~>mkB5d5Rq%Sg&qBonfG5X=y|B)oo&H"
+    "b~MM_B8h6|du=G${9Fl*bpm$#_Fdwjy%32?aO`c*}fN@M@W)_<d@+_P@d<o{^YSFy@GE-AW~1dB2WBD;r9<y@$Cqt`}8jQ*YAGgWp|n_GN0L"
+    "I5OS4zz92$?VKn7sSUUcPW~yMt1TvK6&jw<Drd&VeA+Z(|3v?sS%l`*1E$h-@Rfi*c@mgFc^V}{0noQc`s$lBV>C$W>%;K?(f~Zdidh!OsHO"
+    "O_o*>2gyN7>KOTZtW*<={S(1q@2QG$fjO)hz%w$PcK0c$nJmJh|U%0fWKuh>%8<WMc5Oiyqht>!Mn@v6gn*Y+GN_soL@bUX^R^dj?@!e))%n"
+    "h|-SJ!tBiMuNP?c%GRExZlR>(^ZB&h{kX^sc9}kV|6T;-8f%09)f?k589_bQ394qIdU(RwerP|J82e_8T$K+%VP>iHUZr+z%p|?bNy)23+zB"
+    "SM>hQb0s<tzW@3=yxcdPOEgSiHue2c8gzb?ch35#2Nc8m?RpMbWIYGvVMp64aV~fL3*nd!`-X);Ax$x0C?$)BmU=eRop;ymFdAx*B%|e+XzD"
+    "nKr<4M+HO&P9?twJY0p$dK7JaZ2kZ-{PxHsb3a{PIPApX05-t>hwOi#QpRdj?yl_E>PHD!`x86%2Nbi%>5ZPnr;r&3*A{QK55rKEK1!`s<3d"
+    "LmQ~c8AA&+!94PP15{8BQgf+t`l#hoV$rbX8)p#l?+z!M(thiWra5HX9h-@RpVQ#(?IRbPB9b%g=|LP5RH%Hr@3hMIw5`_>@C~gq`?N))E~D"
+    "bRZY%b$4*i$4yrKhO_a6?Y2{79#f|TCeg9gwZv4j&$70i5LO;?&hp<bLAt5;OFKS9jmCXH&wb%z~Ib5Hbg*pdJ%dYISY_}{m?|<dpP#e_@io"
+    "9ScP>>7gC+Txh$snL0t%P5@--}j-uw^M_cf|?*R3D3ZlSl~l1QuMxE^X?j+3}BYrmuFhxqK~usw9&Fk>sIrf5~#D$3m&TACU33ID1W&We8Ig"
+    "5s(X&56C7&XF4oYQMoFyHjTLT)nhdPY|CJW^`RAKb|A|vV>*5~9PCP3mL}66dNyO<%BUUKmfDm4ySE4X=1U?1I0IGT<F~)sJZ`LbG~vC-U6>"
+    "*#OsZ7BDk3oxXy6B<TL9@(cBt0zE7JH?E}o|L>Qn4xfq^LmmAs|$2I|&IRszK~wC}s5T+qwj-oC;YPd4wGa>DHuVESetF|y-3<DJ00^6l$Sd"
+    "^u|H5BU9_EkrGNssTiqNY<!}#0P@_!X!Q~%J`aUGAxSe!0^1-aaFfRnf?8nVNvS!YfZ7O8!lS@RH{6$9J%eJ@R}>>pWyl}3-df}EKMyGYLC3"
+    "Ju4U*G<8CM1wJM;Xu4s>pkFwR|qrQpA)KN@b3?1)uu_PN1&a>e@4GA~mPpB)g?4#_|bAM&Y0!5L?+T@EP9=FWMCA0)fz6AKTZBJAW*>jQEh*"
+    "kE8pXYo=#v_2sIg0+F9A?B_sd!13AqOF)<+VQ<sl1a2Km20RvRrM9><Ugj@QOMQNN-y^HHM^cR3xa1#?`c;s_UYhhtdJxf;>+C9FMaoD^3a("
+    "VMPY+_$c~TZ*Q3L`zw8-Uqq9MkOfG=Qb<2=+2l7)JWfRkR4`jJ1<Ii7!#2jiB!{Q;%{R`;P>j_(4XoKzh(JKd)s>~-oUdmwVz*~H<&ce>t*o"
+    "IHNA5=T+KfAV%L-+_QaAOHc?)>1)Fc$C;cTkJfn}j)lJmdW`=xe$R(N_LAds}uM&LS$H+lL${(Q-A{^t|V=s4CDRn;X-3BjTni|X>`fBIz(_"
+    "FoR0giG6<+1j0FX-<+o+v9C?TdzxFg-bV6#=q@u>CwV_(UQPZoV6&qo^gQh%9g>2`g!=lxukozdETQof$<(-=Iu25e;cR@W}a#7T2nhKlnZb"
+    "cuK6r7Il!~6NxOl5N>na?HPTjvf(1IDUPf@G=PBbc*&`B?fc5`BiYbfeVVT}bvDwd8Jr1QR*@C>50$;dGyYWv<8@=qCJm15zq%AvwH)A4wOb"
+    "o3vP!S%{t@;cE;cgh*(l2olr!dMpzBWj?YKQmyE|Ic_OI3T3krQZ*J6CEFHa<5DEWOa#b+5i&roNUv^27!^@d2J9@!s0gMTT=oT#IO^qxs+7"
+    "F9Lt4%@SmLi_}L{pH;i<OMh^C)d88eCqG8__;~Z#A65N=#VoHYD@pq$3Bn`C(ao|4>yI_f1f{hRSC>+ei^i+pyVlX#uXhZnx_$E=mpxKczt{"
+    "!=p5P?)2NCCBVcJNc-BB9mhuhnk*v3a1{K!sjjDVBGNldTx$ZU$gqtD_A>QDX8v<JRunyYSCd9^vU-^QriAudD(Z!E*j^5&We9)DH6Y={zcO"
+    "hQe3x-&m};so@-cS}(q!l78gwj7`srL#b))?kZehA}6u!J$k*RnDOa-g^7f;qw39e-m%}-ACG#>AL#yu~jnQbB&PESmF-ejckaBU7+DjE1Yc"
+    "n&hJN2>>Yg-;$QM7MP{lhf&#?%-lA@=_dCkX%YR-}?RrHa<j<oJsCmr*I)~I(_2kl0U%A8FI~uB5A+C&>BP|>YYFU&qiEl1nQ9gCx;siP8`F"
+    ";ZEA<yYeJk!zEJ&Qw78@DIQY3=?<3k>|}NfzGmdu_I9mYxGGag-i{t=U`WQh!6a)Zu4?oyhmGjDozAJ*tIvzK)RivXR^7IRw^m+-{b+O`|w!"
+    "hy$Jx>EqG?OtvcF(nl`Bp*VVc#paXMZQ`V`<>cZ@TtpN=-OT~A(N!4`u!Sz`kAap{F@CtC0U@FF-QG0^T{PL)e?XX{KmrvUmu`N29Wr#t(2K"
+    "01{CxA?rn}$vLXsdijx4T=|A7kI_-`L(6vywEZ^blPhI*^}REn<rRW3tvL{b$T2QfIf3!a*5gh;q5pclMW;C0-3>h1W~u534+_}3_!@7#?(G"
+    "PrbN3*g7!-0_QU1fTHTvWL6d7X23fIpHJ&>wS*DpZ))t6DrFxNB@6(e(l?xzkib32n=!GQCSfG{MqM`L-c3AJcLWTy7fDM#5o?TNFP3rY+%*"
+    "V;a)mcO#BHC{@$3s`fI}M7SJG63{ssmvuvA$K}BvbKD_d=|DZS%z+0Qlvz(3y4ao{Fle=?Ys{-t}V<3NMGW0CfZq^)>^F?))F5)M29;$(>Y="
+    "t+!azjYBmRl`Kw7i97>lF*_2N7HmhBb2kz>681rT9`4B;Kv2?DA(kID-nT>$<@z*Ub9f`G28>d-B`lM-r6)JlyV^Fa`WEszm;JcJ2CayhN_L"
+    "p6^`Q<Dj^6qI5K}B^TrTCP<Vt><-q0Z@8r)$Co5RYA{90qehw)>Fl>viBqq>GmL2X{yY3sVr)ZloNFVyyYWB1{!*#=mt==ln}4!TPHf6@u8^"
+    "z9i@xo8Q4-{SkeJM;A|;IU^un>2aLm@^1!~2yLRGf%SrP6Lr&PG^9OBV&Cnv}rQ~I=5es*t@HI+zF&PWh<2%~|XphIt4s{SEeyQUE2yRJ++m"
+    "gQR%SQmlCj{a-JIroeVbf(C`w0}biUrh76ez=LG1X@{I)w3^3f7J4GLJUOwxG=HPHNmHNwPBOdSl?G9w8k!~W?9HC^B??0U5i8M{PTy5myt*"
+    "C@XqJ2zi0J>U{oe<qRK;Jvn*#6&I}?{&GCmYs#VJ^4p}f5TI3F*MxaCDn3_!~4lZ|8JgaC1fS<P5!7)!LVZfJ=PUqX2;&!n#69iiwUYD9R+O"
+    "p~3NMxt5_27#EMOM5zz!1{Kz8OWN6FFo5GO2Z1nEFrqvVBB+i>sl%(K|ekj>@~4n{V8rTwcgdY2kl=|ABi#Gj%KIJ}l~Py%aE<jav67{VV*k"
+    "Y<bxd4}}?M?dim?Lqv+FOp-N|*nl)*?r48^;8;US)i%p+RqI31fl0_J{+nBR(KY?!&+J;Utq>7qD3>eCKMB9XM^tf<jc;VgHEP6Q@D4<C9a("
+    "#EsixKp#Usn88-Gpp2R0*K>ter-2lYO3B8z|FJ@(vim*u!TeHi~1k8GF{H@EZT*MGhV$5LgcjR?<DNQ3nCuPC-S%!%6*L+lu4nl7RcQe`U1<"
+    "&IG#B1O-or8L#ULsgKUMD>lC5{)Q*QDds4=YW*%+-VGC!Z}s5v0c6R4UUhk_ILasR$Ui>O)C{r5n;fOI=yzR7WWCivl?NCq)vVFQHnUF29gv"
+    "6=7{4hUIP$+<EE*qI@$sAo!z;^bR!2atxgNd=UkXcWhQN6p82$pyT>iEaxa*q5d$!8tFO8UNa?bV)sC^P4MIJW{zPdr)a{8MSvn|O0u^^J-a"
+    "=r<V6!k3dRueCiVVUPOR2>tDl6jnP+g&IucN_I2uqN6DD(sY)%D=GrNRe-6y=lXgC)P0xGoLMNVmeuQa8|rfqxLc|7qIN>-r>1m3o7deBh~@"
+    "cYxa45do&^{U<8*aWYPI2p;Qif28;2Se6T=oG^ZGBeiYY`>cA=s_9YdG*-OstgFLP+Lzp(^C;nlt`sFeJ(su5Ln~{W$d=X7<hik#@D<OXQIv"
+    "$1TgD7v>uMb5S!B)B8JGUgCVd}zOXni$7Yeksao2Ci-&-3>krG(RI(%?<v#&+(010Nu>I(qt9MocRLxL^d4T}go<GVZFYSzRWZz<b#K`^B1E"
+    "&J-mZer;YusoIS>)Bmr=R$zO<BN+x+s~-7*OeqmdQ1|_v)Crhe)6HvFl0_t_V#7Lr8DkXlbr|?MOUvnW^{j|ipM<#N!v7R-5M{{HYu@7TgBD"
+    "6Y)vMuoHkV6l5r0(P{t6rr2Rfpcb+#6Z*6DrxOUGw@#H@kdQ3A4Ig!So7nBx&#SM_qvj6+~iMpdgWvyih)T^^E`>?7TM8`-Lr={sZfOg@lTc"
+    "&!uP!0U1-XhxJI&2dM=^b7wY2c*9;2XaOBwzMM5?I~E-R>1W?^qD7tSFXoVjo1I=F<n?$`z4qVL3gqtGilQt@>bZH|#swx-gDWhTLcN+d^r1"
+    "Z2;iB|FBn`EW5;xL|+Y@@r9*-NA?|x2z-dPy$O>!O4FE)KAs&fv29hdehKVS*PV6C2PYn&OT|?V=YR0;RFT$idRb~$DxHy|2PIrRzn|nep8M"
+    "}mG7t1R!pHg)4zl95vz>JIwN8}5zAQJr<RStXT<OAVa+|2B=FiZk)eMYR`NzqVB3&hb`2+PxYZ-%+-c%&8SPZoOsRKv_bbs_;OLM#Gx;WY<O"
+    "WNpkpSf5lEm>sXyWge0#Vsar5AS6!`9{;{#<$vX$E4}CxPuqT2TtdHknUhdUE(RqcEkfE`)mlew+LT=ZWZv*oj)*xC%XW8&?7};3CGazwMY-"
+    "eAjcy=17_pP_MZc5H%n_fYq#U!&|dxA-%u@xE0aKx<M5L0WQtJXeB3T5_U_8E96614$_Ny6ZIns{-*UyLBQo@RZO284KLOrBW7>h!saY1pd!"
+    "eModDxHX?iIcaw@Z(`cm+hxIN5%^F2~9AWk1q(q$)iTyh>Kd_<?qSFfY}(w7uf}VF@=Sm%c-c_zOx$7KU;>UZn>_l~pbTM@15Cs|JY_(G;(T"
+    "j-GwT4Nhi_De^N^RWNq{O0<s@Ypf)W*6ikosVLq^t{IxriPE&0RbFwD6~cK%+;^uR{QGLHeV*Uo*mOD!g~V10llEp-l3^>^<D+Qe1aR>sziC"
+    "DLnH>!(-qeNYCb2<NlQtE>!}>JHq(Ar04APGnMW&pM^+dUOI-+q*uKj|~#U-PQcZc7GJ~k-2<cK79kN4Ek-)wOQk#nb22Ip}U9wLpG%1GpyG"
+    "~~hUX(%Z3F5dI1dvigs7-$dSj;N><`(#wFMOKr20;#)?QhtqNICpH#kKE+JQJ$1P*C=ncD~*H5a6R=TkPd_SGW;!N0|vaO^TyA{e<3VBT+Cs"
+    "potf3qR$Q)V{L-_@HnCGs1Lfj|K6Qr`Nfx*}6mjnqQcC$zXeGb-6nzn;ylQ~m*0PS}e0=f;f5s*1><gg~J6)hXiHLI<i!mm@+ITu6Q&7tw*5"
+    "SC#bE9J4A$iUtqU=sk8x=1Z{qx!R?(l*Yr)=Ze9l!X2)Y~7#c;fghX7qU}kEs+n48gA1^GT;`*Kt5n*9Cl0I3#if2hqItW&C?fAApiUu8R=3"
+    "yTLlz!?ehz+wF_Kzq5Cl+nS{4i(Hkd5h1;hTlD+aJY{;2v6l-6m+~tw@{W9yNV-N*T$_wGRx%Z()jlsYge8D%x0WL~F^w3Tc(lmgCJGmrQ<9"
+    "x;$`GnuxoJb3-EOEkVPvSi-6HMO+>H4(jb<M{_60JQghgOoc-b<<qGF1ZE6a4ZrKcJmKD&YJ)x@ZswDW6ck4IrEc4U$CPg~rD$qG@tPO(KGz"
+    "BSSz&-rjqbBuvYZCY5xa;ab3u(O}`h^Pat|5j&y{Rg42mid*Yy@YJVB9_+O4N0hZp_sSERmBY$SeaD&f%A~w<-(%~q3u-Zr%NB76j#J{;mDN"
+    "9$%pU6LpSMZi#oZM!#9}}mxi)H%U8Y-x3?n+k+tQ7YW2?~#<COqfj<|H;I~f~KaON>z4l8?Z;oOu{VpVZ9T%Z2c<ECZtXZoA;yhg@q=|jQju"
+    "EBg@dt%MVfOoqyJLnlp~|9GcE>kY3N{-a8Ku>X;*9TV92rVg`7OttS)7Qz(?ytTmCCvnqOA-!Uq^h;z_~ZTegxRU1DtMr;l%1eb<NV_qEXhS"
+    "&zs)8!dF&Yo1sePBLjQ$M#Sst1_e|&e&mf9I*zh9G**>>EQ^CPZwW0OnE?Lvg*R##&i7PAd_~@fL2}q?wIxq!d(R+Gc08-r-l;^SuV`p8Ch3"
+    "qZoJEP~vs56Sl&}P_tVZki^@++>yosBhDXS92)5;$?gE`F9ib55XXf{x3_L|DbptlI`{mkuUF`G$QUk2rS;ChPGxn83BlZe?#>+br(8K}-YT"
+    "-&pYMSg^AOf&L_pe8CRcW#w(ZBFSlHqG<^s1!sqz&H8LVY<(N_*uHl=8x}=IMSTS;kv|EN8VT2RH7}Q=%S_#lD)9l#uH^y+AQjUY$|awpGDa"
+    "QWd?T_Dy|hqfcbm2?eOp|?c^)+oJB^AgtndxANP@Eu&xfiN=RlT^%+sqxawl}VvMcJfE(Ye*JN$6J9t@Y!P<Drvq=T)R@Jm~glxzWGq<w+my"
+    "6;S{p&M##FuzQ!T|CODwVsVeR$xws<TaZ1rEcYDuq+{HBRe4jF;~u)$iu!6=y0%NcXB*i1dr{a9Jj#VDixH)`=>DW1|Ii^7`Uuo|8pVWf$3K"
+    "z1&sb@5C#c+$bD|m$ZT8tIFn4QJ#XcwNB~|juxzJ_*fC2E{zF7+p_E0h^vtBbE|jt)Ea@<jxU}qmf^N6ZWRSVyn_uBmfr@^S~99DhoyB*-HR"
+    "i~JofpjYoGI2=dQcTiZdmRyw;{IMO%^Bz1z{XN}t}e4%p+4?ruU*5?!wqK?-N^{gFTG<aCNnO}1-U^sVb1qYKi8h~}&Q<&CsA)>y<Qcpj_Gw"
+    "vh%k8UFoceExMjf}^LUbY*!CiYNPNi)ZIM*{n1suWO&)0!Rq6w+KRA^K5A9SoGfm5Rl8dBTs%-4~TNTFEVK4$jN%19mr%i{Zt&?DfILipF_-"
+    "A(u-K>5`ig@hXC^=>L7y?;arqK$d#1abEXkD9NiW!RVM^gfk`AM3PaK1c{O>6xTZC4InWIaa43J<v3u9QWH@nl={s>L;~K6s_cmIF`N){Sf2"
+    "a;p<D{ZOp}2_Ie1D+2RK49EkGw&M5Nse4?gN94<Nl5lbMXnbLUI3eWQ?Bw<VtToe(kxD{RxkDrC?uG_I80$XvT%C*-;1zPYlt#^<Opgn^wu6"
+    "&E`eV%?AUR*?8UGyq3aToUMgg)Un&m$iZe#QTA}pyax(QFrp!TFd-;ERHi7}^sb_UdD)|+ww6rGWE>;>8|1UL*4Lw}+p&mJ_6^NaW7*Z+)0s"
+    "iu+<28Hv|BvXLR1rzFgH-s2steXu3~L&5QHmH--&kbIE4X{AMs~q=9P|$ohF5tPg?&m{Yq!X3b(Q<yy3i5l;!;^SyUMG27wTf?IJ(!d0}IKp"
+    "%L{E4o&{(UQB_iQbVd-pDDzX?Q0Pmi6(wRh<WAvL}x+E3QT6B`{1vZaFY>sk$Aq0sA=rr-=l;=f_sU0+TcaseZ*<emMbZnGeAo@^<Hh9SW^{"
+    "CyNJUpq(z1*r5?TzjCI^hn%DKqC-46H&sJn;Vl`yu{^*(A{@Q;gzN=93QA&Hqz$Qd0b($=2W%B>}?Jr&<MA2E6gHc+X`ct}*McJeORhEfByK"
+    "jmv0EOqot|2$O3w{vh@dWhRc#*e#(xTuh`<t>I(V4L$Pq20$@s^RS-gUQ{Hov~qx5dC&bSsOak{IrB;c=lh5AB8e65@a$Ic=e1Eq{n~>bLep"
+    "ZS24%G2MYS313RIE=VCLh1+teTdO#oH-)<4?!MxhqUraY>xwEsvBdUeT~cPoed_=O>sC&D=>mzNpSAOQeV%7ymU}iOR^dAVQIkW6gJ{Lo^SW"
+    "iSp+zI3_r!|sD#wqf&$GL}Rl9LrSNz#Os{g^G1`{p?n*nwFcE-u<i+?8ttauIPGq7#V_}k6yfvPs8h13K1kKC4OW3wJwcPWc{EGu76oLx*^w"
+    "55IScaHzto77HOFp>C0#1U5~ZpBiBg9&%$LV$aUp4+gw?(%iMB4v+Az)F*kFX(0`%@aKK$YnZjf^7Ztl##R>z@x_KACrGEB_mv*GBE3@xbTF"
+    "yK$t~Q-oXkB)6`B>2+0N=&jTPQvtqv#p(MBT&$KFIuE9w{6AF)fuBshAJWk(~D={Y*I7o9l3CCXYcd&+RJtigUqf;L?iquPmxKX<NVk6dPWC"
+    "jFZB3XQ*Q2Fs13Re*US<ACuS6P)|uSTpALpZw43x2w)x)Clq*?FxROlgD4Y8RUVji~lYA$eU57Vo#svAYG98XEt&(!FY|*hP8*;?Tp%k{{_4"
+    "wJfc^{#0D&VP|bgueP`!ZakZ^J}X8>WFhc7B;-DwTR<WjS)1W*a1y~a8{wksBCe}!*HEdw^e*tlN>%_g5cy30^X^~Xd-Hzv|7>>s7J*m-!R!"
+    "!E{b@<j-8aoRRhJ9C{IWKFJaQ9*Qu(|}_{gy-3=s7Tb`q!nN)4^y`v(zFohD?<)n9FI4xbU|KmKv)q)9}{K7O{iL0FXqqt5S``tW`NKWL{?S"
+    ";S}i#LqZqkvsq4ajtgmOL8&aTIrEB%|qjVMM}Wy|Ax&luA67|YtA%$SAWH#E6h!xs^I)pOw>f`hW@j~MLO?4Mm)G5&$r}x6)dOJ#>(4lN843"
+    "Wj`kP7f0DKi59mBwb6W?x`=rF?|A&S9`F7J%I*)wT!=<K%t7|)%8Hn>NN{=bv7Q~`g7Do4r+!luK^18ZSf$8Q6dB)!{IBq!ds5GT}2PbO3?W"
+    ";qSAR%I#_&BB|ZY1>Lf?aJj5+z?M(aE%@ya+BMvYgGpR+|m(xBms(k)FPqd%UW+DV4LZ!BkhSU)r#^{I*K$#RaaPSV4k#Zl=$>KYMA+?W1mQ"
+    "|9(>#S;1V_Vqz<eT%O~NY%0>*gk<=NHVZ|4bl$YCY7;;4LQsT*8gRKI?PWz~%Hzq=s+CaD)#My=e7W2>DQSff>|2pMO&u-6@bQkl(Xp+_g=x"
+    "FdHNSK7-xhKS#|2#cY-y7uBwSijlNBiUjW{2HeeaX(vQihgA;~pV9p!KMy$$WGe!87`gVU`wo=`~0D780(5kF;XPbkQgQEV?<7u2a3S{FXK@"
+    "kLw51EskZXZ@vnjY`Cy7$2P-X%!rr4tO+dM#(nqC_N`i;j0Fhnm#*}ve>ohk`G}RD%20aBM0A{#ENCpNlCf1?Rt7Ri1Wctj84kS?F&=+@v?{"
+    "v!ui}$G?0w$ZI=m(B0(Y@ik14Z^Cokf8Ocil<^r|ug>=|7oj`xr<~$60u3VNx%UlVlPnOB+dxY;K>y96}T>+f8M-C5owibvvwbtLHuj!gc^>"
+    "t#<;x{we?e0tU2YqdzXby(Nz3Q^oE_cOnx~^5z%nBFNDuna_pV@3$)a9j|C<Y!?-(*v|YqB#F?a^eeP_;-uZ^{u*01OlTSS$C={v1`+T<iJ-"
+    "<k?pnuD_s)BHl>zJ967}q902xnwYtkgJe$j(e>;;_OwO&?dMAPLz2+qPeSTUbb*{kb{7J|;c^r*FCJ~BbRlio!%GeklKqoupmT5V?Ujugr$7"
+    "?5-~C8htd9qrw&p%_L!8{0AbFNr&oxR+8bMN>(yzZeG|tmkle)Ay-v30=Gn}x@OL~xEz7_rM2U3GyyvOfR2DJfz4%1rCw8R4z7)KGm5k=@3H"
+    "?LMNmr3i*RY<&S^9xgpP=jH~^s~LL7JuKnjFOW|(|$Wkia$){#Q198)bu&6O0Q3;$FsvhS~nF#hlC3&#5eH<ludzl+XpQSu7*t8+P9&IBlo0"
+    "&JO9s5G5^_($zzXi|J4({H7+c?IQ^-1Bma)~FHlaf4qQYC)b5aRKlX@}K+pVhcdv`3QRb$LB0epW{H)ovaOo?inMkrF%Vv&oDj&}zFcd*z=8"
+    "Ot4DYBMnn$0c8C}Nz%uM#f43M~n9b$v{cN0u~yS5^=RXQVIQ-rK@-!9|*cT#bb1X!Xm6h1PAi8kgywtxrV>xo7~0GASO_zx)gRi}y-;JRLr9"
+    "9`RZ5q&GeXHzKEXTIDUiJe50l^?{Cozx6*#92CUts1r9+X5+OR%mZC=w5=1)6J?%#zfymaer2t(B42L_+VLg^Mm=c^>RSApOTz$RlRy6uHOV"
+    "%5>z+*^NI~Qz=qe%98G2%Uw?8}g{)t}1MY!s!kT3-N+>0{PUf>{;TRk7%`eTi%Wesf+5ad`r`3D@to9Le9TDbk)?`|n!U6N)`sj<GMiHZ;?@"
+    "nS@-D^P(JPxJ1ROab`_rl$A?$|Slx=c~aekNdM~j2PAz9e5J6P<vD2i8j=k6^{ErN4MVX09MythOv~>lNp@r`#Y4*TLKBYAaSUC>ppqAJ`$k"
+    "rb}luvjJ_&fBRHOQ*<H;KQihsvypf-i^NA`YBm2~*8&HJ@&i3^BzNIdMsoI9HcvO|M4=a7-8&?_uD0Wl3@$%E*(8q<mwxJVES1%%-+=T-!XO"
+    "RKe+qS3+I9KRId{REnLdMiA<56A?oAbWaT;-u=J{7la5kT?h?g^~ya0SbF6lZY&M{Q_<nn}wD6rl?^N^^0UVw1Wj<Q&M_{?eM8qM1sJBVR#W"
+    "!Y!3ffFiohjoq@dBRhVz{0RVJF#yFso*C(GfeCV66x|&C<+`lG&RRv@Pv#Zy2SHkt8mvp(5%}X^sM;gENh%c3VchR$K#S4c{@h=?49vzXvg$"
+    "`)vap$a9qGL(GTbOM{q)4fe<ZsChhy}+A%uVD|Kt6ali#l4*o7(oMg#^vH}W?7;xU`=s6y4@yDr~w4gYdt5f`jOb-X(NCz^f#Puic}djCmQL"
+    "(S*-2Ukb;kujq4FDW%TbLz!(NCpM&pnV+sBnl;tUae`X{Rfwul!E^t{Ue;Fzs$do*guoEV*7{_Lx_!E`t$7(ag~pn&HQZJ6Q9P{Z~U`IBIy)"
+    "e?RNNbaRDa$l2YSnXbDVuq#72GFW!ZCv-$t<;z^9yUrohs*%1dV?8|m`hi{DR>4P-<5L*(9CEcf=d(ql1V#vW3?bM-{p(6=6qW-`&KrSVrbU"
+    "AEP0fFJ&K@^vV1{bhvfp7|$NmjcVq8}eU_s;!h7#;#$0QdXc5Wb$Og>{Z|AMTBq58}%Ww#4um0C6By8IR;O4Qt$RBQ5qmYpv$Nn@zAELf>4i"
+    "=S5q9Y{CoP$Ul*xQffDvsq@;*CmsHUdffk{4&e2!aMmp4ygACqUf5UUmgD0bPI$|Mr9`xlgR1u1ItgvM;a?zEP`2d6-$~@QjPNS2>xTrrrH#"
+    "j*?1k^f<ejS3Ox<|VUUu&8*0*y#&+e@8ZeMny)lCgA)03mb<<$@jTUAb()OA}u;TEVy3m`@i(wRI(RFVmQu!wHx2C!PQ5mCl4$_x!9U5wi1Z"
+    "pLSM{dbZtH*-fNG+6~{@laX-&-sprbN2s=YBTaf<6fi&C!rzXmtU|cRsZ^S1!%BU<4;W#6>!Q7b&j+yjZ<fkV{(<HUTup^croH+`Vf6frXO5"
+    "!6y`kLV)Y0_y5473SUh+}l{kG;UC4~tZGcX>D0o+uAprhN?CSGb1J81o&Jgs9h7WZJjBIjA>gviGb`fC^fsBFVs-E3jfa7l9q3(KLoH|-S5A"
+    "rHF*(Hm?PP%n*kP#yXjdb&N?nsT^D=#K-RlD1CT|V-aKe3o+7Zy?AFg83|_ymW;q!Tl>dP57%`ilRK2WgaZF^6)N!XFYhnMdb831_Fb&r&K6"
+    "n<%zRadPXiQ>%dGEFVhXK-urB4J$TUN?E%SHUO_L+}}q<KrXFlIr|s#0q_uW)K5If=`ZgzqHVfSs2TgM{gbv5P){OF!~feTDuwvdd#+KW>6y"
+    "mDM?;~U^FTM+(Ex<X4v&>N8RZ>}&RnA({p~_k1OAkZG@COaOl?JB0NFo~To^+3wlvkqLD6E+N1i#4?af8XPBAR^Vz_p78~;i2!iwSs-ioaj+"
+    "{+lHkBj?&4<Q5tZ>nOf7CPTpgp-y-;c&!Xp_h=?;aR4R&C2{-Rd5xtO$g&>V1VrwHDuo(kIlvk{h599NF@yE+TipoYN8LfM4)bR>_Ky9izFt"
+    "_LP@^cwbHr|R79DkhX)aXs>I*1L@s&UVnG3XapF8m7);W;okwD_gd%dH!VbR5&d!__CTg;XK`?j6iqD!>RguYev?RnOXzO9*?W+_w?&|vP?p"
+    "kzN#Wk%Dwq;o5Uh@y%ko)20XA`nvz;n;S&h4G(q~hp`reS$zUANLY0w1Gj3f)t2-q)cnuG?JirRTS>rM6B>JNqEy5CA}3NxB1)r{NmuuUslS"
+    "lKlR$Dz--WVcxy*H-pcg{%gB7i5_b}X*V}9BE`2P3wMStGO-ULgXjHsj}6fiDs~nU?AbI;O@+Pu1h|~L(GEl1`9;iv@ja{V)CX$!k~vgYPsl"
+    "Epb1`k5dP-E;uodM#r*HQ9RlWK<{LeSZ?S3tt!?JqgL`~_Q@s4JJ(oX<Xku|_-&XS(!FnQHcDVieXkc+4wm(hS~-y8_v*csA~#ED9rfrP{~0"
+    "b~1&YHxLgW>Ce7dpe;QeBe7bUAr}0*WG&L&L7X6k3}FR<2CeR*7={gf%&AZgg3+z@;*{Ro{mRqit1-!cbT{w;DhBaD*b=!RCH29xM*Lb%u_4"
+    "ce;i>xvRmAHm3w#XJbO1NZeQBL6h=TAN%*%;mFlT%$mTpAG`Bexqc@E#tMc3OCZE+C@i-^$asb(_)0HVq9Q?d?SlR!fgaPjgi^I}u7VRDuDw"
+    "!-#*9*&oUxt#H9c_gqTcV=Hkt?fN6wF8`!dWD?XT?T$nHWD&R`qTb*<3ml(J^dH{Zq?Ds>+*}N7@$Q2u-JMO(G5Kk6T%Bde);4LeI6Ge-`lE"
+    "q-PrJJP*O&%T$=lyJW*x-1~H9Z1xGb4_SE>aUy<ihkq7uU$sVrn)%JB5OcHozoXuOExdtFdSfpxbnRs1<_=B_lpLHX0*NEC@e_~)#o~QFu;y"
+    "YQYxKhIdr|PgXJgYtI6lZ^hHG&IPIal<5rhzY-g|c=_;2S5J&Yb>B&jmfp(d^CAqh>5>!59oI&1v?l@uOC;I$C3{D5dpGxji5W9^R=j^-;cz"
+    "H3fRC#KJwH7KsXx9#htB+*ib&?<-3H)<>&ZgT6SjfL;uKj(;p{47hK{?q9$<hh7mcy}<qECcHM!&;#@m!*M^<|xgmw$5%XVGf0L%I|U?aItU"
+    "xyJ;22jX&a?aUVDNMu<IpmrWi!|0s_xf9$%wWhG=i8>+TjTJBSNM6UnkO?f&J6l4fz%R)*mU&|6-(sIg<rf>r&FRYAkDt+2~#<h0$Z`8K&uc"
+    "YZiiLFPx;#JL5XK|~@GT;<9GQg){lLAcm)s0U@0zxF3B<i>eN;I}s3D(BNw(hOqK0M14YhkJ7_G$EXwnf+hpR<!`A{F#Ym8d)1OA?0&hBp&l"
+    "TDRws!YkYpxDC{HF5MnFK*=bQ^bln3P6SqvF%dZ?5%IJ%iJ|`R`+oG7*-ESv3bAQzMchFT%d1hmp98+s566{4O4T+JrZuXo5GsZXzwmJFGl`"
+    "eFkZZX<<Krz}%ho?~qwumt_?9^Bs|nZO9N8~e@Pki?U3h%>8RdiFuc(+_Nux#$>|t4;k{!?lb$Wo|53`HQAJkz^H%_cXaS@K+or6l%s~6Vw!"
+    "xDv0Hnd*03c7-X*=WQEu4T1R8~jiBiAl#2O{pPLJ!PS#iXSwNnNl6SY4rMYlI5nlC6kTw+=`U{BSn%stHYqgObzv7t{%vtry2>(hf#!}43bj"
+    "n*|dNrTOZ40adezJ0}jg!-!59!hmJJNE*{LHfIj*uJ$?3h*Li@}zaO?|{<XI`cmA;YlVyzZ5Aw6JO2IRn8{wmOH9H)2`)*5ECk}q`tz*vdCj"
+    "aC=LxB!%irH#>ZUvS%ND%oD8x`d+v6m)t$<q9$RWDoDmy4+zl{=dGi4W&*lUH=C?Y$EdA1ix*LoLK0_mGyKB!6k5G<G>yVIXxoTT@>PSrsRI"
+    "Zcj{+zHWJWqEG}wiG#Eun2?l-Vq5MI$P}DLirmZQzy@Jvl|4$?@1gKBGm`5r?hf}H<rr$rl|uk7(bsdd!Zv;S#$Qe~AJe2{GKPCI2qn+*oVv"
+    "E1dl}Gp3d!)EHU3>7u?*jsddW;0lZ<^yl`Fa`+6|_!@Rfj&0fpKYkuYuSOdD<MzxY|2W&HwZk)QB)GC(X4yr!q9RZ+`+rLhDP!Jvq7BjA;Na"
+    "wD1a;&#ZGh)~TloHk{m5-5htNV(zC2!7sYl&w}W16m{U%r$Yxjw}3zJ!gusazRn+!k%G5|1eKNmLQ{uirkengEMJ<&9%*#8dsRRGC&kQ4%PK"
+    "up;WEQUYC^Uhnn<q{ioSO*;ov9G?Z^c#2ur`_IV{nQT7u-lG3EKGWSKTiLH2Q;)v}<hr3AC&z(7$!q?z-^&sx5;uTF3bGB6IiuMdZ2>MkYy8"
+    "_hob)Aw<7+zX2SDRk(ljp3r=Gqz3J`S4V=`V%}MSfVkv?|M@6<4mU#Z1xKImwRG&deffo$eWd0i;4ngk)A*3e#l%wPWj_HFi^?CZ=#xWa=f?"
+    "GxwjoDCSL5x3>JT=6UCV;LGpJj?NN4uDgnR18sv3JP=Wc3dvl{L7<!l+4)K>4VS_RBpkhPeG!=8_Yx1<VvUXz02I_Hb#YsIDe~v)P~@bs#|f"
+    "xrdf1d|i9<|D;(QMNs;XMaKu4+ew0HI=!%w<o;_O<Hphk@4*uWRjzFxpEGP>2a_!)~#XLfA;a|LjtWIv)B#CwX{C4sWwM*G{5k~_{^)k^R?v"
+    "p9<OCTY=QnZp|@71!-`@X0wA>P!Srv0pQkI}}GDU!=AAEb5K}+eDV)nnJ9SVnj*zD#p4jYm+@_x>oY3CJSg{@+4+vPjhji9!1ZjySo$`JvIP"
+    "TvFO{DdIG@{#{jWyrsoYSQNQYvhsF(i^IQk35M#Ki!$X1W*T3iu*SCv8RmDJ@6>j5}Ua$CU;-G_XTl{ZG*%C97kxS`0+tzFr`eG+vbIBRcxx"
+    "<em?tx9ddg+*EF@6_%dVg@G(THl3SW#z@m7=x7p0@Rl)O(SK8}-#<qUJQI#Nb}Y1UU8Fod^i2YMP1*15ZF1MK#gw-HQ+wk#dblg!nRK{s6TO"
+    "qJK^{6I-Q{F%<%EL(5*O!z53u0lLjrRh*>pMZ*^AXCrj(Mz(w=k<!5zm;jonL@zQP))`w*w6~TaLPxn2@+OTh{brPB!S6j)%uA4(XRcIOu0M"
+    "$ByjDx^O<*IglAUJ30!gtQu>d*9W>&fyZKtc4V(*G$vJ_&r=XSL{ZMnvDdkYK}imW%|y>?QjGl(ZyeVs%t?Iv7_3W%$KtKHoy?H_mXd}O($%"
+    "pv!m{Yk{+aC%kap0!~|{?K&X?s51lo@fcQ6yv0iDXR=b^mdK*I=Vm_ev3n5%F?inqikx4V@3JFYFQiwkhA1gFuyXC{3N@nXKoZ3(PI3Q4kk@"
+    "f*!uR;_aQxsjc9qpg^ELx3nI&ntbJVfVE9F-iX_-3%e{<j_Skq;L1ev$uirEyyWfpCBLW|ou`jJFF*C_k66%y>>+1K9J1;_R<>i!|$7g-rhr"
+    "Nztiu(w+DO{DgGuq2RLvS6o-1Ux)w%0ikd!!|=>4*}F0$rvEiI}Q-_G+XASH(SkfKKv<g@#BSE9y|843RpxpJ`HgrQGp)`&C4l@FhRx8y5U{"
+    "b&pQO2+1cyVNT-242Yc0!oNmD6A~FwRwN%Ka45~`O2(z0YZt2%5@BS5G7X=>GTl-tD)sjyf{<d8bWL2`_|5o}h(9m9JQshf&B_-f`E}u9T!@"
+    "#Os=ay<)||-U>yg*vsVx%+-r-_%A>6OPF*I#H4_q{Iv73wCJ>^cWq9$d-&~eG8x6fl%nGi(|i#_+&wuKH)uL!rp^U(OlpUbu#N`$)Tdngw9d"
+    "L##irdAI#>$;+sA;uLI7X@6y!FrJ1aTYVVra7Nk404+|l=7z+?K-~ZG_NO}C%HwHh&Ak8SG4ZD7!!%1by-mt1rg+y19_G^UU{Qh5}zA<?j))"
+    "Q<kkzX1qCgAcC;iyTl9lc<jw~34>xGb{;cAXP(?j>htDZ=ts*?;DBi)dyriOz&TC@jI+cA(e7dO<Jk@d_)9tj^M<<SxRv{Blt!xtFI2GqC!1"
+    "}h6#<QazGlkG)YYr7K3Sb%KQsZH}FbHsJ7;!HMtYxE4wDP$9gqNdqaUYF+CB~jbFK5^5apZnYTDkYh4uMmWR@~Pou7+GKcmBjcX<K}!N|qxE"
+    "%GN??ka0b2ZECmUDz}pmtcn+LVYUjVYw(}!D1ThEg{TxCi|P=fA;Kd7I3<wQEslUqR~u)X^sWZ-8d4hZG)OSM?se+17iO?1O}CkBz)0z`pq<"
+    "F0NMjAZ&|f9}N)E-3I?n?zwJTiG-j_h;IVZzCZ6pG2OiTCo(yf?ve<h;gn$y_~;pmP~AUJzSbRXWd4N34ma2abdqy~@TwMP=vGlvyVn0nosZ"
+    "2pXhPA7r;K@1yxYhrdS{%{8R;Lh7)L&3m~Tv{qcp-@5;8a=1(B=aO$7vyahJ&`f^I|NW8Qqq+vQwH4$x!6Z{z#SN`QBQQW`PaxgXlPqoPOk}"
+    "l875Oz&Weh70d5qrl4&{D_?j|9AQTJwb;W4^rV+vJc6l#nd*SHB$wqpnyPKPlmR}{GxB!S3!q#3h$#|C2*>7-1IIUBaOm@4v&-Nop_!WB&mJ"
+    "Zq0KkF?bT$?#DUyHc`I}7siOq(_?cj73H*H1a^dZ;I9?RJ_K1@gHUWwMDjpj_?k#a>6`VW`09x?=Gnf@<U+i9i-(udGA)MNP^!LM6@;l0`g="
+    "G4O>96*yB65#!1;!?Sf%)iz59QzQG5Vkw?NzBF7pwNXF$cuMmaw~xI+fA!3iHfk6}HS5~1ls+Sum>F*;E;`nG{J{fz^L)2^gSt$*c#TOXKuc"
+    "-Rz3J&VovvLuBMMz%&(r1b`o=@mx&s3zVx@c0<C>acVA0_pXsT@PRh;QDgA1`#DJ}l$0qJ@KLqu7{ZVd1z$@sl6+-X!#@iJ3h>PfiS6z(UQG"
+    "#t2>)<<Q5kSh`}fuR&P_k-0&0WmsNSGCjhR#eshAAdsY;|+n>s_~|duA<Wy>hA4E6Q&G!%w}z4GfWj?!+^6orl|`9ZfwkWI+4`j0}j@H_S;Q"
+    "DC7Z~cSh_=1-WAKd8?)er<t8=3stdqu440|rTcb<f<cG0A5?UfKL2x3Uw{KD&B3*%!!YLa^ZpIc)ws!fZzI_$_X&l^+^BFE6kI9ZmQ_=0FX5"
+    "fZh9*qeNvPs<5v3HH>dB20|+lh4KZi<J{uS;$ZQ=61K*7krbNE)2m<5)(0QEt72yS0kh_d^rvNzKPv8Me^<JoN*OHQ8ZELvIdlj7kG*N?RY-"
+    "1)rG)O^gX`J#J^WZ&~6XnX!~?tz7T>v%LdqORCy*^gdtQQjM`Ek>74Lsy(B&w%1fRPBu)voo|v>Op;Zs_NbFw)gxy&p$oL$=+DmHx%ms5ewS"
+    "l<J5c(mT6c$2Hyj>`_i?Kx@e3$6;|0F6bjF`_fx%z3{I0IC?ZRc%gbdP-X4{ZXmzuhzHn=7_c8II&4+|==LWURO0uH;lw<24%GBG|@BJxo+j"
+    "u~kP^SqLtkMJ72E}iz4fIv~ZHHy$6t9v&zonv3GLOdb|)Rv|g`G(qw^0idooi9=ol$6&U!kb$=j>PeV*P1&KYg7l{_MAC!V?<S<9-_NN))yf"
+    "-@})Aq9S63iqO-utx~pBJ(}h<Vry-$ep1DIxk6j}i1L}g1x)m#A%UVJ)K1#pY<UQ)1{gtlgb>U44l&oB7M3Ye<>@>s6!AMt&9Z5i%0lL#9yv"
+    "WHZ%O=v_k$+KoylxKytx=1uwlmc$Vw|Ki%<Nx;xv6waT^=KWl;DPZ2|ljix`u9uG<C1pe?lRNM5Ik8+mpVqPiWj)RI*y&iXCFb2lsCBHw!RR"
+    "Or+OzI0)Pc1X|zS*CIoFuA7^nYTT`EA5+z|Riqd7m|XFaYxaD*CMRm~0HpwdBJ)?=0PIB5)B|e@qRJ@YC@e=O1w3>lj=mC$P9x3fktTQeDHK"
+    "~(Gtqq%F|X7V!YMts-By07O0M6@c(T+r6S-R6J^05MY8D`j9YhCZ*QvZ7F-)t9ClOzEQFg^kOsBKcxv#RTwgAa#mY&xz_*^zsGxhNi57n^^4"
+    "Cfr-nLeS2&Sh-MtRXU_tnV#Vx9}r$gXQ|Y+jbQ~-UfBA{1FuFxZyS64BK~;t}pJi>Gr!$x@xRlM0{0kS%GHW>Se*RF}^gyWCB{Y%(w(=jTJ|"
+    "2Co@prw_8eQIqDLLoJ>1y)oF{8nEe_}kdP@*M;<Y^?nwE#?jy%I)Jvy20240Ob-2fP!2oK=CR!-`_yFU3J)~H5Zx^irl6n)?J>Uk_U`NFKk-"
+    "#5!dW&DFw@Fr4DJ8;H8(*32+SLACv%e)vWVmbdMd8Xy*Gnn<4Y83Ugm<#WCTd{(mA;RxvCkAj3DOa&q>m@fOqWcpQp8uBI-%(6ri|Ym#R6Ss"
+    "Gp1$!yRQ6-PF_(9#I?zM|NSL6h2kQph<DZ;=x&Rn7TI9-)D1A=mf2pF=DC=&D$!`tQl_^pC6fC!XZC^tlJI8ofD}CAxo`ALB$I;TGPc-sDOs"
+    "Tl+>@r(3UV$om!VXO+ifa^NL$I)u5^xNFwo)U^_tft03-Vof4eO}l;O2P<{rqbZ1__6Af>q}u<Lw~-bGd6GIFb{%SO0_GHR*X$IpAKpKiu4N"
+    "K{Bk`PR(&)f@J;@Uc1zY~e-75~b=$jtNdrk0_xRgx+Tncq!H>zg4)zem~YSpmS5)irZRBYRn<boXHERkkjYdOJmz*{Jmyz!rrHl_2Q67@Dp$"
+    "FRjBE)EFsTT=mrvxYPRm}Kv62nz8YyNxAHkiHXZ0s$6j*7q$0!!{H$F<!rTHe*K|u8@Mf$Co%(^%5P8<$)DOiwSkDuQ>p~^RfA2TJALC}B4y"
+    ";jngJb5zsFC8RWU-PQLhc1anr=A-;~_EJ;nk=v#mu0gdrB8;zD)q$-qc(`pcPOE4SvCtHBli8bLWHXJTj5kHVUEDSIuV~6prH{Z4-a@`k7{+"
+    ">yZLWUB~$pn;ExVm2F*6>14+u{=n1L>zn|c?V`)vzuWmbRejyLt7$G`@!&#n(sD05H?MJ1SE1^k#prd7B6ns%JjV}hWthAX2A8_wYv&S5@Yh"
+    "{u6e74@l^Y8MiUY{y;LO0?dCthl1rbIuJs*n)9Ba8os*;lOI%yP7@!V3wV5U)6<M4SjD{6f4J^-38?ByF#C#vZX%V5$_F{8fDe*Lwgc=mc^C"
+    "LQVcN%A(AiaSa+dU31Hl@2}wZgc_y{N_ajR35W<HEJ3T`qD5wh0fO0o8kwJ2&G{;HCwVlttAbE;;FgUEjL|@5Sy!>tuh(lx0;e52y%LIdtkD"
+    "7p702k$l)SA=o3zt@2~rme$nbwFJmnLPiSPdoDqMSvOB1$({<k=?nGQt->k(0jx`$|O=zVNfOFJ7G}>00n3AUh;bx&?ca*jzn?*t&&_drWTB"
+    "5l#dKf8-V_9w}UOf~Scm=Zf4xn;nJ&j&JClO|O4lScBP*AEy#M3<u2M-A5?BF<kX+{}2k{{dg&LEE!pDmo{DD88ET-3aNA=N3M-W+f^f&FpN"
+    "f=*2fyk4uJ#igupfmD@c!KFAq^M~jw^QGC=sLSxajVOJ#&MHw1VF$PtKDKx;SW&LD%i-Gk6JiF<qv=$x#j)HK)ktJICB|cYS-35&;=4$Z->Q"
+    "rp(ooX?o@V8S%R^V|AhwLXJI&*FwMHd?i_;BFJ4*jS^yFnQR6I2+F?_5M%j+VZDMky(XOpan&or?Kdh42qUlX^R7+<f#{`70BI@?wxaN-ytS"
+    "sr5HJjtx93|!0Xhm23k)XFU1iGHd>e73p8#Wo6fkzTsISHNskbZD+SE!S7i23ms@SrrM9(sELwIN)ULPRYB52;6VdH&RB_yc!}=z+wrtsv&7"
+    "3N}P@azLs^puu-(bL(93YWsjI_M#@Z*Di$dxf_ILzqyc}F2$~O!AQgh!z_8hgGGxb63~9f$EgPDx1$HH?Hd4^G(x&v?sjP2e|I*2$;Ei@0%C"
+    "(t>ITXL>qcROrP8Iu_-Y?XECb&T9X`6}dp{7!a428byWfxpTT|IERkX?J~zZM@Lb|_hf&nnfuSlQV)O5cf8o{G;RB3U5$ga;a91e<bd=nkOq"
+    "OFcf&$|HfwjkcW5Xv5iLtg1BbJS8{ExDG$0G>LQ!+SZ}wI*92VxnMYtWcc^7s(~{OL%Zvd#_fyYbJIr>5>2TbImqcE`Dxyk8FlEWVtlp!^nM"
+    "=k6R6CvFY=|8?|PdnFMEY31OPMKw$1GzR)Sh|nTSVFEAXO|2j#5z5t03>?|=P1>TPo3yK&pueU5e>5ftzm*e|z6uPlk!fW3Cdcpr5v0(O+_@"
+    ")i)SuUNWPgUrJyPt0^g(+cEi1UqJkwzNu3a&sFCKLHiZl?^}#G`~_?t7l;bXh_zrRxH^%*?oK-4sbLmisx6pq_!ggkt#xUZDi$62CpwAIom}"
+    "*e^!JrC8iLchiE$6#3itoDWdg$6seJN?}3AYEYMylanw7bv9F<S5H(|5q2xz{3T$9$MIoAq^f&lA1~J{^=67F9L!Rxp*>iH)SSqM<R?XF=D9"
+    "7gDA8`D+-K4g-NN4L$_T)F&pS~1$S1c>=m)(e3g>56IZi<aE_%DkybWoS}55Ra{$j!{kSP>`ip_?P6DBC!X!E(@m1cO46$KS7Op&sH!r?Cdq"
+    "1A3#5(Q_l23l%Dn480L8{Gf8xQuTkjSU=5N9keMRMHTHdnOIvYffUAtt9E?gc*a?J#oYd&$X!(bFLUp;WLc73iMjUU^2n<rA~Q0xR9ANc0}e"
+    "(RX~QA;LNopdzlT4}wYJ|V(F#MG7oyM&l#00b9QQ4k(21QAZh#)=_=%w%i-7EK<#4OCU|y}GkQV-%HmzHwrJ1C*+=Fd;Qi7h7lR&N)UI~L79"
+    "nXWWLNF&)a0FW^{^Qf)m*n`M^2hFhpo}7PDNXT?Q6fA3GP#_dew$kJs)Uwk02a9<9>q=8brfo}r9+}pqwc{;vqq+=YDnEkf-mLCtQbd_en2H"
+    "~*3Qw;#MZlTg8a0uLge!^`V3r#p$wqaPyi1SM-jx;Xn<J+TNba0tPy778K3nyl={SNmyjLhDv<S3*h(2PxA1XNO^9^2wG+L^J%aIDLBb{I0m"
+    ")}Hb^HfM8%9>740=%E;||BC!@K8#2KT*G@jN7S$%Y~R`xF3{VizGAk%b@tlprzT9l8%MOulMK@2=P>T>RBGwxkFL2>vW^nzqZne?2+YV0c)T"
+    "tR9oRtX0tA=1nF2sL|cD)_9cSYR;L!$+Ic7qC|~|5)ZzWf`a8*7Eg~*XIDh@{Y-4w6sJF?|2)t}c>ia#50`Jj9Tk6XJ>h8kqW%~^-y`lhU9E"
+    "6R?sFOV$%M;sWIx=YRfuEbsiPTs0F;)(HJ2@W60Xz2!{BKM#%whzIYdLpT4A|}S}=1ODrMR@O5MR(7T)?V%Zh+Ngf53pj7s;Ek~aP`VZ&(X8"
+    "0{8v{zmCRo$*r}_Hn4#!y``*&O(VucCl}Y`%Lpe+(+Jj%Akq;=QH}En#f_eTJqVRM7|)?^2%q?3B@tk>p1H4mS&tBfe3%}IOD0OuSj5?&7+U"
+    "6YA#}Q`&=C3=hBIhp3Ql18Ft#&D_lsF&+L?A5KYQ4ybj@3`Zz!m0TqQ;hK!gkGYy|L(+SE1lX2*#r#<-RP|k$sa1@@-VM^94PaS*3$yGbiUW"
+    "Y&B%tR*n$u&BwDw-H((b{r_Qrr`L{qUiUpo%EbvZYBB?roXouuYWY{LsEi98xHP)98b{5ua|<06mB%tT7e6u#(MOLC9taswqPh1OrK6ktZ{M"
+    ")RDA0lJ>F6z_iw+5jx{eDp>j;V{&MQ<PwwqKz{fk!6#~O#4-nI*aQ~Cohy+MaY!iPZ&%Ug9WJTV6e)CS*zR}!*w42gzcGT%^F@Y<iHtNseGR"
+    "ZXkI{febi0XR!)tv?{!&4Z{}>90@D&f>(h#r?!o^s{#7OkD&h7SU%d4xZhIgDxmQJ{#b)Aa*21N)ZW8rullBUkG2P;=}D3iG~W->371^mZsS"
+    "D{kx&fUZaY8+!*Y@y_AR!TOWLprLUBw`q0%(Z%wdaDd=R(xC^WgTqH7&t!@7cVn<S}*T~g>n$%5{>{EMVAE`4gF~7S<i^plZ=qj5Na8Gk70J"
+    "!^Z>c6QM?U<2xhV#n`a_KDuT5kBGz!_Pf}VXuE;xW$@SvdMeVaJv%3+i_S83$=<Tw6oFUo5wXKbxr(F5emNHOF5>wW4G86I8MJ3cthRSS;*6"
+    "?1XRTkm{w?lUKHs^9fwx*ya5vobTTqg)CNhGOE#5mR+<*)#XM+TOZZGOlr3*^Rbf-*1U_Ddb?8)J3kx?*H&j`}7}84%3L$u<S$*=0cb1o1@_"
+    "3>tOIrQ=GPUiuX7pRXR3)#*IFCwoknH5VI-b|RWUdIK?^lTo{Lu2V#<64Qg$z=&fg%|vL~UU3KKP&d@zMRFaUHro~4Geb8wSA?b(Oye5gsGM"
+    "qe9O6xA&G3=nn8*nts4`vZ&^G+KTQDq_9Z@@Yn$ZxFxHx(5BG*4`h<xc29-gaunvoC%V2Qsg;IVKF62P=Xf+ASeix$!eN5sZo4mfcd++tXqZ"
+    "8gvF>C7rdXemk9ESdf-o&(=%hc)upRag5dyrBS@YCSWzcs8IzVg}t@v1=i^J*;SH*WtOxbVE(TAe35!l_me+a=g-siOX0S?Mg|syG{pyNI$y"
+    "ybdtVokQVcRHn};^vOD+%u};Txrqo1RP7eIE&WTTHEQrJrvP8oc!6eE$d&B*|jSF&;w2yd0tJq?D8G#7&gYAQyJ2iGvHO=VTuc0i9E%ECY3K"
+    "I;&WNk%ZUCUCRyl&!i6aL^g;ye<c=dsmWtaB{tLzfa&6g8mmG?#dt=o}^m)Ilr~RW;J!ZYKe;B8;m<#tOTGl=|k(5J=}qN<O1OuluQz#f@TW"
+    "iQ#mR<ws0C?kqy^E_=OaO_kEN;nfzAN}_nI^P5KNgQp;aE=CPj$F5c?8zqq)AzXEgEjT4y_$DIpq~aD&D_DfVO$G@hUsS<QvkE(L+BkWsZ-j"
+    "SGHkDY@MDe_o>D462mw~LYvJ7xOk2$Dd`QmUq^0PsxH@dL#8hAuOj}`RY2a*Gt3cCr_oT4!SC-aD6Wx2<uH2&LXb8wRrhl&m9o^cl5s+oKHi"
+    "VG*c?Mv*sEvuK(vmR}}c(iLiPn5o8@ro-$HIc9o;p9h*Wrx(Pd>*tLA{mB|hFB`Ks*LgQC`2>@hlH*l{*d|j^WOa&-d!;^?%T<{NidQ3`(tU"
+    ";H=7YlsPFQm7kcKLHql=OSBMH5W_k+h`#C%QCK=g|*TA8bN&0%X#Xb?_4M(pJX;pk&Lno)0=mJ9QHs_5K^#a3SQyk$z%`?0MG4d(VcASTy-;"
+    ")~tri{uM@d*~}2Ooe!Qrb1ay7d%4&v8|`EoNmy=8iMD$HK&;RZJ;Myx<Y`8TooGP4K)<1-FXgv=eeHsxx9J)q#d!@(Atv2=rS>F>5JfN;wQo"
+    "QaLIr3pY4n0Bd%F9aB%4b}{%;lt&nh1W((>xaZkT++U!b6a{D5?IPB=MI7f$%!0=i;y@*oGsu>WFw8iYGFL+{dQy*lvQJo$yeYRfZdR6OUG8"
+    "r)aTFmhCvtMw07gBFGICYO-b6>e$M@cst>D-$UNp$_lDU<@okSa3X-=c2MRR9E2>Vu%YEc2TCdLQyehV!d3BTqC$<u7+hW8{h1GZ`(cTb3Za"
+    "eY#`t!ZvG9~OBsHsqjL9fvg295)9k5y)dO3&qk<kSl)K?S?1TBof-;e-(c?OR47{HV&9=tazEKpoXr5@{v-GXS`&zsw)8qjL+7tULKYTMEXh"
+    "ur_K^8D;tDUr)1<Ff_iE+4Xqp5{wvWKds?;*o4_#wS2ER|-9BC)dplI$;%c8<cUke3PpTQz?Y4$VEKXj<WiHCnS)O7}ckbdfj)G1of0{%)NA"
+    "}7{991<6Cfl&0<k#iX>GT;VrByt$6zYvSinnYD5G#1<`>qjok;Mat$O^e|8V?F3CQ1wRT;6w795Y2|V%sXMz&uV~kyd2o6@IXF-_W`ub_bSn"
+    "**@Rhm@>zD%wzr<gh!*a2udl<?qb5v=oG1~6nPgE1rKx|#Hu)K6{=_|RnvP@T|l>b3E!XNPHRZYy~YI(ch$2f<s(Fr@Hix?lvmFo9wT+~<v^"
+    "s&WH2R9k;sr)Fr9*Cym|WP3VzBpmn*8e7c>Ss4pF@2?EN~&c1}ZDB%b5P458M$La&_Bv<tR^JDoL9B8=aIfEx;r6#RednqHV~mOFmRpZ*jit"
+    ")lbKLl1*vKJm(!&I|R5#MWlt5u9;liH)-KGm7=8BQTI7V;<<dU?{j|M9K4AxLd9yBl<mADiB1A%#*0+g0$XbYOj!eYh@lIY*eF{odv=!QyM("
+    ";OC<CMC($l8%)>rnUE|CUT}3m%q#&4Mnd5l;z(SSx!Uh)acSYtD&qzioDm8e9O<X?qb`*u0@ed%pC3(?^>y#={PrEh}(?+X3HkbScC<;uePL"
+    "dLnq4HA`A`k*P{t3z|N>ufTH2RuzC<h8Af|Mj-4L<CLqB%-vQ|`2&ch(hBWM04QspFY$CJx0aROOs(@N(-XU>{FP3$T?2C<k&mbC{@kjB%)}"
+    "LVU?WZLf7P+=@6HHjUs{M1xeu`-m)bii_MD5RfU&2wy1m5=6j%rKmt42bO$Aj@i+yErvtUD0=H=BI7XWWRQYgaYzJQ$NKk)EOKqQU`hLIy3>"
+    "9^jqQZ2M<77>*nXyA1t8F_6HcH?O8*!8HL5LCPGAUGeeR1tT))v0si8!Vca1k-7ZP$RnY)2H7)M#fgc@C##d}tw(kZhrTpEtQhu{jj1pL;)W"
+    "V0kgv94UvPjn?NofZ8LYCEGD0jYDL_Tjfn%NeSVi#iJ)<gyfbp_5q)k|%jITOiSLda_K366d@V-Fm!m?_fljjZ<V7)tZoa?;NEX_9*Vtjhmc"
+    "cKG7kaw|Ai}B92;cr=T82FHK~VP>UP75;77iPNVS;YpeDzJ*>nqTd}Fr?BIm3#3EZ)eK)y!d*cu|Jf*+IiQWw!+0FzM<dd(KZr}uR<$zE)%U"
+    "Uf>35EU^y$w%uL%dX%m=up~rE*nWEU6FWF<TM`Y5(W*v)*Dp8h~lpry4rG8&2M1>4MO!lPW?ekI!j|kSb^7MIO)rKiMCV^Pg~CDc-_Cb`hD)"
+    "NpluZX{|z|#91}lNaB_uYek-_r+mKA;fX^++}^pV;!!u{rzfM7+RT&^?yq;b9^OB=@0Qk6_>QDG@L?J1!{Vffo<GM`ER{aHgWNKKZ==GI(3L"
+    "wyQg#wc-0T>y+M;c}Xyu4Y9h!=iZakrQS@VrBD8}1K*K4JJr%v))=sIt|plM9$`ck=jqs}bBS12F2)VAR=mbYW(f>+$Sro_qES#q>0Oz3GUL"
+    "s|~OdFD~XV<;3Vp+hGL$;v2dL6=*lva;b~UdS~_WJ$;!vWKL?LW=ciR)yYiM|DiriT%H0|KC`22ld^{XCZ)nVQ%9y7GB!E<G2!?h$8n{rQqb"
+    "?bmVZJN8^d-#$?>e#|X=p&2L3eU7^V)%RjYrctVs&KPLh=C|Jex%i<X+Xuu2;li*ZXnc_gRZuBNCtg`qr?;Os@S6$Vq@wcAviEO)6X%!2#2*"
+    "(~CWh}LQ%Gy0H`WH0q$aLdD#;{gos3-eWNq8nT4t2Dre!nR_;g<-o##R4c(^rJUmHfe$I{VErjM8nMX;eB^2bEF-%wwGL&;VdaERpoJ3a;p5"
+    "`DceOM-rjybL=Ox2|R3#&*aCTG+sG@dL;U5q=!nW9pw=Z2<73ZwsM0>f%;_<kQ`bOiZo~$?$`yv*=v&hkYJS{G~@}PL|SDu7{j4YT%F({$Jz"
+    "d7eI;Z{FBAq5|C{iyAdGEutXE%;n9+Bm>L~Yv)Bv>PXx=h6&f-E|+)U}7%u46rsEE$vqH-I^__B_phkhZGsET4q5xgr??tzwXC+Rk5F=eps7"
+    "td~%H~5E~{q!Dw>{h+{68nZQ{mnfmr`><|EtY+MLqEEt`2Dl8bRx^a6nK1@-rrkfmbd7}@G9N9MG~mSfKg^rVQ+-mTS^&6l1n1zfP6o^q=X}"
+    "+kI%G-{sY={nMEP9PzjdNFf7cJ2m!Ry?DFAp-cfELm$DP>)70ZUZEM|U?QA35!Xp5gMYuWSq2jD_EPB0WoM`T9*Y&*PWq;k4F(EQ9jgXGggz"
+    "||Zhz66yVsU{y&;s^_w%>1Jx<_5@Sx@*S_-|u2kwcW*Y>^a$w6*C7Dl_MPiYv{0_MI!1G^<WLH49aoCMmJZ*51Q@TBrPY`>O9vSZ+u?I`p1U"
+    "s+mHVJ&R0ATzSQw1i5OWUOQ^%iy^uK*Ui0NUn32>5S+BS;dg%CgvmsDm}mWgjzVTEPCGpcvFw*Gfi&6H?rC_e4#*kqTrqZ)oL`0WQ)E<@#C<"
+    ")AF{0;TsVw#ffgi2LT#|r{$g(0D26-3d0^(p+)C~7a>BUmvS!lO0Ji6;4>Czl^KamRTWII<HGsjTE)$jVM-u7<Z*OOid1hhh8=A9=xLkWLUL"
+    "^rh$19X8K$Yr}oouWuBvNIo}GgjQ9&a#jUFnEd7=ks(jvmB<4e4*x=QEm{~RB9abo`qkRjQbH{xeAmku9)7(;w5M)$4d{Y9moQ`+Id$xZNp*"
+    "aqxSpIhRXJ-+s|rSJSTBFMKj(#sc()woRxJvj^d|PvfS`#=Gcn2&8!bZ#V>B4l9vT{sjzZ(Lbf8;OQNw^aR3V&4?#sH*>qFpB0GI^{S+TI?Q"
+    "(7PmHr6>Q-zGlHu&=8hnZp&PWa#~+*y?Nc$$UW$6LIp7mnxSBZSlZukm}73&`^E$!_wxk1;kWc{<U$hu?ik<rk6SNOeC?<Z2;_i?D-ay&~`l"
+    "-?I7XIE>6m1Jx~tQjx=l+{=VYSq<c;!&#gJgNSxm1ra{gvRJ1tC8|W_tZE#m(%JnTHG<<F?P;{+NK<;k3dguo7Nj|MRNK6ge4GSSAsG@aG0;"
+    ")N=nhe>B1HyM+vY!3mo&7%6UzKNDJ(-yvJ^!6F<D>}IV9@YJ;_BIn%*LO69pMf6I_{Qlw%SMvYOO{norzS(Hu@LJk*0^GmlPvCV(Hmr{$AEh"
+    "h_!w;Dhim54w&`%I+D}sy8x!qc}#Vqb!SX9w~BLeVNe1a9x2WM1*5`F|0++^b{yGT76sfYdEe3NoQk&g?RKt<=jzTacTH;;dECjCMYAg#6$q"
+    "awjqE8v1rF>*iU<MY>^UvD>wbaX%5i>U9r3w4sd2-1zC|J2of+z`(Pz}ZkFVIrf`f==Y~4id?6r%u6JmHC^vy-vfd1VTZn@jwSTMNZ4j_xJ1"
+    "s$40-I!INo7P1MZCNh{$b>(mT1~b`Qyo#*GO#z_8n8%AGlwHL$m6`0ZOPT5k;z@_A^4tETlU-1gZCx)4#4``aZrNZccA(LSFIDyu4k)alfD@"
+    "sjFKjZYDR^%Kve3*}lEb{k!jP#lBu?3!U**hg4D%nlg<uMesbPF>E2?rqRYI3baBf*W!wyIcIoE;~~K(+NQGkh-twAdz<af9G!6n^5CqBHL)"
+    "h2DL%Q_GVm~&_tQ}t*AwbYM6imLJ+vHon)SpnXs*N{=IkhB;fFfZE=4!4_vFydu`cDf7&SkK6h@qfvXncdMJW1`;-FJV#D3sKo^$Tx@P+2HA"
+    "Vi24C+h=+mD{c;c&#QgEc2E`el+Fp{u+eZvZ0G+B|s(tvFSVss}}%6ZVV85aLEVMwEEVv;9|zF7Hw4m=<womr3pbM3TDu%%NRxAe9nYa;Yut"
+    "-L5o$#@PE5b_83E>Oq;H}nGq30{uf7mzv8g{bNtSm58JdM(eW`qDV&9i>lI^a5Ng6CgIp4em=?lQ$(%F5p-o`MZNWe1i0>77U6InIVIMC%5_"
+    "LLH6>py*1u5^il67tnCcduzKQK<<iS3~m7Q+iZ$6I7bRF=hF{ZgaO@i>M1r|8}kTRSqXJ<ZsW<%b6JloWowzOaZLUf#rVO#=WsB@+Iq97XPO"
+    "a7(;M;}OQ{mm{cf6Nl=rVJ3Z&ik;P#H+(@+mlI(Kevv8Yl~s$9#rwV^e-(kRqo%gQXvw+R)-Fc&{i!b%)IPC!PETd->#8@&Rn%DReYK1bIF{"
+    "q32*o(!&?oZ4<fcExMMtybeoo(=3~H=c3oC6g^(H}xcS6;;7|~ED;fEMbbr}YO(VXegHn`8ub#^i2sUTV$hSKa&5c4wh$C>S7+jYjVzvEho*"
+    "#noN<g|>W#mXAxuoADt`J7$Je!9+CPifPJPdV2{ALDcOg2KTWV0KZ#2n`U07Dq4g3VaZL5>AL?V?qh1fP;_d$re+TG{aMJQ5N&#f7aD+X~q`"
+    "_oW)RL!-$U}{-4ar>lU6zymi@==2w!J6P;Qn>Znb2=nTmDH!}6+w7Q1Rg6uN1D;zqRxVQ+hC7U#ID%SvHEe&`d{~8+LVCjsh!=&;h=C85tKN"
+    "6jg7W98%*8**)Av`M(il2zS5Ov@}9pRQ|pp<lD%K3^k6gH|9tjlz}(}(L;!*Qc>Uc>7WI6BH~8Z*s;bgQ0nANWqn?3PN3@mAMPw<bk-C;a1w"
+    "5deZ1A#y}Ut!U}pwwWsx8qjmZG~{g9@JW=KsR7W@11@xHnLECd7IPX|^S5~4-HTxlB(ooW7<`J)KNaNlLe%z?u+LFg7d_{Dxf2vOS>f{txL1"
+    "ZzPHq+DO!#lj{F7`?8tsXUwAXI0YCpd89}o@Pc~;*Vc^jdmMaig@(`-TnI9X+@peaB|84RIr(p`sWO2lfBU!f&%F^lDHQiNYAksac_s`v-9k"
+    "NRwy<~g$jqH-zW4+IxbfsPnoo=I;t;o?rGgxV-5ncnWIAY=YPO<&hZb(!b5YwqY_CwnESM<cjQL*aTL8uJ)?MPaJZk~+4O1Kz}j9#6g0^hj+"
+    "};bkf`@^M5|ELMqK8H%s}dP5U>tca_8E8TE=5{4$mAW5KdGnM>Xq{Yecx9mBMX*Ts9#OzK06gaYu;^ipUH1e{Wc`lhN`5_(a6prK<V?>3FTv"
+    "?VTydDJJqcYat&7XC@IMI2)$Cp{>nuyAj5tz^gWC+C^=e&5>4^cRT*e}<*mUKsICHjd6P^Q>;2dhEDZrm))7F@{Ld7ZdIO~eu4suF_L+D-i#"
+    "U#|!XOu{uDa*n8p{ORyQpTp^RaD#_D=0rQkZYUu({>-Rum!q&!KpiOx*=QwIS%vh;#NHnQw&acBGij=Fbc9-fr-I(nh5{8n4lRb&rj0{Fv@U"
+    "eV&69v~<8dG?Wm+mn0vFhY4Av?tc)B96nIu_s6N85whhG&V|IGbd*lO7HpHC^%r(?g%dL2=Xa<x`~5KG*HObcj`whl<8fOLP3q7S?Hl>kkol"
+    "{C96g8tL&Z|pM#J+M=rj*!r0TVzFl1Z$|=Kr>!{(8tA?CeUMaO-r#urG3aIA%@WGW#p=PRs#z*5hPUt2W4EJp>@;*IwLkI(`iVdR9E3N{;g+"
+    "1rhysP{j&f>y1t+WS_DZ=n6_KvMCZMFzJ%R3a*7BeVd6nC(+fI-vA1R4-{YHg-?Mb0%noAKIV-_Y^V8v{F3ZzK+sFC8kxMh>@9K$N79C?q-w"
+    "D(dNTID^CvG|{G8^GcZ@^sh-7xUtsiE^jYu?a{E#!*}N{IX{giW#VLm%<^^F$?BGVrxn$;^fOewUvbLzFJ+<EGliD8t<+1KIjQ|CE}FaTZ^^"
+    "Y-gMGTe7Xb#CS&E6Zb~ZwQuN}Tl}xYO$qHzMu}dkKon;Pn}vjHNsdpFkCFng_?56bSCj~td;i+f?5Ecig|KPj@rn+W-7pSzSUOII(~HOn>G*"
+    "*=LZ2Ub!s5RYDTv5^6@MLaOiA@8`XMmbHcR4B6{+~}lzSY2M&oxwai+AEJ;Yx?r6L?g1c0%;*Mv!;Le$L?y*>(7T>AT)ofE>cEbNSGimd@E@"
+    "g}JIko`6sVd<mdaYM)*NaPri@`ui^bk&D8C>cpx5UM2$1tVQNe#zHrcO1-px|Ot&w#l8bu^pFVxFRDQxRUx(Dh{N5i)VT*BT@A<anh{^;9BB"
+    "PT2+;4g5GgdwpJ)j$~rr0)V`X6E0m2=j@a|DA0WGl_%-^$89#1akpV|ZR76y#T@z`a?s3f%-lu*-?|ijStt6HpejxSmfOe5N=iIk_9OwC!Oa"
+    "D6I{asr|6!b$cXFZ*wx}bFXv7m%Pk`mt?@s{S;n>SARaAwnuQ<f-yS>->ms61e~GcrXHSQpiL%%m17W>s9ewd6IKPdrM<!klF+W7R-^Qxc#Y"
+    "ef8E=IPVvgSOh(xp&fk&**j0)I{EMYIX~lA{@Ei)Nq}EnM%~Y4ABo6FNbAb;q)7kA>q661Eej+eAbs1eCsa9qUiNS8hM#wv{!i8OFiVWz6CX"
+    "pE<964DJJ3|FNj(gzkV4G{B?!OoWwjh1^VqHjGKD=(Cw?2AA>Yn@6G*lt>`oIVI$M44X>wy+)gdKJRQ+S5$0+RmTfR<ySLe@@jPRaNFOgkZ3"
+    "qoQ@CHcIIe5MH7vRG}!r!tlz&Zzi{h^gowqu%%FXm0V*A&{wlCSqbcUr*8P2eQ~QPRNCh1pVX=0xndTE++(qmIJ=h^r+h-r-m4U4zEskqiAr"
+    "?zHFk>Dv7DalGi5|ay;OZrrNBbs(UnEcqh)@mq_olHWgHt@u>Z!haZ1@`Mw&#LJ_D;9u;w)nuC5mkVb7H5%WhXFZ=vP7@dy){<}C=ivzv|lo"
+    "&bSS+4k#!WoytvpLLNJQ{>hZVsPTq*c~w8UIv5crdIMIElic*tT6z(3CNl<k8V+hU%C2MyVz@Q68weX*d<naWeBT3MW{pHB%=yqprYHL-jPR"
+    "imi=(v1?zp9p802Ul04>ERlpvA`@9qw3j(P_1JpnEQ5$w>Atc{841wf>7#vcZriwbkNQvc54c9#3GYCa+3Z1Ry-FnH26s?%5QDyr9w(Y{Vlb"
+    "vhiN*!*Xm&>1ngri88@qo^hGTL*XWzzU8xw)oNGKU@YNAB=JiW<$(a#I7(;OSi`+`@Cwv=E~++&u!VQOP8Hk3N%ne#EEu}R!8g=Ha`v(Rr>#"
+    "toEEMpgM(ZzkDE8WELBO`}Uz60y5%wF9NIMQOs~|MnEmt-4`YQ0eK>{jAlyJlS~h>&NtmA+kDe2j8PA3Ke`RD`NhI`AT`WY1*~K)m~7K$iz>"
+    ")#R>m1(q3@)(KwPE#1=g%Bh!2FQL)a>T=jC3A&x|h@K$IOeAj$>YA`9$ItrYf^LiXFmDY5BDM~e)6fF;JC&~wJ=s~}5C+!wKMq9g3tj9xL7V"
+    "(NiuIl{3Xer~WhL9dz7E#AKaTa|-E>BTRb=&2Fx~Sgpz9w1M<Al(iU93cfSSr7P_7#4pG9!N=_X+8e!o*#VG0d=06KE4+BO<_rG7wjB%(8~n"
+    "w%eIOD6%WBr`ngDsP(~RV#u?FOG+^`BAS8JEF1?mVQxjd@E>ElcbwcFPpqtmIG-gq1HFPY>q^=>I^cz2@5Z_pnRulW6L$ugi_|j<hLAG)!<I"
+    "iJFE}&BvEqJcWU};xQz3FCs$a84OY?j_r|wXKa4u4Z$INrEH>%|A#?4f$-28iVYdj*HjN_rCN39L*WK4CY&x;z?6Djphe1r^(1pyo<D(`-0-"
+    "9GJAUEW0eg}aI|S7kP(l{HG#(i_`RHw)c|WgN|>$XHUc=`m%Vh`K?AkE7=n^odV#!aJiedUFnw#Dip5GjYlyZQN-d)Lf3UnWeI!e+F@PP8Yq"
+    "RxtkiBVs{Vw7uubW;ZM7-OUI8rIZG#}BI2y5=E9UxmJ7UXW3WrNW0}klpOUvYJUvPeBPt+cTMBe8W*A|6g-%>?J}Vg55BWLSn>IoKBk~xR{?"
+    "ydRQL>^o-D0_Rf{w3D1>)-=7zxz1a~=e$iVndH2>>S&oNQ$CYTH_R#+%x+&m(^QgnJp*t+$ozT|G5wHgYb9+fEsgxS-&ZL4JB#`EeaaW}z|r"
+    "P7MJ3ZXCwTG+*Mt{|cEMzg*Ayfnur2OC!%wsC(2i<PKO+l>CXbF#JB7)e)qFBduv#`}&GV#`%Rg&qK^gDcWX5`yqiKcPeb`FZHzDe3EfwvM&"
+    "dnQQ9_(K5GAtKu+{5(?20KQXPTMSkc0<YIaX}OOrs6ECs0Tu>2&+#G*y8Lg?~qBc5d&yQg?MQR~*YbB|$er^%JMl%-4v1{@kPU6K=evCWIWh"
+    "M|Eoz6z4)Ty!wR)6PhJb;+o4D>1Jn*z`mkqvSL?=^+YbQ7{+wQlaV45xcEW?DWL{l``NR36k>ieC!nEWw!k+{777fm$p#q31tH5W;FGT+>I4"
+    "dJu)dI{;E$nTYIyyP`;e%v9wxS1^J;Us%}Wiq}Fn^+ky9u%VAMEu)W`Eq2l3CPvrU>m%=PXq%m@Cxe=Mnighgh=-G&4K$8<xi`_IWOGtwCEv"
+    "fMc*<{8oX(i@-7K%$p)ptfH)w4_w(L6^)I71Q4eCN_zHgr)ishk7jX*u=O%^E{a3P7T!Rby<(wH*i7qxC=vaKar6GPyNPc>$NYa3e~Nqj-w-"
+    "3yZN7DSvUa-yGK>s6n{aB$k>FD&7vsF#?(F+SGztL`ep;yzfn1#@!el<K~ObcQ`1~U}TcBdw)bzO(BS!c)c8l?!GW?Y{oA!77>)u>tA2-SN6"
+    "r8X>6)!UC+jat06Y%^=k08C=o9?7!{X<x;;*}=+iU8P%4K5DIuL&8GUR-1ySFj#O*2Btpy@5KOEh3G^O6F06&ypO}FmU8EfzcksFKzqKuM#A"
+    "r|R4NbME9%k>-wzTj7B0=fKR-L=>c($atiiD;NertQdx!Pnk8cjg2D$o7KJ)|yjkMwxXbnC^<4OKyifv(<HZ^A}<%;=MD?Wn7xd0@gf1ZqEl"
+    "GJCCO6t$NO6eDe@cnM+itMU4!#NuWM}b{hhS@~D|aSFp~lA%w;*hJ*O>cmgPaa~a<vrNfJBkyx1{pzK*z)zyvfXmeTdw>I=}nJLgzHnLM2Wd"
+    "g@Wo)$pK4J@pqKO!Ck>AF$rFAKgDJqL@TAeka41>Mek&ve+1f}~7o<%~jvJ7Swt7~Eo^<5<5@BYrkRjz;8F`Cz@6;L^0-nugEbj?l|8QSWCy"
+    "oES54YdaXO1K#h_0FWHRIYof}W7ERRF4TiQ&qbW+<4QFL6>#!rTyIJpR@uZMwxf0+!Ao$Z?C@jROIpI`)qRMcix#Q~G0>J-1huQ;N=puv8>0"
+    "7YgnfEYR+&ALsHqQqyr(=WPXqD!!<meKnkf7EhHssyR}m(nG5D+G3<#Qc%rcd~h8KqtjF29~%EKy8futcfaz;}`nf){hHAN&2S}EEb=7qf$e"
+    "sMJOeC(|c0@uOAAog@u&K(eAzlAG5BiD7*5Vyo$3X@C=kB|SBIED=$v?;7ZrZ7;rcQ}qw|B3UxIK~Ow%aNPSgFaREJ#(CU7D>1_f4Sjzt$wM"
+    "-4$U|;n1K**oV!Jw(2*I1+lb#AMK)5iTOETX9<sVGf@9!Lm!ojAbKpZfpXhqO`GW2S-Me-&3>}+5hrXtci-5Yu3?ks_7Dd=f*VF^y%R$G+`c"
+    "xA<fXHszfo7~~KenV)tMKf@scJ4VI{QA<)FLeh_WGPaOBuT7PuDQv4-O<zzoG@5q<16=1Q!iWl1L-??^m-p9d0Mo-L<K*izr>E3EcCE(h^tx"
+    "<tU2r+)rqNLYrbzbVJe)4?yR$Xy*)4Ims$s57ZFL6@rJHl+Sp+I2TeQOp~pPp+QTYS-KetmADWGnv^3_lIQ#oHouq;`vfE)Lya?EZ-1t!8Y<"
+    "P@4KB6lXOpKjpH6Ykv=f?gzHvd0U@o*Ry823g!IkwBQeRkS+a=s&G~S=f7|wJID?v{Ht5g@RK50=D)KFp&qla^W;B_`c9GAmWPFc%!GJgHf@"
+    "qBx{(nRLaX~Xq%A3#w2bRGtw2fFIawBo8>U61w4g7*6fKPu8{vMWlcW4I3HTBDFu>78to-Cl+UdXPSeeax^qqc6bnTFxJ;QrjltBLoRZQA!9"
+    "i`b2LR^@9xMq>#psG`Cx!$EKI1Dsc@gzXZ3h>95j1Ea5~{Byl)LIa5;4l`HGI*RcT>*h0J<ldl943D$Y&If!DT)qbpP@eP$TA7-G#z?#p{4U"
+    "0`8K5XU+-}1%_W{Rjl5uD!E2kHTtYg~sJI(MJ^gWJ?GmHzIuI)i$MnozZVx*03WEqku?5@(-LP7Mzd75n^7r#&|bZd#%|QWpyGwUmj`g-8+6"
+    "e!#z<U3|e?KH<w}mQ+gJ>S%Ct7KR76wStvoHDf(9i*ka!4vC2=YW&JHx^tvZ&hGiRxrO68U7;Q?+>vQMu~Wb=ChnR)30<|Nq{_27h-efe$2_"
+    "y8J!_=-jtJADXdDQf;c0=crAH2)I+7&QvsRJV@v;AL-St5vVukCr4aL!c7kimEXXBR9@@T;^_qyy_8YEZL&_sBaPfho!ikDE!xJ$w(4m4aLN"
+    "uSI7&v*}mInl$=g_PIJ){qSWVKU5dizve4;SmBvax=G+mousVEfKXWgD;s-M{`C!L7@@$0*A`WSDZUKcB~1Z;;Do}7fclP83A-+-|fRaqmN4"
+    "kXF+UQ5V3lv5;1?b=(>_3gnZqf!=}1XaDi-U0q$_0LXmESd+*|hn3$Js_gXxC1Q~DWL&0cel7E_)a!W@f1)iqR-NQnuc5&$7W4Y>z53R*l%y"
+    "KN^?a+>+?wgV7g^I#Fgu>`4o>UIfq!|B;J$|C|z<^SsLJ@jV$lu?TDrW33#e+u;ja)AO+!Md*CkcLdbc5c-$pnrh1q2A29F8lxidUBCTextz"
+    "L%q6ppRV-!HT~*uueesXP$^Uwvl^1of@B!xck&<n!SR9Dit<v-R9sCv|768;!{?>jO>6v^IC9odMt}}s&8~#_EA<~&YazqLoB6N~MQo)aLlC"
+    "&r+%-uuw6SpUv^TYtsu-VNPjvsOn?|9_jRy(_;ntE{CiWCm=pNj@Nqjm*yvqK-#`EZ+13{f{F(l`bnjOx{C_BaQ!Lbh<^$>CFJ43K1w*T0<B"
+    "IzO9522bS7n&ft=eXur_a9<DkQo0|k5c_BQw6mhP!Z%OUB<KQ3CB_AEcO~4u<|c)Pxxu_h3$M&_LcgSi(0HWBQt8yZP${~LNbOHiBZ+m#2tj"
+    "Q`1kxAFTQh>ZW}jp#?$=A4@M2D$ikDYMS%jXdHD4u$jd{cKp>RODNp#<@Dn-Si<~FROcrG_zYKXbj*YN{9wFs1=gJwup`%NNxXBaG5kxuhq;"
+    "}7xA7wHa8<JT*)FMRTYY1dM&>h$Ttl;rxCb4hHz7P=Yp1yo|wHtT)?&8t+t1*5}b!ZuhF<|C^7=M0U<GQC#ZOCvuo-3=+XD?*3tB_7O%pH~#"
+    "DJbI4;~Of`N_Qj@dNch&Dbtck3~)XBMkqP{1%7;{0&xQjg8U^AENfJPw`-u4Ti_<0@YIf8XpD3XIpD#_q;xx<Om7wKJ$~QLRVi;Q<#M>RcWf"
+    "*Zl83-2Eg80GN^GvypOJ*Ru`<WCCULFJ)sv+(RPb|q?&gR@B1R`X4>ZS`1d`%Q&%2N&(=s#f4`V3YD^KYzRL1ugMagIp6i1PFlB^*@nl4b*g"
+    "a{1Rq>HzMMHl=vRkc5Bt)WYU@-I^sDxyJOjlE6CiPK|K^BZ@oILen=shlIa&+%w8k_-MUTlqMoq>3&p65>hhv8=oLbTMLui39Xh@hyraSfEl"
+    "ORdLb2aAAaYK2Dv~cN92oOj86Sf$x5wllDpGxF1B;r!H1Nud<@Bk!_QVWJK%?2fH4}GrE!a&M9RKujJ)h62%vK&xPs3%6UN+plbx*H@gwelA"
+    "IVV<@n(ar9>|$pr#omvlUBe0))cn&)zRY1tB$|Bo=Wfs;(05!=XYfr0S4G%VGCzds3OHT)u5QCupWqTFNai-@asIYIK1I&j5R0bRS6a()DwL"
+    "BI%KwaF?Z;!%fOEPbZXC`d{=XW!MSvJ_kRxzGBb(grk&JRuUl%FQUakMBTXJr|?JarL8#FHJQ1T4^`&T{VCDRWE;KQZ)z}zM3_x-1M)P95#k"
+    "!o3vh_P&=}p(9!hk9XAbcM1UnJi#tiD%qqCW(m*ik~ivj(psh^V^d@D^NH0KQh&)^Bb8&LB4P`UB4{XkMNPAH3<bvoPqilVQHS8a5w^~<c5^"
+    "h{$&K{O|x3_*-uPXtOLE8KA|eV5TKiqE5KcN7Hs1KD*&QE4a&B93}Wj0m34C&MVt+c<Ej6miLJXh>C`P`Iiwo+L78QS3y1wJO)S#CaJ1GDj2"
+    "N5Y<9ihZu2<MHnH<Yfz)-6zb-gcThmCRCQaPQev#SG>J@SqQd-}#DK|P#^%mdA3j9i1@j`fJhs@C(;KH!wH*Cw5rSC=z8j5W&ihUry-|X^s?"
+    "oHfo@=p<((KZfP1DN@jWqZ<sl1g@sVOa|LUbb-iDa^Wj}LK*5kpa$HHih~Q*j7srXSzx`JSgX<ME~P_AQo$r1D3%mv=*vc*}#+=cr^y>zT^E"
+    "`oVwtE_Juu-1*;CgHBwvc)Z>1>G3Uz8gUSJAtXWl?N7b_VcqkoZR&=9tUSK7++I$HZFn*L%;NkM*IBvR?Lm+FMI|BnTv=w#hyN*(T)ievV%s"
+    "Wa+4vAYhR=*I{vGLpl$eATewpL9D@hrh(Cu1F#R;8-r^$EmpO)`*_{_Pji(4UP$nwaD5>WA+CfK)p?+^T>m(V_=?5N@FcO|ktj7ZnV`Scm_0"
+    "$+kFYlgp6&9K#2XgNbFplCQTI?Iq1zksR%ifVrzeZQ<$QIu2O*imgK{><qnMRyDu9nrtg!F_<Oxgboz6m<VP;?rAcL6j^|4Q-JVPEL8*JqmY"
+    "<G;Krjy#DcwR;lF^dg|^dxP^%ODq!Dd(TT5y&q(PL8Cb>9b=o2zSw9^VyVh>)iL#{?0pUfoR!FiPNg>Soos%uMPz4HkZ+rN!jtg~!JE|5AyT"
+    "M_|8_Os*y`pH58lzEa!Az?e9tl)f;^{<f^%64z`X!03MN0^ezG$k(p;2Y0;iUA<_E~ZJVMa#dmM9k60wtQ_JWV2;?a&7)C1a#==1fyyf8tVg"
+    "_GiD)J5MGCzXU6d?wd&9SyIoQ!@|I!jny2i<nudwO+$1rQq*1K0OF*%p~T~U5An-(YG-~ed>Ce`Y0g99O*{i}z-_m5&YGn9H}UmMRsDscrv5"
+    "|t#na!JDpl;CHbO`oMc0OJ3-0%Jp(6)%!Sevu?bAS~TWaLlJVFNAE2&b(lVXd+CR>KR_!w&tfob-3x^>U?+pz^}D(+#IV@7Ws(XOEcT|%7u@"
+    "`D-BN}Pq3>1>)0lZR&&YM~nr^81QMOvHm5%4OW@$Xa00!g{sy^I5AvC(mJUV|67gf=DSAkaQdlyu1rvRx4+7WT77VG5SV(yt2FttBIv#6tos"
+    "Oiwgs(mr+*{r_3q^&)AeHPv2L3hn5Mz;9!$rLCe`Cj+Ou*hb1YG({Kl<9QG01T#J38|2kTN`9^+ka`pDUJ?$HX;l&VN{P0^h=Kah;AcK1BOB"
+    "xPxM8=Y*g|>G2Kok-=5bYw7zloD7^#cE|_FuNUD7_f@XSnVzY+(riwDxBvq6?+oMUief;h~PnoTUTdo(DrGJhcMEmUaBXpXzDAWLT7I5hT;D"
+    "6&A}gVkr06evH22Sb`4^(((lrG<uB7t<LL}3w!)8m*1RdPtqRxq0>n<Po?p3f)MlqI>W;*Ti&ZcA6SV~MwdoUeM--?Ob-u{+(h*yPzP7t?bc"
+    "~!<wZMxx&`_V47CZoW$lUPr9``-e7Q3;8E+F|!_=`Y+7K8gnB|ovyLjx9-M~88iyC~0_>3YXz)_{h)vG;*A)o)GrG`cUU2A@rnP5H&Bug}=6"
+    "(gyZmqQsYv?%`MW?P<X3BGwcL5uAH(&vP5vZ8r$c#~WYSuaQ?O5J(==*{&qR4Vv@+R${RX*5M_pP9gLre;-bd@ZB1)?pe9%r-E<Las%NevJ%"
+    "ByEs4blpMUQk5Bk0lMkl}=R=|DF^C>Ka_c(2TBC0^CFH1gPi}4&bB38ANLFasi?a#}Fq76eW)8B_nLOL-FZr}A0t4cajYHpFh<Y4ByTIu#x#"
+    "7t)nU=@}<1?X^{h7}>i2ta+^u#5fsxk>bZ6s$@-@o#w4X3F><u{3N(!k+G->GWsX5Bu75+C98C4}#0UOpF=Q2UMa8Y-PKo=vPstKz#xov`}!"
+    "J+9PJ&wk)kJ7Uz#$pxPJm*pEbDdsD|3X1O9RHRfto^gawNs~L08vQ+xdnnS57oaGvL_R&zzsh*fPb>6D^(;d%iFNW5_tAygaEG6t+f?#w!zf"
+    "cD$HU=|3Sa(be9gfWLm^84<u$)YIz4}y{q*?J#V_?!?e*~={IDljy%}>oLe^HbUGl~^bVu(ms<6XSfulBkgxjYQ7Qdl-RC9IB;}hc=PRyozq"
+    "_6-{%Be1BuFZBd+VKQ}jNNVCaAViBQq#pPTWeMgKuN<LLyGvCAJeBVsETt#sS$-=sc<W)FxbsgpKcTaW)#Xp#UhAvJBo&XdOi7_&VjE=-&-="
+    "DUc2Cm^oTg9JKZM4U%H6<XVjvUF!^_)o6IGkrZc^afDa0fRT`k$$}^NzL~Htl=+ygZ_9!$^V8o2eaof=xUpoEpre;(hly@%w(OjZYX|maLO<"
+    "Xb?A>}At@z@K$0bQ@r@qPM+k4bmaX&P1-6n2X%Wj2b@iK;^){5bY!__y~RRR!Ka5tm+Sq0lD}F%y5H(oEH0PoYJkA%nQ8rMTjUBOt!)wx5YO"
+    "O$!?P`O`Enn!2S<Rv3HOIv=jX(|h`hjJU#8+DpG)PAyzVgIU54xSF*6T4g`)Sd${kdr?^UV!}(9Ik`3d+}gsgj4WxZyLgUiaR4^-ESJvuh}!"
+    "{wdA&ES5vikay1k|=0V>i`>i*Jeu#Y)vHN>xQ8wQip>vet3jE6O_wX>7SFA5T*8R`Ec`OvyhE$O%BlmGpmk=Fiqx<>y0!!h#zqdz2~?Tr)KT"
+    "IER$WGt@_;Zc91CK@}r;j#5U;w<@>9-jZu@be!zh5oferVJ_nhm9*)RkJw2Pur$C9g05Ave_sk=i;`IXO;xJkIzt$?BW{B6o#EU4OpnAjY{P"
+    "1)RaF3Wm#04UriiuXWEJ2UbsemevTB8s8%Y8P*_vZCMCPdnKdQf@d_FlLjrR2so}NdHHpmQ7`OgvKj<cAv&)xdwfw;-X3z&-b`Dw-V(fO;qG"
+    "4v}!espAP@k8BDQnYBr|p7&SCF$O%IYDvWKOAPpLNyEenIN)<lV;$<?3>>d^gM4%zWa(aEjcDzZ>f5B-N+ep}S|s9VAqACq?H6^+c-B8-5Y`"
+    "QTWm;u6{k->9GYw)lJ0-UuV_l-cf?0g7NbgYd$Ty{%GR0*uBNnkkScJTB#}S_q4=TaotdUpftJ(Lv0y`w_e@F32orq{()`aGv6%4{$Ez*d|#"
+    "0(R9iVzZtn*@JGRZcG9MfzmbpAcMgcFDa)9>>5?f!)G4qV=UTB{YH%Y~Q{pkfq1Ep<Iten-0y1p&;q<s4BCo*7_p*|@(b~D>E5djEv7gyK(n"
+    "Q|5#!Jb;YXh-owE3OHSJ2j~2ug98&2!EX`!tDOp>&ZUQZFMX7_4LioCqV@v!k`<n`emKWIlWWTie^;_nFsexXC-RxvlQKk>?>W%WOs;CBTRc"
+    "mP2SBlrW`Jo+uUQBe?l#U@-A^768%B}0_PvfFHNEE;!M2Oe`KMTrBK^Kd5~!wXOfmPqEHet2D%kW8vi1B5ZGSO-V>G7ZqF={$qHWF?)Hp#&v"
+    "Un+R{NV)c@$zFD(N|*>~Sg<#4E1i5R?~X7N1@UsxDeQMx6M$PzuQ<w9ZPJ+&F!v`0en8<@m~fH;dln&!`EvYnuNMhf34Oyj1%t7^5f6ANfhW"
+    "qpG+?D)-V-lcrJx(9y|GgeHcY-7iLUgtcF(Gfw-~K@y;)vXX&Qu>>Y8zcqYAZE-%uC$ubnI-|78U-6CYLJb?z_ECDId797y6*8oMbvNU|pph"
+    "A)+OJM#JPc?G_sy8w_ZP}aY1AeDzr7G@fCtAh)k}Fpq2Nd!oX^|*luecKFlsTn8L^L41$8l@rQFtuaEsVd<)<bu$}RDY5_mQr$A@dw-!X^!D"
+    "_bacemQN^V_w(rEgJ&l7or*>1=Qb6{&PIjMj@;T@wCvG>9?*+<oF0xV4^s%rewAK3&Wzx)ju39eDCe+PZ!E@3*M36qr7NuPHuJ?eN4afaP|b"
+    "lw1R|^r!y&W5d}Ce>BQf{uamjQBAPJk@csoIAMqjAyLKIM{ehCKB5Y{?S4K3(3`wE^d__oI%PbJN0SG0cjC0&y$e*NBTV({#^}!vZ7^`}{)g"
+    "^hm5tunm;-Sp-$wGUF6=_N;a<MER$i2vroJbfPyuG{pSu5O$*42vCJ=;m0eLFw>hY5T8#a2M@6;_z3|2lX7LyHv7`0g}u&eJ)1L^XttKDg%E"
+    "hm;{+6j=*)p(_lsBR;<B^{c`=o$_nWYIEA6j>P+Y`K>|{QV;{Q@wP0>v2~8&bbjBqTirx?env5oSE|F~B$xPm;|ZH|W=GvGuXxZW`?AD)N3i"
+    "p0sYFZvEhTj-ZJ!s>QnK}_uz(Lfj1mb{4Nsl$d8mX_6P#!Y3Voyc4ykn9ZP(8El^YsDm>DH}QWj<XnhLoVhV;?pOyCk<hSL<2arIkhuXwOAA"
+    "bH}&zo;E`&JQ$mosfg_bRy`?;W^=JGiEB*+4Mf<+#0_gnZ$O~mK>Z6O|8FlZxH$K5AOzx`j=jO_}yJmOugyS;{~Y#XN!(Hr(tj7{Isx@X=!q"
+    "zB}>x(*6dul)a>nW;U>lbb8R~nwh_{lnQY;H)nt6T=Yln)0XYh^h9;KTEa*SVj8}S^7Q5pJ=50m<N3A80rM^~5nbF!dQgh~Pw)^3|keIj@{Z"
+    "-;b3laC!sKq4W^<&LB53QNMxtNI4fk!t_GJPQGdPC$v_-a%IqZ!pbz9Nurm-9WD<;PEM-}Bw0o-9L%=BdYL_uGx7<)ao&Ri&rKuPvuf|8qjj"
+    "iEpS${@0x75Z5~@h0{85u}USdinp=eakiF5zdvKeQz~jRDZ+96EaJR~Z-{;bab<LowfPybV$9M|W!$b>E1KFI^V+sA9ewq6r9^2z@J5X}PQ)"
+    "^j=QRMbC{SO-HWDpAEqJXGDIkJZ?_1ITNl{pp0`;+8!a?7W3+laj2zU06HB_U$h@08l+cP?cb@jN~{d_$?9=qG7W2yiAV?ov2Uy{BTi`a%=i"
+    "qeS+gr)D7*?ck%zkJp#4DC=YD9exGXWRN7r}w3Wd0taE_DJHKXkMFi4N(MIriIV~yl{$%AV^KP7)v<n+0Z!(r?d+|*YF6%^J~Q$<(Gdsu|<n"
+    "({TwbEm9iY6Z4(nC0X6tznu;d_UA}LtCJ)`vI9pn-32nO31oW@C(sU{(%0FCJ`g~Bz`a#EY6q^xUgam2Mvw|Ra0?m<9StlBFk;hj^v<M#(&~"
+    "GTP!WhS<#gq0m+$m%st0$HLF6jQyf_@Z~-q0*Yj{AG!!UA08A_`3owI(Ct`>9cj@b#|J(|o#K<2nfqrc)xA{Rb`;(Nx@%|4xKf@YCA=F{w6x"
+    "imzx#D#}58l&`TRKGq*&weAvW7fLp84EX=)M>RL}dt`%huz>PKiT&kp0^q~uX6?jI$90_V?G|dD5W_!t>$vK&F${uCq;W+cPCg3YAQw_<^h+"
+    "3`c_J6v5!5I`K%inF^otGuZ}elIy0M(&iQDWi%C7Vj8psH*(_<D(y`g(bi5DjQzoB+21NgCIHNJjqS%)g=HN5>^mGo_krF}AZSy$^=V22lbz"
+    "S??RnoMZ_jvT4?-)L`c4*w~~rRph(Ny6vnmQ}R{O+*g@!bfq(IUkCU^z92P2Q)$_t}Rh$p5s#bsa|KJ&+)uQaYYfS+rPI}O`KN>jqERkK<mB"
+    "Fetpi;vf%fuQFKs@?=Q$-_qhHGzGZ(uot@kN5Y=xbKq)Z7`<3IVl$!cblO7mDrd(oCBS(<ueKn8bPr5%<#2ji}pAG`P4R=nvh-lW}MLClIw;"
+    "7eh??f+A=O4$kr1;`q6|%kG15Z`ksuPI4SQ}{C%!x9+X@`x&>-xiF2$j&WA=+?77Q!c!FAgVUZN|4c;XZBVvJ~VInVK?H77|Yphb-aXZwV>x"
+    "ero9|xK@W+km$awf6rJ9A{~|$>%qC;=1kQminsLepq3oI$U%m}c12@E8}OrE4<-0Wgva$mwJHp)0)H1`!-Z;#)<wLpzI?fuhdXV}xA&imUix"
+    "mhs~QkFq<^}fQG~nn%^+0$we;s%Z6ESn3{$KWP(Duh2z5c-`RP|-S$juV)HWwE^`pFs=pd{unPLVb*do8Y;Jeymx<)<Zy!skhq*1(`=0-F#x"
+    "v<$^(0x(?yUnSV#^MI4{^fl-+Kv~-UCyyOvwrK8w?|5d_kFc$K>L+qS&d*o(%H8{%sD<hI!&5@3C*>gsom4I6Mj)wbR7y5d?a{A{Tte%)|Rb"
+    "^@AnWGr842v5GIxNnbK{&_oZyxtmwm5J+ftXxQCnVt9iGTK6xR&<P-jQ&$gWqgf84`5^*O=8i<d`k+n~2$cp9YmpKv0t*9*Skx=}cPT^5B5m"
+    "7-<=D%>C(RZwW@al9r*%Z&^Jx%}e&v*+Lye`VptSr@3!hOeWSn#ps6#CQ&-9d}4KH%rtpBL_peHP<)N|_;?XikeMC(XqH>K7KDraRG%z}5c8"
+    "GLyum(4-sr6WMV>wm_6VT1Et;r4GXHLJ5mB7#r-HC;aU8hQgIiFp*2qU+dY{6K;Hc%A@~%IZ6@d+T*d3;ll`|=@P_cL9R}(`(G{#lr6-IYrI"
+    "r7Utdumhc@3$sxQl{Unh>Ta@+cHnaFCIf><@7u|UbE{DTDcN-zK#=70BPBX?ZC{_(3t*PZ<|i{d4R5rP;Vs`x|ylJq^|44yKSzX(wNs#8X2g"
+    "!3HZ61?jA0|gCks}YX1C+;uMnU?$0OXXgshL+Kea%I+8RJ3VAYp2+bptL`ecxx(Zu7*b9#a$HJG@8XFirU5+XUAlzMQL%{e`O@1ex3F2U?Ac"
+    "j*n_A!S{7G69HS#~?opLrwJ^>nHl5DhrY5p69*4v2cz-=U%^hkGg+;dQR`6h`a8e}4YT&16MY)^WXOcN^oSxM3>R$e(+=4qyJW&Y5mZW}0&P"
+    "Tbv{zCH=P&5t6CxN4*MMeHgwx3YCU8;@di#w8O<mE3RU1#N}mEr^e8@uNcS_xt{(3HcX_q&x{c&BO74^zoEqeiJ32zH8(+&x`v-Jp!eN{R`G"
+    "!j~*wPhmBLy2TZlQ?m<}ngop%PdPyvVO!W;(H|ph;ce0AIc@v;4Y!VH8uN+sMt#PYF4598UJcbVJUH}Js~viODQbijE}3kbP%*vRL}A1s>uG"
+    "K6D|+OL@|ZqKY=EqO3oqw#yW&NpY2P{fX2~ITUY!#xs~%*F=}Igye&eSQH63>6gG`PUJwCeZ-|p%|SO+IG%AbgL<*yomv(y7L0vQb4PRYGlY"
+    "+Ab$<|i%hg|Lr)@~<V}2AOM`ek1Qj(9oa4A6h)eOK7;@U7TnZU-lmM1--nY5CJYt@GC8#SCfYuLq$kDDa)lc`f=riT1SdhFx*1cMmKDHoldP"
+    "-A=vH(cS0uOJq*ne0;2_X6YSg#sRW_Zme=)B<Kv!jIqq40{4K?;-zsep2I2ow4(s<4SR#Nm_nv;PyrticZ7-;r+}LFhcO~k}zbIg%gIi7)Wl"
+    "+S-N%efuNTvA4@GBNCHIF!Y*fqR16yx{+YO*BMmr9s|Xs6)jn%28<8xfD&2?4~{lyw|>7u1IT>HNC=<l-O93);4-7p>pA;=!04vOvbYX!sEn"
+    "uW2XTlbxDL2$3foN8emR*E^}1vgFhIP{HCorrwpgI`ezME4LCrKB268y#zFL46X#EQ}hkj-*bw;Irn869^g0X>0f&FH^gM_N0LTG8wHL`CEr"
+    "DWdBlbfY!2mvh@r|al)uNF<!A-LVyF<IZn7qaI^E}TMR2#cB501=-;v7Vozv)bCL~!IV&Z>RG-gQ7zZbpIas9fl;UaQXc@V|Kd&we7EUfj!&"
+    "*@gtHYK8}_PCN=TEjjm&LQ&m0*Vcn-8{9a*%l{U{tGhKTiY&Q`oVkn1I}%k=~b|Z*;CjY4oZ&%Bce#RMLUGyMtI@y9_Q;1G`^5O(MBGWsGRc"
+    "2t(0ou(()I%Q(+GIApvegdXEDna>r2tuEwrpjG-Y$y5|wp*G8i}qH{`p+f`W~U1|)2Q~tBYtuS#`q?P<5;Vf2CLEr0zGQA?7MSIQOskAPu(A"
+    "5hU!wIH0cQ+)SS)ps{Hi@*A%CmGyB5f6^CQ1OZWq(Q4%bHn*acYLL8KG7=#0ml?&}Y;;dJF4?Ezo{7BAM+N=I}tp?^99jB0ho~`5qf5%NMQA"
+    "US*|ExS`iqo6OZG!^-l*rtj~{XboE?CJrtyXr4*t+ynOuU+CCTJfY9p^ZSWnq05`UA9#&(4{2=zHVQwTLeq4BZr_LAgwW{q|8mF0O=hawE{J"
+    "mc7(QHPuW3&zy|S1@A3D(u6m12%7u^)`K36_7QUXt;K%v#w^miq17U6})Q-N52A3ycSPLOERXgMNB+3^>{=D)3~ML3PE>O|&)Wk@D&H#{^dV"
+    "@t6r^ueJoI8O-c#9QFNmF$x@USJthv*v6#wU&Y?is*2lHT!9y4Rq7UVxQIPesCof<Cj(M)TT(JuMrTIy`FJMQQW9N?=eKEEKo5Qc8l8IZUXc"
+    "Cq`sg)j<@+U8U_RaM@_wn`u8XX@=E!+fVRbiTeLSuazi%>|BjEPL}_QJe&z6r%2;5SEgX@rcZn##5w_7k>0`6P(%xwB%y8pS0Cr(Y72JiIs2"
+    "guku$fqQM7i>^x%lU^UsKsb{St_PC2aWppVG-s{$GDg0WDqmyl}7a$@~82hUR$JZeH7`N8WapIKS%a8AO!{?Tv2XPFEJTWh4#dhwEgubQ5Ou"
+    "lX`Fdwc`NcFYZIqYamtRe}<-)5Youp{8icgS9Pi(KxKy;l?va~>jh^5U*(L7eJ3iLV-5A8{T3()x9*BiJ5GINpu^3%=mpXz*^5esOP)$(MkM"
+    "<<MZejz2;qfzLyRjtVwICM^gCoqA!nfWNW;PiU5pl-q!-~J&MlRo?@x81_$_s3yf_$CQ8Pv=B+5#p0)^0caJfib5&Z2;i_$Ef;KcHFx`MTtK"
+    "^1))H6W|q?@fJY4}@@veW{SQ6NO<G<$e{0A=UxkivWe8V!;BKh1!r<$xbAtIFUnqKk;|q_*@mvoYj5G^BbvkOaw2;LYfxK_Qlel5-)3|x;xT"
+    "#N7Q;b%uD_wCj$8mPvu5GE@Y2h#k_t$u_@6jQIQDbcmc!RehsXQ2!5#jy7+rU@~xq-cm~;b{qU=V+a865qy#U&Pc&5a1YlA+_-ZN5TD)34iR"
+    "4;bCXlXCh>6ZcTue^{KnIp=n$vEQnYwp*NZ`cb?(~7WLSs~LAL-`&-PO5<8uyFyTcMv8WdQE~6Z!dyqCSn-3DU}US6teCovDL^a7GwNp*2zu"
+    "SwEfbQEC5O?=qQLQ;)`(Z9P-vZYmRdC{`}A#P~3xUnt?6#l;o14^9_;Ro#}SEUR<ZB9;Zz$#cUAvU2ekL`GFa1IB^;MR0R*$RPD{nj?J}x0i"
+    "@_6zy*2nvyL)MU*Uh=d5`k{8fCq=l)h%fQzE1f3ts@c@fdlWf(^y=d_Z<#t{ZS8zoYSc;p!TFNynl7|!?)iaZJMNM-3iPUx`gKeq|R@;YSK1"
+    "NwKI5=1f1t}nfa2vhaz=R5k%YV(BZ<JFmO`1k!6T&a2T4_E6-xoPJX9HKr^%9OzEUu@ZbN2eB+u`h_2ej@c2*O|%=<aG&-QN_oR_8MQ7c%s0"
+    "Z`CtK4ijj@TjGhxO75y2~L2K8qTvPh(DDkZIwHBGx{527`#2HP_l2B3v*5Sz7Pi|@xdvMe~C^xQF^cmzTYp1@&cl9`l13|i3nz~33<Cl24c4"
+    "TfmrPScR$+l5gT>4I)69JEB%D7YtUCs1Ouwl|4G|iyxbn#_rrOHM$P7E!4^b~r>Biw>|`!@R<TNN`+|M8lST2SAgzM`2(oq7&3f{)iN(%trw"
+    "2dk`#s;F|CdV5Uh87M1ye^Gq9930|zB|-&5M;nX-zu*dIbQ+VQN_-CMgTH-`%Vf;IMOJF@fqv>jnT~iGT=%{wT%9wa^6lUEpw5eI2{w*pe-D"
+    "-yUIl{}MTy9$;o{}B5t33i9F>FA0sN(Z`txVBcMMnOKcT)tCldBelrH}*u8oYEQM0tK{&i}3q9AC?;rA?=WYj`d3`&-cUPal(QNUl^0j%f=3"
+    "gw+$4woAzHV@X!c`8Dc;{jU+<0zx%AY5L!`3o`LLf_?Zx{~HVEH{DU@mFrf-=JYQm2G-VrMqMjQtgVK2tCZxuBDU@XK->;(KsR^A|M{;?6(<"
+    "5-Q4|#8<)aw^wN;$_KwS13;T=KawQ6$v(6Rent13=jv^J@OM5DA?43S1M54_ozi2j9;`>jD?sH0ASjrU&)d%h<Nc5%milWF80yzb}qWD89H9"
+    "8g!=KlAezi;Imew;xx{Neolv?cUERSh|!2Sr<{t;@_cG{i!42SGDWvwOx0JD&yleww%#$NP4cNc=!%@!a*g%f!szT4G4#L<%`|qxAtzu@Jtv"
+    "7GhVQ{DK-_dwJTx#EA=0>PW6N&{R8B-(4Lzp}*vB&@fY607;L>u~><pp7W15c@-rgs$sXhXd`w*b)bb)(}a|FG%rh!_wYa+Z8xi?EGYArsQ%"
+    ";a(iQK+UvNI0^g2oVM@ZYWY?FB$E9FrY4HIP7=3e|~)!lAUtAq{J_H~*+*dHkRaN^@_iZA#mlzc}%D2e$%==>pmrc#bBex7lv(b%mKVSVAhD"
+    "kg^{`!nCDsRc1fGiD^Cyu2#B^Hx#U5Fdk=oo}-YUT83f`$$V?4!-BjKi--<&-7%nyxVp;6p@lRof}$gWzTe`u<FHrb>X7V(`Q9Uj%eRg|Mi$"
+    "wZAE!_ZM1Eg7hDB%G)XhadPE;^t%1)$Q3&Bs@WIuSupa&npFx?2Tkv|WVcJEJ?u?>VahDhWik}eI`fXEMo<$9}RySNj%7|`ReX0Z_`o96%|A"
+    "6TSj#5PlB+jAEzEn~q(lKOHe+!0}am9y^<Oka{rkpaDU#cEYjxFx$AaW56Rz3vI2lc3lcmgruzxc5W0$mV2WiO>=eR}6n{|)^7gEC&9LPp~F"
+    "@O$t%5puDwmCz@Fn!6~sm%q&Pnpa2dVm$EKP=1Dn$eiBN(TBT~A?GVllYfLoPdJN3tejGBc*N9+%zj4Lv6uXxLV2<5Vz+uF=NZp9&qUeTj0U"
+    "<*g!d+{2EN$sbJS@<2Or+>!*p`fGJ9j|5o@OE7Jd<4&n1z-jWG7(XFTuMg0M!oe#SwJ>TKT79b~h${Sx)R&wl8on2BxxQ6X7uAuGh+_U(d`s"
+    "R){R$16K1IfdMP_QaKFWV)41_bAr43B~+!enII}7o8RzNIR@AaY^U)_<F<7d705jUG03@epIb*C}bQjAot9L66rdiooF{N#b`J?fBd9X>|1E"
+    "pvTD3Uhc}>63#YPnL_8!izv{1SXYB0C5j*+Qr!psG_11Yf!c9FAvfEcw7p4lnkHW=gj?d6^riVow_J0j1w~6dxQxk!XhE5;C){AbUIHG=)Dh"
+    "j10WhMuo(qELmJHnCb1yKV@gucFL9QiKk)KpVg@=4_#X8{$?VXnT}tM<Z=<M;#3JV}QWbuvY=@;pCcSxU^cQ2Wo9OGG>8;x`mWvvD)EaZ2vf"
+    "jwhX)Xs<5|B^+{At!>6^SyVzSdH@c*JyFrlt79Srt>OU+RTVea%<6us)SuyadBWqbvJ+;y=YNbv>8#X;J)m&Z6t~ROh3=$>@`83U_E;r)4uh"
+    "@W)XD76ytJWSx2g+akgURq<E0aJ&7{5IcdkZ?#6k6u(evmKObRWRaP?Oa(ioN4!mb$kK6j@%l1(%h5&Iw(fXqx~`hmc0f|yZCv9)PdRL&z!7"
+    "RLx7l7~ymCD8?3^laP7Et<n6+;~lLP@L#`9mQ*#{V@^~D<U!hRbo@xC^0PyIlST>$&<bgh!5PX;@Vg;?t@OJQ9KcT6Y{XXnOS4pWt=aMy>J`"
+    "A#($cKDi<B-u&p9GO<N#Mf2B^-Rer-nsrAG?47)UGp@JFTi*A~Fi296zjq+No{{3KgA;9h^K}HkS+E7B`Ud0g~hUV0k#ILB(-Jzu1@PdsVdR"
+    "O#HBpHH}37mcZ34MFv8=x^L#d}deADfrXk$g3@)5w`#Ey&2sVu2iFAp=pL6Af$HC=^R&>^X`&v_IriCHbd#Ncop7cmB4x@G<#0g-r0$#HA`K"
+    "gg`tM^<{C)aO_+qj)Qe|&V){+`9K+@GXw07dSdRo8YaEAJoU0CDov2XS)FLrWpU(~Mr2=CI>62(Wi%t6-JaxEWYmgm@3yQtT<DFG-!iWmHfC"
+    "H`ML&E4*$eY3vx+mgyhZ4?`G~h*mW3j3IEqw;B`~lE2sQ@1d#V}-l3L@vY}FIuK|%3}u!~GNEfRc4$Wh;}dL4MDXlPQPXw8N)#t$!8a_LZ$U"
+    "U61XIqp|HAQb5S#HEbrZpeib5sry95)N2@_UNef`i5NR&?ko@_XEG@($Z_7iKb}pA>I~J(7D1g_oHv9anDPmJn%OwX`1q~v<5GWI(!Q&z4O!"
+    "<G4Ym4XhoyE=^&ytOQr-)K8mjM@{V31Y?`d6_=^{rNai@fD&v@u*WY$L{%tFwu|i<?`HWP8*S!_qVci*(klE*_6k+Z*9_W~Gj&L8id8W)7p-"
+    "s$%R9f)Iv2!qvhG*#=2c=IAttYy(bMr3YFX0-cj(dq8f{$GkFAp0m>F$PQK%ju(Q@x&6fu#M~Cyyw`eZk)=v!)Y(K`+$9ME5SkvI?P$pjOg<"
+    "$ygS^ygiqA#wU?koswM`mxbnqe7-0Bch$GC)il`*6)CNdDieKlJ_M7IaX+QCyLHNlk*F~6P;ZZWDL0g8nv$8(kf2JP7lL<KC(%Ij7mX9CAi0"
+    "PM<9t!DDq44=eE>e5?@C~Tsyx+l>8V^keme&?R1;A&vRPMkEdS5>V!Ebjnf?#x`DXWK>SjbT<4FObdJJ7<o^I#_3x_dtc?u(RbVIa-Hb$fxg"
+    "=CB;nGKiGZE95fr_0A+A5RK}U!VYNx%PiC`NNupIut{aQU06G@uHcV5Kphjp-EM`D$+&@UwLR=Jo(>~to$b(`qC;5MHv7*op{4cp(QUQQ7(="
+    "(7df`kyUMVu#IG&#`@PlW!&3;+fCcu`cc~9tnHH#&(|DN*74Oc=Fjsu1$yE_GTX2APFDPC^t)YqxSqv94RI-(2krLm)aMlgwwBxx`iR!1s(a"
+    "o|3#82cjo_~>1p9$HnM9Csni4Yd;Q&=={twLhLfr|gIf*z__4`n9(nDat0r=y$A?%b>*Aq{mrj&e{Bu`O8FFpgzP!g8_HbZVk7OD3l10bZ!2"
+    "FP3h084g@r|D)*WqB$SNYJ4QJjvi`yucr;|>Y3F7!4>?+^qPl@NDU?9P=_xYN)8HjGanNgO!%z`p9V2N{E+NK)K5e}Q-qXgJ-%i9JS3`yT#D"
+    "M`-7L6Z&R$T4+oz~crikfB@4_k)O{R286qA@2?Vc(al7;G7bkmgKxXgccWhWI>O$E_<5X2cw=0Lfnm<RvWZ<|7PJfkuU(;p^;W0V>7sDjK)i"
+    "dKl?)l_C0NQop#AUK|Xd&MEyN^jY|X*$&KyS|d5nr9X|NKThYz)_-whHR57l^<8_sS(F`fQ%kR{SS4=%{}$0#Q1b25ekKhr6kxob2%rL@a*="
+    "uXgV2@9g^1ZLn!?JZSTx>B}tC->}y2$7Hj6&s;ax1-5hdeAZZ{#fUb0<TfP75$UgJP8t571Mq-9+);X0K;cn}1|Ic$l)P!0Yk@9%+p)IH)Xs"
+    "P%a6T$##I_Q^ZDoRpBXtkGP+2N{=k(VU~)FihL9-IkmU-=fH*51B*1sE{Jk*ee4k_)@e-@MLXBbs^=T`M4@YQ&2t9S%$?**D$F&+=L124=d6"
+    "wbQ?a@b0&tdjXz!6!jQT0r*dk1lUdP-x<yO4t$xuaHEX-C<dVlWT?F<u0GD4(!M)QrETDMYO;XVyq@$RDV3YdW?QW)L-CPM^G-)_RzbBH*#I"
+    "fp88}pgI`}=CIOnz9XQ@o|LiniXAqPzAX}P~|QZz$G<)dOOCORWG%b}76z|eXrLCcA3j1xz*Pw`Z4PTp9T+Xeg(ef-)cm0ONqZ;SF@z4rK^?"
+    "w7l!oMgba;T=@*cfNk_5Yx2lzHUXK!e@Qkn`({BO73HJR=jARGo&a<QsR0myvc`BT5WMOxxTakQdgAhWK9s{R+49QSMAcE1i$NwTZ(;lr<Fv"
+    "{JQa7aA5$^AGM)LXV{&H;Xo$d-?i|!Kv>F|Mn61;fsBknyFWa*5+O`f07Iz9oP8Vedq}DZD&*t+&Atj$20Z_Lji4Uk!&^&-IcyXOfA90O4l^"
+    "{rWl^lad(Y0Ddi+#2V1FEhb8P&v2GsB#wnlO33V7xWcmn(7E(}#Wc&my_vkL9zNS;bx@&7<3Xo+=c?KHM(n?E`7r1X?~WRvtObo1N2Uj_aSR"
+    "KhEj$%5kq7@y`ETW4>q#pt=m{&gNV7X*snq4#~MMKhp|fiiBdNOfB!^8&I0e{mr4NDNidOUumo2$Y)8dT}TxgT6T0TOk`63I(wjWx<=(F?@V"
+    "p2E$|@CRsO=T9KI*|Y?4pm4UZ`QegCI7^__+>qOTsR7kChw_30tU4QPwv#{hSzd|qQqgFP*Up;>oTGwHB|5Tl$E;)9SVM)I|v$aE_sGvy26a"
+    "`t`uS{a&mqI-Cx5gne-bp{65&)`)Rt4VKnF5;=Ie7erzCZA)2Uu=E^$r+i?O3(rR=u`=vJv`-sRC>`#=XCSN=>pH3RaEUT@<<xPsv^#{k%V="
+    "AZdKgXHYk)LT^NWZRXS*3j>zI5c@N33&>7lU&dyn{-|ztY`eAj5DK1!bUHY%V`8)FENQ$Q!W)EYF6yWb3=<GU!4q*j1XHfD#fcX~+uOx1s&6"
+    "yw}-2V2P+_`n>n(QFtOtCcMb8)WIm@nU1o^9bk$pIW{yNNuY-swDNJdN!W*Tn?mSk)uX@KlKNq4tyvJ_i+#5}&h(ds+3cSEpMI(6<@izgTV4"
+    "=^;mXHnzz!g36spPxpg+pTI2s7Tan!lO=f{yn8o%MCD|0VScvFwWg}-so(Sm8^;Ji&`U^xs3QSm`q<~2v7>RVlyYLe*j$+?Mm6qiDkS)#s#P"
+    "qjCN=tZD#)XEMftleeiD^Yxphc=r2c~(QaSbz!UJo&*;(YOQpCeEl28hzwakiZ`J@ZoRV+W|4?P=C;7g{<Z%US=x?_~BK@P9An^~1+x2$|ej"
+    "V3)U3Mk3Zs^_kAS@BKuu$U#QSTFbBCHp|p8`*PQ5zI~Ys_4$1Yq_^E2ml6oz%SscNQ1w}?Ia^_F!ywU3tG-R3@O;qibL4->>?%e&3GkeZ)d<"
+    "%{`>rYKKD&m$237yHK3)hM&Xzh#WwF2)^??S_OlWQNz~6O7=mLks(JmWPV()1|KPH`V&$!Q#!tBeh^-P3t+y%?NctN5GAm`ixfRIubz}s*U4"
+    "?>B9D2Q<XCaM;GFK6M5r+1}fP8A+eIRWgnO|h_j%{D0PU-BJ&-tf+NsRsSV=95Qd}RH-*Ci)@{fx)<`G5h^P~6P4S|!h>^|wj%a@&?9SNYnz"
+    "Oc+~Llw(qPe;sx5KU`hjrB0FSZ{-j+B>_p2>128NXm!cIJ7XCQElbztus4DC;l&|a=FkcdZcPDpH1*=j6lDeObv+s+4+!^u;MH^s#W1b_T&-"
+    "g3^Le-k)D8*;NTMZ2-lC-aUMbd@zVnb(Mg^{dvi>-VIBl@RsA8*lNkVj~y64>4;k}am^O@vwaP!t>y^8Y5-lC-v9pp6uF@~H~{T--ybdJ;wx"
+    "2dL7Tg$49rDg6PK={14lyzO6z{P{6IT?O!WWuy~*J&0SQcmMSnE&-pZ#5;o@+?sxx^l77RC<oorR1-wqid&=3<kw*?;;HH053hg@)cK0zg9j"
+    "AlMHy$B;;8Jmbx-3k22GPxi0w+^+f-fqo4H5R_!G{<vD}$SR_%*_kLbn-oP8H_{Dq~03*|p5t(GG3&+<JG;YK{!pYW5xpqgkPg)x$ZG0XrJ@"
+    "xL%0|&ZmyDXO+q$5<n^8#S+Ql2ZKzp|W*3wIa)O_DLyK6@SVN*c73Uqow4DW;zNrcLa_b1BxyTi01b8ekRlDYic>Rn8i|{ZGlR<x-z2_2n)c"
+    "O(*C5l@lvLiu%VASTuAhpwjZvVVSykGNT$oVE0hLu1p9dhu58_U4E%VIhZpnUEp+=mGTg!f^6<xN<~Rk_qaBxQSGFM(%oJkuSA*~ss1Hk$b)"
+    "Rt$6}Fqp3*a+s}Ay~GE3sg6<|o}Rw_imtf+r}C@>$EGNWNxY9^-=?3Sp~4!T1#5)dSTsxgys;GIzj5gNXf>KeCR6Z*@BSd=bVqJ(uQnfZ!>9"
+    "sq-=<<z`g&w5Qx9+}^AGIEbY?j#BE?zNLr_k3!j|ESSSqPwF^S%E~MloXYLd;-NAkiL~f${{QwdBa;5e!3?P9zH#(g+h4|_G^yX3v`~M1RQ3"
+    "QDnbHt=5#mKm6BMz!oIAMicKx=cpvCxw`f+l-jxiMu&#-k$(8Y8l<)uV@}z0`EYB#Fd#9ZTNYJG8&k4or<Zo3Hw0c=zmmF|a6@Wkk_gdvLcF"
+    "{s`8eUupqR!fXVshG7+-{+QU_!QvHSgI%1_9SafF!o6%p!aX<iETxl1#~CfSyhaE|%@@;rgf&2}zTR${Nmx99!G$rxc`ed-FEIY8av}Uo98x"
+    "vzn^2DAM?V47`(ksbpSkhW*Rw1!qaZDF0G&JOEgb&2)DpQwHD~l_=Zi$9yeI`e4;aDHT(+sfJx@+P%ipJgWG6`c-@lWx{ZDie~nWD%*AwP&1"
+    "`1nGgf5&`M1dl6~`)OPZ$cE)?;2itF9dLm6l#Cd04IN@8HYqtsk;7v$uz8<j?(8;7bKiY{ikTTMOHm<!F*S=o|9sIO)u4rf=MChB|B|M9Bp-"
+    ";$x?R1djoYd{S+kQ&6WpvG#Pg*lpvH-y%8u4xk=y_-8hFf3>ApxYFUwxuk=ChCwxK3<c0YZ51*bYQ3@5Sj9Qy5-H)(v^tx%bC+Xl-_l9y$-u"
+    "Oq<mNAmF>Y6i|u#BBOWim7)lu0h%T3~obVAQsMsTtce*E*&%2v~zW@r6OD<jbMsKLsa=ZV5i3zdRWlDsCkBeG>lI_q(4!%lNqcVMn2W0)iv#"
+    "!CxqM|KDEt`HN&Kx}P83Be&mn<_W{gEz#pyZxp!>no56`{T@e8UgO?b*_j733qntxLDza;0FnC#iHo=d}wxg{`w+P8C6INyYN#bar3!pDmQC"
+    "q{Q?A9e(_H%166bj;XG?cE>GcC7<vS9_YX=k}uUnb1UlaOUlq<^0&QvGU&=lCZKTbjPewI9c>Kv-vq;%GKi6ww7RAF)t1*bx8!6}y&_(>nzd"
+    "&tQo?-5iGgR4tF8&|2~Cz9Pm)df7wyufz1QhYe)pHSMwA#QB@9pm??o31xW%jsvU1+zI!Q`s&MVPTSFvan?)JpaFSKa>h)a>6j@oih+N#vb%"
+    "o9*mJ|Fh-$O=C0WnT%~T}P5!T@RC)lDLW4=A+U?LZ8z3YK`3SWFMQB#fCuvx3PhaojyMyT*e89+<QCnzj&jXGW3DtWBZum={|Q`r`R43H;a>"
+    "7AZKk?XRKFDt6WNwnnk{sA}(8}EHJTC=BuvK+yN)>|4s<jyVg&=*WHHf-x7gqM|Yf-deo7E8iz(a_jXC{Rr(n0IwVa_fIbj=?HgDsLadTGhx"
+    "m?n^g5H`bvkJ04tM=bp3d@GqC(c$tm9N>!$LxGy=nqIAHXe#<C#I#AaM}wetw_#-1a#$n3l@c8u{ABtt%JV0?Ga<Ppe7{`>o8qRhE@UgE5Y_"
+    "-IO|1js^;Pv;(rlW+&OvLIYv$756TApCkt=#Y+qf5MX5cAqkeJgHN6aM}>H<<{0xWZ?pf<N8IAwY?JCGb+so|=m{rWE61Tj;@kU3it6P`yUt"
+    "FPx{|GLn^YMr_Ih!-k^+%*?7QDVK+7X{@;9pXXP8hCowef^;5uZaR**bGgeY6(capeYn(MhJ$^<Ht$5P5hv8r)eUi!4AE?R^N#KxtV9I9PGm"
+    "11DE3MyIfYA<wO2cwiKXT5yKwi=aLoxa3XJ%01i9g}vFQBJ-!CnV$aonFWEdp3Vh;(;W=Keiu`q|^ECSwbyW-0uM;fb?H8z23F9_qxHf${%9"
+    "YdC3&h^;=UMc!b<Uy%EyCQ588L#)DDCPA@|I+gaCF=k125O)ve6H2qvvn&^(ia>8(Gdg&KeymhPtU0z+695W|}V!QfJlm4NO-DeZ8YoJPX(d"
+    "06x?sc70GEKTris3nr-dXrWT{P0UCoSaF0(8&COj~DVfelH&A-ycs8rOfe>AH~of98{I3im|G$StYzg2Lq_^DpgRRAKZkN&pn$SApPu`!4?U"
+    "Uukp9X7xp`MrBxz@C>udM?2=txLs0`3vPELo@38z_x-hBqY5tzy+@;LgmUVV(p=GQ^Jgy?#l`&d+y7p(U*MzQu523%@9gDAUEb(d33Vl(AZ1"
+    "prCiv24^Vq2H+&!Eywde1Kbx9cH7+-}hO!2_`ZfsQR;2APyXoYPMmo1+jrZtc|^OD`_X+<|l<Ca~XvVRlbu@(jKF=&dlXFtKL&?|25dJSF;7"
+    "wzt5ZG%s1FA$iKX%EQfV&y5Seyu7aaap^zIsZhZoz}H-yiO_@M!3FoktIn`?|B42fP>^$xU}vPnDZmg<_%$ju2i56{IF19>{G0}e@4Hf@z<L"
+    "RIs-UJZlPS)tw8t<#XE%)CUPbHF2$Q^m&!KlAprCmx2)HNamA#gL1f#K%4OeS0?<hZ{Li75gNDJzhWRg%Re5hnz)jGuK^MQm+>39N^r0wZr0"
+    "N5c#HK<et78w=CvL;f)Y`rX2J}IucDJwW{DSywlf4I@;h+xyV#$XVw4n*mL|3c6ITh*Awr7zlcWI>^I&$2I1YMx7H$i)oTa}`X<a1BS{z!=A"
+    "sQc~+8w6+-{G2{Hh?K4jl*xy6hdd~mi*65tJ8o;6R$50(NmOmEOVjtzKdWw;`ccV6-pEqkr%&;JJG^%s_OeJ~<H+&T((`6$l>e=Oon4e8!yb"
+    "!Ggl1;N`tq7OdDW`yxO+*4<>b2zXJY}z;rurVu-4DdBIoCAMMBW6CjFcf%@_HXCOHyE<QeQ%5|q*`%P=tDlRkLxP09zzXhB<z3GXb=JKY1PN"
+    "!u`RRn(4gf#{vN0J(lWl#B;zivHxcJhyb_#rBg!5Zj7!T;6Q<>J_xMF?3KAD22O%#9xyhpkrD%p)4;>Sq{5|G;il~IzqAte?y>+yH$3pTo%n"
+    "*9bA2$)F9Yg8eBW2dG{zw{!y#=sftRQ<@!Sk$$@pBU`jScTV(Td`-=@x1#VDsb>U{WDkj6PGgnW1-D#KH1A;Q<ZmJFxk9e3~_xF~q{8jQYq)"
+    "rP}eA6pDL3c?|m5)u!G0c64DlZalUdQ?dYF3C?**bSh64T2Od0)r-gU$D*$H%$r(uwjk{rDkI?e{kIezr<K$!RU5e(}Cl(aQfe6}brVcduH`"
+    "-O(~#lIYqDI8A}0=&nwtoRPfiV$U@^CI$tcbz81Jrt9#V00ntb_JXO8C|z#!t&0VYC!cwpbZd$gwP@T!A>I8K=uKB1<|+NY)0hky3M6gPNIj"
+    "cCr~eUClk!6)ajiiKOR|!zXApd=U*sW4G|25?yqtF@7pb~my7Wq(DdGAQ#}o1g%&P`vOv(^sZaH=Gi5H*yq=ZgfLDSOTN|B(ZA}ma-;D8LsQ"
+    "!25S(eetP&~gSSOv#&^Eq;eb_mawFm;B<hAg##~Dl4Pp5t6S1r?9bKqV8N(fsS1QDWF%L;X7(2KqY$-sQJoo3f8c`x(EGnk_jhXpm8U9Hwhm"
+    "TUt%IE?#?*DQ3-gxRpBjYpS;5>Bu94JF)`2yY|r!xU1_pnSGeE>GcKdU+ef?>c`{9YLs7td{5Ay%j6YNUM^e3BsR?yfO8SNZNDls-_vRDYYI"
+    "E=oVop##(6uFr+~`vGV#TliR)zcPTZOf8wRTB0J*A@GgSJSKAqYsXwBAbZ=-x0dor1wa%dHZ$o;-=0wmoTEJ+Ez<JJ8sK$1(4^SSOhVsu@)?"
+    "TM)%PjlvUwfS6V9ph)CQiFQ8!8%y8{>0)JgJ|*b3FVmmY%_4p)FG6_+OgFeDwcziccAHWCfKylejv_@%SuB8YmMa#VLJnqGkzsGsjjrjvzuJ"
+    "oKpgP54_lX39r)}93Xeu5pJN|J~0VvbwR&r+LnH@E$rqhJX@d;kf&yORrcy=yEs?+vPvdO-31UoAa2DXNlmH2VyZ<aeAFR85CoALS8lK_lp0"
+    "2j$)*S_nSpuLd)!P!Ntjk8a`#C2EY7ht(|lQLXe>I^%n0SKJ51I{=9oc=rxb1uG_y&Z2%5;)P?VV|{Mt$#DT<7PEbifpK9l})~>BvX5P%02y"
+    "Unh$~o$r9t2BUCA$Qah1+`Wbex*ALC75OvC`gpLfC`dK;WpX)jCR@M%407k(g$&B70vX^Kis*K(~F>~>T5ZTpk<>yqLQ=ib*_s(Aw<1tCeT}"
+    "-j+apd}+HJ<AHnssQNK#ielykwJ`dry9^a5DUJF-O%p2HKY**~Av$80<Qf@Cx76C;sHfhE1M)^m}xfVvg3_BH5CXGxX_)u4czc+~C$cbg7T2"
+    "<|m0sYdCVCbF(QBguct&PhSKBy4Xnp2H{XnDf!RW^pCHpddUj?Yfxvc97AZhjANe{t_T$@W37Tl6BLazdsX-$xo{gdKS*^6X>x};A$@6~O(+"
+    "y)QpLxU&N$dM>$N1-QcSL!&zoUZZ&bWUTyD6@0i2`#4R(;FOjTX(1VUB!7lXSg@RT#bv%z{@>ys8B>YB{w@HKmt9B#EOSO1s~<*ov<LZfw=P"
+    "bmAMMTb(}<a!1t)yN}O%RV<P-F(PpIa0lqz98`e>1pRD?ccwASIc4aXS-T5hmxdKj+xCjr?;x7?-YjGZzfhnMK@|RT&Yt2n|K(zom+mFc+*x"
+    "@&~%P1!Qk(Dl`CWID*4aSXF6oAUDzneSxZuRy2q9M7O&@wQZak<$MJY5unYcMqfnQ*Q6H-qZr3jdO{I^;_EayS|FX{8T4@+2O(K;I_iBmpO@"
+    "gJNQzo)dKt)Om>vMYCnsaOH_;Yea2MotT6X~ZHk7-mTqz8@R&*)AbhGanD2(4~%OWbCx<d1YP9`^U7d29SW{jYCtkm#eLqKol5FS47QP~!|F"
+    "k`sj0bO0&SDcRqmvb!|&6N*A-x87hNZxhdtPSHff4nIl^Ft~*!EN)3*Us!<UAr-|t5EA*{sJM_zNcEJ<$7x!+dz7l;R~JKPT(n#Mrh<~}qyg"
+    "Md^3S9w;By3s3dQRHQe(Bw;)atH8IUu{i-e$BvMg8WaZs(2ZR;ei_O=JD7#Q>|5x|Crj=2=1xhivmuBn)|?qv6Q+cpWfWIOUgmt?w5n`)wUo"
+    "JgMmfa8^XZ~af=ek-44y{`NU7sbCMW_~bWHlhDrWxl>GXYu$BupB+66Lu^FXOM0?dC(htQ~2JvIoc`Waa6xy>1ZXddr7ugB-Q(3A~-fgk(cP"
+    "-#V7v(4Y2WL(d~A5;m`Q)=UXryESk1m18c2_oTqYJ;PH>?0uW6q`9joa%RXOiv+Mo_NXSng`)2v{@;4)55g(7dJKwQb=yPQS@$1P^J;>0d3K"
+    "wx#VAU6o^huP1`w$Nx*W$1$<62Fdw0Xu{HAz8-Q}z;_%>2@zpSNlrqzh~c+TQ;%%K}tMF_j?0gF*#BT#_hBP0qYuuIx|w$HxylJ<1wwX<uoo"
+    "#s4Xu^!I;i1_SMzxkHOR6O$j6zA>ePRnYg5zo&H2UU@{=EhVaGgJ`k4_~)sb4@vI79hH@Yc1m9D%4bnk>~&K`w2Ap<3Ge>tww9Frv#N;Z+x&"
+    "6KC$zu&uc;&(x-cZ0oEnhn3g?%PbW+XDfXN<mG(hd&qb5ln@LW1iy4FB!QmLqOsbKt;JU=Cil{c)ULW|$G2XAQW-QQmdz7h{@fM#5=drgC&U"
+    "vpPoTNG64omX&@Bxi@x`fXj|iZvU$W5gXo8%t(EFXj9~cuNZ8N(Y$re*g@rZNLT<{NN;=nsA6#BG0ut@$g1Rltl>?b(((<$(FQ0QWN;v5^eM"
+    "HCXZ2mdsg;+v<u`KFRdM{K-F)q$u(@QCe;+tW;StXhqz(t0)4dQIoB-5-dlQFS+f(i(CKD$%f1%!D8In8S{ovkC5}dUw#g)eR{omAr4;&LV!"
+    "ju$CekT(EOoBS-vS<p_>trkJ-4KSn#OGM{~?&nEs+V+UY}JJV_H^NE9p>t$}7mE%DPfm2{;-&rrycY2LJqOKzq->*)xOiMqK9xOm5@Mi_6!e"
+    "T>)KWzF2`Aruts1guIf<!_m<7EwtxbXOJ|m6NFF8hBKl$xW&b7TJ+H=adK_l>_6zPHCTR`;(VBT1@YmJQ|hJZAElh7Eg$jxjVJc;s9*5(?(@"
+    "A}K!&ZjGuNXrNXO}Iy`D>Z?7{6}jZfx<Ua7}*j^MMDf(dzrtwYV;Kxcf+ND{DRK8dH()t;x^ZSCjD?|)RZ*mN@C7kz`odnFiAK|olTOjpd6o"
+    "Pq3Le7RHbThx}HM|O@k5f)XNl<Uj3v0<KNlvP_IlZos>DsEDjNF-5`(1vh%y64TID(<Kt&_p*&^H}e8Io6V$><E<imw*l?;cNlO6=yc+#d{t"
+    "KKl4%oAto>Puj(e2l(2vHL8h(RGFf^^(fg`BifQYFpm<PnohvVWa$+sZ5q;RjQc8&zA`AODFY==C_Bf!F@|p2)7hu3y_fVsIyS}!!=#vNS=p"
+    "R2%&1&RBC{T3a@>OWL5Vx|bohd0i45%PC`9pH>Gy{|5J7#%_SMBI6UpJ*-(*=CVrZkIO+3lpQ+rbq&Q-ih@aI|=(PffxlVP4>As&Y7hD$Tvo"
+    "O{hUVpbI$a(JPYnl=s+D%gM>DmA6P|E}~NrynOTb-a7ALvkR019hT~3PP(vpSP4;*4wbKPwC$<X>$?S>CLf3qjQsev08sD+_<Yk?69fAb$j<"
+    "6M!VbNrM#1Pm=tLs~QBg$Lo+Ks}#bc5QK9q~QouyofZa0W}%qtPeJy?z)GU{jz&rE5j?E|zqzE#N5l-YUBa&z35(>64dYWi_@EAp$#`gcumC"
+    "exMWgX9LArgW-Lex}74^8yq}MD<CxE?-S*78~ptvU-0YcORgtr2YiQK8vSo1kL=A<a|!~O)tq;`Z*=@^F#kant}3Q;0IYiSShIc#`9_Lp4ui"
+    "kfkEHXkv=Z_znG~mmzm5(^#&PZvCFyGv#iy+c7dR{wy*}N>5J4b(AUQEV;1MfKt@g*gu-zR%6l(fkyVbx+uqB9??lp`(9y8rA<lbi`^Pq^f0"
+    "&=3jir=@8_KRayyo!VScmh}-k+ki66?{n*l@k;p-uLFXu8O!T8Rt<<Va0hjwY1zd1Oh~v-xdbCq}EFqqZrB70G6WgcEOTz1j`<D}~;^JPCO-"
+    "cG=lUIKSJjhb=kXKiBD4Ix5$$Qa-Q*g)r0GyhAV`4k=~%{rP`bZ;PaF>|QwpfTALJ`dEpQqa*F>YprYVDPV8p#2b*8bRj%vt>i=B6_$X~Xdi"
+    ">y(1G*(f^N!#-s?958FV_hu&AVm4}P{aD{*&<J-Esz3Z2$R!#5A$5wj$0s8wV-aTE>4Zu@$oB{GxV?^gbg1mT4R0{L*cDd~p>oVWs)r$Jsd{"
+    "m{jom;ldSo6&AmkVxG@8jv{xWso4X0BzZ)={+j*dWgl$OGGTAEjR4hsz5X=+pH-_btqBgR6Pm#rRVA<Xp%@KB(xHEr82MUT2TPPgQD8vRCTH"
+    "KEi-^M6N=%aK7g1ev;6{f>(c!k_3}fd4K=r7b7Jk=vRj`Us~Za+bIbGbjz;q8R8&NQM?oIkR$VCoT8gL*;!D-5co*V5M8Bw-@)7Pji3Hb4gT"
+    "tdMGVQ=0mI+}%MPGqRTLa-!9_qdyi$8S7s-G4(X7BlZsUP&dr<GQP>6-2GzRWYMs!1YI4j8K(ql<^4m2=-m>%e$=!&-JpPy>cOO9=uYm}P^0"
+    "y+{2LkUYKF>1e)#E0v^59-D$VZ5LluER~z@l?(Jr`leThNv`r|oeh0ILbtteu10(Y1Hw~$bLu;D*;a+uO*%K$95TW#kT&I9`y;htmiVZWY6I"
+    "PQm*>_KlYbs@l@vshg_!5$|CG|dfD~>=lhOvYFsY8%wbGKQvEV1?YUjO5*!&Uy0z`fTdzlUGG>;{<?F@D~*8c#TLPE1Z-6prp{I2+{)hUUE>"
+    "s|AC{)Bk0)6Ec-DiBa9Q+ahNKKlaDFlcR|m&y!rII34F=l=J;dpv*Aa&UD;e`3xb^}5<+Ve5(OC%AC=LY;=ktudJ^mi2GD6yR%TYmiI|VBFm"
+    ">()n&soMToY8G2KjIkf9@%to2obn+Ygd4zL8(V(<GF*+{yd$!k){JZ?;TqF&7<}XGJl1qD}-xRv5%5MsoT0852S8+AFy-QkaT~OHPd^hgU%D"
+    "i|)p%($bsU%xd$RH{_SI};{l=I2Nx8&!Yw9KjK^ep$Eo{?nas7FyM03j?ZI@Mjsy{4(J-Tjgho_j|nf~JpFAx*4dCrNB*T#6f-u6QXpKi?wN"
+    ";AM~nWz;Ykf+<81F_!Fggf9R3Y-r)KJodc6@^}MxOZeO`a}UC_GZH2*E~-izF_(97CHq#ldYB@m*4`UtG(jMOB^yjd{-*qmiba3Nv^$0L+HL"
+    "w^l(zK4vh*ZbqG7(|4eXTrS`za*OmHm2d6v;6E$}PE9*vQUIIVIqoW_Su%;4`I>dX8wK6^y!j4x7uo^)}QQ&;ygB(;sd-C>%go4I_S4K%uJ#"
+    "AbR#d?=dx?%Uf0@atmaEKb}!e4%Z#R_^|+veYZ07wwRODMtyVn{91f71<$g>Y7gDyQGn1lpoceE!T&YPZO3#1Eh~q6_=wrpLcU$zO%XPZoE{"
+    "xX9i&OYGw1{x`Jy{MZKwX0++iIua)@?I?}WFMmdF93s{xJ<mkl3<|WwaduD89JHo*0sop(H@p7;w_N)zlEh%L4T2}uok{?Kd`Yz7uGDgafSh"
+    "mR`2_QxPQ$^=JBLK)Q<);wq0tO8Cr(ElQOscUtpGL|@I)&mRnd!@``CK7SB0PUOMnWoDAg?e!i^PQK9g4_gp|$`z$u!SiiaM8a<UQiJZJ#gI"
+    "tK$g8frizt-5DbgA-C}lJ`2<Ik|l+%ErH$ro0ZSefSs4-$*`s^ivRr#75<<qDU<kg5I=xgHl6lMmGTwd5JZ+t@>|M~MraSq=yeqTAdx1)KWb"
+    "E*(Lubh+DV+ET*mXk7Rf3P0<wao#HAO(eep`04LaK(r1m*%{fsB^&YX9HPkhCrJ>{?aofzSsAp4~t)Mc528RXGahN`FJ?kyk*SxQkV4Mpt$a"
+    ")IQZy%edm3^G_apDcGFcFY7YAtmD>5Ali)RyN&C;Rv>nZa2N>Fs;p&-A_yUe0$q}_M!cBs@D=PgA1z+&*k`j>dD|8(1kJai#^J6S;W1>i>VX"
+    "IgjahfnCD3$>whYU`Uv{bzg%E?B0;y)6GW5e3~lgq1h}DSCrG-jB{Y*iTE)FxD+l{LAWv+N0ZBCmm7$K!<{KH6JO3^$2oFOy0%BdcJ4ag==t"
+    "Y<7H<AW_OL+2r%kl7~_l;G{n*m;7xMJ@_+3yea5<G3Mx-!f~^5%{Xm;(}pL|N0kQD^tB<&1mkCMBF}bj2k%Myi%%$!ZLVkLBl2&4sQuua|tn"
+    "2i<#`bbY4QVrtP`C%hPkI1=XBO}A&75>KE&+d}?+%A1<kvlV8!0VHgd>P5!{f4k&e)4uefO$blYh0&dEB5?RO#GZ7Mwe0;fFY~6Ya(^ny+qm"
+    "KwP|uJH8L8gTq6?Dn)=6g+o(_a&TXSaSD#_@Z7e^Z0S`XDnr;n3n6gT$Q7Anf1;sN=qSu7S;54k;$L^+{qEqz6^XJ6#~+yHJFxYDi1YTf+ib"
+    "^GZny6XUEZL>evT%v8J(<As_j%8I2uvtrCNt5)>?osLt=xQ157R@2qaK`O17mn$3MyCqZOt$p4fVegdqqTP~B-2>uAM$ld>Fxi1pqgO;B|t("
+    "Vxt=jfKx1J0lrmv|5%EZV`+_t}RD!d%X0C9su9u&6^LLwH3H_EJ;n+nqWK$nK#k#qE(8NQ|mJzvRn<@#do3Yk89~}}60Su`w;!&PAq&%or<G"
+    "~+c0v<Khi}4n#T+VCxBzOh=^*FU-{$7&;$!F^xs;(fVp34q#S9m^(97lOSCp_^Tqt$pwkNqpG6|O2>+gawnV3(7Z+<d*gA&8Ig*7uL&y=x)C"
+    "4<LVlqwRG!J2s_FU(-VObJAX-T+Ao%jzI5sPgFeh^W8tAt`lqjY^qH=bX6D9rtp5{$V5awpi`3Q=Um?sExfl`k^+S#yg-7laBOev%k=7#u#r"
+    "y{YPG8~1HjiGbDf?J;Hmt*6<TP88*4hk`;>Q8ln%dhkgYJwB@RDZC`zhiC9uNDXQ|yl0eYm$_0v@4Vb@T@Fpw#*0+=C>cd2hsp()CGhSIz2`"
+    "-gm0Rs3F6AcocKb$Uv&sX*kE0FbL-XAfTuf-#77B>iNB-h<nXxW;iM@&DQqNm4J`KHRu>0y=SyatCM{s<>}mN(H^)-m}s}>{ESmO>{9wa)IK"
+    "sGSMdA3iBPD@#;3g1x)ka1v!Fbr{EQRhwD+cc;v9(jU+ysN^?naA)oV0u@O|oj==yPV^V2JKJ=uo5XkZbpaGTppj>?HY3pJjIA>g%B+AO5lX"
+    "8->r!bbCze_T9$YWo+gZGQ-@WGLQMwHiI$8czW2UEbKSx%**ke@3$qlw_lz%b8D?BzFE5SEAal`Xm$m}yD&R{dL+%u^Zes&7iXO}7^5U9cx|"
+    "l(!hRa6<o8#ZQ!pHG;>^G*diP+$1e35{snN%(Rto@0ugd&nsk;;E(kTz-P@@j1?D{iPZDINDSKKXS07_zmWNn^dLFbk&zn_KVX^0Xr9ik0!d"
+    "-~zI5CGJ^Wc0M<i>!x*)GcahUTJa!Ky0Ls2<f^tWl8&K-VM47%NcRth)lJhud6`@Fcgl?~kKa)b6!isN%wRvE0qz%Rr)yv~Mht~naTD+>xF+"
+    "U@##Hl>zM^aM#@jc$eE%`EcqBo<k1Ou(Hro6A-BZA@pCde7W(8Zmk#Awh<DQ^`p{<IsDVVwV5eSlDT$yqIp}8tr^OCrjLt{hb{K80+*}3(!P"
+    "K$0cBVPY68Z^FKLDI1;G_`Ga4Q%riPT0A?pCm3nAYY$f6|FJc?mkR+~NGl&~Gc105Ov@`6|<vyplG>J%hUA<zV6GU-Ee2j$RZGPXoyi8!*ne"
+    "QdhYYE=yFOK~Hp)kFz@&u|aJpX(1Tf2uoK|W~S7hMFSCrSp)uvv8_G<}72BxF@Wz7g%6v5FZd2Ssa`T`3lF-K%!R`Q5N8EH~1zw_cgdX_0oa"
+    "Q^?OYWIw&LZS9Sv+If!GNag<9ias-qJ7e~@XOb}f2LG-V-+M*&=EM!1p1TCwxDuoBOJD7B`5MbMZI!gcBjBU`W&he>Vc%)GdAa4w0Zc>}W7+"
+    "~N(9YZ>2+qTaq*OkNER~RS!C%qScIK+ietVzf6hQ{q2bjR$B@K+bdgB`d4~tNc4=u&XvRj&alb$XcB>j@4aFbe()QaYb>f@A|xkpg;``L69k"
+    "Po`GPiK^hVw<EO%pf7Q6W6%!q0jUB=MY!A9LGlo%t}f^h(;`ua~x3VQ(C1NRwy`AG$rS|i&veX)g&nStZB7^yfvj)Dgs@5*98q4mx|@x5cN%"
+    "vdnR@<6%>y!c+a06i{jOKF9&BLe>}vc1*wbabkL^MElNlT$R5dSY4VjFg+lOP$I;ryM?N&H$*b7i&6TE4CZ})xIo}jip7clFE2l&f^s}A&-j"
+    "t^yR5X}7{ZlBCBtH)LCLCMiEud3c72^Yy^h{-2UMM+<1MnPoMD0zHt4PZt-h1C;r?rxFE!eP7gRQeiCz)1FS2d=t^zPPxzIP>O6xj9GYz$(I"
+    "d9M;9AL*e<R8_~Y>;`qm8XxwQbIv-*(h**sR+Ijw5+sV+hAL2B_6R7olZrrXaze`%-?xtivSiw;L?{NVz<!q?x7i%W5-Ob5efnU`3lJwy)dj"
+    "Z%B=Y(MyhuP?(xSXD5>zt-TF&+YGEH*2x@fvJ)qdGv&l4AY0$}Q%R5z@Xl5-u#9Ey3B65NtbR?WKR>u5*{N}<c>m>=oeUtZb&BbY1vxoL7e("
+    "O7Db>UtYISvfR{x}*&8fsTFXblDObTM23FOE@t0oIavVmG7gfZz?`Nzg35{Q?wU4mJ%icYI7$PvK&Bq81mnX<s?xl)3Wc2zx|XepqGintM%R"
+    "COp<%)<mO3kX-Q!w^t{FCMCGtL8mqYw^Tx%#ZycI)mQq9tZNKWO^^KU7=XKCT&!OrrGnC(wHSFq(H2@H#{Vx_47N^A>>VG~}1Wc}^Epj2qh^"
+    "w8p<j`>s-CZj&TU#}YKK!dXj=Oxc67_3IKH%|Jx&opA6!~Kt+dJ~?kvFxQ<VuY$Qk~y4*`(fj<?8DHo4g1ZIVA3x{Sa>?MSPZzdR-b*dV;J4"
+    "HY2Tt4PZ()v!=9|PMM}_+)BlmrFgZg#4)<{Qm(w|)JswV6_gKq&_TCJYzzlQWXe5v54ns+#|`&7gVI+ubF<}ZpHI*6m5Th-eyoc-*egM@rS)"
+    "Nu99OyhyF5+__yJUxTmc1iEXTQgO*gJvVdG9J1@Sd8zg6X*!Wo05rn^kVj<jIa{m5FkB2PGTjOi|i&Z{4LHy`{CzfE~~6>($b>9;SbUbCko^"
+    "!aoD%rH95?@<W`O#hmXyuC-0>I1>XStSr8OIqo$!j;A|5f8kj_~Q418^8t0OO+!xL2D_QgCf4YaxW;umo`&?sM1F6{6BJ*cK8G&vz`58ew$M"
+    "tD_h-pLTWW<<&ExlQKC@_dK2Z-N6<rt1<0vqVI0h@E7BImTJc7>uJZv2wMu4&bNz*(hYuqfIYj>ZDo#Ky*SRflgP~6Y2>)25_(@^UPQ6M<Dh"
+    "DKKW{{L)@hC}2daO&$^RdS1l*?9?qf3W?R1Y;na~16}zu-&q_!7DXiQ&ehz*Brap+!jMo9ce?s}eZ0X!oWkRqv<m>E$Bz7K~zjCNbZ_rDzu$"
+    "_K#rJQc|Xg$+JSA*k%MuJ|#31kr-RhOSqSGT{gsLBVm6&mA2DLVoPTmre!J~yZo6m5?<wL^Om3c`dpG!aS-Ilga5W!c#jSV21{&*j_T%JlgB"
+    "#M4wbyXvY@Jc082?Iiz~DjqF^V<qc&^13zuX?0*pP&`?++a$=h@&d%66E#>#hzNfJDCUl6Ef&`-^5JTnM!a!>Ila`06`L@Qm%qrQI5J|HdcS"
+    "j!dH#^w{7W;La&#lE$x2{np-cVY~QUMI~oy5`fhwWUa&RY1)kS&B{;-gx)d9kg`q*i3!5ySF(hq2(u@wDBWg2768Jz0ygRLqy;7()F(shP+P"
+    "UR=iDb^QI4Ale#t?eMgSuB=kL1eS6k+x646PVtuCDn!<)jrKpwp()(?C>-*UOuEy;99?uaaomO-olo9!TYCIKYG)`rFR^+Uf2M7qu+TRR`Vt"
+    "{8Z-n>{0yerr!9Y7lefTXnbT_n0srQf!;<AQsV@0C;os?JAzkc+SuV^@NolgHpLDUN%91cb&2hZ3$T_+AHED7V#_?%5tTu+N(=wSXhBFuf{j"
+    "ndbjP>a07L*LyOby2U4DzT~e`5%S@TmT$C84gc0orM6@s7^+PB<@@y<OKV)m3cXui)t(}@<>HyJf0nn0|LfzOzNQPUYH@G<wV<Ig`%9By@~z"
+    "tIJ4=mf_==f2N}SsURnl4;J@y-cR*KODkWP}5+9TtF#QR8gC#NU0P5d`wbgR{?dFDzH4!X%m5XmYkI)}Ue1<|8QZqdj9ZtXQyxr<vB{O)mG9"
+    "`fnLS>Ax{zC5+|7;dfdILQUHx5m0WquAAy5kxOD)u>7Ou=sNURXQcwQEnO5O-Xs79HN(FRAfAug}KmiOvR(q7_@T+W2i2F_`7e~X<s=|Q@xC"
+    "nIEV15o-&fAt+{Zcm)T4FhAua6Uh4CdH8PlA6S-|#m^=J}N-1fA)739=Ma84#BS)d$3x&FsqYOEWPgJZzDUrO~3lHBj`^eEORpCB|WF)H&rz"
+    "ouCCpKTZQ_;>M2y{)-=D5X6Zsn6@Cu_E<?Z$<XMMqXg^~FtBuYq4X#bLLvBfNFuFzR)<B&OcBpoFF`=G|9kkwTzZ-^kR~^NT6NDZ%r#TQ1Q$"
+    "0pFUdQ5I+SX&+hv$rbY-Ot4BuzNspMO~C!sPSw#<bQ(f@q+5P+#y{-#H#8=hr{`(&Q5T{iT*SY@kkk3Jc!aYY4H~EDG|R`A>hmZ?Rm0i*WpG"
+    "fMK`MpnPl{z_u9-job9)7@9>xH5(^T-jH*!P8#WOo_Dr+`P4<x<<`2x})0fs0EYToyt^I^_D4!(O$9l`=t2NRSQ_0Z50Rgx6(asRSLy~t<)-"
+    "Xui;iFhuoNZb`CT}q^Z=$%aZOn!rvRf&D!x=A%W%X@AAwfRN!XyTkpIxo6cjWi#V)W38J2Uw)U8NO+f4tUGo?q4qP56~9n(kY|3c$R@8RU?t"
+    "s*Zqb_I7J;H!qx6x1Wb9^q8gng^AmsMmbw=6(l!Ew&f2h@DB<L)wW6#aH+WxaoWgatU3=hOT9!X9`Bgb!BGS%aSB>mjINkl<Ykm?kXq~{S;1"
+    "Om&=H5N%cb=bCMwAxo%9bG{K&O*0m#t(Zx@1z)d=om!nVq7`L@Ifd+d@MbXvr>_k7O<%^83<<o&Nv<3@A`LB${o4-0xMG`gP9wr+;7e980zF"
+    "og6ZAHnzpHL`@5@pKyhMcN!5r2EgY(Hlqx2yqNDjPFQ7aQgXdsYBE-2@e#^@nvEcUHm&7eOdyaHHb!E7tO%-cy3!#oj+G+6UGjSEFD{wBy>&"
+    "v?Hc9yC%Npe4?g3CE=pr0D-YkZ|t5|uaNgrE}%rS3r`{?PCuo5U1b`K96D?KzxO`gRkO{;M*FyPeJQZ|q|81Zkuhe?@X`uyO<tnO!%6|hn@U"
+    ")8-UJvcr=x7&MitPYe}4jIcwl2ffgz6?Lr)BCh-|K$f0@KS!5Z^!vp_^k^-NP&BWQ__>g|0Z8f1+K0Q_GP)~E|xdMNgt?K=OzKw;em~9IsBB"
+    "Ta1|>_&Eo&Vq{H}!0S8WqT=H8;o1`%Ndj4F}rzxzN6{%8rORL#|ASes(Lvqp_4Pq?scDWWtaz+cqPRS32rUY<FoaYsCL8Bgn4x2<U^I<#xqw"
+    "`hDMM)*vmGXQ2X=;{qM^d!(^?l{MO0L+HgUKn>nLr<O6|#JjFl!%=x4sTA@5M~+f}D&^iPNxk_ZCk1)88QE&ITzLtGxmxXJH}RgUbcBe6o)3"
+    "LBC%6(ss!Z{KVebR;HQx<d=g%|Kr%Ea1-C~>FaSxzU&W4$_!0;ZA?-iO>3F{c$c$1Pha2GCJ*}YRp`BI^9V75{_1TzQM~U^qg9U%iiFfHH|6"
+    "0RUmGA&pqu!k1UZ!Qrrr9ZZgRU8`kCT|pCz1AvCrBEax=x`-SdsQjN7Z+3hKX=ze$blsQ6BIye<28DUIa6m*4biG22FAVV~J%sfXsXO2$JYM"
+    "gGKc1n7kb3Qq{ZCS8nX%@dGhuzu|=NC+o3-RQM+4NrFZr^BABl<j+owr=ap9Zj}C_3!g3>F9|QkYXroxlAwN9AKI97wc#o5A=qRnmjk0p585"
+    "2m4|`i;Dzm^GeFH)bSWXz{t9si6R}QhzxL}mI`X&kKC<K2w~UqA#HGW@H?mK7U%e75LFNZ?UaAKCwY-}TRFdrc2no2Dog~Q!sVI>s(J)I8P?"
+    "8Ccm~0EZ^@MnWgB)=Nvj(6|(^cJpxq${#Cq}LHBkW)kB(6(JB{|MRJ(uLq2l|T#N<S5cgio_&<G}_(3d>X!!b%><wi}ITG%e>BeWFreDuoX0"
+    "8mdjJxzMt(J8}m?LvywE%Az}?c7xTJQ0&i#6um23K7YS{ihsr}<cB0qOW_n$V0yd_D=*cGqdtQ2v)|Q8(~@nvx8E;ueQ4$(o7*9l$osV2N}{"
+    "6;BJFU-4(U=N^{%Y-d5PclPTa=BC=WI-oAr1~Onr#!DtQ&@8pxTqPBu6d(|7VC6FTuMVJ>j9>Mxe>7E(+*J4&lK#Map<@oSyfi%JaWF60r9L"
+    "Rzs}bEXb-NNAi9VQJ)m#EbjoG&8@X45iJ|dORcvS+ozRDsAXEIJfsU>Pv7zF;D&oyT7qn=0m<h(G9=L_b)5%g_t<^PYEJrL3$+=#H>1xj?s6"
+    "?bOAsJaPpk{Uy&v$aVpbAZ-C2Z)-5@cYq=>hXPsef|F-`8e*9tPU1~hL+DG5Cp2cUbl%=<f{Ntg_W`y>mJ)%=`G<nWV{2`m{z@xxG>rw}Vv("
+    "rgCqMec`e@N_qvvzf$b?lp0W(+wWE6|z=#UOfF*Xlm*F-ylZtO>3o)*pK!w!qAwyPk3C*&f^F>@vw!UgegD2+{xiT1L_xUFcP5iqqss@`Bn6"
+    "WJ8$&f3Y(J1kn2+T)X@wi5K1KU@8mv8ICBY&$NFwIl_{!8Kw`L)M3YqC5?heGH3q*hE#z>$}kvF-d4gud04i+%NN%x*)|DDKDfFr4`rF={p@"
+    "@HZZt<@(*9HA>jm4o#>%>Ck;XQosedRKSzL?ciGI3F{>4A9R2MIT`WZo&n~mts$5`iLT)IOv0@=l5QT=NzkX!2%!u6L1d6kfyvYRe(XLw@yn"
+    "J==yUSD)j_pVHRWM55F`84Zxq5}G6C>EJws~zqU0Y^+x)r^{B{djSYY9;2+Z?md{GlZF{dG0LA=CXN(o%02hKu2opD#2^f>Z$}qLV|Aw_JJo"
+    "|^4b=0ou~$hdoxF|)59P3<1al$nXM*Piy(HY$|PIL@>m0U6~AxOy{Ks61lJL{qO^HOZ2cEKFMUfCFMJsLkm4yyO7#g((^QlF#aSbM97=1TWK"
+    "2t%>7I(-sKlWbQA7D$>XF_1n|PT##fOwG++1xI$Oo0@_BQ=)Zw!nA#}9hx4ZWIj!kqV(s6JHPUb)lECKXCnaUH6&DSW*@VwJx&huuCh%Y+i&"
+    "S2{T21SU-lt=*=lypF3TB|r{R5}tC*<Km(+Y;zn<hkn0J$Iio@K3z3Gn2ktunD%c{d7Nk}+n6f&Nr}!<DVSYe(7*fm{Qc+g(<5mKPhJf2_g@"
+    "ZJLf)<GCljtq<@KdI@s9Gh_dnOe&d;|aN;SVqwYV$M2*bOtOXp)w*O-Yr$D;5i`6y{$&CU8c{bH@teIbVb2~FHTDZls49*BjkhhKk`{3pa~Q"
+    "dc(Bfe7h>J5{cus`oh1JgT!b74_UJn|N{2l3GP_DN1&rTxm+xcQUfu<*)LobSi4;-=eHtq-bBI4#D&KDCbpg$`<`vR!IH82Rg;A^uJBMaMpF"
+    "0X*sR<mDzriaCq#d>k`U2RlW)^3yTUN0X5RaT}e?uY~IKZ-5DU8g*K3lpNv`!x&UZh795N*!R>3B+7Vt+J3~d=9Bj9fv*{!uaH-1IJZGu-Qx"
+    "mVWp^J@%pD~uDYZd_I&)VY=FDWLH`Ka-+T*p(A)Eg)udFY|t0%}%YRDx>jJ0>g^CXl_$(*HDtBgmWuKELlF{`<UM>HN%pt#9R6>?&Ewhvc8~"
+    "DRg3&9_{?QiJku#?1v<pk|&AR*q?z;<|1)%k#cL<7f|p)oD4wA6wHrRl0PGt3i{}ney7~y9nLLmuq^c6iX71^ExXqvVn_kd;Dgd#RnQig)bZ"
+    "!66Bea8E9@m%ZRqmBdS8U4<1qi_Op`0|<+gILX<{NvM`qZtVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l~>$Lx3n!-fqTHf-3iVZ(+E8#Zj%u"
+    "wlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7"
+    "wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ"
+    "(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW"
+    "*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-f"
+    "qTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%u"
+    "wlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*sx*4h7B7wY}l}2!-fqTHf-3iVZ(+E8#Zj%uwlc74I4IW*#DRIe*xG"
+    "fPh$"
+)
+# syllapy 0.7.2 data.csv entries that its rules do not reproduce ('|' separates 1, 2, 3... syllables)
+_IB_SYLLABLES = (
+    "c-mcATb86c4%`YGs52Xy9|KNsm$7L-pmI(xej-99`_6n65+oQ|mLkHGTUWnM?p4C#(w95DoXKsx8fx^DOY6V?mCNMH!E5y!$Jx!k;#ld2ZS%"
+    "!UZPT2OIizix-wn4cZrO3q;$oEPd}8sb75=!p#P`VZ88~HJC{Z`~g|Ay;u8)atvv?J3+j(1Fbv$rfU0OKQ>iGIKB%PFS@vP+Y#5mrS1oLts%"
+    "G8GVUv?7sUL5VD9C+O;{O}}~#SGK%D(+)&e^;2V9^+RFhliI|zIfBmn@>8nrfZ4?N1ep1v*P9%BfzdY^$fpFTMs-(I#z_ZJ3X`e$XV=R+rOG"
+    "$c6t1n1`q9-bJ&%RUkcz?4xI3>{H+s4^KDa%j+Y|SUd&*C=z7w!#gQpkMi~QV8AFnv?Bp6pT*@04FXpr%u5!rZusQ42e2rtB4!!npg+ClVHX"
+    "5b=2({{jIX|?phaNoiU{czXW|a^fhL=IqDXWx|o=KU@ubJkXQ#hT*J$GF@gBI+JZZVURSw3}Qy1EywU?wrXv)lUp?i#zGJ8-q=5v-RIR+RdZ"
+    "`?jNSO4p*6&WqK(Si9BP38z#SL{6jns7o#~#d{4_y^AvbkSW(=aMx~+(%9L_!FL;X4@q?oM+IN^oSR+9rP<=Zz4?<0tcES=r0L{8^hbr%h_Y"
+    "%NJdVK*Hgg#kiLd!<^molK-Ff;YxLD~}AJk^y!nAR&H#KiVHmwTGb6Ot5tHtW5wzqQE6=nOv>`I%ON~tNW>=_OZRA7O$5jk6uXB^bt)QVF9z"
+    "$!jibx2d=!FJVsd!M*jnAI!qyMkxZE>*x~IlcAjTOD$HAi#G*$xU}wao@#hPIqC{e^4gDbB)~cyDK2KG;|N5bnA-g@?CDdfMRq21OQ;<R&X4"
+    "nmJG$3yZwHiMa_Z6?YOZNwIfQs3#(hRvUInvfCB(_w1H<V2VO}4$F(Tu04h(j7k2w-Q4R-C@2yZ~|IUe+@8FjJrkI%-#0}?78t88!IjS9p6N"
+    "wb=7Y}fJEFoMJK%mdn;6CsS5CBxi8xbe*J}{;wzg|egB4Xia`8ZWhbcEV;qHp2`xJDKkGc9(1B9fbj%1cf6rRK(P2qhao<#hRR4N$wt%ijzw"
+    "m*N+D@bY@ON(H9-IIVt(3TgE(lsxhPN29M^Yq<KS72u6!#%)?I<aH@wHqRQ7jt$q0q*nA34!+?~mu}DJ54YX!J*}O$DEmHEe}fYI<kKc9_i4"
+    "A4_b59fLCjS5Vmj~1|6l@vIr2Zjn#lj4jhn7mMqg-Y4<z}ASB*Wzrbvet8}klzH~RFi{39!*m3On=UJ=BGqoRG~MJ)zu^$UiRvwJt_m5l^KM"
+    "V2=toHGTVVrm<z4-Ba!Y=mJ}m<W>$1+v6685oIB<s^rdN=KvaxpN+IHSZRfhGR4p3Lti^8N6bg5YpNg*&zf%s;8DJu(VV~fko7YLlC2rqYWu"
+    "Xt%j!*7DSdi!U9{-!@rPfBVyDV`AFt1cE*uh{mva6?Kj6pir}bJ#lbHxgp?;0LcZ25-~J99HspkZ7L2r<^lR>+ik5ZqMiJSv9K@<5nog=AS^"
+    "K4+B@XwVb;JY@WJik+{m5}JAE*?>a)fn_{tLxbjmR~1I2_>g8>qbQ7nx>C2vfX0qvhy`ee*nsFE2|kd<D@!ErxabLiz2O6))Rr(;xs4iE1`e"
+    "IMMb3=}06yNkK~8=`_z1+^yO<Jrtfg5}uZ~P$*bcpTXnpFsGH53R;snZFy)kT=s_!l}G#x%+>%X?jZRJ@8!$5W=IB&fh^*9*@~kA7gVaoE7?"
+    "j84$Ax>mB}>_fqR7EAZ&Zq=6?19WE~!B3$2fUKuBSwIx!BQbZI<B9LD_V2qh7lsSh{`;uAW7T>8fkwN(7!Ol`x<Hp<XfaI*1!@q_gc{ep;Kp"
+    "xzd$SGvU>6Xx+s8~0u&wL)&xRv1Zvt5!=7X)13J5d~JGz|t~Q5?_}nS->IypXwK_B=nSSz{FrFS1<(u9h}z}nh3wZzpRucv4{+kN<gn~N+XS"
+    "s7b~O+)hB~YIkON~vTe6J59`Rssq*gKwc!w}>q&ina4M8XDz1-L<sxMW51NIq>(IMN&M5ZB(KQRc7ZjEKR*<?xg-mrcnxXN<^V=+87b;0GL}"
+    "BEq&*`N)7QGeH5RUygcUWZ_Wx(#aT*PxgJ|2U^UtzcxR%w&*y-dubpcYDL1-39<(oCj1?ma*<@=dokF;G_1O+bIkRP+m2;RambZi$YYC`#vN"
+    "&OcCBSYqp-A+(f46gaujt$CK33Zz2FD6YsOrtHR)bYp_Z!A~dE6GaxHRy)8oY{UgexyAjfJqe;vmC?yKR^|$}L2*k@J4=mY3QR9iu2C_0?(1"
+    "^FiytjTp*38V!!quq9qOtwPINZ}5HKC0=LoHtNIJ*-D0YIOpIpNJqkIBGS%%n^)v$6no}6pk0%Ss31C|XIe0FF)s6A;C&lR(rL#<$EF=P+;B"
+    "%h{SwnS2+1N@Sd$&{;bpgfSbE#nAOA6bUNG2u(8Gt}0KClS)3ep@dH51<Zn;_=+0pg+Fy>knqwwtXI1K?VAcQy;H<99&8Zcw*=!b0vh5_WoL"
+    "D(^JDGJn^-7MH-v}^l)=D{lm@3p$to7vDW1nCdeHk?Pm$2->Ji}@;03xNaTaw%l(GZijZb=hyfsnfLc$Mb*Q0EM&h@FPD#3Thr(nv&|4|eca"
+    "&WSP&wz&-zW^HL)1~K2V<Hx9ty}*ib)?sN~j+cwT_7r2p!K#1MH9KQv{X1u!uM^h4s)&`No5_ILNqP*n3q9Y_k4$W-I9kZQ|?9p;5te9Qq|l"
+    "aguXgp}|fN+Cf4Ei7;(qqQa?pDNfuYNbCo{>WZSK=?8QPG#5WP+^&BkQwKKz%*Fw5;_qFMkuuAfvLpe@4QWze_+11REza@te5pAgOu}G<3{f"
+    "&+*D7(E%Lc4r&#;)mJJc5;^J7Hdo;uhU377K3ZuS%tP!8ygGgICX0)Tu6<334-e3>Yn0+>74Y%I>!<s|SfSrPaG#X^%ei-E+wd0yHG2}ZD6k"
+    "L+{aAFSF*+JXlS@>lH)2LFG*4z?cG4ePMwWfH49sNO5fHQE;jqvYX$a@t?7^1DZCk%TR}q2Y|H|Iui>I3!X55&?>X!9uzs3fAh9Q|G+${G#M"
+    "RQ`&XTH^T^|&G3W5tX<(C^S)4eS)0_36<z(qqt*q@{hX3~092v1Cx1GAM3gN$XEs~@erK^J9>mp~Q$!*0!@|I_9t|YurXkq7(EV~tN6eSA>0"
+    "g3Rm=!bNtP-#kwZJ`stXk2WX6(yBg2uYZAi#0ZDsgAJ-z@CykDH-g`XEd`pzjd411m9z4MmN1#5?f%upr!CM3F5g5?%TUR9$37(N5Jz34Z@+"
+    "-o8&DaUcKZnJZv9k9#htJvVR-L}&~&BOEUOGzY5QbAQtVZ@~7rsmB-ezIqzG80Oi_<8(35Lyi0b2F62A7_ni9W9GAP#9wgwxFT8<%jImGMh^"
+    "g*Y@;76BJJ$MAiRiu`-lBRdCZ#j>TdS-30nLY<Q-(l$@A?S3jpMk4J?WGsqMgiR}Z*Yz?{ZdP)-O4)AJNr3`XRk3g<4pnDlu0xpY$M<}GK~R"
+    "6g$ep$BFGDhtgnUNFx}ac@V&p`BCksOfMBGMgWOFW@&_6Cdzz=7X)*U~EAq&?8KiZGFjun`8v%G+y?LXk7&0{l(fVwzF*3^pAs0BT{6Spa!P"
+    "nU4KU&+dzf1I5#Co2zxKT>fi?=Y-L&nd4$nNJCNmGIM24{!gcMZ<h})_?k|oa@Ws3~pfni1@#7M|Rl$2S6L<4Nhrl%gD-=hMI>AN_G~o2PS1"
+    "}IA18F=MN5l!h=@<V8qc5pMPz}#^(e~yH53CBz_=%Fj-?B~IQIqJy=BKh+Z<a%D0E$W2p8hE!dU`+y1;)?`JAWO8K#w6@*b{TOfj;`l;06O-"
+    "Ih=n!5WwG_R##iI7A&1}fKK|~-d0B}dtu&@Dz@?HMC;w*U;pS!YEu)dx}7q$(nCFtDUY7v2&APE=HIrd6hK@CWrgUf1hVFVwO#f7xb-P;#=s"
+    "Jf+&S7kl)j^1xcY`?`naOr0o+2tuoCq@js=gp<XORoC_ozJsbdB^RD&B@DobnFPba@P1FYD=)DYOJMOcS=+wIMxX2h6`W7LHbEN=4Z2djriI"
+    "Q~I8-iuUwa8D+5n|e?qyHD|d`s6d){{mod<hB"
+)
+# emoji 2.15.0 single-code-point EMOJI_DATA keys, as hex ranges
+_IB_EMOJI = (
+    "A9 AE 203C 2049 2122 2139 2194-2199 21A9-21AA 231A-231B 2328 23CF 23E9-23F3 23F8-23FA 24C2 25AA-25AB 25B6 "
+    "25C0 25FB-25FE 2600-2604 260E 2611 2614-2615 2618 261D 2620 2622-2623 2626 262A 262E-262F 2638-263A 2640 "
+    "2642 2648-2653 265F-2660 2663 2665-2666 2668 267B 267E-267F 2692-2697 2699 269B-269C 26A0-26A1 26A7 "
+    "26AA-26AB 26B0-26B1 26BD-26BE 26C4-26C5 26C8 26CE-26CF 26D1 26D3-26D4 26E9-26EA 26F0-26F5 26F7-26FA 26FD "
+    "2702 2705 2708-270D 270F 2712 2714 2716 271D 2721 2728 2733-2734 2744 2747 274C 274E 2753-2755 2757 "
+    "2763-2764 2795-2797 27A1 27B0 27BF 2934-2935 2B05-2B07 2B1B-2B1C 2B50 2B55 3030 303D 3297 3299 1F004 1F0CF "
+    "1F170-1F171 1F17E-1F17F 1F18E 1F191-1F19A 1F201-1F202 1F21A 1F22F 1F232-1F23A 1F250-1F251 1F300-1F321 "
+    "1F324-1F393 1F396-1F397 1F399-1F39B 1F39E-1F3F0 1F3F3-1F3F5 1F3F7-1F4FD 1F4FF-1F53D 1F549-1F54E 1F550-1F567 "
+    "1F56F-1F570 1F573-1F57A 1F587 1F58A-1F58D 1F590 1F595-1F596 1F5A4-1F5A5 1F5A8 1F5B1-1F5B2 1F5BC 1F5C2-1F5C4 "
+    "1F5D1-1F5D3 1F5DC-1F5DE 1F5E1 1F5E3 1F5E8 1F5EF 1F5F3 1F5FA-1F64F 1F680-1F6C5 1F6CB-1F6D2 1F6D5-1F6D8 "
+    "1F6DC-1F6E5 1F6E9 1F6EB-1F6EC 1F6F0 1F6F3-1F6FC 1F7E0-1F7EB 1F7F0 1F90C-1F93A 1F93C-1F945 1F947-1F9FF "
+    "1FA70-1FA7C 1FA80-1FA8A 1FA8E-1FAC6 1FAC8 1FACD-1FADC 1FADF-1FAEA 1FAEF-1FAF8 "
+)
+# nltk stopwords('english') without the entries holding an apostrophe
+_IB_STOPWORDS: Tuple[str, ...] = (
+    "i", "me", "my", "myself", "we", "our", "ours", "ourselves", "you", "your", "yours", "yourself", "yourselves",
+    "he", "him", "his", "himself", "she", "her", "hers", "herself", "it", "its", "itself", "they", "them", "their",
+    "theirs", "themselves", "what", "which", "who", "whom", "this", "that", "these", "those", "am", "is", "are",
+    "was", "were", "be", "been", "being", "have", "has", "had", "having", "do", "does", "did", "doing", "a", "an",
+    "the", "and", "but", "if", "or", "because", "as", "until", "while", "of", "at", "by", "for", "with", "about",
+    "against", "between", "into", "through", "during", "before", "after", "above", "below", "to", "from", "up",
+    "down", "in", "out", "on", "off", "over", "under", "again", "further", "then", "once", "here", "there", "when",
+    "where", "why", "how", "all", "any", "both", "each", "few", "more", "most", "other", "some", "such", "no",
+    "nor", "not", "only", "own", "same", "so", "than", "too", "very", "s", "t", "can", "will", "just", "don",
+    "should", "now", "d", "ll", "m", "o", "re", "ve", "y", "ain", "aren", "couldn", "didn", "doesn", "hadn", "hasn",
+    "haven", "isn", "ma", "mightn", "mustn", "needn", "shan", "shouldn", "wasn", "weren", "won", "wouldn",
+)
+
+
+# langdetect 1.0.9's profiles (55 languages) pruned to the n-grams that decide most, quantized: zlib, then base85.
+# Made by bench/ifeval_blobs.py from the installed package.
+_LD_BLOB = (
+    "c-ri}4R}=7btt;e&uGLT!Hk4#jecN^usk3etT;`GjN?R6rOezWl(ec!NCc5XOgtka$0LK0tny=nFgCWq*w_XGMo2;!AtYf23ER&Rw7G36MB*"
+    "4Q_cnWq<TPpf@|?cc*LVB#-L=-<XP<LML!9(}?|t9<z6j6E`PqBzwb%bzd!OT$c<8~_(57{FB{qb<^WD(5z7u+QZRmUJL*M>ZXx;Zh-(DMP`"
+    "BrG{!=dkdEA+s(LXWNwJ@l<mY<+0$qoD^L4SlaQ^w@Vpt+7xOH27X9_HbxjYbdcc6n`xAXe{(-JhV0*`tG+w-%W&?9t<S_;M&lmkA&8JH<VZ"
+    "xN_;QW91k_eLM@3<0uH_xdi1f-+C=E#c<9j$p$8rhJ-j~D`n^y*5&G8m5WNQ;_T3Zuy|s7U{d=Lx&x9&NpYv5#e(KYqdp`5&&xSr*`PsWe_u"
+    "O-L=u=CVE)Cs-H+;Ua&10Qo&y4LEdnGkGICglfckIov!Lf6x(V^5xcWQKVYIIL(q$f4HB{jM?H8PMIIh`6kkQzOh8tqGso*3IQwsY*+vAtuj"
+    "jvX93GIo6I<k-;I$k^Mdk*?IpJE_s<QzOSxBk!h0Ur3Ggr$$btMqf>hzLpy8O^qHO+m;$Rf1!75-$gh}jvY;nynW&L*qMvRQ={inBLMx$)aX"
+    "m8krS!Wr&6OYr$&ZTBWF^hhf||RQltH;(Nn3BH&P=bsnO2V=<d`g;QCf-1b~dDMt7!0pG%Db(q~g60DEg{^u^Q&fZdiF-Ip2}OpOesMqf{j9"
+    "!ibAnHoKr8abRANv1}hPK`d38tqDr!azq-BS3;(snKUsqsLOCXHp~3a(ilYe`@4pYIH|x^p(^I40kp)`bKK>XlisIHF}!;1B)}pF8?3@*xby"
+    "TSFoS_E4%P7`<mJR`5!fZSrZ-YX3zWutEo8=Wvu3TXvaQc9qhltZ_EG1ns-EM@KP&6_?sH`Z;}7~|LLe<^;aY8XE}fS_i!iv%Z-r;Hi34pF#"
+    "3yJVhN`HV(dxw0{phK_zDIHr0Q5loV7y>@A;a?P1d!S#S2*b|NVH)J5iQskF_F%!*+jG^LT>!gOU0UfDva+H90KGq8+E&uOw)c13~y|jyKcD"
+    "fQ1Po#^73e4Gr4F8fo_U=Z^<j$Fs2*_6xC^NaG5|a_VS?5r&h9Vyk!)d?nb!@M&Z5&r{F!jBPv`U^G&ExQ(p{#F?KZ3jTXD3&Ierfm*>qK8)"
+    "f=dR5Ssk}c2!e*52J3s^nCW-aU>E5lpmOb~^!<vFa5{dqJ(qqF}Jqo2e`NMa2wDiV)NS~6DFQ12HlIH17V^UKQHnU}77A3oLbH8A5Gyt0_(G"
+    "Q=oIHvwEPtMDU;1xSEC){s~ufHtyZ4ooqa|5}*cYmpuLJ{^TA5mtVhT^J^WbHl$<B^Kh(!ExX$s|d#$=`hTqQ~0|^i345}w<@eDieKbF;xry"
+    "@SO9IXRfB5$wrrXMLsr6XRRKz<J!Fsxx*aMJq(zPdkZ%YfB%p+BnZ)CAi3VG1U9XV8mDC!V1mP3O?*MU4#NKUhXB+n<d>}FlSi`GG))is^_E"
+    "Y3?pm_m{H^=>~rWs@_zA+B8i6rXe)K`Gm`ok>J4#zLU_>CZ3E1(^bE}yNv7pazqm_?h|-_<-9X+w(Eu@{9@{t(F?Ws6&@fJ}92))#}&;X56u"
+    "eK|hHeAp)1REeV2!8+QSYXD$%tN{tt9A8S@DuMxtHSLia5dC&W;Nmd#>&@jgNVtszx;d8kE6}iN<bHI$AWke)+8iQ;8U*db?0#x&n#%#NMw)"
+    "5dL}93q)Gi}V^kDyM;Slmf5grF&bv1Fq5*0n(+Cf*BM<Y3c*YLNv2HM9+ty`>_e-q&cTPomAMF9F%lq6Wlw1Ac{vmD1LXTN{}TiU99K$rFgw"
+    "oXWLkkn@tn4*W_cPX^E*OJZ+jHJerlhzerAnIEdpqA#d)_4Ij?+1WwELKqyX+}}(fC(m=qCln%b;1aiER84F#^o)n39L{+2wQ}G9<59ri&R@"
+    "kLhE%%r+l;zK+rcLY&mN2BC-vpt@{Xb1(}}qj^_A^_8hv>!rI$wmNTSRL0#^B?d`E9wtDHt*4Fy^_U6T4Cxbs;(O!q<h@q@K-VP$s9Pc>U+`"
+    "O@+qupPJazdh4-`FN(IMEobXYuc>UWMi`5UCHbM2u}%$&N!$WZZhzY9czttQzsGCNyfre1!S4%n)csf~_R8^I#lEb_|h(3&_l7R$5n&?d#!F"
+    ">$DkcvZ18GzZN-EpGzpMLsqV5B^~W0fWsH_zqu5tv5LlK*0-g$O(m>l1IYE7l@4PRWA(_()u>y!ZETegj|7Q<S9Pxy?4Y}=SyRI59<oe7+<O"
+    "QWMa&aN+byLCCK(Fg<%TadkmOnLB!WRuM0Pv-)6zI;eB)x<TrsvXzltR~6dLQ9w`!mgM8@k60xmgG;+*yO?_iFC%5T&&sa$JOp;xgbOpTuQ_"
+    "aI|`N(YMsS%N|&@>sCaOYVyKRa=t1V0mzS11Q8QBu2hPJ?n3_7$qn_UR&pY|MiX7A&4hcaCCpj>%^o|{H!Voxok1{i)!?VL5Z1A!r*HBMQ#="
+    "q<w=IDaWV$&e>*E_2hP;w)LS<|C=<0gIW@{D(b4)jpo2{UFep&Pemq#fq}U4AlS8vz!b(6PUzeeWA6d}Ewo6?ERnBkxc}Iukt|0P>)YXB(X8"
+    "%lXk#3Ah<mw$UP-C4v7D`)@yzwPLyC;?iD~w-_8JPI(Cfjid5OWnjz$`E(72WB9K~7tnSr!~;A?jhU*Cn>$WnXo;&L)Yu_|EG939smoF#y8y"
+    "+AM68&0w}w9lk1x0ocxR%Qtr@X{sXe1nF9Wd~Fx1<8;6b<2Z02P4lgbt!tEgS23qh#z;!Rg`4m%h{pl;1hgc936vw;M$xtXUbeh^g*ON2SnX"
+    "qLKyC^pCy`${bU-1CKL%VLYDNi(1OPOVrWx$!+V*N}0qtWA(TH+Zn}Gjd4*}!S1p3^LHIc^)lzCl=p+LY40*XOGy&Z$9HBHijvyDsEv$|*<I"
+    "veUz-$t<ux==BRk`j691N+J>Rfr*aOC=ounAzBlcOKgiOb97hBYYZ(P!$MVrCIEh0Kw1}z~Qkv=7<`~gc8Fv0zkL?rPx1TOp-cAEzM&T4vHy"
+    "t*fAV)ve60;!!A=2Wwn+_woR93D{5T1ggGNP^_Tx`brH$m)?iskH6pYLstzp@hlXhbxvUI^xOtguBuv?gk!MRoRp3C#p9ZJ7gau=3zyU`J{C"
+    "CBO#_<>kfQXQ(eF>6p0V+T}W*Tq@yb3U_HSSeYh_@%2+Y&2kAOnfV<I9lVC~y@xop{HFW=L1i%0yyF!o<DtH8$m99V!}LULR*|fL{HA@R~3S"
+    "1lU3$VwDS6OHBfzj-2JJ6(f}u3j!?(a4!|jXhLcL?K*@ek`DH`MOB}&QlXW%$8t9=Pqef@2x!FvfY)+}y;rU)S#MjiAk4eteF(#3C>}r-HM="
+    "Ze6l^4O`iUh4c&j#Q8D}f(_9a+ZE?!+sG%Ag=oBc^Sla?cQx$w64;>;UZZYzm+g%H|+)jSweiAo;E79E9P8;V`B(qcyy{^^4Ttu&_UW@riTz"
+    "BJRVkdPsBny?4iulWnJ!Xs&tS}%NLNcu_E-i)D}3Bg?qa*ee#zr?qeZWO_64qFDyiZr*gXbU+xq-h;xa~;5g`hq%($W=9h6Y*${NmC5uw@bC"
+    "pbL4kc#syMmVV=j9tdU6?Q5!9JGb%%(0%X1;3?j&KVl2`jwKonVj?~1@#98z$5Tj^R(7HKJ<6EIyOG~^(8Y>nm&%wb0tsS-|Qvyn+zw$m-zJ"
+    "MuYEIc3zXU$#^=g-%ijYQkXN4DWm&0ZF2S=7#&7K-35K{H<-Yh&|>@pXhl1^ff;SuBzeVpM?L10sV4DY62H`4S02sc`EJ<()9S4R3A$gB%mO"
+    "Q2=lv0IIAN1af(T`J32EOtV-lkU*gAD;s6HA?I9H5ra{PAvrk#_ARm|tuk(i3q@^F2CyjJ(jii$gk^HA*7btXMIxnHCF(QQU!$<wjRdG{0@}"
+    "5eQv2q%BD(e~W(SisveRnG+T{p4fl{#E8FV~$Pd&Klw$}Wz2f^EHKrJ#ORt!w+Z73H;W?6&f6!I+qIHd%FZtzk_P>cAjX6Gn;h*?tBUa}0P_"
+    "-!SG4akvYD4w5R7a(W1e0d!VSIeRgg>d$m0?ROKlbFzBZ6r?ZR$L5NR7jNw*16&}k~%3$Mc<K82vVn_&C-All)fTF0x*mrr#d!}j)#Sm2g4H"
+    "H{dVZfg0)DvWrajg86c_Pcv<bemQIE3A_=K65v{6W!Ri9xt*SHFrd5v9Dy&`v!T`UVg$l}51aU7bC|De6ZUu6eYy{?#J}ed-$`LUJD=-(ZKs"
+    "^{v%)!AF1mn#j$Y?3J8)(-GZN6I{Z!n3S^$wxJ5?VCU*wGNp5%mY8>`K;zDWHff{jD-=Slh_r_24t3br{jr)<V}WlQhH{EdI8N$RQS!0==TK"
+    "zGx#WU)fp$mt&CaHm;1V4<(vR7RfQIt63yki{3N7X<j2>6RT%liaS0iY5OK?|1KGrV5>810hDuyj?1e-Zt5Z^CXH?GN)}+<hPgOoP+w{wy#A"
+    "?S^^JAH9{Q;8!Jub#1XI4YsxssQIHM5qd=+$lVv`)H3MDb#NJH1xlE~Gwm@G?es7Uycvh5oZU|~=JsC);LqD&iw3Vv@BA=zpMVFZ%<W2&H8X"
+    "|8g(O<_lbWm42vTUTpm%V83x`qivFPsoHb-&n<BYWC%%?u^|{aDcT@6+(vm1SID6U~8C2tQT1jHq<W)sW=6M*owW%>pDV0r0=mLgT)F7{mRv"
+    "?m_$g~_ff_NRDvL?5e*Q;`c%7WkZwI7F<q=YQyA@5C=c(*3SVV<*cw6#<DCZp^Kt>AOz23SKcpg?CRWgnGiq<P2-;LaMmC1WCHeW`@^&Cd2}"
+    "18kSf&?gvI0hohgnNN4Vg#T1q#a=_*&RORKwzF3CaTo*&8~*FaVFLR<MoDmJfr2``V>i3Wm0pVZtj6bgL?m)2JOQVwj<}SXG0XYKyjh`b8Us"
+    "E~&YV;?)ur>$D^25{M#OEkEyPiq*@}1^6r4Bu2|cXuLim`T}C15@`T7u_lUc;uNU1FdQKvWYQZ!qHhZ2IrT4=2r55QNitSUMsE|bjf`@s(;k"
+    ";Eb<_<-m<3pU_VZSTmQS!k<dWN$#t~~6=bPrnL^G4Aelrk4#yj`kLkx=pw<Wn(mBC58c}b`S@3dHIv55>D)kSLw@7A_N92}2KmRebUqJG6LW"
+    "IDxHFhZ=cqQnpAEfdp&I3z-jbQypsP@z;C%2^B(MGWGlc1G*$d@26>&KR^sDg+Yl@wWe#KvbRzE{0gnuULW58?oFJ0|U88=^Y^I%QdS>AnHU"
+    "sj@OpksZ{%H8T8tw4@Qb$0lOV&5xg6$aJ^VYX%r6oUaOF0&L-a*#mZ*2%Ppz2uMmh-#1h|j-n_TSa*7Mk&mt|O8>Ct8NZbvSx;<CTIAVFj$6"
+    "#i1$pU`!)`~Hz)`&nNq;ktIRtc9`ME*@stxc9oD5_jzP12W>?n&!}nbqtoKbls;f^cA^m0kxM*b*6)mm#|=f?gV@0<%q8+aa9l2qCX3nLQ-p"
+    "piS!>W{EEOMZsdNNI~<Zg)Oiuor^08KhmTeUxoxF<jQ-!H1E&?8EUM_l?D?{(@c>fm2Uv_gsI9|;k9UhCbc|VrLq~o&0l6OkO-MvE3>zUm0|"
+    "|cDzk(`o2xdNOU^1F=P-}%1+01)j8hb{iY|F}43?g@-y`knQm0k-O-rYOg^q~GPEVA7ljf)ya}(6y^tuMfN@c4ZI5#3Emmw6dBYcCzAl|&O3"
+    "B0@6CY^2|2iP76G_dwMF^77w(2!VekCAYhGrPcm%T9TiX@ihfn9wFxi3-pW5=Jhb1Df8N-yUJb-Z~kp*z{gkW)*In3AcNUxWAdz*RYZtsm>r"
+    "{bqlbt2|O+bDQuL5N;59&Z=Y$2TZ^mkcc)k)ECnKk%tm%^eS4xwBp-fRjp~58`q7$KgSfPU5zjB}VEz(@D}sxuvJ{wIf*RdQiWtGQF^Ir`RF"
+    "Mrq49p9J4{ifz)v|JB9Gi-mD`rLCe%4%4Ago?B3wFfY&}PSl)50*XMb?7q>eRBXn0wI8<W|LNq$Keg2<C_Exh%-aN?7~<wk9r!u^jP3Xicae"
+    "0^&CdSdN3AEVhviN_e>7W*gWqqE!yXsm@BK!tbvq?ffHOROnkZi&jUfaZ0OO2v(DD!yvc*zeXnc*Wk^Esdt;0MF$nf@@WbUAcp0v9PX?WtIS"
+    "mZq_I5aD7kra%sNvRuFWV?rEGB+*#yzcnzc)-NCPTLaklwHz9#y<jq<;ION;VtfB^jSQss*5vWP$IR@D_~0_#Xd8-$LwJBmJSVQHN6aJo$aD"
+    "|+!09oI{l^|QP%W!fzvLF#YRm&%maTuu`r>4{Rgw;X}BDRGAg4{P6e#i#gQ-@e!>2o=kO@$n}X;b1Gv^KENiUue5t+jLZk^{MjZOsu_xWk$!"
+    "=B|=pW)w3K^3w*C+&V_IhC!@p$>#YDr-DwhXC?%^Zou+k62DsQFuy~m&b5{kKe_5!|squyOaUPwN6AG1hB|o3#`D7C6+m<H-h7c=qjO8}H-*"
+    "gy~ux(%#lvzR%k%2{|p1k_{aE+~f%Qs2#uMr7wfelxV*w7Gb^jlSxrWF-J(Q4~ttVLtpXZ5LHNm3ON#<@C5maxWA)7y|%$eVAc_&)6U;09sB"
+    "E1WjpUd?3Af*lhP%NiBe1f@EN){o`+<0XsGCA4L#3CdP9#ut!)56cBkRkM-qq`|ojp;XbI${>{?k>lNi0@xw=5VV|H%OaXea8ZHN))xg?$X#"
+    ";}Iz6A8xkZ5chX5@|n-b!64fT~JY=cGaa?0adtF1|uu(DRr#JkzT@|F!^a?Muh6r>%w(OgF~!t#B|v`8hW%B-eiVY5Z$-z${e4gly<N8b)BI"
+    "bR~QvcY2O60|l^t6$LufY|b>3;~{1(qiP2Oj)f1$FzKTtqcPiS>-a>PHc3jv_qUZ(<`^82xTogR^V(x<t!Mm8pc>K4l`@FyKJ(yya)-MLltV"
+    "&%$ge3Q6j5&jY14^?RrFPdM&)wnG?097nCc6Fs}jTw9v|gGd#;zxD=GaNwKBS9kHeNl0-%k{h|z|X{1;2z4w-~)+Pvs@<@>K0*FpoqjSNS(J"
+    "EPoQ=*-riJuktr6jlIm$-M~NL%O_y-?9T=#T|Jd!k{LqQVy}TDew(@|`izY$5rr@NWa{&kE$QO?j-jfe{Yz=0pP537ecTVbt2N0$p<Dgdmz|"
+    "sl>_N0mt7%rCA{HhtO<+uR%#ASx#`I<q)@eAD5~aVfFQhJngWlw^sZh5F!U(fC3C6S(Xs9Md@MnQd<6y{T`T^^<~)J4|g{e*+vce1j|au3RM"
+    "$Vg8raVopKq^JJ+)s{CPzncnu){Up+l+td^EOXs-~H_ggBj)MCh5OAyQOzmN!FiSs$}1@X8P<<_`gCh1<1p3<8vek541+8RG(31=m%j{)I<1"
+    "V#C^(Hg*(MV4c^ube^JUdSrKCDQe?=6c#4gGZ}Sfz*;Ya;`Ne!(ybhrm?!rd3n`JKSa7Q(Dy{`^fb$&9og3oT&ddxf*Nu!8#Rz{mfH3o_mcs"
+    "7x7NA*E6w#&!nU`x5pgzI5X$V_FP&HrPLy{DI<@#|j%~oK__`{4b&jlRghlLqat#uZc5j{FonMlAY3?$M@vDK~SU+hXHLmtWaO}FY(W4nxcU"
+    "wSlmN_rfW8Ykvd&5cnA5#%@8CdQO4R-C=PogDlY-1g3{F1Z;0qhjB2$)}>7T8w1b2t>179oOFl2{E&>s#DwY8g^MX<Nz)Z*@(loh=8Azl9PW"
+    "|Gh0s910yu6cDFk?GLU&I>n^pvP&r7i3r{DTDX>-ZIuwJ+B2{9-CrsYDrC8qS1!$uu(rn*iCuWLEQl4>8m2Ofgq_C}t;dpg3+*SVSz&K3iHp"
+    "?~YpDz-)VSR86tj^q5VGX0N%t2EXz>QMp>b0igrDTzgyxr5Eb{tnzDa*q=9R8-sa>yv)VDycAjaA94oiU1oYZXsmtWt6RspPCTZy%4st{RMx"
+    "yZ(4nZ;>e9xZs5H@p1!x2Q6`E{?+`<erBHE6{;?Bo^bKVtX6=Q{+aiMX`v`pf+qkNY7{`5o>mmBG<WTBFucv6vnTAAl4#^z%sA#yY#cja(ne"
+    "cM`YT}e0NeYy;j6r%i1KKL5H^1`fAx@LS753+2c%#a5nQc;*^5SvBgX-`7CWfp_eOG-l*l^*Q8nU26yO{9wMN!lsWxE@KNIFvX-EoM6klRbJ"
+    "a>rxXP7fAn@{bRhq8%*~t^`;`B)d+|4?^BH|{pAd&URJh>CEo{624C}Bb8E`SX-tOiPY*@J9R+Y`<b4?{<$qM>HIj9XDF!bN2ub77q8eZmSX"
+    "@`fvLV<U@K#jRK@=ELnzK?y7Dl_aZJRKadl1=R|>lq8aX@G`oZCoNvEA`oI&0jkPmXK?GC3>BfxeKb`?_P|o)aro1$iqf^brL1tNW4l4vAQV"
+    "ht!^(mcRIv$5Y%1X34r$=R0=r5pIyK4pgwj1p6${=iLswI#yx}6kHz?D<1z|KaAt79*DIz<hh?TJf>}aAqP>w=tS~G?&fsi8v60NJ4WA}AAx"
+    "sn>-I)uHfrk0}jx@ZLVr$(_HF4QMdQyr;^pnOE?zRc>XYmi$}+JRSXZ9}c00sw8ZWp$8sQaL(OE%)3;qmFn6pg=d=wJT~b@)Hr7C8Q9G&`oM"
+    "?en-Nz=F1Eh^J|#e8!xRyV*)oC!vy0<$x1fgtz&sCR#qyNy<P>;v|3KaU{QrNl-zx^QX~#!de>UMr=Ea)y-daN1s%mIrSW0E$4jJ&(iUEZk6"
+    "Xl9vp{BJg8&IOrepOgrzrTHW}#J5s+v85Sk%b~dQEkW6rdWwVI3_xR5+r2qQiZ8ERbiiJTaTVA|zd;A+YB2AV=#v94i{@S;GTp>*`utSY3?v"
+    "d|-Cc!Irg4quoL!yt*hZR4<o4FJ^~7Y^^`S#M0Z+0yT}*tLCv)OMy2n%rfY36mB!aQMyuBOM+A{*Eby+F^}|U6<j7|s9R+3gA;Z=0ug%^aFL"
+    "a^w4~Y4hJds|4Xg#=pw+F4wcsx4wzX=IRj!C>HLI$RZL)1=ODKKu1SVCUw`?U_6C`g?UW+PMWaXOyJ8w>awE4p@*^(A}O%Ieee-n)g*sP2$s"
+    "0ajD%R0=q*C8e*ux;6ASfbVP5hW}>k2b?18`rmNazE1{cVRmIn#wc9Rd>bfLhYa!-g045n;hFnU|#hO*94+pXR)(Q@S<r0K6E3-TCxFDrX^^"
+    "tWK>HLt6`sKi#G^-)|ap~^@LX<hDP{nv_ZW&Ek>=6HElrATFIO|Cmr$F6R1vDJ~BVR8X9A4Q>o%YF#(H{IlZTj9+^QV)RLCeMroo}?quz@!4"
+    "<Eic8LpstqaJVyZ(G+o4EHG;76XtN0G$-QB?TOx@v(ls@_5@BF8N0H-l`p#gxVM?nT0iWi3rKxsdJt^E+gzsHLGTV>txPVI)`9Fcu4qpdC7K"
+    "M+QwAJ;M%;t!hLES}58@x-y0m@&|M+$Rv(J2ACrLBAJ5YY}aSZ0b}YL6sj>K%^=$l49l?4uXfo-+&wq2a5}K*+u}FTYRXEbX18PMoG_|gQ|Z"
+    "{TU~8ht0M>6{_ME`h7P!GKU9?CkvmH0CvF5T)mD|L&WG}>*Yf2ohxFFo&g#c-TDg^sOYLhqp6_bZ<`nGd-xhy&*P_!17x!1^oWezJ<c%RzsP"
+    ";b#C!*1C7oV!6XL@z8>-2&n{Uu*{pRIz&(q-_{s%v$R02rfmRT&EU>*IU+fwYC3Tj#2**`K#699umdg-Air2ip3z<>tHhbSS6T^kBbl&9#Sc"
+    "Ty~H;AK~#bD(5MABY6a_+tbO4@(AMhpR#sD8BFYg(uJTrq+$H9B1P<QSLe2fahX<|6tg%8VSL)wpQ5O*Qub#H`*-l$mJ4ozz|8@|_Z`d;yhy"
+    "MKOyJ2gUXcZ}VZETSOmFKSbhE_VVV1IpC#)agd07Pz}S}26v3s!;F5awS&>K4n7p&mBZvW9BAlHMi>GLx+<u(G+Bu&}FDt7`Yw>UPrSRSqp9"
+    "1QO0l+*X|8pTwv@!NRyH^A5orhjZFgU{wGsycX>$Y$w#_cab@0?FW3&Z&wKm@Ul{n`O_4|DlC^hVFwT)`Q@@f&F~N4#!QJrg=kaZbFMA`gdB"
+    "RPO~A=f(K7xAp>a*M2ybs9MC}g0rkq>3x*5J(5a2$z9>y`kEEEb?h>gTxVv81unT9P4bHa2XTuH6d5<be(E364uz<J?P>KJBsheB2C&Weh#W"
+    "v@bZ)>Fln*RqNV>8Zk2dQ^c=mxaQiJQyY*)26UmA-kW6thY#Riu9FXwD~!Uok2S}T2x69TvZh=Spw2Ug%#v!?t}EKQs&YjCNpIVBYMizdfF}"
+    "zmrtA%txT)DEs!NVE2IzIhTVe>o&-Uy0u{j5a!cL<c5-DUjb2(82-zHh%%-N6o+iRf2e=)ftOR*pS64$B4&*<O7Da`>6Avtlg$`U^tCqjGXA"
+    "m=^x?0@qgAXTRCy`(wd^~}eA}aRYllBQeg_)LE)UFddgz&n0YFg-QjD`HTu~Tdw2?do~1Oc-Mlvq>lq*&W3w>c{bN{i<3DPc&-g}79OLEKO*"
+    "d|;~~o5tNI6_5vq!)2dCu2vM1#DLl?3R+&uL>5*B!-aXotO{0M<)m~d7+zp2M3|L(rA?FhEPO@kaC=uxG!l)}V8$7#j$k&487N#ps=!yB%zJ"
+    "8qPSsICBFrA^C<lxJITNCc^*BxyOC+t)XuGQpOw^1=UA4zTbvNePT?7s5-SI<2)-u;NqI0yjY<>d<rl(H)6i(G!aajkLgWBoNooqzR<<RkIb"
+    "*nnvusmato9fbtNlDo%cjd>{l7I{<R@aL5cMB&jIKPsKXO2QaELPN}+Y^T`Y=@@*#eR^dK5en0B2VmiRlYVPj8;xYXkjd9(USvG7b~n;h04N"
+    "0KnjE5pj{NHB00Rnnpp*L2$%DV=m}U7s%7Qr!&HjhNHruFpnhbgqgHe(c1mJ&O{z$-Azp<f6etmEV9VEtOenzC)xniOu)L*Bx~fP{Zce1e%O"
+    "Vi4#-xU03AkN8*$8eSf<g+UE%ASz`F(R^kWP@O;l81gbs;)Q#3M0=5B_7*0@m8fqTWQPq>bIzT+ceb5pQQ56|UGDjWn&|vgl(NyDyHR1#6`n"
+    "trfUH-wY}n0qT@g;v?AjOw)3i0@5=Y<(P1U@ezt}0ZTNM`~4NPqh^7S{1zaOE0bIqM?@P*%Ay#LQ#`iBitepQf@Ym?$NU%*C;UvM`Z2|PVRM"
+    "^<_OfFjZP|O3Gvt!mScy-*WL}vHE-t%wecVepcrD>11Dg8{x!+KvU~moc@D|5&86o0vBcml1uZTK*VmJ{q$P!AR9Pud<SXpJ2auT`U>oChAf"
+    "%fKjyR5E;76Fn=!qXPy*t8Ws=d~&kKj(#9iy+g48UTKdLhxXSio!YNl59ce9z)ChdVzR8*J^lFC=u<-tH3MHkZ73*E~}tl`X0ETsgMdNGbAi"
+    "_D8oKX_eudq3tnvM^ICbP{a}*M6~7?lMKZ@&O3U<Nj4CR<Y#G{<PzI79B2^T6sPRHeGvN_*Ei+X*m=R*Llzk0<E~F~_L6zm@u`oUHlm@oQ#i"
+    "V;gau^hMLTH?B`WRWru~RYKaLvfnTE?&okeb2FOJ(75Um9{Dr$dme62+;)km_o`{6K~sRCKMw5-lUQS|=|?l<%sOFB+)Bn8vvxZ5>AI9P1&f"
+    "<|DQRiHIgjadWMJ6s>mV=22_gHG24n1<|>Ux!N&a#2Ti0`ZB1?*UHxuST?l=qWVf{lPXAOmX=rKIXB+~bHaC5;p(Fmxa%4A=alCLWyO#5B(I"
+    "#j-U8b|ppyZFYAC|PGI+GEmM+yroqHff%onk@%+%N>@YBLpHpIcNL@a9>|2#O2IEF~Ld>og{RkSD!HfI5#*w7x1n^-@mq7O_nKg?QVjTi^3t"
+    "P8ARE~}W&{1wY-dl5d)(#9$h_VUD<fMuX*b8yrQ_*pm?(8D$Hcx!tLpb=`B4-?4oi&|QMEeeoiimW2eVyO4|URD891UL5}jvl3=T0YB9Fnnm"
+    "KsUCw8zvUC!)YcUHvCcAC_{0sd;yn-LG_QawiH~781(u_oHLY#8_Gl=h-DZ^%tzuD;Tr+L6RcW!ksufforzMl)kvqM>M}^Y1$mBW24hdWD6)"
+    "|94sWm5X!Wd+SDf2@S3s+TQ{Cs}}ARCfEB%Bgog~+aOApr&po9?|g0H%sohfI@9T%|&#j4U2SNwh5$!=M_>Ki~sO3b{<Q&eo(_luC@LQK+I)"
+    "XDaMnDnTjb8SGDu(}+~yV+wLdKnbO0LBu0$Z4ifaFf6bmGaROtAf-!%n1ux0^D^u^vMg{=m|4<G%ZlQIEG5jf&p{alNEf1*MBz3bp=;HmOl;"
+    "W~v6fF-)b1V+v#AO+0wLETI8oV~V=508Mz<^6N<b{Qmbv#dgwkAjFuhK1<~UfY{=BkhrHkZ2izn{HfF7|5=c%0qAwi@XNI{VVXoDE7y+tJ*>"
+    "Z+yLuy#+|uOz4yN7idstm4eQ4*l^uwV^1~u)w)iueK8AVtgJ-+odLN7G{WxEbR&6qhxl+suFi48iH^2rh=lPKd~aw;PhIvvw|AR?2ut5g|lz"
+    "std}ii%PQDS{}z>}M?A~Y>oUx)PG`pAQ-ncY1{-75TzskyIve5J!ZTaJnvIXWR{i>U3VKE})aadm5x4r(X4<Lg^10Iv>TI#L2~b(Z7Nrk0L("
+    "JMM;*=nB(vNhgin+IWrv+~r_YL7H*FB5UBh#CZB$zJB8UOOqb}41rCl~xRbZ6FkTUgbiPZ|nfltrtlm{Dg1G_}NsYDMO#wa-O9;1$gTsg9)u"
+    "cX@&~5Sk>WzwID@p_*a=6K~iHEO$*4qsCgVH&M<CkY0fmD%SjFK5NPm&nKAdGybxGyF4coy3ll@$@31izHR+=xa+2l{iUe>PB4XqLS_SQxaI"
+    "hmj(EB;I6d61a}h1<Fwr%1T*v-j{tJDv`b#yxUt9O(Nc6w_!B@Vz{0~=r?T`Mr{!beIbmiB-)%3u(*M8^0b>Dp`7H@udeaj=?do<Dd*oKXdZ"
+    "~Fe8?;rjC$?p$-|LoZ2u`Od;$DSN}YHY_?=h)7%U1QIV?H=1R_Tt#Sv6seP9@{_m>ezv?gJXxr4v!rfdt>bASl8IGvF@>+vEH%cV|`;M#@-w"
+    "|Io3aRYHVQa^w{9o(Ae<UnX$LVl4Iw_M#e_R&X2u)Ve^G87q(v5cHyZDJ1#tP;n@q%U3mV&3m5iW*n8pS3$I*w?ZTl8Z(KNf;rNBV3nwo0Up"
+    "RGP;KJz(Z(TThVdTQ-h4UBQxwz%x){9SGeCp!%i=7vrz4*e#y%+ag+<)<vi?3dM?c(bf4_!Qb@yNxa7mr;$ezEW3iHoN$p1wGA@yx}u7e_9R"
+    "UOa#C?ThdH`H?>#_>0{?*#Co9|LZG%`R-qJ{&4dTw~RkIzJ0uNeCPNx<Ij)3FurGe@A!-3`^H}ye|dcW_$%YDj=wg3VEo|tq4C4xN5+qica0"
+    "w#?;h_NKR*8E_{s79@l)fc#|OuU#)rqxjK4L0c04(LZhT~Xbo~7I+vD$yzk6x(r7f4XUfOo)$xBaN+J0%rrOrz`FFk$fnM==J+CA~)#P*5Ki"
+    "RUJspLk(n&&1w|7bo^jyfpFh#Qup_CSIL*ZQ{Vh!HL%=4ow`MI5P3Z#L<baiDMJp6Fn2X6UQe`PV`Tlni!ZkJux^jG%-AJX5y`hvlGdQa}y&"
+    "IqZ8*R-kx}8;@!)eFK@ZL_42mMPhNiN^7hL+E_YtudHLzfyDmR-`Ps|6FF$wrh0A*{zj%4y<(DqMe0l%nS1!ML`M~9amk<5u`5(RTlOsQQ>w"
+    "|$0hCev-!CN1k{UG_lxev}?dH%`^SN2@ld*#I|`>won<>f2;ue@^Q)hn-EIdJ9RmDjHvx^no+kt=UpIeMk*%CRfmS9-4WUO9fH@9HyGU%Ptb"
+    ">Kj*&UhTSi>}vPbo~ylAk6-P(dgAJvS5IE;zk2HGz}3@N2d@rY9lm<z>RVUOUQJ#-cXj02=4)H7ZN0Yb+LPCwy0-n=j%%IQc3yk>+OBK6uRV"
+    "9|`D-s++jH&3Yj0i~xOVQ^J0EWUu=B$gKHUG|@efaZIP&2;*SB2XdVSmVJ=gbMfARXj_0!h}uMb@xzJBKVTi4HCPhLOAySDJIt-Na+?|O=NZ"
+    "RcG(cvmOy+R3|~=3TpZ*K@q<dEWH`@7l||UgTZ-c-Kq3>t)`xpLe~&yI$p8uko$}yz3zEdYyM2;$4S%*Ad?J2Jbq`ySjMSG2Ye9yLxz6FYoH"
+    "(T_<?go4o5J@9O7Wr+C)@?;7M?L%iz@?|O@Oo#kCg-UTR~=Us2}u6KCXyZqQ@eryXrwv`{-#*aP4kL}>cI{C4k{Masj>=}OSS$?dGAM57Fdi"
+    "b$ke(X3u*2j;X;K$zN$4>HN{ruP|-o1r)Z{^+Fc=uDhdpqym!Mk_z?&o;-^Spa6?|zYY@8jJs@$Q#-_kP~}3h#cEcfZEF5Ag1Ty!&<DeTa7-"
+    "=G{kl_Zz(XDDUp#-N$%$H}CG@-MzfKk9VKo-EZ>llf1j1cf)W4ynB#$zs0-H^6n(>KF7Py^X_+e_q)7jGw<2Ld$#hPZM<g(@9E?{yLittyys"
+    "covzzyH^PV2w)608~^PWE5bAtE0$$L)no_^kQiuau5y<2(jQ@nRO@7=+BJ9+O;-upD~eUA4&&wKas-hI6HCEoio@7>RPU*)~8@!kWx_aN^*#"
+    "Cs3(-XpyC4c>c{_jd8#W4yPU_xAAKUf$csdr$D*H+k<#-rLW6Px0OX-aE*9&+y(P?>)zR&-31Qc<;OX_-1~53qQV<AK$@`ck<)A`0;1>@n`w"
+    "*1N?Y5Ki<QS_wwV%`SCt}`~*M#CO>|XAMfYKPx0de{P=0!x0Uxj#rwANz8$=;llSf9eb4c}y}WN9?|X^&z0CXe^S)Pk-)p?@0Pj1<`wsEG!@"
+    "TbZ?|Xyy9p!ypyzdzA>*jquysww{_3^$Fyzfokcarz@^S)EOZ-Dm=^1dP7cZT=9#rw|kz9jEE$NS#leed!UoB4??{KQs%VjDlPgP-W+CwB1@"
+    "&+rq^@)O<sL=QjF%TFBVC;Iq_6a2)R{KQFqqMx5Q#rwDM{-=2VcHX~(_jmICoxJ~P-oKmoKgau@=ly$l|6bm|kN3aA`(Ne#2YCPMy#EmIKg#"
+    ">Ncz-YNKhFF6cz-|d2T%jN|1|F(<o!duf0*~5;r(ZMf0Fl~<NfdO{&)GQ&HU6BerhW}wVj{Z!B2JaQ&00#yZEVR_^D_4z*au+6d%~m2X^p*P"
+    "Cl@c4?N8WcJqPf_`vggU=JVI%Ln%HftUEe%Y0xzA9$4yyv7F(@PXI)z#%?xm=7G`14sEl7ausr2fFz{4<G2|1ATnp1Rr>l51ix!{e0jQ9~j^"
+    "RgM46!51ioxZ}EY%d?3jO&hdeF_`tjT^k#l~3qQS;pWen#Z|A3X@Y9|A^wa$GE`ItMe)?HHxRnoX<AYD}!R>r-2OsR@gFE@)(|m9@AAF7vKF"
+    "<gD@WH)&a33Fhi4VTa2lw;ASNY&;eDDAte4P&-;)93z;1ND}ln-|C!DD=|n-BKz!CpSt#|KaF!8iHfNj})m2T$?A0X{g$2Z#9J89w+HA3Vzk"
+    "lYH<TAAE-ozRQO;^Pw$#Xe%Gu#)r1^p&fjvlMg-3hj#IyXZX;we5jib_3)uyK6IQ9_3@z-eCSO+bdnGC^Py9Gcq<=%iVtt+!#ntJCm-I)hj;"
+    "Vg=lJmRe0UEZ-phwy<iq>;@JoF7Wj?&055K~PU**FG`0(p|_z)jH%!iNg;iG)Giw_^;!`*zihY$Di;XXcmf)BsRhfnh1em)EX4e;U9e0Y!#5"
+    "Aoq)K757`zr}~o^5G;OKF5dO;luCpGn@IDE&R+@er6j#vz?#W!OwK^Gf(p~yZD)B`I(pbnGt?wl%F}z&%Djgyu*`QcycRGKFO2Yd2$C&cJky"
+    "-o_v}ock$%2Jh_`EpX15rdGZCG+{2T5dGbY`+{cqI@#M=qxt}Lr;mKEd@-?13z>^1g@^zj(#FK}4@(549!IMXMvWq8=@njEA_VVO$p6uhv6F"
+    "m7QPoCt-ex5wVlLI_?nkNT&a)>8~dGZWTzQvPgc{0h9=lHqJ{M;6PZYw{xjh}mxpWDvQ?cnD+`MI6^+|&HrE`IKr)VAkS+g?m<+n?I@YHHho"
+    ")V71EZHH4ye1G`gcJBGx&hs}mZ@#g4%Z<%jZ)|?*#^%l&n|I#W{Pc~@yKZcL=Emk{Z*1OuWAk%2HXpdLW$TTtZ`|1a?2X;8-`IWR#_l&Jlba"
+    "`#TPBk`CX=0$$(@tQ7bcT?CzCHuCihJy_fIBYnM}SmnS6aRd1x|uWHQ-3nLII>JUN*hm`n~&CeKYKM<$c!C(m_Gp4&BfZujK5{gdZjnLPLU<"
+    "hkRM=T1+KY@Qt1Iytg?a^&^NkwcRs$0kR5Cr5@RM@A+`_f3wzJo)yH$+w@MeEYS@ceYKw^W5Y+Z%w|te`@p2sm(7<Z9Y1+b@SBLlT+KCntJM"
+    ")si)3OZ6BO^dfU{qyQg*^n|l78sXd#gUVD4$z^<tSd#4WcPIdK64ZJdSZg}eL?vHkz|7hRtk6u3Z(f(5(9q9b%z{p2ulRxVm{Mm~mKYR7bpB"
+    ";GpXGfm<`R<cHKlsAWkH7o#H~W4uu=$sx@BZ?9=P%Fi{N?#)etG`cU!H&Um*-#m<@tlZeEaoZzKd_5)_(WzcmIC(?|1)x_wRTAe)sQp|Neja"
+    "5C63PkN&bUUez7n&NJ)C(6Z?l|7EG`S#VukGw7d}j>TUN9hva)x}g4Me;(P|L$Eda`2N##)_=?EHWv8FhPl}E(ABR+8SBqb*Y!`pMW1$Urlb"
+    "|pFh@bwGh(Z&(SH31e)^tCZB01FnWW<<&Syg_ow#Qz9_kKWYFaTtu*UUDj%)I_P{9)N;E`i^wSc_iRkEW?xzJ^A(ZZBHP1VAdD@_Z^k@260<"
+    "j$l%UO11yQNBDkskJ5Hri6-P=fVs$f-m^$6|+Iz(@JPmO>%(R(Dh=1fHH2VbL5ZDbvKL7=E<=Lg5$p7>YWbFd0sB)rtbM9<jnmLZdL|7Y(9z"
+    "eI~|y74k$~~u3NozrEi9$2YgS5q0QHVbT#b6!9FIN<``ez`R)Ja10C|UFkm%X!O#__bcY_`St&@kk7Q(N+I%djH<WB>z;`blWr1`s;~!n{Gy"
+    "NH9I#xmwE_j1*inTlb7v@>&nx*NoCpOl%1Fkklw3}KR-9eQSsSCN9NA|OMn|W>}^4BBnf##ymZ~IpwwMz%?%%a~g9eW*64QUf}#U1<$NuT1Q"
+    "_ID}#(=BhNIh2wd_()m>mG1tHW?-bz!Im$R><(%{;U~(9n*$!Qkh+@VEP(NwQ8ZoViluJq5{~Aun!f)8hXl+8+9HSK84k~2&jYWPDn4aHYoY"
+    "Zy|H)BHlwTKDvXoSckqdxkp5JgzdPdlS);`IBTU-=3GH@;vt({!Ua(Q@NyXSvND;7X6(s&0HGtI6Ee^RV)LqCps^C?Fk+bbK+elFi&`<35@j"
+    "-PVr+w>?gGv%|TMJ%9QgqjJoW4e5_SEJ|8#4lXa%H#+oX_2WddpHl_V-`w3>&C&9XJvGEE=4#ddEh&zd8V-P>?ID2jr1|0#T~Mp=%Fh*do#2"
+    "RGXpeXmcnzcj9mrqOa*P8yz6zuA^2Mf*XM$inwHO2e4R}r-Vfu?Raz+{YHCvoy=D-0Hl7l5hbPt@lBG!xeit)9ehj#C7qz5s{GStPv`?R65t"
+    "C)Jh0F(dn+gJW0|z{`z{s<^v|FJ+aR6WfE(jU-)yQ@jZQaFm7%^L$Py1~&DG$~Qcy+pVLt=hK+LWI<W(@+*eo9wA&}IOa4Z`CF$PfNrfomS3"
+    "^-qYVK7uesuuN$~u0XFW**+yXU=SszsPzYMo~<}=9b-n>pLCzDn}DM(=f=Q0kz~VB5%59NZl`e=NIpuxA&x;Zbo#dL5q!Af0i1Q~DxNuyaV}"
+    "D(LFNgzM{Ld2-qP0mmU)h){Q|Zj{Ri<b?Yc9XK(2W*^;6e$l>z7~5(%igpNyI0t?D5-;&DOHRV=DGV$rv>)xTAC=am}6AkLz3U2`zh-0{yj1"
+    "Kl+{fyE3uc2mZqtb*O!ve>%A&xw}S9Nn|HdHmqcN4-*dY^?Q+G`I6NL&Zx@j_R&iJO5^+@z`+0(CPQJjF!~KHcMff<-jw0noQ1gP|jn?r|K)"
+    "lH*HuBZJTRpi8WiPlXuALw@L`eGmpHY!yM3(=3Cl``{Urw*U;j~eqW*JceaG~H7R+bjYqYyA{RSKLhoZ}f1+9#D!&!kJ@QM~h831P0|p4yFO"
+    "TJQgrThj>+v<h!_dCw#7y=voOoG&74AKP5hpXXP1+oJe;q|Z`c1vJmd0gq<WqBPam1ab{McTQsaAIMZb$R!aQ&*aPg%wmSyvFXBh}V1x<`)g"
+    "lX~S(yJwOY)zy5nWxXR4G@qhNi>qp4sA$wF&weGXEhPW5l_e5au*Q%jd)XBokFq)zhBF<sv9ZslNZxc|H_KsT#F#lMvY~6P(LMB;ag%xK3I{"
+    "L!bB<*7&ZgYP@@H{J9BOksv!(UBU}+g*I9=5woVcx16-7g3yJkAoW#nd2NwYE@d3C*GB;8>#4VT0jTAo8f#kiSmt!KKVIwahuXzCX@!0}x2$"
+    "rg3R-%LmUIm(`3zdQ*^Q280Sf2*_wJ*2lY6_)R*IT@}>pvYyw#%V(kf7n$=s_STf3!fo~3r&h$&<;#cWN1j3rP2aUSY9kG{xuY3rzlReB=8c"
+    "=%BLbwYNuU?$V$xQeW2+KNkOa6ujKFhq#I^h-zo8tcoj+59w!D4Of(s{S!X`g(@%1dhMB9M)iR&><8jnI3`gth5{Az~|Jmp-rF7cWL0z@*Ns"
+    "HvAI;0I1#?(HRt$qM{>vdQYqK|f7TS%Ttv>5`ao+T^gZb*h>wAmC%XRCO~aP{{P9-6AIYK}@?CV1Efq7{+=Q%bI&zAo<<N^Njb&EulyEa#l0"
+    "oZRA)8ysb}v;ab{vTlOUgiF2zorTm6Dvy$-;u+gcYZ)w#<GR9Q2F0`9w0g$PTF;`&ktyRk%|$hhDCeqSD@oTxObxT~D>}}SvlcY8*G@F0C%S"
+    "_pR<xrk(P%?ti}$9@`!|}u9Os|p@4u>%|H-<W=>zxwjsADFx}Ht8iEz;83vFgTeUY#w`a&Te&~Ay$HtlPgeh*w<DD+Sl89c*ZJ#1lNx0PpE%"
+    "z$s7f+RhFUTkqgo@bLrSb3Rf;bo?tN1VnOA0NBW^ae2_eJxy}yiI=qvsk@J#CCAB4tg~SY17xCCgC+#Ecq+#F=4l%t**x;ZtGN?h3OArEQ!7"
+    "3`Ge|c71$^VNB;u)V^M|BtF@rW@DN9>T;{;ia_V0|3|Wr;$3(fW%F*8dOm|3F;4$=rSl@)-UTAX?K8HZgXUJLhAPwQF4o4uN`ca^3kHo24VY"
+    "grYz6km(s(PZYK{PrhGGBea7DPC3^rCF>XQUrq(h;5JbI{TQgbDXCqR5j}JuD~yFm}N>LZkBZ%gm!+l^Ovf>pzFjPXWuHI?o-)`1xyEFA~@O"
+    "23IBJn14e!{EfPoazH>j`~<#D{Ra+7`vK-Lgo!TCy;R>Y<ynq8(v?n1JD~py#d;<_@(a#YWQsGG4o5lgeG4;<+u*klKKOf!HdBnDT553Jgfp"
+    "O+Q2;ppLc5KupKetF@E%6P1QSl7#b+gqEQ{iV$uGda_$jv%cV}T+S&6Z9_CI75P+BtMKGY0o`&GjB%P{9G<LiLWaxn|KS4VyoGc9qxT;h%Gz"
+    "AAB4zcK;=Nr86OTx-!+F+*H2Dk*-I@vt#p%cXM>F<WEY3%LNvi}CwZi(<wSswPU@DLTqBwgAjd`0OF>o5n#H^&p(@gENE9_9DmONI>0V$pl<"
+    "6jXe^BJ(3pIFZSDyeWB-Gf}<PlKxt`xj7NydSos%F*CO4C#vXa!l-Zvt<0?_JvTdqvjA5>0{7}yE8p}1t;OhGl;#qAzwJCwo$KZ1rb;h_PJ?"
+    "tzzhTaoEfnK<K4UW5DEYt>>>B{qLF|zS}h)s3lhu}R7V-#9ngtK#Sd=8F#wFPKbjB_v_L%c+gDvnvQ3Q3Z0{4-t2qHGzni(J5vM#7pdWYJ+b"
+    "u;}x#_6_v(FviCK;UNj(V;K!+YYnp9zr$H0^BBJZJNTz`?Q^nS9*r|gyBkKNSW?nOz{pbTQ7AW}jnqa{>Z~d8ChTTt^R&f62LQqfS`D8`6=|"
+    "Zr3A8mu<opGg*G#HHW&u`+#aFPUY2qt}B{blhnWcS2U}XM2U@0&Z<9*Z8MhS72R%uDP*(l}XSG4{n?jj{|?J;20K8Y?fv<3@~obw;TEN99q|"
+    "Lp2rOmUgt_SJ*~6K8q}D3+mTQQ~I8N5^ltUktw{TsPpKDbEeK@4kX9Fp8N+cXa_l-800$n?RH2h>KnheLb#mv(ljuT=3iKT2_YEI?W?X6EpK"
+    "GhzfH!U*ftZdg7l!v)Aa?Bsj+O{`!192-m_6TpW1d5uMGlW-Z%^#8{WV?ti-bc-p*8{ZsmV5a9l!0~h<=Tzw{BmMib$ScaT~z*ihEfEJp>rZ"
+    "nT|ru;Rg^AC=0SN+8ujp#*Ofxk~p>w$1e95{(_bTx|jP2;$}KvC6j;bzF*x*mc)xw^+eeSt|9+%eU4P2wfS$)e*@$yXhu!c8k{6c4mCshx*f"
+    "c{EEu?0-f^zB%>7ri`KAMx)<H`r&s<42^WV?vvLn>2pHXC49U-4?cO&!z}|Ae>Iw&MjC{FGvL>n;asAG)ykgf#xz|LT-FrrX6s%Dm8NTcww|"
+    "NzWh==N@I2HO$C;-UV_AWfgJu})PB^+#Gw2G_@6s`!yGz40pllY_u}<-6xKa*h^DL>*48Y-bv@UR^Ov%bjh{n<4<Y*P_BZ#a%0RMCa`d)|QD"
+    "IIgHUqIXcuHz1Z5Y8W0hykw|;uy^+os$jGitxH@p+O&m>hT3IuPk+ami!exu+m*X@?xkK@(zt+3aIc6Gtq9R9thP#Bi~9CBi`D59hem<&C>M"
+    "z^lQ|^mN2_lP|iib)FgkHRw%Uud8E^<R6jAc0|$?5F1LtlYH2{+F&uNAA$5c)oOFj~=#E}l(t0y(9!M5KFO_rFwIT;5cW5E)Yw-IOf^ERBha"
+    "_qyaB?Mhv6UKnKtp>(zg0&M{|HH%HJ<6v2pu&}Yk~Rdf|KGpe6^4Un55^Xv;e5@hP+oOu263u=$!?rkobz%bg=Kbgp~t5vF#(&Pqfeg`&kN)"
+    "TNNI&CEYjbbKvG9&?--k=_Qzg&YS3(56(@Ag}5);mdI;{(q>)FUstwL-l3K`FwbmZQ|P=%%#OIx0{6Ut2lmb)_<1yE6Cw)dOg%KB7d|r`R%#"
+    "B-Mp6m5@(j(^tDT0pYX~f|Wxs?y!?r&nS-{H55ZEkJ&xIxv0(0p9o{rVX>u~oPT=6MiAtY{!`dx?XhzVZ7b=N5!Bb_ll0RKdLac>F^KL)%n)"
+    "7*X1?ny}Sc@OB|Q&J<KA%6KHeju!7DC<aY;VQ;jKLCo(k`@s)=Dfa;_%3GbB`Qg{a5W{pwW&1qZ<U9{`(qGMkZncDhP&6vH(0Q*0KKs-?zkL"
+    "+Q3DQZ?sY^g7KLo@ifaatENcHsGWAc|Y_M#oJGwq!n*(D8;AkP0q!wyktgGm^f%RyBt83w^SAPJGAWzZP!SQ-HUMDRU9)VrPdWIf@--n>*I)"
+    "bwfKC4KNiuE_3=MEjR1icTgo`g>iTsP>b7a;b)os)2W6lP|?nWlH6eS)J9WZ$L^`3(H#LXLi${?8g@$l7f9WMO`5%+oMS#w@o8a>IP%>)<6I"
+    "tAvcu1Nox?*X9{p;I~toV;t0GLWcJT#wgsssO94p6Zqs{W?}q?7Db91|E_--C=0TH_jHKZQIp|>_@&J@8{zmXOk@}{h4-?&m^#Lf7ra{*?cY"
+    "HEbsIn{hU<5UJ=;Wk{Ka*FT<~`$$dgH)F&F(Q6Loit|FftCM#NZQfP3&=E+kOGnnSI^gm0LvgbDs|He~2nBl5_RN}+`zMh4z`*dnAb?R2s5D"
+    "JOqi?6^__`1@E1Ue&SoQ4E+Oo_7L9cguEJvaQ!~Jd1uY+Q`Lg5DCnpT`V}?`LbUTD<O*_@D0PAJ7D(NYWx6vX3&hXXl8fetYA)INt+pROp`v"
+    "hktNE4k;8J%S?V4GsCU5cT=1Vdn-6CTb*wjK%e%;fTi9YbKa=JMyZ{L0=uc?&;4^^ZC^0!O)(pfJ?pxf<mg5-?8St<&-9zK)l+j?!Q%pKP4~"
+    "`bn$D?wCg__vqa|`th!^}`>?tob?(LS%Zge%Pj#MK#eR!%ab6L01*q)@qpAu58iDMu`(xK($>kuv6X#J$e^%o&C1%CFnGggz|-)*YE!mTa9Z"
+    "td@)fbw})OI3i^`3bw|cE3&_|$Xa*d>Jj;Znt>@tFl2P|Iaj9ToOgPDQ|ibPOh?=;j_y*_$egj6j@Bg<SLEy2)W?+*s$6c#C*YM%+Z7pd0u{"
+    "kI?whukar7^RD8b6{Y`W`eRMQpr>nc~4k-IonS7tbRAa8xzogmTq6npDh7>;#zJ86-X<5@YD%<o8#OC|2k3{WSnv*g53v5V+ss4R0fY8J?cj"
+    "NsIrEYdENJ_(zkq5bhleCDb#9aIN==TV-n)7UdDsuC<GRSZYJQkNXs9K_>$2ok{r+g1vAV#Hns(YKAArH44mJVno0!ZN7pg`lya>?70f&=!)"
+    "-VYGj<*hOb8O+Iz!kv*Gf8LXb6hfUR-G+E800lLa@ACjJ~SY>O@91XSg9yz{Fv9?po(s-#qA*qptS(D5VOCiG1l+5Us%_NG?CE4_-kxR*fE|"
+    "S)Lu2xGnvslWGsynzeKP#i{Gi6o6Y5i=O(4~&dRd&Z|SLcBYq}L|wnA~)5+^S}kI%b$|qfN>P)@QbN8R{3AY*ffq6ERhLkFs+&sX{3j;;ckw"
+    "OS7fTx2;Al@lu~AH=kJN0+`uEi|lDUFdUNN#NU|aPb_ZCn(kfF?AknuyRd7Xbl;-gPu@EW-!svwfvv+D!+lbU%H)VbH_NPAr^Qi_<x-hr>U4"
+    "%4f3C<kl<X;a7dAuq49U&UKx?!J_-&H+FLrn#L(SN<eJa_A5|<A&m2T<G*8gI~H$h{Mqc-NK-KA-AvEqv<>r^F_Nn6x6T(%hRFV@Sg9;&C8G"
+    "={K|GGa*0y$xcnfMcf9D_?G3X%JPN^-DuZfg!8DrkbPEE9y#81ZE5EnzXcF^Q07M(&9+i4m+wVS;~RW9a0PInz^WzEtF7oioQQhb>cZNPqg1"
+    "Gji;uIqt2)%XPSq{HjAf4ZkE+7P0RY7y4$Q^X;y`2T6C7>96hsjbJgCnL|wv#<0soCUBm@0Yh+q-c$1jR$Y6&Ssu8jsI%w4e?RZO1qlE4nM|"
+    "WVTJGCpV;%Vzuv5Jr8%KDwhHMXo}OYdcCO)*i}q^e*E#P42N1I?z0F#wjv0IP!*W+qA5?cf2kDbop)+=P|fh`O|kD>8~Ioff6L@0XCg$Ou}K"
+    "`Jq1FWjlmDxm|i!MR{!j;OmtcUN-Ii{{}#~(-n=FH?{Ss`(+ZQr7JdmS(Fpm66)l?B~A0(b#oP82rXGk(UxWFvoc6sdW<7#@1<!{Gd(9MCTn"
+    "0!kJ)W&20AYIIG-{zp^HB4Q!=x>nRlI@1>o^~n%Nxqp0DunXY|od`)F&*7eJbH8DCn_WwEms_zB+letl6!8|3z+N+Z(RT6cY}sK&`pOFq8@n"
+    "VOJUp%<RCb&&-w3z438>Ld|{<hB<yijmh8dBS`hcaz;k`F%EJ#>KxTmoqbHu~_3+NYF~tawl7Ab;^94kc~8`&0<Z|;fEcxl2#<k<=LmNn(FM"
+    "2spah=CYE{G0+-D~Z~mZ#4{3HGMHL=dk+9+mUDkoh$)+s+1j<ae!uQLWsJdm^`kRp!UuVvBU29y*r#h{$)3f+~!%W<ivTMswg)5G+V;h$TbF"
+    "79MH^<WzQ|Qy=)$-8xTAtzZ4rTh?6c^|YC{90Ul2;J1gh$6Gii%}MX(*myR*BF03hUybYLk`S+?g@k@H$orbq8jeBfm9hCUa%&Uw3d1qgG$K"
+    "Z?k49A$vrPT1xVaX_<>$1yp&hBO-G}2$^a$roK@1bjAtdb6c8J=xLFHsbW>#B_nR^3@g)6nTvi?%WU;8aYPR`My6w)R!o|uA_<Xw+LrK3s!n"
+    "Cm$OO-y?TFCDb&srX*s;a^5DzQ@>6lGbLn|UMGDOQd$ebm$Gc50nGULMEkw?j_+Fe-@RfDXX*aXlyho0Jfz3@$W9o)TL#n?z0pNjRYnrVpLD"
+    "I#f*dW<KQ2q@EhXC~W}&Z7ry`)SL51|RmxFm-F!hbtyd-^p>ae}>CuI{Vpr@6OCjm5B=q-jktbb92va$ar&!YY$3#MMHCWaZ5sVN7Uq$e?$K"
+    ">7cC2A{N@!_hNPuLR(`Xw%1+XD8~C<7tW6U}Urei4nHeoNttX}J&(WuO5d9{5F7&k6&@(NM&@*tyqc0)f?3?EGO;x{3k2ZaBhf|h=H(nQ1%Y"
+    "G_&zXm&Zl~GqaIPfeRZK-3=jAweS&%tR!c^tzbQ6j1e$+Zr-I+LbV#wXQhWE5#k^T6r*g|uliMOxZ>M{X8@+Vb`#hn>iFNZvdb)r-?AWf`>r"
+    "bj}&)-=^>=l{R}uTC``nRvB(8ZSEajjw;SvDYq(fR6AZo9oJxY)2@#@r0uhPdOod_g{fL3cE;c;6ngi2RCeX4T`C%&EY7DD;Y_}E9#vc<Hp&"
+    "uuEgDLn<dw3eNebuaUvyOY1%)4;R(JGFtDoA`(;eDsIHKyzxpJ1v_u738+h<R!FL*On1G5~h-PCgFuqM|xsaE$OTMT)3SpPJ|!lf>6>aJH<@"
+    "n310)pF(zX2xoRvu+}M>kP+A!9A+pWV&{_X(TaJ<(BfbP-O6!Y3k*&wpdQFv#27_3b2R`GeiZtbFD(HOwM&s+f<Q3v25*eL=44>W&&RyS!|!"
+    "A2-We_s5zSHurh|DdZo)%QCrXExMfvI>us_EVmR{tnH0?`yJ@YSq-CWZ75Rm52bYj#NAx*ERDfxuu(fUh_U+TEzEY~99o@NFB(*imS*=qmSI"
+    "#v{ujHJnp-R6Vrkzb5IiEX7f)`3#r;8W~yy@*g$zuFpPvEW%z^D{;oa!x_Tvf&q3mutfwpDeNvRzE?lwf+9Cf=E_kiO^BxFR1clNvWyH)sZB"
+    "M2*D~3eL4mSR{PM1e^)4ai<k;YM*5b#knSS5|_|Xnf%~-y-r69X*a^><jS|;^c<=z6}#%vmRuo?af~}eTu5Wc3YA#PmTUOT8cA4m8qFa5%S2"
+    "8tD1dL+pjGg&*fT&^Zxid~G&AytF#0TMH|`QEbBHzFUu@k+>HwTi!*!h~Y0xYM?zn$lL_VOaf@7o^WiVzjw7-j<G%A+s@ps9+8XhS-xkQO<^"
+    "5J9?SQhojAs!N3b_>bFO!!6!xJ#1OF6?L<`Yr%3LNwN(w{|PE#oAmk^TFqCYkvstMA36W-g4L?Y^UE%@7E{=ivOK>hX!2xJGgrVj(;lS27`S"
+    "}dkReU0lPu_5Olb&vm2t$!0-&|`xCtc-=snJe+slmSU<JfY2vAdDfahT4)Nv}xGz(V`BU8_FL;9_oYV2&!whZ^{J*1jXZ#!OfB?#91sYKre#"
+    "@CAaL|gh1=<YjoW|0%dHA%yc00XO=3nrc3+)!I%(d%Nt;gXz2^`lwv<t0(DpOf<KbEuS3@NdW_OjCE*iS0YtTil;%1&p|{!72Ry~<O>9#7Bo"
+    "9jZ94$eFZK%t7T|$!z&90-!R?)u6Xu70~Wg+#{{iShGY6fE5z<UhY5*+Ixpdrt!)Qv1SYXi}WJ7Q#4EMEfs6&V*iCMcbVee)-pB1e6(`fd<n"
+    "12!ba|R#ocNi>RX`at3J0<L}uePPsRm?goxODIt`aw$qSkEUNFEx>}msuw<;RS-KEnwh5I{$ii4$+zvZgkEC(+f{B`qVI#i0u2ph*vSUXZRX"
+    "jiUB)?3_t<tiSwAi2I(Gm$>B9ncbH>j$cqIVd(0X({#}<2UrZP10)~w8ZmUExsVv<xb^n+68#KC28{a4oL$c@usq^PO4<5Q8Ft{;=K-u*QG?"
+    "`&c*p+H!;a;w%i--6BVeN%6EbE+2Wp*a?OkH!2yXvddx%HA!#9{1wOe%2`S0)cdo!i?B<rV)26Na=u*0Hf2A!mp)?6K#j1(a99`~F5%)c=N{"
+    "~rA$USKitI2({_@pUC6tvHcX}78Rkzr}Gb6$Yc?Q)!AYb`?Q25AjiCxCBabw%#}*2M_WrbJjvH4pbL8w*#1-V9Kxc8hz{EW@piXi}5wh?;Yj"
+    "dcZMHOV5c@E<Rglx5B+r9p85`*RgXBXMc-h=lhHd+N;@n@~7*OtUDkLvgr+pnxw%@rA@Y;J9fXzRk0azx0X{bwG7tY5Z2FS=XK}$JJ}@7vER"
+    "e#Tkt)D_(A-<VmG7WP>`Zw!PTJLKZJUSc664*jv7kNG^yK&jiKG5Al;($!kLTEz94*ZLGemUmj>}<gVK9Ft!|P{)+yW8Xf@jOih``ZT5=%!6"
+    "+)(|D?D$LzGQ})-3*8I57D}`?yw$cC!AV(3+)fHp0p@(*fK-Og+V(vg>`i5nBy4?Vtknz!B9GA-8EDXD?{{<^p`p`+yRa5>aJ%hq?dx0w~L4"
+    "r=zKf9u~J${`gj5294RBhZsy9qS!4lAp?wzg)1^HOD*tbJU7;Tu_>7s5Q&6OYcPVQWI-tuKfm$-88a`cHU_p|$#Uw0sZ7%J8MSSOxM~4|RL%"
+    "TzGc!;a;na3P}Fatibs0T)Bw`gC}z5;!|g1e_lC;x=(I7O4%3cB*3bp>}+GcR2g5#35UUrBM>BU+0Vq+YuTi*>S(N83ahpe~<b@KFWbqVaCE"
+    "*ILsaRnIxhRjuVtCXx>;8rv;@AJq$pzkbnI>x9p4Nxj|b*(IiJmC)jjbr<oMm9`RZKWX7pSu4}lku=$O1Z+HTZjPDZ6Bu*EPIRpu-y$RN6n-"
+    "aH*QI>p472HIqpJJq>W;LuaJEVJ1C`gwm1{;%q4?>k6OZU=!O}X(j^n#(o|;ZYbtT7vEk-e$h*K7ppre`(X62{%*KDM>;B*r212CFLOVE|4V"
+    "T?|YR)lZjvoey`0>kxW7yOpQ$fs6<0Pj&PS8-&wBYJUCFdLr>am{$Ws&mXzD{(fJENC8UPLd{%>czAJU9)8&og#2HlOje_jV>xwGvPA_Gkdt"
+    "!Ml;?hp2g7$sh>@EAKeug7D%6F!O8=#fb-3U;~?F!alBPf9cDgTVzx`(-34^oPR}g>W#M>}w1XQRJNHfCnvR^&@h!HS2+~f$EAk2((NmFRiK"
+    "mt3XtNLpvTZGTA?b)_<$5r}BibB-_$WnhNTWH_zf(Xaz0%daY-we5B{iZlm8I5(P4QHeqBu&WrRyfZl6--tyA(GI$!lzsc3`K2w=HBXa`A}("
+    "HKNzvL8wN0jLtemZ~8o{xUX>0{X`Q(FCf|~J_>3(xaXIcpzP*4^c!XH7MHv~3i6&S*U6A8hH5*9v;%cyJJ{S7m*i=Bse)QU&r)PLG;tI3^+|"
+    "gy?SRai)+^h$3B9wjSHg<wptnZaoY8LG;-KfFfbA^Wr<|qedyAsAA*;@UbAmqYSWj^2<fC#|VvZHZ$&cyanr*>L99U{fJFVw3rt!$F;nQ^eX"
+    "~f2|y_UwYnPiucW`3;|e33;*KS`e#C5w8Xmw1ZwOSkccmOJJ6o%FPh)C{3TK%F^Q3xWQJW!~BYXFYIjmNrJ`Qy2kiQxqi{^0}~EfEz!<9RT$"
+    "HsgHqvKh{2i(f<yj7L$(tfu4CYv>)T!y|jOT@As+Q1Y9+>_h5|oBy=A{6GPxvuM=L^>FOmNp8*rz1fMl4wDvB`8Ks1d12i$S_oamX74Xg{s^"
+    "R!9EA2x85#sslFyfTNUZZE~thoMts@Hh5KiB6#>t7KTKc?sMaE1YDGeP?I-(-)!kv;yB{MVHBz8u9TDer?bpbyE_&*=QGp~YornGLiN7=J8h"
+    "_rA(T-jlx{O1U#-MuJZzQnj1jJSO_k45U`Q2e9(Vf_*G3F;ZB})S96fgPtoiweRDqA+-82tz#JUJ~Y4vT6q;FGl_CzaA&smGlULTuQ}>L@99"
+    "Bn#TTiA&lbut--9T^BklcPh+IZKE#oDgAhxsNqtj<fTJw)|e8V8h%SZ6}k=&PS&~uR2foc=_OycKtk|QCDKJ7;k@j+X9FWGzALV`2~vVy+ge"
+    "c~dHH6^8X2)vk=vJ0=208`QB`=CpvY!xQz{6s`j^j^9N@G*kMxr$3R)O_HMN%KRD-?R9JxX^s3sD?}Lb(0b=@}++Oj!j`*fv(IXov~r+5?7D"
+    "h>5Wf`1}zD3==M)!pZD<DAGy~`hclgGepBT@9xGFWjvtCxmwM?$37^A<f1hTdqa5Pf`fzsya3xzxZI+U*KPMaQ6)Rx?$tyL_E7wqjj-VX9Pr"
+    "CXsNY!=tO;PLFa!eoUos`2%^ei0m;}VQB0loi9a$pQv1i%i>B72c9aWP3tr-<@6=evo9qMmVCW{p`iTEKzPd-!C8q^+qe&Xm;0L9ydUJ`-%o"
+    "$NLWJKSVpwgjJXiR%MV{jNwit8es<ED4(E(`Tk5E|5(n!aQTuc;*H0_QLFuw)Ets#>S-!_thprWJ&G6#?Do=*%vAech26t9HGM=B%W=r!OnQ"
+    "=erlRz0ieWsKb=GyVEZL6sIz4+ll{N#93n#?bCyzf?ExodqG$o&3wm$e)#R*{vh&CPpN5%#3DF`2f2mDxBP;8~Ue3U_u-WT-@Y(wv~qh3;$X"
+    "W7<QVr<E?m{XR-Ld{KJD?NoKFp+*jK=hMcAS!6{>FRp|FT@6`s;d9boSe3NH1V%UJ{9h>`Qo6i&mkTEAo*veNx%ZvbKR(o*^Ua0y|+`m+h9u"
+    "Wc|;kWNtvC;A$3_c-@tPl+P`W4#_+lAe`2!%Y979;PG6+ms?R46gm2V?3|U`-at#{c(eFXM06n^$={l|<;o5N)!#xmTxPq%_S@H=*rr)C(^j"
+    "^Je84>!RjYmg1n)+>`FFqH}X6X%jGreDq-iasI=e+s@`V&;U()A|&A#Jwa#IoT75ski1ZzO%x>78^K-)Z_Pl^f`KTz>*uMe*JC@U81Hy#c--"
+    "qFMX_bbCnuhL*4YF}@v7{{r;wprZ#ELiv^EhjE4F{T0Iz5c7w$IeJu75cO5~e+j_%-|62FZ_3lxY32G#IC_F)1ms8iI$$bhgxEifZ_U%2G!N"
+    "j4Z_dLxyrG|@H|Js172liJqi@%5g&FM!d=BG#^zdzY_y#-uS$vzGevsa$hvOZBJ2Ujd@Od4m)I*d!3~k@QckAg#>8*G`3H{F`zDM=b+DsV9f"
+    "H8Jr7NB?QFTyB)hHuf6Z_s1H^6Jmx)87*2e)Ku|pW&0?gwcMzkNB7cXVg;*>bn5yi~4DNyPkY*+5ntQ7?GZ#hBl;$^dvrx*@tiCqgJQY=-4w"
+    "GT4d>m5DS2KSU$&(Z|&QmABQWu^j?YKetLc%u)(+W=|6{iKhaZw-BtbPK#?B{Yo`AI-?RtcCVc-j9pm>;_4nnD*KGX~U8Qg8@gwvY`d{lQ+I"
+    "0r!;toJgiHM)te;}_~y{-ZW01NSSK3voFAHdm6_;}zf8_urMn<6{_SBLR+Xa$%Urg4krGv=`z!+NS(Hwx&T0l6&OD5Ue-;27WB$HX^`_Rrc("
+    "1K((ecTCx8rcnrxW@?7D4vp7|`noZTd7v%60WAy0^THiX|AqcPV3b?Pwq+Z)v6)5=z3+fN_$EGM1zekN+=p-9ll3y6ft9lv#=SbeH?Pk4I@w"
+    "qpF$>!1;x4`A;C_4`pHT~a?=`+|-@&)=VPs;|!O;pj|Ef_5*j2)H4M)?80ji(_^rSi;jAyLSO!#COUxnE$X8~giy;rZ(*oSY|Gq%7C9>MqR8"
+    "LjxfJmWFAx*u^i9;f%^Ax4km8}y(h#Q??=Far~M<J_OXC;;EFXFLu)wt^iqjXg#?&2b;$C}8bWM^DozyO`H#7w>$4^GD#wLuUtpLi;tr6|`a"
+    "{fC1oV?1MS%g7NlZzAmvS1ZwXGj_e0mmyI!e2cOXk<6kzq*ev6Hg9D7S_#QrE%(w)Q@GW_81QfeuT!Vf;gmZ3Oh8|<a2Q14-L2nOS=><rf?v"
+    "5Hi#W(EH8~TQg@59~8a5q=(bg<uJpwX^Mjn3)4rN+OD_f|l^|A23g@v-qg*?ZgQIIinJ@KvGIDl$2<uL^|%oIhLL^zJD%6q{it8yMNlsiu)k"
+    "!GqZW@-YE3JCg>*B+ZY+nLV2iJ9b<R!4yb+u(}CCq$JA_<qsILELpZC2)3w(1lbLTa~7DHc!BZS!OX$#!JGrdC-Wmee9p*w?|rYTs~ZiVL4u"
+    "Yni$2yvRoDBz?|$F={sDUUdm8zhs6&DB?~z-8|NkCkxcI%c{|;Y6y@<BqU+TYMx|Y&3^>^7n(*B8-RW$9_QP+(BWtwJb#~B=hw*RJ{V~6M|j"
+    "sFE+rA_<aaV(gpPQLjcqA@AIr~Px)puYYdDCLlbzMKZ;&CuQpb<()6@Xk;;)K;~Bt#zrtwD#dQfAqIM=-i`tvsppEo&C<6-~Br%zTf1xX2sC"
+    "i@{BQP@9@bJZ?0iu&<YeE{{9c4IB|A<w*8OowX;*Rr7ievY95O3*46uNvtsw(zH_7Wce{R4-^wcWZnyB|4#oF>2&+W-{wS?#t>B*1-aEEvX%"
+    "2#y#~kt6F*B?me`e7?j|Eud(JO_8EXp0|IbnvfB#Lhx`7NhEWMg%$V8=mTrnnSsVtpPBD)6ET9!U960eWzherxzhXCJ$1!;>3ms^`FO{j8cX"
+    "dfB=qM@EIGc}~d<`=Q=tM_E+A_w*z4#jW4r&<fBS7?;B<D)yj2)3Qw%M!?`VXdqDKI6cRt;W`{wW;os1r!3mc36HWxst&!cWsGdFZU@jNbc?"
+    "G(3t}H*{aj2<UBOSbEXFLk20AruxXkBXv?QEG%fWa~5v!(Xz1T|{3J-qQM0K&O3U{K$=%34?rnnNVw-&8<ko;1w+YWq!vFOx8;s-A4c@EQQJ"
+    "L;=5&RFx8qIZ_Vo%h7k_Ubeh*gscvn@Nl^f*3h?t+p;v(J(TFmd6*X<V7Dui&dK@KsguFjMhbso8$GzqQ1YVThUQe)Gd@J;Uxy}#LM_R#KTu"
+    "{@E>sF4{p71Zt+X!_PVVrJV(ikY1Y34#vLK6U>-+CrXXJu=*NXh+wawWldWJq^*EQG(34ktQt-F99`zuq^SEApbtQTdJrtTOkK)(1qkb&$mr"
+    "fEq>#(TDTvt8bP{5gV>IxPWYVAoEzc~aGtXtO8n>8k1I-;N_03uq6TGR2DJM<?DId)x44PM5@-#q!NAHDeBe#diqvFV}ouVybEw`51M7*4|{"
+    "uUfJ(F+l#?Snt35Hhtp3Cm+CiL!zkF%R;^1#_Ip&UwV!!U!H-NvLmSAj>R3Zc(%2bX!wl=A*Mp7>OC$&0S%&levL2X8YFj<D4*ASi?<gl+t!"
+    "K`W3W2F(b@hBZ|~m#0Wy7u9uPTh`^~$>vFtg{ZG+%~BsDFD5-a6K>m`2k{$%)z6aVU0ygyM~-Rot4f|Sx>M{yw=TJioQ`4TH6pA4!V|EA+_L"
+    "rq%Qt<7kFvffbrm&QF4-UnnySWG~F;>&0(Vq(#6yDbRcz7k1xDY3A;uGsB2etX;6gcsO<fqM)r+P(``dt$r%)_QRpW4W`1RzES;`tq<u1<f&"
+    "di}m)ip4`z0As)<Z*#UAK?-p;DBFUt`Tm0k{Dtov12`TOvAn=2%z;CbVrj7A~o94SG{_RmH?-uX8;@w5~NiE)?Y$<;S^st}e)+!n`#XOGyLY"
+    "iWv5hY02d>TMU+#2mgMIc@VvX%Nmv^kCa4fRhO`VcBwc7{rA;=VC|Cf6@2u)q*KPysJpHuPI@1^lF+il}!GS&evp@{?$QUOY{uHl%3ovWIwm"
+    "@HelvO50oMM+=VkTk(PzwR(*ctM5G;nOs3*uVdOU_$I$?t7q)+(%UCuk7h)st-6=ZD$rPlw7Nma!N;rH;*4Z}wIy%TZ49P6H`crdM?jX)cf|"
+    "v&187$NvhE;=!qIYfoig;@t<~ReX0-l(qwRW&3Nkm>+pfPKRrqewc0FwjYTK;b^mKOWO*AR@JVEwwVerk3&b!8-wOVJphTkF^^vWApyz)JI`"
+    "XRlXy73=szeN?MqAypdqj|p3fyHICmBW`?RN-&LZ>2YCJ^TX}tWai##^945U7=QzizRwk?ZKjB<-?O-WJ_%<kG4Uk7s^3UXwMz7=SvkMR(qK"
+    "$F_ha3(@uk7nmM7`#4s)YXkwAx%@obhG_2M4uIebI<r{l<Wbb1t8;`n*z(-|jq9Z3|GEKa!SxKecR~C&L;if9vgvGZ0H>E*~tTi#D%6fJ7&7"
+    "{#Y9!mq+`KeZY?Q9L)W{=yUP`4F2t62kgs;BSL=I(|+b?0uStwXIZ)LSX^mcBgR+Q?ccoW@Z%+Z_F^E1DX4BI6L+&Khh>(O&R7Pz>G9mrk=U"
+    "cegvWYzMj}vra3PpSRq|)69nQQ>nZE$yb>E^eWDN%&G{!T?my7dCY>>$#Hd(TPzM3wdIqoGzhP;WTVt|lx(GO5KW#Mg^}cMz}o)s+LrB|<TJ"
+    "sbIdq!4q1PU9)UxPFJ^>RvQ#?m6jV<!k4A2FFXV5D!%d<h=Y^c6VV{2!g_+e=ay;kQR+v;36JvCq4GVznOEg>9W55&ceoSm90o-%i9bNFm|)"
+    "~J|X;h4+&O`2YXc^UN3P*=0%Y-z)W!Yyvum6LonSU3Gl*(nY}f8{;}UZSsGo>$M7=Sv%%D?R0!Fk)A-q03L%(9tZkBKyl_Pyk2{skqfy!5(g"
+    "!D`!P@@nr?QdAB;fQH~y9jVn=}3FE1FiiW-<%RS}{+k}@lP<laUQpGpO9rumSRh;H#=SU%(F{*|X6=e059+Y~bra_>Z<69k`4x}(|MEjS;xk"
+    "J-@HpCvR`Eavi?Fbguz`fQ?Sm;>z`AJvttfo8W5zSI-FXv!lORhB&<ZTiI|E_V1<7wi8cqlaaxCA$9pU5qi1yq=;{gyjz{RQhcabmD>16gY>"
+    "I7JY0EpFO_&0&5#q`G1N7SixdiG95@Wk(rg-WjV`Y+Pax<i;DQt3BnpIslt1;bJ|3y+@0jo$A9U(L?oYI8&>ztU%KhE8dRD`O-Q)U6YM%bp|"
+    "M?<Sj+`lzJ|of%!Eo)`!1;<GXKkR_O`5{bBr@eWJ&n54YOAnrsMSnU`Y(idllQ;VdlHh6N|J4=PZxVacYKk667*h35ngfTm{vXjjgJ(`^0jX"
+    "vv+QBd1p{L9tB9B<0dDKLkbL?|m=85<t&~#X?2`|99T}+c#*q|Kab%x@^P(cqFRBCs4q74~2{_s{d%4^1)A+``92hcH?gVQ1WHQQATg_Wj#y"
+    "`pXJkRv&}m*c@$*d25^Ik1c3e=H6cDWl`v5Y@JOs+ST694vYztt+A&xgJdJB{n?YLZ<?+#0MzKv+kEIsQO!cuv?wut15raPdYg=(AIV;$VS*"
+    "8%<QGQn(9<dF96YaFrh9ZQly&)Fz2c4c<&MH2O6&hk)P;Udp`vrIx%C53#DtWRtO7(`<J(UGy<(&(&c<^9G|LzTYi4d8cD@-EdjLEARD;T8O"
+    "01HwLD2`btauZ;#)j|lMSot8VnUh*6ShL0TlpLVYNTil~U_;i;@TBE%fI%^%<uuFiJS!g8&~bj@pIN<tUsk%$_wrNL!UwfJmZxL!SmL}-&Kn"
+    "!{vI>M~Q<JM(>BcXu;WOM}mA0jV^;}r6VMcwz_Z$Z=&k=W~C_VsZMETwmD<9Oj9I*icQ1Ha@@79B2th&1KxAEq{=|I9j<J^d;DB)fD4S;qjo"
+    "to#Tj0hRm&e8YYNP>3_K`>Vp%BqI&i8m8pzCT(QL^>4!K4a@{Nu(Bz07|$?%BoOnb^=)K1bjcC0E-SnHq6pC3ed;p%WKO(_<%ObWs|?j(;ps"
+    "TE)Ur98EY<Fw^zi=01e+xDvo7<C9f%+RPuF=d;iXjD_fl*WlB|7y5R(D+7gE>XZdvnHvIkH`BCwW8bM(y3<*9TV}5iDb9vq;NY6Y_dpSVr&X"
+    "=drUOvNT*`^hKh#$rt<Y5*^wBlOF@Q6lkYIGoCrP`QO;?YTU=!Y0R5flgqRJC?2@a2S9I$dScu>5{@at^pBKWp`dp1E`uXvbz}gl2G4H*GJ&"
+    "bq;tQj_=?6znv020YTy1)4VLI@Y>eSO!o1_IAPSRK^4f@q&UqIzr>nE<}|1m8>5)&5%qU&5PlK5-x#z12tePz7a-YhAIMvML7`({6i8O3hUe"
+    "?gN*xGG@Xm+WKd#bulZ1f^fa}Y&Ac)cpT<VE7uMj$Hg9G~(1bW*FwPFx96>Kg-xg(XXV+l>9;;3fK-vi7igIXFWLi9;e<GGO5`uMt}_8mpWv"
+    "QPt`fU2Ds1z`6&pv|M$5z~%Bi;4mjDhvr9-{>epW1JRTh2NIMOBTJ<V!c<swo8P)YX~Vhct)IKOdp>3At~)?l>*#doqDg4o}mK2$TmA_N5%m"
+    "ly2{waprWny5I?wb)}Fuo|8-6rf+w8jBu-QCiXCe`f`R;?c)FL0Kp}){2+3zvx5BVs5vEN{#gd~&z|@7VIifF-lG&<{-EnC~4R!><g4@~RxE"
+    "Wy^@yT))s2XtaXNl!s&cLzXNXg&26qe<Ai!klFT@Q-6BicMbkUX0xDkw3}*B}FdG@)!*+@~?G{;^~$<e=?ius7nUX%a!ix^%I5&eSm?Hnu2K"
+    "EE1TnE|{qfl|&c?k3Gf-1k<K`S;-)iPcH#SVhe%OM%4F>PP|T<dkVaSPwooZwD}<4xt0~AAZ@{<J0liVqI5-bxN|qKuYKWq=W-^{`FckZW3s"
+    "j-;8=on+jGpWu|-QxTCxBzcb>2~$k|2~j#P9glhdr{8K_t}!!c|Pw_`0~tf}qThAm%$NRwswM4+*nHfQ;%4oP}ev6W2_{7e@ci#YM`%maVD2"
+    "7*H%q2P@qlDoVmwjZ__w=qy783Cn`MI+wn6z#NxYhaCttAyE(CuVyzIa@6O*D(h#F-mlbS#sasloTDMtOOC3jOWUh_$^+E256NsP&(BcB6lG"
+    "P%J-Yu_@bt7to;DcZy?Zb%vO9?n9vZTyuXgg5WJ0FC{GuwaDeQ-Qf+zaZA79#v@J|_$j<}Se)GE|D%@C#ITnD{!<@cElB@`634dEb<wKZNHY"
+    "4IKSSk|4Y7+Da<9F!_dk^9e-HdRLT5o|15;ivl<p7QNSE=``70W1VZ#9PD)+--A{GA`xh}259OhbxvC5UDs+~X^3Hq7&#v?DhjtBFuz?!ab~"
+    "xD(qq-(1^@xypn|a>E+_5Ri-taqw_fa36{lUWbWlr%`h75==vuJe%e*;^zq=0a0q;$aVr@rQWy~kx1dTp=e3$E$9(2f^=XdJDD*L)A1FYKj3"
+    "R6Z->C?Fyb+9l;TNW1ExEsw~Z^<JxM5Co(`!2xfeRZmjce}_V4Nutq+8A1C}nRw5??)!*J8isYJsi>(ID#=eHxWdRi=3DJh)qfZc#d9VQAyP"
+    "aL&W(+zMIrh!(iYwtmPy-xBw9JS>h3vjZv07MwL(VCI`&A<IYjpd)Z@jbx{17L<olGm+aI8(qVt-Ws&&(T5#)fA-ZS0a+7(x^3L5}lnVZ6_c"
+    "Evt%R<#q~72DXx>QJaR$g-tMU_tegp_4KI4>->c1qz7k=#(erb>KbD=Mo&JX(MG_cPNSm(Wx5vyS6WFcZ^Wi(VE?piBu&Vg!sorqIK;;@Tm-"
+    "({876A}URCU7P>LuA}Od`3X&9w*dG%G|!Ey=LfgtRvwBV6a=chE|>&V*)2lWqn>=}8y_uLuM<0#8BS=+ZSf>4sqTcua^ixgA{cib<AZ{Fr!g"
+    "EOH4*Y>s3Z#de&X`UZJLB%~fySl-o@vy*em=H0+X;M<k6A%db*5ao1`t^;-WkNGsKie&%tWmQ!ul2bLLP<ZzHKl=0=oxrR!c8XE)Ugn*dGTD"
+    "aa<%#xr?i9zD`Q(wQo-Ka~`YU>x8R%xto%}hrZmtz99^`G*hKAL<DGi^amOKs;n5`4mSN#IN9(Z@bRB*AbdD^kSvEZP?cGyern>6wKotZoa$"
+    "KE?#o(=r=3)xANPg_e_c)5kY0bQ||@FfUTd21}t6>J))qnuH~h$>wtpb+9mrz~=9!15E0)Zw=roJOdQoE1<?1-Ma?bgW}s*4r>ZROn-ry8^z"
+    "X0zQ$fd#;BB_u41DVjJm6)iBW#BLA>rc#3>UKnfLjNFkS5g|^>JDs?o$kdv*Nj&E%EknCM#Rfx<9yus!YF)ay4l#mjGu-I-&U)zH9qy9V=Js"
+    "qpPq^Fp(lA;2oD)6GG_%~VDarH#gT!>GSouWb)E|Gf8nFh{^<O}3W$;nBqU-zWxYTa)tJDT{U&cA23f^8EALZMU(rJTy*B4Q^6hK{Iqm?(zQ"
+    "j~r7LS*$=QizOHr3nH76zeO7^p3aM07?VQ$08ZdD@JmQ*5s4;andmpI)=HRIPux-=yhfNV;RNK^!X7V`hVVqXHJ;dMiIAi?5Q##X_)>l%DmV"
+    "gA9I3C92u`glB%GO)5ROR^gGWl42)t!S{V|J!dOodYLQKGmXtzHhfU9Dsk>W|IH7<Cv5MQ!d5wJQ4VOrB7K4PKRaI;=TBmEmpmJp$$Bf}#{F"
+    "kj47;N>7$kdZ(#Co0bbUd?li1{jOnTC<|&F5xw}j>I-m&bIM`N~BJSaD|gB1OaO%BW(NRXo6P7D33Qd$i?8N)D<;>s($eGo|1_|sWZ@fb^d4"
+    "d#csZ7I~T0>#N1@k6rA+7<RFq?ii(<|2dg)0v-TU~jjQAys7svxj&+_>Z=<@*%W><8N)m}f4yuS9wi=w-cJ!gE`3UaMYfc`nZ9aRu)Z6(Jy="
+    "5mqhc!$y&VJ#g-6;J?Lq|>Wob2u@=<QhD**S^HzWoQ|Nz23E(5-qajp@7jYVJPxy~mmKW!%YyvW1uGE>59r@5YYr2orj<dQOv<JAt>iV@G-`"
+    "Luz6B*{#9+ZMnHR^&Lf1iJ)$OP3yZa*704=*zpztrE$kR7R#q_!o6m$!A(HF>5l2Ux+3okS&i9>>Q|!K#2QvNu^^4>!n~dQg<Biv@jX%Hp81"
+    "!y{pPjmAT9^bnht&kIIAU=+WP?MI}otrEl;d<G|IM3r73OPS8=>$<k+f@yuOc#wE#=;OOeEj@6V}zS6+kN;vVh2f9wDP1NOCl`(tYK{X<={-"
+    "VW81nZ24)wOgefjZ<OjPAJx?^KI4}?Y4EefYn79G&x*Rq1U7I`U-mnQ?y>h8j-g!`r_T<tqOQyJ4T7@9^!Hb!(Uo2WMB?&F$!jfX*QkM(0<1"
+    "<v`g>aUPHR`#cp9icYbf3J02OOA7s<c0Znt?3(4*<pg7HDs~^w`-ZA*B4^-QCWBT56-}fHv@RGeX$D;NA4(4e8*pUBj=YbvE#yPF*5o-onL$"
+    "|m}LkGSA&cXK3DtzkuJ-*KE74F*#StXe&XK!F|-Wu-7Y4)^Re%jrmhJQ>2+kYP21IeoE2t?U>I5cY(9L@GF?nLBs!qnC9Tk9EO*)7())e1jx"
+    "#g41X-uZKXYqy{M^nfCJ+ixm+r{wqEeFNB!DGA0~jKOx;TXx`({4S3C@oh1C8{_hK0zJCb6UTn6WRSm&Nb*4e^d0WD1zPp?CT9nEDMU+~^A7"
+    "ZZ`>812O?Uq8-4O2<KP8t*yj%PjF5q}~$=-3ryLS-0d-uh=#gDakmovYU_hPX96k0$v8<KR2BKj>^G_A0E!I~DzF28N>kHsTP-e?hzvpzFve"
+    "bIOY#t`0Ukstuux;6G3b^U_uJos%do1{5y7)#To+jSwEd=g(YVQeFJ&6l<LTG!=oWyu~`W5jf=+np9<mxAqcn)~S?*yUxg_se}3w^_ZF#Y!f"
+    "-Z4N!VoK3dx6+D<xH(M9a<yocQl(~65*PLbjx0|B3_1wIHh_c_Fn|EcaGgmNYltokKzVW)t4m^1U(+L*MD2?mhnR;oKn4*{R=<bxF*R7@KZ9"
+    "O-ymoZ(XpV#N+^>)e43!{eRF<Z~gyWnuQEpNxUd8fAL=8Y16iln?=9+M0ib-8&vn<nKARL!M4!A)}WN;biBC``Qd6um9v=50MGFC4N0>sNC}"
+    "Fpn;mxp{|=SZ>g7?=Lqm_f46UcUv}Ir%5(mTV&(iGYxNvSuW38+q3Z+i5y_bY`iO3KF#tenUuFlHeTqV$8Iqj?}|vn>p2vYU6+Q}u1~{T%fC"
+    "Cr5)<Py3{FR0U;)f&=&_0$P6z9Ei9Sr3hS$RlsPNp+L(}~x1&>!Tp~@U$4Y#Z-<LXLbY_@dDUM>X82vpA<n^6W$5o^qRH`GgByYDd0J*A{*^"
+    "8jGAY*T%uQ=KyBH1P)-4C4G8ro%cd=3aneuzk537V=!@QqR=S85^Cx6S&GLi#Q6M(#HgPly752&X4j4+VW|+JM3jM_KIi|V5!&GfTzj%uxgi"
+    "di!+CEii!-liR?iOr^_>?n>OI3Ips6vaCV9-<L&UWuk;z5J5w}u;oQ_0bN|i+^n_1d0Tu)~6hyUZE&Ey`2c}oY`oS4<iU8ipOuedv9+?G2q9"
+    "7VPjJjvMm#^Ey2w6AVWh{P?n!~KK!pSO(^jzCA%X*HgU*1sh_$o~GUDYY|tF);VR&k(u-mG8{Ox_k*9@G)c8db4Fh0TS&wbqSrhPi+b^Fb~W"
+    "gLPIjs#;vM{p?s4wyJt0#2l?2W)tyDnQI6B9mdT$jqur7amxgzG$VY1a}>>Q0YUhby-*;~2*|iym%r6%$ltnhx*Y9vaRU%FcZ#kp)>re6Fjw"
+    ")+;nQQTGH!}wId-K0C+8kZi4}sX$WenSDr!iej}n(t(l_X<3w{S|+6O2$C$d9ab*G-=n___YdjgTMTINo-luvmC*ka%Srg^omn1{oRTV=8|%"
+    "L>A*2YQD;8q5|4+jD1;9<@t!kNI>cxf$TkO<3fq8DlWIch6JE*Kuw1JZAM&J~%$lf&KF|*j=M~I>_=<R`vAQ9Q+ogq`|xn9=j$oX<qd(bsS|"
+    "h#a0H8FmwpBn^tPm=6IZ)lO3`sz0n6XtanYJl%xvj?xL4sJt;L4cX*uAq#?aDB?obWBweY)gHc`%2h%&M2qB0I@~~rrcT2ORXj+pn;W<&B_2"
+    ">X`rX&+z>rqG8CuXgnBclK$Q@5v+2`BX^U9g=<CQ9IjNy_3=#bYci{~iH^1ZO4DZRjbh;@sjVTyK*!?!>)zZ&+=|X~yHUt7l9&GJJxd<Zh`F"
+    "jZ;20=~m*9Tsn1B`A2}L&-b!^IB`=)mG`Q-Hk_ZyB!R{|&EDuNdT<a}O2@tRR7(4_ZUIi7E#~c2OenFgo#+mMvx;!RTK8nHax=oh18J?#=vN"
+    "ONO7%iZ9Ft6qvx!5RqXe2FIF@KVMZt7T4Wur0!`U2^E6-NCr+UMPm`24wH|*^>TV_<O&vH}~kR!GmpTr$%^7u*|A{TPCJN#AS4Y8?|`ftuyw"
+    "+>Mf9#g`LBF_Bk&rkNUO;v8ccNk_H#QD;F0ANp%#9L&_(Mp&y7pXlZ3l9zf)HzW~=arwK6#M{L4xUtcik1#(zv5We^l{FnQ?mDZ$g1J91W3t"
+    "|)e=Dd_y79`ovWfvIq4PRz3mgDHs;(6a336QP@XXL8c;QkRE?`K%~4~JI-dk7nLsH@#8!9LTTXM~7zXlC<|s+7%)vO2W<a?V?}OTNY*4A-)f"
+    "wjiPrxUxF)*t2G1okFI(5|OS90mGS>?TV>4G5uoQ3cMi^Xdhg;%@j{s4K6fG9dJV;x{7d@>fTA)H^pe8erDv>O=p+2v~aj5({n#Li>&d1@r|"
+    "P)f^*w&62)Ekm2kJZFfPhR-Q`v&c2aj@N{7B#)x4yp)=w%usR>1H^AWawVd6gZ0T&#Hiuq%!Pr1$=jf#9J+-Eiabs^hxPJ+NAyn693|Q|Ih8"
+    "=143Tt-sj-%!?jpWK`m`vFHb`v07aPPVMUzTB)=~q>l(M~v<j-+3prbWL$zu&ki(K(TvQVO;SG008(TWm%d3)No+YZ9N-J94LJAlaUeOAzKJ"
+    "s$m*qRgEGiGSB`Zz1(&xd!xxsCKsRp!nTF>*Xm)wCU_J6{jwRgTCM5RwDX;;tT!90a-2NAz-)IX0yQ`c<leqQCj-mal5-dd4Hnp6z;9xUL@<"
+    "CkHc(?uVTAYV7rWy?QcDAGs3s^Wz}1bTCD$)wH&^yA7o&v^A;yA*yjf99&~(b6Wc9tvxNZ6TL^$|@*AsziMM4iA=|OS!Fs80cMxYyLkrn1uF"
+    "q_jrr8~c7GV32V!9o_ZPxlq>{jn5Gq~Z-L|fg`c0^6@9T~OLm-~FVpC}4;aEr{E6?ZUvg6(h`ck$(ar#peaJsoiGp#R|hZr_cb8!p=2#fl%a"
+    "{Itu<I(@I2(9y&T$dezk$R04{b5#9{E1=Y&Zay1U+dU_oVZQ05c@RL6<r6|-rSrNrgP2!9UjV3(J5!zs7CY&h9-R&4!<nFBE@#U#XnyM9y=>"
+    "7O=@wSRxRu03OI`sD_HCY9c9nj$a<-gN$n-W--01XrqTd{4&_t8Da?_+Q7vU*nY#NiWJGDtyoX}-?yMnK#Qx%6h!FyA5-<ZrS?r5Bzc#^aS5"
+    "fuyS7S9t2-2=Q`!_kIt%rhDjH}rU@#2e(~3$S4cD~(8)?XhY$bd7$TLtpI@LV1&Nv@f2}EB4^UPUcXSyWBS`8Caz}3^&BVtn}c8P-bN4s3i-"
+    ">dhVlh_kFWnzVy%@=W!~SP)0Jg{QmL`+q4P%d^VCbXO(^~_i{)Nr;VyXgV34O*Db>!*!tZyAVMpYuJ9RNFuIQLnZP$r9I@uYLI<<~`!23l@{"
+    "~YjGu*=^aCvk!ol*yiFf!ObkE3%0TeQ*4fdg@5a``X@D7k`q0(N!QaK`X*jx4$^NZWiK*32{T=8`~X!&w52S_Nl2+la>eSUC+ta@gkG(&!?t"
+    "NMTFjwzaw?*JNXuj~f-34uQV3P55}R@0KtH={%RUW>`N=n!7>2xU04w%};pOu-9Y4DxrmOu5`|p8qZ3GIj|B#-Rcai3;@GSvDyKL^0^?eU~#"
+    "(0h$Y6NB&Gt31yk|lS!6j}<V8F{GetN+SpfZY=0|rDuxV7OL(|Z^SBUkwiq4b_-Iw4g<Ub*;@oQ%%=SrJ)1qYb77qW1Q^S0cJfL;PEgjSIp!"
+    "V5Hld>^ldgqIUF?L%yZVsrtA7z#Ng+_Z#a2=^U4_9jb{mx&K+27t1RPB@Ev2rrSWs8Bd;y-n_=tS84WYz2xOwXjKvr;2=HUE;WP$tMKSsv@4"
+    "S2<WNyvdX%SBVe$~NhtbF@3c7^4z@!JIQ-=^Q*L;(efTsi^38U{M9j14I@>|OpYR0xo@WzqR&t{un%BHhGYo!~dF~hjd*#g3Je+ql$S50~xz"
+    "kg9M!&g)^UITu1fWVqObqR*#ZCK!G&_2D=|*aWEKRmBaK*+;i2yzAXyB<UPT=xW7R#aXUBw=XFtW7S3yU10_B=1{(t__t?OvFl#6*e^3{Rl@"
+    "%*{^UwE(i(h2p<Wth>6L$GdS=kBk{@3!~axDc>p0hrx#!`M8{988(y3oi5KR=Q@|qPR_tIC7cOBMQ5RD#V2LIqO0Vwv~EI$tTAZj(%h9a2Sy"
+    "WOjR_4lfUpgD!@%nDX#gpI)B=RmF83V`8KJLu9zTla6g3JJ2@&)4gtJC}r!WV#$M#!>#LagB#a2z94iMt<S%pBDDgE&obAg;Kw)+{trZ?Ml7"
+    "F-NGQy0H2DC`(__yFGV=NZynXFy5e9CX?M1^$P3$P5%zi5wBf<kFam(4gBm85>Sp&xciQV3f~?1!JV!>gDSl1E+x``v#FM52xb>K0k!!bl(7"
+    "go(U_~wKg=TTe_mna#|ilHRxIOz4%tKrL&WL#m!EjRaqr4mrt5*v3Ai}UIl2iYBq0&4hhc&bSoVCU{&*Gws;ON2ErK)ppE@p`*IH;vUO{<ha"
+    "BX5m^<LXsslKA-D184SU9@Pc;&-W^H*Za<PhCn*WiK|5P40lX2ZkEI$#vEOtOK~cAs*teJv|4X?LObib<v@$MQ~TGdNo^J+b=h=VA}3x|gER"
+    "9lA#)x|T1^r@2ShbOq}cVW~oD0)QPoJK%^G*E<KAdkot10gM`5RveZqSmi)(C+|K$LDCfFNMl>Wr6pvxO2a`P6oc2*AqVipOlqVX@XHpQI6K"
+    "Qu*#l{S!NK-i8d!%xqe}-83G0#`>t!39D+H#@Dbw6*clDv;;7K5@>vj&^&~BRbqaH#(miSh8o#-?Z{(Lsfb`}lAg(=+4;nP!aVC@rU(O%pxj"
+    "*MB&mNUjiimcr6J;Vc}A;5h5RiZ$AxB!O|7(r&%c!%glwSiH4wuH#hL>jPq7JAsSz0-A;bAi4t3}`b!zT-q8)dwI2FfpsdS5*5RL-#yb<p2O"
+    "osmTYTqxss%<bnWqm|@j+2@G&@=2(0qdaj#X)UF=EHM6Sn0%_nlg@Y;{ZG&ixu+vK4AB|Nqz#v!JStdjZ=Q|;7N5m`QMbMV4en?;xAGuK=Ar"
+    "4>+-vqWMpqEp9O5PmlDbD~-9zfgtVu$2{#QkcTj{`hqRl3RltV+IAwmhO_zGs@Bp6mrm>8G`>z~f{-)&boEE%w_47o{2=Jn3!Hge`9|lXR1~"
+    "1mF%w%dnnG<qRjLQ8>sEkE1Kh4{;VbhvC&<xwM%LJj3he*^+1E=-P5aiNHI$yk6LS+0oj?IW<c!a$UJmI6#B#l1|f*prbq+6H*ef4oH1<Wf|"
+    "SHZgwoAlkHaL%Dse;mI0DsB~VZ)`X(+u4*qNzsHmanlSj#;4JI9^To~m6-9n2t(7Op%;VS@AaMUVC@Yu(Aki1>3<t*NBXwxnPR#7ESE^m}&L"
+    "%%)e0_pVHhcjbc&`QKLBUTK!^k-N;%V)yP&RkkW?_nU3E{H?kNdVf-4zC+z8R3crBU(-a*#*ujE1cQHZK@HIFMSBS)KT`c?Sd~?E2F9T@SM2"
+    "<Pypuv(IK#KL+&KD1`Gj$1_)cd##Ra)&kSJwy6s+IG6X;00i4xbz}k^d4t<V}HgNuc;|v1#u9Y+Pe28s^u=0FGpX4Zh(7%+BmQwN(ss-V|;u"
+    "Xf?%goRLAdL1tBsmTRIL|d_(7_Qoq(SNY$mofjvUU8;B~BHlf;<rk2hox;d2OWEUCyv^o-0iC7NLSZjtuMqErGe<!W`af!c%W)Q9AsRkBfrt"
+    "ob;3v3>H%@4m?rr@Hnz!fE<s)@m1g@3rwQKAT(v*%vQLUwT=R(<Izi1TtKBt?43(%eI<`AxVXA-m~loNo?wxg7vD1F60=~=lmN<sEiCqPI5N"
+    "G4Cd5^ZQxWi-qtb0q4w?Ociq67tK?*qv$6kqj?{>NViVAYeq=jT`9JxG4xoJld^tp1Ea#IyjGB8+p62%i?B1Zw@>`qcEx@gQ*Sy42GZQc`RV"
+    "<A|2J;DZr=nX<FD&Vkt%2{?(Fs%Jz5W>ZfJUh&YOUJ#1--;UDph!<d0|W=p6gQzzQ6t~iI+eRTqLMGCOYvaG^6=rgwjsAX%f{QoJU}^#xzmW"
+    "c96$&@jvxT6xOCc{2Ptd$UUMecYF|4|#0Gl5h|<zobGB6I)HCYE;FP)CJvnb|N{LUh;3_bWL8K6H&>s=R9W_Kwd^#n$X6b-iVZieNukWOeDx"
+    "ZM`0m08RrT77>i@SpNwHaPJk_p&{_aF=BTX^j?vT0d+COjn(lAUvb+As22_yiK@YKCQvyu~xZU)UXo9ylUE&f4m330CA&b#!vJRP9{5M}%E~"
+    "OoH{`$e`xLF;TKv$->h*fXx_!2C(k4Y%}F~QQV4j;hGJBQ_aKb0$NL>q;IZ9cihrt&oHBDSTMj0GsS-V4HtRYEl(R;0Q2X2QR_f-MG;7j3zt"
+    "SF#1>veu_d1>`XF%RQvqFNm;xcD7larkM+lH^mh{x3pp6n$3iqezhz_47FK0NZy^`G`x{Q*3+d$gt3%vG~?#VvB-nlBmHRR?DXKXyvhX5z@L"
+    "3D-8DkKRX1=5-m%8V8CDBrLvJ%D0Q*~^)-3zJ@OkTRR(;_F2!n&m9YGDt!kXgVY}J9Gy;%BHmdWv)QWjZV(NLRMg10G}y>C>9x;<Guxl<RYr"
+    "yj*~p?Wy?D7C?lw6@a#yPk|r-Gew=)>a<0X>7x{|CE@M<2il4f~8LJgMb}X0oH_{5$bd)5A15*ktI38Fy;Z+yoS8TsKbd7T+f;Wy6@3Tf-m+"
+    "8W~pd5$5j;GO6hmN4S&z5rK@)15CRP14(hC#&)9l*4oQJ1skoC35l!>187J4C#_ZgWB)M;z-yLG3Mmh9OT20>DDI4g0`zss&KMWIzF6+APS-"
+    "aK>~Y4%}GyubnHS_FO3SZVnt#dtPecIQnK|+(c)QX>gcR(ud9mNtiF1%Z`dXG&*p?R`~@6D<7@k$QkY`l{W4Z*hK0E@ibDWZdfe<)KyYLXN0"
+    ";TFFrw`sKSQG&tCPiDh8)iT$W{dn^u0B!J1{D-Z0=Lkc5GFUuT;@)$HdL8a(Ny9P(0!HZqE*4UfXg-!zvqDhdt&6Nkwi&~!`vG2aSU5!HR<0"
+    "N>_2umL{oI!wAk<Qs6BymWLV!!Ig}80mrta0K-)6?=%DG?oR-8VI4+<0Bc|Y15}TDH|}@Yybmv;Y&FE_;SM@$-r0^$$OC_pRCUDet>cn#p5D"
+    "f!OdcAn-GD!L6og<qYYyR44{wC2bGRP;)e3BNZ+j?%6kvGLgx831@LDz5`jTLo#U}au*TQ90CkZJgpSt&B5Sf!mjV*I#|&lxfJF$`&uCfXs8"
+    "y|x<vHqKltmlw=>?V%=7%?U4-g(iNA<%nvMwFfDQ4`*K2Fgkc-eX_z~)RDuy99x#1VivV)F^q!RNI#0B_@*U3JIc;Gr^=w3-6Dfq?VFT96Pa"
+    "$JUV<nlIfn>)TxIF=s*G4^gGJkrG$Zcd|5_hUaT4?+q#zOgS3_D$Yn*PYw6jfXJfTsMp?4SGIfI;S9hT64Tg&RK+WY86#=881pFcq@!z8>v$"
+    "Bv8iPjF!K)$dRiJUkx;=zq67a3v<{Vq>7;@EFUg5*t=Mmil7dr<G>u}HboB_14?tb)@Y<U)MMDGTE320TuoDCLh96Vs)yqv9l6{W0ot>$8X9"
+    "kzH?WrE2MXOQ!kj^$@#|8n4(hcm#pR`@DOyLNOBxLB8^BNm8{NQ+U~Zy@9bs)A=)H*>0XObJ-+0#sFoB?w1aR=f38-nN~)SDh>Mw*!I)CKxz"
+    "CoAxNrNu?*kx~>5V3i1|1l`J!XNc9@Ny@DL)mW6V0Ez%6A@0`F=)I-u^zLR2U$SoRs0JP0`MO}@65AR)71p%{80R1yCu+c_o;%b`rv2|3+fL"
+    "wgHPr%MuMpzDj<>#8}69rcR7aUV6K%_zkPQRZ)DZq?GSx0k%JX=kddy5;E@Y}XmiI{c_rBw_#TR`ReI$oEJp39_^3=~7HnM;^ZHiFpep2z5*"
+    ")ibEu?i7-gA_b~Q9upi{E?w>mfyY!-d08>4-{{)walX)|WlMp<1PVffMaYbZD-lMJ2LI&fx9G}KCvlOfgZyrr_*|_ZX2{<Sd=E1|b2o@ruEN"
+    "?Yd3Lnu++D$Gfh0x1pblj?3V2kZl3MO5yQNbg4US<!D4eOwheM_WsX&KGR#GHse1=QL4Djb1&jTtskDI!TF7Hs?#c0kHS-l(~xiK{glgr}BF"
+    "w80oXPU&TjZR@Pf+Gqm0dVGuFr*`*F`(!{KM0d3pmq|qXJ&<jNjo^4a2Ib|0Knv@Iz7oQ<IT}j=%H5U_U<&?H7wNy!ywcf=OR`tx}TWTk_jU"
+    ")TA_epoIoz&ba|c)+JTF<7h9sk1&kLx*Xd(G@;P9h`K(c}m^34KTwb-S!ip{nVT+>ysKP1os1k*-2;gHY8B_+?%PP>#MG6!xZV}5^gtg9w8T"
+    ">5+)OX#IrXpF7{^JUenWj6cQQ=L?iW1lu^V=%;o0A&3C;WXS*S?VEv&BN^fXmCkd*|E~SKbS~k9V;^Xim_a2V$yk!hxNJK`dmarhyZvW&^jl"
+    "iA?uAD_B7kr=gm4G*uOMTQeTp@v7axC>87~+8ce_%TD$h1(O6SpG&bb(1m%;2{XzTuehP30JU%e5Y9QQ{EUJ|5E2Lt5)N=;2vT0!%o>}KDt<"
+    "VP2E%q#7xBS%ubcP6aglflHXsX_b_g&nub9JGVk8!hr~vwanqfm6Ekxt&v=zY%J!v#foy+*9Tn=d?@uo^YGJ;OAAIIW`K4&M@88(Qf%z3^kE"
+    "w61+QFG0X?Rp6XU+u}P1w|l@A0R2RlT1ahi6=qY{aJ<OX~lVgjiJp{URLh_IQVV8j(XEJA%rTcXRP^Pv$H~~t2mz7L1f$(Jr&H0AuLvwkA;4"
+    "lM`%<H(4q;0ASIU^unHsui6Zr<smo;iRi$N1z@a*VCv`EkdL~4D)=1Xs4cFVN@G{)&^bS*Sdt^EV^vk_A5HSuL>nRZyi#oaK5)1;drw5#>!1"
+    "{=gD&jbiXyTTts8MpcuT;;{#5`dtBH7pHUV%@CUfbH4sb0Quw+~QY_yR;_q>G30C=*~>pO2sTXjKSzs>K4lC_E1TMyM;`1?~WX7-%TqJy4f`"
+    "n_-*wkXt^Agvbpute{HvJa=ZQ54d~oT4eAgmfw<%<s52-9VSELGTBVkq4$Nq&ld<kaAJ@hULig?D!inHlUN-zovJ97!Gf&5?>m3Q-)Ij|5$W"
+    "9x3*x{^1ZXAAOXIqda62G$$O%4GVILx;j9M29tj1UC3AG6DgWvtT&Mtw1faO1`pa=y>px>-T$^)ZoqJqIdm4b;;*pd3%Q9-_KA8^b->2J?v!"
+    "+AxzW_Tjb8wkTF+50O!C<X$yF=vWCT03Wyeq-s6rtZlVsIe8mOF-C*8xb42KykZfE(_vZK6cc&hp=SMopM-JrGurhl{4n`V3SM@fZc@JH5GB"
+    "O7)`y=9w4FhQeNJ6(fK3KB7YRJ)e*Co6P_I>vL<?&D5@I!5JVgVe-8?90bk3OF&uh;sa+WAo(1`R3#AuSVVnTQ6L9Mqv;y)wcZ9CXVWjPiXn"
+    "zm{GUSN?l$)3fgB?aLL>)p!2*$XZS-?xeP^B%O1O{s}RRM91pX*${7trsP&@MaLD$;=e+_`*q%2f~-s36s`3b`&=A<FjC+&f7&8)$x-ObzI8"
+    "p$gzrbb!CWR|fJHU~qU6#(aT(W$c_EKOrR%Pl{gu368~Qal9`u0jPIJW)FEHcv3{vu%QcjL}tK%G(*4-t{frJD+&<)88*+?Evcp$P*B%wTqX"
+    "Dfq7TfhXAPv`OM0mj<<i`6-Re@bdF~s_!md3+#_o0`1wd%4ltY6IG66%O7bHxrCb<D~!a;s@1ILQ3o#Qf^6GP8~G<pJQzCs=a=x-9}=E7M%7"
+    "v4<yh_i0C4*}6&y0I$KNerAW&y@z-^$cP`(g_%Y#t9TS2BjAix+kD18ubhyCMB#%#YMB0ssN7#+MT}lMkjF1dQIMxny=O4);wFcPGqg;fX%K"
+    "M8f(cVY=6}1<AdCHRp1%8U@}xCuK@scdJVyS1m$ZzgoTAA8+dPEqL@wQCqVatXyl+Vqo2dE*Oh)wc**A@7*#uHz?T4ShUcg=hTmR+bwQS2F!"
+    "Doi8bOpD7%h_>4~T|Bl7${1B_VB^KMK9W(h;l9CXTZikX}4Tddg_<CHF@s`wZY9d;}@eKQ2!3ho^2}9*}z}U53|F?o}4~DjA<`?<{xt=G~a}"
+    "q_o+2Er;T`<)2Pb7K=0IXN%|H2~M$R`f1c{8z`?R8xe%~qsS$Q@NzO3W=P#WNk-2)d$H#t8H@y@6DU>>8eKh;y#Tw=CNO)cDq3mIbqu(`_H9"
+    "~TM!4Mw6?f#U#KyS@$K)JVmtk1C#6*1MeHNftd<uY<8g_VJTcI7R8y>G9Oysqyu=t5VV0sR~OCnAfKv7AN7L_=;HXJVE!MwE93Dv4B(r_L$m"
+    "g~0Nu-_0T2RRY9#L$Z08zTCM<3E%d5Q&|Rh?1~PKp{;VPR+PiFCWz#_o6~XH^<a58F)L8Hs|>%BjTkTc9nQL)T5wx1K=KZNI~=`Vu(FnO$V5"
+    "jU<kMpUNMC2nuAE{a8DQ-V^ze8k~)Sc=roN<QM6+mwZzhEh(3|wv>0j4J<C_%bYhw>%yghFkz93Gpr~*#Q1=ACu?YpZFb(HU=RqMLIs{UAC<"
+    "A;!YL)Z>CM~*v!oUz@O0a+uCQtA-xLSF2hCJZJlF%k_=~;D%=4Vx0%&%ejqG{o5LTZ!9^(&C-Z=4^V2QN(+niM_4Cl!jSqdIKkF7n6%rp-~O"
+    "*+wnhLbO9>Y=Yr6jG|L+Cc^B}_5zp|othNjy@P^52OVh#YOF=vu7~jCa9?D3D0E!NX>*tXLeK}1icRTa+H6p;u8q<sS95F@3R2<~I%t|8jKE"
+    "q4B$Z?E@G7d&);r<YJP-4WT)0#jN-gqh2-Oat*=guu6$Ch-D<XxF1w7_;z(f<eHXG)xD0CT@G|vW5D}58Dg5tRGo>;_Jh1ZT#qm)AN36u-kE"
+    "C6UAYiq1_Q+A{Y6@)v_n!s-JIEU*2`QkV=e_wcs=IyK4bVZZiXnI|NIW&NnmQ>3PD(Ld(!l+A(g!2_x!ONJm!R#7aM7nvDIhOR}97qGu`VlC"
+    "KMaDJ*fL2|2ivUOgSHiDRKAlKmDhk|NJYxnbfnehR#fFpxp-)twh2FaaOjPK|@KT%A2Mc+jjZz$hZ46zNiX!0wx+cOW!f_&krRBpwFmZDL8R"
+    "z*`oLI$rk3z;ToF=PSfeO{h2?r+4OR6>lgSd(d0!wflbBlD)@<7vV==)<G%2}xGWi(CcjxB`>oWnfjrPAhrPG3Dv_IDkRHdIidTdxB)V3y|*"
+    "ghO~K{Rbm1$cxT2VhJv@TQN&`i#9dKQlb)JFW&x}UdwSN&XM93%Gsii=5!ah=H*elF91?UvXi=ewtSs!Sw0%ue9VW0&L%$NeGK*90OeH!e!I"
+    "?mb7>UXJl9@Ju{8_(w?ZsHQmaYYY_uPlm9zzv62S%&A%S!@A?<OBj0@6O<s{JCLg!L9IW$Z8XytujwulZFfT8o8RO;(wB@NJn=sWYMEJhoVu"
+    "L4mF(X8rD^#<eWa<|nBU&;f!k~K5RO&ivF3?1^wxzi>XL`BwABL5kR@#v+8?qtwImP~I+759ccB%BVat_|E_2Ta955s^hIJ#w)?B~%4R4F#t"
+    "-bSX?}Yzgx{ZN|JCW_a2%hVphc95h!WgDA31?Z}>kj4*(h#z*W1(8{kJApoo9p=n<^K|E1pctBTHqaWldSn{fYcG1vFHSikbGR>>*<Wc36%q"
+    "-L<iFfW$s<)&Wu@{Zz)Vyebfyn~Dt0P&Wqvk}E*%LlzKsP;W7Mg}LmI?COdyw<5a6HUHT9P@{W*ZXeY;^i=Icro>DCu+bJtxAi0}Bp35i*IW"
+    "+{{i+m)28$9-RZts$*u0r|z2Yv~1{^NM4|KAVhsQOe_EjP{ZnQMIdp7ER7tv``+TsPO{wfs}<ZahkUU?@|HSyp9N8f7*N;?<g{h2-a9p~taq"
+    "SiYU!pO<rTwGZ{dz%Dn8#KjUPZc^lk~GQbZrnDhq73Oo<Vq7_qKJwq%zGVyGfqTa_$`Y{2X}=4=ryy*yi7rwo9~DHF(NRvEM^M^Y~Dw{;<m4"
+    "**gPJWSCPP}Z7pmu*<SAo(K>`VL_80UTz}A!D4^O-?v|hD{d>WHD0EYXCj;)sZYn8gR6cXD?X3KuCTT4&H|4xz;g|gwY2%h%UJ_xlBkE@fO;"
+    ")@QRqqs4_8;<m+NR7@guIddiL30888}pwF}P`)yk;gnf$Nu8T+lnBPS<XrogMqEW)-Mhz3Wf!|<=TRTk(+Q=vYhZW`kFmV`g&&WN?zYowdlr"
+    "PVM6taAVgB000)NO(=0@4|*1bJ1XZ2}$c5s6F3&!|7j4YPdOM)6T%n}8^~>0>@J3<Y3WnC2=_dk|tgcYIpuXR*0U<~uCcSxvNzV2N~CxPehX"
+    "7pN;iJ#Bl=wT~(qTh0U0saPj6W4*BR{3IX;;O=v%M#l|D$KBOLnyJ|D&`V>sOulq>YKF4)VYf!j)KK%8$KI!dJaQ}O_D$p{ufob7R@T`nN?_"
+    "}nuA_#I1=&y!3L4@%;8Fb16ndhsxaa2pgarg3rOX2Mmh+QL%>pVdPT5|!jV|b3_hg?^05}u&a2I{I+LzIjYs)(E^C;tWc<xvqNFhTmrW53zG"
+    "lu!=0QpY<>5&Rkanx)@B%vXZ0zDt7fZ@S_4dpIv4vtJM2N+hZ6v7#hb}8-JxhTp&Y&eG#J`W?4qsH7fA?5syxnb6p!^C`O%rJX_LyD<yN=@e"
+    "Bkc%tnz?hm$b5oZ%%hBQpf32AxQibL2wR@S?K71BP9jS6bdQo%TAbk#+>^Pf_4@rAYQGq=-4k4cKG1(@1rVjVmbH%OpC3GB=zOO!J^En0_%Y"
+    "ujtSxeh<;>ciy99rCcpy4F8NUujgu}76CFAmOqx}>QBplxAVG;%1)l5>Rc6`KOsRU_R+eGbeIN6?D)kO1Yrye5BJ!PBu}FQXZ0UF;^)JmfVf"
+    "(daw|eV~5`>I*CvwSJC`Sij-|Gn=<Z3Q|eQW)(P;4oCMV2_b-m(bP_c#!Y)AGu~IMaMH%0TaoF;2}<i&06_N{6oHZSAg3ywCIu(Jq~gWzp{$"
+    "qE!AcrI0HgxNSC`J9a#OtYSru7;bM{c$M91r8jCunRAEA7(U2cCB1^z{qY!mNINjO@Pj?h^X9jtN~>qVYbSvF{{WuVP<lOIPn3X|nXj31DSI"
+    "^j)!futS_16~5(92hOTr9qBSH{q7Ofc}xEB8?I$9||^V7NFiT@<dyfU>11I<rbL*pWND&A?aWxQpd5hh|@}wCQ(8;@X$cH_*JC8!18+(c2QN"
+    "i9&BnvWtg_Cl3xOO#d|{Mkxva20Ls@>YuR#NapUf_EIk4BJ*pt<!146x!XT=k)Wg&PawYFn&;yzbBp}+F%M|~h`ZDrMiH>KMaL*+A9*7jLHU"
+    "?-IKDyF5K=c=ItI$W@225nam#7x;9P(wXbf51tHY`O5Mr-dUQ=fm*bc1u99{O1XfH?7`jYecRT&p72D#afSQb3kWIk%EXrbg#)HA&9MV;2fe"
+    ")+;{X+H<hs1BZd;Oxu91W9vWqjgI#Qo;j2Ssaz&Y^)S^ZFu^c*t|J=FklW&_i=t(_pN54Tgc*f;q!VzYg;CA9lgHSG33z-APQM@)sE!^Jn-9"
+    "fZwU?w7C+uc=Dlv)Vi~;mQC^tQ_Pa8FP#cYsXY5@#UIKwzkxQx|QkG#?ABd)iz^Quy-iPJ>r>{q-vKbV8k1jZ(L?JHRu<Ucz%3Y;UVHz<W|4"
+    "jrgHJIa5CK7#lXQyZ$}kghZ7%9=w*XwA%J0P{_gzp!x%$zUJwbuzYd<+RnyHd6zm1X3~`lSDHkqeL4O^c9m{h$wR7m(tTvCHL(OTS*va0(D4"
+    "`rxBc3B_)+=k-eB4LooJ(*j|xzQFPlD91bvOb-+nsToxArSrs%UVmd)Mf4CBWh5Ip3)KMw`t>b972r!1q({gF_(raHq&wwrTDns8bZ<Mf&uz"
+    "f<e2=kJ@s**|cDEtf^=#HWRNGOj+kO9|J;CnD|Q&<3ys*zg60R{w6Co0$%frisdMk+6+rx_3_;}FuSend~b0jVDGH`+g$!_DKvhpgv=P3r<$"
+    "0P-D&gx_HoIjw0(Fah~v`bhwIom3de*7pVL8mZqrV_ByC6=xHj9E7tMD$(J{WH2>lU8d0RI0z%e&u2@U_5^aO=y45XH)euY(pDCF@X-wv@HO"
+    "i7`?>B}CZ_#$QqrhSp-nxL^FbU+1>iPoY;;JR75RK2a@^F=6CFgv6-s<<QQVND!HQwz$$(?e8U0+IKdGjdNXJ934^8ky3HPokj8Kc&N%V1HA"
+    "nM_<IDy`$l?ZkPMUP#I(-u0<0S-|EKT5bvh0lfxJn07^iXok&t!~7ZF_VeVNj8)xNw|w7OxA@_A{DlbZX%oQYexVbp0dd`7*lrIy%^Sfh+*%"
+    ";u%5u=ccJ!jU0VQP5Q~hgUwyvqWppg)uXoextVoB$x|eI&$zA{==v~L{7r!l$n^q_EJ`WUq2uD^y_xp@-Dg_(Yr^K-zn7JBcSYjY`Q;EZc%^"
+    "J@~nBkl$-01P;jIn8-fcYus><cJiVxmeaq}#@cv^@{<$_Q@%sgyKEMae{gNd$a0a2l7V-P6YrPp%OT>GVXftKT!(Yj_c}-h~8nU0Vh420}Z8"
+    "Ub2hAY95Hw2pf{MXOvCb(<d28yTCeZ*dy*Fax7555hc$YfqoOp@JgC8`~uDCEA>-`W*CI<6|*C*5<ltZ6`Ce*aPo^7WZ~;~hBR1G6KN0;R+Y"
+    "nq^>RA7%jI;E^&`J7p-cA^o)w}xsc+h}EXoLxsX^<DGe5?Oi$oqsV35ft1Cd;nDQSxCLb|E=TzApIANUQ56r`;}nhK1G-d^*X%f?Ukurr34W"
+    "j%}m@X;>gN<vEc^+Ebv1i2AiI@ARh2+BBL&6MXEM%`eLNd$F64j_R=%kK^yl&g?EKuZOmG5j{*@>F#GzXw;Aoye$Nif|rA2Wqk@cKGD~*^zU"
+    "{bYtAiAxiJ(OKEG4ZFYb>hPKEkJ8lnU$HgSM#YJ<ddklGR4-OaFonWT}RKuitjh_W!IpvUZwT3zvqMI5QbPS8<$Zkl3R}_ngDfyIgNvlXiJQ"
+    "u~dLx1z|ghvK>eZdfjTL?J15t9F6%_Ny8Mo`H|;wqY=U=YJctlkpEzoWiqSzHPsdyqRF=ijI?Aho1dV(=ablfVmy^K8A7Leh0M+=KbxVFSvD"
+    "QC8Dz!tkT?0k8q69Lsg9695b{hp-{=dA%yWA)_#Q2x?3OEHSSeRaXgVFaY4ootc^q&$XifP_qI9x<CnK<w$A{^W9TmvF+v2z@-jgU}Jy#KpF"
+    "@i9CWmW<gI9t>og}`PY6;L_s*Ep#ZwKJW%wBi&h&uqF-Vh08Se8G!kPmTsR&da#IZ@sC;4pH&zCddEMK>mkMNn&qLp(@$3TPO6tERMhx*S7z"
+    ">Ap$wkf)jB5%$VQT{7up}^ZbNC|7Y23@&vV}<q)gV-u*j?OgL3arFRw+S+WJ#w1d;g?->>+4(**AJkE4w#D7jES0H#bI->)|B#py<@ezj5jG"
+    "P2+zhy2nFt*ow6#Kvcn2iQYhT8E8S*qX~UAqb&)aSc)I{bf23Bj;dHo>63c3%8#V?&0}Uu{SiZ_;0O5|PB#cxkJA8Z(M|XJ+_DEjUQR$|X@z"
+    "R+F2+?6BZ!dp%>Q{|7Yyl%E+>y^7`XyBORgvj@l{7q^RcNeqD)Lf*`60_#Nr&hJw;D(J5S>Q1Fp%*u&_Z}q;C%(a*BP4B1S2yv!}F+)&f=F@"
+    "(q>=FvAG~`t$v7%U)MY~10W^YyQ>}yY28{m3Bu31J(R_p8&Xn}zl?rQ>!~OyHr;t*oj{jV<b?^{S9;KbgP+_$uj8}jKJv5x3cKDu3>by7ZP0"
+    "O963iFf2H}}YNbNVGgFZw#i`7aNq19dyn&*Kupi0kFNUwni38i@nA#!i!c8p-UnktixA@=5ZvraXD0g>neB<Prx6BH<i3?ySiWHaRq^SEfth"
+    "iL*QfU`9=QWYSWP{2#3EUK%2OsYUUE2X>$5e$%~&Km2O?VBP<&XAd<B*e$%>=+seD5uOcTlpCadCa6Y_J+971g3JPOl}S6bhj=8(d`p?Oj&J"
+    "KvLNxTr*h8u8IEy-7V5}`4wKxtg0|hjq-+N0e@%9;5~{}Y9iGtPu4JLYddJdPj(!&lM^un+t?0rXMdr=6(X3PL9`7?MP@qy<II_n+qsTHY#8"
+    "*p{sF04dfGT0`jtnm1ipsKeQk}U?ii~sNkMl$(X(zs&A&?%*wP;7drJo?nmcXq(^YZL);48|g+8gwvEj0{$6hAHsLB$oGc(Z^KR`cd;v0$&="
+    "iv&}!cjr0>5Otk1yGG56Y_OwxB$zF&Tb^Sf;?&bjgwV<RhycO&qn64A0uAfgtH76Th=H3qiTq_Gt7Fy_(Do3<MN+DAj544LO+d=hwda&mYS("
+    "d!`62hN{*<4AZYt(g7;fN^pGSb#3r)=y7dw(#Ds<i%n*-q>V)?UWm;>NlK5Lxn96{gEex|#E@f2wVxY$PTG<SJbMOKV^cL``!;N>*lK7lXui"
+    "ZsoNxIu+<+kX2A*SuO9>?Eb3W-b>{TW_yr%3Z)GFBgEj*fJwSxRBh?;vN<{MqsOogY6@y%^9?TAz={1HBO=MioO7=!Yc`1%Csc`x>L$%am*Y"
+    "O8OawgRxhu?{>=kiUscEyy>^8627u2<4D2YOH7Rdh%hACL=>`U?se%E65W`J7WL960x34N_e73x_IItqLVihm0f+r^+zcmU~!T3f*T@|!m<x"
+    "M7iE6$j`AVw(Z)KN_1Q#jwNyw@a=R5uL~UQh*80`f{&;Fv5&Zd`O%N_GsejjiLP(d&x1bY!gIcSGcg$5a}{a~&cS+*&~3TeL*-C~M^iT_eCm"
+    "_8ZLK!wR-Yjc^z0O$`Jh08{h~$3pnl(<Kz>9W5;!O|QSI9M+t`(~8L5=VLpisK8vU3+3V-8)+320*++euaW8;2ww^%VPRXUo%du|ko0d=a&~"
+    "VKjk+uVY1b<N(MN_n(1DNSB1nM@0q8c2$~cT^oCthN*vGhtPvxYNMN5S_!K%nS!&$K<U`{9+DoMy8!LcS3Of!StQ>Y;~qMY}bIYN#znPU!K7"
+    "V*vnCqmoOS4<H%(bQfhig>oM5rQ|$ja|pdpjH8t5coh8ZFGBEIcfI>z(Je=cqwq=Ha%f0SZw#nuhKYl2yF$?#Yao`;_2^5UQ^;LIwlVBxl}-"
+    "pIKX3`i_pbL2EBbuAAsG+3j?#>CVj|3-aO0#Gz03P6WgTFjUG7TEW!2iJyvhAVt4t3x>it|y=eQyA)(zq8!X!7NfM){Mmqv!+gPQ{Eq3(?dR"
+    "kZ<R|)-THFVm-i_It~NhEgx!IoE%k9_ufKM)~GUK^3fis}g(zWToZ`1{s>j#cre0cRCDt1d86r#ijUQ~zsm!>l;wOmNPEZqa;Sal*MG@MkB@"
+    "X=N+r*R<|D;8%sO(Q5Y;AUO+-1gLe7Z`Q)pIno!-8y&;D-lSJxRh&&KPQ~_j<U=UsAFyqjOfiCrETC%3J&1eYFq2+tSw*CSQIaggq#P6xw}4"
+    "u3H0F~gF=Fc_I2{gV*mOrOjd{0BDUS`L1GL5?7KU{~9U1pJ*3uR($O%Lj=OX#G%co<pgkBi2E@8m2QJ*z}vM>5IPaefIc678ksm+7<Oo+rpk"
+    "xU}*3QPKx*i!Kc9D-Sce+;ifc}(0z(Irgn(ldt(eu)?*bO^#-(Yy>=CR6CIujDlmaF!Z@H7kPnNUBHCv~!nEu?fQA$!qsrbsBKNYWI0WfOrf"
+    "!W$SYQ#f~6p>*ti=$p^vDoJB|440@^=OBpt!6gs1vawx9G%QJ!^;-X!314r>AS2G#&Di9#D;OK-ZR1ucsta4(-_+f%;L!bwFoyXeyCg+q*;o"
+    "a^CeXGt6#eV5b#+q=)zCfSY3D;7oV^I>ERVt2C(dq&)F$vpvozkAgX3oZIJYw|?PlUk46)0*^iL+Iz4cCGtZvoNC;A8?yZ)cR-NA<dKSGboh"
+    "PaA`sm;lnC`=kO!VLIqfzET(mX%KVKV0Zy?e~P0aEb%Q%rswc5g$iMP0;&9YfP$1aiq}o@)hsaiK=Dokud&`K6$LrRI>t_!o=1)-tC%tJW=a"
+    "4ULxB-#2XgnQHm9cwFm$DUP2SYvjjFS3(5xI0L05!y+B`Cv@#V87^w%MIZyh~)e9Ze3Kr0+gT9wFW7BvJgO&^nk46+eo8M!PDMK_?3%P-ye="
+    "5Zz7k?Wzy4&^ALqAtRIp~AFy0$gsv?xBAjJ_%nxT=}6wc)i$<=C#?<&GzaUG)8r--AmUv>LO3Z2(Tk1I9z%AD2tFB+8cp(v?G}Zan3(oo(%_"
+    "$)%X9$A9eiKb`s-Hbqrtxmv2yPpl7g*NHNLC|8o_inATHO;qMK!V;b`>^_X}u<r0R6<be<2aK?yaf%vg>ocy-sRa_neURXCr&Y)v~4HOUB6v"
+    "sz5#EFTVV&oAOM@Bq((aTCVdSGG}H3T9*Jw@Kp<e_MwP8?>7af*OZJZTpd+1^%!<Th{`kv~RT(Zn(+g`nOB<Tx~T)3u*5y+w|p(laUfx?a>4"
+    "_F!BAUxp<QE8HKo0P2AIec{dT{-D#(fWQIkd1i|8-eF8HUhjpb=#C2_zhakgo+GAhF$#E*DFY?TQSF(W3D;BpC<fo4#|sD<uz!<4fjXo|R`o"
+    "2<zjMY3jM%(s=(tCyaO1iH8xHIN8*JB`1%1dO!fpg8NjKMkw5T!@qaOLsOCRLCOc<(odD1+~3z|HP%opLb#(3<Sp+r7diOZDyv<*bcl5tC(W"
+    "24eZBs>zQgKSF)gewJ(#HCL~nGWj|K(dO}SG%n~kkzU}Z2;7`7tIofD6E-B9bxDQ+Fs-_L>Dz|(^#~^>^M3}*WHH+G+?SvfeLBXC)|eRjE<r"
+    "9AZ_&(F>|2Vg@~nl>ZpOnXQ*(>9zh1AV)`tZLWK-*d5cC3s05{XQn$|;>m94<04-aqsCM1x@YCbKv~>`B>P2Z%@NO%VA_dD4#YK|myCwsfV-"
+    "2}b#iuD+K;924(Nk<{C-vzN4tEiS3i9^J5JMmrYxxLp%@sJXYA>}%Z31m^@RBL9M_xn?u~76xs#b)T26;?P79=et^{qAX65ET}HseBMHomu("
+    "+$>;Gj-KRgCvC#dL&+VdFO8E_NSCVNGkls=+c<hF1#Jdy%tV}~mbNU)lx7e#w#f^<WF|35*rOmlqV^(>X3#b)!Uy?bGIU7aY}uIfJ2Yw}7*L"
+    "*Iw%QC~8IiuWLK;*#zMPP`oRJB}j3G)gq)nA;t_a#5Tb-%ZVLeI!oUG8SNM2E<HKZZ;gfbP#?)9K>SM*yx&T=jO7z+q2$tN)%js-rYatkOBA"
+    "dr#y6fj2Fw8A*iC@g*Ct9VuLJ(3ma^0*o>aRFScCkmVpdbq2S<!Xq4g0bAuZ@i{WLe~?IUyp;|6;{CB<t4Q|a*`L}5sL8bieXoZh!#|!;~RM"
+    "DA!^*55J3S-%_LOIwIhr7$cd4919c^8ltW67((&kC@>(}Z>Vzv~TkP`3^+-TPmp@Xti3={wE>tmBgyB|KbpkN6NOHKg_Myoxwr(F1$8<uhgq"
+    "WWx<y#pLs?_CI*9AO-WJ=ld(kXH`cGL`VfP}r#%LMgJ<eSEnT-rPu28Il&$vJ8-hM^D&0&b0E#R?-u$Q`k=r3%kUaFJo#s+Pt3?(h;jjpZ^R"
+    "9|at~?4x8WBJ%<E7sz~TN{%+szz|O*;4<AFvfv>DGLLpcLnL}acVlP;lM=d0bVpo-ZDi_ACAKZ~isVtf36&*G1v^Tc+0uhtCP|9omV~MkM(q"
+    "k;ZI`CPCH<>eG!-S%YQ=#8%69*ky8A?;paEt!pvnXzZy#%dMx!2%)xn{xcdX|17z++oLP0C9c=QCaO<pprHJHMh6pk!}nkmnsLSTm`74j56T"
+    "~i4qTk)Ek-jW5KcNWxg_)9t#<qVgSjr38HMVQQP6@8-dx(aI2(<yS=%7_U1x*G^2u4&rlc@o5&Iw>nsadWjvf649V+rS}t$7WqTNj)`m?BvU"
+    "+5Q!S&v@;1+yjOoCfMeDfS!*$*{Rt$m24Yi#njoqYnvL(ulSB*1SzhKoi1Bq@u8*cgG!->YgdfDo!fQ`z;z`;H)Y$JgS?rcBF-n^*A?WC~h{"
+    "jsc8?OkjyLFN!<1J$CNJA_2mkHDr+kz$Cc=xgB5*@k83^S}2`;oZ%(y3*djD7s0X(sd3G|sQL4#Z@)P3G4eSsl#9CI?t}j#6OWThTkKsYzla"
+    "TYsxxoLMA!Q=ojg!@Ys^Pq%w(=w7!SIxY3UcIuDqw_CRNm6`jxbo4m8g*#cD{dBwU%ODd7@iy<0)OQ(f?b=U|-NLPt`axYGyW`!XtzW0v?KE"
+    "`6_65TFt`}$~zhrxlOy7H&`t98ayYB;ZC%Ua)rPfx0H5<$EoyN)bd;M|KZPc4#qMa7xcx&Lj4F!4ZATC2@du#`51&OnLgZ=^BaoZHUow~zyF"
+    "gNV(0ZWO^ahg?d>c-M|Y4e`5)tlo2*80uLEda`K*5XynjI}o0-OgAGpuwUO&h`g3Ev#<q1Wb?dytl1Q*4V9=9Q8goym1c9+w&O8Pnxi4?%w!"
+    "??f3ra9l(_B4>j+rqvQLc{kL(dSW?r_oCX}<yXpFUXm-E$ZbfqNtYvOg--YvNeF@x_TWReW9^V5G-a2S7w&%#0dMkuT-<yuL@TI<k+`*dh!h"
+    "3;KZHtfJ3McN=Ax^h0oW36FoH~@(8g6YeB&SuT`!+Fy-oR3^9YL5itG6G%U{7G!VdeLfK5v8jy>s$kQzXvReen#fBaeC!aR<S+$xEl%Z_e$}"
+    "oP#O!x5via?i^TaXjDH)9;~*1$8Sw$-uE7{Tiuo8x34zXsm<ei5C&&&=4*$S``rE(7-Xlp4sicyl(o#9++mo%%~sfc!1Vaej7t-ps?!V#c3^"
+    "nw)o=UMjx^=q^&O_kcH)WRxi?{L^<7SXy#(#-LYACHb~4dzENjP?0`J6h>kakTjzyh=#+@&?_=AhF))!5u)8tEMm!~^lH0@8{yPm$wOJ|o)c"
+    "Ap>H<&&lh+4{?-V_|RM>N>kD*6#J#_6oPUV|Q?x`>x*lzB?^9)^v-VmPf7cA3|h>q3xsA8$M~WIeNp$4gx;){cfD|mg1h>kwDW`+UE(-cR7a"
+    "cK2R6iA69HyxO@M$Lw{`VPg(#X)*?VR#q9Mj>wQbyW>3yOrn&D?vx7rV&MhA&wl`Ti2;}Ir@+G@Py17rx;Ou>Fn<8W9U{T3#t2@-<KIpf|!r"
+    "eM?<NG^*t#8$Sh(6nk8+G<ibJ&h3wkd&jn)5{LEhR+zWSgA*<JO%a`L?+=*5bxFZw=3PFg&#00B)?=OMW{AYyNV#rdi9q?;>0}B4Dm*!S-7;"
+    "X@y0_ZlB2cCo432lAo~pHXEB}yG$ino$p<+W<#p)p@sRiR3w*R_w8s}fo)$N-hA*aj^#F{((3j%8yVYu)NJoh4q~=!m#N$Wcpu<G-s;5I?ah"
+    "6cW5HOnv$9JoYzM5t_639NU|^T+iNP2<NXR;<eQzD_HeLCq(`3!+v6j)3b9*bu4q)k6%gb|6(6b{bvVEhHJ72Jdk+IuD>2Jv#ZW}__9Y4N1B"
+    "GpzX^WN-FE9CReAfy(k1#1movwFPSXkppDRje6aV*5ec`y<foV0eaiM#1)rR9jr@=9~b#MWV>|xwq_&W7^xT$M$({Z$$uTVN=;2q?O&`vDj%"
+    "JSToYv1VQWqnC!=o9B+*^+MA}b+k-6j7D4hYEbGB=Yj3}xzTJyj0PwrT0Tgu+&hHlQ{Ni1(-?4bdPEUD<7w`NT{<w;_0flekw6KpNVA~6sS-"
+    "9~xrOB6p((KFK3Z<^P!G^q{`fjyd=39SE>s~gm7gY$Fd=j<NZ0=2$K-;B1ZI`0{lZzKV7F@XhBhUUt@P7oCp84e5vtuv*(HAd-56%45eNTVo"
+    "GxvSrqhERMBj?7)KXKp0#ZO+m^1#Hz#gDu=cJaakmtGiK_}YbUKKRn)!<WANiHDxAJpI7)#T#=IWA{HY{_v#><%?G)gYu<|U;OirU-;P6Gaq"
+    "^BxsShe=_^lMedG(5J~8{;XQw}3dg0lRJ@DWY_m%(R;p^om{;WKH`Tu<F;??^uU;XMMufAOV_M<ONJ$m)UiOVm%{M_ZQJows;a_PeLk34d5{"
+    "E<&xnJkr`7<=`hApEN*U;6C%N~wBz;fd>?eR2BHZ@l`osTWGG+&Dj3dbsrYN3T42b^7v^hd({`^#`tet~CAfXRDRcwd#}Cuf6!#<(FRnYUvx"
+    "7zqNSja}PiD;8WKgoPB8ep(~GE{=_Q}mLDu%pTGS2E0-UA<;f?n%}s@K-~4Ln#nNl9l&+LM9Zrv5x%PN?>4^*FPrh{FiSV&&H~wmA;p(HWT)"
+    "#T`wJT44WAST`zjW!f%BL<*Tp7DI{ovE#Bc<@s3zxoFoVs{v`qPhvU%&W`t6zQmQ;&Y-<M%!F;+M-`{oD&P<>2zQ@Y3fVdHm7Gr#|<@r%I(y"
+    "J@R<z`RZezTe?1ZZQ-G(7r*h;Ycqd+^{K0mKYr=y=|?W!|G?~p2ZBewP<p0ZoveO7eEp%zmli(qh3dCn4PL$PuU~t5;-ODoIahi3{>$Oz%cZ"
+    "NI{MyA&Oy2j%OZUBY<0DhAJoH%Ug>v!5SD(N9wQH}xa_PZ`9(w4phe{XDU%W8>z{JPD{E6}4z6ZW^-`BtP$=5D?ExdT~i^coD^uo;j&y3G~b"
+    "^N~jA2@%uc=1wr?V(35KYZbZ3y+njroR4>D>tUTHTlw$S00%!UwL`q#qfp4UaMSwxP0Z}!<Qd=^pWYyPfS02>4huTuT6jY<<EX=@za0(nb$w"
+    "}<l}Qsefrhv*FX35tKWR>f$N|C+|<lxA9?np7cWhe&Iez<@BGW-_ka20-+1AC<>6-^y#M~^K05KG7rr?0%tJ4J^%H-7>B5D{^5yZR<)v3EuR"
+    "it7Pu=+5-&Air_j={u|3BaQ{-w!F_m@iJHzqDWdg;-*Yp>6TOOMY@Uc3Bacxi6o%a^}4wQ%F%E9J?DAH8~c@?#(UNb#c|Kli0S9sfx1$<L3M"
+    "zce;C{`7_WKKA)P`>UC+JoWL<jeX^rPkiLhi@}9Ue>pLE@k)5<;rpNei}11V@|XYZD=(J6ReIr}%U8cVR{F|IPha}tC+A-bFFZJLDR}h3(r2"
+    "G}?un<SC#zG}pM3I5-+F%fD~r#6@!40O_|&(*@Xe>IkAMD&ndcvP_Ngz;OqQRx_V@#zeq`xtdG4XbzkdAF-z;A)zxMRCZ!Ep~_~KKQYhSnmF"
+    "!-&h(!>|0W<T?V3$KM=ec+idRc5O*&%gTI3$ILn;gxTHW3KXa^$TB`{?a33)1O^@zWU9VzxnOgzkKa0Uw-!0Z+!FH|NdKZ-+H0?(&Ey$|Mt~"
+    "amOlU5Yn7K4o_Xzwm%sh>m#Y8i|C)K_^{cPF{L(jHdH$jK<!jZKUVi<l$6tE&+b@6q8?Su%`e#4&^1?Iol^d_V{>0pWdgav*Jo5`5_@&&j;~"
+    "(w)h5zx`KY8HS${+ug$zT5SV;}g(pZK4DF(`iQSO4-CgWwnbr`}_~a^!#Ue)07EC(r$xKREf>lYcPshxxCbdTHj5p8ehHCr3}tjQr8l&(5Bk"
+    "`B$HN?)1OD_uL<hj-LF(550bVeBjT1|F_D+gJ%bR^T}VIx%wM3g{jm3^6X=O`p+Ky)RjLgoqOa{|NJlSy_o;EBf+2k#_Okl?O*)bZwy@e-~Q"
+    "<bKREo<=rdObW`Fm}Z~o@+qyE5SPfY#B6jbp}`v2me{^2hV{?4yF`zt-i?)ktyfBuh;{rb_q^F!sodSB_6Kkj|tm;Qem-m^<?W7!h@AMe}y_"
+    "-3t{xohq{M$$Q=4CUyJ=)GyS_g!7ydyj-k0GR+N(TJjx=)G<4C{greyZR|_2Y831n#C#<kQo`VWADgFB|rPmWIp`&$Ujq=|J?HTzyE(5|Mfq"
+    "=$~JpDcI8j}w6`nTm$+4Ze6i<F*DtA9`g*qK+O<o4=SMDG>$49OM*6lKC?1@PZSUH6aF=uN*siwF<@L9`w%@n?baeFS>CK1Eo;`KM?KpM*_$"
+    "NCK?CjjM=}_C);r3u#_r}`#;O607r$4`Jbe=j<EA8$QJNg}I{-F1$C%cawJiK?u#*WG-H~#A%fBWL^|BQb2*}p&kuKqR8{@eI2`S-8?k^Sty"
+    "GR4$Clb_`B|NiWYzy0e!)~xy8d-jx@@o!E}dCf#|@6EZ|iP^n7e+XXP?mShlg^u(ddOoy!^LJa7t?N$Q3g}z3^|uGdZq%lKxVmB855I3}{&e"
+    "%ok5@L_yp-Fq<%fe`{jzcWj;CL3So_VUjkR@a)_uL+-h8UL_VgFEO`CpbuK&EDSGHC^XX=*kzxi_gW?Z#nYTMrJTet73?cDz3&TVJ6UbcTcx"
+    "1Dd^`lGXXry<2=Ypdn{ux-nxUF-I2-SXAVe}4M;XKVf$|JRyz|60@ho6LV^t<8M*#lH*x{8y=(S(E;(RQ>8dKK=3^pMUb{*Pq?};;Xgae7Ys"
+    "`@9)0&?6bxeySP^TkpJNypBA=%TB>K(rMH#K|5*F&+ONO=`s+124;|TgbZ4(~VAtv0J1(_d{dw1=6LQCnZD)7yI(ypN<@7qg?%saz=%KEWgS"
+    "+OYXQpmG_;qw3Ia?W-p8De{>zhv9AD_AZZsN_icebqg{GV(8m07c9%NO4@H{1Cy>~FJQe*JY}?N`NW=HHormnvUw|Kx`+_k8}zSL+`9d(HYU"
+    "zx%TA#pheU{EqKAS^xa!ugaf%|6Swz?<;zFZFy6p`Q_JNeERkFAHVo)<IT_3uEFJre|>f6`)}3Ho#GmOP3o)feyD!?d97OdG`Atw_-@_jU#{"
+    "7*?cd+-ocLzf*ZbFPYV26IZo}4}ww~i_&mPmi{c*SP-4?~xw&`0fxqkcJZ+3tG<K7=m?%UJ5fBWF|-tN1D>+T(&xY0GW|MITy*Iy}iUb}te="
+    "#}<cH+qcSd-oPD?Ag8c%%Ptp@Ba1puRG73dZ16;Jo)teZ}(1LxgY!a&V$=muATbj-p_;Le8+d|PCmSI=`1^c?bNuIJ)pVcjhRRJC+F@xbsjy"
+    "ub@B1UwKGqz-<z%7GH#!`K7Dy|%b@|iSIPZ!II+Ix;MHSy&&BTSK7IbEbMaW?@`W?epSJ&cN!dDRrMG_4b!6S;Gs8a}?4C8)gY^D+F=MSic;"
+    "L{JlYLJgk4&^b&Uinc9X&evbFTID!~6G()2|ojmadFxZ?4Tful{0J##U$UKWIH^jeU4BzA|<F^39by@6L@a-M#zA<)!ya(=R5j-+sG#_x{4n"
+    "-Rlc2@p@%BwllG$U0R-L%}!0+ni_wf-P5;edH?y;{LI5Y#@;92_1{@uzIKMUR{6;4w$~HM#nqP|PQ5tLJ$rp+r0dPV$Omir=hYRX^+62Am*2"
+    "%!rtaqEgYzp-TKA_WE<d?@_sYYe$=U4j;*VS3_FZ~%?P<^K_3@L_f8BjEd2Tg&;g$7FSzY~X#a*e6t-c(aPku;j%Y;|DZzkscoLZS(>bv>m+"
+    "1QoG(_^cve>Oj~swdz6);sllF1$E!IoPpWyE9k*V|;afab@Ut`TVz)@l$`C>zPl_JRdK<T^#Rz`$yoI^6108)*!y!SDU@G^0N?Ub3>D-ms?}"
+    "YGZVApvAgdcM&2wOoST^$dNjM*e!cBU>;22OZ#OJYPcF9hmHM+*EBAEl+~l?U_j_BtXZpLB(+@8dR`sLHe;sdqXdM~lCk9`rzr0xau)2Kc&("
+    ">_JwzB&E`_>G*x0p&lKEB#oDy_cEUifKc>E+_;^QFNz)2lN*Hv{MUR##7~+`WDI#+7+zY$dW19tiec?C85)zP8e8Ext~_P9`cx?~naH6&#y<"
+    "F>!PCT5PBm4BsDOoo`x`^Q+4%t(D35%Zt_3!t#sO<Ey_;j6aEMddsNZZd@`~izizpJ74^@SiXPe)Oc%gdG+AR>e0ii@0V6qcFZroUU<Ip^5s"
+    "A8Opd>J-)gmjt4k|O%ZFR7rPbxuvDL-5AC{NajxVkhR^Kl#uWVdy^}YY=P3yzEFCI?6UtW2KtJY61VUX`zA3kiK{IIh8etBtW>-5s<+rM7Fe"
+    "f!nj`8UhuR|_xjh)-`$JbCqgb#Y~NW$S9|!;81A_iulgn0dGS=FgX_Z{BQpIPq!`Ub(!y;pyTkZn(7guLpA<R$GfJt<}w|7}{{pxs}z`<E={"
+    "=;>yaN<yLp#!O8OvR;$(4a=AXgsu-&)HTJqyZLF>|v_Exkm0N#V<(6W<zk2cH$(8#LpG=)U^UE(QqGj1{rXH-c%C*(yQti3mtMb%)e0OE3Qv"
+    "R!@mls=_^@e+^n!dPN$gdV_FIo+@(lp*JwOYwm@!4`B`)pO5Y-;a+l^1WWoNTnbvr8ARocv|=?)B@}u3W!*Z}r0IYgbopoL{~-eXVu<{^Qo;"
+    "$=groZp_avJpT0Ar}v*uJ|6qe2Y3HtX8O$2`PPG($;H+7R_EeMNBjKB^s~7)FXz|2+b}yfyJ32I!|&6tmR48xw~j1+ICNxc`R&r;kIP$My!m"
+    "nSqs7^=>9H3trvCME?Zm{~)ZC}zPe1*2X5x>LKrs1!<=DY@tA~#MwK6sRVB*2^*@dxBUwkw6boS}wKOR2%$K098xu*+LZ<m+$ue85?KlJ3o+"
+    "}Ogzo7bD(Zk(HYwrO@|-Hq87Q-999dA;G?mbquoHqOp$zBc>n-SX1*l^t*2?%n%zae8|8>5IRn*1Y~?a(d=p<Kv%Sn4SD{Z2HmogFhFZ{Qbq"
+    "JkDpFWOn&;{{@>=#Otc=)!b^7TUR>V2YXQMFH}>+y^w+PynVO!P|9WEln~SrPFP_X#zJ5Eu_T9Sqndje4O@DuF?yvdhGw<Gg^ZuJZp0Anz;?"
+    "_$%eed$tmoJX(9s3ZEt;UmYSG&4aSF_c>R)^bKt3v~?TZp`_)vm=iz5P#H@$^c5^li2ly>kREbQlr3u<~K0)!y3sVfp;@YJDZ#-@qHIdsh#>"
+    "T{<$g)Ld3WldaD`^zNOjc+=OX@3a<IZ$F%Wc<=thE3I$W9@??`=}POrT7CNtA>#heO7URptKDncHtyM_?KV&BT>Y}OZfz(uF#Tj^re5h!oP0"
+    "Wa;P<nGav=Tke?50!eHa^i{bu^s!%3{_{L|L|Uix248$Vn_EKI-I)>=Q;de~ao@Lj95e*I}R+_C>yE8M!f*nOaXWO(JvrQcRoTJN@R;YMQdl"
+    "lPaFSC^Ki-+a;fc3<Dn>US#-5ULxtuYcI;><SI_iF`OX+Wk|xhH2hjI<%!(3qQGhV5-%<qjUPi-g{5>zTNfu^t<KR_wVmd|24CI<-Zoc{cvs"
+    "(cbt5)wzX#Qi}$ydS}V)5bML-uee=cC>h!MVwTt(bS5`lK_0`b3f4n^nm|2{ddGWWEe?Gn`FFyM1-u0{3&)l7!x-@3bJc<sr<&$;AoZk3lSM"
+    "Q$oZ|=@~cjkCzAepPz>eYNW<6H`F+By5^+VDVMJ$|A#QY%;7V4{5M+S8eifyC_1IVeW={L{?S&%f9hPeqTPIIf$D85r8rtKVolc;wP8)jE4|"
+    "@I+_DNyh>s7cQPjL{Dtq@a^D0eBb^<fk6Ma>o#xrad)Fs?rrZq-Z!{$%l7Tt)_p#^=8LVnHi!4^+}3fTeRyPO^Y@!~Z`zW3{GZdG%>SR(x9h"
+    "g--@IY(@wWKLfW>ro=T~3H4{E3N@Ae*P+Gjsq^I7Z2q2tH1TDHJ~8K?Nu@4~w(><hxXWO<jlb5Ygpgwua-INTFGHWry*7wbBy_eG9fQx0pvJ"
+    "K>GP2Ls>l%5Lo0vGLO%+j_UP?fvIh?MI8%uTFNK`q!yStm%3V=xlL%$BFj+@$}Wk#S5E8_lsla_g@N~AG|)iwYs*v{$S}qYM=Ja#%<rP@A~I"
+    "=>kf5o+JA)gXlk`_>f*WcmrtMCb#Q%Q?@v#v9jQ&j+eG(?9p?&K?}gY8h5hk$yDml!uHFCbTK4_n@{#WUv3u|O=KXK7hwlAwzI@5MdhXG0S1"
+    "v#99XfG4b!+tOjrec>o(S%@PjBe?a_ZpL@4lPbv2JS5rd<QuuBulyOng3`|2#1;xN9Ud{XcGeH;~HIvg6{+lhXJGw&(Z56YXP%?;nhBZTuMg"
+    "cDpkW-Mn|rH`Q%}p`Fn+|LXX1*z7oxi0-@a$@ZDPbV#d@WiH)LO>M4hz7TlYd$Ijm+wl72H{tIO@Dq_;+tzG2ym4T7+ljUR4tz7fw{%p4q0@"
+    "h>WgGTS-pP|*V{agnuqsjae(J*bH+<ki=h0w(*WL2LwVB?;S6j7sa>s@Z2X-DU?+yg_rN3Ph_&#9n=~V08|MSMVSXXa)edpn^4Q;18V&xmZ+"
+    "jnnd_Uw)CN`G}|U-3d)EwSat*4mRhcMQh%9K83#PqPQMw7v-J-X87f?q7GTziaqx*T!A9r%t?Ed5?s&y0Y}2E3f`oymx5Z!To#p-JO{!dnNq"
+    "Imfqn{bE&y>|M!*u=N6*p_bbcq|KD5hT9Xs=?`E(3xw?9_bG-6$eropa?1MYAGY>m=t$rA8Ouk;;Iq~B8g>4-VR=4U)Z_g)gx0a{>n0%%E@o"
+    "s!+`j<aj`!2oAtvY`#KV51q-#sw+rZMqw%37Hz|M7nLLwD_2t9xwe^~&QbuUozMN0#m{XIk$Ik6WuRXWyq=p_$duvoBU!OZH;=)v2Y|y^WJ^"
+    "SC*FE4&>(hU$x#1hgRRNyj_`n`^($bhsBkd=YLKwtWI3ztMA{WS5`Z_9!$1|L~C$3cYk$grMvq>S8Mgp#L!>ywzgb&C8vE@nK?bPReis8X=!"
+    "<Jb#-R7<Hh^MnO4WKm5z>M%N;+get&o6PEM}mq_}nW^3_*ouUxtE%P+q@yr<MNxmrDOGnuOt)Z3LOH%m_kuGKVlHCMTI_qXcr@w>N^gSBF=R"
+    "IisBcC%J%#vha#O+|fFoW9qXS00+Gb~~%ynYhkw<;EU1N;Of|w7Q{5ndf@*T0GlG+qV)=Ze_>yJEx?)V&tygzkKeJe*aclRevs7arTROI>L)"
+    "~XijnJw)4=LdupA0WP8q|y7ge{wtY{T9k<NJ*|^gzic_|&^D~7RJ%2rWX8gjmWlsNm_SZ+h{Di#cJ<_Kpt2Sr+@=5EAd)Bg5T*>T9{Pg&Rg-"
+    "O$UcJ{3E@F(lh>^=U3FU)8c^>fNOSGmm3sJ1Y(6U;Qsvrn!0amyP!d&YSvjfXS$_&t4U!nBQ3#@UkX{-kTC>Sp<A<FxaWJCU1oyz#Trx@-UP"
+    "WbXdyhwAj?DXV4`+_TN!JWuFulV2-JE>GY1nLkyhPToEFllv%Jxjy#b<iqoi?l^hrSmp(B(mg58pZZxhPRXB)+jA$+&!08j3FY_c$LA+5I=?"
+    "t4f7X6KEgF^PZ#5<7{AOR{_WUJnMlsdN_-_ldQ~All^p%=g76ap~V(FG?c;yKtceW_T%5!50F|K&V1GDg8_O5l`nVry>s<4wxuUDImQnQx6o"
+    "hubeja#L$yOp{6J*`o{TBu&X_gn2+@xk3vsn)3W7aFSWs*-E<2hE>OIrc<y(zTwPwZxbuCTAY=hu++@Wtdh|wV3OivrnD2^oP#5+viTtUYP&"
+    "o!ovA8Cm&xpH$Qo0LM|*Qzn(oWFP|6J5)HkkS97<@mGN@rerDocbzZyCtX6I%>Ng%-uU}Ih+|R}ITEpgM@!5-KlM|D_&Yc>2v+(rh?D(r$!_"
+    "q4TFO4_M^Sb-Qn}2Nl{J?bhLqmTwbz9uCrzSLMnwsaBW+suy$FqYsqoriNbhYy6W@(~)tzJm|9?kuJ_hR-^{@%@eBA&}P^kmg;N?p}z_u~8v"
+    "=XXbE9$Nf9<MMXVy!+@nzgB+om^WBe&z)@Q=da#Ab?%HM&)xau>g}_4W^Vp|ZT9rfSASbLb@BAY+s*6eu3oe3Q|`~oFY+XxQBR+pHMlW%{in"
+    "&fGqb<U{&dx8TIc43Ub`$VpSxV2)9)zPu1)+tfBEL*^}FL|f17yvaO}5*->#pz>J-lWI{om;vzw<MKDaSIzVK@7(fItc$+3&mQ{xXNu1(!|y"
+    "72hn!s3fd6LWHU?BUG#E%xw*JOB8}%r8GZntJy1!qf5Fzx?|1)5)t3C&nhHPd!)~n=B-v$NF+X?ZD9!gF{ladhG+er>iJ?I;9XPYs9p>5A}^"
+    "E68ndT6*H!e778MyhFH2^vb>!w6^GS|XcsJ!<Vig+S||(agsxdua3I^oj)*}~vJ__M9YQk8uw;i}NR{=OdX(=!)D=D=@;`R$h=jxr7D@!f{+"
+    "&{aUNIoW_R64kSnnN<>dC>OgKD3wwiWhj{P3VuHD(N39Wo<jyWSf+ZUhc7jqBkajoHDlmcSatqk<_+PoxABF}qvWj8Ko3v`1MZU1v&~@gie+"
+    "y{<L#Nyh4CNSvr<^lH+K>#8U#S*0?drle8URj$g0RcmIIk!UDoX4K<_uFiJeHZ)jQby1fUtAq6y`bK2XlFjb!`tjh%iJ?-rt{dH!WmNQTS8c"
+    "MsF14wvqgvKriLQ(t9{^7|VGYOa{_f%aA)5~jO4grfs~wQx?oy%|%rULf9_pwZm4^#5$%?f|TI!8VCCWnOY$X{^M1onx&P4hX(Jq-B5}9yfA"
+    "T4`D8LQP997r4pheMHaZ>ip=HtR~G|7boQ9O`4E2l6toqfu1aMvLiS=WwKVK;<2|NNH5+RzcLc8VE?GC~cvdVap0<2RlRdV2^q{T<VFn8)l@"
+    ">?rF<PyT@*roo&ZNf3L8uPK%kcrz<|1Vwp&%%$I6R(ejOCvzcyY4VlktrKBd(B5M~Dd8wvlL9+{5qtq~Z8>!*JzTS>w89p#PIMNof2gIn=*W"
+    "NBWJK%R6R>%^8BgcjlspyHm>~ORcP8-^xWHuKQo59k|Q6m&j+9O$EiKAB75XE$OG|npFu%fH+`ao102?dxlY=l@*8B*1LwXD~Qtjb1@v2;1D"
+    "mDG-2B{b09XDQLJDkH<~S|YG-2;P^o0?t8cN#S~$&As^U1k#x2c{R%|MWl=jTEc7J!2)KsDddR9Stur?%DpCYr{*3%8J}7lpPIS-``!B=E>1"
+    "q2e12td{?+uYd+#4SdOm;u=5s5<O^2zrCg3xsu5m?1)1nlM$n=n~b*4MqkU}$oST<whlNV-gJbI*+?WQKH?Jr-wns3f8jlG_`b19)dxO?T+^"
+    "=BtF11Rp5W~QcJPTjew=|Wf8%(Lr2gfs^Z-(y!~<y6%vRWDX+kI$W*>dGhkx`v{iox2{Lx%`-6y`Je-(|FrpD*wy+SvW6cO*{GF*6(M|JbFA"
+    "nbLrO$=TAEB+nL98rN&-(ws-bJQ*YE?+Vv&VeJf9y_EM!(RbClF6Cd)m=h@<)-f5M8xP0>WyQkTy3(LRVIDO&4t=qS*-@5VO#`&8!FF%~UdF"
+    "#<wv79Sb>!ox@Z*O<38H>b+BSF2{J)|4D-W(|;d%HS=ncyH}8jDAg$<d)BheqPvJzhs|N4pmrP3F3XP8`pL3b|%jRh25j{o^l9VR&hns;XN8"
+    "dCH2;w(ZJq?9GRxU566cP%4`{R)CEHdET4!ws~B5+rB>{@wC2S+bDEZSUy`RtA|61G<YPfC<;H(o;j3gYFGo^s3}_2jtv-GE7m(}rJ|H^Eg3"
+    "j0ckd4bN`0|o!NZAYG&!g!M>ge42cyA}K_%a*$COI8nTTYBE-WsJqIX-jrmK-`LDzIe$)z<bGB9e{nu(#C+|YCRP_=F+!ck4v2g9+w$Gdb@O"
+    "$0Oj(bT~4&i+tfC=jb;^1<Q$dLess--+%6?RglAsR_kkf!K+zTs#(!v>lHR7gE`_(Om!W&f(snErSDrzI6D&zC8!JM{{l6y~lfx9_tzzjrNa"
+    "pWWvdg!QQ~}j{c!cKHnV*M&s#`W8J}6ch5jBTF7*#6RCKhH{6vR?i>l`Qt?bzCZ7m)j0_I+r(y<IHLJ>WrUl#~PcgY$)2h0Y)f{Fp%*O?5Fi"
+    "nqZrfTTimd2j;UBO^LWrHLAI?HPY!y1;O4<?>mxiR_h^3yX<?#(=jJ-+?$+5M~2_wHMhSMN;Tz6GiwOj2o5+ETizBZX(Uo-3tiNojKYwsfwW"
+    "hQ+yQTP9wRIXO2>(-Ok8P0KcHVGC*FKf&>qWlBrKI~IQ7B7<&WaJ;hc5jW#_X$t()wm1--bIEPfwDAk?gXYke@Ds3MOWPDeIzqa5f{lR+ycW"
+    "2z6qqqS##{K9o{rC@hYJkPb1;edKj#+SzI*oS^}^h%rRUtD5o-pL7A8aEAp;t!iMMTTST>E0aT+iU1t5Y?@UE@X<j4-fHZcT@$^V7t8F&v<_"
+    "5?uX{|*^{I7Z~Zzz@M;1K5Y=i-*wcX^!*|1BNsFSxb!BMh>^ghWHmf%J3%y>x%1R6O+@Ecke%&e7f-b?##rKnT5&mKc*gxPs}~JJw1s#VWg&"
+    "}s;Z4ufjt0nxT9)t+rT7n6D%vniT9-c7cG(}e3N6$T*K-hb-J_`Z~@F1<ASwlN}6fvl4(-2Fj)<2YDwIk21d8nU?k}_=bk;AnxB64cwy$v!t"
+    "?nT^UrQAJbStH%EsIcgq|=k2~1817#Rk^<j5TOm@}Kfr?9>>b6CJMxKKsjG!;P!!?qPNB-t9PZP20^0x854a4*cs_P>Tt9XJ8mndV26lz61H"
+    "F&X@EY02Qu&Y!a{?ml~Lzj-ye@W=c2y6I`2<-s2KEtu+ZK>>i<kh3{9ci<zI=~}LXCz3lmrt3<bOozXHZ*%d!uDZe#$nDZ~$$dY%27Y<MlfF"
+    "xO(t7#m{fF0Y=H9#`f9CW^eB^%oSkO47aNtN%!r?63mBwL{&p9+7ho)sq3N=B_Pm6@LA){i|;QF}4k)DU!xSsTUBT#JNN(|Gav2xoHHiubs3"
+    "yVUYE)0LPCfpvMs?sr?C$DCg-Yvd;`}%`#RtjRcGK~DuXYe<fiee75-<FK~&I;>OG~x}qpKm^zohhLU{CT+!tpFy5N7CpqaJm3C#zpuS)Rd_"
+    "s?r;-7z$yMH@GuLkCHWeB$953@v=Er2XFG2eK1?n?dGqYm2OnK5jr)NIJn;cVw@nSfZtIvdoY^w;j}!Q~GCt@qvWN8TNoJriIW!+Uf?Ez=`%"
+    "uF<LJ+ruc*WGo!%X^`>39Y?8Mzu}Xn8I!^WoFGGIsygovEn@S7&ZNxs70bGWKBh+Hd#nJ$eGs^x)zBx$BQy2d?L7!o`G0)9E^*gr*F4BEVEQ"
+    "EgJ!o?I29ZJK!<2obWx%_kBr#h&NOR264%&47_sQy#dl-<hnt@gs)(#Kw;YlR3M6FIu0$OBXt*->z3iK1RU8B6!4O)DX=E;qop{30WAo;kUq"
+    "m5{ME%pHsuN~t#@;8|C)Wi@SN+Kgq`t7N%)V<ph&z0g<>+#gl@qo1zf>#R2Wfk@>YNOP0RINoj@Ib*IYs$)6uyhTpRI+e4xV?HunJ*nF*QR!"
+    "-zQ<OA!3yTP9#1GjeUHeU9<Lc^3Yfn_ZaudEwpVKmWS=;>Ih&91cfOZD!+!8k~R;px|9h6u$0zD20Z}d?(=lZ8r>ykezZIrzrHtLRk<NLnZ_"
+    "+sGg}(?(!YWuyyVSHW$9_IJqsX=^G4T;Cl?sRp=Blu5cFS{+OG2HUIAA%gNc9H?J3765G->RjMk}0J~DtB+`~pH32S&w;4VyHFVwgc*KrBIx"
+    "-KXEXu|v_j4}&rE?$TP0I&+|1D&3ng-_Xr$kQq9P^>Tp_IVshwpIYjJoYR8ZEs=lQ7{c&t5%v_WJGkUmv(2tLXmHXoS4DAFT%hhTIR%K>3uI"
+    "x9?tlS|lq`ViA=0HIJ^RSR)^&V8k!$Beru&tCSuL1NX8qXk16>)9@LI(B#78m4(;0XI{@u&QE&_Gk?+dkZpXJ^6%w)F%*YzCTIVAHu-w?uj#"
+    "pG^9%Fye=I)JiN1gV=y;(MlYyx*AQf-JE~@YcN*4Q=V=UF@1t$HZRTHiP$hBRUU|IT1htf3xBBk60t+Xf2CS^MEDl)c>1Wo>|5lRWlctARCX"
+    "fzJ;X2Z~ki_qH8)TQm)10my@$N|E0K6pMDXb1uX!ouv_`=`^3^Yd@sEkDNh$>=_Z^0N~yCQTp1wH#VrxPpPKEe)H%n5+nAB~PXj8KTNhnwD>"
+    "2-)cla{AEX2!C$~JL6c0pvVD?d5qI(DW$}+B4NrFb;rc)-=)Q<;>(Rq!6XP?#-J2PoeXuY$HT`((;l$L;#KPG0-0QIkPR21Xb6o=v0?JMNg#"
+    "UA$NE)Zir~0&n5+<xd^GDitEtQi!4epZ)%#V@hQZAqXAd~`1>p)DPER+5()3rSS8et+*f$z;i_~r&A_`J^+l*2vO(BS1R8BHf@$Y{}ppLA{C"
+    "3xJWFfY=75fpIV<%eR>g@FG+-G_wgMN)NMqGfT^VDtr?NiJAJCOqm3!Mk2&0O_`Lhi9cYZ20RNy>#v1(?_R&2d-i7eC4KChomLpv+vMoT<v@"
+    "grAc9Ky*=No^5>Zy=9~moFft(o+kR=K-Ss|k7(Ct1#E<VErHZh5hG@23wMxj&A!P+8zgze{M_}71vRB|!`JV{2Q{7f={=7i<)!^O8RSp`Foz"
+    "OAJ%FN9A)eK*E^T}YTW59VLLd;iBfykQWSaMy51%>kDky1hFyF}*N1JAdQN?6b$$9z2_ypMN?wKXc#oNgq~#JkKYIG$`Hjh{*$LRG&@IC=5#"
+    "ez<BNt*YxKhG-BYC<1L>oanCf!eSvR2;llK8FD*@(#5{pLj!HxJDBaR5EFGyH6k6*3^~h}?JH&KNB6y~soZ+y-XL>$mtphQp=ivWKFW<lWWB"
+    "j(^y)#`7WForfNoV(#)b7-#g3-O<>rDsE;}-7``}F-gw-`G&fxjFx4sw0NhU0s)|L7k*(cgs#<L-JFd{4FOvad^(F5FI6k#SWPRCG(z1T)kI"
+    "<7zd-n;cR{gXSt3RYlZt)mT%iQZ#j;E1EDEh6$oBgo6Cd^b%(Uy`m^-CL7tk0|i5>6;a40WiQ2%A~UkPo`|#NFsl$CkcT6SHbGe6lYZ)h1)x"
+    "cIk5A|IC{Y=pr{l95lj|yAN7wT@u3@@DNp2LlCs;}%J69VpqSk}AHC15}izqm=>`o|rc(|?}m7Ix`RipKjyjxd552S)yf^P&WVi>WXB!$9-Q"
+    "B!$I%Z?gd1;wG_fNdD6BNU~O)f+%G1vXHd1t#>efw72^Z3h}vW!P?nL`+LHdR(=T?g;mWM}xe->qvjnZU`Q-dyHUc*gV#WStpDkZVsIYb%a8"
+    ">V0X1#Z<Go}UWkP<by*ShqE)Ci#c&x;r`Q==CPRsIIan%3dynnyZ9mbYAMQBNJ!%GQz0K;^g9Dw$`c5EWzka|ly4M{aIJmE~V?em@JWwWz6~"
+    ">crDxIl}D;x&WOs2?+rZrTMgr=5-1Wem%iPymsbrA>$Is)N{+24DjFKd+q9~7fTPbSFQ1`!Hf#u3vT9zGrz3iJ*2<wnCbmd@Ej)$ni?k82dI"
+    "eYvz4%p!bJR@4@QeZ|gVzEL=yiUztPktFXMP|FEh6+B{(>VZVuYVSf+1&uVfvhAZIfuqG#S}*gOp+|HL;GQ(1x>?qMCz`G^O&u}%gkot*)Pf"
+    "){*{Z>Eaa(1oW+kdfN|9pKq^bn4+hs{WzgD8i>!#R*vZ7!|?qT+EU8;tk8Wb$Nbqvfc3m8@;EK(*~VXD$j=qiJ^E580sQQR7erz)xg3u-l87"
+    "?QafoYk;B4Os~JpTp@?Xh66e1F9Ne!aga{Osi-K)pj%!##R_(gG^&;q@clvSyml^*QPX9c08&?xQYjvDIhZ)AJ;w2jOuYMC`-Bmh9|X{z#YP"
+    "PAr(!}sR@mhRA#BFUSqnNLn!K6L#wd58c^^A#-KJSnF~(%gjpDh3P11#x^3zT@qVxi;G9z9zGQY0X|S!Tn#`!{O+bW}VqiH)uqupS$I|#l*I"
+    "}HxZZoiW&C+yJ(EueF$j1~y;?pByW0IVM{4yL}r;Lp>t>JlyE6mI=YMkj@&l01-=N?nMh69#scn#*#ph=nl>qv#_p2Z=`6hOXYH4Z#IBmp3J"
+    "ybrjPoG5KHgwwFBQC{UT8%hOCpqC*GP~-Y2fK|5?Awu9VI%y^_2ZLm%3zx~5W>{6Yl~Igh9HKo91F;64mZdBM@h8(H1b`Y^Ki9yg_lb;QvVJ"
+    ")z3J^^FNUUk%tjO3xHAaomXh7FOww={8R&7A<QFK{hBAKa4Jt|}kq+ABc(wJbGYDnB<U};u{v}D@;sG(}$N#uHvdtjOnfQAR&1#V*txK*4=Y"
+    "srYw2MCWKN<bB**&}_mYKtDjv{fR_5H3&y(Ce<N*&3Lc2FVW&=E<Dvz{_NV*k4(Z3>v5jhqs-NB`ay*Llp~X$tZLi6cDVT)4j3Y8ZmrOo(5c"
+    "%n6u}lN1#4%djqRcC&A;1QY}@|`>KPfLH$Uyzh1GJ<T0CJ*;AHU2eQK#u@vQ=-VuFQz$j}?rIuENn%x&v>M~anA(l88LlCQ?N6L;uKA|*5n{"
+    "n`3{iDRSsgPoNhV5#S>KH_$U30(D$aJ09r|h>9yJ|lc1+xy7MLCzYGAA(hiq&J=JJq)EJ~iD|Cq*hfPC6XS53Y)NyFvWj5Bx+l>+I055=mNx"
+    "Of01+qNLdQdPcM#hkcTE&=#47l8EOAlsI{*s~{^%us6l>ET80gx(C3sO%3uN48_#o#YBY=jh0WfsHA6AJgW>(5u#8>5ZYc2fvY3ZSbaFJsZ7"
+    "aLrBai!skSqXD{4}2YFKQwhEO$B<V00%SX{-LGD8z3l@?u=!QH_kZCqjyIZ<pTR9AXc&4sWA4Pp2K<M0hlL4M7eaA`mc<Ri}$>sLJxe-{LY>"
+    "&U~PydDD4bUo;ZhHAJL{73T)kLsAh%iC&HW>nV&yOtjFD`+Jh9EHTPaKX&*Fx5?iSvl%KIr{yEUEBAl+jsVF+NTeg+FIVPruY4*WjAZOx=}r"
+    "#>6;Rr`!)|p_H=U92taVz39u8600DFpOVt@wjfvALIxM9dc(72w5&Q}*Lo8@DH353XF+<f<bt`FGIg9}-$nzB}x&oODAZ`%L7rJa(fHlChS<"
+    ">=sB*n}@HK(L>0cGDv#F6!};LI-C$Q_wVo_EJo5g#Tk1H-oaOj`N~gvbpXCCv+Q1ia9pnIQK~zaT<#+t%%ZE@GC#6js%WN&}%kr1QL5R`F=H"
+    "R_01WQvu3$6N*814GT*F!UDL06+NEH<#p>YhAt5}npOdDFlq6E&8t;Dq@;qDqjAY$k|+`a)ysHYi94*KK^`b>Jk_k$>q!HXV~s|kuQ%ME2$|"
+    "{jdRI~~X=mH*Og>=6j$uYM3+R<rMtXW!q_0p=%9V01DeHBso-jlzFC*2U1S`b+%QCFi(|Deug!dmF**Un24;*6$`mLfckBcsIsJEA&=mudPG"
+    "4Qi9xhJq?B(!q?z5yS_Z)5<dTjUrBJNgSL1(Cv4cr$)5<X5B?#%RmJUtvcxsFG<|fzkavn?qZ*W9{XxVP3F|A*;s-jgA@zJ8;(_z0Kggse^("
+    "2rIBsn>}X&AXmNlK9Mz6w?W!>M%McGHvsQEjKosE-j4U7Tin2l=tBeL4ZTXZa*DO{>E(r8m>0(rrQs6c{c1(ad^~QU(*s+MIHR0iPi=<@Ibp"
+    "2u+a<c^~Q390!<7$FsAX_R#57eTiD-1qRXFx2YE*aHybeDDnq{F2z3ne!c8vsX=R_E{+k1Ai9U#@dWGm!+*MZ}~+FBS4^m>D9ALX<I4CVK9O"
+    "EVwYI@4HCb&^H3U1k1v;OpS_ew6_NVVAaex20v(P$g|K=e%Trs=cCRuNTpNmOK=h^exe6nSSIcXXC@K=Xy&ORxP)b>Am^GYsC=(b(MW@+l~g"
+    "dyAWb_+wXS0z*COLORsrj4)EU07KyV<e!7g;Y0TO|iP$eo=7Cb}3H!Q#W==#FVMfkZY;=T~&hAcFMrdz6_Qz=F_n*!v67ZcFSDsO=JkjEfn!"
+    ">8yItqH(oP0)72ddC0;!>531u0v37s}6`J^cSZM5e~`VP^}6;sZ$XT4>tWGXW8Vc6@sM^TpHMGcP?qAXm3mI0V@Or07>cMl2oRST<~3-<#?z"
+    "IWJ&}31DJO*s1L0nBSv~alWCo`movH&XBpB!RR8g)Z0nh(hiDhN(Zl++epzK?AJJ5VMI};36;)AG^;oT2WdW=(-tmx%n^+SUkxalx{R0H_l1"
+    "k9<FX<P@sWPTB)1_@b{HHc_rZ=$&np)3TtXWg@q_0Y5N>auG3#Q_wL5qTWO44nbP@sPSv;ae}7SIahP3c*VOI1ro#zS&LtdhW1sl05unw6wd"
+    "W66|;rZA#^hFQa1K^Vc6SsuP5TxKg8tEl7ySTTIc$PrYI`~=dgV#vruE{Gsd!G@D-Oc&fk4h3oTObcKQBr$YW1WVIR&7_oOAX$}ZXG^!uj3="
+    "lL)KAqZFDU@7AWYzba8sba)FLEHvoR}zP!7v3K`S0kh&JwHzd<$XAf`2h%+UnX)(Uox9c608R`Li2T_hoh?WR?;WhPv1)`QU^RJ5(tvT9T7)"
+    "(?Z<Xm%AU(yr02qOBJYL_J_YwyG()0aif%Vg_PDA=0RVcrvObaawL6D#+hbF91J=7$yh$Yxvt7P;#y+T#aO&OZz$&@WPNJ^yyvO^GL%8tT^Z"
+    "l?dbWL$|uaGlnk!G;87Lc)Ps=tiZp{@qr^mEd<>?jQVn0&ykd~3gl}s2&m!mIs&K$>K>olAa0dh^2%_T`t!d}O@fncp^*7jnOkj()L0gCLBo"
+    "I?AMC=~A2yuuZ5gn(U);K7+PSryLyiRzCggV9yoU<HBRT<0<!*`>gvkJ_idv%YBH&7UGN4O{w?%|FOw!e3mVyis^`mk)1BHwNG1@>Bdcj1AD"
+    "?Bl{JM!SzGn~t663MANw3jUJ{7$GopX){@|d04kchCrh$RF@uBAgqQ4l^(y|%0Vy)SN$TmM(GP0%gSK9Ny8Y{G9f-Xq6H#YEwcdF(PLFhAGW"
+    "BJ3NQ)*e@hg}Dl4irpdVA>3DviIQPW`~q1j+0NT*@Yyjp2@=EsqW*$#G|pu$GL5C;aiFp2^whIFAK&ku5~(MK??n?NesdIlx}f^`Z*!?x54?"
+    "ZM}@uvW$*<QSDrz;h5OLSsHW!2b%_T3xTC5P3P%)nQ>FGP+;mc04tbb-O9K0G=$s7Cel}Zm2T|yg_rsQl%Nv<S>gxWGTsz?4%+^I;+H@GM<u"
+    "&+z@N?vLQ9thzC;zk*#J54alEl%`P;PA{B*iW$k_;OM{Woa&I+S%%&h>V+EiSsGSOOm#*f+rKSS=f|y1_2amP&_V3pY2S)=TGimcdJ8ncGox"
+    "G<L(c7aRH_YMV-5tj|Vm$}TRkc=8>SnlM#WhN9VWCsjvebUtvJ~3HNNIJYUW}_F{sQ55Q>7gcfD)9ou4M^QXlKoKs-{te@NFovp(Gi+w4{nY"
+    "qXt!nFcMvPO|NNck&TuPcc((><5p)P7%vJ%T74p8_LTEhC}!E_u$i)~P;cm1$7p@Dll6s1>ZPC=80D~yYK=(6DwfK2ZV+j`9lXMh2MVExQZ8"
+    "n7)2{eCsvw6*G7jZN3PXQOz!e1$TE?on0;q(-5+F=wQ!|<tQw_^SDx@Y024X-M>QSQc+<s3MD><P%s*{7WXb@F;R?kaJlF_cK=F>28Gaw1=d"
+    "x(4rwzIjc8jjI4%?4cBR=j+~-+GnZG21M9K-#EM;~sL4(g(yC20(+71NR2lNJ(bEy|q3nOd+#-4hPkiY!|gJ@E(sVTJJ$V0{1o`62lDs7o)@"
+    "L8ZVhm?sf<j<5DclNO~G{mW$<aRU<<2Mf(euYXG2Ywn`luP9wksQh-SWSw+&&tsL~04!LKScwGe>g5(91BGu9cdqpwygyM_++Q(h4I*;&Z6*"
+    "sYLUPh{DQ%gk|fGHKxZ?Z(T!0ix^b*Dukz)bs)$XixX_GSWIb}BB~13_h*mmdHtF#VD_mJ043Dk>_Kv}`kL)M9a~R<*5CvZy!#RYHPlHLQ-`"
+    "RUy3oAcL*~dr@dFsiK;FfV8CD&`Mg|RU<$_tq4Ftv}&fprRo8fpuVthpkh`<!$0+gUxue`b=r%7%g}Z_QVOAi!&Taxh85{kDZq@lj7I9R-l+"
+    ">m4M|bR4iD62R+aTqSW6cYim7^vqI=9WSe+q)kfKbEKuxKT9j56zykgS+n3m9m$5e*v!CdTuXEf8G?hRgHO;cgbu<mLV?ncV4n#`$6zRrxWI"
+    "jk3H^OQDG{9Y2!Y~k6m>Ncnv!CeappDEl*fqj9Yg1Y57k_2d)VU*lz%J4AdSbIdxn}LJr<2g%{=CBy#W~pMvkKvvQ61yGEL`PzJM^w-D#Da-"
+    "H-imddXp4v%0ySujMncw+PFN~$;tR=x!y}{J@kosNm?*Ufzv+OJvAEyDM4JIXQh$fTH6iq<SmatZkeN1KEq~QD-QV7Tiy%0WHnmJNIM`c=Sd"
+    "nlpF^Y_19hZYvB@(eR!+?mQ*>2f|LToUmBzo)IFB2fUJ0JT6@DNG<uVEEAZOgg-uARiQG(vi+h&Ud1ZBM0*emmI{4hDvURxA-t#0idKqG&~u"
+    "Lw0l!HXbpNo8rUa_HcVT(902&G73IqyM_W%h1q#|&GB0eK(!6S0}t$DM${;XbXuz#NG0(+?MT{2Ck&IaOYlW~IN3CY!nWP8p?86#`0dbUD6z"
+    "5vm>re<xdr}addvW7QA;>0BE{uZ1Ysr`EsA<gG{Qlt=HR#uYSAndS&eB*vkD~k%O|ue<F~8e-x2~$Ksjp}3joix3Uw~fR+FMDQr0x9YN(Ve5"
+    "f(Pj5O9F+A`{dUi7&CZ7SS1W4Q=Iu^?-nBYF=0Lia~6Q)6SCLbE9dFO|53Q3r0n37|sbGhDM2d2JO7kYsj=BNNcaHx&_U(3!EYG(6$>`nFSY"
+    "Z+74(v)ExJ)ehhq{`e~q8BEv?Gg-1qs4!}Jqx^1;?jSfcbB<&+tEr3g>Hr%N4OrTN?)MMpvL*z5ZQeY2uK5fMs88Mgy0nJ$>w&?554CTVvdJ"
+    "x1^0r?fI$`yF0YHRRhT{Lun7*r}#H7x<?6(q}aPf11+Ly3eL4J*k!xJYQ!&W3|xFpT>Kthf+SH5?se%18>d+a<waQvJ_K)3z^d=#7L}fhkp?"
+    "DEVStm9?74=afbnejBoLvesbztfsLP0@KafrbqoKBsp!1+Ekd~0(?Cx^i)-iS|1eJmlZnDQ!xzNt-#l%<rvVzh6xI!N#Q8a3lQOqX_XpR7z2"
+    "^1I;v5l&5o3&ML3nUOv7f1&7cV2g18E#jq1*(4Vr|t1mVS#42SwX{7p^8B4vPlLVZ9U;-2)B<2N-{jT*jc5)`S(#R^s4A*Grcz{Ox{T!R_Gy"
+    "15H}4%Gz)=22M@24cWj2T8Q1BMU3G%?U9Lo9Y6<vJ6$XxTy+du(W>j!9B^X+MbSMd$W9pr5`fe^hj|)|FH{8*`@6=xN>ku*ZStRJ$h$2ld2x"
+    "cTj{}p{z2K0R!$~)tpAujI)VVGnK9cQ+#3$&k0eVW39NuJK%hdZQBNFqnPt^64pGTKrGwIFl1k-TLF#~t9Hbw-$I?}8INR0i;Ju2PRbj@wfL"
+    "Cjp70)8dhOKVXj#LK&Lz%`%IXaw+4hH+}L{3WsZtVV;RURI(^Hg~)nh{$xSZ*l6V!cH{y=z!+5{T}{Eo#ISe3bhAR2E`EHVQFfKpF0|C<g=F"
+    "?fndXmNHcc%WneNWIPjSn3hYqtW!9cje|AwjzzP>`JSwm2{+Rj@KHNgx8tEsJ03wUj9U@hA(k2}AC43{2~%T2V1?3Zl(uArr`1#eC@`HOwQE"
+    "67B0Qn);Vw`+MT`DnQLmTdmN=pqph$&LT5A_ln1q*b^_T|0Q>bOd;1vy#1Oh}A{YFMJV+ps=U<w=18dVmL8?wfN;Xy4(Wo})LCYu`5()G+ol"
+    "_nj}LT0f69k^{V(g;=Zb}45lO@K{Um!)c2DpU^8A@*~PfELdiVO@!)hl)zn9PO_5G$_Gz$)s7VF)P}Qj8UZR(cW^tJfi1PL9QA(ALmReAsf^"
+    "w1Q?^@Q4MZxR;dqxx^i68aBWL>{CzaWq7VY$4MxqN9oLAbIC&|k`s0XL#lQlwkG&WE{=JHM*f|$ImDe&J!iF3jQn6vzSP3Wq@91Hk(A*k?18"
+    "pu_MkbT!DXA&7Q?(<-{kuCw1lmluLnjWJ$_@zMDtv-(I;yJG!~N_q3|FTOTqI&m%8y-))YVX?UJeq`b<C{9(zapf={&fdrBhu8unQh**Qu<i"
+    "SRf&kk2nm5RaUHkP3emVfiP?sNXgW&scZE}P)Ec9K>#s)058ofH8@fW4mH`)?ujLMC2KmIHw@r`IRGg|*#h7N^fkzx;N{c+$?>ULBt-&RFqF"
+    "cWXcvtXqCy3FBqi|o=CCSAB17Csp*dtvi?%r_Z`z0+M;|pc>eHki%_;_93J^hs3L^+@+0?yZ65x#dQCeEKlxB`m0m&3i2^Ev5YmzFg5TKq~k"
+    "A(}lT%m3k@|7a(fz@K79820oM2X$7f<jj7*>F`I%$4hfe0(&jn5kqw*}#>_ico?@!Qy@u1RfAjhw2qoA1DWo2ZOQHu--AO^kvPUZM0c&BUQ-"
+    "qXdC2oNKbGcY!9~eS0dqrU_-=InK(o(lzv+rG1!_l7^FI&!YYbFwvj+!RfASx$nluH^qbtu<iHMh;4=fg-N88T9<KK#t)?&|V${qGh0Xl1X<"
+    "<R~rqx#-O%E#R?o2MO6txs=T+;gD5X3Adi;0+oU=~$ykKU$QQuU_V#)=J9Z&3Y8ZNTdrB3myh3aLLjJ3xhM27(M}h<ux5Mo?-pU<p|U&>DV!"
+    "E@(Jh&4R}vbE$@^gpo0{UaD`O=tnN*s-;nFPGOzY%?-t>II5t&7?&W&@1X$~v4Js`qaq>^IuJlqH}+J3qAMD*U^L*7v}p=?Rn>J@{U|q}7d6"
+    "U0rd>u3#B+q1wWy#+i~vj(ybXF2<h@Z)OIlf1vH~<N!9;{5hcY53S*DXIN?cV#TD1|UN^K>PS7}$1x(;P1O<Mtm%&BFiYG_sUW8V%;Ap}70z"
+    "q?PR-!DY%oKhiDrT`lo;AWbh#{8SGN!-Bd+G-YgS$B1TFl83Pfwq5;=xGau_+-=aTjE^51n%_#1+;)Jl}bEd7MMCRpye7;k2i6DL=-}Z<T4l"
+    "<h%F4NaKmF>(p2I~OoOx$rMM^<%J7Jqs&l+hnWfkBv|J{q(mJQkxc@#{0MQB{1b+qTGXP`Ml1Lpbs!98$ROdGICiPmFu&_qW>?#MJM1<85>U"
+    "0d||DHXdE<miG3*rGM(-ozL2#y(8&AdR4ZAiy~z=)a|B}Dy2%*+vpdbESr5!tTnHM$1kqY9zmfSu#r)jS_9fxmR{L#7q3@2>S~`*uV}Qi<Vc"
+    "N5T&G4fh6UqhLhF`M_|O)!qwJ4)H$I>Ix2q;<<3Bn|7>p4BT&Ar6zwGItUTilQeW{C8Z{5q6dbBKZZ>`$Qrq%)R7o?QmYvVe=H^)ETn!siHm"
+    "{9HGk96REkEbF?zfsG-CF3SNn>#BF%0QGK(W4R<+xrsEnIde_=2=TFG{nCDjc``3TdceGVX*;UIOmI=BZju(GCqG=n+^5Pv#?PqnC>z@#QO%"
+    "ESIq587z83Kk2DoERO9@R6bPP{A$>9<b9q5FFwCJuq4q@8i}`e5h|E90_$O)EcZ(6<hNRh1pGDv!uQQ8(C6Cj;jev(N)`N>XwCRf|*bUq41l"
+    "@A#SSBf2Kl94d+u}55_F$WR*@sA(b#hIiiQoUvN!pC`v;Eodod13BamAivZhIYLsBcNIe!WjF!!CRt@&rF=@wBc48oAl|u0TlnE9&TFzJFYN"
+    "imksP<=3pEUu6Zd31{-;?XNR{4#@AkCVMlwvbssMKO>s|^6Preid^%k+#^U?ou@QNZhptf>lZ=`-2_NgEl{$m-zNm8zDqi+Pp<O-QF8u~bp}"
+    "DANFiIjzcyyqT#Z-K1&-h5C3Jie}^$C8x0_907pM>I#;NQ=5#X(Z-O5go}XSs!n;?qwXBxS<MQEb0bm|=xfcQ=0k_@%b^egTwy|Wu8c@q2QP"
+    "6y_P|1qm{q4%0axd$;B;05IAZ4+lo;Sxq`~4Oa}B5ts88K=b;w+5CB>2yn9J=1ojHJ=;JhA)L403fpmajrwXME0Z$!Di(`?h$<x2W!RW-C>t"
+    ")T1s`nwJuP=bN=tVgXYNED5cs;aY`jFecv0we4#M)e3&{K6{HA;+(sQ`fmy7gh~<NMnMEj?{B0s?w%L;=H8I6q53g`qWDUo#kr%eVK3~W=CU"
+    "MGO39$f=w9}1AqrnwyQ!$D%rM?Gz*ld*yQ+~46u}II+RKLa~_Nu@omr_S+f!(!Y#jn(K<-`uNDv6hMVt-l?zJF&ZN>Q_<Dlb6_ttp0DwDajS"
+    "7)Ul>#hZ%@0$_L-$<jSZ#VkwUX%X1yk1K5J+Ksu$Oimh1K5xKkkRjhTl=?nN$CbjTA~}B&bn_@-`Ng8hWWe9%iRb2ErhJW5$v$hbzMjD(Elm"
+    "LqL!b*TOuwsx;J$1{IGy%!_rMRgEmBsMhKcFf%o#GC~Su4Ulb<I^Pt)H14i|o_b6Z$d?8H6|Uye`3Voac9@yW1UpAKgIg;S3Q+PK#f}M+HCV"
+    "$$itTIbZtLu6GY3c5a0jvLZqcxMy1Suta9tXC)gCBzAL~=godKhuH+apYjbNxYsyZ|p1PW%74#Smo%TOUXY-(W!k>En7EoA=`l1IH8$lv(TG"
+    "brasqhfe=)v(i^ebhhE(~z<P8m$}18bYnXV{;C;2Be*C(mov1yhN@LZtLAwJ!G_>;A+l1X7fGPaigptT|f`>BRp$Z>d=w?-Fjx98a^Bu&5We"
+    "&RM*fzOi&*j7|c*IU?1xQ_XwFIwmr}@+?VWT$v*!?9elt8r=|lI)D)fWYd_YNI>Gx!)&3D;T?1l>XQDxCs2BL&Pn+!Bwf?RXOgWMCTh{R<EU"
+    "-qW>a@fDxw@kgE2Qgmkb+v=L6*2dt8S`Bk0JE_{AhnL!3W~CXv{7l_lc}A9F3UqUeMn@Bf_nCWGIjvP)B>{poigd+OGm|14&4>bK5_N0)arN"
+    "2-oxT3Uw(%yuhX42k<w)d)xu*qOJ`?5LD_8hqz;&O`U;$n~#i#3+Z~4*^xRMjX?#~Wx`JNMFeYyk7q1qi%_&sEfuv=q^#9~rDEMKCaid&8|+"
+    "XdlL+4!Zd?KxlySAl>XuT%dku)+BB%^}Q`HLwZL1+zlsM8qw0J-A9E2q`?rTZf5VL}`%SLTkL7<pOInd1s^7t|!+^DNbrbH`JW+*JQAX1Q;l"
+    "$MHg!<ZqU5GpzV&;xg|@;P0qCMYLF1;ENh{-t^&SR>?tB3-|2(m$N#HwfAp)#IL}+iuM8blvomU$qEVJpgqF{^MC1?KFE>UqMGQJSvwWMH|t"
+    "KXBg37O$(YwRBjees6C+(E|2zQLRvEk)tTYFZM<R|<Oy7=RU}_5ASgh*nzfst7Y2g}hg#OS-%hA$Htm#ZB<b)TXp3X`$YNTmPs8YV7i}@vbU"
+    "MpHs(=YJgdw$>sPt`0%v9in9*ZM(3@}ilnYtDqv3Z!ztJ#oa1x`m^1P6g*a3PmY&T$uF&V}^kI-M9+{G&{iQxUNSjn6<D(y7e=Xi4W35Y?Cy"
+    "@;J3jAV(E^ilaiO!Xp!=Ya3Vu-4%EQu?A4|qOO-r7YPDM0S*n5Wi)Dy5vr!>8MT8{A{Jbu?L-N@L*fP(7a3WPt67psil%5akZmMbYQU7l0<4"
+    "5;*iA@x$QRY>Q`EYi5fHX9)}LWLGT+<m)9P|S7hzD6kv{6<7O6};Q)Ibvf(7ZUqUU-30nZ51DO4(~Z}_DStz0Hk8Y)80<Ep2LTCI=(ArSdWw"
+    "F-c?M^rn_n4NEcsYLCpE$fO>tYCyu7A`{HrDeW}IU%M*p<-unX_2a^%xc&cV~wtQLu(9aX``;gIT{MJwa5yjvRP5!6--r%x?(k1!WeO6R&Od"
+    "6oo8`0>TpHif(JBUa#L53{UD=NOa;?1YuqNVK~``Xon_Q$k3q8>316Wd9Lh^nsnj$VJ_zkbO^^}S(Ru%{ZKs$>IAW-m)uG1oENQBF8Hz+qOh"
+    "mB~!~M2X7_pRGBbaX5sfJ`}=!!zZE=PuiUP1_u+7Q<@9&e;gISTz<Q))>N!g>>wN{*CLQY}ka)R<XS6wRuJbO%{OGcX%&xu8&rRB#(Ztr>c{"
+    "02NYjz}aK82QBEFT}c`cqN)qN15BiJ;#r=@>G+unQ1rmJX-m=Z&&+BT9T{v=-o`?@Ua3-5U8E-{DXQ=go%P^C)N0VERk`WpkNUz6U}5+t*64"
+    "Vkf5r(m<W|o1!Xku()RZ~<FdgzhG&mJ1X%s9`-B`7OLEycW6g4_9N0D?A%BADYPKkx3>hx)ljtX-qOM1ego)#>eMwL@c-J|Z$M52aJ1nM{*u"
+    "Bp&*mRi%bJz88iqUL0cZt5Kb{?ma1I=9K_cqSF7OurqIP6a}lVrY^w7oD;Yk~8EAI)^~5s)WQ`AlbUoa6g_x^XR;a>nV0GE9=y;*2OwU2kjv"
+    "VJs#%v2nVwyi*gF@PU`PyS17?ylJ0?Qs7uf7mVI&<<2XzQ^QC`a2hWXDA2>uaP{Z%Fq|F0~6>}}ly>=ifmYoj3K)c&H4-6rvVU0YU#B~yE!K"
+    "QPMn$8tE+hD+Iil4qbN;n?Xl}IRYkHCjoIS|RNf~k6#oN76uZdgrVHtgimNme>}<k>+g2E&2Coyr^zXd-iP(-nI;b+K7d?qH;z#iCw{hH6tK"
+    "oaDaWgJe--3YL{x*jzey4jV%5E6i{-;5pN<Fs|nMkJ20~OU%tP{iE2Djs$|R8}x=t|8D`CPUlNavvLqCmYNjYX4LnISP!TQ<_st%0Z3~Ymns"
+    "|&$q4hS7|lHOwlF$79rj=uQWJjFPN$v|Qt1@#BT^^LE=u6NkTE820=50)vD89CO9QYdN@k~Mrvf^+k;6T+D($){AvzRDjnpP-WF!*WMAB)?u"
+    ")rGNfy`6rT)Iu?9EqfY{Mt6O2px>014wi>367&%4l_jo(P4ANBj@!0*9aaRlG3R;47eu}w1473Ab6^$f~)`kRK59*q*-$1_b3ANB!VD78VS&"
+    "7nv1&GYjst1?irb}@9yDSMELsM_1o_wXu(K;C`z0ef^3b%8Er!jNOtpGbbjXbkD5exRc3_yx7am1W_IkDUPwpLQ&H{z*Li@t@^Ak1U;N$w?S"
+    "3<p6G=j6_qi2ddTAAzt6F)z4+WA<f);nUbBZ>?mSv1P_ej^=A#L#JdRh52%lw6;l~$pUA~&>tWbU-weAf9fy1wFJpgUg^a)y_<4V|mM?vy?="
+    "?pl=XreWn@)=x}>>SgXa>ZvtO73Qqsw*3D{qo>>{Ll|TW96dRni{Y-Gj@`}JHLfd=-4Gfmawh)uP*;0FxOM5gKt?JQ?%TNP4ABW$6(x$}uBy"
+    "j$pWGR9A?Opyf^~Mg;W_#LJkHvakE#8x*$!SA^>c`d5_&B`m!&7m^yXfv4Ll$v&51FEkvd6^Hf1_i^rV$NoRwH~KTqLlCRe32RFNG{ewXj%6"
+    "4TfeKXkZI#erq)pBW{lv#_*LJrJkYi*JIj2i>&uHyycZt5X-L@0J~~%;mb;>Ne#bb@YZ<l>~_q(Ad$Y7Wj~NZYeCLr57sG-@gX98RfOX{M<u"
+    "*`?}KS<PV{|td!2QdArs5*NYF}-=tXAJ5S$IX}S-CKdiDcnx-!LJlEuru~)&no2Q#f;ASQd^kMSh@oAnbxu*Ewg+Jtt<nn?N>Nbzj;8`DmSE"
+    "=8mMn}Ck#v+>m;$PI|$%(Wwv-(axT2}tOG9!qkQ1)a%{6_$8*ys(Lpa`X))13bNuXFh8>FWCOvHaq@ll#fd@@8>%ad-W6a`W|9*Ka4Y`N!qr"
+    "X?Az}^sD~!;%@TY;&vqvQ*O%7A3sl*H`iC=FplFtrMJ0UynFxn-Ni3{bASG4e*vAfAjR?D{>7g$cHh80mRJ9)&N1_mo4@`){w>_Y1nl8d>Y)"
+    "C=$))_)KMYXU%now`|Lo6gfUxCX>-I1I`Z!$80PznxAhNRG>I^DD{!>M+Z+<n7|HXgWm1O+b*<>~=DC-=yi@C6uO~StV-433YugbdGPp{AK?"
+    "#9=}?(p$#dH-3-wf7I#S2x3CGT)Skhj(v^&2Q^Ja#fArcv!sNBoSiFvvzEi-cWTFE~ZDWAMk;4j$Q}hO|ZE2pRUgQaC3igI^I9uJ(ib;GM{u"
+    "5zAM4Za<iPi*VXyG_vtt+9@{8z(bd->Z<BM+6-B$^l!ruNx35<(Po?s&&w2{URj(J5YW_^Ti_^RLU1_R3-%qD<{(=Apw^>itlM-b6g*F{D#o"
+    "60c`T0-BW6GG*I_OCZu8Mx~baxXVM)=x?ZCFQNHn02nc)Ps08y9Z9`tYW_`84p-gyzDR)9ahz#?M~L{qya0p*+H1L83SzC`4r_QElAq1f&xQ"
+    "L(YEZ@_I6z>iBy35FDT0bM&#=v?R3Xtmt7vB4$*(`Ss`W<3E-YVnUxjhjWKORaNh4x$?_2*(`E=xOc;1I+=~Duy`2Z-k0m;#o6GTAYo2bIBd"
+    "(q^y#)dEYHrEN8LZv@`QrSud;%zaknS^NjWdypO>=N5rSi11s$f<cC#(lPvz_9Q5Tocth%`?`fP{~A3t7w(t|rd_e}+QaHx`By7as()5X*Mp"
+    "g^X4clvNYUTjX!MoNlGo-03jd73L+(Av^daTiyEp3|%Imsd0A7q3s#^0;`K%nvW?0>^(}xxHRtL?|cw=a44z=dV}&`|p4J$AivtptUwmUMKV"
+    "N;nSOUqYN`mZi4>h?0neFW&6ANj;WOxmN8zIybjmt-TU|7{A5%(Z_{eGcBOneE93P|dw1oka{4s=Sa!1OVsFlo6}j8SZFjr<)$I0hxV=8?%H"
+    "5X-=w`0^%85C@oKMDy`|?4LDO2-@$wJAwLE}eB@H*0Cm>f2nh2tYVJ;lq(^~Lq<>ZU{6LZ+}^&)4I-k8j@(Xg%QbXs{NX#o5)@bJQy0)#T*s"
+    "fN4RmhwA+4OS!!o=r}r=+N)9?oJgzxlWSRQgP?{|y23==`t|-|<JXn$H;gAIeQ_J_plnn5n)~onG4+}AuKn)KyZ3_}XUccoPH*wy?b~wx>D`"
+    "-gDI30e{QR-peZ9HFJ!FbzXAkc`jnn7l^T==!x+d-+`07<b>iL~#5Dso+?0o$M=O!@AK}f0e=bnCn!al=+$_qK|x+_;8bjN+F0~H>H_DJA2Q"
+    "3Y@5w^HxAzPTn8+C(MX08m83uuH@vt=vqWrn^qDD2uP;m1f=w)<HJ!!pwUcz^YMmp&$Uon6Y;VyX{{0KvNYpkLBWdabKFV+-z5n#@&6NLjRi"
+    "&<&-&q)Hu_uk~2^1?;r0c^X1~={prR1)5HAn?Dl?k|6gBSUY*=dR;%;r)6Hu2<<0V&#q#Rxa`8r%{_)qVhc7?9xShRQUVUE87t87F&HVgi@p"
+    "QKO(Q5Vhc;T2;>Q|%_`8j<0**gwGRZn-@*O%(znm@)ExcA9y_4Bjab05DyR}xI2jA*M=-XHWj^nW)9r+xWP?yv8E`R2<iROj*6cY7K#AykL?"
+    "?alNSv4|*~;jgMy?&;d6P*sfD?2UpPU34#-hxVU+dvbbqy_buIjv4g`0?cn;nQ&I%eL1C*da{nWD*aj=_qu|ETdaA?9$s>D1f~lCMQZZI#HJ"
+    "C1fC#5|NdA!0M!zYy=ac73>%5cA$P%bX%RU8t2=~zei4wmRj*2U2VaO7^2}%6AxjD(*{bH@Je1CAUKE_(NPVqGFw$<|KRxVao-t@vuKl$nBF"
+    "ZXxOzslMb#pKLuoeo9uoj%_f?z?y_1L@+!U3`4qoc9;!myT+Md&Rs_v7qf&D>HWctJUOXT_^vm=bZv$M&v3fU)PhxXlU`AEawE~t967daLD<"
+    "z*O{*Fy9uY|fS8Q$bvR6Yg>H{YX6Uaxx>gLpL(W#7kUD&cFr2UOAdJDApjunY13_PM`)TyES{5WE>JPh6k>qY>@^l#((qK2%pyWd3hEA)!Jd"
+    "Hk0ZYwhaEC(0EhqcqaY^++UE2<(TEm{-$PGP<4^OMKt`-?ig<TPy$U0y2#5`ND4rH6npQGyh<ZGK%g^=oh+^a<f0k1<=`p4a}qKmGXS?h=-r"
+    "@-QN&42Y4)E^N2eI)(}&5-_`c^;?G9sy#ijFLHI&=F6MePr8r4&^wsTo*Mj3^_t@SR`x{RsFXsX7ilB_NA6~BbvR5P@080_lONrEz1KAgzAD"
+    "D&_!2kYf4Qjr^!`i_6h^5JeV?YmPd+ZZf|HO#4a1ZAqcV}?D|atgvOmnDU%8jr<sY;^`f;q&hmY3^^zR(gC<y@}pibpB^Uae?2>s2NW!Jjco"
+    "U2Xs>Z{Gi)g^4PwM$Qv)O<ge@dJ4n+t#~xXb7F%?U)Il%K^HZmVo2qZJ6vn%|Ggu#j4_Tee=!T<kLU9{vyxyYo#VKy4Sjot$)pycy&qyD>*y"
+    ">o2xklIz@Jvg!+^cDZ$2gB6Ho!6E>GJBx|iKy2_EsgxFII^<So|K7RRnjv|&$-f{zdg?9DNK3#?-7lzx`$9&xU$zzya-y6)0f$|wHOpgw%TQ"
+    ">_v_%|l|114-bevXo)4H{E}$~LU*mq96fUN`f)xjQs78SYLV4=tbGE!S1W@#G|WhG2qQGmw&-${qAGv^_GxPQTT>M!NKeJvF_qCdnob&nCr`"
+    "{kCeFeJhx)CtSPx(+_%Af%C!Jxx1Y_`!G8vqE!>UnD<wo6;QU%eiMoPy2DDTU2^({WTHwP0AT0AE!2JM%58O@lc!atGM+uD62`6Q_vQTw0om"
+    "k~(8bK8eT&Kc)AP<%>s`!e(}m7`%I_vS-Htp#--W9L_H;hE6~w!*hYez7HDZkbk~)7rzcV2zIax+O1bAgi-QFGh;f$s0WlR_IiAC1Do*(Q5("
+    "_f9vMrK57KUCj5Jvb&Ub=)gmT0Ftg&s}wY{pg{HQOwW{E&AqldHNGLvrX++r-$_6n-6`CH!k$Gc`G@W#hSDxPy?xgZ;bq8(=$AzuV3GtY+lx"
+    "{)4gmrr0QOd$A38cID0s4^B#}bK|Me~EA%&;djZ=Qw^=!TgMan&SWP=28Np4GD)|z(ZlQUF>xawPbR`?nE67pcRfn^2%5{|h2<8Nb)KpWu$|"
+    "vaDbrqQ5NlfIt?w?-w%hmHMnlJ&{wroC4w-9vz?@hCOesr*O=sI+INY{Ej`S#?hp3}H{j&A*WyTzaE=amlS$M3IqFJ0^Y;E(^n$;Y}=rMq%1"
+    "4mRn9Jvzp(^2MfFxSC-gZ+VDYe2}$2Rr;%RccmMy>X;UXSMS`1kMF<CpOT+F<#h0em+DD&cRP1H;rQ<HF_Czt$pd1h`sdlE0$nNXj>;pH#QD"
+    "YHKql!yN0CvN`u)#-7Im0%E6ficK_ON?hWUs3rsdd}H^9Au^>choicSsl1<uj8gU|+~?wfUu;w@!G&P1+n|LBjt_?_?y)sY@lC_L)IlW>B(("
+    "dLmc&*dJYP_p#U-2CXlO<VrO=VQ*?__}eME*<rv7!#JA$}islBV|O1dh3$7FYGj(5fw<)(mhko)k3c}_!oT>^|f~YdN{fG$xpxib{G8P<WXt"
+    "%X0w&e_38Ef$>);{`H@DEj3P!ks%X=rC}M)0C^$wV1~4SEoUCphuO>I=R}VL<o7wWCPVdS2<>m5zdH2i9KRUTN`=k`<@#<<i`_1RY<lFl<x7"
+    "U;9;ulYEX6N^BzWw=pc|G~Om_9vynXINa_tWn`-T&s>*<}9s^!Dju`TgVa>!+{xZ|^75_kZ%6#lzj3>F2LMS<Qa3IJ>`ix<CJ;U!R|R`ug?u"
+    "?t`r3?c3YSpFLcC_vYc}_cv!(->g=XU%t6ooqltBJ6ryfKRLO&y889!_ji}?XP>^_%zpjN_1)dO+135ir>BcI-`-5_Pd+`o{qD`#FR$iL%Qv"
+    "^HKUqwttH+P;rdQuQeVyH$Pv_TnU*BH8`RVE1cZ-X~&41keWcKdozdBo<EFSJJr<3{3)$R20@$u|*`epHU_VslBWwBU&{BrSrHaYunJ-=I?e"
+    "YjbCI{oA8o3r`k4=(4+&u=F8cW1x2Tz*>4PEW3<_mem8A0N)1ZmyngKU__(?r*NYo-E#f_<nLLw0-(zHT(Lj`Q763Mrqm~u5NyF|Glp7^y7D"
+    "Lzgeyxu77nsdAfM__9ye(+5OFrKYX1$oZsme@20E!lP|Ng)3b~7&sSeBR$t!z`1^<3vtNFDcJk)yVm|*mJyrg^IJs6*d%B!Fo-8J-$A{&I`D"
+    "}4LTg)G>^eLb2K3zS2xxf5+cX742nf!S6&H4N%@8T2?p1!#3wqflMS%?M-gFMbA%UTID!IRaPb3&FV2^z=dWc<Tlg#WM&Kbt;G%g;jj4<H{5"
+    "B}@W1!^JKYPf!g0(CuFGvO+8=3r5JNE02tw^8dE-ev#rL&#vOd5*Fvt1y*}kyO&iMN*qm{$Tf%B$$=uAqO*K*s<ig7jAi`-K+-Y6LF5ax2lc"
+    "=BzgTZy%@qQV{nrbf2@V|ML9R*)B)Es*?r-tn3M}#=SJxMc4`dSg_PRQ}tZ)=ms`$_2-fb>(*1aVAnCK2+_wCh%_g_yYcii!Att%!^OdF+@r"
+    "(XgUlDOMYHR*@*aqQhtqfwGaV-7Z5H)NA+9Z|~}iyOMO#G&YKM~LH$W7hOW6@{b8_v)%?VL|(^6(Jf+B22>s5wHYkK%JsBr9R-nu?cMYd-^N"
+    "o^U2hHEtTQlO%N5{AHmEbqK%4~glm&cU$Q6FM?DQSJ{Sa@USMmwIHvyF9A$}7mZL;p4ZX<<%2Vpmp@N{#+XMTmgz`hOkrO>glV?<V)Ec4$vI"
+    "{clcCra7=c9mHd;IV&nvQTodD`S1^U<j$vg-O6$XkT)+H8O<h5D%4Y<I30$tY=t^$5Wy!nZ-kjz$pbraVCEz9td}366;h=Nb~VhH`=O4;M+G"
+    "LqgQDGx<D|C}tL_K{gM%HiCVLF24))fH)?VD|vec>P@Y;L0PqK+OaDmHA|UWSNTrylEx;aJM_MYqzQ75@>Nsiq~AMsb+JbcJ)ds%uol{DU}U"
+    "!30jkByq?pYSKqLhs3Ewr_2=@r06md?kymjqk&ab+s2i@x{cE$8j-F9YUfr_pnmhPxSYflF8-Ns}wZGH%fhG`O0*&q1_*=-+l@z%QOiuD#-="
+    "a^$2`lApYLc@#{$vnoIl}N~x)<YU$vg!$rqv@*BXHxPov}J5tA?k5xOv<q}V`#=^JU(<38#{FV%uvwi>+D*MlsnjoAQv6F`Zz6E(-vz?pN;v"
+    "oWQ_X3<o=MkgdlsI9n1(I7d~$^r7h;2K-wLxV5;4E({TFxsH`5Ns0pN|Oo*UlmzZr&I_N`Yd_ten*sI50X-A_Ni1i_1%q!G|l0xjM!SkeG^X"
+    "S1N`FYeHru(5+p6$M9Oqw*Y4HC5jpJuw7=+08?X-rU)BXm5rHN$?b>Gd3iJkjWZjmvwcA=?bPO}!G!S$wi{mH1_ZC~AfZ4EG9kP|P#|NSg%2"
+    "I3X{$h(wtzS8Wnk-BIjVpB~xR%&7$KV`Bk9@XmNh%JUNwnk9B71Zy`}>z(6g^r%O~H^&hXl0gr0>}6Y{Ymwrl{op;P$1-Gk4Qpm4lB1@BGG%"
+    "WpBWReiOujf9U)zL1-C&l0M5Ml9pcdL7sS|OXq%pp;3Pug%uSuv!GN>>jAJs%SkKF4p7KX@MjtGXFAxpPM%^cE8TAx(#k%Z+7Om7mx1-6<B!"
+    "WUkk8>%f-T%z8#(;ro=ZWtjA4jcuPC>?K%xmZ0qeMhQCTo)%1N!sO*j<&5+l=7eiN;Z)PSx~e>PBNF?>A~ex^i=hJIqN3lsYul7M>`%WYGg_"
+    "+n|YztXeAVZSEgcvu%moOg><1FaEqL)iH6cJsPneAQZn|P&6QZqf~Z3}NLBvmuqoSQoe4kI&U8F6o(T84Gci@u-Zdr~&(OkSZSlwCEoIl{{|"
+    "CZKa88-M@}Ew=(*x66NBf7tD&^Py=`}>_Q|DuvY+;R=?`&$iTpZmd=mhmKW6h@K&p*j~f`9naXvF}2$sXfTidPY)v!=NoL8wjiKmVXRi^A4G"
+    "VnHjAuk-{nntD(scnau-(_*MiklT`4e6H;TXi$QYH__v7jzYgS^*NXjwZ$Cf`Faj1@{!qCXgs>w3VFOT;WG4IUEy`t1zdp-BaFt@)WwY;Vlt"
+    "&YN2zTg8$$s>;H!oRL|!6bB;-ax1sZqs6*!9G5v6E*Qf7L}XKFm2b^T1ndfawJMmA(~4`yPm$&@nNUq9oN$1cC<sWy7{Iop(vr^X>mGlgzL0"
+    "13DtH)c}il;4kWTz4Eha}`XIjWCbl#hWlo%XWlPGha-+JNi~WE*)j8GEzWRm{gt>fIW8D>1lwEIH0wjSY0{<3Ajt6gB~?pK>?=Kt%vN*jytN"
+    "5CMXTA;7+iQ&cw%$va*9YL4rw*h<74PSk)ig$plrfMp+_bk1UU9TsrFL%2Q-Bd|iyr3b(HOHyj1I>x$Z@888l=;E<t$%W-x)doViGO~J^Rcr"
+    "dZ%qfbK4e{WS~+gZ^eby7nW9(Bdzh>kyO7NEcI<&JlXn>fB({97MQ`d3k4v@f<`Eq7a*o(_o1FHHAP)V7D(@ys2PBMfu<+Lk~NDhN8vlG~02"
+    ")K@S|6rHf3qCYCwY#F-jc%a=;vim5x++fHMAVUiU#_*a6fFA{ZTk9elZ23W_na0bL!IuT20~T95+dxrU1-v#HUx-sj3F83JOz7>Kk8Djl9Q0"
+    "(7+m4%APHXzuN2zfdpU0?Jw@1j-&|fo&Wz(jCc61b!howEnpc{?oe#RjxK)?uY;IivAj9EdYShLpjj9b&OHdhZ18nzUPyEClA<wX<ZPPy=v^"
+    "xQe1)Ee{`fMvrjY0PlVy7U8&&9H?jkf+{pRX+%H>efQv6k!|TQGT|deMeL;u_Yad96BD>codKZMC6qYKFXNFb%Vg4?y!uhC}Jzn$;K3!IGn~"
+    "w63$5SJHyfb<O@c|K~V?|_n|$#T3^=T+j22%`}S$PXsUG+d~Y_3c7h(B3}+mi9K^`tmwMYA%YnGYQR$xx?dWN`Tp|Dl_XO#0#s@f9X}lUE@?"
+    "=NT7P4rD5$zdEGuVj$0fQ&hC_kB#EKZwBxM$m}e11}JuA_51N;vun%LWv8bW4@xVlV?d`kd5VYu|jPMXMj7#YIN!JAYAG4vnG-HRUes$lCx%"
+    "x|pu2QHQN*L}AKHnHcVmKI(O(0GJ8FN-b;^KtlgDm?1g^LLHfA+YS|Sp!aU<Lgw7H^^DwZTs73Bv&H3>@@0^}>u;eQ^?8*(kN5Uh!Vr%^xek"
+    "T1RrISck08Go+sW|KJUjemyHlF+&<W*sZk&b6bBvshrt;1eI^;_6>$9#(45;a_jr*n_3KUAEacM)U1gBVrIS8J!>><`hJKAS*qY&*RjpnHIk"
+    "V{K96jNiQ9quxWq`l6NAaKfIx0Ba`(j!xtchjcxo99>O<w>@>Mj2rxcUbWXTAepsuYjTrx?#_yP1hb~T;*(9p$=&Bx4!PZLv0PNp3bG^i%)I"
+    "ybk}@o(yeln?zC+`)nk-NlX8xvolL9+S*rX;f3M?`W~tov({46q`L^sB#;coKL5EedZ^MVjdU@$n5r_$gg>P1G-o<a+AG!Z3rk~2V_N(tZKl"
+    "|f&k$%<s(|B>#c0avJe&+XKlbk7Cz4_MB|7%}d_S-<21f?0~Xe(?vTs6I8lux(d^Z=0s)7vWMu8w$(I>MBU%POmd6&RLWGuzj<u^L|M<Z#Zy"
+    "66K+J(_ZNyj?ECsIas|D$OQc?egLG)dFjdM=ZtCTlv50!OKJ0xgvplqAU>ym5^$)Re0!m5d9^l5&b?<NONAp;;L`)0%Rz*%^@&2~<NL0^V$_"
+    "D&sqi(O)$vqb`U7qb<k*ByeY|Sh$*0dzi2`4UvQz3->@B$@g-o4Za`VJ$n-Yrkap9vGhLhc+=i36n1taNr4z>@$FluQk%Y6+%JD5N8jdiMVL"
+    "bf}>GYZ!jbBlQk(tFvJg0M2b)lEC!>0NYs_0Yazvk6`2@0BdBTZA5DdVDnabv<_LLfB#6c?26W<I2{U<JhoafHQZ16#z)6+bz+3jpfRpEBEQ"
+    "9I$0OGw;dG~d_#e!u~Uq>2#l5~9o-`XAlKKd^B7wbsi-M1xP~Kbu*wzWDl6JS45+b-gu0fz40Rn&V{GNW%P|1Rz0cw#)+h}O`%cbp>*c<-^7"
+    "{(SZtM3+E@d-x@fB|yEYg{fAHMRm6UdYWuwo-v<^;dAC9hN3LF&;b1vfu1-O|un$nf&{kf=Kuj>4j#0-HPl_u3AeNvojJAj|X;@8-k1^Yc_n"
+    "Jn!B$7vHi-rHzA)uC=D_FNZVk8YDo*hN6Udh~khuRSv&=Rg8UvGZ&u8<x7pMN7FGMADfTWCSK$ZuBsw4dNEwTUPf5uFaE=GI)pMdr)AQ1pJl"
+    "uk-Pu?v;s|Y#b)L8R1kRm4hM?Mz+I7utC=cVyW*e{2XlWy2I|xu#ZMsW}-P_-wP~+pf_p*l~OPqELw9B+@83du+GTM$Z{|FI<gn@@C7_W!0@"
+    "V=_cNho0&UG=&=^Yi$ve{uluqU@o26b^ck`Re>MF5}OV+xL&;l!Dr?iTV6^+(|=jVaZ%$NVBu$R(f?U6P&r<%klQT&Q_9fDmv}GyJ&pnch$a"
+    "n@wC0WwWHT9vm&uWd?$wI`PjTr8@z6s9rBDDnNxe04(&#^QSf1Y!8CIopC<aPutEv+>*QUozXsigTPY1&D~Y(MX+uGrY0wIH-RFH156OycbW"
+    "$_C637auh6|AEZUyP-3kRL)!4WKTyVFC}4TaV%>z8CHf&N_KhaFCg&~^ndEdN&%^qSI@H&G{75vv?`CJg8mY`m_(oeDCz9r~H>5UMj*ZC5XJ"
+    "iE>zm$6!$359ukcwx{9Ihh{2_;3n>NLl{QVVH>TwYWw`C5zi>m=#e~taTxT8aEp?nN<!q+Q{jNH$(+ER9GFHE;!my3Nb9i+96l*TT_z+SDP%"
+    "J1O`nLFpR`Qf2YF!~l(8&sn<~eXNS1i3-^&+YV4ci=9UHGW8V)+Dwnq+2Y^P(pWnTR{vgIbXic-_*uey3Zkb-5KMYm|l2&K$1*4KgtN|NN5p"
+    ">hbD-pL4D(>)w0wH+E859sA#$HDTgzCW;VBaaL;2^|#Y-YTZ=(o#NJkv?><v+Fj%e|l~E=PhMJg962rm%a|W@}w{KeQ6#2bArix?3jHtEb=p"
+    "G2*iT2ujn9T{MELDd{(%tZIs4EaDP`e;}A#v%zaZ)ru2;mMax-zb^|h+2(z73@o-I{b>9l*>5mZ2pn9_@!DK44JY^r4?n^&x>myIHlvrU)Nm"
+    "}Hbu=67}#|<M$-#A0AEk#24(nu$rxiK%_+t1=-bkEgu+I`HH-{0wJEMzy+svcOf6|d#4Unr2sf2VdzzlSnsL&13kIYF<|q4iB07-1Eta3eGE"
+    "wso%C=*WD+G|w9ECg;OCrL$8I%7koJ)_Pz2nY(UxudCZ(mEGqnKiTF*M(fC}tc;}4l$pzCWtnmUc@`ZlTwi`&FYo3G{L^N!Tl?m@J<sy-pmO"
+    "Rcx;XYg3i~zsQyoe@^{o%}>vMkgy>4Gvdmr*bCRH_Pgfr%E`_zOu6!2PV5bW7nTcMLwZ#L+97P+@thwYQH%`R5D>lz#5v8hX2AO{WX;Ilmjf"
+    "&c7<f?Pz(v}ANWwoUz_kBH6uS#UmWn_n5d#+!)KsMn7Qey*yWpM+}GE+2%~Vwj)k!tcFvc^WD`*rA*W+wakkhCWo$=-1(2twP+wt_t||)~E<"
+    "N`mGz}HbxUT_OX!AB3gTtv{D)|Yvnzb!L@5S$qFf=)ZPlg-Zrd7kk4>5tE&pEPjM|V(R^qYe!WX>A&4#jQg2eTt~YrdS_CfE0sq__WGsT;^e"
+    "+@9x^B}rn;mo{p%4%#k8kRDDO@N(Mybb7(n_yf;pAEQQS&T|KQ#3$?W5P@l+X5iIlDeovid=H>)eCe$+Xg1mKhxL!FnIzmk9a%g2EU8kN2yK"
+    "PlyzO;e<mvVR68sZdc|nBhc}Q3jwVsGz@eIW&|GkpN`TuIkQpBpuWMd4DpR`nXK1AAhni*Z5?xTR&ipl8kfN^19M2aU0Mk`+5`Q!o(7Hy=Hx"
+    "M$wl52dzUzC1g4kVr-PEI?N~M(8DS!6M&XzFsEz&Q^<gnlAkM3i06~A;}y7K9^>-~vbxF4LS+t)i9pTU;!DgS`stq(#3%yuO)7=J9BHMz(O$"
+    "=A7dBNKI~;pU6eo7cB>WsCQQW<9g!Vf(atzn;taJ6urO;_SRKrE{fR?hq*oGo@;JS~I=fb;lTM2wO_1%Aj@L+Bl`kUTUYyBxik*w-e;l<JuH"
+    "Gh_YvS4RW)B{xa339Gsi{vdNdDpZ|2M+x3r9L<h3?p=!2Ozo8c0N9O9cyVw;kcpm(&3#@Ea1RT%G$MyN$H%&*jv;Fqjt+rKIulBurrK`x)Wk"
+    "(O91&J5)O%P|gLB}MG)p#rl(zU*$PuBU<ff#pof3KwPMA6|`O|e~rwE~XQvz5zLm_HliUCUa8F^#g1VQ|VIkGss^DAmdoyNkPb_qX$tx4)#&"
+    "3|3G?uw5DXSb?r><0ckV8zodIhYkll9F_#wGQ!r%#i^~@V@HYlF&&=7U{a*HgnUS`Eqy;MVZ{L;$4mW<?<rKh<CgMnvYK~yR2_*pkwnQ9B3E"
+    "NP0HZi5^u%Mk)e21dG^GRep88X5_G!eKd|VP}jRDwl$vU&i*1qa&9jpP%E+e_e&o8HhHn|Uo&ge>gB>pt@V{_a`%Nn$&RK3Waw#;8c%yBEff"
+    "gd0r_vB2-t%+|>6><*NlZ2>qxSvgJb78*z`bFQrdqM3AHULUka-WCI@gnQletrcN=(xquhVyNz#pD$*be8iWBenPW=HzETtAg7%rmz>|&L2>"
+    "3I}@y6O3DhjUbj+prww@|$|#gf*$8koyE(g@oL#P%I(ZS&SOzOkR|j?>FzxNa!x@OJu^c7_I;_jOo}vN+6=<$7AYU0KdIHGdQt<rYb#>RupQ"
+    "z&Ty29~+voV%Fr0IYlTa(Qnb$&W|m`$(GzO3daUf&+{r;l=>^jx6vcW3RlC&3E0df%=j#iqr7q!@CziPh&%mnq%t=kjfHhv*6f_I-7ksyZH6"
+    "YQQE%YE@L6jm?;xiAy5DM$tYj;;l8%;a4=T*kQ0KcDQHo+k^sKT!j3sqxO}yRaE5Lz^HGZ(L2Y+tcBD~wlIbRZT8OA{pgW@4)Ij3;e%q;jVG"
+    "_xRp@8d*6b&Z6r|5=HWF^#&d{xpFW}HPxLs88Q~kZ(BJ3<!W07N}2qa5Hj1l1%Js8<Wja|q>7;s6DL1P!^p7@4Fht5FopCZDjSKsBs9zC<nZ"
+    "$#l0;L;<_w@thIm8^1gLwOh8LXK?<lWw;|=sJY?!foReG}d5DpL6z)Upn>-`Q|j-<=;%cOK3mJTCX0yUp9v7Toow-(y`@gWf(Fk;SNrn+|Va"
+    "ma~$s2Fhu`}!IAr`$Id@;5sTgJ*JTn$qbB{Ez5dr#{-_Qx>ukdjU3=a^X9S&nm!TTYH~WM2yBf&F4diEs_I<)|d5_eel_@K)T2s2Tb&q-(s5"
+    "r}*H_VM4ejsr83KhXCAHTBuC%LK5*5%codJjoSZtU&p4Om7IsaBHWLHM|9eaiiO@?cc^jNXA9o`B!_p;~7s->!Zql;9_Vwwv=ztKzb07a`7;"
+    "k4YduG#gvvn1}~^&Q=?Rkg06xcdMtz=V-YT&(S4Iee?$}kMqnTLpVaIxnEnoq^@5!t6(Y)5Npr*mEGlY$}>hqswah|$De(9ewxWA)u4*mKKa"
+    "Y#&Em`L?cM$K{^auEZgTzZyZc|wXV=${pT7O|)%7<&`@ER1KAnI6^}Exr^IzO9zOL?O%f<Z5eEu|<T`gv_#lz#n@?!e%blbll|Fh5kWWL?4R"
+    "$ttg&nNT!e7|2;>xYNk_P_k{Ppg;x{P(~Amw*3%{qA4<YbTVg45p{^uSAtKk<7H|v;d%(Xdk+(u?%diZLJeeBMZJn|F?hf`~T^;10Cg3l7Px"
+    "c#XN&C#vvUyG*cN-{>v_k(j)m;P)tilNkMuoKWuKcsztAGng{)$^?}BLje<fl|Lb4>KmBp5Y_UFNp`}BX-L=KKDcCj2CdcA=*A*KywLV2=5}"
+    "X#G;3^l>u^yKmg8si{h`2SmGChI9ryxGZ-_yD{_WsI<!WyEm89r9Z|I2Ux%|JV&3@ts5QP(gVDJ2%=aH)79x0wBW*N(^@{$=d(3Y0{0F)9tm"
+    "Br_$*n(QA|lR`r%=pq>d=^y^_AO7L@w&W7IFF06*Rb$cox$Jzfjn(!qz0<G#?tlDkOe50f*4b@GI1M9Ry+L^jTS)a?MKEflp%#a+ws+JInVs"
+    "4r%ZOQZrR)9OzyIg|>R<l$PyhVS{_S7=+rRvGfBvuj#b5sRuYUWNfAROf{l~xkcmMeN-~Y|u{QmEP*RR4yvX_P&V}BG2@caQNlTG2QogJ0-L"
+    "Q}Dd??7J_1PrNz3mI%ZdH25sz3S4BsXOipW~V7F0=m#NsOTlPw(*+zQcJJ&-kULVFM1>+n?rd$C5~nOSHIJFZ@r?HZa13lscz36?HFatqt0D"
+    "P$T^h%^Y?%E7vrd$OFs%##D*-G)HHI=5sA^BPL9RQLth4c2Kv(@D>II3ZfknGGK1mI^>CUXlL@RMq1kRE78zX1EIwgIfezv@7&oXL{P1`G{q"
+    "GrY(u*l=(&uOE8P`?>pdn$4QZ4(ohiP1;VPy4%{i`l!Jyh^kjCR%PEf1v(spiopZht7YRtLV7E}jMMwkz-`#bkV~XdQF*xDS8xw||T5_s|`Q"
+    "Q8c<~fuhenat+0#$~jt`acDpP`p<s<FaP<!`qSV2H~;WA|K=b5;s5&mU;OV-r1Ui$zrohFXE^@KUW{30$ruhnhTq{mnlKa{yJSkLdJLIvq3k"
+    "`8`6yZ7Jjw8rFU1+S#NUs+ZDXl%lBuNh@Wu4*YinckKyg33Z^%rsw14-Hf5A~*bw>)q!Y1Zz4LTWOWAp?lUmYuG8F3Hezx$v6hyRWR1dU?oa"
+    "R)1TT(6V%?|;WL9gbF9DDZQ=jl842GArlroc?L#4Af(-KgaY2GkAU3Yxj@8`}@ED%k6iec1?GOD44!KGEinCzLh{j>8sF_ou_Vg|H=8VsMBO"
+    "wqJNcftQ$v_P6%s?S%ET!!js)3qtpqlJS+3fNJJ#P&WMo5*dEuv+7`G5Es2baqX<X%)GcIo1qkSkw10b6++lMZJKeP2=*W>SB@dphbOWRT^R"
+    "v6cHo=ApHWU*53aFLIu3&5|Bi~U<U*j1Lx<<4jnd+w#9**-guHCgy$bSkU2}TtqbJ(H0?TA+f-VSlJ<qlcbt{;&#Oe!`Bn=pJ3OrJq_Lk^(&"
+    "_LX^*n0Fr(`kz^gpab0av9ZJ@HpUQ!_ZET2Y1XfR7YI06qQ&`tsmaNX+)?@gkzF93oKOjMe`NY#JnS`YBl1T`60ptqo<%g!?b@5baydIWydE"
+    "~E@#qy@JatD#-&mz58)Lk9K#;{21mt#$=H_4xGKH)ss9s1fkA3F~8dc+CU9RCimS*3MjJh;doE#yVzz%{iCo|R!6-40BJJ1`g>q0jfb&jUJC"
+    "cHB8+|6tBR1ynXA`-kq7-5}6`sHy5_-qv9#?W}|r{QYaG$?Xdn5KhAGpn}M%6Wh;!4eLd`<4lyJKi_46556`vvDTZG)znSmL5kper|`cU8hB"
+    "-oWJ(P+DmM;E;9CFOfPCQvU*!+{QNqutbkm#cP;)QGf9-`7lyzl1vx$DVk0eZx$zZ+aJ||(Y!Ovy3}dsOeUNz-CCB~X>w+R7b-k%AuwLzp6%"
+    "E$4^PUPgzt3{^j=?f7oZ$!qf+0wG@GU$x!Af+8K)^M!v-J<G*p~0?n7HW(4@hy-pVM1O1&xyWS%!kKLwbP(Htq6j+kC7j3PSrCkD;bQsRuHQ"
+    "B41(Eh^Gc&3qlpQS=7xIi9rbxycoSq!s|gtICWMvZW;4b=uSo(V$GbHClaT*-cOZ)*7sNLKCmTZkE~EP-^jR?q<4?&uyqYyXUW*I5|t~MUMu"
+    "Cd?_eRFMEz}RSp|5B-HLj^jhW`a@sGy6EJ!b*aRhZ3Labgc51);zm67F@oTH4t%=N-ZU(_9x9~4^t^6E4o8E|JI@~v#SO382cJ0JF2CF1u@e"
+    "CFo614}fG=rm_;%<svkYXqaa1*xub^4{4ilrcb7=6TSER3aJJ(F!G`YQxZ4VokuL5u18BTsA6=p=ND~o~4XcpKV*Q2P1t`9%1iQjhf1U9HlI"
+    "W9dE|jv>2n8npjf~A44fD@_qHbg{AY1_oVJfkD{@i-CowSjL^UZ{U(&U=Z$AWyTb?RB8g(i&G)bfS&!CQ(iglxFg~geLV`Ordn9Gk5QCKlU<"
+    ")#)6|Hs0`VUV!Q;ggRg|vj!!MDZrwJ4*@S=xkxf&pY^qd1OE5Z@@_R!mZ4x5gryHE~A;UrEc^<^_as<kUeRZ2Zgd<lAb$shUgowo3cfUAE-d"
+    "e?Zfzs^2Pte0!VTga`c%lIkzYx$bFaWtVNJF07R1P9i<Xjy|y>K%!)sLfTVrK$r<3&h!}W!c+Y@q6^qmYzNHHJE#fk5mx@LdOD;>?`)i#@)>"
+    "}OHgaoHVo=sVg!*BgWbW%^l1cenN^d{P?8`mKKtmj!ecGliL)J=3^%l1~&w>h<4(VJGrxRK$<&f+gq$qchn{j6#0`P%oo08+g!z_9^SwYKo+"
+    "w`$U;yIvVtuxP37)IBXpkm_ezt9bNSp#eA8uuKZSrn=;($Dlr9kij^ztnP?h#hze8eth0G0!MgRg09Cm`mfrbIWRSaFyjzt#vz?9T<!tnq5h"
+    "UMkx&|4W|Q$OTJc4Y?4{e%5+Vyiyrl3u1pGIYz4_#UDf~t5al(+paELNRv-OXj2Oz$05GaS49ht0M#MK=GC4aB*-Ze1R=y6wajmS}Okqzi2?"
+    "0DwdNRknX<$tZY2wBscfH-{Ann7l4(n#}>f*WVXNnemgC0YQkB%LEolof|xXVgTr>-KqgXrKY(Avr#Px~OElVYYX#|hmC?kyBj<1{B@-m?3T"
+    "QC%3Sy4D-!oS7-4jH^@T^pKjFjJLIci5A`gJ1d~a3=|tF0eXfzY176>c{#Kt{7XzOu(GfY^$;L%IXK#&C7g9LMv}^!ilIzmYz%sL_NaK6#(+"
+    "0(0i&n4e?l47Mg%$wQJwMR=|qqLG#$-@0P`Z*gt5NKM9vcMJj!~F-_MY~oEd$xU_;jf|HYsX<1R4BVH(ru^d<`%+%_EQdb4JFdd=<<7b@x=L"
+    "}=T!+!Xrh_=}E}!+0TlCt|!qt$!?cIZt7*bXPf?!3XPp26xEi^M`7()7gHT$V)tg!ql&hL?0x`AgluM6o>+B@)4Sx1xbuZnc7$lr5e$!g<6W"
+    "%b;homRSoxtg)9OAgKv%rsLWB$C0XG?VU9=-fm$eMqc{*^YC{xabCk?m#dUX({p@X5Bcz6Ek1V_}OPC(@4|=P&G;U<~oEvNZ6!y2vU5f4YmP"
+    "94GF4qrT6)s#_+lo`F!yUs(Hlozj*LteyMmP1jMZ8@nJO%|n-A>fYV1%1Ft3bWhD=SIEQ4O%|GvU`CoNJ#bY}L)&CiXgZipmqmws(grxX)1W"
+    "IGr^)nh~5C;%J$fM^dN0wK8Ab+D0H#495}!qtUIUlQk<e*tD18M!t1SiIS6y`Ot29;!T4rgn3|+t$k*tmus2J@I30V4$9y4Aey`%#_iaKFWH"
+    "w7izmD`dPWEeH%0-F=O5YELDW&|o{)%^yVbpB!&A1y5x#*uU2#b%DT}y<I+5hI<&{b?p@3x`^1sH)r_D~M%DCjsUAlE_Z0~GyC^IsV^@FiFl"
+    "52*DrkVraBZJnqCap8Tq!XkyzMTHg#Z(yLbFpQ`R)PK4AO>BNu-URn!3!#0X{gqymNkrLm#$L6mXO6mtGM(1TY&;{{ro+%Q?mY2DS@cmbS4*"
+    "^0iBRpj9kvpj&kM40$Ync14ZA1hNA9fWcXvNGkf2%j9q_*5F(u}j<qoBnEVg4a3S1ivw^9rl&*OaT;&5wE}lsYi_mM0oUma7TjWP>ht??Dy^"
+    "N1WkZKVBxJMF}f^fyyyRr0{C8P^!tx9rQD7la|<lPty5w>)rv5T^m59P(kkYG=frM8q9C=m=4X9D4YT$cGG=!De9nBHoX(FKw*;hwQqyprWa"
+    "M5<AmW6%j~Mx%cqC^X}eZIt>~5TbB!?c23u_5z<D6EwbDZ-qXH)&;s;VY^KOhVA9Lk72Bd#z5qgM-<#!n8(ZrqTrht|1_dWZ9`D>+egZLMGr"
+    "95o~4$|EXuvXUQy<qo%~F9B#T+(t_N#GC#J3RvgD8`+X|cw7{+BkC>#&i3S)9Dqh$I#rh!_0lAa;+clxNH^oWmvBwq%a>oV#x;N7bc22rpcS"
+    ")u90+?y>^RVZqdg{9ta^m_*|Z_hq&J*&1gFk*v7=q2bugJXm%Myq!XHqJ-7Lpg<Hzc7tZALagdv}D8(Qz85vM}a^<t{VM7EL6xDIaxMO02Q6"
+    "kXS8@ypU!%z14%7eF#%E!upUqkqqeG(EH|%kgY0t?C#=)u9LbWHr-=3rTJ!rDR-XquIH-Wygc9-CNJ!nWIAByE9&yjphB9AJIo;+_#;hlcN>"
+    "3MeMS0b_t+#Pwvv5i`g;h3s^9to0M$~*-0V5(K@*u){H3hMe(Z9NkMIO7ir4_O|{F|}{+I6;VtZrUyaj+2O$OjSUD92DjO9KRkAs5d8DdK!%"
+    "j5@b^ZVMd09^$S~kIjoNDz>46*xk#fz<<5fj&Pu@=Z)mSCK%hJ*RqLS+Qlidw<x!vqDGf&(wGS|-Xl^&I+%<FdRAN33SFHqU4O<iyj1WxeHI"
+    "KqJ8o6^s@U<Y$G}L8LqSBQV?`*&PyL?84J?I^43y;BL6_~8)CRkXj+fGX2Y*+AywpRF5_)(st!S#5^1Ggsqc5-Yj+nA(9V5BSYk_;~qHinXP"
+    "5?yz#p>Rcv5Z7y=dU{QSNVG14e(-hB$OLgYgE8=m|T6}bg~;kU)&tZqHfvz!k%D?9dzK^U4^e4>^#VI6`Mb{dbtu*U|pzC=d6=wr(P8W-1NF"
+    "Ay6NjFYZQdQnsz(OHm8!K6=vvrz?Emzv8C=Wi|Lq_=p4L|%sxOir`l}}=1^?dyQ{aD@J<nd;vvIx6qJ1~eI-}D)x&))-Qq&VKRCC4Z1$zhUL"
+    "eM^eZ01fa-}G^^@#V538$PPic=A{K|xL?iWa71s#}N(tD~N-(53#7%2}kWO0QZl*;D*t^IU;rGSnllpy5zg09<GmgAK;R<w#bVi6&(WT~_~t"
+    "{=jVJVZ-g3{Q7o=u#F2Z^OySUV+<84AqdgRWimihTDO@PjKQLtN<rAhtrf?VcN956c`MAOu<D|*Nqru9IZo%XAbCI%_e<5l0XNkk^1PlEmJH"
+    "FrN$$+4^iEm+j3mG0c-_d#>tLfenaSzM;s%p>Lxz5iaVPenh1QRzjx56^mj+8fb;jwDCotDh>RqNKCN!~rOFXN9ZVVr$R#tNN{vy7FpErLP<"
+    "1b(z(BruL!}?+U>)6gLG7Riyu;JMrScMa^Y3>GTQ?|HLvQ*6UL$+bUz8^gmL%^_p33S|dItuIDTu&iD^$JxV@D7e_cw;k-%4AxGf^00i7l2l"
+    "Joi6K%f+q^`q`8M!zqt0Xer_MBWBH&5UI$jCv`_K8egi=i;!8AXK;7MIJ?X*{=3{8sD&8~`I1#Wj1)&?{poh8eS<z{)>SrM^8f*YUIov_1tB"
+    "#&KL3<1T9RL|r8PDG$VbE<~ZFz!R4T=dJp+HbbXB$N4^wji5WQ;Ok*^xeznE}oLEK|mNf7Ufmjr9Q8Z>z+kbjOW0x*WM*E7gurw)CzCfur$I"
+    "goE_XhcS@hq6W-vBB8Bu9N1bX)4LHAiH5#8{C2_=jTldCs@4kYIPYSOL8bv2k{rsY>l`WZ)XKa<Ua*!tTLC<V<k(=?AP{dufX<jaHpwPGY}m"
+    "-^%+?69QPg3yv0*}8a!jo;QctqfA=?bFDX0!GyVb|~SV3=&C3MR=TjLPP$qeJhTyuo{iDF|&!@gsVzU#tOsCn|O&)sjL&8pzjg|_l2EH{#f+"
+    "DfsJQGI!|svKwf6s}nh+ya~Aj@gZQ9OV>lZ~KZ`1BC`-|NEk+sn8T`L{FC(>V|0~JKGF~cI`&4kS=ne?2Q_-UN%c3ewg&@*llAsWK)C`F^<}"
+    "r0}T=KlU~V-%^S93ZyN2!m|`9hh-K+U!@ohiR*D>h&R(#-uksNA6?zUMMd?A01!h%aH3u62uA8miEA%+|-Y`r9i-Zw&wh2gs{4JdxdWf=N)B"
+    ";Ap4H$7iQ6i7WHZzSQd6xmuRgZ$8-42hYAIN<%z-eO7$hfmf3p4FtJKB)Q(kVRd268^7AY*auJx;p;P9+8nbpVS+ojBOrS3XFBW3X4@NNyf!"
+    "6q2CQ`(EbCZfu!8(8oaFfcyo05BeiRH1|~CkVpAq>K($ZI4UMWWT|1W6^5a;u|y`wgnDh*L{Y0NuB<JB1sg~gPOt<FoQjx@GRPNw9eZxACQJ"
+    "!sbYwF$CVTuc=?HV+tgmyU?laR*?+!pWO128;)I>lGWWr&v7J#0w45=_n*P)8p12$>|1!_}1VD00BF6h&+vk_`=fkSemZMOpcZZRJFxS?j`S"
+    "ue&US!C+nbzN8WriKqqotZ7?tT##N&@;IqALS8E37`ok0u(T8w&}&H9H3lR9S|+oDQ&F!%cG{QPmhb$AUswI424kH4#%D@sUDm(oxd_=1{6*"
+    "7+`hon%naK`S6sD(Ex4*!9paUne_y(_KC4u|%5kvyA{k_|@hL(WS{@t>7QEt>2mZfd(2k-}UjoAVCT&7(RAGB~MGQnS5(z%mU65cP$TDUyKl"
+    "6>AL2<cBC*Nk|VF4|j7*r^%7y4jz?rbw^0%k;r9zQ`Rg1xRRU+8}5@8eO>TE8kFao(n~EDM-akUQ2g)kz;p$0e<NL(DY#-d@nBf_|frrUT$h"
+    "GErDTm;x0AsS0)x=m_^7sEVwAPjaM_%D_>}gMLHru{Ny>nsCUQ>a+T735CV6ZWw_06bpmk)|xR-1m>^1E3%!Tvvd)b0Yi`IeuG45C&@>YFku"
+    "9>5#s0x33_7q{_OHz(NJF~^w}PZBKmu0k~rj_mMnI)B~Caqn_q=dNW&YAU6Y(PjvIZ5R^W~CK{^M3qujm<m$~>kz7L?^g!Cx{uJx>a(W8>NH"
+    "b&QrHg#0zXMKrl;Ctzn$^FUt=vLOKXT*4TMgUb`@A__mP-~1Yx~*47a|9yLFfwAV1DbcPcBqD1s&5EHSW(xjKWu~EnQN37b;;NU1hMDTzI14"
+    "HLlyJ5^bb1I%_{@JbLvIVi5YOlG3zYJkeOMJM#>e&XDd_}j)ESID=)cSH--%dtC;N+_DhPEZ#3SGp||q4O;zbA`ocEmro5mwK^Ab(XNPUmKX"
+    "rat&-5J+5K3}kC7tb2Pc74REN!5Y!$1uk%D{k$(1c=bPL63>HVDZMTQ(OslMs4EU5_8c*d7}5^OVL&{t}mg=w_m28*G84W$nk7rHK=?N7<&<"
+    "SSX#1=(RTTO!J)jY;&YyDOY2C>@VJ@pM*bYw|D-%3l|r9_}w;lyNg`^B>$*!KkkjrNKZ$Hxfe=dpw>1akzRP)b^{HB?t?DLmiA<;P*czyZQJ"
+    "^$S;GDlo{Af`D8wBjV_TOQyiO+3fEFLiND*wHL@D^1GJ~p+TXc&$7vp{3F(yM>K^I_1PQZ36I9gYTdDN^<s`g5xs`e;4;v>{01SWVuOvMuzS"
+    "`vL0bx=s@DeV@U8mK);pOcA902EoJSagxuq`u2^UxGaV#`c<5ziO*lx0Sh6^NQBT<(Z4^dDS`>+<6D>`og<#UB~r-wV%M)1QO{?@q#*rz?`G"
+    "XhC0<iwjEjXF0Us4EGSybAQk?Vq3A6R1AMTaT%k2!HBz+hZ1|PZqK(+Il2Jb`=#Em0QJCaB%E-#8V=c0?o^*Rm#X+q#t7M?+Fmlxy*t0Da(2"
+    "C&s$SuZ`@T2hK^z~l1Lq&Y4n@g^$_w0c1`AM!Oy!EGP`A0k+#^-&N_Ov(^p`Mg$xUhlIDW4{cgg;Z5P$FYB+S)dh;Rt$E+w>E<nO^x0^){jJ"
+    "7}|cVzZ6FG_w@m$vmoDwF0f~ep@~)MX05GNr9P<`04HC*)|*@gsI)be5dG#rl(P}lrpuLIZBR?s2WP7H{$=-a?&EsDPe@ocO2=Kn(&$hR>|p"
+    "H~G$1JIDukBUjEDxk@z-qqMi)%U7k&wcB*c9<=o+Ircb#?AG3DEsSq!!wK$lgqmyqI;Cw=OULKh&^!rNDjqWEM&Q2KJ)I!_f_nQE-+*Y*%Pd"
+    "<TPECTW?gX3{YKBNvf6w4~b}HBvcGNHlabl#j8BwT`1T0k@{2(?`lpaPvlFnLy%9^ytnD{2#fYk>P4NAz^?{ZVcZaeN3~sOt<y*`{p;HJ2c<"
+    "S>IdCrpqpNyPkX(7y+0(k@%Ww0MlMFt6~c}Qv>vQbgZ#Xpi_Q3C<~9VBl+eQFU<IENWQ7XP1tMV7*`}p!2os27rYlCwV<EVnzfiT(I$|uQ&u"
+    "k9=)Y$4^o6Yb}cS4&^?+=|YJq+9b6%-mehc>a0O)74+J6*e~TCGC!Ip%#uEAu7$r%jt)BA-n1(_@48^|!e)b<eXU<(B%|H|<6G(0@mtpZ+1e"
+    "B;s_g96G4Ho0ctF%mFB=3?>-TnQAHxPnOR00y7Q$-R_2vmTa(PXic~;S3A?ylS7D%j}x>;z9Gq467dg01oQRQ^)jUl8%nB8rV0TSW5^CRsaA"
+    "uyJF>-+p5+K(PsUvtUg{Sa!2n(@@H0|HGT+f8jTQXAkSpTLl4vsKLWQPA%LGKAj2pgSp_S<hGm_cVL9&g-QCl|w4Vs04xG=VX{Y3}dqGtycW"
+    "ftNHw+L?pX9Vc61{oRez^&1>q%CM1P*j9`W1Eq6nEKwv1#1&yGKNs>E4-<Z$-tTHJ&In=K~UYCQD%j_snCE%dzM~Xv~eW&GIxF0Msb<OHBEA"
+    "zL-|!msucPeL4uy1IVZRRK}P~}4esoY8hzkeyoGHhXxPMLoXozPMd*~ZF|wI3udN7Akk$holq&Ob`vU*g7EZRN`^>Rr@S@Yz+oE%d0fQA68U"
+    "3a_R4hL?fgLz<NA*Q!Tm|s!5iB_1;J97VwC;zgHCtDK%Gxp12UEUoOo%bt%b?KGAC={g0&=OCcwbHFv^lisT`-<K+Mg8LcmY$B&VIO5h*?rZ"
+    "QqaeN2X>sv9o!}dOIOxYaB+zRM|)wxPzzzpDF~^hvEGk^e56oW;ixNuJ0$s#F*6=KTeoWkm%b;%Q)&)@jZ8zgj}|@E{qBgB3j=?~>}9Pk&n&"
+    "^Y=Ot~*4VxXk6_oRRqOKU{u9@Ylu=UiYZ}gC<EeW&_GNz!{)3Y_zXy&0CDXuaTqCiB|S-H8w&tQsurkGiWY=V9HiE6?fF5p#8#J02(dQtH5C"
+    "P?Ue3;D$q?Lr}%Q6HgKS|To-{!vSPR{57L?`obI<Y)z#M!QjDOa&^2N`QiSNZYkX8B1otdS+d1=@~WlOpF!|LhjZ^D%dE_L=*QUs-c4R(yZH"
+    "1F*ChrT{b<bu}4YGqqVVww&&62Lo{XxXiSaAGIJWxl|Yh|Vhbg+DqADP`~)g9MgyZJlW7AR^_NVrN8(K8RQOGZe)LHO474FcnNn_h6hg2Y(-"
+    "SHP0k+EXD5;ldQ}2oW$*4ana8si3IKRRkvBt(4NF!eLs+=uSGC8=y(Ky~ad~0CyQ4MEgpSe(m5;X5x3Ya~OG)RDumXDGQH3c#~7x?Eos3mi}"
+    "yS?p%#c`Fg<(8?G=sY%TnH&cC7qHvq69o%%|G*w{`0f-oA(svKHhy0pKT!UVU5{gXY@s%K6Lc7cG*An+WomL)`W^WBG>=MR;iH~n@f2_LQzZ"
+    "~^cT9%r<MlTz(3OL;;oNA0jW)?)CH2}QtpXj&!PwW-mX(g%a7$7)$h&S}{_1erXd<W{wh(=Vwmu4@7S!%c_0TE>XbiuQAJ<ecDQ-bqsM-Ii0"
+    "8uP)H28{Wmf}@l0Nj|<#nePwD9Px!2=z7(j>;XPLd|Hhh)mGv5l+w&WScdoLD#UQKGh-<fYeH9cP$kZJ-kwNR>FnjQjpYw*<yi1Z(%^jM&TI"
+    "0pCETAtudKfGJO0YCDP8sQY=IlGF(J>Wo|TW1{;;F+nsO7PcUt2edzz#JUw%$Ink1$f5Ea=mz~ayJa&SyZ9Fzwn`OkcKpHOz%~MDHMNemvtP"
+    "yTAuB-S9YL&3+I2$~?rOfLKGxq#F12a9Yo7$>it0VbHI@*-e^=Q$b<N4HZXX7~ZEdQu^L|8M$=Gq9CvhJb2ul14u*d0^=@IX(su(ez?cdyPg"
+    "e@)RAX;gD#*wdI1A!Vka>2?Ej;l7I9xiOom!drW$Yv)8q3QMhSU4FYS7+BfEj&3u4j=3P-8hl6_X)r=09b&mfefmfV&Nk?=MSLtn*(N5c2H`"
+    ">dx1y82933p2cyB^DI+7e2^l%{_6Tcyc_Z$FuQtCI9o`i&D$bzv038nr!c;;kMbC({2j%O%L3Pb-MgHcuCvG;Jn0+Sm|=G2Th^ftwSwlf<Jl"
+    "`ohSQSOgo%wv>OWf3hOL759yQ>H~b=%K|vdwTA<g>j2q2d5<qW}y&;mvI!`ktT^{Lv+gaVst<+J0&`L?DX($S7|z?iFiDY@kn`Arr&Q08{s{"
+    "iLbB)*i0D+1fjv#_g~)lG^1dANG1ePh<eSG`Vy{Q*uJS|P2{caH?*0~DZR)O}sC{AIGYk%7KB(m|2ZJC{nT~~$SlTNWQSfF>(*Tvfp>QIQi1"
+    "I3(2#XN#6xj`6J2R`?(OW{4u5wgsm`wFdo9eC!C$dgC8{xBB=muBR8JS83#(UBy`dO(d8&D2pb)f#jv}Ab_%qW1|Z2HUEjR=yBrkqNBoD_Oy"
+    "v<BU#Yt82!1rG-XaCGag-EZm{eydNuoyz3q4HyO><8>EG<f*{|7F%XqMsJc-7j*N%bfG`a*1#M<oW!>-ZrUn02DRyY^NQq86^Ex|KPgBB>gV"
+    "=MFjQ4B%||_99o0x75i`frW{M{raw$e=to=6Z&?5q0*3oU+gWQX0p-haEGB8uC&<|6|Gh?g=ZOWIXWZYyW=bbkapMsXLIAG>iwx695j<zu5m"
+    "#TIQtO6>Wk<R25OM27(;X~@a)@YTkx^Ul-(kpj(RPMAQ@zZ;iW8^vOMGZ-5C1NJNe<H)&A>I?^z5vg?GBg^ddX$RqZJg+3_fYw37Ts*yZvB*"
+    "dx}CoBL#PB`6M71v;~#oM*|JRf6!SK*E2^Qfh>$_zvZGN`W&8)&xA6T|vVtgAFwzM@0!1HIl1ZG7N10e9z1G1+Z9rF((X2?Fl`bu_>=`zI?w"
+    "-TwvQ^EMIF9MyjzzweY5mD;E5Ue#xCXs{C<w}Hd$y~FqNohnUS3XV8&s0fwhaTtfv|A0=vOo8z+^bi-o`6pG2M4vgo0UZBB7>GU{cr_;KGPn"
+    "9>&Qe$@%E8GI2*{0^On^k6x9DvSb)oY_ApAr$cAep7A9elI{4|)J81N6hr;=Vu#P!U6n18>($`Be1I=^EnU|PGquZAQOZ#2*Pab5yCz|)$?p"
+    "V5DIx@y{o2Q+bN)B_Mn~gCH!3qgRd<Y}aE19!;fx)tt(YLevMF;5Gze`Juog5*c9gXy8EkADz3WWaH?3kM0CGO;gg}>!BL~X(^c46vbPwv6L"
+    "LIwlD*Jf78wc6(Ue5KYH8o7DQP6p5X;HMSX=f}+?<jVQWFwfUa8u(f98#96Y#4m@Fw;2UA-tqneF&%eGn*2nD@>aoZ&2?MtYFt$XyYaf&>NW"
+    "Do;j8t4G<np^v_6utYAiQkp4!;A`^yij3tA%g$*-;f(ILjY}-J-l$gsU|0G~EW!m-YCBmsRlqu{pl9duq2zF|pkuirn7E47}R0g;oybP1k^="
+    "Qhru2r6g59o}9?s)FBXwX7c4npNtDH!uuwec3Am|82Ajiblb3M4*wtz;zh!>I%bkg``Re)xD5;@kWwFCmKTb+h@Zdg^Z4i?%+v^tnFx-Z{23"
+    "vH7r~8_#AT#DLDC&u4XTkclGeui%`yh(R$`7*=_gOyd`oX8qS;f`SJtuws3O4&SAGGok~Po&bwy+nr%EG;C71Pxk`cH@1R|eKF)7&)z87ZJg"
+    "e`E?oN<7<<;YWRyaq;vpLy<o-53zId-UHu3p18x5kf)+b@9GnP{%MW%ID+TiNEr;>#G5b!{iz=Zv5$pU&xke!2V$&q~k%e~3j>*)5-vV}yEk"
+    "x*h>)2*mkF5IF?mQYiKX`kV&Qx)|VCS^_|?H2enM@6!t)OXGm&>L;nHha8kyI1;3ue)|aznZ8DJJK|4`$0IVS1Rsa;wE3Z=0NH4oT3D(yO&I"
+    "^p{eQPHZ!sk5(ON>fDXghM<j21xI)8VB)`s-sfAj4_C3OWK#_k$pWpDqC~rQ{5MGQ-n}YXB5OVD2O2d<2M3+t#Bt9ZqyUP<wnzgebO%tg03>"
+    "-2S1F^A&_}&{88d?Wvy4eF3sBjuXVK}N@MLUY}zbsA+DFt?0(o!SlCqah5ZDd`vtwR{`N{T(MweO9rtcQu%lU;wrNSYH5_kCKmkGbBMR!i=-"
+    "F+S>V<7Y6Fet&S#UjikGbA%!7^jtRh5*n_}P?dY)Loy0QU)AJ9^b6|8X5hgp)%Sgw(c8EcTG&U^PUc7oFL*_HB*UWVb$2gH9lBL+pX-&01`N"
+    "!G%B)7)rb5b(2Go&9!elEB%|JbfmxtZk*m_~+QWrCBgv_JK9u8!Rwcf(1-yAky*1Nc>nq8_C1vXo^aQmrDbzhNhL#;GwCJE<rsM}Y;m3|j#$"
+    "$ZTM0!ylNP9Rk_{i@`ifia<vRmd+MwL+r@n^wEWn+23%<S{vqGQ3fE7<#1+>&g})M$^+K)6)rABQ?w>U}MllHhRGugwOBl&Mj+pK2mIe($vZ"
+    "1yE$$78j?$q15uJ@S~azNcySC{=nTTJWzpK`EYafF=!`|hWH?;PIZ@O{V^n8Qm(^JjfRC4z3MI%0JS*-yp^n;=3}_mT9s&tN089+A2*98;8&"
+    "ly*qp_!3Zwau7ANMpPb@eEuM~cO4X9Psn7&t~{!f`d)EU?y1P`MXiRv6inTnr5*y4!Gwf?RjmPxKI@Rm~ZQRc5Bg!(?bS@upy_L5$rFrAkJl"
+    "KPh7jVX92>uBk{{-Kg|S(I$9@xm@W8och!8S|Oo&Y93IMx%6AOR5eKx6O5$w@*~BHZSehQ!Dgj;dTb7klGE`_j8*Du$T$)`y;45{nstCnAL}"
+    "DD2ztuDZa?JrzjSnOt_Z7bSi8>mM)0x@e+QY3DQ9JK&I$6dfJUY%=UHUF1+J?ive3OehKB@%EX?Rel1~(JE35gJ4K>myz@#4DO`110^+vB-p"
+    "^DW_ZSw@XC$lQbDwpdXeVIl{Kx6wt4so!NYaUr?=PVD6ov-A$^NWMS2HA6<+Xc-IRR=qac!iE4QfEwMYHu`&A5d^5nOiNxP~SA|@XfYQ)$&o"
+    "+x|<xDU$B(Z*5ApQ={*6hEXzeCzd<2Fxu}!DR0&NE>fR$uDI48iK5o!vDPgF{QEOYUfRMw`gr0SCf`F9g=!>8GP*ru>c<N84_^re-rXlD)tc"
+    "nK>RDsJgWYtvkCF^d^w52D}2uRf<IFu1V%e$ujjVW$h5?K27VYJmU-FBSKYk}lZZtpqmZ8`2ZHDWqRvJ3)peob!6P`x~&jMeHd3dIUGU35js"
+    "gjFBdr|H5VnD5bf@gr6tnA>x%bdX#cAZ`c-LAQq?kx_tNgkjn#*v0mQk)qsG>?~3InW5CLZ}Hu+<k4|@qAUSy!nD~;NDkZ}zvv_54NS`qY`$"
+    "bJr-0ia7NAGe8x$Q(<R#nKJjH2DZBPcw3(%pGbAl&Tn+k^>A^jM{#M;_h`)wS0Kj<x6_@gpSYRnfNw*f%)pz0EBp$y!-3@2~ogjS<%W9h&%Y"
+    "0wkf$}4Uk^mRiB3&-*krDT_I>zF3*2U|>w+*UdY)-%W*VIH)p67XtG6B{objj`pEwfGMd29(|vxl2mXRF)N`Oal%-!0>pYY?e(4u|w}0_kZM"
+    "pdnKaDm&$h(O==XN(eR~(N9~-{WALNxSAxTl8C7D}uFd5AAR_`(NQflTc}cp4dJOvPZPOYiqMuMVV^KDxnEzT+FrYvURKUTbgVv#&;rmJldo"
+    ")RS-Oy5=7FKbJwst*RQSG=)<hVnpotn^ttxmEcJcZxxxOnJ?jtO!4Q2U#0@hg)i9zb+Mq)tMGt>rP-rrJmyS%xs0L^1PtO>d3lWJ=H;)mnOX"
+    "V|zeuUT>RudGb?+Agtf!21f=nG@Gv52^TKQx~tsGJ5;*1L*+xtCB|8^YPL=N>G}OOo~EjL4ex_<Q(^ftM!(~{sbA@wK-@t!rDebY207DJ=tc"
+    "BK8P5<L^_ZTOZMVf|TOdPwb<p+I$mTSIgAq^9QLcucD!%!ok6DcLB_U|Cp_K|YGuWo4TEWutJ%m9r>C(Q~o-133fy4vKFYAu^H=|OqzV=yHA"
+    "6U!EhT2%AbQSOPrzy-))9wqCyXg2rJ&1&IdBrdANT@47*kWR+Y4&VVwcT|($cG5gIC2*1WXs=32NTokw(5j}qYci{LZW2fhCYmautjYc-3}#"
+    "%AOw-p!Xr|mhuHH3toccO3$lM>mCeDN6D3ag2CN!D@S+)Q69(FFnW}Jye9EYZ2T;yb&Z)*JM|!^92DkU5UfmnCQJV|F4;0taN`QT?OalH0X+"
+    "l>v3?)<3BaGOfD9!ym8Z|9aE2g3C;qbt^(}{7Evq>ojkXdbvIHj`1AbCas9u1n~hN332@)~!9=!v38I4<=uacj##S!)Ux6`Do6?`-AJ9*E+F"
+    "j?#E+Y{BWLkO;A3j?^nzfsyeqyGn0z0WqDODsk;{J?EW}rDfp_XxL=C)cSP1{E(jqr7bk-q74(vK1YaFm0&rIQ$(O>F|%5Y2r#0vMTadWq)D"
+    "hgL+~B-veCLMF$s>Zs8Ga#(*Hib`W^SM!8^kiL2IUAoIH;<E>Fp%&VmO{*2U&u8CtIk;zGy9w7(eEhL2`@x&{iAjxtE^O%P`c1GQVK2T(ioz"
+    "8)>FAkd6fW>mNvXHbb*Kf>PDa*##u;Cv!hUwI7spznrdo!Kmgx>vHnJnlcX$nh~IdeEDoeaYS{cH!u1w_Y(|4c(?<M*;_v8ho-C2Hn3~^`;|"
+    ")t0;<4FSV%*+9-^t6$%qh|5=(^H}#&xNQCT}c?4O4XBRSrcjXqnj*4DGTTGY6`bwh!^}6k+G#yD+F*!#h>`alWWplgCRN%E+x9i4c0pQyxm+"
+    "kyhYeR&VFx3n(5L$%fg(P)*$nYLlD0Ruf?$0o+R}djq`W&ZYF>9=8uSclY?e(``qiY3zlq3r>RKC5}j|Js6dBU+3=n66i#WO!G%HKL8=Nx;Y"
+    "Or9t&L5V}QPNkXp=BQ{arxXD`5RXR_Q0458wbj^0kTdNR6Ir2$%b1%-`b#${h&@sUPsz%RKQK>CPL5=VZVe<dU?0y67BKr@03C#(1}2|TA>~"
+    ">R&g<K~+kmNTJsvp<tS7J6tG73TXk|IarDVu!=sqmBu<c%uWfWst+H*bicJ5+es-FS^O+lmJ^x5VJkle8KPtZQvA9^VKO{AkEl-@YmFriw2r"
+    ")Hxe)&|i<IP5vw1r9w$$DU}abfVDfI_SKtpIN#f-z*5E48g_6hRKHFm6Wu(!f~RtDib7!j`Xx(pa$f35|mk;`(Z6)Qtdm>cDtqs7MS>$t(0J"
+    "%v@k^u1}o57YzZO+iDFuC&0yMtmL_zzZx4wv+c5;Yo)wtXxGiML;*+n3<3^{^R#CRR4SKb0GskUP6JEy1PDBoyA-$f-357RLy`9(4GfqAXww"
+    "~0qMBx1>n)J3tZ#3E|yD(@H51qXvTx%Jh$C$lbpS-y(T$PQ5u6~n+Cs>G%9swd=kU$w@e-dzV=%_}Py13eZrIoRTnI9hN=UwK+L6=4_Ntf`F"
+    "U<$M*XC+6`S0<<TQs{zo$z+w#%o?e852gqJXoR0d-J`WdVWX~eq|8j2l}r$(u!E9htL{wmhBO7*18qT?e6?q}Z*;-dm{L64_;3gtb}8uJD2D"
+    "J&acdeAjNO<Oqi(|qN=MZ|NcOT>eWynSUOwX)<yK}B5|9nC%?dePw!pE=Pam^E`hSFA+Pd<?Dp0BieQnIEkxFhHUI%E+%2|3^=CP6MmW#4^M"
+    ";12>Xj=?*L6UMbrM=-G$Ro5Is6PCEHJw><99f#3H=;+aL`!IEGgX_ayQ{i}tjc6E36dZQ0tgH-05KrK@8H*GUxc3YBt1!ckXEDf9cNh&Rhb+"
+    "R;ePKwo<T>bfj&K3)7g=M;YF;2-T4kkF0|Em)#^Q4Po4FdyV<-F>EZmLW{#`g9>XL(+LU(v{Kmv%P;jX`TsH>=8|0Qby~nXzgp&1j@MhxiP("
+    "|r11e8%9USqRXK@y&}DR1=fw`joN(pRZw$FWIG4FpH@i_|*k?N!BsAj%h`Va?rwpMbHY;B!JHh%h~(i>p>Z(MX><bOYvlV>5oA6OTd-u)dK("
+    "azRi6i5%D<peIQWt<86bf|B*zj%NsVT{|CZ2Sch9?=PKk)Km_OX8{BU8|4w|dO)P0?&zKor`3B7HRd7pJnjO*xnMJsjz_fKa+UNig9=u1#b|"
+    "Lhz0RsLoeah|dXueNkQH8Ro~Klux7FrLgx-i;{rnW0d(3RrXPS9gyEYogY0%yDO)gorL7V|MRGb8G5i_B#$2v{NBU<z?S6sHLnIFMxERLvNT"
+    "3fP|z?MLf^dtBT!*Kz!XPYDD1>VEFmsA9lgC1z82j;T&vV;7hhes1_TgYL;EE@laMPIRiNJq?q37&;FCsI{yevXX{CZr{u`dYViY}A;~nM6W"
+    "U1?+m!zvzsJ1|8Ny_8;+stL;lTAnXSviKStNv_xADaC_=2#`>^RidA7~*8tcsuK|9Ap$ZG<puc*9Q{|#SNof|?7phKa>q`GM!nr9S_h-PVh<"
+    "_kKGcqQqsWE8#W=_w{Pr%g+aLP0<YUDRC-M}_2efs>PQAZjPx$SNVz;$1B-Sdng+SU7QjOFK2fBXLViwd*1FTaJmTz&oP{*?ceF=<p7R;>+E"
+    "3=>Ou)u`c6Ok%jIlCQ9dvoZ2Gk5;6BLo=zo&`+(HOtI}pQF5fErS@bjrz|u?FA{Y?4-@Tqh3to-Op1!D%34ZbLxa>bo^kB{SdI@qA{kqzWGa"
+    "OUHeEIKAqKUAMb!(4`pGX&-(;oO8{tWXt_uf7q!_1aQTEOtc&JhXQ2Krfn78#^+Nlzx@Yg}bg*<zPVt70PT`{?QVBS70G7btGwKYreUWQiCk"
+    "pDSah~jcjS*EwXMs#9|aM(gr*58SpuXDSo2~$SnPSw55!2H4i=V;n>wKCPDW^J&6w*?_cUp1{nvx&#%L-U?pry=biK^P7L89T;(6HlWNdFXC"
+    "O^paqArhKjD0W~|Cp~w8CyNe`AkiZNEZ>#R9eoke>g=M_%U6g%X5g<IP=q{%ahLY8717>rnWvfW0sucA@m12ML%E`n^UWBi;%j4u8P8C1_5~"
+    "^Z}_!3DVr1Sx-*~ks#Yn|&@J>T8ya_EhOUrSl<$_JIjdsY2+F}JG(29rOdZZE)FXHSl}Cz}8@;cQBQo9LR=HB7sv4Wl~NsP?6x`-tNm$Q9MV"
+    "l>2pm=0kAt3|-TwpT1ilN;$T-*RWcIiP@#D=q=x-;#c{hxO(dGH+c>tlBm-(LNm>E)tnK1hxq~d7^(Q!T-pmL>lQQ7WYKUv=gJQ3-~rG^RZ-"
+    "_wlUa=?JX9t?K9smErra{6M1gp4e&YKfS5`Mq&9;7Szr(rxXU>FvbpK~-Xz3aMmrXo3VYBE54vtK>{d51CAPFKuQ+2QBy0hx#Xs(Q2>Kn3Q`"
+    "(Yp1bLmH?-U7i$Fc?Zmxf?Q#klkUS$l9iqiC;@mP5J2dL8Y-;syV6AQt(Jg|Hp8M+cmLPs2KwNjK>s$)5srLHfum9LI?G!^Zsst>Gk;XhLBU"
+    "aH2<y_yjA#QkceynvVR2rXH}HMminyUsJn~UeXn$;Ox7kvYdV-Ty=VOmzje-GKlg@_8$S**EirgxTgON_<P)D9CDFFe6&9_w=~F;ZO{PX}?j"
+    "nCNP%{36?tBJ<Qz;6gVTe9KTU0h3qnf^u2C$qzwnzHxIOH}L4<B`8BT57b;{-~Sw1>o{e*+?r@?Yl$dMZ6G#3c(mw9AIRcQ?_Fi@Cl1;E_aB"
+    "Fz`l5@j6VZcXWb=c~@m94-GvJapqQ`VZ#!el49~s93gP9rioqANcW;FRha>29cQL$jdhrSGg`K~Ls<1N4a|gql&3dfdr`G7LA|M3!_jqH)F~"
+    "er@;Qq`oz~SxoD3{F5Jx6^^I~e<fd1)qRJ)S*NH*^3o93?nUSY(WdvGZ1vUDxl2*@TN4Xb-h^V+vd3K)!~)%gh&77h3h#gQqZu}YwWgwR?Ma"
+    "2gF-R7*9LJi(t|m=p!|H++t3)m_wCB@8)CrLNQ)j2(j9Xy;^hD)Tsu$@K4p%$|;JSdf?;8~t0bXe!UcsqJpNv$K-^LxphcEQJ8zk%-<uVFH%"
+    "XG&^)`FX_6+h3{VvFC(@wtOe-G%P;{Fi*~>6z$?BS&h5+kc{t&(-n&xJwbRq4*i87M=nNs7)g#NO?9X&I<Sy)QN>g7|Q}Yjlm0Wh+LA@@v6;"
+    "Msjl{u<SbG+be&56fZDuocr8}?MUXt|(>l2@_Z)Uj*;b?JxDnc*SP+E%@Oi8x-^X#M1ggR>K6>*yb}XMJyqJ?m2K?N-4sj5b9N^@nn{(bLEz"
+    "pi9x<0NgP?sEQR47*8-&8i5eo#sL#m^*1%@F^$FBZ4%rEWfJ{&^})=j=g~6USk5Cqgtqf!T_!{_Xu~Z1I8zm4H#yG3jP|S|do?|dIaYd^6_|"
+    "?N5)Nq{^zRA^;Zc3jlbzl(t1N;JWC>8X8yk{LW}&4yKyha*LUR-9bI^sU(|=6w5WlPYP^z7!6#;$Dy40IEfzK_2T1(guNXyNrwNlH13dxQFO"
+    "bJ*EfPSLGh2g_!cCbYH2=ioSykI&%VO%$gDeeTT1b1n@ca`A<P%G09Jy1)8z{y~)qF!jM!N9ZE{m7P%F|fXh{hpCbg#y+)<4s1)Kq>7bbB}p"
+    "B!R1*MRi*O(#1QjA!EDH^uO=90bhgd7*P&!=#{dajL%r-)ury(w(^F-l(dfb-bZuR9CzD=sB#{jmAK<K;L74SQI6Zls1-cd3>)DjW&b~8hJ9"
+    "ISKZDBO2cQZh&;I{x%tC_Ov;!^|bg8pKOGOD98x>H-Ig$0#BeSvx1Ez)0|SDMSO!WAOrz^~Q&&*Rm0Qh_j(^nv}tm_2Z1G26Bj-yrfQkeu*?"
+    "^u<Pt(4$+Zggo0Oof}X<#UfN$E0lG%z#$(P`sk;ElwpIu#bkxDdh&2@_PkWpPM7q@5O+uBzR+ht&gxP924kAaJW+N}5sD1G63BgZ`}zbG;GS"
+    "q<i+EArJnk4sAhZh2B<Uu=_lA--JRf_@J=Hj$7wdS<nHF_uBZiZ6WeHmbvU79pZ6ZyT0;IHW5VvED3${^}L`0yuXMaDi=0Lg{2`|7+CgSQ>6"
+    "qh0QjHswUA%lsdw;Gva)s{>C%GhObTdJvoiV|)e`%N)Bmwz1@!03MqAQsrNKUR2%sq4`OJ7RR%974T-L5b-AwhfQc#DpaWHyR~fQ~}mVSLl4"
+    "G8qlj$2#C641=5{rAw10i-6%8K0Dw>AABGHLG7hYxOTvT*-%M~}2sEbyczl!6yw+uWje7@LTfT?%G<rCE6(Crw<v0zUWsP;?A0C{v>U#dB@3"
+    ";Lt)a^B1YBsN}pKGsE0Uy{@IngU1^#NXfGB6Uo7d^>{URuLQgS&)mSZjUg0goNDs5(m>HZ~tDkaN4TC?CwBR<=K5GptU!eaptMv5xnBQePC|"
+    "E-wRyga!ygLSunPW3e`z#|kw%=@5okXFai@164A%sZW24=`G!qt5k0h4Y^Xm1`j73TTXb@bm{BvU6nWI?pW+m4o0JDyz9`>3Cy5y9_?zQgxH"
+    "L9Ho6TSX|u74EsAB4mZ3@82J_^a45$(qq#x+c>J|n?Y|lM7Z>Y=+Ui*6{KKd#jAR#e`!7D45Md+P!yKX9bT;uNqX9KZSG({GiXdtv&S)XC2E"
+    "jSp-s90?rItc1+F1lo1u+Dy<svar^G&YgsO`%5xTwkXUlz)4n(QHD3qX%pkx~F|^6hb3Riiw$vs*PU<uvSy6nltqv%~eMzGZ7`ah45C$=FJi"
+    "3y)d7u=6SMd#+@oBh#Wo2FYKPk&eM!rPUvkyyM)emF8^4QkKighqx}X;27}`37)me_K=GD~0PFz>7P>dh!ca2{)6WIaEq{%vQie^NS&6PD1e"
+    "b-F0q-igHrqUw{7{vZwSnwDyf05VHv2xV$3$5LQw2|6o_35r3Dh;@J{5|SF?6$k#5z}MvF%2S%!>{(d(!$+AGk6mhUvnvLuEV=j=f!pnJ7cr"
+    "8Wa^QssoJJW}Xug*Uh3hi$qd_#c`<-IH2mqk1aP<r3_l5bAgEjL|8;62BTPYU&si|0B0-2&7e3U`s*<3iC2D?y^Yk!$SMbur;)hrHoof+hPo"
+    "jkEi)#l-jvULM|fK!WwyOFFpB`KIN~&(Xe6Nzpgdixq6Ws3C>#U#v#V-@`dNiW_6rfM3S{#zR39l(ie(z+G#E_gBObeVI;7`{s8Y(iz<e+^f"
+    "5kWhFDOQL?ua9MkGb)s05)N86cfheRa2{&-7UPlX<?QxXea`FM*}dIdO#F#IisktS?P1IR2}eNNHz+&&@2*c_z+8_8kY&+6V2N86uW-$5@bY"
+    "qfi0;pIgs4QzzHE&2FM-;TW+RV$T5rnEq7uYOiKnBk5wD?&^P82u;qg_ZVClv++Ly87UE+H<fWN8|K=(1W;*uqGrt#*{A9BN1r+r#x|w+ht3"
+    "JHU6)T|{-K1$Ts;Nv?nynUw5)_#WH7;gA?Sc6;l)$+)yQ<5UBUPq?<K)q_{;X<Hc=S5ft7^be=A^H)3-DfmP+><LtrXpl`#p6%QEUz)vN-{2"
+    "fU0a2pfTEF08<L2Frq$uMkyIy86@nvN(pQ6Is^g|61!`~n`W9HnZJOvn;09+XO+`jx5>ax)9Vmypc}v^jn<%MmkQdRGG_h<zLwb&AJrmh3Q)"
+    "u7xTRA`0TeFwP{5qdvbyx!C^eT^9VRPGbL$(clq+g@O8_4%nmCO(FFy?RD3xFsH<t(6HGN||c_w{B-2vq&-Q3f@bgNP+`|o4DS3Az637n&Hr"
+    ")r<dwyJ15fEZ_dFr5_?hiA7W`da`|Fm~{Ungzp%R?nm`YW)zd|FA3<v&*7pGJ+V8@PtEaM{sHlsM0^ZwFtGMKN3<%id@fCF>bc(Hu@7}NS(y"
+    "S(6q7;Fnxp<Z9c|ct&3)4Y8%@rsjO4hBjkC3ij=)l?PxJqB0J?6sF*X{q0yV#DY_2N2#c^_Ws1*A>YkioK$mp^ZPPK(c8`Ol$Y3-Vb4gln9="
+    "t#{R~(s59#Vs-24@l-a4Z;m15gh}LH4MJAYnWhe#ge)M>_x)u9++dX4o+2OVuNr8&!Hbx=3g_<LH(Yi^%Cn_d^)xum_D^+q|Z+`d(m>ZXmc`"
+    "KmoxF;j~5En(W?A5V##G(6}?`sQ2U#i*D>aMkqKxd|ndx#nO9(nd=wzBsx=(vHU9oV(7>GL4DO49o?FWG_!Q4!=+`&=#%GInDfv%vE`sUh7i"
+    ">8r+xnlx;X$30Z=P0qWuz4hob7AQ&X#Q!`#t=CA+tttst;xz1u1WLxLv!p3my=qxVc$FgCG@mnMYjc?^w?TdJapI1En$pEz%76p|w>PTMUc9"
+    "3n{5CI>O;YNrLUjB9|skXv_@e(McLp#~N1jxQI7fsqP84Vs0TO#u)IGHhd9AMGcU>&5(==0#oT{<!_3cZ1c;)ZRb!w^M#0T*C&cP$hzue12="
+    "nOMZ;X8yG|F_Hh+nYdw;;w~{Y9SIIv(v4TMFZ}C%W=Yeww)tuZ#(WwAzw!Er|*4m<;Yas*LB#7Fa5Rg>5Q&zUKftW*4Q00Up%g`;U#fEK-6)"
+    "|lE28crO)Yd+WaRO+{9+4iE=QEbK1o4Etr2`EmQf|(`dcA$hC0d<?BA8O%mamLKY=rLCb!?j-zPn(Q`LuwLW8BC1l8>QYr@E>hk1-rWNR<i~"
+    "0BE#Qm@6_4rh)cFC7IXI!hF#?`V;-T3;I-uZgE3K1xg)teT<m!qKQ1nSm__BiV3;qR3O0x;zH$qtc=y@48)tGUf!s4&zu*b&sm9LQ5n=JK-6"
+    "YRIvNP6Ey$E{@tIp>MFvA#j4#t+nqeAP76t2}ZU)1z*PJKaO!`KhQs;55?ZgnV>t9i9M;WMNeA_QPq`JMR8W~MCrAh+{NtW!xkSaTSbBgrr+"
+    "iHkD_Wh!<(Xq<z?B-0sP`&_jSzH;H?(+E|#_naCl#u(6Owa4~<`HSG2VJ%Po~U#Lo6N=@p>v&%U<mGjW_Iz=l9$dcuFY-Co&;lTlw6913grz"
+    "jwfd@q!h0NNrbxDoT&(L7s(3J;nh*gj>8B|4DerY*$fi)XsCd5uei<`W91Jd9cw3HmkI8WZK+DTTMBc_|tp_($*M3%@65B$ovv38%iapZtAz"
+    "u>av+BQbujlmYw)V|=0h+OUMiB_cPpt%`V{AjPIZ|S0lJ(m$w-;PoO33xOP+s7IgQ6mnSSEJJq9!$;c1Ci{GJ4r@AE>I%Lc=uF8-M}8IN+EL"
+    "*fXoPuCs8oK@I#4ePipQnnJ)qYb-yDt8!;G|K8&7l=aDyHwKN9ww7NpN~?2YH}@5-!;F;sr44ZHJEoTLzIr+Iv=3)<9kS=25t>dJ6}V&Ss*I"
+    "O(Xq=RrWoKe5J!&a5C9_SL^)Mj6gic+H^^67=1wZg<U2m_;&K`fE@<T%TstViyhMK9#s^}2OVe%N1FN*4)&TTwWf0M^|y31e_zyiS;)aMM-w"
+    "6_FV%zJWR2g+A1d0l0^p;`9ZQ4d5ffgZ;p<P4D0&-SXOddXdiCK2eeDK4RcW!N?o9zC5crrcTKX5Sm1*@V%Wg2^~1b#Gjg*_&ldP2n<TT$>@"
+    "|6_fQVs1vwvW7b4=i{P*9ZCua;#|mXAk;M(jWQ&XOD1bMk?#;jp#x6q`tnK0qlnYDbnX)zyD$+)?F>F<UqCr8$#hD;LnpHu+D0^Co163Q0Mi"
+    "NA8j1O7Q!GC4XiaV0wXf`OfrW3wFsnttI>ZD)%`J$%^4c4w!j%d-|MYVI$b)eB<rGV610?h#`3xjy*0z+ei4}{0jB?1s-AC|#_JjOWM*Qc|~"
+    "BVI^-3N5`U-k6Q$iyKNgOF>g1)yOPDf+j7(BP#}(7BBl*czeK`EmFnCk}A!r@Pt*H5@9ujRE9q2%wDu}Xi>3qjH8*qRo6Zfy!2xu%LY41Fbe"
+    "L>4fWW?+9Iu?1VLZ40{Wm_({Q4S$75DH<tAq1XO>2h%SDaXm;lTtA`9A#)lCgZ1D^z_I=B~gXo4V!tBc2~nDJ7#^vFFJz{ai~%MzvbE)sjO;"
+    "Bj;9X%j>Y+eu&*UqF54a?d6RmuiBsA~UHy;Egm}s3{}#&6ELv1sLMSajZc%jhXg5A;WD04W^&Cg&;ERv6)^&^0DIa7@ylX>%$JRu=k)o8p#W"
+    "6CaLOd`%V3%?|o1)L}N_Q1zk{2O{~WVy3T`9aEW~exukM}f`xVZXrV=%DJInfu=?l_Jp~~SFY(gZ7waW}jDZ3dh5WA4+Z$c}_i;Sp2gG?%Up"
+    "yKGT2G@6d*iP{Xm6>)y)`f<nHX-?GNW8TI<@C<NE$1S#H_oMC;VirA_h!};T^JPqb)ewJVkebddB!@Fj7&1ZWEQY&TF)j1O|%<Fw=ReU4iI<"
+    "$B59+fT34pg6yGHN}%V1GCZ<1s@74LouUevH2MkP#X}NX3<5h`k96z<*Ry81>1vLmXYMcPE#Vi$hzz!b+fHxj7I!L(V1#<kvjL{9ik05GPjh"
+    "D(RiNCkP_z`t07ddYo!L}*h<!GTg7Z9?RYM_ZRkKXs(<Pj&q%_(HO=+8s3PvQFEy<SM)E&cO*5hCTnizCiZ;hX57Zv;v*=wSkG8&sqL1#h?x"
+    ")bcSx+Qwrovx=y#oy4M^<)L?mJQV6Kw>2yg~Y;)RS|_zLRZqAW%|JA(3h|?oXK;zuSfh{67cd*iu*C5jFRft<~6EH{zFN(GksfteYMEg`DRh"
+    "TE-H>Ttk9*i+m#x+u{iMc%RGZmU3YU;bEM5lg1y1#1D}A}SqbXx@KI|<2TGJCENuduqQAmc5oc87i2&#J29P*w(C~Mtd{8&hZ5in8nHTlv%)"
+    "$iBVhc!HKU3WRXh-Y%gaNlC7De4pPRTUe!vm|Vk)3+N*#g!yHYF_7O{dbC1!G%Zg=!7_^7zzj5{ehww{mRC_nRS}F>hxh-P8{wRSJcd-C8<}"
+    "!>E{uBt8SHd!?mW1x`XMazK0t_AeSLAlsm9*(ng;RmG3~sG5)^sfB>dkfPs2<-48RwJM}QF+(&2vV{t(F7I=9utTPsRD?NO;1epAnAm3B_!`"
+    "<$B5y_3TIW72p|mB!1Gl7@!rFAQPS|YGb5~TzrSJ+SyWbWoInhO7<}~%>Di%su@+zn8raXoLFC`FnV;UxkMN>AB5d*T$g7+t+&$@kwJ;8*@V"
+    "EcGJ9Ca{>FpF8h+#Jx&?1}$rWWNO31wNMwc!lE$n{<x7DnR|MdOTa!a0Ek-sxfLC?Q`Csla17BGsVREn=K+2ePUjUDjpf8?f-#eWq?X+igZ7"
+    "z5MifwShxk$3ze<LlCv=7emOJ|`0qpx>B09l$Oa$`Tj+9h3032R1w_rSWnWhKZ!DT;m3rv)DEdv6-gL<3KS8%aE)h^S3+zijucmq3-|JORDf"
+    "Ezvx|2$j2Nlgqky`*Q;Xr56zYd>kW$Op9S^XBx-olG7&oHB2>oR0rxeV_-BUx%Jb!svCBI(44B!Awfx7adnZq3C2#ED|*P`eOtb2$||)jO9`"
+    "b=x}wzZCryz$s>1N&)1Bi!d*{0Lm$+p{cc(;_!nxq)Ltks0D;>El#!$t?gG;3;<UK<yxz$8>cpe9OnTm9;{^M#ZQP87J$T-dCIKv1MU8P@$9"
+    "yO`!w1MV(K>FpQrJ59=|(m*F9!m@E|GBP#b6?6-+(keKF|*i|k=&T?=)f@sTtr^JUDiL-al;AG#%a7uc(ab}Yydj<|u($xff0$3$vEnPCIH^"
+    "2W6{n<X1C%C2Izb#P-^YHOP^m~)21s<<0i4|)SNGo4agzV=j}t2v;*Qv6wTYXV9gWy00G)RiI-&a9Yy#(9c1C@L)ai2#lM4JybK=omHX9_xl"
+    "y>8gKb%l8|iBW7N7)t#=~aol}<4Ao-@hrD~$VXcn)dY|HJT<>1ma;oC%&8Me&r6i`d$o{FdUfWAK?>2pT%-uQ0>ZIUQ;#;G}=73+OVqtjA$b"
+    "nC)+0~=^f(@XmRV^W8eq<4@3!v(|s+gdH3ZxH?p;ZGGl78ETwNQ9vq}(1e^nhCbZR&a0$evQSVQNy_TD7GgR;QqwIO%SYD^MB&*TYy0-P}wJ"
+    "(UZLBrp`b(5pU)4Ad&0}6xD};m9$}Nw0ZR~va_L^p@>Fu1AS}^P*U+IrMHf{X(xR|s)Wb`$ZJN@sf|_@qA88|2XG^N#*l-qm;E;qgvPb=)|2"
+    "hV3ah@i-j2H#n~yonX*JcHgH3MqsUKAiT<J8vwPm;2;VZlg+wGT-_Teox-;}NPRZ$HZyu4`P8!!#h<xK<JS-#NFS7T#?Ca!i}feBNDMU)Vbn"
+    "W+k@JLVLI3LI?gi-ncipr*%oG6Ycc{**kGC=(|a(N{HWSju+k3|}7VgL?O*mWGKcS)b*yl1q!98v62)k(~PPfFQZIlHX6Is@@Xf8(Ho8nt6m"
+    "R4q^2&XT(wBl-SvCPj!o4Hwn7OBt?NW0-A;_e$dN$<wqZIAcOtbU21CKip~>4fv$cvLz53Z_Ql@q;p(Zz4uwUg?}U#9oY`FeybBwh&)c?sU~"
+    "<sjJ*8ES+nX}3_4rhN+6t4d3M@FwGs=|QzfA0_NBGZUo`D9;5zl&bN#GBdh6fFOSftFYGsg7764**o$s?WA+5h<xc$TaKdh`vDMd3uJV?Wfj"
+    "#laSiB}%Uay_F0$Ig;n}@|sXTW}G7Uw`~;>{C{f??X=fFY~H@d`}Vmi=T+{*5qbXp7Sr#D>BceL$CoDEMy7<o9?%>g0NY&DB_JzVp{qFu-HI"
+    "*r0L+m`^arvt?O=W0mys#lkNE-nuKp`fxrkp0>?K%IRM+}ue`LrR=+4Vv9$;-5Wi;KLXjFLUK_%*#-jqlHR`n0|;M_kfY%7unwzczzb6rjfw"
+    "_z$(s6t#_)Y_cRV|y-xr4*=-9rB@@s2ho)2?1TM&{ka>^sA$;bLs6Y(CIKvF#sk~cbVSMdY{ACf%dm6LAw~SATDV?P&Ws7`LOy>5GuSb_Twm"
+    "9p~#=r>3wXJQJS@FY+Luco>jio8;WIennmg`y&?tyyF{NDnr_Y7B)^*U1&M0QDi7)Pd+Q@~?aC~p#juUiUqKb=7Dm{yGu>i9r9t@w)6a-Yk7"
+    "olBPCR>0@K|FCMC-2D2-ZWxw|4RL>k#ngc20)&0Am_hcCmi4J_E=CMCZ_-ZtWms(Sm-qk1HTnfQ%@YDdJ42u^88^zSK0zGNS|lkYpT?dqaU7"
+    "lUY>K8W*L76)<L2n?BtKd^k_B`CIAkA0S9sb7!Fuvw9w8i&27*pTNvDB@p>Xt8g<rM4YxqN^RmLF9xrMWZ1;7wX<Ha#Bu+_4Z>jmu3z}Njb|"
+    "TaVXaXIBXHAtOz7o45y|uu*Ix}^xUNq+1b87+@ZHsQbtu^0>rF>ks5mdx%N%jc#vzpny?30`dSq=wB4|&2MS<8V7~{-P=|75Eh;&NLsi^f(F"
+    "WG0TpX&<dJ<WfzJ8(gI48C;M?H+JxXD+D-%_=^_)aQ&9OX<Z`ZX)J1r4Wml+BL0V9W4;31VxN?Ua!T_(T#4VDu+I7rvVPPu1KZiSnEpZZ&AW"
+    ")tBfZhj<YH;r^byj`?{xTz8}W$qQfvMy2Lmzmr%<D(gY=6EQ9tZmde(K#7_sEy!pi`J#@-8Q4u{~a&tt%1*iv4O4SPB7-u!BvB2kJlEX5Gy%"
+    "|Pwvt>ollbnNsSvjIxj30=)2@HAkyRwaB5T1@`sagUQRS3vs3Tdq^t&#<z7ckK|CCE?BfXmN3nh`xzHO$4qV+=rdY=~29lr-EIhT)yPq-?*)"
+    "OLAAKW6K(#!Hz{g`2;`<av%gk<Ydr(vLD{ScN?r-IKbK_T<M4F12&cN2wcgYR!u+U3>pWMDU}@mqSy~d6<Z1=-;Sx@n$DGBBZq;w-O?05Ajq"
+    "f%bqu?p)U`7*zzHrH#TUpf&S`FUovB<n&0-S?tv^!mW7<jqg6_Ny2sT#BVt~+q%vxs&@d9D$huIgG9()TO2(X-qMrRtm)ohGSwl~33a$r%bf"
+    "jt*g0B#jx<^ZM4R0Cj&I-sq^pkXb9C$Q7Rs|je6@>V_J^3j?$-PPOM{(i2H_`CJ)rXfwyZcnqh-YzIXUtt;2E=>^RzA?^7U(j2#4CG^yxQIi"
+    "xg43sjhf&W&Ec*`(0XW2j(hJ;qJG?Ho#80e07}`_}=imZ!JV#`;bQ5}S9!AU~lsfWkB4)p@LHDscnjaCa4(hAtHD+^&<<2K6)6B=Ph5%q<tK"
+    "?8KL4u7oD7RmrXK!@6fX#HmKd8r<y2vE5DAL!c{u#+h-idI~p4f5@i<c6!P6DWjHH{^@4L<9w>7bYrCzKR<scb`emc&9Dtr4YURnG*09$1L!"
+    "pzUa~2~c?k+4^(wbsk6h7Xk`;Z^{GNo99{uW3J0Bf{=J(8klE|L0J5sEdb*UFud=vGschyu#6elIP)#i(qEGBo339*=PiqJ+6GQ2v?8R?=Tk"
+    "#P6sh)rK(5>Vu6Z86-%jUmT`15MXgprhJ@sxps*?{nz|H9a7kQgs_1CfS+ForzxuDR_TMw8{svkyeP2YIbfx7Rew^1+hoE6qkX8<Rft3Hx0F"
+    "uBXr<k=#8+>3>0WMAlr#ATTguI->&Lkv-%2(AJ$LptEuDjk%<yDCi}CmXQ1^s`DrH7Wy^@A?6{Os}|nPgXhNCD{2}#S7CN=G~ZDdy|49EgHv"
+    "Z2F*Rsxl&=v?P%_}06SQQ01v>2smV0Fv(3gqLYiULQ|kwhfW7QLj;uy&AQQv{io4dPEqJsW&PUy6Unm?Wm3w%A7Lup(Dz-kMa7lnq-;luUtQ"
+    "*f67!dlkIu_9h&k(aPoB};3Slq%A17qusplzv6fUPE&Dm1E{R`u|L+M0`Aw_4fi+*f*?dd;jopho3qW$k*^8;&<{CB5jODns>^^Er+{WU-S0"
+    "fiUSIW{bbp+|#-lG9X7aRI%Axq-PP&0E-6IpsTI^&PE)B-I)b$oy>LzCs7PCN&6Z+`vkIyCkL%6vhxC^pQbU^e!jHb87=UBvV&Y?;byRduLq"
+    "W?*{h~SRfyRMvgPw=M{@ECr@}5ojx1=y+Ut&q3TQ$QlIr&22(BvHj|~4R#8UKYY7-y(17Co0npHfKEF-hm;Jv`Cv^b8F`dh++?j5jGHL*vu>"
+    "BDSYKV7#POfRequu+Hu+=hC$R}YI35qhoze!f`N%_s!IP)jl3*@Nj)<=IcudUG)L`D`}3j_O3wL~*2&2c3eywRPmA1qJBg03)g{zv%B!YgP!"
+    "E=#G&(OaEAoDO<N!x3dHWeeBc~a;@14DK06v3~d;)%EMgW-ZTcsG~U>DENKAA>K+Zu=oNsL!Izt!*_3cSTBWyax+<_&)5kf=oiRcvu6YBiT3"
+    "X%ri%R=)s1fMz>vcZHONGj2L^nu5T4m$0d7aj^Nj(b))p(eUo|x(}y+n8t**-7r96=r#G4I3+yR*2=w~42vFc{=E*2*er5sL)n!DfyQV67Hx"
+    "b|KYRvL3gW$)06|XIPoJF(1Up+K~>_nnOTGSo79w&@c{8PCJ}Y%mFEhm>=oKmc}{-i^QL|nZz5k{7xhXn~q=z!jwpLj+?YvO;GBFsA~}`MFT"
+    "4M$X*2}O~zk&BGMKB1#~(X)HD$Tq6U7tNxai`Mnne)O;!3F>jAC=w35y?^VZhFX9Q=5g7UzO_=s}VVZv3S20WLMGsn<f?`{roVH9oBnZiwPa"
+    "Q>$`f2`Y!4!}uY@_oZqw?f^4MZ{ExdEGrDb)@=+F%cR-Vbh@?T{n+tY&7qcMrU;AV6pZvk_|S1gM>s3BXhGzXBFQ11o)M8wpXp2E2jIwTini"
+    "jBiNiMh{8tGceKTQzhkSLtgl=_w`<D<ZM7Ix3*XnOzk%3X)cKoA+UJeJ%l!PX>!;th>nSjr$1E(n=qsPXE%1W~6dN30T|cp5)8}0)TIT74*%"
+    "mlhy7`RQvzsww@{lFyM>M^m@S;fq^`dKS29eh6qcB0Kt({k=F`}pnlMmygGTVwPRvmm`1yX(K_($HqEn;hEG})=MiJ8~%1yPo9J<sW`f27rE"
+    "1CGxQhTsAdZj$I60p#cJp-66k{Ib5nc$VcHC{b%LaO(6MQ(N`)7DHlFIq&DZRGYnx2W*9zJ+)!<r@)4!G#IJwm4H_kn}cF1xzl=@nH->+qwh"
+    "9(Y=*{B!kK5Xb)y$Bz*!iIq6LKTjNUg`KxKhb!Nh{OLU)>%(K}*?hI>Ke*LRy0DpSwwR+RyDkG;ePj5@G+ObEmyrr3J)Lc#dVD@pK`2P_L?!"
+    "q*Lo7SIJk##Ho446)3{j{QTa-(L1;b!5!3lw&)P<%B`T1N3J64cjdv=7?E{DmM05YDiQJRS0lR(5Y&++ksSB5=o%DQ9jml`PkwYV{_xP{$HT"
+    "s`i-$FJUsA0=+UqiZ)&TeCs-au4RoxaGP2N_x6n9VUXh_9jG~;R!<3jkj~F}@Ti(`RbN*fuh8|cNsG{f}@4rqVodfX8`jkf)SFQUE$P^&Qn)"
+    "-9Dzo_KcZmf~qzs~3&0Gk08j;I|I#z+uF_}o2AZY{nG>`b3R>Gx@cTR>AbIagq?Q%2hovtc5Fej!ZkMS#&$sb%iy*VXsO?|n*@N~|CIeU^9n"
+    "X2_wcBZceO0F#9_%uZCdNPVWl6y*oVA(&9=K)yeH+ur{B<K2h5-TLd_R(Fr<-=1%GcFp=Q|Lf}h;c30v?Y>>zUH$z1>Hqw9I&KBls{4PyS^n"
+    "?;_+R>{m$v_({~P;Rw<Jv!0U>583wwH@rQEvav+))CNoKZ7Xs55ku@8^~Gea<_l%o1<X%XEhC`GhYZ3rxHnDI(Vp)k6EQGIwax(mejIRXvvM"
+    "l{w{P}Ig58a`rDeCn!ZowqL$p=C}@daE*)3Xg4r_FQ%rEH!@z>_H{NOW=3bo&Mv*FY7O^l1&MW*Exh!tefh!Zm)g~4EJ9tQ!h3VEvzL%*rGS"
+    ";WmQ-13`|8bO{GMD0#NgXaL}+qBamn)05OEeCp0HcZ%AVT5MmTV|64I6tMwZqG^(sjr)<gt0#$<D9W2ROmx%?Pjdd&)qqm>XqDAf`yh}QdSR"
+    "UwaR@!D*)uPf5L7kIg?O+=_*XXADeS?r}7DC?5mttkhBVun2r<*Su^5H<Abga)6ZyUm7F{Z)7i0q>I86m!04xoy-urVD@(Ga#$JfGE<Qq7al"
+    "%;kpxD5*g3E`CxBC>3;(c`)6Ku`&uSE$BahfCzl@K=g{RBj^$Nq)>FHq1eIKfv3u9o0p61jlv}}rWS%;o5Qh!>4<rt`m8-lBYanf7adrO&*q"
+    "zZ#jAin`dwaK=G{FPFR=p+TNS=1Y9{tP5q+(20(=qj8<wx0aiQZ4s9WFZ5N(q5+8jf5$yAPr87-|R4aMdS=z3sJX3-QP3w+tG4F~E4vT5<0r"
+    "#>7H24!}|6%|W(Mv<9Xrnf#&pFvOtCa|dYfSsY~<;z*jt@!flk8j>`g!8B`$Q7klyDRzjI*%MW9lgB2)Nd>m;Wy;K`b9q>beB_EG)tr35y(W"
+    "p`J$pY)^p6SE5!U<`Uc)GC|97LAwGc|4#f9lDNKAMT8KD$<@@L38lGX3>Z<$l37TA1Tr>^69KHe!O#y#xGkTg+fGwsZ_WjrSSKWqy+0NnqhD"
+    "mH^(|D%;dU~4!JS=zkA#6ThznrFmI#X^EqBe1_Z(7e4s0Kh|C;y-e#OghsxBN*<UDjCS0G+f3iAll%R$_sF0e#T73iBeJ?AG2i{o;gCn|z<n"
+    "yFKves(w9m4l*#E^#@?h`b9NPZ5Enlz?}IcHDhNyd1uEk#8-TnxS~{us-XML10|#)6eD0&0tNzQ`%D1*<KE%&)tBlO;bS~p3KFALg?I%(KVv"
+    "^Sr2H5>6)#+v;2?U|5hOx(J6~6QfAi&cznjjTaipG=r-SlOx0sREa4(4c?S9i$a3gYk`QbhuSrT!OX>_cWX_GMB(durcpRz{{sjgol<_KudK"
+    ">ye8szUSV_C&{K_ma8V<=nJ4=dgOJlpLnZx}p7#uXuseR=%yD=K7+q^hWBd7qnZGlN%M-xmo=~ziVEbPyKJ+MZ2&t(3XX1$(s`D@wEyGi~00"
+    "6$G1VhLI0gzhCqY0OLKR<*l?<HzP<qaQVpU{R4otLP$$5`{l&Ug#Sck+Ar)=;oXMJ23ZY3)2r1Ld&|2Z%9_iewzyzex`2sy%o-4?Cgg{;)^S"
+    "#!~l?az3>{4D%MG6p4PBp(N^7UAAvAZHJAP7xvrH;}cS{U~F^*wGiCfS<)eIg<_fVHde_BzMwUyFC>@JP$z2Y5U#7JT{}HXGnggpqPFB=!uv"
+    "O_8{&IA9!ObF?W9+rU*}eGQ#8AJdtdlb6E!k1J<6^{T87l~U{O?Ns3d6cRxjGL8O!b*WnZW=BgNmbW<fZ-?m2t}c(=JiV6Dcn}r!8O}|q6r!"
+    "yeuOMSa0NJN_(L+VS>xi_&IlsNxYp7<P=Fi^PfZO3+(Sb9L_P))U$y-j%#8;CLa(~o0o~Y6;s$du;^0rwC5%T>H^&)vumU6cBIt>V%QhC)nh"
+    "!LHcGxUTV8@YOyG<!dx3%CDHHhgpSj|#OnAPWJ)%pz6ao6UUp>GSkW*Kc+;2)y3NUmkLQWP_2|uzN0p3^Bo|9K&v1t)H@@qmIepPKm2NhOj>"
+    ">YA}Zd-*^3TIo<#L=h!S!i}2J|`qr^fxxFn}sYaVd2QAgN*USv|?VfxLiX-Vahx!7eO~-^Ac;;xL@um-dhPYHX3e-!?;aapM-hZWRvk$fYC;"
+    "MqDnd#EGohmIMfpInmN})N=OQ6asxl!3nih4XDT(EANMZFUV3H&Z<u4u7|gpCyd8~7U30OSKOYH})yq7d5{Z0JB$eMQDp(0UEUN>vntxihhl"
+    "YvwZCS`X&+_UH~h%)9Qk&tb2MrL0$*``_;FZnoP$ecJxp^G{Ekr>i!Ft{-+>@%m^Y%h76}2Cosa^)AEX7v#Nd2dwCEsaVo0U3_^CphhyRVm+"
+    "%HNI|+vAKNRQLtEe0e}E|1`=T+RFUf*wu28AuQtF=%<lIAFc1?TN?#r$($Ntj4_RVec*1xbs&Oh}y`N4QypYGRX(T;TW{-=-kmK)JyRHjAM3"
+    "Zh0ioOgA!ebjF{cfS$Mu<*^_dc=tP$eo0eiDkU{>SnLAcZ)?0wg(6(=5!>7kjpzGAFoRcUe-4F`Q|$|FnT|CRr9JplFW6$5(UZlc0oCsZgk>"
+    "mBdJJSjoS+&25%OR?Y8$5U|PmAWcklJzvDb3XWRODqhOg0uH+D&7m3-X{xe~l`?`o_^znt*TmPntgTYFhFK?CI?6~C(g?_2*<qa3JEDleslb"
+    "%&?=mRP5Ds_i@gj4JO4dRClOal9u0}5Iw9`K`@@?{A=nFbs+)_(P>beNVh2qzq_SpI0qt5+mAxJEI;<0W<>+LgP5H$l1mYi_?*2%h(DYyj7&"
+    "D!%N~71W;c9$2;>VgLA`BlYQ9%m*aD7=m|c(fg(MYfVl|^#uT9ig0R~v#Wqa5J9OZ`Sj)PM|b3jDzy)aFuFy5H37hNiA#&%hLJ4M6PzLXp&8"
+    "v1z8g*+SD2|y;5hTr;mpvJG#HoR+G>*ldi8Qsy;cZHQoF)zY)<-5q6^okeM316a&SSx48>9>XTkz6DFMh?j1V$YB~FscC@;3l0W>fTM%(<xB"
+    "hZfnQDp_oZ=jaQ-um00>+%;MyOBmrH<V&UA^)YU>DD^irdw|#d-xsl4)spnV%u#uXPO|@D)~#ejS40V8FqSLuO7hZ8!MGoH%2d*m4ZJ&`$(-"
+    ";s=s@ifuyRA2)kq+1RaIbJG2MYXq2=$$HsVe6>WKMaJz~KrJ5VnXs6G66kAgFF}qYlC6L4PM}>9%#&n^^)(t&Yj)8@nS1^kxxZ&VWMuz@z2?"
+    "KBs3NiY9qR_AVd+RhO;2Bha=R5M^AMQ$7>vdnnWR4VImiP(vo~u<~zx`6$&7Wv$8|9hXZ=b$^In-N6?S)lNq!Q4T(W}B#g=!B!9b$-{S^gDe"
+    "5S_w@)jBs{`?v~vZIL`ve!bE&dD69C?N0hQH*_{AO{9E9ukvTzlz)2WaM6pZHQaA^07j5)MCfgkp=CoLKmcK@FMg}Y^7)?T#C3{(?HqIvFQC"
+    "_mSHMK|QePM}D3~u#e}62Nu!}0Qdn+$B@!Q#ilYOOs$m^;P>6@O%=|(|SWqwGHf4jfcmkpQ)GM`esr;n*GuHMj!ailaDpwOsg1nICOh;MKl6"
+    "XKJnGnYA1xT&I3<r(rToWZsUuN6ZeCYpi%)7u2Sk63MyRcf}kCysF!zpMItJf<BYg%GBEZ(+~o4{lRc(Xb>>mfno*#W?eC@SvEu=!2B@r(dr"
+    "-_x3ScUZ$iQD~!kda(GjSQGwH(O1}IFW{;<n{Kes{Kd+8Z<(HcrLjw^n)<gdpOtfz9fwPyLO(_S|Y;5!zuK&<JZQ8VMu_2<R@31mdX<mKQ#s"
+    "2~;3EoH-C}V0C&;^)ov7LNpU`pzCYjzsx@V0i6!B>yJiYH&^>O+Ed`F7g!ys=4(wi#w%`BwS>s+*}#BDez+w<eZNa&cph;Wa7eAM{4iK&;gX"
+    "uM#91osdoSvWriUdl_(?bZYwuNux>z&LvyAV13w>ms2t-+U-I4F)wPl49iF;VRsa&C*m?*6CBWjBsZWD4lv_}l#S0Ml4n4$N757ZE2jZA<A$"
+    "tBk45>BUl7jfnhL72i*Y2)$wju!M$)OhqMz>8YO0RsLj{gjv6f7NaBKZc5gwg4h*G)d#=P9OKYf1u?NqAmO--8J;_gadyJ8Hf<WyO>!)iMEQ"
+    "5Vb%^c6lKTU+iMklZd0u|?P@31+(=C|*>-9T6Exhgl5?4RE_iVZ5$h7J)UL!`IWP0R<S8_U^0KGm~L7q4dl)Tn~Lnlrclsy)ooe`4~HdU1(i"
+    ";!+rgY((~^0E=DtC^oh3j$vyzOiKO*KIm-l&bEJ`|5Y1yioFCQbbB^&7EY`6_+u}_p)#6Lsh~!=en5|y8zS{oSULoG^VG$QI?|#HR8xMA-a;"
+    "#fkt0#@+Z@pWFnzN*GMAg@KV9W|kj70+KB#Jn3r=S?>&)<qd3>^0An^h0M>bi2G^=g|J{nodo7N@9(eat0Ei%qCbl+(205(mS<nzY1tL><l<"
+    "a4g>~=7;BluF~Q7J3j8KPG$9a`GWlze`T>|uAVivn0!P1D7856Y1uDn9rZ6xUiCBQ;WfV;_0N7Gh)K9%CgI>NYjSK!>*wwB$KCU<o8NA~KRt"
+    "hazurDQul}(4w7J`U__Dgc`+C3n^zC2&`t{$QR;$&=ht=x0U;c7?bNlljSF1n#<(Jj!=IQ;zr@PhNyWhXxY;M<^Uw*y5{>$~%r^jC&KK}0O?"
+    "t1<6r>Eatf82e%{?pU;=9jDW>i3_opMJOg<@4wD=l7p}xxQNe^zM4|=bO*#>&MR@pB~q%PwFAwuXgLd{`vhc>$~;tr~kUXTK)0n;lujxcYoM"
+    "@dj9hC{^s+|`tjlR@$TvK)%MH#oAu`F`qSUPZ?;djo9~<5x6QZpdUyNF<ITJ8+w0A**Uz6f@BU-AzTU3yAMaLQ9)G%jeEj2=yWP#Z=ZEkAwt"
+    "C$D{&Dm1+vDb8b91|We)n{}y}7%3|MSiE-RjHsZnt@Nwf*z<%U@PoeZI%%&wu%}-roKG{rw-`ZU4M^`rCTDd%XHI{I}n&{&Tnb>B~QV`(^!Y"
+    "`sauL1lw+$AHH5Lm-EwKSASXUzJ9y<c>nZxDyQS|)2H`O&(Gg)f4h1A{(SlH;nVs2@zd&Iv$?ze^8W!8n8&0"
+)
+
+
+# =============================================================================
 # Mock model server
 # =============================================================================
 # An OpenAI-compatible server with a capacity model, injected faults and an oracle policy. It runs as
@@ -18138,6 +25585,7 @@ class _MockState:
         self.oracle = oracle
         self.swe = list(swe)  # SWE instances the mock plays an agent for
         self.tool_rows: Dict[str, Any] = {}  # BFCL questions it answers with calls, by their last user message
+        self.if_rows: Dict[str, Any] = {}  # instruction-following prompts it answers, by their last user message
         self.lock = threading.Lock()  # guards active, waiting, counters, seen
         self.active = 0
         self.max_active = 0
@@ -18430,6 +25878,12 @@ class _MockHandler:
                 tool_calls.append({"id": "call_%d" % random.getrandbits(32), "type": "function",
                                    "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}})
                 text = text[:found.start()].strip()
+        if st.if_rows:  # an instruction-following prompt: a reply that follows its instructions at the skill
+            row = st.if_rows.get(next((str(m.get("content")) for m in reversed(messages)
+                                       if isinstance(m, dict) and m.get("role") == "user"), ""))
+            if row is not None:
+                seed = req.get("seed")
+                text = _ifeval_mock_reply(row, cfg.skill, cfg.seed if seed is None else (cfg.seed, seed))
         if st.tool_rows:  # a BFCL question: calls drawn from its possible answers at the mock's skill
             row = st.tool_rows.get(next((str(m.get("content")) for m in reversed(messages)
                                          if isinstance(m, dict) and m.get("role") == "user"), ""))
@@ -18593,7 +26047,7 @@ class MockServer:
 
     def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
                  oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None,
-                 tools: Optional["ToolDataset"] = None):
+                 tools: Optional["ToolDataset"] = None, ifeval: Optional["IFEvalDataset"] = None):
         if config.server_kind not in MOCK_SERVER_KINDS:
             raise ConfigError("--server-kind must be one of %s, got %r" % (", ".join(MOCK_SERVER_KINDS),
                                                                             config.server_kind))
@@ -18609,6 +26063,8 @@ class MockServer:
         self.state = _MockState(config, table, swe.items if swe is not None else ())
         for row in (tools.iter_items() if tools is not None else ()):
             self.state.tool_rows[next((m["content"] for m in reversed(row.messages) if m["role"] == "user"), "")] = row
+        for row in (ifeval.iter_items() if ifeval is not None else ()):
+            self.state.if_rows[row.prompt] = row
         handler = type("_BoundMockHandler", (_MockHandler, http.server.BaseHTTPRequestHandler), {"state": self.state})
         server = type("_BoundMockHTTPServer", (_MockHTTPServer, http.server.ThreadingHTTPServer), {})
         try:
@@ -20228,6 +27684,9 @@ def _parser_mock(sub: Any, text: str) -> Any:
                            "(default: none)")
     mock.add_argument("--answers", default=None, metavar="FILE", help="the possible answers of --tools (default: "
                                                                       "possible_answer/<name> beside the questions)")
+    mock.add_argument("--ifeval", default=None, metavar="ROWS",
+                      help="answer these IFEval/IFBench prompts with replies that follow their instructions at --skill "
+                           "(the rest break the first; default: none)")
     mock.add_argument("--rate-limit", default=None, metavar="RPM,TPM",
                       help="requests and tokens a minute, as a hosted API: token buckets, x-ratelimit-* headers on "
                            "every reply, 429 with Retry-After and retry-after-ms past them (default: none)")
@@ -21292,7 +28751,9 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
         raise ConfigError("--swe and --tasks: the mock plays an agent for one kind at a time")
     swe = SWEDataset(args.swe).validate() if args.swe else TaskSet(args.tasks) if args.tasks else None
     tools = ToolDataset(args.tools, answers=args.answers) if args.tools else None
-    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe, tools=tools).start()
+    ifeval = IFEvalDataset(_folder_choice(args.ifeval, None, None)) if args.ifeval else None
+    server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe, tools=tools,
+                        ifeval=ifeval).start()
     sys.stdout.write("evalharness mock model listening on %s\n" % server.url)
     sys.stdout.flush()
     stop = threading.Event()

@@ -56,13 +56,14 @@ def qa_rows(n: int, prefix: str = "q"):
              "scorer": "numeric", "category": cats[i % 3]} for i in range(n)]
 
 
-def start_mock(test: unittest.TestCase, oracle_rows=None, swe=None, tools=None, **config) -> "eh.MockServer":
+def start_mock(test: unittest.TestCase, oracle_rows=None, swe=None, tools=None, ifeval=None,
+               **config) -> "eh.MockServer":
     """Start a MockServer on 127.0.0.1:0 (stopped in cleanup); oracle_rows answer from those rows; ``swe`` (a
     SWEDataset) makes it an agent on those instances (policy: config swe_policy). It serves the model "m" (the
     name the tests run with) unless ``model`` says otherwise: the run's pre-flight checks that name."""
     config.setdefault("model", "m")
     oracle = eh.Dataset(None, rows=oracle_rows, name="oracle").validate() if oracle_rows else None
-    server = eh.MockServer(eh.MockConfig(**config), oracle=oracle, swe=swe, tools=tools).start()
+    server = eh.MockServer(eh.MockConfig(**config), oracle=oracle, swe=swe, tools=tools, ifeval=ifeval).start()
     test.addCleanup(server.close)
     return server
 
