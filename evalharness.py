@@ -19443,6 +19443,14 @@ class _IFEvalKind(_Kind):
         f = data["summary"].get("ifeval") or {}
         return [(label, "%.4f" % f[key]) for key, label in IFEVAL_FIGURES if f.get(key) is not None]
 
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        rows = (data["summary"].get("ifeval") or {}).get("by_instruction") or {}
+        table = "".join(["<h2>Instructions</h2><table class=sortable id=instructions><thead><tr><th>instruction</th>"
+                         "<th>n</th><th>strict</th><th>loose</th></tr></thead><tbody>"] + [
+            "<tr><td>%s</td><td class=n>%d</td><td class=n>%.3f</td><td class=n>%.3f</td></tr>" % (
+                _esc(k), c["n"], c["strict"], c["loose"]) for k, c in rows.items()] + ["</tbody></table>"])
+        return (table if rows else "") + super().html_details(data, run)
+
 
 
 

@@ -194,6 +194,52 @@ class TestInstructions(unittest.TestCase):
                          ([True], [True]))
 
 
+class TestTextAnalysis(unittest.TestCase):
+    """Sentences, words and languages as the official code's packages give them: the expected values are what nltk
+    3.8.1 (sent_tokenize, word_tokenize, with its English Punkt model) and langdetect 1.0.9 (seed 0) answered on
+    these texts (bench/ifeval_parity.py compares them on thousands)."""
+
+    def test_sentences_and_words_as_nltk_splits_them(self):
+        self.assertEqual(eh._punkt_sentences("Mr. Smith met Dr. Jones at 5 p.m. on Jan. 3. They talked."),
+                         ["Mr. Smith met Dr. Jones at 5 p.m. on Jan. 3.", "They talked."])
+        self.assertEqual(eh._punkt_sentences('He said "Hi." Then he left... Did he? Yes!'),
+                         ['He said "Hi."', "Then he left... Did he?", "Yes!"])
+        self.assertEqual(eh._punkt_sentences("J. R. R. Tolkien wrote it in 1937. It sold well."),
+                         ["J. R. R. Tolkien wrote it in 1937.", "It sold well."])
+        self.assertEqual(eh._punkt_sentences("Line one\nLine two. Still two."), ["Line one\nLine two.", "Still two."])
+        self.assertEqual(eh._punkt_sentences("  \n "), [])
+        self.assertEqual(eh._word_tokenize("They'll say can't and gonna, e.g. 'tis fine."),
+                         ["They", "'ll", "say", "ca", "n't", "and", "gon", "na", ",", "e.g", ".", "'t", "is", "fine",
+                          "."])
+        self.assertEqual(eh._word_tokenize("DON'T STOP. I'M HERE!"), ["DO", "N'T", "STOP", ".", "I", "'M", "HERE", "!"])
+        # nltk 3.9 (IFBench's pin) makes whitespace runs one space before it splits contractions; 3.8.1 does not
+        self.assertEqual(eh._word_tokenize("I can't\tgo", nltk39=True), ["I", "ca", "n't", "go"])
+        self.assertEqual(eh._word_tokenize("I can't\tgo"), ["I", "can't", "go"])
+
+    def test_the_language_rule_on_short_mixed_and_capital_texts(self):
+        expected = {"Bonjour tout le monde": "fr", "YES": "cy", "etchings": "de",
+                    "I love watching \u092c\u0949\u0932\u0940\u0935\u0941\u0921 movies on weekends.": "af",
+                    "\u092e\u0941\u091d\u0947 iPhone \u0914\u0930 Samsung \u0926\u094b\u0928\u094b\u0902 "
+                    "\u092a\u0938\u0902\u0926 \u0939\u0948\u0902, \u0932\u0947\u0915\u093f\u0928 Google Pixel "
+                    "\u0938\u092c\u0938\u0947 \u0905\u091a\u094d\u091b\u093e \u0939\u0948\u0964": "hi",
+                    "THE WEATHER IS VERY NICE TODAY AND WE WILL GO OUT.": "en", "1234 5678": None, "": None,
+                    "Das ist ein kurzer deutscher Satz \u00fcber das Wetter.": "de",
+                    "\u3053\u308c\u306f\u65e5\u672c\u8a9e\u306e\u6587\u3067\u3059\u3002": "ja",
+                    "\uc548\ub155\ud558\uc138\uc694 \uc5ec\ub7ec\ubd84": "ko"}
+        self.assertEqual({t: eh._detect_language(t) for t in expected}, expected)
+        lang = {"language:response_language": {"language": "hi"}}
+        for text, follows in (("\u092e\u0941\u091d\u0947 iPhone \u0914\u0930 Samsung \u0926\u094b\u0928\u094b\u0902 "
+                               "\u092a\u0938\u0902\u0926 \u0939\u0948\u0902\u0964", True),  # brand names inside
+                              ("I love watching \u092c\u0949\u0932\u0940\u0935\u0941\u0921 movies.", False),
+                              ("12345", True)):  # no letters: langdetect raises, and the official check passes it
+            with self.subTest(text=text):
+                self.assertEqual(eh.ifeval_verdicts(row(list(lang), list(lang.values())), text)[0], [follows])
+        capital = row(["change_case:english_capital"], [{}])
+        self.assertEqual(eh.ifeval_verdicts(capital, "YES")[0], [False])  # Welsh to langdetect: not English
+        self.assertEqual(eh.ifeval_verdicts(capital, "THE WEATHER IS VERY NICE TODAY AND WE WILL GO OUT.")[0], [True])
+        self.assertEqual(eh.ifeval_verdicts(capital, "2024 \u2014 100%")[0], [False])  # not upper: no cased letter
+
+
 def e2e_rows():
     """Rows of our own over most of IFEval's kinds the mock can follow (one to three instructions each)."""
     return [
@@ -261,6 +307,10 @@ class TestEndToEnd(unittest.TestCase):
                       "instruction-level loose 1.0000 (13 prompts, 25 instructions)", text)
         self.assertRegex(text, r"keywords:existence\s+1\s+1\.000\s+1\.000")
         self.assertEqual(run_cli(["report", os.path.join(d, "s0"), "--html"]).returncode, 0)
+        with open(os.path.join(d, "s0", "report.html"), encoding="utf-8") as fh:
+            page = fh.read()
+        self.assertIn("<td>detectable_format:number_bullet_lists</td><td class=n>1</td><td class=n>0.000</td>", page)
+        self.assertIn("missed: detectable_format:title", page)  # a wrong reply, with what it missed
 
     def test_kill_9_then_resume_each_prompt_once_and_two_shards_merge_to_the_same_verdicts(self):
         d = tempdir(self)
