@@ -11639,6 +11639,16 @@ class _Kind:
         return cls.sniff(row)
 
 
+def _chat_settings(cfg: "RunConfig", task: str) -> Dict[str, Any]:
+    """The identity of a run that asks one chat request a row (its kind's settings start here): the model, the
+    system prompt, the sampling settings, the seed and, past 1, the epochs."""
+    settings = {"task": task, "model": cfg.model, "system_prompt": cfg.system_prompt, "temperature": cfg.temperature,
+                "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body, "stream": cfg.stream, "seed": cfg.seed}
+    if cfg.epochs > 1:
+        settings["epochs"] = cfg.epochs
+    return settings
+
+
 def _with_system(messages: Sequence[Dict[str, Any]], system_prompt: Optional[str]) -> List[Dict[str, Any]]:
     """A row's messages, with --system-prompt first when the row has no system message of its own."""
     messages = list(messages)
@@ -12255,11 +12265,7 @@ class _QAKind(_Kind):
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
         o = cfg.options
-        settings = {"task": "qa", "model": cfg.model, "system_prompt": cfg.system_prompt,
-                    "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
-                    "stream": cfg.stream, "seed": cfg.seed}
-        if cfg.epochs > 1:
-            settings["epochs"] = cfg.epochs
+        settings = _chat_settings(cfg, "qa")
         if o.scorer == "judge" or o.judge_model or o.judge_base_url:
             settings["judge"] = {"model": o.judge(cfg)[0], "base_url": o.judge_base_url,
                                  "template": _fingerprint(JUDGE_TEMPLATE)}
@@ -13276,12 +13282,7 @@ class _CodeKind(_Kind):
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
         if cfg.options.check_reference:
             return {"task": "code", "mode": "check-reference"}
-        settings = {"task": "code", "model": cfg.model, "system_prompt": cfg.system_prompt,
-                    "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
-                    "stream": cfg.stream, "seed": cfg.seed}
-        if cfg.epochs > 1:
-            settings["epochs"] = cfg.epochs
-        return settings
+        return _chat_settings(cfg, "code")
 
     def start(self, run: _Run) -> None:
         cfg, store, o = run.cfg, run.store, run.cfg.options
@@ -19383,12 +19384,7 @@ class _IFEvalKind(_Kind):
         return (_prompt_of(r, run.cfg.system_prompt) for r in run.dataset.iter_items())
 
     def settings(self, cfg: RunConfig) -> Dict[str, Any]:
-        settings = {"task": "ifeval", "model": cfg.model, "system_prompt": cfg.system_prompt,
-                    "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "extra_body": cfg.extra_body,
-                    "stream": cfg.stream, "seed": cfg.seed}
-        if cfg.epochs > 1:
-            settings["epochs"] = cfg.epochs
-        return settings
+        return _chat_settings(cfg, "ifeval")
 
     def rescored(self, run: _Run, rec: Dict[str, Any], row: IFEvalRow, score_fp: str) -> Optional[Dict[str, Any]]:
         if not isinstance(rec.get("response"), str):
