@@ -48,7 +48,8 @@ IFEVAL_CASES = {
         {}, ["First answer.\n******\nSecond answer.", "******\nA\n******\nB\n******"],
         ["Same.\n******\nSame.", "A\n******\n\n******\nB", "A\n***\nB"]),
     "combination:repeat_prompt": (
-        {"prompt_to_repeat": "Write about cats."}, ["  write about CATS. Cats purr."], ["Cats purr. Write about cats."]),
+        {"prompt_to_repeat": "Write about cats."}, ["  write about CATS. Cats purr."],
+        ["Cats purr. Write about cats."]),
     "startend:end_checker": (
         {"end_phrase": "Is there anything else?"}, ['Done. IS THERE ANYTHING ELSE?"  '],
         ["Is there anything else? Done."]),
@@ -57,7 +58,8 @@ IFEVAL_CASES = {
         {"capital_frequency": 3, "capital_relation": "at least"}, ["DON'T GO NOW"], ["Don't go now, OK?"]),
     "change_case:english_capital": (
         {}, ["THIS REPLY IS WRITTEN IN CAPITAL LETTERS ABOUT THE WEATHER TODAY."],
-        ["This reply is not all capitals.", "यह हिंदी में लिखा गया एक लंबा उत्तर है जो अंग्रेज़ी नहीं है और बड़े अक्षर नहीं हैं।"]),
+        ["This reply is not all capitals.",
+         "यह हिंदी में लिखा गया एक लंबा उत्तर है जो अंग्रेज़ी नहीं है और बड़े अक्षर नहीं हैं।"]),
     "change_case:english_lowercase": (
         {}, ["this reply is written in lower case letters about the weather today."],
         ["This reply starts with a capital letter."]),
@@ -75,7 +77,8 @@ IFEVAL_CASES = {
 }
 
 IFBENCH_CASES = {  # IFBench's own, at its HEAD (db69a6f)
-    "count:word_count_range": ({"min_words": 3, "max_words": 5}, ["one two three", "a b c d e"], ["a b", "a b c d e f"]),
+    "count:word_count_range": ({"min_words": 3, "max_words": 5}, ["one two three", "a b c d e"],
+                               ["a b", "a b c d e f"]),
     "count:unique_word_count": ({"N": 3}, ["Red, red! blue; green"], ["Red red RED. blue"]),
     "ratio:stop_words": ({"percentage": 50}, ["Rivers carry cold water to the sea"], ["It is in the bag"]),
     "ratio:sentence_type": ({}, ["It rains. It pours. Why?", "No marks"], ["It rains. Why? How?"]),
@@ -90,13 +93,15 @@ IFBENCH_CASES = {  # IFBench's own, at its HEAD (db69a6f)
     "sentence:alliteration_increment": ({}, ["No match here. Big bold bear. Silly sam sings songs."],
                                         ["Big bold bear. Silly sam sings songs. Nothing at all."]),
     "words:palindrome": ({}, [" ".join(["level"] * 10)], [" ".join(["level"] * 9), " ".join(["noon"] * 12)]),
-    "count:punctuation": ({}, ["Wait?! Yes. No, maybe; ok: fine!?"], ["Wait?! Yes. No, maybe; ok fine", "Yes. No, a; b: c!"]),
+    "count:punctuation": ({}, ["Wait?! Yes. No, maybe; ok: fine!?"],
+                          ["Wait?! Yes. No, maybe; ok fine", "Yes. No, a; b: c!"]),
     "format:parentheses": ({}, ["((((( deep )"], ["(((( four ))))", "((((( mismatched ]"]),
     "format:quotes": ({}, ["He said \"she said 'they said \"x\" ok' ok\" end"], ["\"one 'two' one\""]),
     "words:prime_lengths": ({}, ["at the house", "no."], ["a cat", "four"]),
     "format:options": ({"options": "yes/no/maybe"}, ["Maybe!", "  NO "], ["yes and no"]),
     "format:newline": ({}, ["One\nword\nper\nline"], ["Two words\nhere", "one\nline two"]),
-    "format:emoji": ({}, ["I like tea \U0001F375. You like cake \U0001F370."], ["I like tea. You like cake \U0001F370."]),
+    "format:emoji": ({}, ["I like tea \U0001F375. You like cake \U0001F370."],
+                     ["I like tea. You like cake \U0001F370."]),
     "ratio:sentence_words": ({}, ["Cat sat. Dog ran. Cow ate."], ["Cat sat. Dog ran.", "Cat sat. Dog ran away. Cow."]),
     "count:words_japanese": ({"N": 2}, ["This 日本 is 東京"], ["This word is plain"]),
     "words:start_verb": ({}, ["Write the letter now."], ["The letter is here."]),
@@ -119,7 +124,8 @@ IFBENCH_CASES = {  # IFBench's own, at its HEAD (db69a6f)
     "custom:multiples": ({}, ["14, 21, 28, 35, 42, 49"], ["14, 21, 28, 35, 42", "7, 14, 21, 28, 35, 42, 49"]),
     "custom:mcq_count_length": ({}, ["".join("Question %d: %s?\nA. a\nB. b\nC. c\nD. d\nE. e\n" % (i, "w" * (i * 3))
                                              for i in range(1, 5))],
-                                ["".join("Question %d: same?\nA. a\nB. b\nC. c\nD. d\nE. e\n" % i for i in range(1, 5))]),
+                                ["".join("Question %d: same?\nA. a\nB. b\nC. c\nD. d\nE. e\n" % i
+                                         for i in range(1, 5))]),
     "custom:reverse_newline": ({}, ["\n".join(["Zimbabwe"] + ["Z%02d" % (60 - i) for i in range(52)])],
                                ["\n".join(["Zimbabwe"] + ["A%02d" % i for i in range(52)])]),
     "custom:word_reverse": ({}, ["The eagle bald, a sight."], ["The bald eagle."]),
@@ -360,8 +366,9 @@ class TestRows(unittest.TestCase):
         d = tempdir(self)
         mock = start_mock(self)
         for bad, expected in (
-                (row(["punctuation:no_semicolon"], [{}]), "rows.jsonl:2: field 'instruction_id_list' names "
-                                                         "'punctuation:no_semicolon', which is not an IFEval or IFBench"),
+                (row(["punctuation:no_semicolon"], [{}]),
+                 "rows.jsonl:2: field 'instruction_id_list' names 'punctuation:no_semicolon', which is not an IFEval "
+                 "or IFBench"),
                 (row(["length_constraints:number_words"], [{"num_words": 5, "relation": "at most"}]),
                  "rows.jsonl:2: field 'kwargs' of length_constraints:number_words: 'relation' must be 'less than' or "
                  "'at least', got 'at most'"),
