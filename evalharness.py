@@ -28391,12 +28391,18 @@ def _images_release(args: argparse.Namespace) -> int:
 
 
 def _running_image_ids(docker: DockerCLI) -> set:
-    """The image IDs of the engine's running containers."""
+    """The image IDs of the engine's running containers (one that exits and goes between the listing and the
+    inspection, as another process's container may, uses nothing any more)."""
     ids = docker.text(["ps", "-q"], timeout_s=60).split()
     if not ids:
         return set()
-    return {_full_id(x.strip()) for x in docker.text(["inspect", "--format", "{{.Image}}"] + ids,
-                                                     timeout_s=60).split() if x.strip()}
+    proc = docker.call(["inspect", "--format", "{{.Image}}"] + ids, timeout_s=60, check=False)
+    err = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode != 0 and not all(re.search(r"no such (object|container)", line, re.I)
+                                        for line in err.splitlines() if line.strip()):
+        raise DockerError("`docker inspect` of the running containers failed (exit %d): %s" % (
+            proc.returncode, _last_lines(err) or "no error output"), returncode=proc.returncode, stderr=err)
+    return {_full_id(x.strip()) for x in proc.stdout.decode("utf-8", "replace").split() if x.strip()}
 
 
 def _release_hold(docker: DockerCLI, ref: str, info: Dict[str, Any], running: set, *, every: bool) -> str:

@@ -403,6 +403,27 @@ class TestServiceOnTheMainDaemon(_Fixture):
                 self.assertFalse(bed.image_exists(loaded))
                 self.assertTrue(bed.image_exists(present))
 
+    def test_a_container_gone_between_the_listing_and_its_inspection_uses_nothing(self):
+        """The race a CI run met in `images release`: the running containers were listed, one of them (another
+        test's) was removed before `docker inspect` read it, and the inspection's "No such object" failed the
+        command. Made for real and made certain: a container is started and removed, and the listing replays its
+        id to the real daemon through a wrapper that answers `ps -q` alone (every other call is docker's own)."""
+        gone = bed.docker("run", "-d", "--network", "none", self.refs[1], "sleep", "300").stdout.strip()
+        live = bed.docker("run", "-d", "--network", "none", self.refs[2], "sleep", "300").stdout.strip()
+        self.addCleanup(bed.docker, "rm", "-f", live)
+        bed.docker("rm", "-f", gone)
+        wrapper = os.path.join(tempdir(self), "docker")
+        with open(wrapper, "w") as fh:
+            fh.write('#!/bin/sh\nif [ "$1" = ps ]; then printf "%s\\n%s\\n"; exit 0; fi\nexec docker "$@"\n'
+                     % (gone[:12], live[:12]))
+        os.chmod(wrapper, 0o755)
+        self.assertEqual(eh._running_image_ids(eh.DockerCLI(binary=wrapper)), {eh._full_id(self.ids[self.refs[2]])})
+        with open(wrapper, "w") as fh:  # any other failure of the inspection still stops it
+            fh.write('#!/bin/sh\nif [ "$1" = ps ]; then echo %s; exit 0; fi\necho "permission denied" >&2; exit 1\n'
+                     % live[:12])
+        with self.assertRaises(eh.DockerError):
+            eh._running_image_ids(eh.DockerCLI(binary=wrapper))
+
     def test_release_leaves_what_a_live_process_uses_or_a_running_container_runs(self):
         """Issue 49 (13): one process loads an image and exits (keeping it); a second, still running, found it
         present and uses it: `images release` keeps it, naming that process and its run; once the second has
