@@ -71,7 +71,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
+import ifeval_blobs as blobs  # noqa: E402  (the Punkt wheel and its extraction, shared with the blob generator)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -167,29 +170,11 @@ def make_venv(vdir):
 
 
 def get_punkt(vdir, wheel):
-    """nltk's English Punkt package from the llama-index-core wheel, into VDIR/nltk_data; returns NLTK_DATA."""
+    """nltk's English Punkt package from the llama-index-core wheel, into VDIR/nltk_data; returns NLTK_DATA (the
+    wheel found or pip-downloaded, and the package extracted, as bench/ifeval_blobs.py does for the embedded model)."""
     data = os.path.join(vdir, "nltk_data")
-    target = os.path.join(data, "tokenizers", "punkt")
-    if os.path.exists(os.path.join(target, "PY3", "english.pickle")):
-        return data
-    if wheel is None:
-        cache = os.path.join(vdir, "wheels")
-        os.makedirs(cache, exist_ok=True)
-        found = [n for n in os.listdir(cache) if n.startswith("llama_index_core-0.10.50")]
-        if not found:
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", cache, PUNKT_WHEEL],
-                           check=True)
-            found = [n for n in os.listdir(cache) if n.startswith("llama_index_core-0.10.50")]
-        wheel = os.path.join(cache, found[0])
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            name = info.filename
-            if not name.startswith(PUNKT_PREFIX) or name.endswith("/") or name.endswith(".DS_Store"):
-                continue
-            dest = os.path.join(target, name[len(PUNKT_PREFIX):])
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with open(dest, "wb") as out:
-                out.write(z.read(info))
+    if not os.path.exists(os.path.join(data, "tokenizers", "punkt", "PY3", "english.pickle")):
+        blobs.extract_punkt(blobs.get_punkt_wheel(vdir, wheel), data)
     return data
 
 
