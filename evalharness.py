@@ -12094,6 +12094,26 @@ def _judge(judge: ModelClient, item: QAItem, response: str) -> Dict[str, Any]:
             "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens}
 
 
+def _reply_fields(res: ChatResult) -> Dict[str, Any]:
+    """What a record keeps of a chat reply: the answer (``response``: after the last </think>, reasoning removed),
+    ``no_answer`` (why there is none: the reasoning used the budget or never ended; scored wrong, not retried), the
+    reasoning (its head) and the request's tokens, timing and attempts."""
+    answer, thought, closed = _split_reasoning(res.text)
+    reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
+    no_answer = None
+    if not answer.strip() and reasoning:
+        no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
+                     if res.finish_reason == "length" or closed else
+                     "no answer: the reasoning never ended (no </think>)")
+    return {"response": answer, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
+            "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
+            "finish_reason": res.finish_reason, "served_model": res.model,
+            "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+            **({"cached_tokens": res.cached_tokens} if res.cached_tokens is not None else {}),
+            "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
+            "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts}
+
+
 def _qa_work(client: ModelClient, system_prompt: Optional[str],
              judge: Optional[ModelClient] = None) -> Callable[[QAItem], Dict[str, Any]]:
     def work(item: QAItem) -> Dict[str, Any]:
@@ -12104,13 +12124,8 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
             rec = _failed_record(item, started, _redact(exc), exc.error_class)
             rec["attempts"] = exc.attempts
             return rec
-        answer, thought, closed = _split_reasoning(res.text)
-        reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
-        no_answer = None
-        if not answer.strip() and reasoning:  # the reasoning never reached an answer: wrong, not retried
-            no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
-                         if res.finish_reason == "length" or closed else
-                         "no answer: the reasoning never ended (no </think>)")
+        reply = _reply_fields(res)
+        answer, no_answer = reply["response"], reply["no_answer"]
         graded: Dict[str, Any] = {}
         if no_answer:
             score, extracted = 0.0, ""
@@ -12127,15 +12142,8 @@ def _qa_work(client: ModelClient, system_prompt: Optional[str],
             score, extracted = score_response(item, answer)
         return {"id": item.id, "status": "ok", "score": score, "error": None, "error_class": None,
                 **_epoch_fields(item), **graded, **_question_fields(item),
-                "category": item.category, "scorer": item.scorer, "answer": item.answer, "response": answer,
-                "extracted": extracted, "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
-                "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
-                "finish_reason": res.finish_reason, "served_model": res.model,
-                "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-                **({"cached_tokens": res.cached_tokens} if res.cached_tokens is not None else {}),
-                "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
-                "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
-                "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+                "category": item.category, "scorer": item.scorer, "answer": item.answer, **reply,
+                "extracted": extracted, "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
     return work
 
 
@@ -17792,7 +17800,7 @@ class _ToolsKind(_Kind):
 # languages as langdetect decides them; their parameters are in Instruction data, at the end of these sections.
 
 # nltk's English Punkt (PunktSentenceTokenizer with the English model, realign_boundaries=True) and word_tokenize,
-# written from their rules; the model's parameters are _PUNKT_EN (the end of this section). Equal to nltk 3.8.1 on
+# written from their rules; the model's parameters are _PUNKT_EN (Instruction data). Equal to nltk 3.8.1 on
 # 223,893 texts (the IFEval prompts and responses as they are, upper- and lower-cased, 526 hand-written hard cases,
 # 20,000 random ones, every type of the model after an abbreviation, an ellipsis, an initial and a number).
 
@@ -17980,7 +17988,7 @@ def _word_tokenize(text: str, nltk39: bool = False) -> List[str]:
 # langdetect 1.0.9's detect() written from its rules (the text prepared and normalized by Unicode block, 1- to
 # 3-grams with its capital-word rule, seven random walks of naive-Bayes updates), seeded with 0 (langdetect
 # itself is unseeded: a text on its edge gets different answers from call to call), over its 55 profiles pruned
-# and quantized: _LD_BLOB, at the end of this section (derived from langdetect's profiles and messages.properties,
+# and quantized: _LD_BLOB, in Instruction data (derived from langdetect's profiles and messages.properties,
 # Apache-2.0, Copyright 2010-2014 Cybozu Labs, Inc.).
 
 _LD_URL_RE = _LazyPattern(r"https?://[-_.?&~;+=/#0-9A-Za-z]{1,2076}")
@@ -18310,9 +18318,8 @@ def _if_letter(text: str, kw: Dict[str, Any]) -> bool:
 
 
 def _if_capitals(text: str, kw: Dict[str, Any]) -> bool:
-    count = sum(1 for t in _word_tokenize(text) if t.isupper())
-    return count < kw["capital_frequency"] if kw["capital_relation"] == "less than" else \
-        count >= kw["capital_frequency"]
+    return _if_compare(sum(1 for t in _word_tokenize(text) if t.isupper()), kw["capital_relation"],
+                       kw["capital_frequency"])
 
 
 # id -> (check(text, kwargs), its arguments: name -> kind: int (a number), str, rel (a relation), re (a regular
@@ -18388,12 +18395,6 @@ def _ib_num(kw: Dict[str, Any], k: str) -> Optional[Any]:
     return None if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 else v
 
 
-def _ib_words_count(t: str) -> int:
-    return len(re.findall(r"\w+", t))
-
-
-# ---- shared data primitives (A6-A9) ----
-
 def _ib_stopwords() -> frozenset:
     if "sw" not in _IB_CACHE:
         _IB_CACHE["sw"] = frozenset(_IB_STOPWORDS)
@@ -18448,7 +18449,7 @@ def _ib_varints(b: bytes) -> List[int]:
 
 
 def _ib_tagger() -> Tuple[List[str], Dict[str, int], List[Dict[str, List[Tuple[int, float]]]]]:
-    """Decode the averaged-perceptron data for tagging token 0 (see gen_ifbench_data.py for the layout)."""
+    """Decode the averaged-perceptron data for tagging token 0 (bench/ifeval_blobs.py writes the layout)."""
     if "tg" not in _IB_CACHE:
         raw, parts = _ib_blob(_IB_TAGGER), []
         while raw:
@@ -18504,11 +18505,9 @@ def _ib_first_tag(tokens: Sequence[str]) -> str:
     return max(zip(sc, classes))[1]
 
 
-# ---- the 58 checkers ----
-
 def _c_word_count_range(v: str, kw: Dict[str, Any]) -> bool:
     lo, hi = _ib_num(kw, "min_words"), _ib_num(kw, "max_words")
-    return lo is not None and hi is not None and lo <= _ib_words_count(v) <= hi
+    return lo is not None and hi is not None and lo <= len(_IF_WORD.findall(v)) <= hi
 
 
 def _c_unique_word_count(v: str, kw: Dict[str, Any]) -> bool:
@@ -18517,7 +18516,7 @@ def _c_unique_word_count(v: str, kw: Dict[str, Any]) -> bool:
 
 
 def _c_stop_words(v: str, kw: Dict[str, Any]) -> bool:
-    p, toks = _ib_num(kw, "percentage"), re.findall(r"\w+", v)
+    p, toks = _ib_num(kw, "percentage"), _IF_WORD.findall(v)
     if p is None or not toks:
         return False
     sw = _ib_stopwords()
@@ -18742,7 +18741,8 @@ _IB_PRONOUNS = frozenset(
 
 def _c_pronouns(v: str, kw: Dict[str, Any]) -> bool:
     n = _ib_num(kw, "N")
-    return n is not None and sum(1 for t in _word_tokenize(v.replace("/", " ").lower(), nltk39=True) if t in _IB_PRONOUNS) >= n
+    return n is not None and sum(1 for t in _word_tokenize(v.replace("/", " ").lower(), nltk39=True)
+                                 if t in _IB_PRONOUNS) >= n
 
 
 def _c_odd_even_syllables(v: str, kw: Dict[str, Any]) -> bool:
@@ -19405,23 +19405,11 @@ class _IFEvalKind(_Kind):
                 res = client.chat(_with_system(row.messages, system_prompt), seed=row.seed)
             except ModelAPIError as exc:
                 return dict(_failed_record(row, started, _redact(exc), exc.error_class), attempts=exc.attempts)
-            answer, thought, closed = _split_reasoning(res.text)
-            reasoning = "\n".join(t for t in (res.reasoning, thought) if t)
-            no_answer = None
-            if not answer.strip() and reasoning:  # the reasoning never reached an answer: nothing followed
-                no_answer = ("no answer: reasoning used all %d tokens" % res.completion_tokens
-                             if res.finish_reason == "length" or closed else
-                             "no answer: the reasoning never ended (no </think>)")
+            reply = _reply_fields(res)  # (no answer: the reasoning never reached one, nothing followed)
             return dict({"id": row.id, "status": "ok", "error": None, "error_class": None, **_epoch_fields(row),
-                         "scorer": "ifeval", "question": row.prompt[:QUESTION_KEEP_CHARS], "response": answer,
-                         "no_answer": no_answer, "reasoning": reasoning[:REASONING_KEEP_CHARS],
-                         "reasoning_chars": len(reasoning), "reasoning_tokens": res.reasoning_tokens,
-                         "finish_reason": res.finish_reason, "served_model": res.model,
-                         "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-                         "usage_estimated": res.usage_estimated, "latency_s": round(res.latency_s, 4),
-                         "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 4), "attempts": res.attempts,
+                         "scorer": "ifeval", "question": row.prompt[:QUESTION_KEEP_CHARS], **reply,
                          "started_at": round(started, 3), "finished_at": round(time.time(), 3)},
-                        **_ifeval_fields(row, answer, no_answer))
+                        **_ifeval_fields(row, reply["response"], reply["no_answer"]))
         return work
 
     def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
@@ -25882,15 +25870,15 @@ class _MockHandler:
                 tool_calls.append({"id": "call_%d" % random.getrandbits(32), "type": "function",
                                    "function": {"name": "bash", "arguments": json.dumps({"command": found.group(1)})}})
                 text = text[:found.start()].strip()
+        last_user = next((str(m.get("content")) for m in reversed(messages)
+                          if isinstance(m, dict) and m.get("role") == "user"), "")
         if st.if_rows:  # an instruction-following prompt: a reply that follows its instructions at the skill
-            row = st.if_rows.get(next((str(m.get("content")) for m in reversed(messages)
-                                       if isinstance(m, dict) and m.get("role") == "user"), ""))
+            row = st.if_rows.get(last_user)
             if row is not None:
                 seed = req.get("seed")
                 text = _ifeval_mock_reply(row, cfg.skill, cfg.seed if seed is None else (cfg.seed, seed))
         if st.tool_rows:  # a BFCL question: calls drawn from its possible answers at the mock's skill
-            row = st.tool_rows.get(next((str(m.get("content")) for m in reversed(messages)
-                                         if isinstance(m, dict) and m.get("role") == "user"), ""))
+            row = st.tool_rows.get(last_user)
             if row is not None:
                 text, tool_calls = _tool_mock_reply(row, bool(req.get("tools")), cfg.skill, cfg.seed)
         reasoning = " ".join(["thinking"] * cfg.reasoning_tokens)
@@ -28398,8 +28386,9 @@ def _running_image_ids(docker: DockerCLI) -> set:
         return set()
     proc = docker.call(["inspect", "--format", "{{.Image}}"] + ids, timeout_s=60, check=False)
     err = proc.stderr.decode("utf-8", "replace")
-    if proc.returncode != 0 and not all(re.search(r"no such (object|container)", line, re.I)
-                                        for line in err.splitlines() if line.strip()):
+    gone = [line for line in err.splitlines() if line.strip()]
+    if proc.returncode != 0 and not (gone and all(re.search(r"no such (object|container)", line, re.I)
+                                                  for line in gone)):
         raise DockerError("`docker inspect` of the running containers failed (exit %d): %s" % (
             proc.returncode, _last_lines(err) or "no error output"), returncode=proc.returncode, stderr=err)
     return {_full_id(x.strip()) for x in proc.stdout.decode("utf-8", "replace").split() if x.strip()}
