@@ -18,8 +18,9 @@ dispatch through it at run time and never name a kind):
     Compat, Constants, Errors, Utilities, Scoring, Compression, Parquet, Data files, Datasets, Limits, Gates,
     Requests, Endpoints, HTTP model client, Docker CLI, Image archives, Images, Sandbox, Results store, Summary,
     Runner, Shared gates, Report, HTML report, Runs, QA, Code, Code sandbox, Log-likelihood, SWE data and scoring, SWE
-    agent, SWE runs, Container tasks, Tool calls, Text analysis, Instruction checks, Instruction following,
-    Instruction data, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm, Commands
+    agent, SWE runs, Container tasks, Tool calls, Tool back-ends: files and social, Tool back-ends: math, Tool
+    back-ends: services, Multi-turn tools, Tool runs, Tool data, Text analysis, Instruction checks, Instruction
+    following, Instruction data, Mock model server, Scale-out, Comparison, Leaderboard, Suites, CLI, Slurm, Commands
 
 Adding a kind of evaluation (README has the long form): a section of its own after QA, holding its options (an
 _OptionSet of _Opt, and the shared sets it uses), its options record, and a subclass of _Kind registered with @_kind
@@ -100,15 +101,19 @@ base64 = _LazyModule("base64")
 bisect = _LazyModule("bisect")
 calendar = _LazyModule("calendar")
 collections = _LazyModule("collections")
+copy = _LazyModule("copy")
 csv = _LazyModule("csv")
+builtins = _LazyModule("builtins")
 datetime = _LazyModule("datetime")
 decimal = _LazyModule("decimal")
 difflib = _LazyModule("difflib")
+fractions = _LazyModule("fractions")
 email = _LazyModule("email", ("utils",))
 gzip = _LazyModule("gzip")
 hashlib = _LazyModule("hashlib")
 heapq = _LazyModule("heapq")
 html = _LazyModule("html")
+inspect = _LazyModule("inspect")
 http = _LazyModule("http", ("client", "server"))
 ast = _LazyModule("ast")
 itertools = _LazyModule("itertools")
@@ -17009,7 +17014,9 @@ class _HarborKind(_SWEKind):
 
 BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
                    "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
-BFCL_REFUSED = (("multi_turn", "needs BFCL's simulated back-ends (file system, trading, travel APIs)"),
+BFCL_MULTI_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                         "multi_turn_long_context")  # (run by Multi-turn tools)
+BFCL_REFUSED = (("multi_turn", "is a multi-turn category: its rows go in a file of their own, as bfcl-eval ships them"),
                 ("memory", "needs BFCL's memory back-end and its prerequisite conversations"),
                 ("web_search", "needs BFCL's web search back-end"),
                 ("format_sensitivity", "varies BFCL's prompt formats per row"),
@@ -17599,7 +17606,8 @@ def bfcl_summary(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """BFCL's aggregates over the rows scored (eval_runner_helper): non-live AST, the unweighted mean of simple,
     multiple, parallel and parallel_multiple (simple: simple_python alone here, Java and JavaScript not run); live
     AST, the mean of the live ones weighted by their rows; irrelevance, the unweighted mean of irrelevance and
-    live_irrelevance; relevance, live_relevance. An aggregate with a category missing is None and says which."""
+    live_irrelevance; relevance, live_relevance; multi-turn, the unweighted mean of its four categories. An
+    aggregate with a category missing is None and says which."""
     acc: Dict[str, List[float]] = collections.defaultdict(list)
     reasons: collections.Counter = collections.Counter()
     for r in records:
@@ -17623,11 +17631,12 @@ def bfcl_summary(records: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             "live_ast": weighted(("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")),
             "irrelevance": unweighted(("irrelevance", "live_irrelevance")),
             "relevance": unweighted(("live_relevance",)),
+            "multi_turn": unweighted(BFCL_MULTI_CATEGORIES),
             "reasons": dict(reasons.most_common())}
 
 
 _BFCL_AGGREGATES = (("non_live_ast", "non-live AST", 4), ("live_ast", "live AST", 4), ("irrelevance", "irrelevance", 2),
-                    ("relevance", "relevance", 1))  # (key, label, its categories)
+                    ("relevance", "relevance", 1), ("multi_turn", "multi-turn", 4))  # (key, label, its categories)
 
 
 def _bfcl_aggregates(summary: Dict[str, Any]) -> List[Tuple[str, Optional[float], List[str]]]:
@@ -17644,26 +17653,2521 @@ def _tools_lines(summary: Dict[str, Any]) -> List[str]:
         return []
     parts = ["%s %.4f" % (label, acc) if acc is not None else "%s - (no %s)" % (label, ", ".join(missing))
              for label, acc, missing in _bfcl_aggregates(summary)]
-    lines = ["BFCL (%s tool calls; %s): %s" % (t.get("mode"), TOOLS_CHECKER, "; ".join(parts) or "no aggregate")]
+    lines = ["BFCL (%s tool calls; %s): %s" % (t.get("mode"), t.get("checker") or TOOLS_CHECKER,
+                                                "; ".join(parts) or "no aggregate")]
     if t.get("reasons"):
         lines.append("misses by reason: " + ", ".join("%s %d" % kv for kv in t["reasons"].items()))
     return lines
 
+# =============================================================================
+# Tool back-ends: files and social
+# =============================================================================
+# BFCL's multi-turn back-ends, written from bfcl-eval 2026.3.23's classes (func_source_code/): the same public
+# methods and signatures, the same instance attributes (the checker compares the public ones), the same results
+# and error texts, the same Python operations in the same order (so a mistyped argument fails as there). Here:
+# GorillaFileSystem (its File/Directory tree), MessageAPI, TwitterAPI. Their long-context data is in Tool data.
 
-# ----------------------------------------------------------------------------- the kind
+# ------------------------------------------------------------------------------------ GorillaFileSystem
+_BAD_NAME_CHARS = '|/\\?%*:"><'
+
+
+class File:
+    def __init__(self, name: str, content: str = "") -> None:
+        self.name: str = name
+        self.content: str = content
+        self._last_modified: datetime.datetime = datetime.datetime.now()
+
+    def _write(self, new_content: str) -> None:
+        self.content = new_content
+        self._last_modified = datetime.datetime.now()
+
+    def _read(self) -> str:
+        return self.content
+
+    def _append(self, additional_content: str) -> None:
+        self.content += additional_content
+        self._last_modified = datetime.datetime.now()
+
+    def __repr__(self) -> str:
+        return f"<<File: {self.name}, Content: {self.content}>>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, File) and self.name == other.name and self.content == other.content
+
+
+class Directory:
+    def __init__(self, name: str, parent: Optional[Directory] = None) -> None:
+        self.name: str = name
+        self.parent: Optional[Directory] = parent
+        self.contents: Dict[str, Union[File, Directory]] = {}
+
+    def _add_file(self, file_name: str, content: str = "") -> None:
+        if file_name in self.contents:
+            raise ValueError(f"File '{file_name}' already exists in directory '{self.name}'.")
+        self.contents[file_name] = File(file_name, content)
+
+    def _add_directory(self, dir_name: str) -> None:
+        if dir_name in self.contents:
+            raise ValueError(f"Directory '{dir_name}' already exists in directory '{self.name}'.")
+        self.contents[dir_name] = Directory(dir_name, self)
+
+    def _get_item(self, item_name: str) -> Union[File, Directory, None]:
+        return self if item_name == "." else self.contents.get(item_name)
+
+    def _list_contents(self) -> List[str]:
+        return list(self.contents)
+
+    def __repr__(self) -> str:
+        parent = None if self.parent is None else self.parent.name
+        return f"<Directory: {self.name}, Parent: {parent}, Contents: {self.contents}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Directory) and self.name == other.name and self.contents == other.contents
+
+
+class GorillaFileSystem:
+    def __init__(self) -> None:
+        self.root: Directory
+        self._current_dir: Directory
+        self._api_description = (
+            "This tool belongs to the Gorilla file system. It is a simple file system that allows users to "
+            "perform basic file operations such as navigating directories, creating files and directories, "
+            "reading and writing to files, etc.")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GorillaFileSystem) and self.root == other.root
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        self.long_context = long_context
+        self.root = Directory("/", None)
+        if "root" in scenario:
+            top = list(scenario["root"].keys())[0]
+            self.root = self._load_directory(scenario["root"][top]["contents"], Directory(top, None))
+        self._current_dir = self.root
+
+    def _load_directory(self, current: dict, parent: Directory) -> Directory:
+        innermost = True
+        for name, entry in current.items():
+            if entry["type"] == "directory":
+                innermost = False
+                parent.contents[name] = self._load_directory(entry["contents"], Directory(name, parent))
+            elif entry["type"] == "file":
+                text = entry["content"]
+                if self.long_context and name not in _mt_lc("FILES_TAIL_USED"):
+                    text += _mt_lc("FILE_CONTENT_EXTENSION")
+                parent.contents[name] = File(name, text)
+        if innermost and self.long_context:
+            self._populate_directory(parent)
+        return parent
+
+    def _populate_directory(self, directory: Directory) -> None:
+        for name in _mt_lc("POPULATE_FILE_EXTENSION"):
+            directory._add_file(name)
+
+    def pwd(self) -> Dict[str, str]:
+        names: List[str] = []
+        node: Optional[Directory] = self._current_dir
+        while node is not None:  # the official `dir.name != self.root` test is always true
+            names.append(node.name)
+            node = node.parent
+        return {"current_working_directory": "/" + "/".join(names[::-1])}
+
+    def ls(self, a: bool = False) -> Dict[str, List[str]]:
+        names = self._current_dir._list_contents()
+        if not a:
+            names = [n for n in names if not n.startswith(".")]
+        return {"current_directory_content": names}
+
+    def cd(self, folder: str) -> Union[None, Dict[str, str]]:
+        folder = folder.rstrip("/") or "/"
+        if folder not in {".", "..", "/"} and "/" in folder:
+            return {"error": f"cd: {folder}: Unsupported path. Only one folder level at a time is supported."}
+        if folder == "..":
+            here = self._current_dir
+            if here.parent:
+                self._current_dir = here.parent
+                return {}
+            if self.root == here:
+                return {"error": "Current directory is already the root. Cannot go back."}
+            return {"error": "cd: ..: No such directory"}
+        target = self._navigate_to_directory(folder)
+        if isinstance(target, dict):
+            return target
+        self._current_dir = target
+        return {"current_working_directory": target.name}
+
+    def _validate_file_or_directory_name(self, dir_name: str) -> bool:
+        return not any(c in dir_name for c in _BAD_NAME_CHARS)
+
+    def mkdir(self, dir_name: str) -> Union[None, Dict[str, str]]:
+        if not self._validate_file_or_directory_name(dir_name):
+            return {"error": f"mkdir: cannot create directory '{dir_name}': Invalid character"}
+        if dir_name in self._current_dir.contents:
+            return {"error": f"mkdir: cannot create directory '{dir_name}': File exists"}
+        self._current_dir._add_directory(dir_name)
+        return None
+
+    def touch(self, file_name: str) -> Union[None, Dict[str, str]]:
+        if not self._validate_file_or_directory_name(file_name):
+            return {"error": f"touch: cannot touch '{file_name}': Invalid character"}
+        if file_name in self._current_dir.contents:
+            return {"error": f"touch: cannot touch '{file_name}': File exists"}
+        self._current_dir._add_file(file_name)
+        return None
+
+    def echo(self, content: str, file_name: Optional[str] = None) -> Union[Dict[str, str], None]:
+        if file_name is None:
+            return {"terminal_output": content}
+        if not self._validate_file_or_directory_name(file_name):
+            return {"error": f"echo: cannot write to '{file_name}': Invalid character"}
+        if not file_name:
+            return {"terminal_output": content}
+        if file_name not in self._current_dir.contents:
+            return {"error": f"echo: cannot write to '{file_name}': No such file"}
+        self._current_dir._get_item(file_name)._write(content)  # a directory raises AttributeError
+        return None
+
+    def cat(self, file_name: str) -> Dict[str, str]:
+        if not self._validate_file_or_directory_name(file_name):
+            return {"error": f"cat: '{file_name}': Invalid character"}
+        if file_name not in self._current_dir.contents:
+            return {"error": f"cat: '{file_name}': No such file or directory"}
+        item = self._current_dir._get_item(file_name)
+        if isinstance(item, File):
+            return {"file_content": item._read()}
+        return {"error": f"cat: '{file_name}': Is a directory"}
+
+    def find(self, path: str = ".", name: Optional[str] = None) -> Dict[str, List[str]]:
+        start = self._navigate_to_directory(path)
+        if isinstance(start, dict):
+            text = start.get("error", "")
+            return {"error": text.replace("cd:", "find:", 1)} if text.startswith("cd:") else start
+        found: List[str] = []
+
+        def walk(node: Directory, prefix: str) -> None:
+            for key, item in node.contents.items():
+                full = f"{prefix}/{key}"
+                if name is None or name in key:
+                    found.append(full)
+                if isinstance(item, Directory):
+                    walk(item, full)
+
+        walk(start, path.rstrip("/"))
+        return {"matches": found}
+
+    def _local_file(self, file_name: str) -> Optional[File]:
+        if file_name in self._current_dir.contents:
+            item = self._current_dir._get_item(file_name)
+            if isinstance(item, File):
+                return item
+        return None
+
+    def wc(self, file_name: str, mode: str = "l") -> Dict[str, Union[int, str]]:
+        if mode not in ["l", "w", "c"]:
+            return {"error": f"wc: invalid mode '{mode}'"}
+        item = self._local_file(file_name)
+        if item is not None:
+            text = item._read()
+            if mode == "l":
+                return {"count": len(text.splitlines()), "type": "lines"}
+            if mode == "w":
+                return {"count": len(text.split()), "type": "words"}
+            return {"count": len(text), "type": "characters"}
+        return {"error": f"wc: {file_name}: No such file or directory"}
+
+    def sort(self, file_name: str) -> Dict[str, str]:
+        item = self._local_file(file_name)
+        if item is None:
+            return {"error": f"sort: {file_name}: No such file or directory"}
+        return {"sorted_content": "\n".join(sorted(item._read().splitlines()))}
+
+    def grep(self, file_name: str, pattern: str) -> Dict[str, List[str]]:
+        item = self._local_file(file_name)
+        if item is None:
+            return {"error": f"grep: {file_name}: No such file or directory"}
+        return {"matching_lines": [line for line in item._read().splitlines() if pattern in line]}
+
+    def du(self, human_readable: bool = False) -> Dict[str, str]:
+        def size(item: Union[File, Directory]) -> int:
+            if isinstance(item, File):
+                return len(item._read().encode("utf-8"))
+            if isinstance(item, Directory):
+                return sum(size(child) for child in item.contents.values())
+            return 0
+
+        target = self._navigate_to_directory(None)
+        if isinstance(target, dict):
+            return target
+        total: Union[int, float] = size(target)
+        if not human_readable:
+            return {"disk_usage": f"{total} bytes"}
+        for unit in ("B", "KB", "MB", "GB", "TB"):
+            if total < 1024:
+                return {"disk_usage": f"{total:.2f} {unit}"}
+            total /= 1024
+        return {"disk_usage": f"{total:.2f} PB"}
+
+    def tail(self, file_name: str, lines: int = 10) -> Dict[str, str]:
+        item = self._local_file(file_name)
+        if item is None:
+            return {"error": f"tail: {file_name}: No such file or directory"}
+        rows = item._read().splitlines()
+        if lines > len(rows):
+            lines = len(rows)
+        return {"last_lines": "\n".join(rows[-lines:])}
+
+    def diff(self, file_name1: str, file_name2: str) -> Dict[str, str]:
+        here = self._current_dir.contents
+        if file_name1 in here and file_name2 in here:
+            one, two = self._current_dir._get_item(file_name1), self._current_dir._get_item(file_name2)
+            if isinstance(one, File) and isinstance(two, File):
+                pairs = zip(one._read().splitlines(), two._read().splitlines())
+                return {"diff_lines": "\n".join(f"- {x}\n+ {y}" for x, y in pairs if x != y)}
+        return {"error": f"diff: {file_name1} or {file_name2}: No such file or directory"}
+
+    def _place(self, into: Directory, name: str, item: Union[File, Directory], dup: bool) -> None:
+        # the new directory shares (mv) or shallow-copies (cp) the source's children: parents are not updated
+        if isinstance(item, File):
+            into._add_file(name, item.content)
+        else:
+            into._add_directory(name)
+            into.contents[name].contents = item.contents.copy() if dup else item.contents
+
+    def _move_or_copy(self, verb: str, source: str, destination: str) -> Dict[str, str]:
+        cmd = ("mv", "move", "moved") if verb == "mv" else ("cp", "copy", "copied")
+        here = self._current_dir
+        if source not in here.contents:
+            return {"error": f"{verb}: cannot {cmd[1]} '{source}': No such file or directory"}
+        item = here._get_item(source)
+        if not isinstance(item, (File, Directory)):
+            return {"error": f"{verb}: cannot {cmd[1]} '{source}': Not a file or directory"}
+        if "/" in destination:
+            return {"error": f"{verb}: path not allowed in destination. Provide only a file or directory name."}
+        if destination not in here.contents:
+            if verb == "mv":
+                here.contents.pop(source)
+            self._place(here, destination, item, verb == "cp")
+            return {"result": f"'{source}' {cmd[2]} to '{destination}'"}
+        dest = here._get_item(destination)
+        if not isinstance(dest, Directory):
+            return {"error": f"{verb}: cannot {cmd[1]} '{source}' to '{destination}': Not a directory"}
+        if (f"{source}" if verb == "mv" else f"{destination}/{source}") in dest.contents:
+            return {"error": f"{verb}: cannot {cmd[1]} '{source}' to '{destination}/{source}': File exists"}
+        if verb == "mv":
+            here.contents.pop(source)
+        self._place(dest, source, item, verb == "cp")
+        return {"result": f"'{source}' {cmd[2]} to '{destination}/{source}'"}
+
+    def mv(self, source: str, destination: str) -> Dict[str, str]:
+        return self._move_or_copy("mv", source, destination)
+
+    def rm(self, file_name: str) -> Dict[str, str]:
+        if file_name not in self._current_dir.contents:
+            return {"error": f"rm: cannot remove '{file_name}': No such file or directory"}
+        if not isinstance(self._current_dir._get_item(file_name), (File, Directory)):
+            return {"error": f"rm: cannot remove '{file_name}': Not a file or directory"}
+        self._current_dir.contents.pop(file_name)
+        return {"result": f"'{file_name}' removed"}
+
+    def rmdir(self, dir_name: str) -> Dict[str, str]:
+        if dir_name not in self._current_dir.contents:
+            return {"error": f"rmdir: cannot remove '{dir_name}': No such file or directory"}
+        item = self._current_dir._get_item(dir_name)
+        if not isinstance(item, Directory):
+            return {"error": f"rmdir: cannot remove '{dir_name}': Not a directory"}
+        if item.contents:
+            return {"error": f"rmdir: cannot remove '{dir_name}': Directory not empty"}
+        self._current_dir.contents.pop(dir_name)
+        return {"result": f"'{dir_name}' removed"}
+
+    def cp(self, source: str, destination: str) -> Dict[str, str]:
+        return self._move_or_copy("cp", source, destination)
+
+    def _navigate_to_directory(self, path: Optional[str]) -> Union[Directory, Dict[str, str]]:
+        if path is None or path == ".":
+            return self._current_dir
+        if path == "/":
+            return self.root
+        parts = path.strip("/").split("/")
+        node = self.root if path.startswith("/") else self._current_dir
+        for part in parts:
+            step = node._get_item(part)
+            if not isinstance(step, Directory):
+                return {"error": f"cd: '{path}': No such file or directory"}
+            node = step
+        return node
+
+# ------------------------------------------------------------------------------------------- MessageAPI
+_MESSAGE_DEFAULTS: Dict[str, Any] = {
+    "generated_ids": set(),
+    "user_count": 4,
+    "user_map": {"Alice": "USR001", "Bob": "USR002", "Catherine": "USR003", "Daniel": "USR004"},
+    "inbox": [{"USR002": "My name is Alice. I want to connect."}, {"USR003": "Could you upload the file?"},
+              {"USR004": "Could you upload the file?"}],
+    "message_count": 3,
+    "current_user": None,
+}
+_NOT_LOGGED_IN = {"error": "No user is currently logged in."}
+
+
+class MessageAPI:
+    def __init__(self) -> None:
+        self.generated_ids: set
+        self.user_count: int
+        self.user_map: Dict[str, str]
+        self.inbox: List[Dict[str, str]]
+        self.message_count: int
+        self.current_user: Optional[str]
+        self._api_description = ("This tool belongs to the Message API, which is used to manage user "
+                                 "interactions in a workspace.")
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        defaults = copy.deepcopy(_MESSAGE_DEFAULTS)
+        self._random = random.Random(scenario.get("random_seed", 200191))
+        for key in ("generated_ids", "user_count", "user_map", "inbox", "message_count", "current_user"):
+            setattr(self, key, scenario.get(key, defaults[key]))
+
+    def __eq__(self, value: object) -> bool:
+        if not isinstance(value, MessageAPI):
+            return False
+        return not any(getattr(self, k) != getattr(value, k) for k in vars(self) if not k.startswith("_"))
+
+    def _generate_id(self) -> Dict[str, int]:
+        new_id = self._random.randint(10000, 99999)
+        while new_id in self.generated_ids:
+            new_id = self._random.randint(10000, 99999)
+        self.generated_ids.add(new_id)
+        return {"new_id": new_id}
+
+    def list_users(self) -> Dict[str, List[str]]:
+        return {"user_list": list(self.user_map.keys())}
+
+    def get_user_id(self, user: str) -> Dict[str, Optional[str]]:
+        if user not in self.user_map:
+            return {"error": f"User '{user}' not found in the workspace."}
+        return {"user_id": self.user_map.get(user)}
+
+    def message_login(self, user_id: str) -> Dict[str, Union[str, bool]]:
+        if user_id not in list(self.user_map.values()):
+            return {"login_status": False, "message": f"User ID '{user_id}' not found."}
+        self.current_user = user_id
+        return {"login_status": True, "message": f"User '{user_id}' logged in successfully."}
+
+    def message_get_login_status(self) -> Dict[str, bool]:
+        return {"login_status": bool(self.current_user)}
+
+    def send_message(self, receiver_id: str, message: str) -> Dict[str, Any]:
+        if not self.current_user:
+            return dict(_NOT_LOGGED_IN)
+        if receiver_id not in self.user_map.values():
+            return {"error": f"Receiver ID '{receiver_id}' not found."}
+        message_id = self._generate_id()
+        self.inbox.append({receiver_id: message})
+        self.message_count += 1
+        return {"sent_status": True, "message_id": message_id,
+                "message": f"Message sent to '{receiver_id}' successfully."}
+
+    def delete_message(self, receiver_id: str) -> Dict[str, Union[bool, str]]:
+        if not self.current_user:
+            return dict(_NOT_LOGGED_IN)
+        for entry in self.inbox[::-1]:
+            receiver, _ = list(entry.items())[0]
+            if receiver == receiver_id:
+                self.inbox.remove(entry)  # removes the first *equal* entry, as the official does
+                return {"deleted_status": True, "receiver_id": receiver,
+                        "message": f"Receiver {receiver_id}'s latest message deleted successfully."}
+        return {"error": f"Receiver ID {receiver_id} not found."}
+
+    def view_messages_sent(self) -> Dict[str, Any]:
+        if not self.current_user:
+            return dict(_NOT_LOGGED_IN)
+        grouped: Dict[str, List[str]] = {}
+        for entry in self.inbox:
+            receiver, text = list(entry.items())[0]
+            grouped.setdefault(receiver, []).append(text)
+        return {"messages": grouped}
+
+    def add_contact(self, user_name: str) -> Dict[str, Union[bool, str]]:
+        if user_name in self.user_map:
+            return {"error": f"User name '{user_name}' already exists."}
+        self.user_count += 1
+        user_id = f"USR{str(self.user_count).zfill(3)}"
+        if user_id in self.user_map.values():
+            return {"error": f"User ID '{user_id}' already exists."}
+        self.user_map[user_name] = user_id
+        return {"added_status": True, "user_id": user_id, "message": f"Contact '{user_name}' added successfully."}
+
+    def search_messages(self, keyword: str) -> Dict[str, Any]:
+        if not self.current_user:
+            return dict(_NOT_LOGGED_IN)
+        wanted = keyword.lower()
+        found = []
+        for entry in self.inbox:
+            receiver, text = list(entry.items())[0]
+            if wanted in text.lower():
+                found.append({"receiver_id": receiver, "message": text})
+        return {"results": found}
+
+    def get_message_stats(self) -> Dict[str, Any]:
+        if not self.current_user:
+            return dict(_NOT_LOGGED_IN)
+        count, contacts = 0, set()
+        for entry in self.inbox:
+            receiver, _ = list(entry.items())[0]
+            count += 1
+            contacts.add(receiver)
+        return {"stats": {"received_count": count, "total_contacts": len(contacts)}}
+
+
+# ------------------------------------------------------------------------------------------- TwitterAPI
+_TWITTER_DEFAULTS: Dict[str, Any] = {
+    "username": "john", "password": "john123", "authenticated": False, "tweets": {}, "comments": {},
+    "retweets": {}, "following_list": ["alice", "bob"], "tweet_counter": 0,
+}
+
+
+_MT_DEFAULT = object()  # an argument left out (see post_tweet)
+
+
+def _not_authenticated(action: str) -> Dict[str, str]:
+    return {"error": f"User not authenticated. Please authenticate before {action}."}
+
+
+class TwitterAPI:
+    def __init__(self) -> None:
+        self.username: str
+        self.password: str
+        self.authenticated: bool
+        self.tweets: Dict[int, Dict[str, Union[int, str, List[str]]]]
+        self.comments: Dict[int, List[Dict[str, str]]]
+        self.retweets: Dict[str, List[int]]
+        self.following_list: List[str]
+        self.tweet_counter: int
+        self._api_description = (
+            "This tool belongs to the TwitterAPI, which provides core functionality for posting tweets, "
+            "retweeting, commenting, and following users on Twitter.")
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        defaults = copy.deepcopy(_TWITTER_DEFAULTS)
+        self.username = scenario.get("username", defaults["username"])
+        self.password = scenario.get("password", defaults["password"])
+        self.authenticated = scenario.get("authenticated", defaults["authenticated"])
+        self.tweets = scenario.get("tweets", defaults["tweets"])
+        self.tweets = {int(k): v for k, v in self.tweets.items()}  # tweet ids become ints, comment keys do not
+        self.comments = scenario.get("comments", defaults["comments"])
+        self.retweets = scenario.get("retweets", defaults["retweets"])
+        self.following_list = scenario.get("following_list", defaults["following_list"])
+        self.tweet_counter = scenario.get("tweet_counter", defaults["tweet_counter"])
+
+    def authenticate_twitter(self, username: str, password: str) -> Dict[str, bool]:
+        if username == self.username and password == self.password:
+            self.authenticated = True
+            return {"authentication_status": True}
+        return {"authentication_status": False}
+
+    def posting_get_login_status(self) -> Dict[str, Union[bool, str]]:
+        return {"login_status": bool(self.authenticated)}
+
+    def post_tweet(self, content: str, tags: Any = _MT_DEFAULT, mentions: Any = _MT_DEFAULT) -> Dict[str, Any]:
+        if not self.authenticated:
+            return _not_authenticated("posting")
+        # the official defaults are mutable ([]): one list per process, shared by every post that omits it (and
+        # grown by mention()); here one per row's world, as a fresh official process per row has
+        shared = self._world.tweet_defaults if getattr(self, "_world", None) is not None else ([], [])
+        tags = shared[0] if tags is _MT_DEFAULT else tags
+        mentions = shared[1] if mentions is _MT_DEFAULT else mentions
+        tweet = {"id": self.tweet_counter, "username": self.username, "content": content, "tags": tags,
+                 "mentions": mentions}
+        self.tweets[self.tweet_counter] = tweet
+        self.tweet_counter += 1
+        return tweet
+
+    def retweet(self, tweet_id: int) -> Dict[str, str]:
+        if not self.authenticated:
+            return _not_authenticated("retweeting")
+        if tweet_id not in self.tweets:
+            return {"error": f"Tweet with ID {tweet_id} not found."}
+        if self.username not in self.retweets:
+            self.retweets[self.username] = []
+        if tweet_id in self.retweets[self.username]:
+            return {"retweet_status": "Already retweeted"}
+        self.retweets[self.username].append(tweet_id)
+        return {"retweet_status": "Successfully retweeted"}
+
+    def comment(self, tweet_id: int, comment_content: str) -> Dict[str, str]:
+        if not self.authenticated:
+            return _not_authenticated("commenting")
+        if tweet_id not in self.tweets:
+            return {"error": f"Tweet with ID {tweet_id} not found."}
+        if tweet_id not in self.comments:
+            self.comments[tweet_id] = []
+        self.comments[tweet_id].append({"username": self.username, "content": comment_content})
+        return {"comment_status": "Comment added successfully"}
+
+    def mention(self, tweet_id: int, mentioned_usernames: List[str]) -> Dict[str, str]:
+        if tweet_id not in self.tweets:
+            return {"error": f"Tweet with ID {tweet_id} not found."}
+        self.tweets[tweet_id]["mentions"].extend(mentioned_usernames)
+        return {"mention_status": "Users mentioned successfully"}
+
+    def follow_user(self, username_to_follow: str) -> Dict[str, bool]:
+        if not self.authenticated:
+            return _not_authenticated("following")
+        if username_to_follow in self.following_list:
+            return {"follow_status": False}
+        self.following_list.append(username_to_follow)
+        return {"follow_status": True}
+
+    def list_all_following(self) -> Dict[str, List[str]]:
+        if not self.authenticated:
+            return _not_authenticated("listing following")
+        return {"following_list": self.following_list}
+
+    def unfollow_user(self, username_to_unfollow: str) -> Dict[str, bool]:
+        if not self.authenticated:
+            return _not_authenticated("unfollowing")
+        if username_to_unfollow not in self.following_list:
+            return {"unfollow_status": False}
+        self.following_list.remove(username_to_unfollow)
+        return {"unfollow_status": True}
+
+    def get_tweet(self, tweet_id: int) -> Dict[str, Any]:
+        if tweet_id not in self.tweets:
+            return {"error": f"Tweet with ID {tweet_id} not found."}
+        return self.tweets[tweet_id]
+
+    def get_user_tweets(self, username: str) -> List[Dict[str, Any]]:
+        return [tweet for tweet in self.tweets.values() if tweet["username"] == username]
+
+    def search_tweets(self, keyword: str) -> List[Dict[str, Any]]:
+        return [tweet for tweet in self.tweets.values()
+                if keyword.lower() in tweet["content"].lower()
+                or keyword.lower() in [tag.lower() for tag in tweet["tags"]]]
+
+    def get_tweet_comments(self, tweet_id: int) -> Any:
+        if tweet_id not in self.tweets:
+            return {"error": f"Tweet with ID {tweet_id} not found."}
+        return self.comments.get(tweet_id, [])
+
+    def get_user_stats(self, username: str) -> Dict[str, int]:
+        tweet_count = len([tweet for tweet in self.tweets.values() if tweet["username"] == username])
+        following_count = len(self.following_list) if username == self.username else 0
+        return {"tweet_count": tweet_count, "following_count": following_count,
+                "retweet_count": len(self.retweets.get(username, []))}
+
+
+# =============================================================================
+# Tool back-ends: math
+# =============================================================================
+# MathAPI, and what its logarithm needs of mpmath 1.3.0 (bfcl-eval's pin): its fixed-point logarithm, bit for
+# bit, and its mpf/mpc texts at the call's precision (the model reads them).
+
+# ---------------------------------------------------- mpmath stand-in for MathAPI.logarithm (mpmath 1.3.0, the pin)
+# A raw binary float is (sign, odd mantissa, exponent) = (-1)**sign * mantissa * 2**exponent; a zero mantissa
+# marks zero / inf / -inf / nan. Results are rounded to nearest (ties to even) at the precision mpmath uses.
+# _MpRaw (in annotations): Tuple[int, int, int]
+_mp_ZERO: _MpRaw = (0, 0, 0)
+_mp_INF: _MpRaw = (0, 0, 1)
+_mp_NINF: _MpRaw = (1, 0, 1)
+_mp_NAN: _MpRaw = (0, 0, 2)
+_mp_B2_10 = 3.3219280948873626  # mpmath's bits-per-digit constant (== math.log(10, 2))
+_mp_NAMED = {"inf": _mp_INF, "+inf": _mp_INF, "-inf": _mp_NINF, "nan": _mp_NAN}
+_MP_COMPLEX = _LazyPattern(r"^\(?(?P<re>[\+\-]?\d*(\.\d*)?(e[\+\-]?\d+)?)??"
+                         r"(?P<im>[\+\-]?\d*(\.\d*)?(e[\+\-]?\d+)?j)?\)?$")
+
+
+def _mp_rnd(sign: int, man: int, exp: int, prec: int = 0, nearest: bool = True) -> _MpRaw:
+    """Round sign*man*2**exp (man >= 0) to prec bits (0: exact), to nearest-even or toward zero."""
+    if not man:
+        return _mp_ZERO
+    drop = man.bit_length() - prec
+    if prec and drop > 0:
+        half = 1 << (drop - 1)
+        rest = man & ((half << 1) - 1)
+        man, exp = man >> drop, exp + drop
+        if nearest and (rest > half or (rest == half and man & 1)):
+            man += 1
+    zeros = (man & -man).bit_length() - 1
+    return (sign, man >> zeros, exp + zeros)
+
+
+def _mp_quot(sign: int, num: int, den: int, exp: int, prec: int, nearest: bool = True) -> _MpRaw:
+    """sign * num/den * 2**exp rounded to prec bits (num, den > 0), via a sticky bit."""
+    shift = max(prec + 3 - num.bit_length() + den.bit_length(), 0)
+    q, r = divmod(num << shift, den)
+    return _mp_rnd(sign, (q << 1) | (r > 0), exp - shift - 1, prec, nearest)
+
+
+def _mp_sgn(x: _MpRaw) -> int:
+    return (1 - 2 * x[0]) if x[1] else {_mp_INF: 1, _mp_NINF: -1}.get(x, 0)
+
+
+def _mp_special(x: _MpRaw) -> bool:  # inf, -inf or nan
+    return not x[1] and x != _mp_ZERO
+
+
+def _mp_neg(x: _MpRaw) -> _MpRaw:
+    return (1 - x[0], x[1], x[2]) if x[1] else {_mp_INF: _mp_NINF, _mp_NINF: _mp_INF}.get(x, x)
+
+
+def _mp_mul(s: _MpRaw, t: _MpRaw) -> _MpRaw:  # exact, like mpf_mul without precision
+    if s[1] and t[1]:
+        return (s[0] ^ t[0], s[1] * t[1], s[2] + t[2])
+    if not _mp_special(s) and not _mp_special(t):
+        return _mp_ZERO
+    if _mp_NAN in (s, t):
+        return _mp_NAN
+    if _mp_special(t):
+        s, t = t, s
+    if t == _mp_ZERO:
+        return _mp_NAN
+    return _mp_INF if _mp_sgn(s) * _mp_sgn(t) > 0 else _mp_NINF
+
+
+def _mp_add(s: _MpRaw, t: _MpRaw, prec: int) -> _MpRaw:  # rounded toward zero (mpmath's round_fast)
+    if s[1] and t[1]:
+        low = min(s[2], t[2])
+        total = (-1) ** s[0] * (s[1] << (s[2] - low)) + (-1) ** t[0] * (t[1] << (t[2] - low))
+        return _mp_rnd(int(total < 0), abs(total), low, prec, False)
+    if not s[1]:
+        if s != _mp_ZERO:
+            return s if (s == t or t[1] or t == _mp_ZERO) else _mp_NAN
+        return _mp_rnd(t[0], t[1], t[2], prec, False) if t[1] else t
+    return t if t != _mp_ZERO else _mp_rnd(s[0], s[1], s[2], prec, False)
+
+
+def _mp_div(s: _MpRaw, t: _MpRaw, prec: int) -> _MpRaw:  # mpf_div, rounded to nearest
+    if s[1] and t[1]:
+        return _mp_quot(s[0] ^ t[0], s[1], t[1], s[2] - t[2], prec)
+    if s == _mp_ZERO:
+        if t == _mp_ZERO:
+            raise ZeroDivisionError
+        return _mp_NAN if t == _mp_NAN else _mp_ZERO
+    if t == _mp_ZERO:
+        raise ZeroDivisionError
+    if (_mp_special(s) and _mp_special(t)) or _mp_NAN in (s, t):
+        return _mp_NAN
+    if t[1]:
+        return _mp_INF if _mp_sgn(s) * _mp_sgn(t) > 0 else _mp_NINF
+    return _mp_ZERO
+
+
+def _mp_from_fraction(q: fractions.Fraction, prec: int) -> _MpRaw:
+    return _mp_quot(int(q < 0), abs(q.numerator), q.denominator, 0, prec) if q else _mp_ZERO
+
+
+def _mp_floor_const(which: str, wp: int) -> int:
+    """floor(c * 2**wp) for c = ln 2 or pi (what mpmath's ln2_fixed / pi_fixed return); kept once made."""
+    got = _MP_CONSTS.get((which, wp))
+    if got is None:
+        got = _MP_CONSTS[(which, wp)] = _mp_floor_const_made(which, wp)
+    return got
+
+
+_MP_CONSTS: Dict[Tuple[str, int], int] = {}
+
+
+def _mp_floor_const_made(which: str, wp: int) -> int:
+    digits = wp * 31 // 100 + 30
+    while True:
+        if which == "ln2":  # correctly rounded to `digits` digits
+            c = fractions.Fraction(decimal.Decimal(2).ln(decimal.Context(prec=digits)))
+            slack = fractions.Fraction(1, 10 ** digits)
+        else:  # Machin: pi = 16 atan(1/5) - 4 atan(1/239), as a fixed-point sum with 2**bits units
+            bits, total = digits * 10 // 3, 0
+            for weight, inv in ((16, 5), (-4, 239)):
+                power, k, sign = (1 << bits) // inv, 1, 1
+                while power:
+                    total += weight * sign * (power // k)
+                    power, k, sign = power // (inv * inv), k + 2, -sign
+            c, slack = fractions.Fraction(total, 1 << bits), fractions.Fraction(8 * bits, 1 << bits)
+        lo, hi = math.floor((c - slack) * (1 << wp)), math.floor((c + slack) * (1 << wp))
+        if lo == hi:
+            return lo
+        digits *= 2
+
+
+def _mp_pi(prec: int) -> _MpRaw:  # mpmath's mpf_pi: floor(pi * 2**(prec+20)) rounded to prec bits
+    return _mp_rnd(0, _mp_floor_const("pi", prec + 20), -(prec + 20), prec)
+
+
+def _mp_isqrt(x: int) -> int:
+    """mpmath 1.3.0's isqrt_fast (python backend): floor(sqrt(x)), now and then 1 too small, bit for bit."""
+    if x < 1 << 800:
+        y = int(x ** 0.5)
+        for bound in (100, 200, 400):
+            if x < 1 << bound:
+                break
+            y = (y + x // y) >> 1
+        return y
+    x <<= 20
+    bc = x.bit_length() + (x.bit_length() & 1)
+    half, start = bc // 2, min(50, bc // 2)
+    r = int(2.0 ** (2 * start) * (x >> (bc - 2 * start)) ** -0.5)
+    steps, last = [half], start
+    while steps[-1] > 2 * start:
+        steps.append(steps[-1] // 2 + 2)
+    for step in reversed(steps):
+        r2 = (r * r) >> (2 * last - step)
+        r = (r * ((3 << step) - (((x >> (bc - step)) * r2) >> step))) >> (last + 1)
+        last = step
+    return (r * (x >> half)) >> (last + 10)
+
+
+def _mp_atanh_sum(v: int, prec: int) -> int:
+    """Fixed-point atanh(v)/2-style series v + v**3/3 + ..., truncated step by step like mpmath's."""
+    v2 = (v * v) >> prec
+    v4 = (v2 * v2) >> prec
+    s0, s1, v, k = v, v // 3, (v * v4) >> prec, 5
+    while v:
+        s0 += v // k
+        s1 += v // (k + 2)
+        v, k = (v * v4) >> prec, k + 4
+    return s0 + ((s1 * v2) >> prec)
+
+
+_mp_LOG_CACHE: Dict[Tuple[int, int], int] = {}
+
+
+def _mp_log_fixed(x: int, prec: int) -> int:
+    """mpmath's log_taylor_cached: log(x / 2**prec) * 2**prec for x / 2**prec in [1, 2), prec <= 2500."""
+    n = x >> (prec - 9)
+    cached = min(1 << (prec - 1).bit_length(), 2500) + 20
+    if (n, cached) not in _mp_LOG_CACHE:
+        a = n << (cached - 9)
+        for _ in range(8):  # log(a) = 2**8 * log(a**(1/2**8))
+            a = _mp_isqrt(a << cached)
+        one = 1 << cached
+        v = ((a - one) << cached) // (a + one)
+        _mp_LOG_CACHE[n, cached] = (-1 if v < 0 else 1) * (_mp_atanh_sum(abs(v), cached) << 9)
+    a, log_a = n << (prec - 9), _mp_LOG_CACHE[n, cached] >> (cached - prec)
+    u = ((x - a) << prec) // a
+    return log_a + (_mp_atanh_sum((u << prec) // ((2 << prec) + u), prec) << 1)
+
+
+def _mp_ln_positive(man: int, exp: int, prec: int) -> _MpRaw:
+    """ln(man * 2**exp) correctly rounded: what mpmath's AGM branch (beyond 2500 working bits) approximates."""
+    if exp >= 0:
+        x = decimal.Decimal(man << exp)
+    else:
+        scaled = man * 5 ** -exp
+        size = scaled.bit_length() * 31 // 100 + 3
+        exact = decimal.Context(prec=size, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)
+        x = decimal.Decimal(scaled).scaleb(exp, exact)
+    digits = prec * 3 // 10 + 20
+    while True:
+        ctx = decimal.Context(prec=digits, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)
+        y = x.ln(ctx)
+        mid, err = fractions.Fraction(y), fractions.Fraction(10) ** (y.adjusted() - digits + 1)
+        lo, hi = _mp_from_fraction(mid - err, prec), _mp_from_fraction(mid + err, prec)
+        if lo == hi:
+            return lo
+        digits *= 2
+
+
+def _mp_ln(x: _MpRaw, prec: int) -> Any:
+    """mpmath.ln of a raw value, step for step: a raw real, or a (real, imag) pair for a negative input."""
+    if not x[1]:
+        if x == _mp_ZERO:
+            return _mp_NINF
+        return (_mp_INF, _mp_pi(prec)) if x == _mp_NINF else x
+    if x[0]:
+        return (_mp_ln((0, x[1], x[2]), prec), _mp_pi(prec))
+    man, exp = x[1], x[2]
+    wp, bits = prec + 20, man.bit_length()
+    mag = exp + bits
+    if man == 1:
+        return _mp_ZERO if exp == 0 else _mp_rnd(int(exp < 0), abs(exp) * _mp_floor_const("ln2", wp), -wp, prec)
+    if abs(mag) <= 1:  # next to 1 (the test also fires, wrongly, next to 1/4 - as in mpmath)
+        below = 1 - abs(mag)
+        dist = (1 << bits) - man if below else man - (1 << (bits - 1))
+        if bits - dist.bit_length() > wp:
+            return _mp_rnd(below, dist, abs(mag) - bits, prec)
+        wp += bits - dist.bit_length()
+    if abs(mag) > 10000 and abs(mag).bit_length() > wp:
+        return _mp_rnd(int(exp < 0), abs(exp) * _mp_floor_const("ln2", wp), -wp, prec)
+    if wp > 2500:
+        return _mp_ln_positive(man, exp, prec)
+    m = _mp_log_fixed(man << (wp - bits) if wp >= bits else man >> (bits - wp), wp)
+    m += mag * _mp_floor_const("ln2", wp) if mag else 0
+    return _mp_rnd(int(m < 0), abs(m), -wp, prec)
+
+
+def _mp_str_to_raw(text: str, prec: int) -> _MpRaw:
+    """mpmath's from_str (ValueError when not a float literal); exponents beyond +-400 are rounded exactly."""
+    x = text.lower().strip()
+    if x in _mp_NAMED:
+        return _mp_NAMED[x]
+    if "/" in x:
+        p, q = x.split("/")
+        top = _mp_int_raw(int(p.rstrip("l")))
+        return _mp_div(top, _mp_int_raw(int(q.rstrip("l"))), prec)
+    x = x.rstrip("l")
+    float(x)
+    parts = x.split("e")
+    exp = 0
+    if len(parts) > 1:
+        x, exp = parts[0], int(parts[1])
+    halves = x.split(".")
+    if len(halves) == 2:
+        tail = halves[1].rstrip("0")
+        exp -= len(tail)
+        x = halves[0] + tail
+    man = int(x, 10)
+    if exp >= 0:
+        return _mp_rnd(int(man < 0), abs(man * 10 ** exp), 0, prec)
+    return _mp_div(_mp_int_raw(man), _mp_int_raw(10 ** -exp), prec)
+
+
+def _mp_int_raw(n: int) -> _MpRaw:
+    return _mp_rnd(int(n < 0), abs(n), 0)
+
+
+def _mp_to_raw(x: Any, prec: int) -> _MpRaw:
+    """mpmath's convert for the argument types a call can carry (complex input is not supported)."""
+    if isinstance(x, int):
+        return _mp_int_raw(int(x))
+    if isinstance(x, float):
+        if x != x:
+            return _mp_NAN
+        if math.isinf(x):
+            return _mp_INF if x > 0 else _mp_NINF
+        num, den = abs(x).as_integer_ratio()
+        return _mp_rnd(int(x < 0), num, 1 - den.bit_length())
+    if isinstance(x, str):
+        try:
+            return _mp_str_to_raw(x, prec)
+        except ValueError:
+            pass
+        if "j" in x.lower():
+            match = _MP_COMPLEX.match(x.lower().replace(" ", ""))
+            if match is None:
+                raise AttributeError("'NoneType' object has no attribute 'group'")
+            _mp_to_raw(match.group("re") or 0, prec), _mp_to_raw(match.group("im").rstrip("j"), prec)
+            raise TypeError("complex input is not supported by this stand-in: " + repr(x))
+    raise TypeError("cannot create mpf from " + repr(x))
+
+
+def _mp_to_str(x: _MpRaw, dps: int) -> str:
+    """mpmath's to_str(x, dps): dps+3 truncated digits, then rounded half up."""
+    if not x[1]:
+        return {_mp_ZERO: "0.0", _mp_INF: "+inf", _mp_NINF: "-inf"}.get(x, "nan")
+    sign, man, exp = x
+    fixprec = max(int((dps + 3) * _mp_B2_10) + 10 - exp - man.bit_length(), 0)
+    fixdps = int(fixprec / _mp_B2_10 + 0.5)
+    shift = exp + fixprec
+    digits = str(((man << shift) if shift >= 0 else (man >> -shift)) * 10 ** fixdps >> fixprec)
+    point = len(digits) - fixdps - 1
+    if len(digits) > dps and digits[dps] in "56789":
+        head = digits[:dps].rstrip("9")
+        if head:
+            digits = head[:-1] + str(int(head[-1]) + 1) + "0" * (dps - len(head))
+        else:
+            digits, point = "1" + "0" * (dps - 1), point + 1
+    else:
+        digits = digits[:dps]
+    split = 1
+    if min(-(dps // 3), -5) < point < dps:
+        if point < 0:
+            digits = "0" * -point + digits
+        else:
+            split = point + 1
+            digits += "0" * max(split - dps, 0)
+        point = 0
+    digits = (digits[:split] + "." + digits[split:]).rstrip("0")
+    digits += "0" if digits.endswith(".") else ""
+    return ("-" if sign else "") + digits + (f"e{point:+}" if point else "")
+
+
+def _mp_repr_dps(prec: int) -> int:
+    dps = max(1, int(round(prec / _mp_B2_10) - 1))
+    return 17 if dps == 15 else dps + 3
+
+
+class mpf:  # noqa: N801 - the name shows in results, like mpmath's
+    """Result of MathAPI.logarithm; repr/str like mpmath 1.3.0's mpf at the precision of the call."""
+
+    def __init__(self, raw: _MpRaw, prec: int, dps: int) -> None:
+        self._mpf_, self._prec, self._dps = raw, prec, dps
+
+    def __repr__(self) -> str:
+        return "mpf('%s')" % _mp_to_str(self._mpf_, _mp_repr_dps(self._prec))
+
+    def __str__(self) -> str:
+        return _mp_to_str(self._mpf_, self._dps)
+
+    def __float__(self) -> float:  # convenience only (not compared)
+        sign, man, exp = self._mpf_
+        if not man:
+            return {_mp_ZERO: 0.0, _mp_INF: math.inf, _mp_NINF: -math.inf}.get(self._mpf_, math.nan)
+        try:
+            return (-1.0) ** sign * float(fractions.Fraction(man) * fractions.Fraction(2) ** exp)
+        except OverflowError:
+            return -math.inf if sign else math.inf
+
+
+class mpc:  # noqa: N801
+    """Complex result of MathAPI.logarithm (negative value or base); repr/str like mpmath.mpc."""
+
+    def __init__(self, real: _MpRaw, imag: _MpRaw, prec: int, dps: int) -> None:
+        self.real, self.imag = mpf(real, prec, dps), mpf(imag, prec, dps)
+
+    def __repr__(self) -> str:
+        return f"mpc(real={repr(self.real)[4:-1]}, imag={repr(self.imag)[4:-1]})"
+
+    def __str__(self) -> str:
+        im = self.imag._mpf_
+        sep, im = (" - ", _mp_neg(im)) if im[0] else (" + ", im)
+        return f"({self.real}{sep}{_mp_to_str(im, self.imag._dps)}j)"
+
+
+def _mp_quotient(num: Any, den: Any, prec: int, dps: int) -> Union[mpf, mpc]:
+    """num / den as mpmath divides mpf/mpc values (complex parts are (real, imag) pairs of raws)."""
+    cnum, cden = isinstance(num[0], tuple), isinstance(den[0], tuple)
+    if not cden:
+        if not cnum:
+            return mpf(_mp_div(num, den, prec), prec, dps)
+        return mpc(_mp_div(num[0], den, prec), _mp_div(num[1], den, prec), prec, dps)
+    (c, d), wp = den, prec + 10
+    mag = _mp_add(_mp_mul(c, c), _mp_mul(d, d), wp)
+    if not cnum:
+        return mpc(_mp_div(_mp_mul(c, num), mag, prec), _mp_div(_mp_neg(_mp_mul(d, num)), mag, prec), prec, dps)
+    a, b = num
+    re_part = _mp_add(_mp_mul(a, c), _mp_mul(b, d), wp)
+    im_part = _mp_add(_mp_mul(b, c), _mp_neg(_mp_mul(a, d)), wp)
+    return mpc(_mp_div(re_part, mag, prec), _mp_div(im_part, mag, prec), prec, dps)
+
+
+_TO_METERS: Dict[str, float] = {"km": 1000, "m": 1, "cm": 0.01, "mm": 0.001, "um": 1e-6, "nm": 1e-9}
+_IMPERIAL: Dict[str, float] = {
+    "cm_to_in": 0.393701, "in_to_cm": 2.54, "m_to_ft": 3.28084, "ft_to_m": 0.3048, "m_to_yd": 1.09361,
+    "yd_to_m": 0.9144, "km_to_miles": 0.621371, "miles_to_km": 1.60934, "kg_to_lb": 2.20462,
+    "lb_to_kg": 0.453592, "celsius_to_fahrenheit": 1.8, "fahrenheit_to_celsius": 5 / 9}
+
+
+class MathAPI:
+    def __init__(self) -> None:
+        self._api_description = "This tool belongs to the Math API, which provides various mathematical operations."
+
+    def logarithm(self, value: float, base: float, precision: int) -> Dict[str, Any]:
+        try:
+            prec = max(1, int(round((int(precision) + 1) * _mp_B2_10)))  # mpmath: mp.dps = precision
+            dps = max(1, int(precision))
+            num = _mp_ln(_mp_to_raw(value, prec), prec)
+            den = _mp_ln(_mp_to_raw(base, prec), prec)
+            return {"result": _mp_quotient(num, den, prec, dps)}
+        except Exception as e:
+            return {"error": str(e)}
+
+    def mean(self, numbers: List[float]) -> Dict[str, float]:
+        if not numbers:
+            return {"error": "Cannot calculate mean of an empty list"}
+        try:
+            return {"result": sum(numbers) / len(numbers)}
+        except TypeError:
+            return {"error": "All elements in the list must be numbers"}
+
+    def standard_deviation(self, numbers: List[float]) -> Dict[str, float]:
+        if not numbers:
+            return {"error": "Cannot calculate standard deviation of an empty list"}
+        try:
+            avg = sum(numbers) / len(numbers)
+            return {"result": math.sqrt(sum((x - avg) ** 2 for x in numbers) / len(numbers))}
+        except TypeError:
+            return {"error": "All elements in the list must be numbers"}
+
+    def si_unit_conversion(self, value: float, unit_in: str, unit_out: str) -> Dict[str, float]:
+        from_meters = {unit: 1 / factor for unit, factor in _TO_METERS.items()}
+        if not isinstance(value, (int, float)):
+            return {"error": "Value must be a number"}
+        if unit_in not in _TO_METERS or unit_out not in from_meters:
+            return {"error": f"Conversion from '{unit_in}' to '{unit_out}' is not supported"}
+        try:
+            return {"result": value * _TO_METERS[unit_in] * from_meters[unit_out]}
+        except OverflowError:
+            return {"error": "Conversion resulted in a value too large to represent"}
+
+    def imperial_si_conversion(self, value: float, unit_in: str, unit_out: str) -> Dict[str, float]:
+        if not isinstance(value, (int, float)):
+            return {"error": "Value must be a number"}
+        if unit_in == unit_out:
+            return {"result": value}
+        key = f"{unit_in}_to_{unit_out}"
+        if key not in _IMPERIAL:
+            return {"error": f"Conversion from '{unit_in}' to '{unit_out}' is not supported"}
+        try:
+            if unit_in == "celsius" and unit_out == "fahrenheit":
+                return {"result": value * _IMPERIAL[key] + 32}
+            if unit_in == "fahrenheit" and unit_out == "celsius":
+                return {"result": (value - 32) * _IMPERIAL[key]}
+            return {"result": value * _IMPERIAL[key]}
+        except OverflowError:
+            return {"error": "Conversion resulted in a value too large to represent"}
+
+    def add(self, a: float, b: float) -> Dict[str, float]:
+        try:
+            return {"result": a + b}
+        except TypeError:
+            return {"error": "Both inputs must be numbers"}
+
+    def subtract(self, a: float, b: float) -> Dict[str, float]:
+        try:
+            return {"result": a - b}
+        except TypeError:
+            return {"error": "Both inputs must be numbers"}
+
+    def multiply(self, a: float, b: float) -> Dict[str, float]:
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+            return {"error": "Both inputs must be numbers"}
+        return {"result": a * b}
+
+    def divide(self, a: float, b: float) -> Dict[str, float]:
+        try:
+            if b == 0:
+                return {"error": "Cannot divide by zero"}
+            return {"result": a / b}
+        except TypeError:
+            return {"error": "Both inputs must be numbers"}
+
+    def power(self, base: float, exponent: float) -> Dict[str, float]:
+        try:
+            return {"result": base ** exponent}
+        except TypeError:
+            return {"error": "Both inputs must be numbers"}
+
+    def square_root(self, number: float, precision: int) -> Dict[str, Any]:
+        try:
+            if number < 0:
+                return {"error": "Cannot calculate square root of a negative number"}
+            context = decimal.Context()  # official: getcontext().prec = precision (process-wide)
+            context.prec = precision
+            return {"result": decimal.Decimal(number).sqrt(context)}
+        except (TypeError, decimal.InvalidOperation):
+            return {"error": "Input must be a number or computation resulted in an invalid operation"}
+
+    def absolute_value(self, number: float) -> Dict[str, float]:
+        try:
+            return {"result": abs(number)}
+        except TypeError:
+            return {"error": "Input must be a number"}
+
+    def round_number(self, number: float, decimal_places: int = 0) -> Dict[str, float]:
+        try:
+            return {"result": round(number, decimal_places)}
+        except TypeError:
+            return {"error": "First input must be a number, second input must be an integer"}
+
+    def percentage(self, part: float, whole: float) -> Dict[str, float]:
+        try:
+            if whole == 0:
+                return {"error": "Whole value cannot be zero"}
+            return {"result": (part / whole) * 100}
+        except TypeError:
+            return {"error": "Both inputs must be numbers"}
+
+    def min_value(self, numbers: List[float]) -> Dict[str, float]:
+        if not numbers:
+            return {"error": "Cannot find minimum of an empty list"}
+        try:
+            return {"result": min(numbers)}
+        except TypeError:
+            return {"error": "All elements in the list must be numbers"}
+
+    def max_value(self, numbers: List[float]) -> Dict[str, float]:
+        if not numbers:
+            return {"error": "Cannot find maximum of an empty list"}
+        try:
+            return {"result": max(numbers)}
+        except TypeError:
+            return {"error": "All elements in the list must be numbers"}
+
+    def sum_values(self, numbers: List[float]) -> Dict[str, float]:
+        if not numbers:
+            return {"error": "Cannot calculate sum of an empty list"}
+        try:
+            return {"result": sum(numbers)}
+        except TypeError:
+            return {"error": "All elements in the list must be numbers"}
+
+
+# =============================================================================
+# Tool back-ends: services
+# =============================================================================
+# TicketAPI, TradingBot, TravelAPI, VehicleControlAPI (seeded where BFCL seeds: each instance its own
+# random.Random; _MT_TODAY fixes the date verify_traveler_information computes ages from, for a bench).
+
+_MT_TODAY = None  # None: today, as BFCL
+
+def _mt_table(spec: str) -> List[List[str]]:
+    return [row.split() for row in spec.split(";")]
+
+
+def _same_eq(self: Any, other: object, cls: type) -> bool:
+    """The official TravelAPI/VehicleControlAPI `__eq__`: public attributes compared with `!=`."""
+    if not isinstance(other, cls):
+        return False
+    return not any(getattr(self, k) != getattr(other, k) for k in vars(self) if not k.startswith("_"))
+
+
+# ----------------------------------------------------------------------------- TicketAPI
+class TicketAPI:
+    def __init__(self) -> None:
+        self._api_description = ("This tool belongs to the ticketing system that is part of a company, which allows "
+                                 "users to create, view, and manage support business tickets.")
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        self.ticket_queue: List[dict] = scenario.get("ticket_queue", [])
+        self.ticket_counter: int = scenario.get("ticket_counter", 1)
+        self.current_user: Optional[str] = scenario.get("current_user", None)
+
+    def _find(self, ticket_id: int) -> Optional[dict]:
+        return next((t for t in self.ticket_queue if t["id"] == ticket_id), None)
+
+    def create_ticket(self, title: str, description: str = "", priority: int = 1) -> dict:
+        if not self.current_user:
+            return {"error": "User not authenticated. Please log in to create a ticket."}
+        if priority < 1 or priority > 5:
+            return {"error": "Invalid priority. Priority must be between 1 and 5."}
+        t = dict(id=self.ticket_counter, title=title, description=description, status="Open", priority=priority,
+                 created_by=self.current_user)
+        self.ticket_queue.append(t)
+        self.ticket_counter += 1
+        return t
+
+    def get_ticket(self, ticket_id: int) -> dict:
+        return self._find(ticket_id) or {"error": f"Ticket with ID {ticket_id} not found."}
+
+    def _mark(self, ticket_id: int, status: str) -> Tuple[Optional[dict], Optional[dict]]:
+        """(ticket, None) after setting its status, or (None, error)."""
+        t = self._find(ticket_id)
+        if not t:
+            return None, {"error": f"Ticket with ID {ticket_id} not found."}
+        if t["status"] == status:
+            return None, {"error": f"Ticket with ID {ticket_id} is already {status.lower()}."}
+        t["status"] = status
+        return t, None
+
+    def close_ticket(self, ticket_id: int) -> Dict[str, str]:
+        _, err = self._mark(ticket_id, "Closed")
+        return err or {"status": f"Ticket {ticket_id} has been closed successfully."}
+
+    def resolve_ticket(self, ticket_id: int, resolution: str) -> Dict[str, str]:
+        t, err = self._mark(ticket_id, "Resolved")
+        if err:
+            return err
+        t["resolution"] = resolution
+        return {"status": f"Ticket {ticket_id} has been resolved successfully."}
+
+    def edit_ticket(self, ticket_id: int, updates: Dict[str, Optional[Union[str, int]]]) -> Dict[str, str]:
+        t = self._find(ticket_id)
+        if not t:
+            return {"error": f"Ticket with ID {ticket_id} not found."}
+        bad = set(updates.keys()) - {"title", "description", "status", "priority"}  # order: PYTHONHASHSEED
+        if bad:
+            return {"error": f"Invalid fields for update: {', '.join(bad)}"}
+        for k, v in updates.items():
+            if v is not None:
+                t[k] = v
+        return {"status": f"Ticket {ticket_id} has been updated successfully."}
+
+    def ticket_login(self, username: str, password: str) -> Dict[str, bool]:
+        if username and password:
+            self.current_user = username
+            return {"success": True}
+        return {"success": False}
+
+    def ticket_get_login_status(self) -> Dict[str, bool]:
+        return {"login_status": bool(self.current_user)}
+
+    def logout(self) -> Dict[str, bool]:
+        if not self.current_user:
+            return {"success": False}
+        self.current_user = None
+        return {"success": True}
+
+    def get_user_tickets(self, status: Optional[str] = None) -> List[dict]:
+        if not self.current_user:
+            return [{"error": "User not authenticated. Please log in to view tickets."}]
+        mine = [t for t in self.ticket_queue if t["created_by"] == self.current_user]
+        return [t for t in mine if t["status"].lower() == status.lower()] if status else mine
+
+
+# ----------------------------------------------------------------------------- TradingBot
+def _MT_NOW() -> "datetime.datetime":  # (a name read at run time: no import at start)
+    return datetime.datetime(2024, 9, 1, 10, 30)
+_STOCKS = ("AAPL 227.16 0.17 2.552 227.11 227.09;GOOG 2840.34 0.24 1.123 2835.67 2842.15;"
+           "TSLA 667.92 -0.12 1.654 671.15 668.20;MSFT 310.23 0.09 3.234 309.88 310.11;"
+           "NVDA 220.34 0.34 1.234 220.45 220.67;ALPH 1320.45 -0.08 1.567 1321.12 1325.78;"
+           "OMEG 457.23 0.12 2.345 456.78 458.12;QUAS 725.89 -0.03 1.789 726.45 728.00;"
+           "NEPT 88.34 0.19 0.654 88.21 88.67;SYNX 345.67 0.11 2.112 345.34 346.12;ZETA 22.09 -0.05 0.789 22.12 22.34")
+_SYMBOLS = dict(kv.split(":") for kv in (
+    "Apple:AAPL,Google:GOOG,Tesla:TSLA,Microsoft:MSFT,Nvidia:NVDA,Zeta Corp:ZETA,Alpha Tech:ALPH,"
+    "Omega Industries:OMEG,Quasar Ltd.:QUAS,Neptune Systems:NEPT,Synex Solutions:SYNX,Amazon:AMZN,Gorilla:GORI"
+).split(","))
+_NOT_AUTH = "User not authenticated. Please log in to "
+
+
+def _trading_defaults() -> Dict[str, Any]:
+    def order(i: int, kind: str, sym: str, price: float, amount: int, status: str) -> dict:
+        return {"id": i, "order_type": kind, "symbol": sym, "price": price, "amount": amount, "status": status}
+    stocks = {r[0]: dict(zip(("price", "percent_change", "volume", "MA(5)", "MA(20)"), map(float, r[1:])))
+              for r in _mt_table(_STOCKS)}
+    return {"orders": {12345: order(12345, "Buy", "AAPL", 210.65, 10, "Completed"),
+                       12446: order(12446, "Sell", "GOOG", 2840.56, 5, "Pending")},
+            "account_info": {"account_id": 12345, "balance": 10000.0, "binding_card": 1974202140965533},
+            "authenticated": False, "market_status": "Closed", "order_counter": 12446, "stocks": stocks,
+            "watch_list": ["NVDA"], "transaction_history": [], "random_seed": 1053520}
+
+
+class TradingBot:
+    def __init__(self) -> None:
+        self._api_description = ("This tool belongs to the trading system, which allows users to trade stocks, "
+                                 "manage their account, and view stock information.")
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        d = _trading_defaults()
+        self.orders: Dict[Any, dict] = scenario.get("orders", d["orders"])
+        self.orders = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in self.orders.items()}
+        for k in ("account_info", "authenticated", "market_status", "order_counter", "stocks", "watch_list",
+                  "transaction_history"):
+            setattr(self, k, scenario.get(k, d[k]))
+        self.long_context = long_context
+        if long_context:
+            _mt_lc("MA_5_EXTENSION")
+        self._random = random.Random(scenario.get("random_seed", d["random_seed"]))
+
+    def _log(self, kind: str, amount: float) -> None:
+        append = self.transaction_history.append  # looked up before the timestamp draws, as in the official
+        # randint(0, 86400) draws like the official randint(ts, ts + 86400) on local-time timestamps
+        stamp = (_MT_NOW() + datetime.timedelta(seconds=self._random.randint(0, 86400))).strftime("%Y-%m-%d %H:%M:%S")
+        append({"type": kind, "amount": amount, "timestamp": stamp})
+
+    def get_current_time(self) -> Dict[str, str]:
+        return {"current_time": _MT_NOW().strftime("%I:%M %p")}
+
+    def get_symbol_by_name(self, name: str) -> Dict[str, str]:
+        return {"symbol": _SYMBOLS.get(name, "Stock not found")}
+
+    def get_stock_info(self, symbol: str) -> dict:
+        if symbol not in self.stocks:
+            return {"error": f"Stock with symbol '{symbol}' not found."}
+        if not self.long_context:
+            return self.stocks[symbol]
+        stock = self.stocks[symbol].copy()
+        stock["MA(5)"], stock["MA(20)"] = _mt_lc("MA_5_EXTENSION"), _mt_lc("MA_20_EXTENSION")
+        return stock
+
+    def get_order_details(self, order_id: int) -> dict:
+        if order_id not in self.orders:
+            return {"error": f"Order with ID {order_id} not found.Here is the list of orders_id: "
+                             + str(list(self.orders.keys()))}
+        if not self.long_context:
+            return self.orders[order_id]
+        order = self.orders[order_id].copy()
+        symbol, meta = order["symbol"], {}
+        for k, text in _mt_lc("ORDER_DETAIL_EXTENSION").items():
+            try:
+                meta[k] = text.format(symbol=symbol)
+            except KeyError as e:
+                return {"error": f"KeyError during formatting: {e}"}
+        order["metadata"] = meta
+        return order
+
+    def cancel_order(self, order_id: int) -> dict:
+        if order_id not in self.orders:
+            return {"error": f"Order with ID {order_id} not found."}
+        if self.orders[order_id]["status"] == "Completed":
+            return {"error": f"Can't cancel order {order_id}. Order is already completed."}
+        self.orders[order_id]["status"] = "Cancelled"
+        return {"order_id": order_id, "status": "Cancelled"}
+
+    def place_order(self, order_type: str, symbol: str, price: float, amount: int) -> dict:
+        if not self.authenticated:
+            return {"error": _NOT_AUTH + "place an order."}
+        if symbol not in self.stocks:
+            return {"error": f"Invalid stock symbol: {symbol}"}
+        if price <= 0 or amount <= 0:
+            return {"error": "Price and amount must be positive values."}
+        if order_type.lower() == "buy":
+            cost = float(price) * int(amount)
+            if cost > self.account_info.get("balance", 0):
+                return {"error": f"Insufficient funds: required ${cost:.2f} but only "
+                                 f"${self.account_info.get('balance', 0):.2f} available."}
+        price, oid = float(price), self.order_counter
+        self.orders[oid] = {"id": oid, "order_type": order_type, "symbol": symbol, "price": price,
+                            "amount": amount, "status": "Open"}
+        self.order_counter += 1
+        return {"order_id": oid, "order_type": order_type, "status": "Pending", "price": price, "amount": amount}
+
+    def withdraw_funds(self, amount: float) -> dict:
+        if not self.authenticated:
+            return {"error": _NOT_AUTH + "make a transaction."}
+        if self.market_status != "Open":
+            return {"error": "Market is closed. Transactions are not allowed."}
+        if amount <= 0:
+            return {"error": "Transaction amount must be positive."}
+        if amount > self.account_info["balance"]:
+            return {"error": "Insufficient funds for withdrawal."}
+        self.account_info["balance"] -= amount
+        self._log("withdrawal", amount)
+        return {"status": "Withdrawal successful", "new_balance": self.account_info["balance"]}
+
+    def get_account_info(self) -> dict:
+        return self.account_info if self.authenticated else {"error": _NOT_AUTH + "view account information."}
+
+    def trading_login(self, username: str, password: str) -> Dict[str, str]:
+        if self.authenticated:
+            return {"status": "Already logged in"}
+        self.authenticated = True
+        return {"status": "Logged in successfully"}
+
+    def trading_get_login_status(self) -> Dict[str, bool]:
+        return {"status": bool(self.authenticated)}
+
+    def trading_logout(self) -> Dict[str, str]:
+        if not self.authenticated:
+            return {"status": "No user is currently logged in"}
+        self.authenticated = False
+        return {"status": "Logged out successfully"}
+
+    def fund_account(self, amount: float) -> dict:
+        if not self.authenticated:
+            return {"error": _NOT_AUTH + "fund the account."}
+        if amount <= 0:
+            return {"error": "Funding amount must be positive."}
+        self.account_info["balance"] += amount
+        self._log("deposit", amount)
+        return {"status": "Account funded successfully", "new_balance": self.account_info["balance"]}
+
+    def remove_stock_from_watchlist(self, symbol: str) -> Dict[str, str]:
+        if not self.authenticated:
+            return {"error": _NOT_AUTH + "modify the watchlist."}
+        if symbol not in self.watch_list:
+            return {"error": f"Stock {symbol} not found in watchlist."}
+        self.watch_list.remove(symbol)
+        return {"status": f"Stock {symbol} removed from watchlist successfully."}
+
+    def get_watchlist(self) -> Union[dict, list]:
+        if not self.authenticated:
+            return ["Error: " + _NOT_AUTH + "view the watchlist."]
+        if not self.long_context:
+            return {"watchlist": self.watch_list}
+        out = self.watch_list.copy()
+        out.extend(_mt_lc("WATCH_LIST_EXTENSION"))  # a bare list, ending in Ellipsis (so does the official data)
+        return out
+
+    def get_order_history(self) -> Union[dict, list]:
+        if not self.authenticated:
+            return [{"error": _NOT_AUTH + "view order history."}]
+        return {"history": list(self.orders.keys())}
+
+    def get_transaction_history(self, start_date: Optional[str] = None, end_date: Optional[str] = None
+                                ) -> Union[dict, list]:
+        if not self.authenticated:
+            return [{"error": _NOT_AUTH + "view transaction history."}]
+        lo = datetime.datetime.strptime(start_date, "%Y-%m-%d") if start_date else datetime.datetime.min
+        hi = datetime.datetime.strptime(end_date, "%Y-%m-%d") if end_date else datetime.datetime.max
+        out = [t for t in self.transaction_history
+               if lo <= datetime.datetime.strptime(t["timestamp"], "%Y-%m-%d %H:%M:%S") <= hi]
+        if self.long_context:
+            out.extend(_mt_lc("TRANSACTION_HISTORY_EXTENSION"))
+        return {"transaction_history": out}
+
+    def get_available_stocks(self, sector: str) -> Dict[str, List[str]]:
+        sectors = {"Technology": ["AAPL", "GOOG", "MSFT", "NVDA"], "Automobile": ["TSLA", "F", "GM"]}
+        if self.long_context:
+            sectors["Technology"].extend(_mt_lc("TECHNOLOGY_EXTENSION"))
+            sectors["Automobile"].extend(_mt_lc("AUTOMOBILE_EXTENSION"))
+        return {"stock_list": sectors.get(sector, [])}
+
+    def filter_stocks_by_price(self, stocks: List[str], min_price: float, max_price: float) -> Dict[str, List[str]]:
+        return {"filtered_stocks": [s for s in stocks if self.stocks.get(s, {}).get("price", 0) >= min_price
+                                    and self.stocks.get(s, {}).get("price", 0) <= max_price]}
+
+    def add_to_watchlist(self, stock: str) -> Dict[str, List[str]]:
+        if stock not in self.watch_list and stock in self.stocks:
+            self.watch_list.append(stock)
+        return {"watchlist": self.watch_list}
+
+    def notify_price_change(self, stocks: List[str], threshold: float) -> Dict[str, str]:
+        hit = [s for s in stocks if s in self.stocks and abs(self.stocks[s]["percent_change"]) >= threshold]
+        if hit:
+            return {"notification": f"Stocks {', '.join(hit)} have significant price changes."}
+        return {"notification": "No significant price changes in the selected stocks."}
+
+
+# ----------------------------------------------------------------------------- TravelAPI
+_ROUTES: Dict[tuple, int] = {(r[0], leg[:3]): int(leg[3:]) for r in _mt_table(
+    "SFO LAX200 JFK500 ORD400 BOS450 RMS300 SBK350 MPC370 SVP320 SHD330 SSV340 OKD360 WLB310 CRH380 ATV390 PHV420 "
+    "GFD430 CIA700;LAX SFO100 JFK600 ORD500 BOS550 RMS310 SBK320 MPC330 SVP340 SHD350 SSV360 OKD370 WLB380 CRH390 "
+    "ATV400 PHV410 GFD420 HND430;JFK ORD300 BOS250 RMS450 SBK460 MPC470 SVP480 SHD490 SSV500 OKD510 WLB520 CRH530 "
+    "ATV540 PHV550 GFD560 LAX570 HND800 PVG950 PEK1000;ORD LAX180 BOS200 RMS350 SBK360 MPC370 SVP380 SHD390 SSV400 "
+    "OKD410 WLB420 CRH430 ATV440 PHV450 GFD460;BOS RMS400 SBK410 MPC420 SVP430 SHD440 SSV450 OKD460 WLB470 CRH480 "
+    "ATV490 PHV500 GFD510;RMS BOS200 JFK210 SBK220 MPC230 SVP240 SHD250 SSV260 OKD270 WLB280 CRH290 ATV300 PHV310 "
+    "GFD320 LAX330;SBK MPC200 SVP210 SHD220 SSV230 OKD240 WLB250 CRH260 ATV270 PHV280 GFD290;MPC SVP210 SHD220 "
+    "SSV230 OKD240 WLB250 CRH260 ATV270 PHV280 GFD290;SVP SHD230 SSV240 OKD250 WLB260 CRH270 ATV280 PHV290 GFD300;"
+    "SHD SSV220 OKD230 WLB240 CRH250 ATV260 PHV270 GFD280;SSV OKD240 WLB250 CRH260 ATV270 PHV280 GFD290;OKD WLB230 "
+    "CRH240 ATV250 PHV260 GFD270;WLB CRH250 ATV260 PHV270 GFD280;CRH ATV240 PHV250 GFD260 SFO270 RMS280 HKG290 "
+    "JFK300;ATV PHV230 GFD240;PHV GFD220;LHR CDG100;OKD LAX220") for leg in r[1:]}
+_AIRPORTS = "RMS SBK MPC SVP SHD CDG LHR SSV OKD WLB PEK HND HKG CIA CRH ATV PHV GFD SFO LAX JFK ORD BOS".split()
+_CITY_AIRPORT = dict(kv.split(":") for kv in (
+    "Rivermist:RMS,Stonebrook:SBK,Maplecrest:MPC,Silverpine:SVP,Shadowridge:SHD,London:LHR,Paris:CDG,"
+    "Sunset Valley:SSV,Oakendale:OKD,Willowbend:WLB,Crescent Hollow:CRH,Autumnville:ATV,Pinehaven:PHV,"
+    "Greenfield:GFD,San Francisco:SFO,Los Angeles:LAX,New York:JFK,Chicago:ORD,Boston:BOS,Beijing:PEK,"
+    "Hong Kong:HKG,Rome:CIA,Tokyo:HND").split(","))
+_RATES = (("USD", "RMB", 7), ("USD", "EUR", 0.8), ("USD", "JPY", 110), ("USD", "GBP", 0.7), ("USD", "CAD", 1.3),
+          ("USD", "AUD", 1.4), ("USD", "INR", 70), ("USD", "RUB", 60), ("USD", "BRL", 3.8), ("USD", "MXN", 20))
+_CLASS_FACTOR = (("economy", 1), ("business", 2), ("first", 5))
+_TRAVEL_KEYS = ("credit_card_list", "booking_record", "access_token", "token_type", "token_expires_in", "token_scope",
+                "user_first_name", "user_last_name", "budget_limit")
+
+
+class TravelAPI:
+    def __init__(self) -> None:
+        self._api_description = ("This tool belongs to the travel system, which allows users to book flights, manage "
+                                 "credit cards, and view budget information.")
+        self._flight_cost_lookup: Dict[str, Dict[str, float]] = {}
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        self._random = random.Random(scenario.get("random_seed", 141053))
+        for k in _TRAVEL_KEYS:
+            setattr(self, k, scenario.get(k, {} if k in _TRAVEL_KEYS[:2] else None))
+        self.long_context = long_context
+        if long_context:  # extension entries go after the scenario's, never replacing one
+            for have, ext in ((self.credit_card_list, "CREDIT_CARD_EXTENSION"),
+                              (self.booking_record, "BOOKING_RECORD_EXTENSION")):
+                for k, v in _mt_lc(ext, owner=self).items():
+                    if k not in have:
+                        have[k] = v
+
+    def __eq__(self, value: object) -> bool:
+        return _same_eq(self, value, TravelAPI)
+
+    def _gate(self, access_token: str, **status: bool) -> Optional[dict]:
+        if self.token_expires_in == 0:
+            return dict(status, error="Token expired")
+        if access_token != self.access_token:
+            return dict(status, error="Invalid access token")
+        return None
+
+    def authenticate_travel(self, client_id: str, client_secret: str, refresh_token: str, grant_type: str,
+                            user_first_name: str, user_last_name: str) -> dict:
+        self.token_expires_in = 2
+        self.access_token = str(self._random.randint(100000, 999999))
+        self.token_type, self.token_scope = "Bearer", grant_type
+        self.user_first_name, self.user_last_name = user_first_name, user_last_name
+        return {"expires_in": 2, "access_token": self.access_token, "token_type": "Bearer", "scope": grant_type}
+
+    def travel_get_login_status(self) -> Dict[str, bool]:
+        return {"status": not (self.token_expires_in is None or self.token_expires_in == 0)}
+
+    def get_budget_fiscal_year(self, lastModifiedAfter: Optional[str] = None, includeRemoved: Optional[str] = None
+                               ) -> Dict[str, str]:
+        return {"budget_fiscal_year": "2018"}
+
+    def register_credit_card(self, access_token: str, card_number: str, expiration_date: str, cardholder_name: str,
+                             card_verification_number: int) -> dict:
+        if self.token_expires_in is None:
+            return {"error": "Token not initialized"}
+        err = self._gate(access_token)
+        if err:
+            return err
+        if card_number in self.credit_card_list:  # sic: a card number looked up among card ids
+            return {"error": "Card already registered"}
+        card_id = str(self._random.randint(100000000000, 999999999999))
+        self.credit_card_list[card_id] = {
+            "card_number": card_number, "expiration_date": expiration_date, "cardholder_name": cardholder_name,
+            "card_verification_number": card_verification_number, "balance": self._random.randint(10000, 99999)}
+        return {"card_id": card_id}
+
+    def get_flight_cost(self, travel_from: str, travel_to: str, travel_date: str, travel_class: str
+                        ) -> Dict[str, List[float]]:
+        pair = (travel_from, travel_to)
+        if pair not in _ROUTES:
+            raise ValueError("No available route for the given airports.")
+        factor = next((f for name, f in _CLASS_FACTOR if travel_class == name), None)
+        if factor is None:
+            raise ValueError("Invalid travel class. Options are: economy, business, first.")
+        mult = 2 if sum(int(ch) for ch in travel_date if ch.isdigit()) % 2 == 0 else 1
+        legs = _ROUTES.items() if self.long_context else [(pair, _ROUTES[pair])]
+        self._flight_cost_lookup = {f"{a}|{b}|{travel_class}|{travel_date}": {"cost": float(base * factor * mult)}
+                                    for (a, b), base in legs}
+        return {"travel_cost_list": [v["cost"] for v in self._flight_cost_lookup.values()]}
+
+    def get_credit_card_balance(self, access_token: str, card_id: str) -> dict:
+        err = self._gate(access_token)
+        if err:
+            return err
+        if card_id not in self.credit_card_list:
+            return {"error": "Card not registered. Here are a list of card_id's: "
+                             + str(list(self.credit_card_list.keys()))}
+        return {"card_balance": self.credit_card_list[card_id]["balance"]}
+
+    def book_flight(self, access_token: str, card_id: str, travel_date: str, travel_from: str, travel_to: str,
+                    travel_class: str) -> dict:
+        def fail(error: str) -> dict:
+            return {"booking_status": False, "error": error}
+        err = self._gate(access_token, booking_status=False)
+        if err:
+            return err
+        if card_id not in self.credit_card_list:
+            return fail("Card not registered")
+        if "balance" not in self.credit_card_list[card_id]:
+            return fail("Balance not found")
+        airports = self.list_all_airports()
+        if travel_from not in airports:
+            return fail(f"Invalid departure airport code: {travel_from}")
+        if travel_to not in airports:
+            return fail(f"Invalid destination airport code: {travel_to}")
+        try:
+            datetime.datetime.strptime(travel_date, "%Y-%m-%d")
+        except ValueError:
+            return fail("Invalid date format. Use YYYY-MM-DD.")
+        valid_classes = {"economy", "business", "first"}  # shown as a set: order follows PYTHONHASHSEED
+        if travel_class not in valid_classes:
+            return fail(f"Invalid travel class. Must be one of {valid_classes}")
+        try:
+            self.get_flight_cost(travel_from=travel_from, travel_to=travel_to, travel_date=travel_date,
+                                 travel_class=travel_class)
+            entry = self._flight_cost_lookup.get(f"{travel_from}|{travel_to}|{travel_class}|{travel_date}")
+            if entry is None:
+                return fail("No available route for the given parameters")
+            cost = entry["cost"]
+        except ValueError as e:
+            return fail(str(e))
+        if self.credit_card_list[card_id]["balance"] < cost:
+            return fail("Insufficient funds")
+        if self.budget_limit is not None and self.credit_card_list[card_id]["balance"] < self.budget_limit:
+            return fail("Balance is less than budget limit")
+        self.credit_card_list[card_id]["balance"] -= cost
+        booking_id = str(self._random.randint(1000000, 9999999))
+        transaction_id = str(self._random.randint(10000000, 99999999))
+        self.booking_record[booking_id] = {
+            "card_id": card_id, "travel_date": travel_date, "travel_from": travel_from, "travel_to": travel_to,
+            "travel_class": travel_class, "travel_cost": cost, "transaction_id": transaction_id}
+        return {"booking_id": booking_id, "transaction_id": transaction_id, "booking_status": True,
+                "booking_history": self.booking_record if self.long_context else {}}
+
+    def retrieve_invoice(self, access_token: str, booking_id: Optional[str] = None,
+                         insurance_id: Optional[str] = None) -> dict:
+        err = self._gate(access_token)
+        if err:
+            return err
+        if booking_id not in self.booking_record:
+            return {"error": "Booking not found"}
+        keys = ("travel_date", "travel_from", "travel_to", "travel_class", "travel_cost", "transaction_id")
+        return {"invoice": {"booking_id": booking_id, **{k: self.booking_record[booking_id][k] for k in keys}}}
+
+    def get_booking_history(self, access_token: str) -> dict:
+        return self._gate(access_token) or {"booking_history": copy.deepcopy(self.booking_record)}
+
+    def list_all_airports(self) -> List[str]:
+        return list(_AIRPORTS)
+
+    def cancel_booking(self, access_token: str, booking_id: str) -> dict:
+        err = self._gate(access_token, cancel_status=False)
+        if err:
+            return err
+        if booking_id not in self.booking_record:
+            return {"cancel_status": False, "error": "Booking not found"}
+        card_id = self.booking_record[booking_id]["card_id"]
+        cost = self.booking_record[booking_id]["travel_cost"]
+        self.credit_card_list[card_id]["balance"] += cost
+        del self.booking_record[booking_id]
+        return {"cancel_status": True}
+
+    def compute_exchange_rate(self, base_currency: str, target_currency: str, value: float) -> dict:
+        for a, b, rate in _RATES:
+            if base_currency == a and target_currency == b:
+                return {"exchanged_value": float(value * rate)}
+            elif base_currency == b and target_currency == a:
+                return {"exchanged_value": round(value / rate, 2)}
+        raise ValueError("No available exchange rate for the given currencies.")
+
+    def verify_traveler_information(self, first_name: str, last_name: str, date_of_birth: str, passport_number: str
+                                    ) -> dict:
+        def fail(why: str) -> dict:
+            return {"verification_status": False, "verification_failure": why}
+        if self.user_first_name != first_name or self.user_last_name != last_name:
+            return fail("Cannot book flight information for another user."
+                        f"Expected {self.user_first_name} {self.user_last_name}, got {first_name} {last_name}")
+        try:
+            born = datetime.datetime.strptime(date_of_birth, "%Y-%m-%d")
+            today = _MT_TODAY or datetime.datetime.today()  # the official always uses the real date
+            age = today.year - born.year - ((today.month, today.day) < (born.month, born.day))
+        except ValueError:
+            return fail("Invalid date of birth format. Please use YYYY-MM-DD.")
+        if age < 18:
+            return fail("Traveler must be at least 18 years old.")
+        if not passport_number.startswith("US"):
+            return fail("Passport must be issued by the United States.")
+        return {"verification_status": True}
+
+    def set_budget_limit(self, access_token: str, budget_limit: float) -> dict:
+        err = self._gate(access_token)
+        if err:
+            return err
+        self.budget_limit = float(budget_limit)
+        return {"budget_limit": self.budget_limit}
+
+    def get_nearest_airport_by_city(self, location: str) -> Dict[str, str]:
+        return {"nearest_airport": _CITY_AIRPORT.get(location, "Unknown")}
+
+    def purchase_insurance(self, access_token: str, insurance_type: str, booking_id: str, insurance_cost: float,
+                           card_id: str) -> dict:
+        err = self._gate(access_token, insurance_status=False)
+        if err:
+            return err
+        if self.budget_limit is not None and self.budget_limit < insurance_cost:
+            return {"insurance_status": False, "error": "Exceeded budget limit"}
+        if booking_id not in self.booking_record:
+            return {"insurance_status": False, "error": "Booking not found"}
+        if card_id not in self.credit_card_list:
+            return {"insurance_status": False, "error": "Credit card not registered"}
+        self.credit_card_list[card_id]["balance"] -= insurance_cost
+        return {"insurance_id": str(self._random.randint(100000000, 999999999)), "insurance_status": True}
+
+    def contact_customer_support(self, booking_id: str, message: str) -> Dict[str, str]:
+        if booking_id not in self.booking_record:
+            return {"error": "Booking not found"}
+        return {"customer_support_message": "Thank you for contacting customer support. Your message has been "
+                                            "received and we will get back to you shortly."}
+
+    def get_all_credit_cards(self) -> dict:
+        return {"credit_card_list": self.credit_card_list}
+
+
+# ----------------------------------------------------------------------------- VehicleControlAPI
+_VEHICLE: List[tuple] = [  # (attribute, scenario key, default), in the official's assignment order
+    ("fuelLevel", "fuelLevel", 0.0), ("batteryVoltage", "batteryVoltage", 12.6),
+    ("engine_state", "engineState", "stopped"), ("remainingUnlockedDoors", "remainingUnlockedDoors", 4),
+    ("doorStatus", "doorStatus", dict.fromkeys(("driver", "passenger", "rear_left", "rear_right"), "unlocked")),
+    ("acTemperature", "acTemperature", 25.0), ("fanSpeed", "fanSpeed", 50), ("acMode", "acMode", "auto"),
+    ("humidityLevel", "humidityLevel", 50.0), ("headLightStatus", "headLightStatus", "off"),
+    ("parkingBrakeStatus", "parkingBrakeStatus", "released"), ("_parkingBrakeForce", "parkingBrakeForce", 0.0),
+    ("_slopeAngle", "slopeAngle", 0.0), ("brakePedalStatus", "brakePedalStatus", "released"),
+    ("_brakePedalForce", "brakePedalForce", 0.0), ("distanceToNextVehicle", "distanceToNextVehicle", 50.0),
+    ("cruiseStatus", "cruiseStatus", "inactive"), ("destination", "destination", "None"),
+    ("frontLeftTirePressure", "frontLeftTirePressure", 32.0),
+    ("frontRightTirePressure", "frontRightTirePressure", 32.0),
+    ("rearLeftTirePressure", "rearLeftTirePressure", 30.0), ("rearRightTirePressure", "rearRightTirePressure", 30.0)]
+_CAR_STATUS = {"fuel": (("fuelLevel", "fuelLevel"),), "battery": (("batteryVoltage", "batteryVoltage"),),
+               "doors": (("doorStatus", "doorStatus"),),
+               "climate": (("currentACTemperature", "acTemperature"), ("fanSpeed", "fanSpeed"),
+                           ("climateMode", "acMode"), ("humidityLevel", "humidityLevel")),
+               "headlights": (("headlightStatus", "headLightStatus"),),
+               "parkingBrake": (("parkingBrakeStatus", "parkingBrakeStatus"),
+                                ("parkingBrakeForce", "_parkingBrakeForce"), ("slopeAngle", "_slopeAngle")),
+               "brakePedal": (("brakePedalStatus", "brakePedalStatus"), ("brakePedalForce", "_brakePedalForce")),
+               "engine": (("engineState", "engine_state"),)}
+_DISTANCES = [(r[0], r[1], float(r[2])) for r in _mt_table(
+    "83214 74532 750;56108 62947 320;71354 83462 450;47329 52013 290;69238 51479 630;94016 83214 980;"
+    "94016 94704 600;94704 08540 2550;94016 08540 1950;62947 47329 1053;94016 62947 780;74532 94016 880")]
+_ZIPCODES = [kv.split(":") for kv in (
+    "Rivermist:83214,Stonebrook:74532,Maplecrest:56108,Silverpine:62947,Shadowridge:71354,Sunset Valley:83462,"
+    "Oakendale:47329,Willowbend:52013,Crescent Hollow:69238,Autumnville:51479,San Francisco:94016").split(",")]
+
+
+class VehicleControlAPI:
+    def __init__(self) -> None:
+        self._api_description = ("This tool belongs to the vehicle control system, which allows users to control "
+                                 "various aspects of the car such as engine, doors, climate control, lights, and more.")
+
+    def _load_scenario(self, scenario: dict, long_context: bool = False) -> None:
+        self._random = random.Random(scenario.get("random_seed", 141053))
+        for attr, key, default in _VEHICLE:
+            setattr(self, attr, scenario.get(key, copy.deepcopy(default)))
+            if attr == "doorStatus":  # the scenario's count is ignored: recounted from the doors
+                locked = [1 for d in self.doorStatus.keys() if self.doorStatus[d] == "locked"]
+                self.remainingUnlockedDoors = 4 - len(locked)
+        self.long_context = long_context
+        if long_context:
+            _mt_lc("CAR_STATUS_METADATA_EXTENSION")
+
+    def __eq__(self, value: object) -> bool:
+        return _same_eq(self, value, VehicleControlAPI)
+
+    def startEngine(self, ignitionMode: str) -> dict:
+        if ignitionMode == "STOP":
+            self.engine_state = "stopped"
+        if self.remainingUnlockedDoors > 0:
+            return {"error": "All doors must be locked before starting the engine. Here are the unlocked doors: "
+                             + ", ".join([d for d, s in self.doorStatus.items() if s == "unlocked"])}
+        if self.brakePedalStatus != "pressed":
+            return {"error": "Brake pedal needs to be pressed when starting the engine."}
+        if self._brakePedalForce != 1000.0:
+            return {"error": "Must press the brake fully before starting the engine."}
+        if self.fuelLevel < 0.0:
+            return {"error": "Fuel tank is empty."}
+        if ignitionMode != "START":
+            return {"error": "Invalid ignition mode."}
+        self.engine_state = "running"
+        return {"engineState": self.engine_state, "fuelLevel": self.fuelLevel, "batteryVoltage": self.batteryVoltage}
+
+    def fillFuelTank(self, fuelAmount: float) -> dict:
+        if fuelAmount < 0:
+            return {"error": "Fuel amount cannot be negative."}
+        if self.fuelLevel + fuelAmount > 50:
+            return {"error": "Cannot fill gas above the tank capacity."}
+        if self.fuelLevel + fuelAmount < 0.0:
+            return {"error": "Fuel tank is empty. Min fuel level is 0 gallons."}
+        self.fuelLevel += fuelAmount
+        return {"fuelLevel": self.fuelLevel}
+
+    def lockDoors(self, unlock: bool, door: List[str]) -> dict:
+        to, step = ("unlocked", 1) if unlock else ("locked", -1)
+        for d in door:
+            if self.doorStatus[d] != to:
+                self.doorStatus[d] = to
+                self.remainingUnlockedDoors += step
+        return {"lockStatus": to, "remainingUnlockedDoors": self.remainingUnlockedDoors}
+
+    def adjustClimateControl(self, temperature: float, unit: str = "celsius", fanSpeed: int = 50, mode: str = "auto"
+                             ) -> dict:
+        if not (0 <= fanSpeed <= 100):
+            return {"error": "Fan speed must be between 0 and 100."}
+        self.acTemperature = temperature
+        if unit == "fahrenheit":
+            self.acTemperature = (temperature - 32) * 5 / 9
+        self.fanSpeed, self.acMode = fanSpeed, mode
+        return {"currentACTemperature": temperature, "climateMode": mode, "humidityLevel": self.humidityLevel}
+
+    def get_outside_temperature_from_google(self) -> dict:
+        # the official writes the reading into its shared LONG_WEATHER_EXTENSION and returns that dict
+        out = dict(_mt_lc("LONG_WEATHER_EXTENSION")) if self.long_context else {}
+        out["outsideTemperature"] = self._random.uniform(-10.0, 40.0)
+        return out
+
+    def get_outside_temperature_from_weather_com(self) -> dict:
+        return {"error": 404}
+
+    def setHeadlights(self, mode: str) -> Dict[str, str]:
+        if mode not in ["on", "off", "auto"]:
+            return {"error": "Invalid headlight mode."}
+        self.headLightStatus = "on" if mode == "on" else "off"
+        return {"headlightStatus": self.headLightStatus}
+
+    def displayCarStatus(self, option: str) -> dict:
+        status: Dict[str, Any] = {"metadata": _mt_lc("CAR_STATUS_METADATA_EXTENSION")} if self.long_context else {}
+        for name, fields in _CAR_STATUS.items():
+            if option == name:
+                status.update((k, getattr(self, attr)) for k, attr in fields)
+                return status
+        status["error"] = "Invalid option"
+        return status
+
+    def activateParkingBrake(self, mode: str) -> dict:
+        if mode not in ["engage", "release"]:
+            return {"error": "Invalid mode"}
+        on = mode == "engage"
+        self.parkingBrakeStatus, self._parkingBrakeForce = ("engaged", 500.0) if on else ("released", 0.0)
+        self._slopeAngle = 10.0
+        out = {"parkingBrakeStatus": self.parkingBrakeStatus, "_parkingBrakeForce": self._parkingBrakeForce,
+               "_slopeAngle": 10.0}
+        return {"parkingBrakeInstruction": _mt_lc("PARKING_BRAKE_INSTRUCTION"), **out} if self.long_context else out
+
+    def pressBrakePedal(self, pedalPosition: float) -> dict:
+        if not (0 <= pedalPosition <= 1):
+            return {"error": "Pedal position must be between 0 and 1."}
+        if pedalPosition == 0:
+            return self.releaseBrakePedal()
+        force = pedalPosition * 1000
+        self.brakePedalStatus, self._brakePedalForce = "pressed", force
+        return {"brakePedalStatus": "pressed", "brakePedalForce": float(force)}
+
+    def releaseBrakePedal(self) -> dict:
+        self.brakePedalStatus, self._brakePedalForce = "released", 0.0
+        return {"brakePedalStatus": "released", "brakePedalForce": 0.0}
+
+    def setCruiseControl(self, speed: float, activate: bool, distanceToNextVehicle: float) -> dict:
+        distanceToNextVehicle = float(distanceToNextVehicle)
+        speed = float(speed)
+        if self.engine_state == "stopped":
+            return {"error": "Start the engine before activating the cruise control."}
+        self.distanceToNextVehicle = distanceToNextVehicle
+        if activate and (speed < 0 or speed > 120 or speed % 5 != 0):
+            return {"error": "Invalid speed"}
+        self.cruiseStatus = "active" if activate else "inactive"
+        return {"cruiseStatus": self.cruiseStatus, "currentSpeed": speed,
+                "distanceToNextVehicle": distanceToNextVehicle}
+
+    def get_current_speed(self) -> Dict[str, float]:
+        return {"currentSpeed": self._random.uniform(0.0, 120.0)}
+
+    def display_log(self, messages: List[str]) -> dict:
+        return {"log": messages}
+
+    def estimate_drive_feasibility_by_mileage(self, distance: float) -> Dict[str, bool]:
+        return {"canDrive": not self.fuelLevel * 20.0 < distance}
+
+    def liter_to_gallon(self, liter: float) -> Dict[str, float]:
+        return {"gallon": liter * 0.264172}
+
+    def gallon_to_liter(self, gallon: float) -> Dict[str, float]:
+        return {"liter": gallon * 3.78541}
+
+    def estimate_distance(self, cityA: str, cityB: str) -> dict:
+        out = next(({"distance": km} for a, b, km in _DISTANCES
+                    if (cityA == a and cityB == b) or (cityA == b and cityB == a)), None)
+        out = out or {"error": "distance not found in database."}
+        if self.long_context:
+            out["intermediaryCities"] = _mt_lc("INTERMEDIARY_CITIES")
+        return out
+
+    def get_zipcode_based_on_city(self, city: str) -> Dict[str, str]:
+        return {"zipcode": next((z for name, z in _ZIPCODES if city == name), "00000")}
+
+    def set_navigation(self, destination: str) -> Dict[str, str]:
+        self.destination = destination
+        return {"status": "Navigating to " + destination}
+
+    def check_tire_pressure(self) -> dict:
+        tires = (self.frontLeftTirePressure, self.frontRightTirePressure, self.rearLeftTirePressure,
+                 self.rearRightTirePressure)
+        healthy = 30 <= (tires[0] + tires[1] + tires[2] + tires[3]) / 4 <= 35
+        out = dict(zip(("frontLeftTirePressure", "frontRightTirePressure", "rearLeftTirePressure",
+                        "rearRightTirePressure"), tires), healthy_tire_pressure=healthy, car_info={})
+        if self.long_context:
+            out["car_info"] = _mt_lc("CAR_STATUS_METADATA_EXTENSION")
+        return out
+
+    def find_nearest_tire_shop(self) -> Dict[str, str]:
+        return {"shopLocation": "456 Oakwood Avenue, Rivermist, 83214"}
+
+# =============================================================================
+# Multi-turn tools
+# =============================================================================
+# BFCL's multi-turn categories (base, miss_func, miss_param, long_context) as bfcl-eval 2026.3.23 runs and checks
+# them: a row is a conversation of user turns against the simulated back-ends above, started from the row's
+# initial_config. Per turn the model answers, its calls are executed in order on that row's instances and their
+# results go back to it, until it makes no call or after the 21st step; its verdict replays its calls and the
+# ground truth's on fresh instances, turn by turn (the state of every instance equal, the ground truth's results
+# among the model's). A call string is parsed and walked, never eval'd.
+
+MT_STEP_LIMIT = 20  # bfcl-eval's MAXIMUM_STEP_LIMIT: a turn is forced to end after its 21st executed step
+MT_HELD_MESSAGE = "I have updated some more functions you can choose from. What about now?"
+MT_CHECKER = "bfcl-eval 2026.3.23 multi_turn_checker"  # part of every multi-turn row's score fingerprint
+MT_DOC_FILES = {"GorillaFileSystem": "gorilla_file_system.json", "MathAPI": "math_api.json",
+                "MessageAPI": "message_api.json", "TwitterAPI": "posting_api.json", "TicketAPI": "ticket_api.json",
+                "TradingBot": "trading_bot.json", "TravelAPI": "travel_booking.json",
+                "VehicleControlAPI": "vehicle_control.json"}
+_MT_FORBIDDEN = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
+_MT_CALL_NAME = _LazyPattern(r"\b([a-zA-Z_]\w*)\s*(?=\()")
+_MT_ERROR = "Error during execution: "
+# names BFCL's eval would find besides the back-ends' methods (its module's globals, Python's builtins): calling
+# one runs Python there; here it is answered as not run (the bench classifies these apart)
+_MT_OFFICIAL_GLOBALS = ("copy", "importlib", "inspect", "json", "re", "CLASS_FILE_PATH_MAPPING", "STATELESS_CLASSES")
+_MT_LC: Dict[str, Any] = {}
+
+
+def _mt_backends() -> Dict[str, type]:
+    return {"GorillaFileSystem": GorillaFileSystem, "MathAPI": MathAPI, "MessageAPI": MessageAPI,
+            "TwitterAPI": TwitterAPI, "TicketAPI": TicketAPI, "TradingBot": TradingBot, "TravelAPI": TravelAPI,
+            "VehicleControlAPI": VehicleControlAPI}
+
+
+def _mt_lc(name: str, owner: Any = None) -> Any:
+    """One of bfcl-eval's long-context constants (Tool data). With ``owner`` (an instance), the copy its world
+    shares among its instances: BFCL's instances share (and change) the module's own dicts, which a fresh process
+    per row reproduces and this reproduces per row."""
+    if not _MT_LC:
+        data = json.loads(zlib.decompress(base64.b85decode(_MT_LONG_CONTEXT)).decode("utf-8"))
+        data["WATCH_LIST_EXTENSION"].append(...)  # (the official list ends in Ellipsis, which JSON cannot hold)
+        _MT_LC.update(data)
+    world = getattr(owner, "_world", None) if owner is not None else None
+    if world is None:
+        return copy.deepcopy(_MT_LC[name]) if owner is not None else _MT_LC[name]
+    with world.lock:
+        if name not in world.own:
+            world.own[name] = copy.deepcopy(_MT_LC[name])
+        return world.own[name]
+
+
+class _MTWorld:
+    """What one process of bfcl-eval's shares between a row's instances, for one row: its instances by role (the
+    model's, the ground truth's), each made at its first use from the row's initial_config; the long-context copies
+    they share; and TwitterAPI.post_tweet's default lists (mutable defaults in the official code, shared by every
+    post that omits them). ``names``: each role's instance-name prefix, which BFCL writes into any text of a call
+    that looks like a method call (its quirk, kept)."""
+
+    def __init__(self, row: "MultiTurnRow", names: Dict[str, str]):
+        self.row, self.names = row, names
+        self.lock = threading.Lock()
+        self.own: Dict[str, Any] = {}
+        self.tweet_defaults: Tuple[List[str], List[str]] = ([], [])
+        self.instances: Dict[str, Dict[str, Any]] = {}
+
+    def instance_name(self, role: str, cls: str) -> str:
+        return re.sub(r"[-./:]", "_", "%s_%s_%s_instance" % (self.names[role], self.row.id, cls))
+
+    def of(self, role: str) -> Dict[str, Any]:
+        got = self.instances.get(role)
+        if got is None:
+            got = {}
+            backends = _mt_backends()
+            for cls in self.row.classes:
+                inst = backends[cls]()
+                inst._world = self
+                if cls != "MathAPI":  # (stateless: never loaded)
+                    inst._load_scenario(copy.deepcopy(self.row.config.get(cls, {})),
+                                        long_context=self.row.long_context)
+                got[cls] = inst
+            self.instances[role] = got
+        return got
+
+    def execute(self, role: str, calls: Sequence[str]) -> List[str]:
+        """BFCL's execute_multi_turn_func_call: each call string run on the role's instances, its result as the
+        model reads it (a string: dicts as JSON, other values as str, a failure as 'Error during execution: ...')."""
+        by_name, methods = {}, {}
+        for cls, inst in self.of(role).items():
+            name = self.instance_name(role, cls)
+            by_name[name] = inst
+            for m in _mt_methods(type(inst)):
+                methods[m] = (name, getattr(inst, m))
+        out = []
+        for call in calls:
+            text = _MT_CALL_NAME.sub(lambda mo: "%s.%s" % (methods[mo.group(1)][0], mo.group(1))
+                                     if mo.group(1) in methods else mo.group(1), call)
+            try:
+                head = text.split("(")[0] if "(" in text else text
+                if "." in head:
+                    head = head.split(".")[1]
+                if head in _MT_FORBIDDEN:
+                    raise _MTCallError("Function call %s is not allowed." % head)
+                result = _mt_eval(text, by_name, methods)
+                if type(result) == str:
+                    pass
+                elif type(result) == dict:
+                    try:
+                        result = json.dumps(result)
+                    except Exception:  # (a value JSON does not hold: its Python text, as BFCL falls back to)
+                        result = str(result)
+                else:
+                    result = str(result)
+                out.append(result)
+            except Exception as exc:  # (BFCL returns every failure of a call to the model as its text)
+                out.append(_MT_ERROR + _mt_exception_text(exc, methods))
+        return out
+
+
+_MT_METHODS: Dict[type, List[str]] = {}
+
+
+def _mt_methods(cls: type) -> List[str]:
+    """A back-end's public methods (BFCL maps every one, offered or not)."""
+    names = _MT_METHODS.get(cls)
+    if names is None:
+        names = _MT_METHODS[cls] = [n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))]
+    return names
+
+
+class _MTCallError(Exception):
+    pass
+
+
+def _mt_exception_text(exc: BaseException, methods: Dict[str, Tuple[str, Any]]) -> str:
+    """str(exc) as Python 3.10+ words it, where 3.8 and 3.9 leave the class out of a method's argument errors."""
+    text = str(exc)
+    if isinstance(exc, TypeError):
+        m = re.match(r"(\w+)\(\) ", text)
+        if m and m.group(1) in methods:
+            owner = type(methods[m.group(1)][1].__self__).__name__
+            text = "%s.%s" % (owner, text)
+    return text
+
+
+def _mt_eval(text: str, instances: Dict[str, Any], methods: Dict[str, Tuple[str, Any]]) -> Any:
+    """What BFCL's eval of a (prefixed) call string gives, without eval: the string compiled for its syntax errors,
+    then its tree walked: literals, containers, arithmetic, and calls of the instances' methods (an inner call run
+    first, its value passed on)."""
+    try:
+        compile(text, "<string>", "eval")  # (never run: its syntax errors, the compiler's too, are eval's)
+        tree = ast.parse(text, mode="eval")
+    except (RecursionError, MemoryError):
+        raise _MTCallError("the call is too deeply nested to read") from None
+    return _mt_node(tree.body, instances, methods)
+
+
+def _mt_node(node: Any, instances: Dict[str, Any], methods: Dict[str, Tuple[str, Any]]) -> Any:
+    def walk(sub: Any) -> Any:
+        return _mt_node(sub, instances, methods)
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in instances:
+            return instances[node.id]
+        if node.id in _MT_OFFICIAL_GLOBALS or hasattr(builtins, node.id):
+            raise _MTCallError("%s is Python's own, not a function of this task: not run here" % node.id)
+        raise NameError("name %r is not defined" % node.id)
+    if isinstance(node, ast.Attribute):
+        owner = walk(node.value)
+        if not any(owner is inst for inst in instances.values()) or node.attr.startswith("_"):
+            raise _MTCallError("%s is not a function of this task: not run here" % node.attr)
+        return getattr(owner, node.attr)
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        items: List[Any] = []
+        for e in node.elts:
+            if isinstance(e, ast.Starred):
+                items.extend(walk(e.value))
+            else:
+                items.append(walk(e))
+        return items if isinstance(node, ast.List) else tuple(items) if isinstance(node, ast.Tuple) else set(items)
+    if isinstance(node, ast.Dict):
+        out: Dict[Any, Any] = {}
+        for k, v in zip(node.keys, node.values):
+            if k is None:
+                out.update(walk(v))
+            else:
+                key = walk(k)
+                out[key] = walk(v)
+        return out
+    if isinstance(node, ast.UnaryOp):
+        v = walk(node.operand)
+        op = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_, ast.Invert: operator.invert}
+        return op[type(node.op)](v)
+    if isinstance(node, ast.BinOp) and type(node.op).__name__ in _SAFE_BINOPS:
+        left, right = walk(node.left), walk(node.right)
+        if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or abs(right) > 1000):
+            raise _MTCallError("an exponent too large to evaluate")
+        if isinstance(node.op, ast.Mult) and any(isinstance(x, int) and x > 100000 for x in (left, right)) and \
+                any(isinstance(x, (str, list, tuple)) for x in (left, right)):
+            raise _MTCallError("a repetition too large to evaluate")
+        return _SAFE_BINOPS[type(node.op).__name__](left, right)
+    if isinstance(node, ast.Call):
+        func = walk(node.func)
+        if not callable(func) or getattr(func, "__self__", None) is None or \
+                not any(func.__self__ is inst for inst in instances.values()):
+            raise _MTCallError("%s is not a function of this task: not run here" % _ast_text(node.func, ""))
+        args: List[Any] = []
+        for a in node.args:
+            if isinstance(a, ast.Starred):
+                args.extend(walk(a.value))
+            else:
+                args.append(walk(a))
+        kwargs: Dict[str, Any] = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                for k, v in walk(kw.value).items():
+                    if k in kwargs:
+                        raise TypeError("%s() got multiple values for keyword argument '%s'" % (
+                            func.__name__, k))
+                    kwargs[k] = v
+            else:
+                kwargs[kw.arg] = walk(kw.value)
+        return func(*args, **kwargs)
+    raise _MTCallError("%s in a call is not evaluated here" % type(node).__name__)
+
+
+# ----------------------------------------------------------------------------- decoding the model's steps
+def mt_decode_step(step: Dict[str, Any], mode: str) -> List[str]:
+    """One reply of the model as the call strings BFCL executes (its decode_execute): native tool calls each as
+    name(k=repr(v),...) from their JSON arguments; a prompt-mode reply parsed as BFCL's prompt format and each call
+    written back as name(k=v, ...) (a dict of dicts is a nested call; positional arguments are dropped, as BFCL's
+    decoder drops them). _BfclDecodeError when the reply is not calls (the turn ends); [] when it has none."""
+    if mode == "native":
+        calls = step.get("tool_calls")
+        if not calls:
+            text = step.get("text")
+            if text == "" or calls == []:
+                return []
+            raise _BfclDecodeError("no tool call in the reply")
+        out = []
+        for c in calls:
+            value = c.get("arguments")
+            try:
+                value = json.loads(value) if isinstance(value, str) else value
+            except ValueError as exc:
+                raise _BfclDecodeError("the arguments of %s are not JSON (%s)" % (c.get("name"), exc)) from None
+            if not isinstance(value, dict):
+                raise _BfclDecodeError("the arguments of %s are not an object" % c.get("name"))
+            out.append("%s(%s)" % (c.get("name"), ",".join("%s=%r" % kv for kv in value.items())))
+        return out
+    decoded = bfcl_decode_text(step.get("text") or "")
+    return ["%s(%s)" % (name, ", ".join("%s=%s" % (k, _mt_nested(v)) for k, v in args.items()))
+            for call in decoded for name, args in call.items()]
+
+
+def _mt_nested(value: Any) -> str:
+    """BFCL's parse_nested_value: how a decoded argument is written back into a call string."""
+    if isinstance(value, dict):
+        if all(isinstance(v, dict) for v in value.values()):
+            if not value:
+                raise _BfclDecodeError("an empty dict argument (BFCL's decoder fails on it)")
+            name = list(value)[0]
+            return "%s(%s)" % (name, ", ".join("%s=%s" % (k, _mt_nested(v)) for k, v in value[name].items()))
+        return "{" + ", ".join("'%s': %s" % (k, _mt_nested(v)) for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _mt_decoded(step: Dict[str, Any], mode: str) -> Optional[List[str]]:
+    """A step's calls, or None where BFCL drops the step (not calls, or none)."""
+    try:
+        calls = mt_decode_step(step, mode)
+    except _BfclDecodeError:
+        return None
+    return calls or None
+
+
+def mt_call_arguments(row: "MultiTurnRow", call: str) -> Tuple[str, Dict[str, Any]]:
+    """A ground-truth call string as (name, keyword arguments): its positional arguments named by the back-end
+    method's signature (a model is asked for keywords)."""
+    node = ast.parse(call, mode="eval").body
+    name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    if node.args:
+        backends = _mt_backends()
+        cls = next((backends[c] for c in row.classes if name in _mt_methods(backends[c])), None)
+        params = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"] if cls else []
+        for param, arg in zip(params, node.args):
+            kwargs[param] = ast.literal_eval(arg)
+    return name, kwargs
+
+
+# ----------------------------------------------------------------------------- the checker
+def _mt_state(value: Any, depth: int = 0) -> Any:
+    """An instance attribute as JSON can hold it (the file system's tree as nested dicts)."""
+    if depth > 40:
+        return "..."
+    if isinstance(value, Directory):
+        return {"<dir>": value.name, "contents": {k: _mt_state(v, depth + 1) for k, v in value.contents.items()}}
+    if isinstance(value, File):
+        return {"<file>": value.name, "content": value.content}
+    if isinstance(value, dict):
+        return {str(k): _mt_state(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_mt_state(v, depth + 1) for v in (sorted(value, key=repr) if isinstance(value, set) else value)]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return repr(value)
+
+
+def mt_states(instances: Dict[str, Any]) -> Dict[str, Any]:
+    """Each instance's compared attributes (its public ones), as JSON can hold them."""
+    return {cls: {k: _mt_state(v) for k, v in vars(inst).items() if not k.startswith("_")}
+            for cls, inst in instances.items() if cls != "MathAPI"}
+
+
+def _mt_fail(error_type: str, why: str, **details: Any) -> Dict[str, Any]:
+    return dict({"valid": False, "error_type": error_type, "why": why}, **details)
+
+
+def mt_verdict(row: "MultiTurnRow", turns: Any, mode: str, label: str = "model") -> Dict[str, Any]:
+    """A row's verdict as bfcl-eval's multi-turn runner and checker give it, from the model's steps as made (per
+    turn, per step: {text, tool_calls}): force-terminated when it has fewer turns than the ground truth; else each
+    step decoded (steps that are not calls dropped) and, turn by turn, the model's calls and the ground truth's run
+    on two sets of instances from the row's initial state (each keeping its state across turns): a turn the
+    ground truth acts in needs a call of the model, the same state of every instance after it, and the ground
+    truth's results among all the model's so far (as a multiset). A turn the ground truth does not act in is not
+    checked (the model's calls there still run). ``label``: the instance-name prefix (see _MTWorld)."""
+    if not isinstance(turns, list) or len(turns) != len(row.truth):
+        return _mt_fail("multi_turn:force_terminated", "the model answered %d turn(s) of %d (forced to stop after "
+                        "%d steps in a turn)" % (len(turns) if isinstance(turns, list) else 0, len(row.truth),
+                                                 MT_STEP_LIMIT + 1), turn=len(turns) if isinstance(turns, list)
+                        else 0)
+    decoded = [[c for c in (_mt_decoded(s, mode) for s in steps) if c] for steps in turns]
+    world = _MTWorld(row, {"model": label + "_eval", "truth": label + "_ground_truth_eval"})
+    so_far: List[str] = []
+    for t, truth in enumerate(row.truth):
+        results = [r for step in decoded[t] for r in world.execute("model", step)]
+        expected = world.execute("truth", list(truth))
+        so_far.extend(results)
+        if truth and not decoded[t]:
+            return _mt_fail("multi_turn:empty_turn_model_response", "turn %d: the model made no call where the "
+                            "ground truth makes %d" % (t, len(truth)), turn=t)
+        if not truth:
+            continue
+        model, gt = world.of("model"), world.of("truth")
+        for cls in gt:
+            if cls == "MathAPI":
+                continue
+            diffs = {k: {"model": _mt_state(getattr(model[cls], k, None)), "ground_truth": _mt_state(v)}
+                     for k, v in vars(gt[cls]).items() if not k.startswith("_") and getattr(model[cls], k, None) != v}
+            if diffs:
+                return _mt_fail("multi_turn:instance_state_mismatch", "turn %d: %s's state differs from the ground "
+                                "truth's in %s" % (t, cls, ", ".join(diffs)), turn=t, differences=diffs)
+        left = list(so_far)
+        missing = []
+        for r in expected:
+            if r in left:
+                left.remove(r)
+            else:
+                missing.append(r)
+        if missing:
+            return _mt_fail("multi_turn:execution_response_mismatch", "turn %d: %d result(s) of the ground truth's "
+                            "not among the model's" % (t, len(missing)), turn=t, missing=missing)
+    return {"valid": True, "error_type": None, "why": ""}
+
+
+# ----------------------------------------------------------------------------- the files
+@_record
+class MultiTurnRow:
+    """One BFCL multi-turn row: its user turns (miss_func's hold-out turn empty), the back-ends it involves and
+    their initial state, the functions offered from the start (their docs, in BFCL's order) and those held back
+    until a turn, and the ground truth's call strings per turn."""
+
+    id: str
+    category: str
+    turns: Tuple[Tuple[Dict[str, Any], ...], ...]
+    classes: Tuple[str, ...]
+    config: Dict[str, Any]
+    functions: Tuple[Dict[str, Any], ...]
+    held: Dict[int, Tuple[Dict[str, Any], ...]]
+    truth: Tuple[Tuple[str, ...], ...]
+    source: str
+
+    @property
+    def long_context(self) -> bool:
+        return "long_context" in self.category or "composite" in self.category
+
+
+def _mt_docs(folder: str) -> Dict[str, List[Dict[str, Any]]]:
+    """The function documents of each back-end (bfcl-eval's data/multi_turn_func_doc/), by class."""
+    docs = {}
+    for cls, name in MT_DOC_FILES.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise DatasetError("%s: no such file (the function documents of %s; bfcl-eval ships them in "
+                               "data/multi_turn_func_doc/ beside the question files: copy that folder too, or give "
+                               "it with --func-docs DIR)" % (path, cls))
+        docs[cls] = []
+        for where, doc in _bfcl_rows(path):
+            if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(
+                    (doc.get("parameters") or {}).get("properties"), dict):
+                raise DatasetError("%s: a function document needs 'name' and 'parameters.properties'" % where)
+            docs[cls].append(doc)
+    return docs
+
+
+class MultiTurnDataset(_Fingerprinted):
+    """A BFCL multi-turn question file, its possible answers (the ground truth's calls per turn) and the function
+    documents of the back-ends (--func-docs, else multi_turn_func_doc/ beside the questions)."""
+
+    scorers: frozenset = frozenset()
+
+    def __init__(self, path: str, answers: Optional[str] = None, func_docs: Optional[str] = None,
+                 limit: Optional[int] = None):
+        self.path, self.name = path, os.path.basename(path)
+        raw = list(_bfcl_rows(path))
+        if limit is not None:
+            raw = raw[:limit]
+        here = os.path.dirname(os.path.abspath(path))
+        self.answers_path = answers or os.path.join(here, "possible_answer", self.name)
+        if not os.path.isfile(self.answers_path):
+            raise DatasetError("%s: its possible answers are missing: %s does not exist (bfcl-eval ships them in "
+                               "possible_answer/ beside the question files: copy that folder too, or give the file "
+                               "with --answers FILE)" % (path, self.answers_path))
+        truth: Dict[str, Any] = {}
+        for where, row in _bfcl_rows(self.answers_path):
+            gt = row.get("ground_truth") if isinstance(row, dict) else None
+            if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(gt, list) or not all(
+                    isinstance(t, list) and all(isinstance(c, str) for c in t) for t in gt):
+                raise DatasetError("%s: a multi-turn possible answer needs 'id' and 'ground_truth' (a list per turn "
+                                   "of call strings)" % where)
+            truth[row["id"]] = (where, gt)
+        self.docs_path = func_docs or os.path.join(here, "multi_turn_func_doc")
+        docs = _mt_docs(self.docs_path)
+        self.items: List[MultiTurnRow] = [self._row(where, row, truth, docs) for where, row in raw]
+        if not self.items:
+            raise DatasetError("%s: no questions" % path)
+        self.ids, self.count = _unique_ids(self.items), len(self.items)
+        self.categories = collections.Counter(r.category for r in self.items)
+        self.sha256 = _fingerprint([_file_sha256(path), _file_sha256(self.answers_path)] + [
+            _file_sha256(os.path.join(self.docs_path, MT_DOC_FILES[c])) for c in sorted(MT_DOC_FILES)])
+        self.fps: Dict[str, Tuple[str, str]] = {}
+
+    @staticmethod
+    def _row(where: str, row: Any, truth: Dict[str, Any], docs: Dict[str, List[Dict[str, Any]]]) -> MultiTurnRow:
+        def bad(field: str, why: str) -> DatasetError:
+            return DatasetError("%s: field %r %s" % (where, field, why))
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise bad("id", "is required (a BFCL multi-turn question: id, question, initial_config, "
+                            "involved_classes)")
+        category = bfcl_category(row["id"])
+        if category not in BFCL_MULTI_CATEGORIES:
+            raise bad("id", "names category %r: a multi-turn file holds one of %s" % (
+                category, ", ".join(BFCL_MULTI_CATEGORIES)))
+        classes = row.get("involved_classes")
+        if not isinstance(classes, list) or not classes or not all(c in MT_DOC_FILES for c in classes):
+            raise bad("involved_classes", "must list back-ends among %s" % ", ".join(MT_DOC_FILES))
+        config = row.get("initial_config")
+        if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+            raise bad("initial_config", "must be an object of {class: its state}")
+        turns = row.get("question")
+        missed = row.get("missed_function") or {}
+        if not isinstance(missed, dict) or not all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, list) for k, v in missed.items()):
+            raise bad("missed_function", "must be {turn index: [function names]}")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, list) for t in turns):
+            raise bad("question", "must be a list of turns, each a list of messages")
+        for i, t in enumerate(turns):
+            if not t and str(i) not in missed:
+                raise bad("question", "turn %d is empty, and no missed_function names it" % i)
+            if t and str(i) in missed:
+                raise bad("question", "turn %d holds messages, but missed_function makes it a hold-out turn" % i)
+            for m in t:
+                if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
+                        m.get("content"), str):
+                    raise bad("question", "turn %d: messages need 'role' and 'content' strings" % i)
+        functions = [dict(d) for c in classes for d in docs[c]]
+        held: Dict[int, Tuple[Dict[str, Any], ...]] = {}
+        for key, names in missed.items():
+            taken = []
+            for name in names:
+                doc = next((f for f in functions if f["name"] == name), None)
+                if doc is None:
+                    raise bad("missed_function", "names %r, which no involved class has" % name)
+                functions.remove(doc)
+                taken.append(doc)
+            held[int(key)] = tuple(taken)
+        if int(max(missed, key=int, default=0)) >= len(turns):
+            raise bad("missed_function", "names a turn the row does not have")
+        if row["id"] not in truth:
+            raise bad("id", "has no possible answer in the answers file")
+        at, gt = truth[row["id"]]
+        if len(gt) != len(turns):
+            raise DatasetError("%s: field 'ground_truth' has %d turn(s), the question %d (%s)" % (
+                at, len(gt), len(turns), where))
+        for t in gt:
+            for call in t:
+                try:
+                    ast.parse(call, mode="eval")
+                except SyntaxError as exc:
+                    raise DatasetError("%s: field 'ground_truth': %r is not a call (%s)" % (at, call, exc)) from None
+        return MultiTurnRow(id=row["id"], category=category, turns=tuple(tuple(t) for t in turns),
+                            classes=tuple(classes), config=config, functions=tuple(functions), held=held,
+                            truth=tuple(tuple(t) for t in gt), source=where)
+
+    def _asked(self, r: MultiTurnRow) -> List[Any]:
+        return [r.turns, r.classes, r.config, r.functions, sorted(r.held.items())]
+
+    def _scored(self, r: MultiTurnRow) -> List[Any]:
+        return [r.truth, r.category, MT_CHECKER]
+
+
+def bfcl_is_multi_turn(path: str) -> bool:
+    """Whether a BFCL question file is a multi-turn one (by its first row's id)."""
+    for _where, row in _bfcl_rows(path)[:1]:
+        return isinstance(row, dict) and bfcl_category(str(row.get("id", ""))).startswith("multi_turn")
+    return False
+
+
+# ----------------------------------------------------------------------------- the loop
+def mt_visible(row: MultiTurnRow, turn: int) -> List[Dict[str, Any]]:
+    """The function documents offered at ``turn`` (those held back join at their turn, last, without the
+    Python hint BFCL adds to the others), as tools."""
+    tools = bfcl_tools(_bfcl_hinted(row.functions))
+    for t in sorted(row.held):
+        if t <= turn:
+            tools += bfcl_tools(row.held[t])
+    return tools
+
+
+def mt_turn_messages(row: MultiTurnRow, turn: int, mode: str) -> List[Dict[str, Any]]:
+    """The messages a turn adds: its own (turn 0 in prompt mode after BFCL's system prompt), or at a hold-out
+    turn BFCL's message (prompt mode: the held-back documents first, as Python writes them)."""
+    if turn in row.held:
+        if mode == "native":
+            return [{"role": "user", "content": MT_HELD_MESSAGE}]
+        return [{"role": "user", "content": str(list(row.held[turn])) + "\n" + MT_HELD_MESSAGE}]
+    messages = [dict(m) for m in row.turns[turn]]
+    if turn == 0 and mode == "prompt":
+        prompt = bfcl_system_prompt(_bfcl_hinted(row.functions))
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = prompt + "\n\n" + messages[0]["content"]
+        else:
+            messages.insert(0, {"role": "system", "content": prompt})
+    return messages
+
+
+def mt_converse(client: Any, row: MultiTurnRow, mode: str, label: str = "model",
+                on_turn: Optional[Callable[[Any, float], None]] = None,
+                cancel: Optional[threading.Event] = None) -> Dict[str, Any]:
+    """The row asked as bfcl-eval's inference loop asks it: per turn its message, then steps (the model's reply,
+    its calls decoded and run on this row's instances, their results sent back: tool messages, or in prompt mode
+    one user message of them) until a reply that is not calls or has none, or the 21st step (then the row stops).
+    Returns the trajectory: per turn its steps ({text, tool_calls, calls, results}) and the instances' state
+    after it; ModelAPIError from the client goes up (the row failed)."""
+    world = _MTWorld(row, {"model": label})
+    messages: List[Dict[str, Any]] = []
+    turns: List[List[Dict[str, Any]]] = []
+    states: List[Dict[str, Any]] = []
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "latency_s": 0.0, "requests": 0,
+             "attempts": 0}
+    served = None
+    forced = False
+    for t in range(len(row.turns)):
+        messages.extend(mt_turn_messages(row, t, mode))
+        tools = mt_visible(row, t) if mode == "native" else None
+        steps: List[Dict[str, Any]] = []
+        turn_started = time.monotonic()
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
+            res = client.chat(messages, tools=tools)
+            served = res.model or served
+            usage["requests"] += 1
+            usage["attempts"] += res.attempts
+            usage["prompt_tokens"] += res.prompt_tokens or 0
+            usage["completion_tokens"] += res.completion_tokens or 0
+            usage["cached_tokens"] += getattr(res, "cached_tokens", 0) or 0
+            usage["latency_s"] += res.latency_s
+            calls_made = [{"id": c.get("id") or "call_%d" % i, "name": c["name"], "arguments": c["arguments"]}
+                          for i, c in enumerate(res.tool_calls)]
+            step: Dict[str, Any] = {"text": res.text, "tool_calls": calls_made}
+            steps.append(step)
+            echo: Dict[str, Any] = {"role": "assistant", "content": res.text if res.text or not calls_made else None}
+            if calls_made and mode == "native":
+                echo["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                    "name": c["name"], "arguments": c["arguments"]}} for c in calls_made]
+            messages.append(echo)
+            calls = _mt_decoded(dict(step, tool_calls=calls_made if mode == "native" else []), mode)
+            if not calls:
+                break
+            results = world.execute("model", calls)
+            step["calls"], step["results"] = calls, results
+            if mode == "native":
+                messages.extend({"role": "tool", "content": r, "tool_call_id": c["id"]}
+                                for r, c in zip(results, calls_made))
+            else:
+                messages.append({"role": "user", "content": repr(
+                    [{"role": "tool", "name": c, "content": r} for c, r in zip(calls, results)])})
+            if len(steps) > MT_STEP_LIMIT:
+                forced = True
+                break
+        turns.append(steps)
+        states.append(mt_states(world.of("model")))
+        if on_turn is not None:
+            on_turn(res, time.monotonic() - turn_started)
+        if forced:
+            break
+    return {"turns": turns, "states": states, "forced": forced, "usage": usage, "served_model": served}
+
+# =============================================================================
+# Tool runs
+# =============================================================================
+# --task tools, the kind: a single-turn BFCL file asked one request a question (Tool calls), a multi-turn one a
+# conversation a row (Multi-turn tools), each row a session of the session gate (its turns keep the server's
+# prefix cache warm); the summary's BFCL aggregates, the report's trajectories.
+
 _TOOLS_OPTIONS = _OptionSet(
     "tool calls",
     _Opt("--answers", default=None, metavar="FILE",
          help="the possible-answer file of the BFCL questions (default: possible_answer/<the questions' file name> "
-              "beside them, as bfcl-eval ships them)"))
+              "beside them, as bfcl-eval ships them)"),
+    _Opt("--func-docs", default=None, metavar="DIR",
+         help="multi-turn files: the back-ends' function documents (default: multi_turn_func_doc/ beside the "
+              "questions, as bfcl-eval ships its data/ folder)"))
+MT_KEEP_CHARS = 1500  # a result, or a changed attribute's JSON, as a trajectory keeps it (the rest: re-run)
+MT_TRAJECTORIES_SHOWN = 5  # wrong multi-turn rows whose trajectory a report shows
 
 
 @_record
 class ToolOptions:
     """--task tools's own settings."""
 
-    mode: str = "native"            # native tool calls, or BFCL's prompt format
-    answers: Optional[str] = None   # the possible-answer file (default: possible_answer/<name> beside the questions)
+    mode: str = "native"             # native tool calls, or BFCL's prompt format
+    answers: Optional[str] = None    # the possible-answer file (default: possible_answer/<name> beside the questions)
+    func_docs: Optional[str] = None  # multi-turn: the function documents (default: multi_turn_func_doc/ beside)
 
 
 def _tool_record(row: ToolRow, verdict: Dict[str, Any]) -> Dict[str, Any]:
@@ -17674,25 +20178,80 @@ def _tool_record(row: ToolRow, verdict: Dict[str, Any]) -> Dict[str, Any]:
             "extracted": json.dumps(verdict["decoded"]) if verdict["decoded"] is not None else None}
 
 
+def _mt_record(row: MultiTurnRow, verdict: Dict[str, Any]) -> Dict[str, Any]:
+    """A multi-turn row's scored fields (re-made from the replies as made when the ground truth changes)."""
+    return {"score": 1.0 if verdict["valid"] else 0.0, "error_type": verdict["error_type"], "why": verdict["why"],
+            "failed_turn": verdict.get("turn"), "missing": [_cut(m, MT_KEEP_CHARS) for m in verdict.get("missing", [])],
+            "differences": {k: {side: _cut(json.dumps(v), MT_KEEP_CHARS) for side, v in d.items()}
+                            for k, d in (verdict.get("differences") or {}).items()},
+            "answer": _cut(" | ".join("; ".join(t) or "(no call)" for t in row.truth), 600)}
+
+
+def _mt_trajectory(convo: Dict[str, Any], initial: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Per turn: each step's calls and results (cut at MT_KEEP_CHARS) or its text, and the attributes the turn
+    changed (their new JSON, cut)."""
+    out, before = [], initial
+    for steps, state in zip(convo["turns"], convo["states"]):
+        changed = {cls: {k: _cut(json.dumps(v), MT_KEEP_CHARS) for k, v in attrs.items()
+                         if (before.get(cls) or {}).get(k) != v} for cls, attrs in state.items()}
+        out.append({"steps": [{"calls": s["calls"], "results": [_cut(r, MT_KEEP_CHARS) for r in s["results"]]}
+                              if s.get("calls") else {"text": _cut(s.get("text") or "", MT_KEEP_CHARS)}
+                              for s in steps],
+                    "changed": {cls: v for cls, v in changed.items() if v}})
+        before = state
+    return out
+
+
+def _mt_trajectory_lines(rec: Dict[str, Any], width: int = 160) -> List[str]:
+    """A multi-turn record's trajectory as text lines (the report's block)."""
+    def cut(line: str) -> str:
+        return line if len(line) <= width else line[:width - 1] + "…"
+
+    lines = ["%s (%s): %s" % (rec.get("id"), rec.get("category"), "right" if rec.get("score") == 1.0 else "%s: %s" % (
+        rec.get("error_type"), rec.get("why")))]
+    for t, turn in enumerate(rec.get("trajectory") or ()):
+        lines.append("  turn %d%s" % (t, "  <- failed here" if rec.get("failed_turn") == t and rec.get("score") != 1.0
+                                      else ""))
+        for s in turn["steps"]:
+            if s.get("calls"):
+                for call, result in zip(s["calls"], s["results"]):
+                    lines.append(cut("    %s -> %s" % (call, result.replace("\n", " "))))
+            else:
+                lines.append(cut("    says: %s" % (s.get("text") or "").replace("\n", " ")))
+        for cls, attrs in turn["changed"].items():
+            lines.append(cut("    state %s: %s" % (cls, ", ".join(sorted(attrs)))))
+    return lines
+
+
+def _mt_label(model: str) -> str:
+    """The instance-name prefix of a run's model (BFCL's names: the model's, characters other than word ones as _)."""
+    return re.sub(r"\W", "_", model or "model")
+
+
 @_kind
 class _ToolsKind(_Kind):
-    """Tool calls (BFCL): each question asked once with its functions (native tools or BFCL's prompt), the reply
-    decoded and checked as bfcl-eval's AST checker checks it."""
+    """Tool calls (BFCL): a single-turn question asked once with its functions (native tools or BFCL's prompt),
+    the reply decoded and checked as bfcl-eval's AST checker checks it; a multi-turn row conversed against the
+    simulated back-ends and checked as its multi-turn checker checks it."""
 
     name = "tools"
-    rows = "a BFCL question file (possible_answer/ beside it)"
+    rows = "a BFCL question file (possible_answer/ beside it; multi_turn_func_doc/ too for multi-turn files)"
     noun = "question"
     option_sets = (_SAMPLING_OPTIONS, _RESCORE_OPTIONS, _TOOL_MODE_OPTIONS, _TOOLS_OPTIONS)
     Options = ToolOptions
     headline = "accuracy"
+    multi = False
+    sessions: Optional[SessionGate] = None
 
     def options_record(self, values: Dict[str, Any]) -> ToolOptions:
-        return ToolOptions(mode=values["tool_mode"] or "native", answers=values["answers"])
+        return ToolOptions(mode=values["tool_mode"] or "native", answers=values["answers"],
+                           func_docs=values["func_docs"])
 
     @staticmethod
     def sniff(row: Dict[str, Any]) -> Optional[str]:
         return "BFCL questions (tool calls: id, question, function)" if isinstance(row.get("question"), list) and \
-            isinstance(row.get("function"), list) and isinstance(row.get("id"), str) else None
+            (isinstance(row.get("function"), list) or isinstance(row.get("involved_classes"), list)) and \
+            isinstance(row.get("id"), str) else None
 
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
@@ -17702,14 +20261,30 @@ class _ToolsKind(_Kind):
 
     def load(self, run: _Run, dataset: Any) -> None:
         cfg = run.cfg
-        ds = ToolDataset(cfg.dataset, answers=cfg.options.answers, limit=cfg.limit).fingerprint(cfg.options.mode)
-        _log.info("%s: BFCL questions (%s), possible answers %s; asked with %s", ds.name, ", ".join(
-            "%s %d" % kv for kv in sorted(ds.categories.items())), ds.answers_path or "none needed",
-            "native tool calls" if cfg.options.mode == "native" else "BFCL's prompt format (--tool-mode prompt)")
+        if not os.path.isfile(cfg.dataset):
+            raise DatasetError("%s: no such file (a BFCL question file, e.g. BFCL_v4_simple_python.json)"
+                               % cfg.dataset)
+        self.multi = bfcl_is_multi_turn(cfg.dataset)
+        mode = "native tool calls" if cfg.options.mode == "native" else "BFCL's prompt format (--tool-mode prompt)"
+        if self.multi:
+            ds: Any = MultiTurnDataset(cfg.dataset, answers=cfg.options.answers, func_docs=cfg.options.func_docs,
+                                       limit=cfg.limit).fingerprint(cfg.options.mode)
+            _log.info("%s: BFCL multi-turn rows (%s, %d turns), function documents %s; asked with %s, at most %d "
+                      "steps a turn", ds.name, ", ".join("%s %d" % kv for kv in sorted(ds.categories.items())),
+                      sum(len(r.turns) for r in ds.items), ds.docs_path, mode, MT_STEP_LIMIT + 1)
+        else:
+            if cfg.options.func_docs:
+                raise ConfigError("--func-docs is for multi-turn files; %s is a single-turn one" % cfg.dataset)
+            ds = ToolDataset(cfg.dataset, answers=cfg.options.answers, limit=cfg.limit).fingerprint(cfg.options.mode)
+            _log.info("%s: BFCL questions (%s), possible answers %s; asked with %s", ds.name, ", ".join(
+                "%s %d" % kv for kv in sorted(ds.categories.items())), ds.answers_path or "none needed", mode)
         run.dataset = self.wrap(run, ds)
 
     def prompts(self, run: _Run) -> Iterable[str]:
         mode = run.cfg.options.mode
+        if self.multi:
+            return ("\n".join(m["content"] for m in mt_turn_messages(r, 0, mode)) + json.dumps(mt_visible(r, 0))
+                    for r in run.dataset.iter_items())
         return ("\n".join(m["content"] for m in bfcl_messages(r, mode)) + json.dumps(bfcl_tools(r.functions))
                 for r in run.dataset.iter_items())
 
@@ -17735,19 +20310,34 @@ class _ToolsKind(_Kind):
         return {"task": "tools", "model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
                 "extra_body": cfg.extra_body, "seed": cfg.seed, "tool_mode": cfg.options.mode}
 
-    def rescored(self, run: _Run, rec: Dict[str, Any], row: ToolRow, score_fp: str) -> Dict[str, Any]:
-        verdict = bfcl_verdict(row, rec.get("made") or {}, run.cfg.options.mode)  # (a changed answer file)
-        return dict(rec, **_tool_record(row, verdict), fp=dict(rec.get("fp") or {}, score=score_fp),
-                    rescored_at=round(time.time(), 3))
+    def rescored(self, run: _Run, rec: Dict[str, Any], row: Any, score_fp: str) -> Dict[str, Any]:
+        if isinstance(row, MultiTurnRow):  # (a changed ground truth: the replies as made, replayed and checked)
+            verdict = mt_verdict(row, (rec.get("made") or {}).get("turns"), run.cfg.options.mode,
+                                 _mt_label(run.cfg.model))
+            scored = _mt_record(row, verdict)
+        else:
+            scored = _tool_record(row, bfcl_verdict(row, rec.get("made") or {}, run.cfg.options.mode))
+        return dict(rec, **scored, fp=dict(rec.get("fp") or {}, score=score_fp), rescored_at=round(time.time(), 3))
 
     def start(self, run: _Run) -> None:
         d = run.dataset
         run.run_info_extra = {"tool_mode": run.cfg.options.mode, "answers": os.path.abspath(d.answers_path)
-                              if d.answers_path else None, "checker": TOOLS_CHECKER}
+                              if d.answers_path else None, "checker": MT_CHECKER if self.multi else TOOLS_CHECKER}
+        if self.multi:
+            run.run_info_extra.update(func_docs=os.path.abspath(d.docs_path),
+                                      step_limit=MT_STEP_LIMIT + 1)
+        if self.multi and run.gate is not None:
+            store = run.store
+            assert store is not None
+            slots = (run.server or {}).get("slots")
+            self.sessions = SessionGate(run.gate, slots=slots)
+            self.sessions.on_event = lambda ev: store.event(ev.pop("type"), **ev)
 
-    def work(self, run: _Run) -> Callable[[ToolRow], Dict[str, Any]]:
+    def work(self, run: _Run) -> Callable[[Any], Dict[str, Any]]:
         assert run.client is not None
         client, mode = run.client, run.cfg.options.mode
+        if self.multi:
+            return self._work_multi(run)
 
         def work(row: ToolRow) -> Dict[str, Any]:
             started = time.time()
@@ -17771,6 +20361,57 @@ class _ToolsKind(_Kind):
                          "finished_at": round(time.time(), 3)}, **_tool_record(row, verdict))
         return work
 
+    def _work_multi(self, run: _Run) -> Callable[[MultiTurnRow], Dict[str, Any]]:
+        client, mode, sessions, label = run.client, run.cfg.options.mode, self.sessions, _mt_label(run.cfg.model)
+
+        def work(row: MultiTurnRow) -> Dict[str, Any]:
+            started = time.time()
+            question = str(row.turns[0][-1]["content"]) if row.turns and row.turns[0] else ""
+            slot = sessions.enter(cancel=run.cancel) if sessions is not None else None
+            try:
+                convo = mt_converse(client, row, mode, label, cancel=run.cancel, on_turn=None if slot is None else (
+                    lambda res, turn_s: sessions.report(slot, res.prompt_tokens or 0, res.completion_tokens or 0,
+                                                        turn_s)))
+            except ModelAPIError as exc:
+                return {"id": row.id, "status": "failed", "score": None, "error": _redact(exc),
+                        "error_class": exc.error_class, "category": row.category, "question": question[
+                            :QUESTION_KEEP_CHARS], "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+            finally:
+                if slot is not None:
+                    sessions.leave(slot)
+            made = {"turns": [[{"text": s["text"], "tool_calls": s["tool_calls"]} for s in steps]
+                              for steps in convo["turns"]]}
+            verdict = mt_verdict(row, made["turns"], mode, label)
+            initial = mt_states(_MTWorld(row, {"model": label}).of("model"))
+            use = convo["usage"]
+            last = next((s.get("text") for steps in reversed(convo["turns"]) for s in reversed(steps)
+                         if s.get("text")), "")
+            return dict({"id": row.id, "status": "ok", "error": None, "error_class": None, "category": row.category,
+                         "scorer": "bfcl_multi_turn", "question": question[:QUESTION_KEEP_CHARS], "made": made,
+                         "trajectory": _mt_trajectory(convo, initial), "forced": convo["forced"],
+                         "turns": len(convo["turns"]), "steps": sum(len(s) for s in convo["turns"]),
+                         "response": _cut(last or "", 300), "prompt_tokens": use["prompt_tokens"],
+                         "completion_tokens": use["completion_tokens"], "cached_tokens": use["cached_tokens"],
+                         "latency_s": round(use["latency_s"], 4), "requests": use["requests"],
+                         "attempts": use["attempts"], "served_model": convo["served_model"],
+                         "started_at": round(started, 3), "finished_at": round(time.time(), 3)},
+                        **_mt_record(row, verdict))
+        return work
+
+    def runner_options(self, run: _Run) -> Dict[str, Any]:
+        if not self.multi:
+            return super().runner_options(run)
+        gate, sessions = run.gate, self.sessions
+
+        def extra() -> List[Tuple[str, int]]:
+            parts = []
+            if sessions is not None:
+                parts.append(("sessions %d/%d" % (sessions.active, sessions.capacity), 6))
+            if gate is not None:
+                parts += [("limit %d" % gate.limit, 5), ("in flight %d" % gate.in_flight, 1)]
+            return parts
+        return {"workers": gate.max_limit if gate is not None else 1, "gate": None, "status_extra": extra}
+
     def merged(self, summary: Dict[str, Any], records: Sequence[Dict[str, Any]], info: Dict[str, Any]) -> None:
         summary["tools"] = dict(bfcl_summary(records), mode=info.get("tool_mode"), checker=info.get("checker"))
 
@@ -17779,8 +20420,30 @@ class _ToolsKind(_Kind):
         lines = _tools_lines(summary)
         return "\n".join(lines) + "\n" if lines else ""
 
+    def report_data(self, run: Dict[str, Any], records: List[Dict[str, Any]], data: Dict[str, Any]) -> None:
+        # the trajectories of the first wrong multi-turn rows (and of one right row, to read what right looks like)
+        multi = [r for r in records if r.get("status") == "ok" and r.get("trajectory") is not None]
+        wrong = sorted((r for r in multi if r.get("score") != 1.0), key=lambda r: str(r["id"]))
+        right = sorted((r for r in multi if r.get("score") == 1.0), key=lambda r: str(r["id"]))
+        if multi:
+            data["trajectories"] = {"shown": wrong[:MT_TRAJECTORIES_SHOWN] + right[:1], "wrong": len(wrong)}
+
     def report_lines(self, data: Dict[str, Any]) -> List[str]:
-        return _tools_lines(data["summary"])
+        lines = _tools_lines(data["summary"])
+        shown = data.get("trajectories")
+        if shown and shown["shown"]:
+            lines += ["", "trajectories (%d wrong row(s)%s; every one is in samples.jsonl):" % (
+                shown["wrong"], ", the first %d shown" % MT_TRAJECTORIES_SHOWN if shown["wrong"] >
+                MT_TRAJECTORIES_SHOWN else "")]
+            for rec in shown["shown"]:
+                lines += _mt_trajectory_lines(rec)
+        return lines
+
+    def report_json(self, data: Dict[str, Any], out: Dict[str, Any]) -> None:
+        if data.get("trajectories"):
+            out["trajectories"] = [{k: r.get(k) for k in ("id", "category", "score", "error_type", "why",
+                                                          "failed_turn", "trajectory")}
+                                   for r in data["trajectories"]["shown"]]
 
     def html_headline(self, data: Dict[str, Any]) -> Optional[Tuple[str, str]]:
         s = data["summary"]  # the run's accuracy over the questions asked (an incomplete run: the default's flag)
@@ -17791,6 +20454,584 @@ class _ToolsKind(_Kind):
         return [("BFCL " + label, "%.4f" % acc if acc is not None else
                  "<span class=muted style='font-size:14px'>not computed: no %s in this run</span>"
                  % _esc(", ".join(missing))) for label, acc, missing in _bfcl_aggregates(data["summary"])]
+
+    def html_details(self, data: Dict[str, Any], run: Dict[str, Any]) -> str:
+        shown = data.get("trajectories")
+        block = ""
+        if shown and shown["shown"]:
+            block = "<h2>Trajectories</h2><p class=muted>%d wrong row(s); each row's calls and results turn by turn, " \
+                    "and the attributes each turn changed.</p>%s" % (shown["wrong"], "".join(
+                        "<details%s><summary>%s</summary><pre>%s</pre></details>" % (
+                            " open" if i == 0 else "", _esc(_mt_trajectory_lines(r)[0]),
+                            _esc("\n".join(_mt_trajectory_lines(r, 400)[1:]))) for i, r in enumerate(shown["shown"])))
+        return block + super().html_details(data, run)
+
+# =============================================================================
+# Tool data
+# =============================================================================
+# bfcl-eval 2026.3.23's long-context constants (func_source_code/long_context.py: the padding the long_context
+# category's back-ends add to files, stocks, bookings and car logs), as one JSON object, zlib'd, base85
+# (bench/bfcl_multi_parity.py --blob rebuilds it from the wheel and compares).
+
+_MT_LONG_CONTEXT = (
+    "c-oA;X^&+)jve|}F7D^5fT&sdE#~pWJR3%#0XN_VUOzYNGK>e~{dbF8)IM3|!;l)d6`h$UboQ1g4vUNA|Nisi`1SPaZ+F)(uYWuLd_BK^xqi6+^V"
+    "fg+^XBUE?f%cd{CT%Ke(gWL?r;15e)Ru7U*vzk&#&J5&*%Q%+x7W9|J_yp@3H@P!@u|NbbQ@^T%26L^dD#6{eN!d-@ecKkL#Py&;En|_J%)o!+**"
+    "D-R~amzxvP1-7_zD$G?2p|9d}wJ3Zz#PCia~os(n!J${0V*HixTuZPzQ{{A=qg@-r(tGC^gJj(40|K`=%*D3#aeZA!e<1gXGAHF`{^^aGV{JF1_="
+    "M(<>{@>}{$uYms+aoV?`ov#+e|gH^e9Mpj`NUtd<G<!Tx_i7l;kB+F^=0J2t}dUR`CqU2W#2FPA)l`Ki})$dJ}>0Q-R-5k&&SOT@91fN6#jeu+MC"
+    "al8{I12k?ZTLNB;S8%#X~go!?yXi@blH^1DA>-N`mzobXdTKHc+=b3VHhedCkMoxI%Rj{o-Qi+}6;;YN0vpX=iBmY;XWzjX2-d-V9it2}@4v++mn"
+    "_~EYZ9`z9~zU8&vd4F%^0N(k`PWjJ|mm)czy9fUM%d_V*e)=bVlie-9!tRt`?OC4Y_U==@l)vKn>_tC#!~b-A@paDM^?iQL4<_4ob$#>1AJ`q=kB"
+    "^@4*S~#V@|yRb{H$;9PqJaBd?J@0@?cNrcNcmB$EUKZ_ixy)ogC}u2|x4q>-jr>?2C`__(`RNAMRSdMMU8I;+&T}-pL2~_;2{NPh@R*5&5h49lwp"
+    "p(fj@78~@4)|Nhz8?HT{!_L;w*|K{%UUcc$%>w$lqem&ju>wG^xUGSfu-tIo+SNVG$_}T8x9`E^Y&Mz*nSymo*$MV%Lr=Qr4E0L<tJO0y$yvhCd&"
+    "6V8ftE<}=IksmNkK_0EYrX0h{Q0}v>znaxHy`{qC;UIRU%YQ0uVXhpE>7<FZ+2Jb{NwGEk6X_A{911+Kib>#J^%6bRS)d`{O(TF%jxZhtio@2_I1"
+    "Udy}URb&%_URcKxZ(_3$BUJY3!L@tmC>>wWvYJU{18e&2|A@-JTLKb;)kp2;2OHLl-J&-q`Ucl?{Dmpgf>w{L!+6IE2#q9phMo}cBU?;alcp}%i$"
+    "MJSF>d52H<alY?PANhk{7yPW>Pxr_20Z{{TZ{GQ%k9Y4PNEh#SB3uuuHQq!xpI`VP9{4X#U!QnGA3jA|&UbQ2M1MYCpNbASy%xoC_9Tb4lY@8>?Y"
+    "q0ZWNCW&lnuN&k(>NAPVe-X7k)l_;1@kV<$LsS{UlfER&Mo&YION|eZfD@`Q+rI{e*b6kGHqGSKZau>$77~fxP_H+fL5q=~nKtY})ndu_&P3)A{p"
+    "G{;W#tT~z1Y=li!F@s<4f=3Q4l=Lg!o-G~i1z0(h!ot)~^J@Nm;Z}Wc58!0ONS|s^FPWD{(_v-0}&-0BR|C%@E{#ABU7r8qAxZ{sKhy}R){NkT)C"
+    "lBYUYhPdax36A4-tOdL>g^wDZ<vwmM-g$k8aMntqLd!=Q_p9w^3RVC{Kz{Ih=*6vhA$5n`eKi_S0X{@Ct~E@pKo=+7cnf~uX=@ePet+XF0a1$FJJ"
+    "k%9<DC*%S4t$@^7#1PA=4LTwGkA>Ho`LD~9ss`c*{y?dtwx2g~&EFciw|>-Vcz*^7J8$d6(?-p}qoL;;<@-#!eL`1!TF;XhpPgFIi{>-U_AS%0{a"
+    "V?NbQ`w*M{!O!yaEq9lH^M?OY#P(F*;OgVy_7P6UiwOSpsl4pf%e@@J=`}yj_wME9{x{3`@cek9(j}JT^X{HE^Z58)oD`7@e&VNh(fD_7U;342V$"
+    "ol3MSWeI@d9@rw_+e}cb9L_Qv4Vq*Viwna)_d2-X3L-U(TL%t&a!sYwpE*enD-E{o^k?{ydYr_Vx8O-juiXS%3FIoE15R$Ll+>`us(wI}s3h<@Z+"
+    "+GC9SM&npoxUR?~r?)mkex93h)zrSXIxjvVNez`dpA;0((74-2gPaq2W`0GKw_~B$H_lf`KN-p&4yI9GK6LH8s<#K;O<H#$W$UBOn=dV5IC%NOLP"
+    "VU8@yWmX|D}E)`@9h3ebp125v@G@h@b)D8{`kq8_4@t!{w2~WUfJoh_;l}Ie2|ytvhCtdTwjWUyTC%<XBYgur{WErh||iCas2)D$)9>UlOJCn=i~"
+    "Bz-Rjj9S5AcT_UuMf0;J;Y=1nfg?o;m9_o?jl{ll3$Kp!`v%O7rV2>e>FPvXdkXo??j_btxD^XI2r?OS=?lijsAozJR2KE<=T`o0x~*A@B&Z>5;+"
+    "=hrW}Zg=8SzQ|VGJib9)Kl8hY$rLp!iv9iT^Ik8&@yqMYxKU517jkRfMJ0+pe3M_le7idl;TBDP!FzG`{P-#A_qe~a+*P@y=kMQd>PB9l$OH0+as"
+    "IOQu{ge$@46Rvud;}2%lWlff;aK39*^aszrS^tkx%{ORXpJ*advOyj+{Q~bMsdmi`et;KgjRjU+`Bvz3^roU%tJFdnESwT+ZW)KQ2b%a`z-V_Huu"
+    "E$G>`i`*|jQ`IS87lUN7-clfJkmwX}@x8L&f^<noS+kLYWp}Ks2Iek~X^7(cm?x-lgm(w@CkuR4+{P>l3?=NCdp7k)!Uc>{s`S?CofjCjM^?fd{d"
+    "?_xINYCwwc)#bno!B2y#xE~BQAUpsw?n~QKAnh`zmikFl<j&Ir%<A^(>HM^Za?->jT(rL3px3xd$Fbx4xGR;zl$W^y~}2QKFP&<6wUc^dLyRh^W="
+    "SaVEle3vUO)C*CN^PVp%V4?ms2$`}n;4l4pOCum5~vfe@XFMecSt;$6NxNrZKCc@0JJz&r7I^(;Zvv$)15yRR+0l-TcH49=N^CO6{Yyq`Z0*?tl)"
+    "|82P7r&r=qi7xzndKEP#{@~;Fh3c*0^@(rJUvdi_@_cvwq{4T8^(?yl?Lyv3#7g{?t7kD(w<oW1ZEo&F{fql~z0-YqI@ZO{Pj1EKeLB67tN$*}&e"
+    "u2pid_5i%P%od@*YE)?j?$RdA~uddGawHVJ9J{NDdq_QO%E{%%9&S<`wTsLaOU8k)@q3`urxI<PLXN{BpT1&k`a$U+b1!%N^x6y13^*pTB+_tK0g"
+    "0{_^%VLR2w3mvSX;udd`gH+}s4B*yaeUhEVv`i#et;NtyCBKG^^6aM#mG1b>M5(V6xz2ES+-8@}=J&2Wkyc@ph=d*-j#}Yi8KD_Vb@*eNrMK`nPK"
+    "8w<ob?&ak<9?T$^*M~KI6JrBBFXP3vM4{n32u};;^~z*7<UqYehnq`aScU!`g#Ig{vtZy@%c{vEK)5V5C6u=)#Kf>Zv58+^p)Oqy!iQzM5-qzXA&"
+    "BULio7fNd$g<D%a-ma`&}U!}I+0F8A%@>EWJ#^X2^bOy%tL_4r)A;Nx3V;Z9WU%l+>0e8fk04=>^xJzR*Eefzu<xBKH{CzkC)<n!`dEX?PXTvYM@"
+    "k44)*%IVy`?$i`~U0z;FbbEDsuXpL=>_qqX^z?k}+Pk>rV!|KAmdXB~jD>IH&nK7in=j(poZr7l;3$6d<*A@KVxI)mcpG@j>+Q>@DhBakUw7x<Dj"
+    "~Z|u~Vm4;)vXcQ99mKs(9&gv~qM3_20=QdjA%u=>6j6^jW_~#NtJ^nV;wQRa}F!SMelXPvngsuHVl;bq~b)+=vqAWrupXk=wcZ<d1xR-5@-F8J1u"
+    "t*GpnTxkX=3H~jPURL)>`b}1tEboG9{#iw#PUhl-yzLePYb|+f)_Ucl1;q_cBqksbE8r$8UNtF5VadIMiCSKLq^_c|u5-z{VDSbWagFl>|i`y!$)"
+    "Umi<Z{HUuvdMC>PS0K>{yqMXXFvbCm+0u_@|(Z&o4@o+c2CUY0A8LY(m6j9UHG8B_1R87eIX!${LSl~I3h!=ZUsaX-FE#cC-8hLj*3L;k57;KprQ"
+    "l>5jwq>9r_ad?LtC=muGRgKjjF;&|N+}f2d@M)_Qq76W#c9fATFJ^|M&#V?3NV8P9^EiLd=8{>URj-G|p_iIaE7qQZBl_fUiI-_J$Ih>1KFWK;qL"
+    "iDo4Vxq8sYcsO}G<FkJjTu$P?GdY(o3IYsVf8$b01bERsZV7=uba%y0ilAQajs=|BLE+u%#>x%5?F#30KuPBpXXE?i!d?m9`F1K;+S%vTx7Z1ZW-"
+    "jGm-@av!uEo81eU!lGRRVyg-I?e}k?JQ=(r*u^0#V2}T?&BsB}m!JP7dw$1t{+Lh**QK5i!fEuTLKmc--zTz9r0fl0!NDdKr=Jjlf-E8!p7w%Mo0"
+    "kzuoG#T)teMh>U)UYjJ!z@Q52RTUQr%u$$r%eO`;j0QhuyFR<48sYC=4hXIJZ+sU<+0Px~kPV(_hRPf9FK>6-(UL|7wIuYRO`}v|f;QyJU_v5ZvP"
+    "G7Gd?*Ddm{qp+o{Phng{Qv&*@BiO_{Og~;{`@ch`XB%8fBf6u`|tkCzyG)Y`Tzd?&tI*DaFoJd{`~vD{rkWEkH7!RzyC-7n0G$@)uq2W`osHQ6o0"
+    "vNR8y@~{`~*{^3!6j#-sXwFBbkv?yo-m;oUFl>p590xStoxg^q$hyq1f9xcn=GU!Jg5`hBhc^>2Uwum9!0|I7dSm;dMYXUjPq9emIDR|<bn`sG`H"
+    "Raq`h9xb%~z0n_9tUq4nXQTSd>tb=?*-ARf<<NTNuRj0b=~vp`HMXB0uBLEQjD7R<kN#kee)%A4r7$_r;Eng}o7Vmy_p86E&seKY-!r>dk6b#m9`"
+    "&tbVe8N4s;rm&d_5o1Q7Wd4^!1|ql^WKY2rm`aH^m=51b*4_E77<Kg(kx5vOn_i&|;NOlp5azkDE}^&x`es9F@a2l=^{&UxDRKma1-cpt&6-I(!1"
+    "&{o&d#U;0hJVspv$A;zN;51oMjD@B&JwB7hxe}1?a`!z`Q@M6CG;R;`agg0#y(M{gGqxrASi>&4Tl~`;d8^zah<P5nbKF$7?PIj$1n(tb5`6xH@6"
+    "nuZn{L6W)mlyO$7u{Hl=j*zXeg)U1MAjoWU9b4&j!Hg!5Ki=XKM3cr-dsvz>N=^_!}qjHiR<??ZO=E?BfhkB6oYZQB1>_%4GGWZCxTMDj?0z=_nX"
+    "=eHt9`mAx;c~^ZqCpR;EjE7rM|5L&9S77frE$acqYkj{4rQ)nXl7WW6|fQA+(D`a{;)wZD4*2W3_yfw0)*Mx@-;G-dO8^(TwNWVPgfUd-p_4JSk{"
+    "J`vwleX^7%TEz2ZIBc5({o(pWNUFyBy_s!Uc88RR?0<J?Tx7371uf5=km9<MNcr%KvKP{CeNltja+_a-R{F(?#*wB!y6fg+e+yZ!goTS=+L5n^Pn"
+    "FF>_{C-r?^|Xf;`%Ku)$~N1cn?tLt@;J6*|o@Fk?V%A@U4&Smy1|$t~G;;`H;Dh_4@O9Hqc$1WWDAVv{KGT%{J8RcGX|RQrw)IxzeHA!j_Gj@8x7"
+    "YOhj{jZgNWO4@c?n$#%)>k{ngd_4THgzx%c&9aeL$8|u`ZuKu#JSeRV?(B17rY6+J=u#*{Lzq44ZOy87p?f1tphOFkgacFSPn~Q#C95Nj><Kdh*U"
+    "mPI?EH>G;9CA5oblB7c$IcR|^VM9MpDCsOrmh*LOJbUCZDPiH6SY}d?ps1e3_^VMyNsyx=J{=itv_2d<SmLX*H0B9k|z#u|GmB`haZh&)UHSzv{G"
+    "Md5+0>S<<O=<1ruMa?%M>2$BN1<-9%(>_#%n55}PkbNS#PXY^@&B=i4FlE$hA#cCAfhx0TwT?BKRFaUR4=8jH=WYUnO&Ga}x^9$b$bqP!(7c)%rh"
+    "vCPT1^o2cO4pa-)n}|p0>iN)OxCf41xNaD{$6|A<+G@#$)pz3CWDZjU9xjBLdh_KdG-I*G!prWo+$)MSi&6U}ErvhBfk-zod2Cyp>&jgEXM?3HyG"
+    "gCA$Z<<4(d<o&KjhpXe1o&ffs!ni=TSpx{TLh_mN`C#!pERHm+OMeaU5C?ug54$mtpGWL)I%ZtJTfc5s`tLMV7f9auH6Vlm&I!9StK|?Ga7C53&3"
+    "r>|LE*eBZy9{Nao5GM{R9MD$ea!n4J$Td5dP4SbOT*rw4;E2Wgfk>S^{kYx5)Jr1=^0E0>#;}_#Pc=ovX97LD*s9^5FITIZTig$I_!4cM*Z(MTyy"
+    "IVVK8`yi0@GW3HntQ+{b*C_p;dd4BFnin^uwI_Us=13(G(5~8xYD+H3m#^2-Bqf^01b#i(G=CY@qPw*#s0;?Kt$R7CBdo0DfD6Pjr3?L9~sC}KM0"
+    "O%dcf+i+$_kae)YYjG&5g^E+u-ZVIsm5Ydwl&d%s<s2lak^oIIItT{aKH4<uLyv7-bh-^Ufa_Q+fDmY}Ptt2i8JnoDo3-FrN|Z&^_D#`-s6-_pcW"
+    "s;-}wGhUTFrNj^#oEx8KmaDjQl(S)@gIJoP3e(S=)ka;$4TKdDL%#_Q*Q!kLhZ2&d$qR?PtUv;?7Jab=AdW@18Je5~&xk!@fV7nvTq_7`v{Ndqiq"
+    "r)9h4`L)506qZ{Z)4J8^Dad-b}kOM3@YS74UD5DhWs0W@tVK&(T6Mq9AAc#nOV?)rt`_NFIcRt&E*(lYpkA*aI2^iQ|NiSZ8>@!A-nXpIEmUA*vS"
+    ")qx*1Bl)+6=a}FuZ+yK92Ms}tJ@>3t*8_uBD)KNbI1R#Ot;7=`GaYe&@tL$%uswWWq0%G3!iH2&2;(@(<-1^{W2B!a?@ven&0)DupaeeR$C}HVtL"
+    "$y*NqANMai}hylO!s@Tp^_5&AdE^mHCQ2(*_*O4GSXxa5z=I33y~HeJqm|WGgcuIY%wa0hl_J5DIr*RXyudW`iM~s9BW!|Lt+m>8rk53B(+uSQk;"
+    "e4{)h~l1qmj#&S51t+fw%}4S*0{4d?E$b=l8wjBF_1AV_VJ{1H^rEH4{-#9)S%Bw%9?jS}{3mY0pKlHoxYK`xzSd+?UCylnT~vSG0J;Y2!mXpehU"
+    "=hBfmfG*a0PTrK%eG3c8S!$`8>2VHcn)sHG-dS=sx$b5p+v{cTt>1f`=`1;$`#BsLFUmfW+hdKP&Eu?A`e&WNQ&5lGBfr?9TLD%R89J`AbIFiz)l"
+    "eqR(5coKqR2+j<|Wyy$;uXKMvC$MmO3kelmsUjw=`0mg4@N&2_$(<R+Spa#FezH>&8511HFvu`bxs5MZW;8=6d9c5gH|Bi{Ls$zmOPcjSgkCq2T~"
+    "_#a{_~H_KX3mrEm<K}6XY{{h$)!xUWYPZpZ#mXjzF=*u`GCl%i{PPSrQNv5(^!YM3}lS+S8BSMX$%)7{Cy{vH|sHDK?szojcd|CUF9+x%ErGzR2`"
+    "qfZORnRU%8n3T6b4Y66nAlA3hWRW#KoVmUXI9Wxvh;b;o#Q8i0Ovf-ksE+W5ULX~=m7sW7PoL2LNO>Pu&SQjhX56~5Lx;jk{$VG1ovJ{e$*%=mPt"
+    "qx3uk)Ca9Er2Z4lhYIv0@^+fgwRv)&7xrGn1Vmn#b?A4f+m8R4M&LpW?2MaNle8L}%!$s}bs2`%9P$A!?6Qcj0VAt2GhPzEXOsjoMW9a84dH<+;q"
+    "D@~`SFu4V7!f|;paC78p*aOa3Z-)PdXamy>bO*s#<si}mzS^CQ?v_|6Jb><`_-a}RGCk{cZ^TLgftNBCTJkdxqP1|ykNAyF!QeSw)~5whR@a-}An"
+    "Q^Vzocm_k`|)OZi1spLi3UliNonnAuOzS6pU24Fz!Ox7MmNL#(6G7id_=IZqYP;it}d+v6~4p3^w12!dVR1oV1XK3$gk`G)e$Mi3Nq16or=-pw_N"
+    "p=@4KA%OeEk;56b-GiE?7U44?3l$Jak9|xp(#;D5Oog@pPF06|A!3b-mwLEgj27u7S4f7fWrv*Y4g&v^CWHUXJ@LBP$3+#YYT{;Xi0ZuE7%>{?$>"
+    "df~q#ndKV_Ks7S5aI>AwKQiCK7{_nDD|dKW^gNIW<ePFe3BrC7sENsOk!89&Tzs2A5=+(;zip6J(j9L{g;@ZwR+X)FfT-hvGn)I!N?;wMQ`EyXE&"
+    "E&pSz+cb{3Ph`p9$V1^Pmw77YTFP`&t$1wD&AixESLhg_ZEcJkhhj8dkF0DI~e+Z!9l=vUzMCH$tm5Ff_onw?%15{Vx|muH-|9vx=WNo2=Ks1>mN"
+    "U5U-;{|tl_TjT_XL_#UA6t4tt0UVikj%|NcHJ77X5s_***pirL^d%^mlNVw{D&BxNf<)H8(Ngk4h?oM?TJ5?HF4l1xOypS&OW`QYVxl1)?j}MHb`"
+    "~G{E^*liOgMiAd>Q9D4G+7POJqhRTp!}q6y_CESd&#mB<q2z3}-l(InERhRq7x}&zgT%0WNWRwR*hd4FoqSwGf6Y&#Yi!ihZ((v3a;&&`1kbuzx5"
+    "XDDA*<Q3HOUC3$8Ai|d-VWium+#Eptan;d~>5IslJRRU)LP+x9o2Dp|(G}g_XE&|>{)@BJu3OO1i_9R>-V!B-vWmIMf$L?HugJh7!fg^!h0~V_@("
+    "lkc|%`6~72m(O9ti*$^dv6vl$8|N8Gt#&PWm+7`*@EV6Ghd|W2M@Qvw`sMsqZG|zO9n}Tx*=u8x9Lw$b|HZ<AmYeKmleJZRcGv6)>MY@u(4j8mU7"
+    "un2vQH60ZLeG0jKut)f$m1Rjrx;B46SHu_cgI)sd9~%&dxt^=8Bt>S4Y&3Ua-qFqznbhf6EoYAA=q1i6vIx0Rz`oJ3mSE_4aCjA_-JKInTTwS~af"
+    "gh&Bbi4lbQEqSI(YCV*LAEnGlb9=~eUSRLF9w51B(jJ+7+B9w`WubnBS~8rtq{U%wd%iMF8L&oAX2~$>IrLa(RiQ)&%dbW%nTu7o7p-XlGc3uV*h"
+    "k@NNckW^gck~Hh-sOw8k$oAE_PUTy}020cIA|+$wB4#GAh}&v;}<<`#zhVSLOhYlP+?wb%lnSx?(&?8HY0Fr0wwJ>H-ZldS@lQtGFee16H6_bxOn"
+    "ur5ZK<UWFwN|En%wq`@D=zoFa3Gl`=}p)L?{e2+ybm~4BFM3UaIx&V@f&;tW+5K7pikU9k<zp9_5HFC4c--S@gnJ-c=tS%s=f%E$z*rcN>9zTvEO"
+    "lcO~cg<u_XR6e}j<Tt`U=*qAr^AZ9j@)ul=)1-|3#a>`8uUBmvumwstFtPF!ZhV%)UL6oLu_Ax@YMx-SQu>yKd@S(kT!5x7c8OxhTg8|6k-}&&bm"
+    "-UK~%{=<)yH|b?Z8~`!&xvAl;-J)o?)^9iXE)h%!|q{mHyhjsbeHA6BB41(c8L2r1gNy8U32x}0@^jnj97j-nY$cv%ikU9D+`qV=H90IIm?fopWN"
+    "ps3ba_?5bZSgv}I3|co3YHiwrwFzA~3;kF{IEp!^jS^BVhqE@|pF2*BLLvQApM(RKp2;azdP+*0nRXDc)~tZA_Mop-(`{v5pwk0bX^;?NcMZLrpj"
+    "P~hu-^QZ_WMlHCfz2fC8}6$!5^Vg4z<o1g;S^^gzjxCIBSpQj3yr>`nQSGkKLQ$to>NaQ8AIsE^VABz_W#g*o&7lIOEKuMrR2~$&7|mC^my|M1$?"
+    "=HKJ}a8cy_FG-VN%rLP40NePS1sGfxr(^ieN7sw?kEu}30tTFq8bp?YZ07isv+YDf>sfPy6z`BDLVX3sGvcQq;_mHg0;VS7yQl?9rRd)E?jY9i@)"
+    "yjzw^;TQXD-~G5U<g#vN>bL0u&d2LR-e2#YY4f9r3mc{JGa2WDY1)_iRw$-kVb&nW*nUEteC2t19O2gVP)C^1&1<Q8E<Don;_@9-U?m0SjEkP+j@"
+    "Cdhl6N-W$&`Vh7dj!SZTn7+O%B|^GBmagiK2F<^ZmHwlh2ETldb~54MZLBe7k)*n$Y>6b~_aV5CW+UlORVuQ%hPddD11BlCk?qtd>3v4u`(u4W^o"
+    "5h%iW@st|Yn-wS(&JSA05R@6nh-+VL)+Q)%^;)*D<sw0T62rxd&Fdbrq0bTZMzN?^EKKXJyS^bit;${ZoG5c%Y$4g$4psVZ0f>`cR}hbx5p3iQ(-"
+    "8OoP-T;Jt(9Pg`Bc%c_EAz?XjaJU%@Rr7l``qY>WPpzn0>J{t!nOXk*tKTkSTaQylKh{D60zw_6Vpz5;h$2_D@cYpvk$(nv5ot0q|NAPr5SJRmm="
+    "u<dlOD0{UW80~i_DGmf)JR@)E3U9f*CRttw~Lf*-ee#53Mux$>~o)J!>Fc&yiUu-4MSi5uSt=ymxWMkXbTWH-t+|A2SM`HhY#VX6q2shmR!zdIX&"
+    "9`&UEJ(;K)hN8eV!`kT+>mSJ#TIylu^5$lMZrsMaV0m4+zMU1R<pv9ouu|l@<~{47R<1d<ZU}2_*F@)710csYMfaqw&Jbae==1pwxGsKkHw2sp&-"
+    "di&aOnPx5DpaYJ4%X_-tn4SZ^V!^!_jh1^LUuYKbWZg!QJ%JQus&P}M9Kt^+NEm7cp)IE(kxv{4)3Wy1<M6)e;-D=zJv+6P)7@C51skpH1sDGhg;"
+    "*IQ7XLJ%<AbC;A!?IFo=0mbZ&p+UIKq6B~hVZF4{m@aywP!yq(G^!y8OIo4u_p=LjqdTBWUR*<(+1KusB!jP5wQG~x9&T3WL0lVd1tO3<PKZGA77"
+    "9I@FW#tS^IB_1=-kBX#Wil0*)Y1OhaRzWWdW=*n*@@=telI7pe&f#==)h%jYFKMWCns|`=$l#zV^_|N3(#3RUQc#-xr(mKQdDy$b=#sr{IK~!t6o"
+    "6SW9fwCNsb!O)Fr?f-h^F_Gqyfq_>oiab&$&Oj5a1O|_&%Qd8u%#irz9vRtRCon@laI4;DMDr_GN&%bHyo)kY|y@jyE)nwE@Nv}pJ@{*bsUT=XEL"
+    "ChzyYP00Za{e68H*MkFSjz^x{FH=YfeW!vCr-qvjAADDorF!$oMC}+-z_(pZMU^-BujBtUvE~C%>{^u==;NwWt<-^$at}Z&Iz@PF%|Ppc;Vn7LJ4"
+    ")&f7e+wbkulM2@$bz3kX<p-I29e2WVW(l~iJN!n7-wZ*~R(z0ZR%1bD5y(#pjEUU0!GN1RFG^f<%6N@(sdJ4N$dBqjTV#il$rDJ?UjFzKnPkxq1N"
+    "YWJPl^aGWw)HF1i7h|U$@rPnpckqo@_j;umyK?>^klkvS`%tS#yi$yvli5%wiiaH-Aa%OlLN&JUeom}*L)t8bg?QgUE2O?=B)Ws@IcdO)^=2hcJ$"
+    "N#Z^dK_VqyvlG`xsXms)uAeToErvDj)P^S1gX_j2zjO#S)&t30tYjPNn+^iOh;t_UJ}zw^WlI{82G`7dyd-boUmV^^ij~pcrw9^=gQAikVibACeJ"
+    "FAh#hMMF7vog``ldEgR(u5*c$aMnkErxa{3sGq^K;G^%XUD2>;Pvpfz*cEzq}D}1y`AFi!5c}Pa;yD5I6<@P-7W12eTE}8}xCux+ObghNdVGpm2V"
+    "&$OgbzdT3<JtmumigqFOr0nGwGbnDy}SZYMx*4T$a>O&)XT+4D}74XJ*mk|3nLo|K~4*mXkApg;5D;@t3W7v9%*JBYYUd|gg`MeUIZ<Wrq+>)WgV"
+    "k5IV;S=gThO*yb!r=w=D@4I;r*{>}xGp##XDhI+{A^sTYRsOtYa!r3Pmd0(*Tn7GgZxls6x9JyahDL@|z%wt~glN)yd49>H``NI1v1UMp49B@{YT"
+    "t}(_7u_~z=UZ)vvo~Q@@&KmHPl?j4$PMVPfJu#)hn<9ct0#YW^`svJs2CH?47j)gBFupIArvrR?Tx#+IrH4FEJ<`P%==_|CjM2{Lh%H1Ek!Javt}"
+    "n@`0!9k}ZgjmZHp?`*oDH7@kYtfA8xjSl>D(jNyun(AOCtIMcxhU&45c(WR0I4wfu<;!vr?iQLbqJmY7&+Hkg;hhz1hvuYCROSN7__%g=4~EX)18"
+    "lK(2x0kj&a4EVj^Go#UKhwES~uJmd8w@&aQZait<P^ZA@~Ui5g`g)~P9E*)x$wGC+~d|OE_Se}svg71#7HBZH5MXrF+<%OUr=6)F7ur=Hn5(RE}*"
+    ";xy#RJ*5PdP`AzeL{xwLXIQm!^rhWIFTfXV59T2(|uybn-PJrYa<oU@E&qZ3jn>#W@4C4^mZW@06LkhP=m>OVZY0dH=VU{Ok98(3_dSmfJ9S#Bd0"
+    "ne8gnOOBNHK!7ZbikXU^-BBex+nsBV&<W2zfYV4BrvW`|`A8t}}fhAWcGLZi>fb6M(-<7@^?C6@&=C{T{KCooEuB<Ol=1>LYZ|I~e3Z-9My79|zx"
+    ">d+cDiTX$G)rFIo_HpFmtPsr3x7;8+DS;!ml}u?j!P%_MB7yo;T`u+NNLJ^Bqzxxx)_Y%OhA=YcB6z!cM~b_FRhNbMh}b(%-kv~}WDt!$+%!Jw_b"
+    "?^1y`hu71OU_u%?u5f+xQ<^lA+;G!D3U2b`LPDe2b!0N!_^Or&^?Yw&utZ;cT&$X;^H5zF3>hOO-4YbF}5z>O%T4OMzE0Ap_2hc-3-C12J1WRH}s"
+    "K+#r<|EH|Sd^=Qyo416XT9Rs*vrP8DF#0RT|E4qI8LDrmBdSuGUXubl!i!YWcrFpGKcWlgyg_;&^yTpsl0*BnA5LfKM7Kx2u5Dm9d?7>ZP%sF;Wn"
+    "y)ZQRk7ZzpN^D27%GXRRZ18kQd@9WQz-s$HIQ~kW(ti4m(x+0F>?ECqXrNirnnRcJ2&IF`j(>U=z9!F_G%g00>EFmhR0&JlhZCDa3Q9p9<{%yt7g"
+    "pt2Q^uv=xL=#E-@OhTT^&C46D%MLd_|oda2n2I%&)Yhp;Vpt0i`EvNSMB`^zv;%r^5@J!e>()rqKZX2d5=*S3Xpa&%l|Pi7ZF)G7g<ZnFjeAxe3l"
+    "AtJ)D)W#0H*g}rVaUr`cays1@B3GsnjdL~)R}$T6d$<)BlfA-bAvdUZBu((OnTzS0Su&Oe#Ug2-x>BA&RIQd6!iQ$Iyc;jOQl3%zi}-4?ahbA73d"
+    "psEj^U9~{%PW@+a{4`atlbj+}U6d4+z;?r84*RrpOmnBYjSq@eWmLTQW^6G-9bn`w!TB-Zf}VS}D*V_DQVj5%eaAXxPE))fJ+pH@l;wK#O}ZWLa-"
+    "!zgps&QF{Wb7ZVZjaMOlxwJ+waPPL=1E#XL~H5%NiE+q3cW$G{ZkbSYd(&o3C31#-GrL}axn=T}%J$KTLKXhD+(y$K4u#lkc(XYi7&|<FyN3*ZiW"
+    "=h={j3<z?1~yn~Av4`VY}V8a61@~X*p+>`y3z{zhc*W?Y}TWFRbMYJ^b5_+9&1H1J!(`L_4Ufa=ofF$T&vc4?RRfxz`SRmDw*AkF(D*Eh8HlG?m?"
+    "zQ>`J)8WAeI#YMKH3nYyrhZz7|Vw@|+?wopr%vjqc_c5WTky014El#m#c|DhI5DsIK^C%4e&I|lZ#erQxL{oA=a9IrR`CbH-G&_6WN%|fsiNuiZK"
+    "-`!9c-hbHFw!-eL%w#2B$?Uwi(GJA#B%%d6QxBMrtiCQ;kenvXCwRG;r3fw_*>gqV660Rb0<o78m+@w^PZaCorY4bmo)P<~8AC5HN4yH191l0kP6"
+    "uZWutx7iDcOiP)G!_Kn37TdA^AO-y{-~WVP+(_=qOs{z*73<l}SRh(%`#Dlxuf#L?n!dn^hVLAmQx-JnrwHpb*hQckdvIGn@0g*tu4IFs&3r<ji`"
+    "fntUVBQUYFfS`0y)kF#beN>QJ~fLC5@AsXhw@no<y2#Pb0mz@v)?&hRb^V+lhDr$08iXnRV9gea|h+rj0>P@WFLX_CNT@r<&cJvSJ>&>PB=aic{P"
+    "LVMV>6#dEsw-13xK*FIcV5SyIvnf@xvCwkhyvG0z)i0I#N$odo7U=%tcG*ar7J2Yo%}3mAg*=&VRC&G?nlF7aiK#=cddg_*GK5Ugr=mtUR|+-&FH"
+    "RIl+ec=Yene%teackxMH@N0|h5)IWPHzZf?19E1PO}f|k+g2oJrVmZe6k+#7SJ!TStYY{vX<78^}U$El2l#(k}o2B*xe^0qsdrKKJoEyM*CT+Hc~"
+    "RCPXu6t?%}Rwh0+E2|;cD_i}fci%6V!)}$5(UT?WSkO4UYrg_X23Cq>LiFh9Dl|9p(+U@6l$g`nq<A5?abXu?x>UO>?6O^JDBK<x2|r7s_qhLHD2"
+    "#wpAVhK1vDhq&&V@_O8g=EghMaKq7qaLSQ!t3tPRC^?ZGq6&Ti}m!<H}?OO;I69c-4Lu(e((d9+8dZ){XSt*P0erByaF$yrR}F4|!XN=6J%PIqm}"
+    "RA(Nt@O%^h9+_u!<8+t|Qw22_EH|ylcqivnt?AuFQ1uPbvUmHuA?e1hzIzD(TH<RFQF^$<7X-G&^XfrJ2=7_6Yay5AyOkdP`p1$5hN=jtbXD}@_3"
+    "412sO=;$85_clC7=1;1{=r=e3oK)vosle{De6d7#M3L)o+;LFSObGc3OoWgA}kcl_Yf@_ICECC)G0xm!UDjVy{|@$LprFnTO26iFdd1QQZs6yqP8"
+    "vwq^Me$^<v}sHAhz1is3X#GY2cho>Xf-GQuU23!$S>`*Jf&7&9fqVaiHHPXiPRX`bLW=RBiD5fu$u|7jku&Db)DJ;FQM0JShPgoTIZ)gOx5rKnX8"
+    "bfMzLbA_?9gG?T@;M8!1mAEiBZ*Cspc4-kmt<<4LF1j__YzcjtWf(%Y(2cEfJBn<@a-_M)vEHniRgVmfvH(&FO;DmXg=s6A7_2FBUb~%fI|b<A1)"
+    "P+-$(e~44shhU!WhO`Xjp6a=&iwzd|73(67oxNAvEk>i8Gqw6-{n<E#d9!E#L<(IeSooq?movlZZ<oY4T=IXfM6K2c5L9w~&p<wV0BEd5r;s==*v"
+    "LNNM*F!cjG&CJYEhBpg?$WgJKx1`$ERPm%-^Ef8l|Y2OcLjJb6}^pU-TL5x$Zl$)+wlVlkyCFzNYgII|VBlp84b7BP_Ec4uDy_rGmv8yvG43k6=x"
+    "c|D?0wu3xJ2&qHRpV$KS9Ya$3{MBQ+9_Zh!6?w8>40F*-4m?=hEB*dqePBYYEf(U)$AQZGXJ%Qhyf2boe^BgnY~%ObQ$8du6VemA;CN-!LIib9}("
+    "ctybiSlvxhqd1a{Trbgk*!*IEqoiV8jkgohqpXd07wqF*xH36ci$No!gu&dgzL{KeMnO;PI1F2S2F;H1oWG>ne$gjuO;=@L_nX4O30g^p}sNUHdu"
+    "mC}r-LY!T;I=y*JxpR6Krsblo^~HR!!9Hp7Fa7Z-E!eKoxD3YIb1FpOK;K9UM3o{Cojs>YC=CcS(@K($HE=M8s<Te=idm%<)5T-7TsB9VFq-aFjZ"
+    "BMBBcq4eC_*K%gI;R_DJ_7T-GbOO=BT|fqb|3A&-L>%0d?eVQ`Sf##VI|VSw7J$Od(9ogP2U`RCMq4C|ix!t292)u5mQ2K_xESk9O}FE<SIX3`z@"
+    "wDtt=zJUJbYG@QA#FsPz6@<yv(lIKIrBxX7-P+tP~0<Z>Y_^LfJ#(E3+Dpn{IO-2LBVL+*;h4D>X<xS13-RJaI(PTtg7+2w`%YoG&9)oYfAT*?fa"
+    "TOsstDS8gEQFvbgfzoTOD@rfho!*HNz({85@|ND!gD88D;a^ocbxvlVr|w$DIIQW^V?VsM?*KQ5J5e+DoXaGY#B8QBsb5>7*cFj3pKH>+}xq6Tb&"
+    "nLb!TSfS=^1LBm~ec@&Z^I3(wKBilEa#!5!9%D>uTNy+D#+W(%v!Er9B&TH_ajM4OV0K$0o1nAqB!!Fxx8Q9cS~BIFet%Zb-k%$bI?Z{kDq3Bg?7"
+    "nr-R;H;xJ#yDm)#=4rBIWhA8Y8Bf2#%ZAmiyGE-LC*kWT8laU4!G*_51p~oy5=$^ePuH6@c4ts0H`B$|?xMJ7v)0`_&B~qzDH<STHQIUB>mfKE)c"
+    "ix!f+$lzpiXAJ9tt-t$jR({#&B-ZWXZ~e;L3#{6l~@IE||x93!K5&!zObowHK;S8yB{$WWkEr(9#PCo17Z#T*`{a?hLy_>SOZ+AzX>N&|$2Lo$0b"
+    "S=?NBwa-R)^YB}eh`bUt|-XlSu=M$l7Hv40N_RjqxA;E2B2t#T|`Nt_=4ZS=2a<dvnu2M;MTRSwe2cBD;pG`W5MzSxCem0}_pv*FnEaC>!x@gB^F"
+    "25DwEwmD*cZFGuCSYKKhe0qYG%aE5X4682oP_DYsiiIpRf4QijfMqYP%CM=p{L+iCJ(k?TL)>Vz*nnay=i0I?ztwLAjNLUNPd@vRAgjMla)Husx2"
+    "Lu($|~KS*^JlP!kF*iVRN>9b9I4Nb=mgC)+VZ71j`8v4y~zJ9wCl;$%oqs@ucO-1IJVhEa`L+2aP<SEiZBuDYB(-h^ayIqt$rw{FLSxuQ9Z9xXD!"
+    "Qz<h>PGG0nWaCQL&X6?DEDPQLe5e-Qmv!h}UlN{8SpZ#w3l?!8XwrrG7TCP9GQzaq)npIP6eA6gt}LV?GdJx@)$BaadDk@7t1Cf77nNwvtfH{hxc"
+    "B82+McGAY-WxOgmZ(KS613vxKhmCj$U$1l*X-SGi5?98fqOKcccY4B9c0TatrqsBAWyrC7APAYh`G&H;#1_fF_;B(3fi~!BREq1icPCh=X!bS5lF"
+    "_S_P^DE{RD|@JcIe=IRaH&y9jjQhHAH(<yVA4CtzkitRc!&rc`p^u=7Wn^=nb1uthha+sP~OD^dp9kPMN7NFb~lK*LL0{dT0!@@c%+9*A|O%_@z*"
+    "=p$?BWuN#+PQ8~f`x%+?K-WuYt~LM)~@Ernhqu7zBq%6hnuz&tjv0gW*acJ`$3h+Kg}FIM7MD6aF26M$`kuu2!89lonRrur4G`3iX&eQ9sX(D@S!"
+    "K`cQhOH1474#tf*nlQ+I?FxiRaDD|)000`fPtgxLUTP6joz)R0+L4dYGvVhbIK8&4##LRHM<(+)XQ>kJB_?iJc|dMNMH-L=m8TDTJJGDEqap=q^D"
+    "Z7U3mewV#DQ<+0I8YjBY-Kp@nz{8Ixl}03!5}-cXw7ZiJX0u6Ue<Xdj=4Jy{1CQdY_N0#>og?(YW}Tg)3#RugR(@lCv?Uf!NQZhmiLeEd)T54<=<"
+    "6*&-mRN@pX?fqDkb+~O54oz1?TO?njRsI+ZJ1JL!7gEPZd!}n5-<fp)J&D$mL2l?|>`5oZ_r)!2ps(57}-pK%(OU)~mBdoeYjx&3m#|-2(+`aUt?"
+    "eW>-?DV}f~Bnyxovx-hl+aF6-X%#}e_EH<-%-P@{m>tGt@)M2p|TAx4IB4gyc(IOqzp)DjcyOd-z=;Av@Tmq>(H?xC1j>?C^ay*<Qyu5a^>WkGG-"
+    "PmUn>vm`^uj4Pev*%|y<!T*6mi~}_OyB0k78>M`YlaR+A0@YM^w8>bW{}H92;vq0-9ook7vOHjvn(iH7)Lx<2Jbq9SPPF-w+5t88JLpT)i%pvCP5"
+    "4gG>&x=nov|MHfv@cYC6=jeW2!k&-wIjq1uCyz4SxYJc@(wvD~cqoT*EecZsg;PWvZ$H!D?arTYch|J1gfdv@VP7fKbqC##twM(BZ~9b~<k8LV8T"
+    "-0Xgzm~=~cxCJv<Lo-1ZjFXMqq56fU#=Zv^-ka@R&^MUyt|6=t=B(}xabLBddpEO!wK|IxTqWNSw>*t^Gd>S9mXqBboeOP&67;1e(%XE9#w0#8_G"
+    "h&VpU}HB>&eaIZi;1^(Q&Sgmz*_W%Up^b4ekiXlhW)&?^T+qHZB6R((X<wi=x&7csJ|7mbn|ZQ9<Q}62RTu64sg$DRVTqibb@CXtsd2oHeiM5qL5"
+    ">{$WVAWI*&rEzoy}=ODLY&a-D7USM7Pw0TXFQ5p7VVA^UFyqi&Xh<aEQEK4Pth%3Z(v6X7r9;sN(CfH?Yk~DU*-fYYm_ueoVqokS2(V(v{HY-r#p"
+    "3=o)*h_HgwdZYD^(*<^ei4F|)biSdRI)RDy=iw7D)u-kG0Rc=a(bEtls+-(Jel21oXnz@u$gIP3ssZe?4?5(yQ5KkUv3t|Fh|@avrtbEAJs)PYZe"
+    ">}k5LbHUAWj}!D;-o^-az`8hD_SepPKFPJ3EtKuUopmIeD}p=l^iAxx)an-(-n>Mn5wR@8@ENXs;D4J@w1r!0C+R~q2dkgJjRAoT+oC&2T?l^!#-"
+    "7<6o@gLnJd8cz#&sy7MBUW!e-nHRQmUu@PpghvaRy%I<U+A5FLQ(nm5RmvuQj{&((5r@9stlesg-YC=w+Hsuw8U-x2kRIbqYPDL)HxWCn`1dr6CI"
+    "gqR1*><XJRE74iN4shGQ3~wQti1Ql15cMGVKNzy)_gBZ2c&#PMpEaqDGlLZH;4X%IShdr3H%`t&3mO*l#W>Ewm0O6r9at0nJ$_4fORELi!+4tf5F"
+    "St*8Pb=t0HQ>*8%8yGvb`0m>PREpXUfC4<wQ1Ra#I!b#Vg!L(d6k*t$&3gyArc$zlQbqCoKgALC(sP?Mqi!BI==W^+6j<fRUFo8FnnblC7SxMleb"
+    "|q*{ZC`3(&<oXI*8LFakTUoWE4_3YcM7k?wq4jeU2h?HuGyl+1hHLpYm?&rEJ@jKbTmTosKXHAaF+h5mChj;G?5Xw)qO7w7%sn1D#?6vA5Cq}*pJ"
+    "g7#LsxJeJ9f4ns7AtL&6Plpic`UtrCwHYIZY%B#;?y#H_1a%GH}xQ_vH*e=e@W0u?rORcKIQrBa9QejV3!fwU7-vEyDaFsphuepV?-K3da?vgD71"
+    "XYTab+KMZ8h&;71FwucX%$Hw)RYPOugf+|7Ysy&Pb%v`p7Lvo~8kN@Jv`@JAQ(V<EgUzO3I<zx_1ka+&RLJW6F43TqdoLhu*KsQy!nx&w(Fn>*7B"
+    "6X+gudQNqO7~Eh0K-^-42Fv_g6aUL}$@goyMzf1ixV+#0-TgF-C%hNU4svU||+xRxXybc#}?y;h4bTmwM@xZXhh3?j*R8)>l|>flQQ`MPU_l$Sjm"
+    "@a01SDHkPf1?yQj&$pQ8nG4M(!ox+0Rj6zrvenFyf5(}-ubAJ>=pU9wXR>j&S$%h3JE8mOuL%T)VTHpCF<*;@q#(Oh)jQpqG*@eylo=Y%IRzQ%_5"
+    "H0ri(|$VA+Pei4jzE2*3f)5IfZQDfv)P*Vz{v`KO&jWXwmD=MOOtf<hm0(k!(3`R+&F{=H-iT;W8-G_urv<l{7+M&w`e~sbXn~YPO+<p&?PA<t{i"
+    "4vR(XzqQSd|BEtG=@oa(G~KqS5k$p&4dskiF6h1LO-t23HEd+o*<wWQXsG}CFV(IISkP{h$bSM^+*-qrrW;_Z}sk~WKStkKQNLOH0m(r+mB(-t3o"
+    "rIAi6-Q_STGUx=OlZkztB`&#7k)cKMu+*fx7HO80qAp9Z+0a+!@Lb41KKg~58rj;|C1ElvOE+#IZyC74!J2o9vA9aX?8~)jmg|SSpy0Pr+fwtW%2"
+    "`2z&HqbEmiE}SS-vtebvXV27*?Sa;XD^uJ56q>HM_5AE55PbtTS57*}&u^>SDhuY19=HEj(QOVO|*$+e(b<>!lfP+lql^V#+4S^f=K4)=p{N;r|J"
+    "`mEvu<B5{_wEQw{r0+pRKfhp(#$4w&^oQJN=gAwa<4qtF(Ao6jVzT~kxW)Gvv_mn*m?A%KFvJ_`TH&P0Y*}s7I;|y($sgeOIqu?qDBN@jq&0nS-p"
+    "gAKM>ZBTsL29Vp*#t!fs+!ebt!Y;jxFK-?YYjX#s+t2(I0n%nv3<F+(EBMjGY5p4=rMH5ry11BwLk`)B`e*Dnf?xoEzo0JHYw{oX<B;wL@c)uUiJ"
+    "{l9cnbbwMHr1+|IsUTASP1$ZjP^LJrX9Tj^$Un2HIfP~z37ty_FrsgQIjo7Fi&i)G=<SZ<c+P81ApBr3K%YWsbfhnF0NWV0TO3u%<e))$)*ytoHU"
+    "HEN<U-#lbh=xJIVS*zJk#)<RGlYe!sS<JwbN+Q|wK$w52S(dZ_w05m@upoEvO__XFH7HLDktH>T(1YEMzU_U8v@*hj+QBhuqbn^+z~Qi_Jk8n^V|"
+    "HJY1ZI?eez*!NSZiulf54)xDO?x_J1YxmU5#XK_Xd;>w+ZLE(x^2sTgIEcvK{)N;T#rX%Rt#1?s?N*gKmK6X%<^{#o&xl-9e-1!G-UO<ps#FJJdO"
+    "t9hSH-fz%wPh48X(o>lfn+9Eh=|A)R_nlfzZ5W8YD9D$1t24z|pXjPjrFH)HBB<)ZTTxPd$U%8;!$^qlPav4UzdJC+oZsU&Z0eKkof-8}ysYhuO("
+    "##SE&QEK9wZ2%H&MR<+PcqQLIP#7wO?XPE+3xD)g>VqmcC9qw$;<*y(HwNn!E_x5v5<T8U5HIb*h{m3Ez-{`z3#fs_Q}MSz^~AQoes6C*%@$4(~f"
+    "OisV-L{FBM4k^@`mHm3yiWDqo(JhZJ(oaG0b%&q?kPN!vUl^o0IscC|2#u>g>|H0{Dyjrrf0Y2&4lf!_UDfn?XN$zbs@YpKa?z)McKJdXQE8Sx-Y"
+    "w017*Yppb->_Jeec3WGaqdBZs=D}}0R8%_1@R%nGe<YV_u>{8s7WYwRIy)VP>+?dl@)Alp#N8boP#J^Jb`soSdNxk9#iL?Z&q|c9&o-m8)^6M454"
+    "uta%6dO%y#Wdnlv}V{G7IF00IAGMBR!Wh9cDmerLu;B5|&wQWX&lVgf=9QWe_g5zqmT(=SPFClvP1)K1i7%tA$%-xMp`2l@cGMEy@g8^{q7H07%="
+    "<Nvd2H^9yuhUwVYv%&trV)1u_9uQzK7P`KHqRgMlivCcT^i!FFZ+&sdhV@i^7^xEpLv5@X{tr_D|rPvDP4P(6-z{&}qmhFK~Qg{Irxy%YexVY=b2"
+    "Ct|=!c~aVf~IQD*Py7J02t6RC9%4e4rz~}i7<i`bmFqo-?aydcJjzc2M=wF+t*tti3~Xy9T4PYJ-{<u`@E3njnNr{9JBV>bJ}sEuUA*V-+0JV9m5"
+    "z1qyW6{LVs7^4ztEaj=)L1t193ro0SWsEFXkh_u=87nO3^Hwt5hp1~?*Za=5nz?$>l0R^~Lhot>2_&Kg9Q8G|P<Uo<tdHxoBx^_ssgE2FSD>C<d@"
+    "O7dF>X3C7i(|Xuu#*~=i%9%k~th$weH#eholyns2WUo_Z)=JNv?qoZIh1Rqc6$kio5S5mC0NaidcVsQwQ0TtijP_izH|{@a+io8Ao3YreN+fctc%"
+    "z)a3G11gY|3S=3t?sMQL(9<oIvqh|J|_OY<_c(PYyfgQgp%>YmoQqN}Y)3c@z1koGQ;Gt5|P^tC$XExkgV>Zl#u0F-?2!R8EP6Vp6Ht|Bb5E>x|A"
+    "Cd`*X`MbL5_?GBWs#-*WThkAiQqi1EI=yjd8b!`kz*|Tt%qvVt|QWxl~JXP(;H<P!|!EPQKw@@aMn3UbBSyAq!xij3&Y3H4m=_q=$`7gWYqxh#z8"
+    "xC;&O0uFY%t#)@$GTuw3$rq<&SJsoK_JVu(tF2~w;HDd#grOfSctmN)-`n7)S5jrCCMl;=*($bSDu1bnptJaYALC+S=%fh!d0Om+9j(362h|9g|@"
+    "EVac#7%N1OzO;Cj?q+ktNOjdpBVTnKIgreSoOwsmdn3DZxEM;f%fwvf8)2Ba7%F0Ys)li6kC8m&-wTQTY-t9aI!8jhEpwsz$vwjrAXg!sw4CRUrD"
+    "W!`gFm?4|IC(N1wExrd;3u&olOeIOe&v0xBlP<SXZDwFfBy2Hh*dXnz8HJtO{KRl*`Y9~z$DmI)&0L0VmXg&eKz6P>5J(WVIPIb)Nf>jEE}EsIs;"
+    "(_HOOMvDPvHT|6jHVLZ6SNv*!zkGSKJM(7Jgw{7&3VjZIfSwX$SG0j+m?*=-b1`gY-ecV=XXZQ|;Q<Sstt4+cYTgZ8~e2{fB4|`htfEyU>c80)^4"
+    "+Ua7-FNL|dfkhY}Ej*Ai401@3PxLaA7XUy8m2;!7Twds*r+A_PE4EPswAsmO7dhhE3O@^9j?=hUq`(Yj0w8*JPgxP3lhsM<*DJa)g8rrdM9;!(iW"
+    "5+zAS#NM|A%ZJCnvT()pzVa~oUq<3&M)4X6<9uMn-GzbzSy)MBm2`93tNT}I3*SaH%nO-1AJrwsfx4^Hf<JJ5;xwlY6me$ORFWgRowy)s6Sh1CjE"
+    "?oN1X@L*UQs(7ZzD}%tM#%(6ZP<WLaB_=Co@j+Ih+J;tZA|%SdL)pCg_BE<kHvZ-GQrs2F{^oeErce*@lkAz|rx2C-Eb>V;hIv<*^Uudd9{&PT!Q"
+    "X36lrGR}KYFy&EkJm}3ZgfN~9mur@?>~|{})xKZ?N=2>Shy_a+T`ESwl;l&r<Wt2;_w{DXjM^nM*(5L8&ol}D)Q877g=`0K$j@>>2pv~ueKew+mr"
+    "-FJgs<Qb)P!jto)CDnx8)~^A1AfVSZtQ=?V*JM7FMlQ=UQK!!AjczVw$*_RAnGj9oFC$I=kjt^5JqMC}Bcs8@gncyzCApnN5P6L|jr;!;6t~Yivw"
+    "1x;3HcVQ8pr>g!DoA~7ec{DALaAg9M-3!{-Tw|8u&cP`~>DkU_tgfVr4-<s*kaUw1O2I`AVTXuG1NIx`Bl~!K5m|t<IO?I5q&a=YX#d>*K&SBtZN"
+    "z+MP-oz^mv_RaU(2aU97@3@RkdAwBZfGHcnYi6)2=>s+xcU2iy=hY<Ml`%FB8~$>K@0*dl!zoAE@Lq&FnBy^t}v{0<B7yW7pmR!&B-iCG5oYpCBn"
+    "_Rj2ReX6x^sE478BT4BT|VnSmim!wSM#Os8ncU_@_#8eZ!z;WW_#ot3!SAy}#IsD;-Nd$%w}i%NHhtVSQCC<#n8&1gI+v1k2L9kSolaGAE>JJ`|y"
+    "Rv&%jD(FgqrY+7Br(%+s=yG|Z#r4Hj<fD1BI~8-Or1n)GZW<GE6WiKME`*alFnXX1F<}b*5VAe5Su&WgUDF0SJ%X?(yGe_!X}?%n=slF1k(&wv?k"
+    "8DKw5BIFosDG7YYW=Rh(rB=wPr?|Pc#~F7ok2xtE2m33!zAI!A4x1G=ED#G=ldlP1tiWi04JaU%nC8xaq{J#zAYg<3g_H0K-1`*(AxxJQ8zwxpb0"
+    "qnndo4EhM^94tA$Z0Ut*fjo=sh1vE#7gVV&76A(gZ8hyD1I~@(JB(03Nys>K3<!56gz0cm91m&yNt?8qs1qKO|#FMxCk4P&6Sm~7xI^?*?d9st{l"
+    "}q6ePWy$ZuyS_FRkIw9AwEslhA?Yz8B0z^i#0S^5~4U>HY}+0%nw(M)}T=7BOltsG`G^tGZ}{~^jP*G+_v6=+;K?#1CPv!|B7o77U~nanJdO&cx_"
+    "coO5Y7}7UFm=>ardVeb$2Zl?qGs?>WZ9lFZo=uZ6k*Ug8w&<6cW<t*O}8(ZjGWwvYf$wHQs{3WL@BaHNo5oHg!ljSXzIhjoZSlw4tmd4*%&>;_+r"
+    "udLIa#UU<8adpKiu!G|yToPD{IPJJlvei`_9YeTB4QesMN{MLqHmxfrLmj;IEyly8l|d&x!ZkX}6s;%XDgZf)G(Ff*53vnL$8(ZS!@|uDX`#hWE8"
+    "J$EY~GAmMM*w}v=DBVZ1x9^TCU6NFRT}51$)%>j@7h(Pq@d%t+bV6HgEf(iGYlMM@*8^R5w+l1!UDJU#X6bTQFk9nL~{6u4pY&u-?=WW3=Dui!X6"
+    "{92nhFIbq>gGnjqx8OJ3JCDOEsY3pBXb-fCL&U0gSv0!;t5KBD!IR-Pa<VAh~ALhJLlhLx#oINQ4Zwt}$0w~<NranXv+-e;i`z8@DJ1aoxo?kHG5"
+    "--Ovin&8x@J)zXw0l%}EkJ?A$t&1vcFq_EfNJ8r^?(ikG-3JhVbs2!J*A6eb|ca_#Vr&Q^B@*;&a!kcj>^FeWuX^b;t;^%YNDfqc3bO_vzsDo(IA"
+    "0<yNq_X1&b{pVU9b}H+yuW1laJL%EDxfma{cT40LEGT|}_nLi8kd!h4gtA#IF7bnWYvm9Ak2+bqMg6TI0EBxXM4mvdmnX1bzt4Sd+Lz=^C>voW#<"
+    "<L3OvKMG|=;NZeeE4ag0UWuP%tup1jxM+^(t1^E$sRvtU5}Y$vvn4}wiUH$BkRFTWDOuCmC1^?RmUcJ^bpgl?v4^|Ppa(P1jHWdb<xGbWa>q^s(~"
+    ";KH3`aJl477!)gt05T7E^knYP8-K=KqwK%i$?~Mf11Ju@XhHLY=FzM<vPXUoLD-u5c0AZ8J=#a8zO?H-PD+;pDWipyfDAnhb}I$;L8M8d{{q>6lM"
+    "G)@;uV6|xX+LtB7N`rXQh>(@0C$s|`bH*Ge}rYo&#_u~sXX8<utTR{7H*s7Ja!Z7ZrGbBPQQ>4!9FeTm4oq$)+y(_G(%=1<)q|OVKGz7(SWMJBV{"
+    ">z`c<G-c9oqxWb-@jZx-2eIOKk<;G5dY$NqEP;e?^nCaiFb{$9nTXs>tDG4efkUM7F*~aY#g`vD4hU3mofBz3&Jntf9o-q=R&Xk+fIKZd_>?A@1*"
+    "aE?^cZ$;}+5V?;<D5_(@WfU&}?lH1Y>C$NIhpIQ*>`n&G?s<d5{H?9R6D8l-!o-plMmF23N8L`lH$M?#ga>(|NmTjh(q3I85@CH=v=^bvou;P<5b"
+    "h`)iKy~i$HyYe>#{-iK>`JwrfJ^ms7%gQ>Ae?9kq>(O&evMnykCmX-Ilii60e<_3|&wVkX`~v^B@2ZHmuj^jkhg#%Bl9vt8&*>gT>~O)q@h|W&T5"
+    "JbDEN_69jixLsCwbK>PsPvJ-%XA{s!BW;(&&Nohmz;ug@SBMBU#UT`DM>9$TjS|At}grv<ji&A59*SbkAgHg7=Zb=JDJ;1})flFZ)47zJ`B|>1F)"
+    "`nLogxWfT$cLB3f;Q}V~WQo$MyyT}siga$35R^^F#qr0*#S)PZ*iZ5y3iEb|){)D5KXDmk$F%j2>lXqiJMd%&(5t9ePwQwZAz)!-hC*>1zV}x<X@"
+    "5zgFf$=yd{Yzg(rU*yQ-`!uhVYiwb0xygpk`IVqv42p6h#M>Nm*plh<VD7vhwvo1MSS_ZjF{&if#kRP7DN@0EC=7WE_-<nk*^{TK(g^HjRj(mWvf"
+    "Gxn@jjS->-hy!DGpY-J<Oha0~~D#lj*Ep3~}lCUS*vh<zjF?s!fO@E7nUWzDDindR-}Ppn(9X;F5ICAfb?R;dsZnS3KJQbi*8PkpobiK2wiqIC)`"
+    "B0dr1##X(!K}3g-imy22Np5oxQT76x$reHRG~5nZ#Y10+JgM4@0g6R(?0mE;hO8O-4vVsC*svm(D*AE7YLGwi^$6lTv0(8*cEL(`b3Q_@xs)?@4a"
+    "b^9Z}NpF+(LF(p^to$la$Mw@FFB9&ngA_B16RavPCFG7P>6kLHGh_lnC`lxa}Ta$8x|jqAD&!!D6TQeY%F>zvTV~B0g2#ra=rue~~<vb9l%qJJg>"
+    "}zDD3#{=wVqr0E+kRrHR^ZU=me9AL%;$q*@M-u^+BV749&=SaAm*cvLs#zkBPe$<NX!jhtMNnXFpCBLcHLyFk7A~&(Wu&7j68{V3RhfUD4Mb0JTi"
+    "6ZW7)@KOv>-@@mr*JN;uzbdCZSv*;Hq}e(XO=0kqD{WNe-RFlFAR_7sq$-jwd8mLl+<2`{C0hUez}M4lzaleSAvzUB9Nl?%D9-N%9ZD@Q|a-rVB;"
+    "5@=nu{l{PyJz{sxI`@W|HywT5TlfAi2nLqTP}w0fVJE73%SCEPa$l_$FaiA2Vn{}M;&VW<l1Kg8K>b|lEKCXrFukqC8}_F5@odkV`MKQ%6+hm%m@"
+    "Gev0EhV6&26nGk9OgwH{k@s@=d`$SubOg&qkZ-~(6E2*G4$H7Qyj1}{O#g_7M&l*fcFDJ~lH|>V$xoZOItZvE{7DMIWZ^0wVGYCeDM{WYtCIuyX?"
+    "SnGGLD9ummxnaMhqxqIeLOdlf~lLcRraY{R`zskloN7P56eWI;O~OtG82Nj(8uUGzR34RG2Tlm8@0RZA<t*+Egw(I%=_S-$gMNY;l4V$0IdZI7mK"
+    "<=%7~oP!nnq{7^Mco!)>=kMdXnx4o|m`z9_{mJjwnHQYYE6<*B`4Cvl)lF+B*Vph>D32$Fv2XHl1^29#jIQvp!eZA~?#LEPk*Em!Q=fd#|kv3;9L"
+    "J_K4z%Ky5O|D`RS2T;mNOBquW|~hQ+agD)HX4r|G<FCu_^KcYE^w1~32?5URT@l(Q<nhBqTq6Pb&Jzx#rO>1GKs)Bh(m>ekSB4Fu>KAK&REk}174"
+    "m-Sdnqj^(~;c6KoCJ@-7WYo<GBnkPXMla1H>Tii4U<*jw?Za5QXxRSjS*-qcW_?lTli;az39L2RK%ndN0fp@}l^2ybG6Re-&X`XB@g=)_S+P{3XU"
+    "iJ%m0yjL#|%7Y)A>hN;puKHnw2udozX@TTANNz#^<K+ngg2Ebyi{38@!T-x}L6YpZ%AxwX0r5qJBG4F3Z9v;zI^gWa_0D+RDzeEZ4=WR)%*5e?AK"
+    "Uj9?r|uahr@>e8zr#<ysW+!Y1jdmUj4BQ=b7Lq1^@f^h$n(~^m>Mfib(ek-@v+D?OxavJR4~hWiN~A_c{E6hxh0abBL@-SmcGBA)iPvLfCC_1{!t"
+    "+s?#F|XDxtWET`?&G1P2a2tF(bkJs1$_6kQraqrzrXKrypHON9(FS{a*TjV7Dru|8MB!tbBpt1_Yp^CHb-SE~cb~EVN!wB$VtRAxb9={NWhjp*8v"
+    "8iZ4?ok-UKRi@)LEr{oBEs`gMJz8QQ&i+>p*ITxOAVh|*~c(A64ISkt&Sj{AdLa>fJ<<yRIh~beI5c);X#TiiQ|OWd~)hl^aOvfFPYVM!ON+ki!g"
+    "04REQ`L5U0GEc296|+z7EFqO}C8Awh&X0WgmwgmCd)qg=@rMo{P@g5|`0o>?0B_Gu{Wpu^&(q4MTDVb9pw!=qMV<4ulPEtS(CgAg=e#R&b@;OS=s"
+    "AR7B7+O$E0N5il%UL&MUjS_&OsLz^3KeDhvt{n7xgDiN&PHnU6jC%kJs))u_Djh<pf+aOb(@>YScF-6S#x6nu2gD_OfoXHI+3$s$pk|Q})fL#)r2"
+    "aJ`g@#B`(Jfatw=yUq1J{)#)Yl85F^i%S9uN;-RyqENg%fUuT+)hozCa@vxZWC4No?l}p3dXqIzT?Kj%+R97J1s>r9GksYtaCOc|=<c-lgaq+!7X"
+    "d#ql8Mscb<_*QNS<5iuJnvItG?pnEdBB{`pT1Vk!8wsYCkOLV`-SJHKMGwl5@MK=7fDG4tbpk*5Vt%MD98~Pj}YZ9U0B@v0LB>S=je!MC8i1>RA-"
+    "ZEa24+g-K0$~-dsYFN-=ijgoYMl|?IuA?VaA+G0pk6>xeTg%#_+)|QEb93A-+i+N?OEF%Q*?6m!CDkk4rD^Lngc?UV49MKECh!KQpJ0WxQBlY-bU"
+    "P9bb=#5fPB3aXK#`w6MTnX#aD%(t>B8ZJ!C`(jy*hU4_F8ttYpX3DAdi^c>p1f#=eKV?HD61Fi8%_3~#Z*|4`qU_WCfww(|XkkO<(6nAgDti15}("
+    "qDq2F^9W-!ob#&6;f=6HgqRb4yW;3$*<4!=b`ezXby9>b;|LV~TvQxIksK&*b>wM-MTC_Aj}`bisV{=RY<iXRW*Z|+3}1u*WgcNEHGqSaSJbra69"
+    "Mr03DO!7x}!>c^DThP6Yzb^OO<=HVbNW%8f|8MNE@ESyP?>`1ZY5t7?OS6C|}n!$klMG%8OLMRfH|Ab%Vg8bZZgmR(uv{hl6G(ga!#lMq*ZkIQ;A"
+    "cqXv_c;W1P|+zz32hV>?R*d9(hWH2DeFGv*-9y$T!hKNYunxGKF2->3x3^b^M4gs>;VDCuLaE-I!D>Ybb4cgTOaA5?Yq~R6Nk0CK-h<s5<3r~*l!"
+    "KsI(rwcWVxTGm+2X|VI&f_oDrSik!i0ZWhe`#$yU6oHl0OTC*24XKF<fMS3vJJouBL&mz1~|H+fQ&~DCcs0FIRA_jj|!3_a0)Q@xo%o9LNYya6>d"
+    "xR1Ypb_fn2Fuu1H;+fLLh2WAH6q9w8zSEtr^y6i&_C$HQ>7@J<eBrTTx{)4Mou`J`WnE7uTFL^xsUW&nX~3I#xQINVfKX#>PixET60(uT`AgqQqO"
+    "aEu!?Rl{@Dw87>C=P)Q_-GD%-t%oC{9=L<;Cb&TnnWiXhj|BH15nqpYj!3~N5S9HFeFaz`h@J+><Z$d&lnrbDynP*CPH4ykp>BvfqoO&`HtJfl9_"
+    "IkKZU~vev>`!G!pM0x#R>eD_+dvCj(>v>quxQ&tO{-$@3F5VzSCq}hVVG3HLTT;Zgh~4tRW9DJ3S2N_c_^-BOo{$1zNhK&Gl1XhXD0T-dvKf3bLv"
+    "As_My`jjvF)nomQ*nD83IwG2q`5#U+45`>HtJ7^kTsX0S{M0pb`cKr|~$n#+@IpODlsA`Zw8%)6oKgeq+TjIpSn{xW=5uPB{WSs@5ry>z4dDn)m^"
+    "@#Np+)+W;?vDQOQ1u#VCK?bS;dDup-eEv1WxFJyZPykCN&N-QhrlqD&DG<FgPPP7E7U{)P)W4MRvL~N5xmzugm>!@&?%U}nn$r?<XaM=PLCaR`am"
+    "!}v24LG8>f9vi4}g@vgi&s#RHAeBq6IrMO8FK>Nhalsf-9BNXR;Hh^guad#>&&!v6wgqQ_AYGUl>J<&g^}z*IiM2aO2cA|4hXj1MEh;DAlaEzN*M"
+    "{Gbuk-*T`j-fDaD08kQsPvI-?_jwKIUzJ_d@r+PALe3mKxqwWI;vt%CV4o-NF&4zAgS~*rUV&AG`4rJtbTdc>Kz%p1Jy<dT*})%VH^UK#1`a``k|"
+    "OHHqELr|z2H6M9-uITracHM3$d$53_|z?(o{@?)&b__)F$l>I3CLZzQqwVjf$X`5R$87={L_%K@q~b!HuX}d^31U9$7)BR~tta^GKltoI_D;7OJt"
+    "~*6Bm)F$OjJh=((9sY?5J1{kA<S09j{QrduWSTsr=nOrysd@~^$4ZonuN>fh+H$!t?0Wou_8&u{so>7$%M|7jWUf5EF5h+<^vM>+?Jh1r9{Ce78U"
+    "caRzIMz#>f{rkf4)P_)yQcgUTZmi6JR&qyM;<0lqm2<YLYS3rRG=u-Ef?-W)eK(4=@uLT;R+EpJ*xu-Vok;#X4siB=r0U|_$~4X$i&7rpqo-Q?hW"
+    "Bi6Jqv|pdgy2=&~l%_Uc=MbW-ro<J=0cD+iMU|BS#ZVF5t|R&hoizV`SNlvIjao|VK_2bfaTbfh^++)jQxwOh(;0gM?Th#7HG0hr?P5%mD6Zu}Uh"
+    "xCRy@q-Z=ad}gB}5ewl=@ZdbOc?D=4$`<}IW<i^V@QTc|krq&%fhNNm(mfR(s$y7~w){t58W&j;FtmkQE^JsjR0z>VuTghc5vJe=KgdJgGcZ~z`x"
+    "J5BJa8CkkIj#eB1sYhKO!J`EV>XJ31<Vqs5W>`IG+rkRkb)FuE^>e0rOHnF4hei4&Z_C*C7$0I6K_TiVa9mWcwt7Q_lmcz&Qkl1s4|hGAqoqrHx!"
+    "1`=;DDJv#Nak^(X!FAXrNrU6J(!dq}oNb!5%12K&QFLiImar_Qx!MG9fYThekAco8=fsm_tjf(0k0)qfi&P<sS`VmDf9jpT4n?NHW6!hpoI4tmP3"
+    "T^a52R01{FMwxM&87|FQHmhH0#vDz``nh=Q~WfR;S-hg4^FzWoB(VmSR~C!DG;Lq2~to4%Z!lf^>yR4g$*24k{ThMOAzt`W8Dz7Wd!<e@8fMC7(u"
+    "=~3{j*lobd>4l^mtU*8|)MK!|)E4@S^838$RnhR{aDF%iys5QZNppN!T*r2_UTIMfn0nu#i@05+HdO{4Fj$Ej4>99Xro-i-`-MLsYqI}^DM2RJ<9"
+    "_Jq3SE`1vaxP#42xX#FpxU}Ky0G~a`A-K$nTPbo7+pyPugXY*HQ(6)@P&sZvzv2$Gai>(mRS&6iqTzffTO>|H*3|GOztIUJtP{H^zye@$R9Q46X-"
+    "eAS@Ca3-LLAyq=J2?1lKNXYY^kQ8#51HCBbZuF7!}F@Q@QqSXj;jat5XSjk5gcy4R|Ub0B&%D+oqr+zBI;>R!|<SBA7^TRk%OOU{Q}$bA44e(r><"
+    "E1VW@lBZ9{>5D}y@2X_-3NRKoz-*N<uUKLf{xTFbawI4{i1Js4@CYTQmrZX&AihIFm13(e?8Q_JdK^FkV?b>!_$dBx1M3|oPo)ZN26)AlRs*+`)Y"
+    "-~4@tEd-%{6={O-V&721~jEYVOGC!dNmpfV3By`Ht5c3q`BDz%{Vmx8A+3(Wg`hH05x_tE6dgSjR3=kh1`PLccr%!go>JOEo}qZJs52cC*t(qpcV"
+    "%M3LXkeFk-g^iFfeR3w9^&)rxMa!&~yREBQ@R8cIlk@mA(I5Jt_$2HKJrQS+Vw#!um6=sO1tKLWz_1XNuddN#ZXLFkrFBt*=dEH0a}agw%zO;MxB"
+    "eg<}417)Zm4MfTwdQvc9a7xo~NR)FOfa?V~YaX&%_PoIe2u7L7UVS~B9QzwMaJa((7^Vi14Kx{L-zp~Tz<^L7y5U8F;`m`Zs^GTY1Ek=fLoz_Iq="
+    "9_hh=wr?TvU@nscm^T&A97s$2<UBg3Ao-S+Qgnx15R|anKwn+_fN|_i^Obozhkim+hl?f>%Vi5^j^H2ou)IMuUiOPn1OF(@3By-&Si7l&9h0gm|s"
+    "70MRVMy;YD}Bc`Ag1GN3%00*FrL!#|Bs$(bvBv3;g_MF^`IIs*?K_hvheRvOOinG4T)k9>X+`B=5%$pJ-ulO#hy=z;>!{_mmMM2*<Xx>p3ncPZ;>"
+    "?<ceH5Z%rq-7dLP4kTEyCEPI2LSPzV$cD%QC(N9eMoR65v-~U8VY<oq*+54g$2KrM`%2*ITsTChsN3tNUX=za1il<4GQATQL3gp_I|IcTQP{=0~n"
+    "f8-oRZdo91=M@G##<i2!kn>KzQ&Kc<ac9{F=6<TRwLU{@k+dWHs45Geuo)~rB)52}6<;SM3i>BGj;@apQSqwI&%*%Wn7Tf)F2UmWl!Qqq!oeke3@"
+    "%GCjrT?uwdAn~xJD8U#e4w9!CQkQYa8yc=j+C&>u+T{^pDuXz~u4tNBZw5Bs<FbW~Ql*4Qzh&{Xo(a30>fYP|LXAkJE1lnquMxr)N#eCr-H1XO{_"
+    "$-LC<62DAFIIBplLug3UAzCJ%LG<X=6gg2$fNWidI;<sJExsfl|rp?^#^Ui$=d8f{{iYhsMqoa92xPWe@q`O=q}*x?chKLV}nnmQvteHQX0<YT&7"
+    ")w5j7LcGS56t`QzK0@_q<r<&c@4I$#wS8f}wS&kc~9pTb?H>`G{&8a5Pz1co&Sq!hxW5(@tqb@7gea=Z!BI-fmSd~NPuqh7lq62A3fAF<w8%0d3n"
+    "Y=J2eLyS>rR)?h0T!;vjrSWRSQGI;9Dz<n*jlahh)UYjZH6wWv}aMF+=9IFqcwq^0Q)yE4{F*RLPelm7)mMu{-{uHS`8A*21vy`9=*a?xVG_FL*B"
+    "CGal_M<9_*DilSk1;Qo0QsgrriG_W-s7Lj=+uK;5GVZwTS@e#e}qLH4;)@9{=}<vmI!qsFPgN`m5h;=n~s%qXam2SZIW9|;9LA#7AzW!@>W?2)u{"
+    "NZNP^0@YFRmg82;hlI%p#?wf&Xl|qdDammw!PA6ZOv9Wj78{g7rdteC7V4<DAmx&TK_k~l3Lj9iiaN~=(XNAZ0IJSfX9blsxJ1~)p#GJ@6W9~K{|"
+    "IM1m9S15z)S!+B8V)MMj@<ImIBVqg{=ZXwWOvIv~<tGA&E4&OTKRLDdJd<BA5MjO?4}oRVrk}E#zo0Zk*<b!-{pdI)faev98iH{6>Csd5dZwF+Oc"
+    "RPlTL0a517*qxpdjDVFO7u;(`lw7%n@#(>dQATR_ZAt9MI98=W<v?rmtu|*Zn72sfNDmH{op9FjZL9@H0Xz!?bf*|{W%Xu(INkd4$nh}mG7@)C^a"
+    "va5D@#?f;p-SFRf(9cpaGeKBL>-;HsV<N7H^t#Q4%l~}uk&$K6l?j(?@0=nwb%x4C6{d#2S<@W*^BVlV;N3oQr!bpnfwMpD!Jcp`N-Bbd+kA|jau"
+    "OVIGn&tRHLWNGOdwRMvXH02#Ipdk-0qR5Sl5=o0jr$+}##RHH3lQZ`sTN$pfBIZkR(=m=>=((i%ZkC0hBWd};Mh1MPWSG%8?2+SrsFrow=F$aeUR"
+    "lA!T>97)%V5TpXp4#2FcLbCh%X(T4NZUVcney}o&T-*3*q%;izgK6U#wzOrK3G8@MYCZ^AZVRwH<gjcM*nrdrfx5u&<F|r%0u5~7S#X^=G*P~x(i"
+    "<TG5lV~N23-NNQ2Lw~rh(RKg@jx`0^T^XZpztEJf_t>3mz9uQ>4y~^M`nP#hmJvdJcXBIeHo0K9{VV3nxyS#<p5Hq7l2M0m+Y)VkjGC;gz+NekZ_"
+    ">LNsu{mE{|hQt1XgllDAI#d|bex5xbwZKjyu`zTxWH?tl#ekP%~!XqMAg{je`Q_>0)iNe+nnt%{gd4!~zRElvFCMi0iy54Qpeb6r4sKKiUi%8=ra"
+    "2LE<GK4w%TAM*2QOdm^sYaiFFAEL-Q1ncwVcTDWk-G!mNS&Nfp#o;*aN9{#g~rjEaEx`-aH_zyxM|*~)XzBBLDg@)1V|Zc_=ZrmTF>pXZ`u_B)qk"
+    "8#jvJO-@lPmx3@A+w`%28Mh>0|d0E5ap0j{rR?g<E+h73j1LC_2cNGS~x6{|};1{^7^dCQxZp!|Bx&DBw46E&5ugxIv9T|NzDN@aN8EF#dLjz@%e"
+    "p={Td@?dlWyVhDJM4VA^Bm5n*3rShGX~V9Rq3_zz$W?1r(^k9Y;MPPxs+KA2i<t1p4soki7a*i{@;o69Y)r9>ihxE5oSL`Le4hHYX}_-DY#cUUE4"
+    "s9RL^DkRzO*Zw@{H+sP7xbu0K{51SvLEEqQR)y{XB|LlG5h(kR_6}9{#@C0H^tKKzv$Z;X%%Dd5}{*j*W2kjrMd|tQ@ori1xb(h|qys$1=*g)1Dv"
+    "<ABqspjD$JdSWZ%u%`f-bv_*t5hJg`eSOJJf-YiW}-2!JZ;wv2_At3nC?~GdSq*YmUpfUyW1pC&IQBHgMI<hLt9M=^?+|X#4m83=~Z(*sHj}mS+@"
+    ">EVcFKBVT=4SJt<ZkpqLhd^N2F1|8-&llN0`J>Cf4s3BQ`%UbO2Z)4uwrOE{N@q$Yp)GyCgPN=gSS>t#t9K5Zao!rJva!2%yn%WRo%gaFwPGAKxK"
+    "(Ga4QzXu?QgumRntjkOy6U_#DX7D(SK*Q=;yH%si;!BbD1W9xLThCmU6l(pEDzerQ>Pg2(`tX>+mnWaLpxF#5zK_{Ib&)Or!OrF8tpRja=x(Y0b7"
+    "EN(?NkY?W(5IgO?QMM$@fcW6)P#MLu4K{>;x0STjDvl;XK+{4VW&ahr+$miU649W}GS1T@@YO(8%g>V1G?aB5Hx`Z3zk(L(!O!+cBs(_(huk(NM?"
+    "nis=nR7lk9V-)E0XJJpw<pifuj4G&<I=8C*?+JAE|)W1tZ#l64vch0?}|!QA@25BD)A}^Jk(PwGp`t9<<j|D=_|*J{a2|ZzuSQQCqsi?doy@6e@g"
+    "FWN3a3Xhi}-KXS2fu%h;D*+W31mr2+Z3yQ+wKhSS=XmB_+SEl4;1;)_PBGM?DY#TnIMXQ6Ln@8^(?U0}_X8^FTAjfZTlRo%XM-0iLuw^lwvRYx=3"
+    "HKm~a}y#=(MAx|{qcahyrwV1=3Sx8EN*>|8Z5j+saMltpfb`#T02V!)m$BP!BVzNC}S>L^9v7`1XLogI9wR{dUeWU+n6+?e^(pZA7I7vMs$j3q%@"
+    "*S4fR20cA7cfiasK4bAs!b_nn%2*{GHqG0Y1^Z4{}(8FA>U;WUo$qrw3;#qFCFplyrxvkIVgzy<SYY_^BMwPk^io8s_(oVBXCQM;vx6m5&SJQz?u"
+    "?}3>zuA<l6A_AJK&D=DfgmW9`+%`SnH36k<v1AwGzQ#q7wl?q=&C`rB*D?T+0H(aMor-eALE#8UC@4o(vw<Efw>_iFYf+IF@2Q8pb#GJB4+66RJE"
+    "-DBB4K3J@aP$Sq$b46C_Cr)R6`x0bkLJp>|cRe2ZgK4MuQrKSTtyT+VaMgeItOaW0G>vl9rMI^6+u%7opwZyrLUmg8HpiR4WXtcCYdqgU8nqx>4M"
+    "_=~X<Duu=bD`*PaQng|l2mpe~r(ZGP5^7B!<=kmUdR2T@F#_1Y%dt}p;#~$$O<oB_m)^5g;k_#%jZ7Up%e!F>PlPv9yHd3MJ&==b1Ri`y|+S9-xg"
+    ";Mgq69ynRkNy=JgCk+_f7*M~9mkO*UG!Ci!VJ0_h|Jc$Wc|{<@4IjY35LXo(4-`4NGYSD4+gleabNE~$u;}T+(}BxtU7hh!JvU@pes@$=`=St`|L"
+    "CGMY>Kqt&{z-g%2kg0}5ndvW0MF#~z?jEZ9lKq^=y)b!#PaFqCdv(D6wL#%99h#T=3BGGyJnkQVBroA|jzTC%|*EvvxN;)ycXlGKGvQfJleQQ49y"
+    "87f^a%9^%R#zsn0BrKZ4{R$EZlIA?9q_SDv?VdABP)ednU1%!SDFjPrF4C#c@^r>XiW$1dGnF@#Qa9a}N|u-=lV-|D7f~d`?FMQmDcNq7mbDsk!c"
+    "S5cElWa>&6&+>y4^$%7f7e=dW3Y&6i9S`a!yh**@UCJ^YT(_(An3bjBqAn{a@D}q_c*4Xel+EtkxNoRMs59q}!mA*>JhK?tD`<=z3Nytm{@U4F+k"
+    "mH&!h?o3{&%O_CxLQ@XiH_oVCezHYl#`jbi-{w!Wn3UfFiXDL|}q3blWV$5k>>ZS)?2+=kemo_tcd7Hq88yB)tqtfD(?$#^mig`heLg+1K(^Af4;"
+    "yDc$lC2bEjw@ZVwbztxnM#`QCp)Zk!bmx%a(*qW>d6VZem<AA+atA5V-{lBQxcRfr^9Kjk~zpRr5Gwb*6MW1RtB?aQ*+A+zsaQRB&?qDkjdMOPXM"
+    "wY3;)6`47!QJY)6%&HuM-E`5_mieD;J6-3^wOwF*hFc(a#Gc3`BFCb86Q?D@1k|1gs?`K4|s(PQw$){2_Q>%oEryLK>{GLtlUnf6MC2V|urhBE%-"
+    "?8a@zrtpv@v;AGwW)FTT6l~U|=Q`??Z!&F87Y$FcP_B{Ieb~CEFJ}(z$O+}h3fvd6_Mk~U971Q7!s8(GVo?erxtuK#rgee29-NrBoA0w>0*I~GX<"
+    "cq@_h)GNE>|)Waal=_(-|`zkrBFJw%}##2^h%`z>4;5sgha$k_?OQT2<jlQnJO$j3jj$oYL9o;&6o<wpKa*O!sW+esm261-mRl8E85yvs}8PKB;H"
+    "ymBPBMF32&{eo_HSS;DI|WIYE_58X-Wp$NL2+s?jaWcNf$>V<l=W;$o;vPF&2LV}c@>1kN$LbzH#X|{M5L`8aPM_$)g7Q*S{lsWXYBp9UApgN<fx"
+    "Rw_jD9I9tl8kFU-0aE*DvMkTX}bU*U9xL;g_eqY>m~%<TBSwwtXPLG*Gz|1*OX=va`;IyZMN8?(iUR%EKiOD0-PD)9)*%UmP^i2)I)PpdU~lWQq?"
+    "1Lv}lvkeNMUoJ#EfM$>r?I8(pBB(o?`JAu|U(OGc8+*_ETIj9H(nxs-%=-Efx{<1NaRQ6^<hrbwCfe>$t7$(9~Joz$bIrG&2)P$gm+om9=*9WXjC"
+    "mzBDu9$}D`2{T<;Y>ph&V<+@by_8)coC%qz)Gl<Lan>G>sl+^8jB=|~xI;_vR1e@On%O$DS4tA;lIAmE1w5=t$>4_dem&sVoF<#Mxugt7+OEe>70"
+    "dz?onI<SOevP^u7|X)P}8b))*O1OTT)88LPsaJigr_3S^zL_4rP);o34~h35aOEUW(A`oLS<nJJ~Yog1Sw=V0Yh`ZOS>x8Zu^+R7Pj^GhuNzYonc"
+    "5PhM9J<wD)(>@l}m4by`&Wg(#6qLsi*(Vlyy%lnfOz07IVI$cpPsa46oJZme~c|BC1WXrbMq$zSGvlan$zrI-kq(|H8;;gh;Rcap4gFPienN<)v5"
+    "tR?;mNVwe51sqat?XtQiJiVGnJuikq1!BM)T(O9Cc9}_6`jeL69<w)hzq*fCtNbCwRDNe>7sdO&YoV!5TwT^6zoikuH8-Q5}vF%STdEe3A4sZlb_"
+    "l!uS-#iX`2-3N}f!~ygV(OCMmNSh46rqOwyb*pq06zF2m40lVSSAFp{?G$MYr_>jssK(5jM7yGeal5AM>P!@68BD+8(QHCHe@qRp`tMYA(Qx7?*7"
+    "2RvlWnf{q@hnDOV*Z%8@Hp4jVIowKA^Vu-rkge!hyVqJz9<XFLBe`cXYj*i2i_v4<bLu@so6ct>B}>}v*Sec5o3V+%@=wld!s)}TY^v6sQCS&JJx"
+    "0ltV$DjRLfWRfNh!^z1)nlWvp%C(3{TO)1Xng|*1PJVHM-SSS6u6A@}gAc^LiRY!ETY#^?<sfEvq}#Y%J1+I;EUV?DRY+Eehx|y0jiWoi^u!W-?("
+    "+Et)Ju>-2@ZU7ci>pXfF`9Z3OFJ<>`}_)Kc$FK15GN=l(hOA$%g7?@6*xvNahtfWm#p(z#qP=N02$Yjh6tp?Ss7G`o`@x?A^NQV_Ittv633vbQq$"
+    "#wbg7{-)Y)SAnf^@RF!5m`L~N@{mnz|G29*ks0xx%pXuyj`QO%L_BwvYalJmc{cKom7`B%dCY-nG^o=k#jrr#3=pA06p4MkK@;)m6W_nLKvo6sk}"
+    "XnT+dOL>WCg?trM!|yvdTC0oT*Pbp9-xGCNe$dLEWmq*Asvmd=>fCuyDJ2<yKR2h+mI<!}f+!X~RzQbk?8T#%Z%nd8@!!qRqrDk(J;UCM5vlP%Jf"
+    "q}o&r$x2!`;pXl77hR{Hv0EHdb|+stZ%I^2PIfRWMRfVC9%@uFtKIZ$a-~DXQdqT0nKh=#jQw$vurjR&9_nH_-4Uy&Nb3emSpt&R1Cqq|(ss>C#<"
+    "K2W+K#`jCeTn?Fb7Z;)Ap=Mb1ZbqEQHg!u4KVhU$Z%LtVdqBnAZB!k@O*Bwyl`$+p=Ccm$vnM-D9Ok7-z(Mbb(S<`LHHzMYEGU8PUETTrZfHlqH8"
+    "*J=sRrmZt5wRCaDUn=-`}11YkCB_oJg%7=#%%F#S}CbO~wrPw-kY!0zVn_rJfhZAnulpgR`DA~DSQ+LjqeU64W*%_#`=4qIjOA2&n>@lg?yj?e!H"
+    "`7G=GZ`A(^n3>?iWYRn+-~L2;!{$1b|!BQ8ZrAjv}&vsBPkW>DOV}sy4jLp&*m(_f`WJ^ZP6~BGu<?Er&+tER2FdRRC?O}W`j<|3sKWU5cPb0UHy"
+    "_y+l`c|f;l#*l(Q+FS)?Q7`%K3Cl20*~kn3!zg0UVLrCCEJV|QT~<0_gHpHfA8f={Yowyx^Y^~rR&n+6NU!&;(FrD?rP1}9ataA$tNM`}r_q<U{L"
+    "Z<o;P;iK84IdvnGvtcfqHAU*QPFNM~=~POtwLGJ{jI)~O73{P^KAfX2n%&QOwx1qEsQa08qnkbaFKbV((f!xSqM6NA#-In1q|>Hcq|3JorRcUd{V"
+    "f9}-nvLLucepp=tVt(B9k&1x^_S#dNLpG1x%WWtBn20hO`6{vyM4qYSbm=W}3L!{TNy78OY|$i9J$slxk8+C+l^=X~9<2lO;3%qd#6?cy=*73sy9"
+    "f(Ir>--3Og0G^@kpR2f|%l-9yl-kgM@XXK=cc4kSJf@Eb1H(4+Tf)vBwC&)<c%Wj9v6~oohC9~U8Ptr5TgXC;vN$chktY1$jby=gCDv@MeU|5$9>"
+    "QDcerNmPBPwQzVx|{#so_?9ttF6JXH*BtByTN`bmq)!{o_=W#hfVs^pEhRnXRxT1=})h@rvJ8<^q*m`-{n8_|IMt=w^lZ-a-05E>#I?nA02Nd4f?"
+    "yPbgT4-ADXn5+;)}!)8$8({NR+|Fd59}{PdvF8}XYe)dl^TbMy57a-~uk)8BD*(^}ErS-(GA;n8xN#b`FC(+<Cr<>;@tp*D+JEAzKCZmLsV^!Te8"
+    "gsXNc3;r~mqqP>lYq}n>IJMylQdL>3T6@E{^ShvqO^qdL_gHwy*<-zo=gs9rq=r!Z{$-5?u5-(4R>Q2a=C3D17N%BViTM4?fwnYn)%f8?zsfJH^T"
+    "l<&!B^H@mSomxa!=8rHGk1*^!eS@Isca%ZL@6C%5=p|&gYvMf1VBatuq~}I^VZgRJkwnkzQCe>wM>Av0AGvqh*b?-s?=cbF9>MkH47IXDT=UZMR!"
+    "GJj20!$x@G4PrWt2q_P^YT$ROisy7W5lO8MwBR^@iRHkNgIpXhG&Pub*E!SZ%<tD`9&)fv}zRNd`#@gZvk8P$pIGesGcK~^p=sY*jU0`Tf<-HX*H"
+    "Cyt(8@+L51xtp)x}&Q0ZOwvD=Q9?rQf^@MTD|IkwS$)p`SJdI(t!uG)lSEoIzKTUu*9_<zi2wCH~1Cn!2o`uy=?ZO$0|46?(jEd{Hs%kR$-uxF-y"
+    "H^&GF=5JT<qK%flfH!P2f)Wwg|T|E)V^jQn&n!JtgaGk(JoI-9Y&E45yeZ^6*aS&i*sr^8ZrDl-g%vCC<lM}5^{Yv3nGxM>A<=KGqPZm$C4SoK)Y"
+    "CY*TK?~i6`jr?SDq|KGP(<VE8Yrf)Z<re?9x?0qsylTI;QYRZMSe5W)*xhE*g;Dc=+T5!#>}FJ3qv=_9YF-DeO%{CTs^6UU)DWQ4MSl)cozxYG#;"
+    "_h%;bJvpE2~e(uwRy;!fiI7wpqEWYVWDh^KHHMva9lTVes5|y;~b;x7kqI^IlCq&iMJx1PbD2#^ZJe-~@B&!4!s-RSjM<)j?<sfj``Sbu>iRVFAl"
+    "Nd}C3r^i_n-ddgqbCqtGE7|?HX(`c(aTvga0=fhrCFY|-zO%0ca>sbTtxad~OFgRnQqN^4^G_Q12%e|F4?Ys-48N<NJ%XwX0vOQmp`0>p`-L|$IH"
+    "G2ADG8qJobszpx9stAZ^?nmhUTar}h#RW%Dgd+7TsE|=X<e^$TkF0${d6)!e+Hc{45JT+X%5<5n6d$x-eNuJLxh1^^r8X7n$1|!)nKwg{OGeJ<3*"
+    "(nV_Y}uaC!jxd|uH3?T-N_^=W5-L0zJSDQv32xAw-Od5p_^&TlH$C}y!_uroNrX4o(DLjyG2fH`bfyy|QLp@9D7_P7mrn)kS!QN1~+BBqU{b-+!p"
+    "kBBl`wjth7A!*R-aIX*|yVdyy)&lix&_o^1R7Ol$bk?v+Zf-IkH~5YPP#-W~X-AxZ1%Xx7fP0-*+v<9#O;k4ATd1##2*v$wws{0$Qw{#ltOj%Mtw"
+    "A!XkZmv;=$NgCz3K!gGMlZ9J5Mp(Lv*(?WI-k)Zhp3g4X!&Y=w({o!06jXoL;97sOcbtR7b5EFov7iY$__>xG{hsw;E`<-r+AN8@7ciOIoW9)@U7"
+    "03y7cdNHwMg?B?oUvs%-9T9$zcvx(sm%bvLlK*8TFKv8DxX}PLuZm6m^u&X+NsSS&5LT5`v?!mmfR!Eyy>vP2pzG2yIOc3OH6U4Cv-rpEtto!^1k"
+    "hU>@?A5BcI%~CAj8>avYfX$OlVRxf=t>Ju4w~aB0wrSRvd=>F2Fscd6gGxhv(xAxs#oW50ibZVJ~JR$XZ;RZn>jZ$>VOQ)`!z(U)`lCLPUq&`hOM"
+    "k%c(cV6aUOA}TkFAB#tnY9)|$->NgA!%;E?Sp;!(W|x&@*&S~Ovo)$ST&PcXXHA?lR-YnG<btgQ_TZO`Xmbt@nuc*KO;?Dl7PcOA%HUe-)(1}{V`"
+    "9S#tX`PDs8V!pq@|JaPGH9XkBBkKj4T8tM9LklM>;NhazsPf<G8a%o)6?CgK`+%}Kz#S^ZNYXH4D65K+<w|X7ctW{65GvCE?UVQeMz-c2jw+oAkN"
+    "RlQLY%L)j6Wi@OpN}@h}J+35E&sVOITa4gP2-YnLwfI<5r~yqz3x7_`6C2(pK9ma7M8A!74&AH;pQ5t~;o#Mj8##t%Z6>vojaySpq45m(>LVPNlp"
+    "=WZ!@saO;3VJh~Yy>s@Vv?_Ktrb?~xg1zAVaM0|XL%g<Lr3z1oX8p8A8wljG63i!Hg0eySxQ4eUjX^&J0<Oa=IZ@N-UnyG0uF|rj2c2gcFkm>#gg"
+    "WCtNulryTz1k9?6QO|hI2|oO@_?zxMY<h>wv)}G4x5`p$(v2z*yR$CSqG4?R$5bx-h6;W2m`sEAamg-+mi{%)0n^M4=}a{kGm#`0B|+SHN?1H6}{"
+    "NB+uW(ugr9)l)W;wxh-m!w{tWyM2wfl5V7mPYzN^fKItWm12ce`n?@a&`-6|-~a5x+QmqEbhfRM^?BAscr8t`xQr!@v#j4%@2rcIiLb!e!Iz}u}$"
+    "*4rDFK^sRC{#1psDjmeZ`3&jtav(__fD5FqxdLO_G@xrZK^4rU(E#VB!QkE@3@%rjF-99~p*k!BNjLKiw1e!Ty~Y@!x6>XgcQ!=6SDVg2B|(%s=n"
+    "h!KqKi~=JsLIUa2b3WZn`x!^u=;nH%Y{F(Kc~>wE<ePl53qg-#lFKhjzb;Xbr4pT~Ej0Dcx0T(X_e2((tRQ$te2ZbbQA^@+9s>wK2665~=M32Hu%"
+    "X6<3<eA!-8iR$1YQIQ$sOFT-&+4e-;J<tWSLbOR4t022G{7GMUn1HpO(R~gO0WXeeN5q>u#wcS}&+`hM|f>Ko`@YUG{C5kpss%KaZk#NxbO{Xakw"
+    "}iWoH)DZ^7MNojINa?|>vcum&J0=gR3ikQotHuOm(BGWECt~dUe#WhjHxGs-5a$GU+v-x_-nt_MIOugL@tZyHk=}FMy#oHV7X0D`O&-uo(fy4G$b"
+    "YuM?K?uu(Tm;kDDFBDw_?M*?iqDBaSxlO452$O>{G@qJa*`ERlEkB@{nm!>TnDu>n7=H9`;Ts9Z7bKL8fg5z=}ss9>{Lb)@!z`cQ4T0n8&E7?u?="
+    "x!+@ia)b?Ty3_A(_;Lfu{G_uq6u4Q2k*$Z4fe~~fkdHAEh<F2-`*1x*5{mLtXACS|OzQ|8U`d<7215;Z8CF_|o^#~M%LYKWUO|-%l_#iR(p=5J7y"
+    "GDtwG64NPCyU)l@(Hh#Rf&1`ecr@uu+CB!1<aOg8{g;P<_O}UIo#piX5{sos?1kDWe`T=mXJ4v#zO&tg0vs)S)PZHE`83V)I<;dx)b`R(3;>t)Wm"
+    "+X(4A^PS$vGF+eeGjmSToZUC#((Hx26+~ifw)p~%4w3<pl!0312sjH3J*$Q5cFxu_%Z5=pwr`85=RN6D7Q3%QOepte=S?%G?W#bn}%32B<6-iZB&"
+    "_|^_0%Eb;?FGM}4Ev;!Lyl1Cj7*$I0y^j|VC#!9EM_4w07-QP)M^danzWHZAZB$3h~}dS(6+NM1uKd7QxIpdy9&Gx^)#u$wdb}fI_R`{oSL;UBJ="
+    "|B5@Ejr3Wz!p^4acu(iP|A4-Gul1!^@mb)@;51;Wux=;ENZLW({H{DE8|qw0=PjM}J3>&gWAM7fQ!NvGa{U%-S{BEtwVd^Bzv9A8z@@@Tj~lC>I6"
+    "yFCpCizYwbf)d8Sp)M+`8~DNy5u)81Bh5k8sn(;X!Fv$p!N*sVbp=XAu3a`|rIm%#aR(yLds5Uz0BcTA^O&2|4mFhJfMs96Qycp5il167P+^>}5k"
+    "OI>t07HnEQZULNg;aG@kF0&pv2nmbjN0#LBx7fQ}1dbL+2N_K#2PNHgcYFqXx8<@(%nEIY^D7_`k8h6x@fEcCQ|<#m}aIA$Szh*TEe6uPi`*5I6c"
+    "`@UkkR+Nj-J8dlm}fKkGwmOa!%oArvV9KwB(9@m5oHC8CNts1C{%~2!*aHCo?6sW0G+loP>?s{&@^GMI3QmCRaG<7y|$4OgZXx5y70{2E8K)|5UH"
+    "WjW)4aI19;}G@56{_bbsxKxm-ezrvTzA%;7^`jIKVTggZ6e7aI@Ox(Tx+%H0yp|C<ilNfPJ2>EcH3=s0PW3*L6d41h`Z_|2VS8rIp}mzx*;lpv8-"
+    ")SJsF}h+0eXvv=oqoIj*GW$TyEshLE|A748@}rU=(F;L>!3N+xDE;AqPZiXqcEsNZH{$l17EGbI>QPx~O5sJ{&wEfY|OLQ47q4=}WbnL`<lP&Xcc"
+    "NHi*TdZLdy<XDGkpkp#!0@H>)c<9U&WE-Pa1qu2Pk*!S8VrX8_Y#=!sO1_Heh6!|4Ma<*x2VJm%vXt-3qW3X6JnJKVfjG6hNJvnssiIu6p7${uQ5"
+    "*B8+NO!p(Qt@*a|JH}ppF_t5bf1wit^#6IbIs<pwtY6ej+Sv(=z04M!AD2=&bd-&A3rPIIBs7G~^vcmO%w=!slv>GNz(>9aPg6L;mlwT3@czrjWT"
+    "!+n9zJNZl5t%GM0!fqr+1nWRMpQ(Hi&xf!=6YAcWp_BMk9uhr<rWkJV^A*uZdP_+;4wHePq2!?p`Xwx+?vFt1nGio!;pi~k2Oh85!F(GZ^O^YUIR"
+    ";#xHE9jRy$Yo$GuwUfZy#Xj4f7@!-p|4c~#J{!#Uq`|)lX7DRNuDZU*fNEVF2G@c8OC-SkrU7{LMZAFK-DId5%S>`GQKGS6GCAPW7Jxjh_*zyh5B"
+    "06Ci3$}bD<X(2yc~s6W6Q#jlnyxlqM(yN>iQc8l-eO?E{E6GP46@E04+mq7g71tf;a<fd%<t7rcDgLz$=39vCMA{>+;QahoP$t5i}K)h0*@3gyZ`"
+    "M)M`61j{P`&&bT$^-+oGwtDKb$T{06Xx0(t<|y|}t#|hZfa+<tHAa+!6Lo5)D$-iE49rX*QWa@6nw1F|z}luiMwo8*%P7USh}|M)biovsJ<x}?P{"
+    "O5@7LoUXO!oTC9t$*{f*zp7>7rkS^Nf+a4cd`ZY0;Q0ZOspXdN5e5L5&s$KKm#Jww7H~b1>7{gwDF-4%9iUnt8(Y5~w_!phPj40Q!h=0|%GO4V2Y"
+    "tN2Yn!0F*im4u$aMROSa3n|TkkcDP0j1q7%wlj%TYoz><Vvy_NAL*&cL2}pOZ*)mBua)SN_W{KJYg7UK37%e2DWI2{I3>oIRpk+*^H!!V*4tB?Yy"
+    "Y6UY>Pnqq75P~ke6L4PS%asxQM{wz3m|HYVJWlD6eXwG6jie_ipWhAMh2KZU5*uO5Lzq9m?vFBoMHFFQD4Um#A|A%98e4GR1u9f3(SInGj=;>Hnf"
+    "kr?-+Pj#<GAhrZ5ImB>RBL71ACU9{y9WEKm$=HL8M5QhJ^%qLh~lGZ$4xTHoro727Jk*&Jp41wgJfFE^GZyIhRGY}yNC0y9Ma3Tnqls#~apjoO$c"
+    "l1c!ISZ%{w5bf)z<pYE2^|_tyY4#9#Vd98aHL%rkz0osM!YzQwX4<KsPBC7Y<QB75ZNPI4u#4eGs=8TLtDtH%nFNLz)s5duijEOz^}!`znac*`-n"
+    "1vC3{tDtLAi($!50_p2|#At#Ps-RjJR9wZV=cj1DX74n`!U9EVk&Q+*zR>%*>o~XQ8^OFC?!sDgV4FlNy^9#-X<EYZVx8uaBevgN7^Uc`H&c0RLP"
+    "~L9AL0%w!Md$eUWj5vDk?Mx~0W)<vteK$_L43N1$vMVYF<T)=m`3&Aqh+k9r2IYAvT3)N_3s7v6+q=Gk2`)d#a)XOTP##mbw&NQkF5Cb>xC7Cj+A"
+    "c0yU)Uy7Dt3eH8Jk*d_UG^8KEKC--FqtCf!6FsBv)Mxku8rFj^9&e<bP3!O1rpc<<`1eS-oV^22*AJ!rg2BY+GjFpI2?=+qmU3a=Ljt*`vE~WsPA"
+    "=0nBrcTp42dLhGizxF&wAcT4R0=$#HX|VlGyza?h0I8i?|JWtqSasg+=H!=w#<G%fd~kfv`M)xkTkFsI({qR85sV&wtKyIll7;wT840G|$)0(1r_"
+    "u`~t%-%V?U#Y>%fTgCt;x~ZUyI~#%)AVV8qf`4pCd1ZnM1E$SD6wFj#(@?U?0wvGIvV{z^1JE8eQ1Dvy0g_``@_@SDdN{$X4hZuYg@$DX7FtKvHf"
+    "`aBvhrk%45wMa2TTdb4DY%wDMxKS5QsyJ0=O<Gn4`l&DDZ)i6bNNrOzMWnuo{?tTEdP8)eWdk9gKfGM(U0j&}`LaQpZ`LoZPF`QU6(wCu=+7i8;a"
+    "c#As$?W`p6zb7Wl=RCFNoc+-)BO}kt{AjasU2-L>pzLdOCEAA~orY7qts6Fx8wym{})jxqr8$0g(veb4*lKM9!#)3^XFcTq5l^XDvHK_4?BlS*9{"
+    "2}<3m%{X5D+@L2S`$75q5up81!%%P>r(AgaVF(9rVcQXQI^bo-ReVg(-o%sYwIdF50dL%9fb;Gbj==;xk_z3gzYXnu;&_h@^XWuxC>eeMgfMfZre"
+    "$>MytJ46B6J86NLxK%vBR}H&wm8zpl27;Qbylk_B>PIA~`ob=Vn_n@+ila_+3LHfzfU$oHnmBu8D4*h+T|a>*?Y#M2ChuLg}iSPQ(Mwi+X50wTsW"
+    "LoK?C2J9De4;Z?Bmj|u9nxamLg7XB4zws4Jo7I+>d~WvoGI`rAZxHd8CgniT=?<Y!_-U;Vm~XGjlW=AlQ^}~IZaT;$>+Ob}i(Xb_1<<66`pOdHH("
+    "RgZm*92vK3HFS)>>f+BC#NpnU`%T>@R`tbKusjWiopt;6Q%_#wt8vB=d@3PSqCX`Cy$`i-_tMx(13ou6Ci9UV~VYY8#~yEV_enbZ0|Z?}uvUYy&G"
+    "p?XIu?Z&f7yz#^hq7n&OmDmBynRuAi5rghj{xzk0dui5B<6ihlD%-SvCL(7${Tdbj5)iNNxZ>m~rWe5|jvzm-C9lX$iS~u4fME(I9Y}c{wZC01Lo"
+    "YA_2usdv<35oV-DF!lagOIkMiQyV3)Q9?7AdYLPeuJlCu5nabjZE#MgKqc58G2Hn@9VWD)?OfXZ03EWr<lBfe2t}9=QITb0bf_OYTvAF0RKUH3tf"
+    "~^PN-sfswH!ESbR0Yyw{@A1G}vvw*r1mHWfsmkuGAKm^uGht%lkgjHWz9JrLzb%zbz2qHbig;DCLs{{(fd!bQQq*W(VB<F<NjEm#AEre;AyeL4Xr"
+    ">d#hEu#gfD24yrJB2NG!%A^y<3TsSe>oI^~S#MxYaw2PZ7UG_=K*`M1&wD_qb+0Apj${DtAu+$x!J?{pzq=lqOi&kO;DG^x=)6@Knz>6LWV1Fz5U"
+    "zoTVDZFoGnlW`a=P<1W(3AH6EIPcD4WHAV5XRV#!{fwtf{YURZuLYxY;nUHJO4}uA54J8Uy6s#^O;`X)XX;^C{A}Ic6k>CeLcEp~?o3TBfs5VvuF"
+    "hupdn83)@?dsu*uc$!1VACJc~I^v&Xf4V-s`RB9=CANRDrLP>MkX=7TigNz$>gcXu6)IZ@fo9fa;gVtyy9^M>-Y~Xrlg*DNuITnWu8<@`>u22u|c"
+    "Un?5XaWkBT`8DNmPnlYqd8!%HbGqrCbJxlW!d*+h2iU9c}J%TCWN(8^-djs$7U(bxFhj#I+Ddim;`_+&THVNSYm_K$b&Ib;8wqextKmyoL6UK(8e"
+    "iDqz(9|4Ef(sGN@0!Qj%3}_oDUr|M|<-JD#1>$5-#W>wn+7@4tNc<$s(K^uPZZd>o&>!+$3BLBcz^3GXFwd2<s-FSsQ3r<cRkJze(BAt4Ry-GIJL"
+    ">@PtgaJLuF|D0IvFK-Da@p|x{={DbWwr@{it8Y$_cy?WS<P==|>ycV>4)SJdCwOzt`_n7h+n;t<y5-|@qTzeT#H;UJPrGMo?;GE7_PyP8OSfG-y7"
+    "T0HcP{(yE(t-s*}B0Kgw{^trCaY5?1Kxv@9>e>xd*!2cX#sUxBcter~kM*hyCS)I{f1L^a^VF&ACtq0`KHp+{8Qg>)E6Ka8o3?A0(X9j^6&=4XEb"
+    "<3Cbe6JCcGLr_S%(t+OKyIj`Q03aB^lCwaO1+nMwXr5-+>64aLSeAowXst5P*lAs5i#L@A;xtGMjr6x(uZR)%G8}%pPexE)6^5Px#tc>m9$}in<4"
+    "+A&U6bozhqwl7{;qF}g{qyz0ZzOd_H244gKmTu#@V#dmh{VhO<eauV^lz?nxV(M-AKHQ0&ozDYc%(^#JL&}8cidli)T0CEot{X~uh)a)(<6Hlhec"
+    "*_PVRf+;%?tg-obliW79F&xg?IOqvyTf3<=3gSAzh?d7+`$US#;#u8clNg(qrh%d&j9jvw3%(fQzPc`Wy@r~S)*>(FiP@l03X7zufIK$>w#G0%Ip"
+    "ohLO04BaW=p1$vW?<6)(9eeTj?rDb}?rFH$U`1YMf8<AAJU_8@{AX(Y<X%Z<u*c^Qj0lUENGCJN&!q5uAg_P%w%0%m%JENZ&?M2Bje%Z9PUCL9Pp"
+    "q2l-n#~Oc1wa@uB?3;Q)|Tudh0j$De-dk>9sy};*E!$O(PuVzv%mY_k6uz0L8j4-u7GKyF(!HS#BUC61)BC&|5x8clSWU;vY$gtVkFMnTrP(cLVp"
+    "dby<~wAT;z8w=eH{IlDe-4jMeN4H9DUIJ2lO^$?y}#@jDeY*N<_jf%){Fn#UwmBw+qzua}1ZXn<LfbWtm(fIs3AdhZm0AcxFNvTgzh4DV0px|`n_"
+    "YiU&1651S4bFSQ6a`5drjvKvZxh=$G8Fgp>fRb7`{<t9*|FOYV$ds|5@*N1?6=ly$UI$^;8ishB;IKNNqrYI5fJLC(MC*~{FB9H(~CRDBk%S|)#S"
+    "*4d<UJT7aKhb{IWux#M!>N9|?a?)(|Avq-=*sliPzw&UuNBQR4fD@c|KEWqose_j97<y)&jhC3d7sMh*@*I$l0^;NX1_D1AWpsw_77D8j@P>bpl{"
+    "ZWr%NiuVW>@peGGy!=O~@;NaP+@P4@6TXlZ$P>ux*cV9+&<y>bG4B>l6)LzBC+GYAl|xH7?Bu?L$RwYEm-Crb{6?~pNd^A(%zX)-5Q@<+$Nzw*1X"
+    "tfx+oRa=f&gkeKp~d|+f#V9ZV6N+8#vs1CgQD=uy-WP9SIu$;7nsoWBn9k3frsii$juI?06vA1YjmG1BW^%*v-m!E*Hk+IJ(Na=@Q360u%rkx8||"
+    "~&y24^iMiybo%2DY<U7C0;b=?k|FvJvCI1E$q?13ogRammJ`V~(9{lAg5&8w8AKy;_^`b-vl!IV~KxDVu3tV!bzQiO_1<+8i9T5cmi=0SGhVgQ65"
+    "q?>FdvC`Vd0Z%3@6<Bo^)YV+M>4vE9xrTAs>x^f^3FH>3-t#5{TJR}X??bR+L21(RmPrJ+KGD*mNX?WI=zya(~a(LiN8*!?Z45TudnQr7^Udg?rk"
+    "_Clkok$K;FsSBR(*JeD<y^o4oww$(Pi@-RDG~aYIKDYJYbw+c$%)74N|Mre-SC3o_sLw>`-VCqjQ+cG10!)70s2Fn;t;T5&FDN{0||zV)t$9mAx{"
+    "5qB#NNiX^Cu>#<Jf#;nFR`wk8VB@Tk9qEhNL|g?ITp)k-5yhRC3x`FDw;+jXwuCcRdK1U`fJq#A2?!mJ>M2G>pIrxJOajthAm&zrXb`%mWm{h@n1"
+    "l{W#D!!y25d_9#%RcR_MCtb;0R>kAwRmr@wVznQMM+)<?bS3)dnq%bUd2q!kJoC;=yeyYkC*L&y6zwWnB=JHV<>aNc^>0ZchHj;-alo?q6eqz=KX"
+    "Mdyn@*4xo`#?7$*5E5h*B-?pv`*GMP-6{u~*qks4=0r@`QL4|}um`u0`X{_=F2L{5ZbU09y*+mB4v%G}*Cp1{zPeB`x1#d1h5@;YARku#?#+d`LZ"
+    "KZfbPxeQo1kV@CoMRD*M$i+t_ub1C)+JPm<v<vGBadP?qAs$-F~`{NV4Q;b>|VrPo}KMC>hv%=YKhCcr{g8BzTBI^)u%WUkODA91T6^)RR@ORce0"
+    "Q-!>cH95jT4xGxLP(T5lkosvv)@kEVZ9qPZmqrP%oz3F*=o<%*V`aU>(xz6GIolEYG<XzYJDm_!nYc90&4IdlG?oJL-LaL7&HbWlK~0`4J=vWJ_M"
+    "I)#qt?}Kll=NaM_ks<bGEAk5^4}nbt(TH?Pu!%gAlM-&`<w~P%e2s=J%(*F+967wp)0!j)MxSt5rCuCFVr&q>GdMD>AkuX7=mpN}{@_N^c1Xh`^&"
+    "i*$_8UF(N_HNyM;%56e}ZI#uMWTYHWJ!S$N8a<L3s~}t#mQqj1^IcQ%#%NvA2@>Q7jM+6SYry_3;YAXs8`1FUXxZ$c3W4Lz(H$de;OQB}c17u=P2"
+    ";{a`tqlZU`XO>JHO1oSXHxaZV{N`t|&Q1z=%-E>Zg`3Y*5sLiG$87y$z@<$$P=jFxSUVcUdRc|zEu6y_ZH1dG){}~iiQhtPZNQ9b17@<j$G^0@Bs"
+    "A4dEG_f^ifARc=Z1_rcOXdg;ge)e|(g69$);WvJdnTG(htPt-j(EifBv4ngUKWXGu=1}Y|H1RVS%2!$2fU0&E>0=W-kxn7NwLj-jF;R-G2>_vf43"
+    "?*@6Rr=4EITEBm6#FdJ+E*?f}3NC$<Md^*wUri%Wp`3QF<Ua{F&&s@GQz`6L-R28Q#m<;mYd6K-?)fg>Ba^z01~`Pa5L``hP)&8{d(j8!;z*o6~F"
+    "wg)ha=4p{U%5?SKZu#XVVG*ojNeEE_lcfbe2}6d??6?YY3c{pQD}7Q#LI4WX3)r@7?J2lElgsU4nxCE}sMxYvJjJ0@@EWO0QJb&(3n}|Zfxr<(hA"
+    "3|pMS5=RPc!;R#ML`og*~Y{QO*+%5z2b2R-568fxFT8efYSkgZ(A2oM>;^9NUo+jCNQ(0RhrzhEfXN?2#&t<V=*~ixb~PVPJyB0vcANSr5h)OfW2"
+    "Q7{B;YT}_xltVk95<eO!`Un4=x`evL!NG<bGC6_BF^cp~uG(*qDio#E(;L0kCm2Xfu5xx_IqY`C1k<<^b3=2M*TtE9BXBW0SBy{woG<5$D_$I#~q"
+    "@Trqwb;O2OC`-X-jzIln6jfvppkM%lt_92N3+Eob~YNqXbML8S}|hJe9JztXd$mpCy9Dhhl_UYQ>v6;uXCxnC#{q1kRm!nFuv2+ktEL1LyGvYn)f"
+    "+O3Ax>LWc&i>omnl3>+e3<x;iUDb!aR;B-{UzONOM-u<n<=&-`+Kbj_fPU44Y=+y^Ebc&9#u>`WO{1l#T$;^4dnZ~Jou>8OQwf?=ak-#PE2Oio?H"
+    "`n||tkSano1q@<D<KjJJnK6b3)sQs*E=Y2lD!q_3S?kh-*!}GiO-Moqj63GnNLl!Cl~mkKWG0DRVtFTkLA;?@eOc=;@fnrd@CmbuCNO43hRp~$tt"
+    "8<TAf0Dok@OG$^}{H`gorbxPd=wnW)PH&2)#j=#RI7%spz&bwg<A%oUxkwpd=Wl@J)Gw%n$$vrD*=*c^8UsCjtSjsMC$k_H9pN^q{crYzbxqG{Ah"
+    "ycOMnqAXO$A^&>~guc<@E%KQoU<%J7@H$X{z>)<L=FkB@%N~}Gi?8NM}a=h1CCPFF<TZ=?8oDr)vQBPkiNi!^k-Q*KjPN>Bl_XMEjk|^GX>xQuNz"
+    "GwVAU!M;QGY<>?aK`(ZKg#BwRyru(Ju|jHBhB#79yl$lHViud$!nc^^{>_8U{)W@qH~hJ%wq92tZP_cz!Zqq(_-bccwt^kz<0$Awlgibg>!iq@BE"
+    "3$p;UOi%f&m&=a>B}S5#3Df}I^{fWBi4MM_@`Q4%%xJ7!qm-ieua!OW*23?^OUe2a3i9aq_ieus&wBzpV9M+6k3)rt6kOTCd(I+Lv0v^4Mtg<lQ?"
+    "lvl^51p=>6aY`7OaFOY}k8u71+Sz)VZu#Cp1KSJpU?RVCD|HCkd2<hEbu=P)0R=;b6w_sXyLEo{4T9Vg>gVMEu_w45$XQ?Ehg$o2^@)T-Q<w;KQ9"
+    "yc1d~@BimO?Q+kdgZ3ykbb8lUOC~E{dxlXk*KILI6A^IDz6~#-pMl#kM1279>GEh~EgecXnLU!PF)bbeUa6In(x&RVLMPPLqivA6!%BIk_(~#q=V"
+    "@cBJSsNp!%dL{Ug9SRq-3<vFIT8TL$u@X6G2V|}@^o+vDHzWMAbsf8?Nv@htH3=V7Ib7J6Lj0({i8a<b5K?m|TUw{VWM0Do-#&Qc{iX8#EQP$=A$"
+    ";zy{baDrlaq+Jv6D1EnkV|~xnx_=dVgXFXB#a6&JR!+CxKjO(<*YRDQIEC}QbpQ&I%5D0aaBg#Ctmlv#H5JMU~+LkTAlKOeFS+f00<`t+)EHCj|s"
+    "qmqAHNQSz^Hz6}g|yk<x)zmuJ_tI*9r8SK^#E5j!@0E&+uSe4E2lloVK!<Sw$V!sPo~8;77Qj7HR<EhKzSRAV(yTeX$4>64k47W)u=AS%;CF9+{k"
+    "{2(;R_z;Vo8N0avmHmqt#9<$)N`zwWQMCDw>wd>wK&xhYEHcd_V9Tr}<oHJ#Thg54OZy&$#a9(-8c9sZkrFPofB8_%3L%XxmU0eJfT@i>nb7qpv>"
+    "N{sA#9>8<N6`(g=-7sZsLOuB}J%Q#IT(ndPC|)Mt*iMt;)$6j3z7^-#Ssmd^vj3Fe<Q}>2<tL1eKm=lVS1u`QxXH_es?NCF{sXrT`7?<e8zPo#SD"
+    "f=NPh!E<HeMe5;$#_sOlkBmMwJ_QAJE1R$k2q}#1)I%X}4;>bmA`GfPa$`ni+Y?zX5$3Qde$nj?3!rn~3nL@4^nZE>P?TmO!)aKb7IaI)q;pD;9L"
+    "NF2&#szSe&=4Zk5iFK*c@7Qp7&k_Cm)ekXqs#*AB^N>20YsihjfWwEOZ<RO89cC$kb&17`RxDp-S^=(M51WFv_iCtAWmf20n$o~Pf|<Sl5P2SOM%"
+    "cK1@K7K1dV(*E)+$lzU!P2fS>MjOsl|%pz5m_Rz>}tbp<oy!y%A;fH|@AA*c(X4a?h;iHp)+Aip?DWQdsB(u;l*(yU_=8ujNPQia3QO))A$j@8)6"
+    "PlfNBXlT*EOwS!SxX6MbQnSq%58>3qC<a1e*Cq*m`T_1^Lc)OVUFjbBjRno<e7F!i3d`R6CwOxhFirS(#jtLOUKAI%4i`PHL0AId6+*{nxTN-dN6"
+    "Gj8EWGL#&LV60xP2+Jn0Ot>38_0^$f9#LF@hu|Hk>Xon)k}H`q#$Y*$71TU)`^nY_^zAXR@ViK9wwFliBp=e?Py{lXAJ3PL*=mLOz>G7E}3rI+M%"
+    "9uIIApR4!RcW%I>sI$Ox*^YQDcVlG2hlc{8euIH24eC%?*n9e4Xg;GA1DkclXWHMEXT~C)v*%Gx{%H~R$bRm<>rQ+9fnL;65%;s`Q`jbngO7Zs7s"
+    "eHDSDpKc)nLIV0F683k6|%WhCR3!ll6h+9w*5jOS;*xxxm>D1jbzgKLR`LLs+7zYOQ}37Cs#@qlQ;5bin)BAWXolWDQc#ePR6ch3x!lVmC9!_^gO"
+    "kcDP&{UX>>9LQcZ~@qlYtm(s*2dnPRd?B2wct0-1a%-hMurE9KJEJSnF{eM#M1&SX=$R5G2-(mPTG(saD}EGaZi|H&5fC3-ov6~CU#)6;p9oV$=B"
+    "W#r=OrS25SI5L?`fz({eC2y{0$)E}(b*hvplu{+?Y+U_3s)cNtdsfWnikW07uHICsKx1D_(h%jzx=5SF`1_M3vOAKUEUcKJ8*j|3Krb#P^9AZ3zb"
+    "2Q=++NR@a;bcdWF+C~rkmj_=2L9I>2x+-%5XnZ@&1wBu;mqV<Tp7ou<VU~i-l|{pGjs?1sWl?)NJ9Ve<^A^S4fiol?u6BAt&<v8*c=ee4Wn9v-$L"
+    "EzdkG1%CmB;jM2BVXs-VyQNHf>zb5(=4i5Ao|7&7RF#LrpUD;m~^%G@l?(F02en~9yiP_bE_9)>anzs8jG4lz|jub%%hq#@KcXW9EpztX;yL>~9i"
+    "wE*>d0G24(YU$?`Pg(g0Xez9CPthzFv0zjXgC3u)BKv4UQfQ~y-bN0U4t))Dlf*PubZQ3&)Wjxza;p#0CMT{;3<*9Z_s55%U`+7Knz0f7<l}GI(>"
+    "8G#l2-8YyD=FQkZMpcW?SZuRVUD3`)OPc!w+Blgj;?m^ggLMO#equQ((c{a+K6!_~cb#C59P>4Y%+g%lV3ny{a1E|+(|B=(~>ylc5{>}`k4O>{pY"
+    "Hcy^R!THU)r!R>@?q7dR3}@x}c}K#V2M1n4z6cWK@6P_f;px{zj}$kRa&nEXVem4alEqKlg8^|NbMY$IvT`lqVHPBneo7{jiEl@G-~P~}T=c*%@{"
+    "i7eyW>%8yv*Dqf-9NKmqaO9jSqh8YCcC-E57s19XY!tY^lLj;4g`6@?W146MU25-p#;=y;D_cIHr$04pS4T9$f1=C$}7M@r=w0wF@2&Vj0u3cj<d"
+    "4Uj7wcsqz9Y7IG<Bjv4xq<MVXFl=6Ba_EyH~0n-a2B|cE&l*C-mRp&^33>%(aTuc|0Pp=2+c9LQ>Wmzx*S!p+AC*TX;j(>k6(~^9heV~d(k7uzdv"
+    "fbX_Q^_Rjf9CJc!yS>f3;RPlm&d4}S{Htu%{`@3X<XsPCcGr!OCp!&7lpYEi+!Q{KU(1P<Z_<3(}8ImDCvAW&^O=C_P#qKl1<ip=0>2Up8G<YDjb"
+    "hb@_E7ui+;h1lk0i&Q7_ZyUlU#Tqv1WPWcn^x`o!hZG7YnTse|(wf07I2_TS>)SIIz5<-I?aO%bMlRTR-{d+#^OA@v14@14}Y_Z#~Iy*6|u?KpAn"
+    "9k(A2Ela&5gYw>MJcGf8Hhg*cReJmA0^wEg=Iq=Msw}M0d!L<G^HS}DLgSAvPD%D3Tq;+l<~t*;U^KaI%ngg|hP6G<Y0FxSxRY8Jrt6gHx$&!Mx?"
+    "2D3%^?aNyO2)eIgSDqURgELWxb&`r`Lc>Wn|g6dY(|HTCUiF`L5<1xn|n%{O!XwI4Ut(9(m$`9pPQRfznBQ%9easw8F%J{bS%=675sKI~rspJ`SF"
+    "<t7@%?G{a!`iq`1e;rE%RoL-qw?CHgxN$C}JZN9kFzNGci)O9YV&oa6s=XQHN@7>)~G|bh>^FN}V68S=X#XKjimUsVt74F|BXYfD5_D7lpBvP?A2"
+    "*UOEzVG>e^5K!Ya}IyxS;FJ%@tNY6RL{a&GJns-+D-pGC*2`Hx&Vl+mR??BcZy5VU5rV;e`nc0PAKdfks@}a2)(4V?!a%gk5mt!1SYtAoVF5L)T`"
+    "+kQC?si-+S$0fvbMzp)%j;S3Qcar@$Q@s9p2@N%0n+qalnu=p+H3&<Qqxo=qa{wVZ!A{x154n&<gLa*Q%r`NfPAf=q9J++S|u8+iw(!2FhpyY*gA"
+    "svLtF<(+fpe^veKK5%csZ2RPx+lbX^sEmHCU)_db)=QP=O7!h<QOS3B`R!uwzMEhw9g_t${4ie=)f+WX?3tfy``~<VKJ>eREOB6baLz)9>^r=d%e"
+    "&*d3!b3l?tagG&VNqZU^sEZNw!;nf{{_)zQ2W?CJ7c=7kB;FM0<B|g-ND)<?QvsF-ee^!GX!+ze;>=pLimkSrTS^Bj$OgmTteSelU}9{hA9^#{@;"
+    "^6_$xW)3EOStuE*bTc|53v&Jp#)?6N8xz54;K`?YKSbPve{m`H2+3CeQn>KH$&_w1}BagJ4(~ezOG&(&)pLH&;P$=DRVYu#Ydf1<%p-P=G@{Po2Q"
+    "2>;@*gyL*nqTpD9}|iI=JVQlpTICIG5dSqZpom3J79!rk%fbn{pCZ3N@SI}fx{L)y^ttestP;Sgeij{a_K0dUtVHh6mlD?V~BLu1@7d`!+&|L4w="
+    "^HqF@E<mJ$(eDwX=2OMnRmAT>l1CYUseiARCi65rd=lE0R|stYUVoOZ$R1o2|Ni-1J*uzFyHyzC_jyKTAtokoi?5NColJNM>QIS`euc)!VY7=Eal"
+    "IOFHKqQBpTo=y1Or<Xf-!2i%z%g1M~O9MYS%6kWf6wcaiM&UkeAX4mNH|Yy0p&_@Q^5!Mi#s(O*(vlMgPCF|e;VKNHEs~|;I>(sCL9nA8h%oF-x*"
+    "BKL_#)&DnQS%28tAhIoQX#{(2tr;<&rn;$~R%dsZ287GJjzRg$>^l89AkQPT%gCVEwy;1r{{A29j>Eh(L@e)@_#0O>(Te{azuwit<CmwAecECD<I"
+    "%<VZ?B@bsGNOW`4Y`-p}v8e(~fDEq&Vk?GrrNZujr{ap`DFpM?dT^^NtqHB62H0M@3Vg7cBT-6|O;iV=14LPrJm4Uu^l;16#;LY_1-ar0vaK*x7c"
+    "sgY`t7Bn}^{<8d#*qS-NOGctJn6l6PB*crad6J+wUOaRv)Z+W6Axn1;sGTt_r`N`L#&?#<REXpcexx~hW%TVX`e3S1AXVTfAJ2x`^J$v4tVi)G(j"
+    "{uTnGrp@YoT;3{TkJ_4Sp8zlvoxV8~H3!ULq^ihH<F{)&KZOwU|XMBRQ!1tJ7OIA+zS;o8sxwmxBTk}wfh@2&{>dUS<BhTh5fz0p<UdeHQ~Ly&B~"
+    "9brQ=hiKlY%d;ol{pIc=6Bie4-d-8LlfnNb-~uCJwmMGp;E@Y>zftFSDQ0=Uqh`a)Gyi(}hHEYvHkk`CQnJ;%8<43ZAv$f}(7{NW$2r?1(v_PmP;"
+    "GhXJ7+r*^n{5EWJUNVWBmR^d98O5(nd7tXi<Yq@VMVrJq1Ad76C$woQH$=q2EmR|KJj0i6<1_m>lBU3c<$A^Z(=O#%nA*s_!H!CB)9F8*6&9KgPc"
+    "`U2%MJlFP>}$Cwbg3AliOFvI?Qdq<zU=<-Asrz@x1%ROEg6;&g?U|=@Wkapai{Vs|Wvpsoa2-_&04JbQw{oza3{a{9e5|Ct*x9`<PWXB^hbx9|=8"
+    "49b5_CQ+tl314Ko6V+?T@A{qbS9h218Q}hlXur0MsPo>1~&bwuAYfp9`Otz9F=c$8;*aBT&@3h-b?$o!kYV(%zjEGMdLH)x2RS)wsHHR4Y$0bR%+"
+    "!+o$&HQGYC{<vs{r)7QbYu#qxpPE{Jct!^_E;25qlCu_O}?!om>o<eB$=_kEKYTZI=--vUkFgSu|Mow04~q{tO$t*u6&vUQHp3|7B-K;-Pro)4o<"
+    "rHjpq{W@OyD>2Cqw`!HQTf%D3-@Eh{c2B|#>%$Vv`P-R$y2vLj0k!s*?OO~Dmh5$RATT|7?^Rx|c8?Dxn}=b<k)`SH=^xE2rQ>&xp;E-pRh-+((`"
+    "OvGK4^Yj*2}Y2eG)(2=2PnH&iUYfy`yqXS^O_w_=m`!etEkdu_Wl1F9m!)`;_SMygMuDmoND4`W+jifBBMs`i0kx3w8eGOOY=+d*1{-YBQPQ-?ja"
+    "P@MYxD*zz}@lmGej%ct}s36gOM@{c4)$0R7kB`7_RAblf2Q3S|55FmXcK=F|P$(R7SxB!I*0wi-cDoBe2*+(iU-bj#qAVKP9gYZZN$zoiBk_eD{B"
+    "tZJc3LXiNi3w1Q3m~I-YX-MENQnsfM<V2JL`XjnA^X2-2FcQ6Lo7U!AbVqo#Rn4P|Ce1M9haaW0u&z!P`FV+@u4B+er$-3RFKL%^n}tQ0ZKP^nEq"
+    "W)$o~;DNIf*fRPvDsnHwEsAEH6-XJ(MQmmvGt3{npvG4%(WAr%wh&JG@kkiQ*<93)8pmxFRD^Iwh1sqB9_ET?k+rMUc`{HtA)Zku9vWm4|ezqSX{"
+    "*<@awg}Xq`Qvc?oefTIUyZgsGVVlW|>+9wV-2+B>^$z#)oV#n1EAu!u*d_Sj9@#Y=I4|x+&Mm^hYdlN;UD$E(nX&?2r7w#TW&8ch^(0FZ_t>WsFh"
+    "`WV;QExD@xem#T+|sGKV+kU9>e9!F(<rq?41vu;!}nwnc{yxVK*Ol&>R*a(%McCT|Z;z!_npa@%!MI;6vv8#Mbq3GDWz$o)3k?VLbj-cFTHlE4F9"
+    "qLN?MIABN^&0p&H|WrHzoW2-OIa^2#n%Hjr0Z+Shg%Zn^^TLLANJJ+1iVD^lX(sqt)iNY}@XWljM-@NO}8wcbJ1X1ymtV5RUNmdg&mcJ%0`?G8Y`"
+    "tJBx@)vCBPWmVHd~Q2xR=(;aij?dUeXG5S%UkEL4jOB9b@jB5jkPM#UxJ9e#MLP0!`#@YJ^4VEE5@&h{c)Lsm)f$yJxjeR5g?s-qM@fJ<NyFZ^9T"
+    "zbX=L9%cD{2x?6=yG+-?t4xbmJN*;K;&h_DKG$(HDzxO$>He&Vt?=ktM=x0(~9NDXWd;f7}&WI6bcSB$=MmdyM8z3n$u?Gao3`FK2C`e+UQsQW2!"
+    "wjPd*G>-L180v!_BIL*>jVJ8t+Bt_Ob`f?1JC~6N-Z>5VocNUB?8g5TTs{sr4So@O+y~)_l{i7kn9s)<3vqAI#RAI<POmXXD{&Lpp5;p?&9o>Dmc"
+    "v`FMpyA^z7N8y+5_E`EXalJE(g1enpdKl+x8dk3}%8KcV_rPj-XOSAW9dt+Vx<UNHGs;rv8We6;r^T3mgR`hg<PWc|>t4qbHqxp}{`5FP8+DH_Xa"
+    ")(EzVF_Ph%(fBl>&hvq6>GySI_lZJT!KF++aoU{rn<+Zk^=b?VM|KV)aZTDe8J3gT!w4unkN|!e;&~0GO?z^ndjvpuT;-aMa(DaTDAH-zUqi0>1k"
+    "GgF5`FgqVj$+>$pByA4ZfHk9PK8p(3P(I@2@)YrE+^m)pPuDmY#Hiab@4ymDJPRC<{J6s>=E*FwiCy{Brt1sQD-OB&I9)W;@tyL@P@NLo?RIfoQ@"
+    "z{QG>nRFc{)LaOT6i`WE@^l5h!u(3(dAo+vZt7)Lk>^fpJsd``5?K_=EC#oZE^Ts=w!EfDq4tBi;dOS!R%ly=+nm3N^gS{!?5n5GAh3x&~ZCu}+3"
+    "9fOa~vpsSZjQ2b9_VvJo#Jkt>d4GIj<bl`IQv)O}28tz?<2f80p5j1?&^1+Wj|}iE^)Q^_>N}!QJ?#_fw_Eox09$N)HS6*1xqpniiGBRAAT&?@>g"
+    "*3d;W%ullsA|`=K9@k7;&&{@fFz5dZhpiD2AK|=flOe79%hpdi$Wu?5oC#v`u>+3lEQ7VNZB+c<0k&a6$t*D-nkV<J}z6Nw0biNft|bJ-_Lg^Wh8"
+    "lH}BlyL$>z+a5bO@-&oSP1uGMiurJFfj0R&)BKk|;TN`R?IzjzK+2S=Y+Ph%|CqBU7qGuNabl6n_m*67;2H+dP1<Fpmdfv|NW%|q$J<jXn)-M=nI"
+    "fjteRqzg6e2k86jE`PV_N|F`9$@f7Y&C4_7Gs8UQre>d{ZTK4gZ{f=$+E-ocAT++H?Y<q+g$-8a;^#J#OFljbD}23Z|6u7ye1+rs%HI#!G%w+I3A"
+    "f*J!CsuvfBvS8B&dnNO7-;Q>~Dj!47Vsef%8~`+|e_e)!NsaCyN1Z{4N0^ZsbFD;3MOBS)DA*WJ#tHEfhJ=YHLFV(S=Oif}Tv_yf*ilU;{qd$cDY"
+    "rF*w|@2Z4h<{xIaj3_+<`*MsG0~*c`IC&b2yt8;|UqZ3_gK!;aMAMjs^H;11#WOM_LdIC+NHiHHU6K>V-#7Mu&=z)d-gfzvc->p1Qg#MY($31}*&"
+    "P}AL6;$YPGn6^Co2-an6UXST<9kltx(_yKt<>RPHTWySwImU&PySI6F&Kxe)yc25-8ySpC<t^hdq=l>qreQ7ias%_8S4rd!B5Vi8)Qu0NOql5abv"
+    "M4lL2UDa7g=!R^H?UQ5WLI|NQX1D6-G1z|uX1_to_3pS=x5-L>D0TYQ)F`V{hb72{~2Z82Edhr7=b2%2vAqZ>_xB4~ta!3^n`IN&@yi1tB9<eD<b"
+    "8Y7p8|bIJSI@>mY+mQhc<2>GzT;Pl00ex`yc<#iNni=j4-y)VlxEXESq}C|^1tEtEZhi*F!i!79ETyJ7URZo8aMwD>S9Z#BZmu+C-VU#BI+ePJ&y"
+    "d5_rC&pEw9rt-FcdmXi?zs0d^G&I5APaNT?UY)09P78N*{F6S|&R^^~Df*g0UZUI?%lrgYBK?h{lDB@_!HQ2>KQVS>BJ+dl=E#OwGtGt11y7YP3i"
+    "bjth18PAH@)Wz#r67v{ji+2mHGTh{PmO6k9TknyCTDgv7IdKIv_WtppIhG6-G9e}>ss&aw#g}h-Sm%Wyh5Id`Njo0OxMw4Kzj<>Ee~s$xD{s>k8S"
+    ">kdt89)C(-hYU-kv=;7W0p5a8;MqU8VN;h<i)lid_>&GWPqwZ8j7~SvV<27za1C3V7TpqT_ojkdwgQwFV`vzFZH|-op&^ha*~-%EZ}-c%SQratNc"
+    "xhy!k<WOTsE^3lu^IsXqwa>_pZ@t}WpKyBj>yAp>u;qI{<HU3n5KrO6>uXnZ@MonTL2YnkHOtv7YFCWCC82p(R`Es(?XSZjPfY2Kv+Fin`xMkAPq"
+    "j?TiDDgfB3pPh9_z$QlS^IZy52WD(lCb7nV<Z<b#YpxqHYwB^8K}CR`y0(3n582%2T<~K^bfl7C3=c$H0!k;V)u4m?P(A{$UAWk4%b{Jgz+Gy-ht"
+    "6xEj}7tNjC6p%dGzT@-Q#^8=F%!-?KzQNAa(60zaa6_z;I=J=<b`iscb}W=#-063Lb~BUVG-a-a=la~u-$Kp;danDXl}_qHLyatADVbuUJ1KeOm("
+    "t@CQbA&m}PsUGjJ?uVO+4zg@nk0k+7Ts}Ly0BteTd?U6?oX+vjC|Dw;I&(m|Ag{5xEe!R?<W3MOQh!p>Q4j$mvGrY3R^8&{Z6^ZXg6i;k3*M$q@i"
+    "R(^oGY5%+&HD@C0baU!ApieU1aCbV@kqB#xUky=t(g6Q1e?}H52HGH7+9>W829&>k;GoWBiaFK7&erTfy1;nuSGagW$V_US>WHyq(W0lta&7ctI#"
+    "KfFEH_`-JlVDC(2Gl**pM+!Iwuo*_X6+GI;ldh&zf5vTPye(|J7J%vHzw$$u|K=mMzQ<}0D17kfvRp0hIlT-xf{po~*7GmduI&!p$WSBUP6iMilf"
+    "^_sGd`ET1d9B1$NgJ4{;CCYce>_+&mY9Yq8?P<={Nt)35ZNT#ufDT0L?W7Ye~zw>!<(v%_vV1N_}Iw#&3<%B=y8S|neyV6Z2b&J0NKN1EG_4?{GT"
+    "cL0n~qJp3C~Ytrq>LqyRq$wX<fcLF2;`R>yAc;&BrT=Ge~%e`q|ybQY<eD<ksWySfUBL3V-<VdrtNcVd1$=?k_An1Pq#<WbznRHH~cIGy~*6`k<6"
+    "n7Dosh=k@K49uB=t-pI(74z|nRA#)yc;tMz@bocp{hcSpVm`~8?b+S`LnvhR%_Rrm;hPD>ApN`-?L{4iJ%%R$*mCFtek=lWsVK6!T+_EB0Md)Q!{"
+    "R?n!4-vA3^WBPdsdr_Fw;k%>uo{iCJv$oCvngOjusbF9*pglyDRfDj+xorCU#=CzQ>1^hhjw?AWY*>H9VVaQhKX!-n%~ghQ7NAtlAGuI{#n}mNP1"
+    "hk12Zn^=3i`#Q1Mddg3Apde9fhF=1NfvMD<ct{gcHL4zaj<PXn}`TWC4pTOoHJMTn+_+s4&vs!c`61|8%0Pa1U^a$h8ZF*A6FkR+Dm&n%s<Em%e("
+    "tWS~US^6<yih%eq<MP7?k1(VLGryl$lu0V&p(;LwO;Z$(R42ngWxz39zkssW`1f*2nnh*Gx;T!TQ`psXGS^}G8txWkAd7{wB#rqojj40%doM}rY;"
+    "fZ!-4CXlIi2Qh|k7dqm_2hys#nhT|&=qTJr{SzDNe<doM0%BYp^gyyFu`!`oU2P;n}BlFxZC=L)7c*P!88x;Xm`ahqo>DE8nds@T!PT@C^NBmx-?"
+    "TPK?@pS%ALPCZbje+2r^sDMY}_feLD0KU}9_=Ibzh2ec$*#-N=LD3#kBqyBx2zS;0Ar6X)(i^K=z01QdOVF#I44!Hb2j4-GX&Jyl?a!9y914Zkvp"
+    "Kwsp^#K0_w0Gig&emJrhhXk2Bv`5!<Uy&yfQm72-e+R*lYFY|9n--@w%hLkR6NA;UltW<;nQO&*Bi57<>VholDRo42crd>yh^l#fI+I2k(b1T+nk"
+    "g_zBpYX-$|KicI+MR<$!JRFai=`PlPgz7(~&0FS9xJ()s`oH=`+=PBm`ALJh+<2n%>V~5|9MAoU?5ENgh6r%H7x6X%rp~A}=BIm)uf#h&4dmbm&@"
+    "1S!}7(Tq<ZVvd4a)Ic@4mdSQGj8LKK1`nF&^jFg#~hc{9?a^Ke!bQ%Pu5?n?OD4%<)g9&?mNZM<Nk2*PW%(6{L?nx={qkO=if!;A3B`UCG2M472$"
+    "j?>A_y_QzjAM!Ro>J;93e}r{3G3RP`HmJ0Zs=1pK3~<hC8|k}pqH$bQIB9W*xO)aJXx@Ppqm;2)|b4fMT}@9}jKm2Q5%`h1E|)8{oL{8s)gRz76D"
+    "%g;zJmW<XTYGmum7ft+xUDHKwOT3bQKNc&Fywl6xJ?!{Z<gG`Ng$1E#`}`qKl5WnI@UF)75DMJ7?w~98ofY8t5ykbKcc0S%mA3EDHC0Q+=N%#k=}"
+    "<!TCb|f0)AY6f%`{eX-swtUwNmGuu|~-U?_(!D{D{22<$Sn-zP#;oYHP-qpupD)UDCc8SBi}0>pp48Im!J4x*WDTe0NPRC_4Hd=KJxLRQ;ikPp$z"
+    "U(<{%DDtR-hUYhY)7C!&%?m5!x!u3xwZ2LoC2Y5|*^QvRD*@t(N(#&8?9U~3fsg?eEy6Bkn$dmLA?#P>ckYdD}USQjKrz}9tM)ePa(N<t;dJ7q(X"
+    "@qQ9#hbEQYIDtly;saQv@c?O+WLgx$Mk3Uw!gUMCTuV^c5=8H^O^1s;loXjUksn~KX|i7#9tbe1gX@#%hNR5^WIg|3aal$z&D4ItY@EpFNWRk<nM"
+    "Q{aBGi}P0}5IdvW|T)|OI_op1W&h`?;i=lH_5&j)q0Dv?>Ar|!S=qvhc3;J~41U=QJo>W8CtrLy<8Z`vfZY?bBi^lQ@cvk?n=4vgYh(*`-90PP|a"
+    "tvX~y6Uy(5o_Xr^Wb{nRJ*l4G`EU)ZXvGZDvysPWx&pXiEt{5D%|<_@W+STTSzUm&oLKO#nh())qRI<;MbE~DNY9C$=$!P-$IYN2)-*uXXxge*ls"
+    "(dSld`QvLEDKcDOA<1x`ev5571JgK|%$pC-W94Dls}R|1_#HlCiF=Xrio$^|8hXl&yfOw5oh$ttF^yfoe@{gOp|j7p3t@qP%%4RGsMwEHp3%YQ~-"
+    "wr~0JUMd#3()wt-*h%I_EJtw^x0}-`NBQSdm^jg$VMRWQ_R-D=z^kxhRTH|PBwZ_^FLanJnS!Ia||4MX3VR(aT%vd06%%B=cX@=d{nQcQ=rp@!VU"
+    "-u#kV|R_%TBtG|2<Xfh=B-bMS|Nqm5f+u{K#;oZNQtGH+eBkV|FAVXHezj4KDfae8{ZKc+xLiP+801?YOqFa+Gm4-5!%7Zi*$h%*mTaJ#c8iqcZe"
+    "Wl{pzcs88IsI{YHf?KCH`Ehi!oc8a<k>i|N@WM43httV%PGYJCi9s>@Jb(WdG8M1H<v=RPpMP<1?;uU^k;jP^-2DScL-4JCXSQ{ITgN8A?d{Xtw&"
+    "{`c5*4g9kjt;Si63o&a_qFT~jbg?51_35*uJrlP@ceW3Tct%Q5pP-7--?IywXLXqv1^q?zB(`WR`X2ehFk!9KXiw#3)e)z>L{%3v!#MKA!g4HNM0"
+    "KY_f8)f~;vPYt>4fM{{e-R0K>l6Cc)R*g|4)I>g6Ms0wHo<>^+n<D#*Os_w?Wo=%B}ZCgKWgy;(luZ5q>K#jMEuAxDQ?S4{(}Tkc~lKgp8QpJqof"
+    "BK5`Q+LQDI3c#TlMFuLA&=%W}BiK;)KBdRhe%6igWlpxVxULFP2h-F#%@5o=MbE1DHc5=qpmzUquKke_&iS`e}a|9o4Vxa1Nx1McXN40HCp4I(K`"
+    "RzT^j{9^(;XfeS#>j7&c1UF6P#C8%vAFzyfo=aNtNCxP{oh>szq$5*bM61;+W*J6wn1fM$tXeb**jw8JOBpMBUPvhP*BXL0lSNgg^|R>Np3mR<kW"
+    "T4<*NLgc7fkxBF^;6KL}{Cj{Qxakd7Hq*&6r<gS0+p4N0iBL`e}&71)9&z2m0-ei!iyTfmfwd~3-3_ucuhe)hmr6m7W!hV$@ngu&qC@vQSf1=jx7"
+    "o!1CpQ4>b9e1^<Xt=>6(c+r9TkVSmP@*3W6Q6_1=u2b({!EDrfn)U-+gSSK(nzMBsJ4_Dat;ucJ)XZJ8Js%-tvmX8}EfX7S{JT(>h#|8idMAmeg+"
+    "!h$KgH1DBlLP6z_8@`VP4vB{gbK<24qHv#WW$9$CH1xRmp?`v&q9kq0}GL^Okf`ol8wuFW~GYW9%?4xvS;8e+%7%bV+2z@lhc^xWO&)vi@#!FENk"
+    "`Hyrb_#LV@5XX~O^?wume?2C^#$;bB*TwQvH7Yh<>C?7ZJL!`@ZykIlp^Db|yzJyKf54(8cXY513N99x#wC|)RZqi9blNU!U+>_Z56T$tcc!or&E"
+    "14HI`0(KGHj8G*Ft)}cW#Tid&o~LI%XX#V1;PFhau$eYvn{r811x-2nvpK_5))Kd3@q$88JjcD338h!aVg}hP_*rf7*t)Z&8U6eff32e8J419i%c"
+    "s572L8Kv^bsZl`(}-@jU*#9Nz+_c`Nyyea!em_{NaKL<dokMJzQ=tzZu-6b47ZlpQh3I&Cr|6fTU9;ChLQ`W2G3SpH=wF^`nhF|=x)VQ)d`iy(-("
+    "lM(wP9y!9^1HI#272qAY4hkE4p0tixe%Nt|3wA~agu@yczdfE(ghOS+simM(-YLF|C{>dsDF>0(ZNG8ih4i|5*uT6OpdvI>rG*qyUKh7;!dz>ayc"
+    "!td%Mh6F)u*GmfJkdvv~ksHMvT!UdW1qoUg?K#doJT-+5B7dy%5wU>xP$^6vn#a11YTWnxGH`IuZ(B8GAFHVyGj7x){OD;L$T-%duLFSf6Q7JyCO"
+    "<W=zN!5LtQ=p?pz{7SoGni422PW4mHSp-9GP!oG^RhDK!2*hm^l_+#INo)oItzSdyQJ<l+sA5xtgmTNzvd2oX0EV`+9M!KwBx*e;iI>i=^29@JPn"
+    "hkLxY}dGl86*?DLoK+DEoMTACONYOiCDmh`+7Vt(Xz!2K*ptx7+oZH=6BJBmxw+d4Ol!n+87cdI2o0^E>=f1agyl+OMYv=mMNhBmMd#-B1R^79dp"
+    "ANc8Nt*;}w9Z^6*;-2uCy=EFDs1T?$k7g*QRdfMdkiY!8jP*?C2YlNiQ5-^7m_+mv=qN5UZsdm0CJ@!ybtMeALv6ul-YkE5#S)!a|r3JuIqTH7H@"
+    "f}&X!#?5+87-V8bXUKe*C`H%7*iaD(R-ziyh)8LcgGi*XSqek9f9I+p5Bp69;fJW|`B;x+u_p{GH(J`>fs@U7jHgF(XG^Rjb1|_TD2OX87CGZOv?"
+    "Sh$7&jyv`W_%w)h1=J%3drs-IjmskXZrln8Hm)Dpn8;upbYRC>(>(U8=YFVa%8W1+5oGEZE8x3niiKH~tdCrihLsb9*L?M@;9&0^<H)y(?lip<CM"
+    "iMBeZiV?wRmQc58wVcxHt_s5|t?EY<@`8a_6OtB$;nJz{~G90A1#NoJxHHi>nY}*e2*u?j{B<`mwy)Do2<(v20SP>^ukt#>LOXjsUQYrM`DcySGJ"
+    "(-IbSPZ9R_#>zRgR=$|8L5aG!sgA5b`{o5{ELU1a3VFDU>|Nn`vbhYpZLBVXA7&5>ZZ|ige=}9Opn1%u>V0MjmORKqpgU9_I&HRcCIKQO=xuSEbw"
+    "NWj6H-88g<-Rz^xrJMn{r5Yp>zB#kCl9jXP@dQ`#08+eg+j3A3%3>Bops@Q`}n#@?S;dyMHq{ox=QEylnruKfolYt72M{Sh!du<M7=aMO3wvAdFU"
+    "3>R*#+Dde9S@GEjxhrh^fz3X^2x;k7*Eb$?<JR{EdQUa2*jAuh+l#au3LQ#$U$=dPA-B4H(D)-QMQX+I;eM1CKQil|%YJM9KOLw?ZQYvAeV6&CSt"
+    "s>cd-k<jp48&!fy+tug`)Y(-)$X#_w|HR?|=Dnf5+1=u053gEB^=<Zu)yVM_2e!-aO{|Ur)}FuXMb(Q=*1-;AofhV}HlTzJ%I-`bB>Y`<E}dWKvG"
+    "0)i;*R-+STi?szC%>hJ07W8oZ*UdR3A?Wf{V+Y#{!ITcUenKXaz#k;%Xp?Jx^r!x=5n|RMWH^3^CW%oZ8ky?+4m`|&S`refJdoSYM9gjpzmj0g3K"
+    "NPWk<a23iL=J<W%9lx}BJvfDe5De-v{cBOzxVRp-SJSq)Za77hw@eJH;Gc=rxNB%g{Tb{b4EgXZK+U@zmIJ2?v95NrvHe9#ov*z7?rSOb;$o??a2"
+    "QgNqBR|LkTl~M8eYVNLY$Vs5(p~@xMYz{yuP&yE`6AnEeA1rjp5@J4!Mcbrb_NHz=3=T^!8*2^{?RU?k+<`PhE@xx1t?=|2F7+1~}k?4JQd*&g$A"
+    "M9k;@03v387ZJ1ni-_3g(_UO6Z+{3AWB&3ZOw9f+CT9NxChomN#r40r5~F{Di>dS<z{TwE;$rsC<6`FbfU!{e1HhR5U0}@qd0<Tb9x@h7e*hV?zl"
+    ")67KaY&r--X8fAArW}??Pkt&qHJOcd;>Mj3GA0ef9x~xVz)e@Eq@d$Ej1lOLS8I$B545cSQVwPp9G@`$)vwJN~p!=l`5fr{W&_P{f-%{<Kf${+v&"
+    "z;vV}@#G5<*i+wuvf77Saf6Avx$jWetUz(WItHax*@R@SQ{ps~<)Q|SN$GPCecfPv^BeVRZSng9g6<*?_`{~lOF$}-EcuY1L-SC?&|6Uk<>2AG~c"
+    "l?N4@PZ2wjwF6|1E**?*dQ$u;ft@VWa?8WcRDWjgEaAx-1$$b+@0LL^6Exz($~G*&%Be~4T4+2OTQy{Ixcu7F8G54@{!<$Psw|QSBBFY!6*Icz2G"
+    ">$=vL}f?svq_#Kq3W#eR@fJ`%h5$L!>xzJFjRnc~mo&c@^>l#I#!AlZB*cjl3u^hebjxtG1l|1mouNn?T+Zw0^0K_3a8{*-#4@K)_c@abao#~m~G"
+    "bGeIgxl6Zl-({wc<W7A8bBN0wvu2UI(*1+>olgIbx=V5UPTt_)eY*NU>{Obd@XzAlkL)Cs`Kja_4kD6g|5*?`8%OZ$KP!S~|49%$8%OZ$KMR6q;|"
+    "QMpr$O*+9Ko~yEC`;BBY5_o1i`a$1ke8SAUKQ41ijJj)u&%)<#zAud|I#ZnLh{b_4DO7R)vo>#PJW?;5$~-U!19XN$JOz{lQJ?eJ}VOW%q0B;Vqw"
+    "$^ZNPBW--ow4X#K2*@w?NZ>vvdaO1!I=l>5V1qUn")
 
 # =============================================================================
 # Text analysis
@@ -25508,6 +28749,47 @@ def _tool_mock_reply(row: Any, native: bool, skill: float, seed: int) -> Tuple[s
                               for call in calls for name, params in call.items()), []
 
 
+def _mt_mock_reply(rows: Sequence["MultiTurnRow"], messages: Sequence[Dict[str, Any]], native: bool, skill: float,
+                   seed: int) -> Tuple[str, List[Dict[str, Any]]]:
+    """The mock as an agent on a BFCL multi-turn row (the one whose user turns the conversation has): right with
+    probability ``skill`` (per row, by seed): each turn's ground-truth calls in its first step (positional
+    arguments named), then "Done."; where the ground truth makes none, it says it cannot. Wrong: the turn's calls
+    with every argument changed (or none, where a call has nothing to change)."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user" and
+             not str(m.get("content")).startswith("[{'role': 'tool'")]  # (prompt mode's results come as user's)
+    said = [str(messages[i].get("content")) for i in users]
+    mode = "native" if native else "prompt"
+    row = next((r for r in rows if all(said[t] == (mt_turn_messages(r, t, mode)[-1]["content"])
+                                       for t in range(min(len(said), len(r.turns))))), rows[0])
+    t = len(users) - 1
+    if t >= len(row.truth) or any(m.get("role") == "assistant" for m in messages[users[-1] + 1:]):
+        return "Done.", []
+    if not row.truth[t]:
+        return "I cannot do that with the functions I have.", []
+    calls = [mt_call_arguments(row, c) for c in row.truth[t]]
+    if _unit_hash(seed, row.id, "multi_turn") >= skill:
+        calls = [(name, {k: _mt_mock_wrong(v) for k, v in kw.items()}) for name, kw in calls if kw]
+        if not calls:
+            return "I cannot do that.", []
+    if native:
+        return "", [{"id": "call_%d" % i, "type": "function", "function": {"name": name, "arguments": json.dumps(kw)}}
+                    for i, (name, kw) in enumerate(calls)]
+    return "[%s]" % ", ".join("%s(%s)" % (name, ", ".join("%s=%r" % kv for kv in kw.items())) for name, kw in calls), []
+
+
+def _mt_mock_wrong(value: Any) -> Any:
+    """A value changed (the mock's wrong argument)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 7
+    if isinstance(value, str):
+        return value + "_wrong"
+    if isinstance(value, list):
+        return value + ["wrong"]
+    return "wrong"
+
+
 def _task_mock_steps(task: Any, policy: str, act: Callable[[str, str], str]) -> List[str]:
     """The mock's actions on a container task before it submits: ``oracle`` copies the task's solution/ to
     /solution and runs ``bash /solution/solve.sh``, as Harbor's oracle agent does (read from the folder by the mock;
@@ -25577,6 +28859,7 @@ class _MockState:
         self.oracle = oracle
         self.swe = list(swe)  # SWE instances the mock plays an agent for
         self.tool_rows: Dict[str, Any] = {}  # BFCL questions it answers with calls, by their last user message
+        self.mt_rows: Dict[str, List[Any]] = {}  # BFCL multi-turn rows it converses on, by their first user message
         self.if_rows: Dict[str, Any] = {}  # instruction-following prompts it answers, by their last user message
         self.lock = threading.Lock()  # guards active, waiting, counters, seen
         self.active = 0
@@ -25877,6 +29160,13 @@ class _MockHandler:
             if row is not None:
                 seed = req.get("seed")
                 text = _ifeval_mock_reply(row, cfg.skill, cfg.seed if seed is None else (cfg.seed, seed))
+        if st.mt_rows:  # a BFCL multi-turn row: its ground truth played at the mock's skill
+            first = next((str(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"),
+                         None)
+            rows = st.mt_rows.get(first) if first is not None else None
+            if rows:
+                text, tool_calls = _mt_mock_reply(rows, [m for m in messages if isinstance(m, dict)],
+                                                  bool(req.get("tools")), cfg.skill, cfg.seed)
         if st.tool_rows:  # a BFCL question: calls drawn from its possible answers at the mock's skill
             row = st.tool_rows.get(last_user)
             if row is not None:
@@ -26039,7 +29329,7 @@ class MockServer:
 
     def __init__(self, config: MockConfig = MockConfig(), *, host: str = "127.0.0.1", port: int = 0,
                  oracle: Optional[Dataset] = None, swe: Optional["SWEDataset"] = None,
-                 tools: Optional["ToolDataset"] = None, ifeval: Optional["IFEvalDataset"] = None):
+                 tools: Optional[Any] = None, ifeval: Optional["IFEvalDataset"] = None):
         if config.server_kind not in MOCK_SERVER_KINDS:
             raise ConfigError("--server-kind must be one of %s, got %r" % (", ".join(MOCK_SERVER_KINDS),
                                                                             config.server_kind))
@@ -26054,7 +29344,12 @@ class MockServer:
                 table[user[-1]] = item
         self.state = _MockState(config, table, swe.items if swe is not None else ())
         for row in (tools.iter_items() if tools is not None else ()):
-            self.state.tool_rows[next((m["content"] for m in reversed(row.messages) if m["role"] == "user"), "")] = row
+            if isinstance(row, MultiTurnRow):
+                self.state.mt_rows.setdefault(next((m["content"] for m in row.turns[0] if m["role"] == "user"), ""),
+                                              []).append(row)
+            else:
+                self.state.tool_rows[next((m["content"] for m in reversed(row.messages) if m["role"] == "user"),
+                                          "")] = row
         for row in (ifeval.iter_items() if ifeval is not None else ()):
             self.state.if_rows[row.prompt] = row
         handler = type("_BoundMockHandler", (_MockHandler, http.server.BaseHTTPRequestHandler), {"state": self.state})
@@ -27676,6 +30971,9 @@ def _parser_mock(sub: Any, text: str) -> Any:
                            "(default: none)")
     mock.add_argument("--answers", default=None, metavar="FILE", help="the possible answers of --tools (default: "
                                                                       "possible_answer/<name> beside the questions)")
+    mock.add_argument("--func-docs", default=None, metavar="DIR", help="a multi-turn --tools file's function "
+                      "documents (default: multi_turn_func_doc/ beside it); the mock plays each row's ground truth "
+                      "turn by turn at --skill (wrong arguments otherwise)")
     mock.add_argument("--ifeval", default=None, metavar="ROWS",
                       help="answer these IFEval/IFBench prompts with replies that follow their instructions at --skill "
                            "(the rest break the first; default: none)")
@@ -28749,7 +32047,8 @@ def _cmd_serve_mock(args: argparse.Namespace) -> int:
     if args.swe and args.tasks:
         raise ConfigError("--swe and --tasks: the mock plays an agent for one kind at a time")
     swe = SWEDataset(args.swe).validate() if args.swe else TaskSet(args.tasks) if args.tasks else None
-    tools = ToolDataset(args.tools, answers=args.answers) if args.tools else None
+    tools = (MultiTurnDataset(args.tools, answers=args.answers, func_docs=args.func_docs)
+             if bfcl_is_multi_turn(args.tools) else ToolDataset(args.tools, answers=args.answers)) if args.tools else None
     ifeval = IFEvalDataset(_folder_choice(args.ifeval, None, None)) if args.ifeval else None
     server = MockServer(cfg, host=args.host, port=args.port, oracle=oracle, swe=swe, tools=tools,
                         ifeval=ifeval).start()

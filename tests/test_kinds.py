@@ -280,7 +280,7 @@ class TestUnusedOptions(unittest.TestCase):
 class TestSections(unittest.TestCase):
     """The module reads top-down: its docstring lists its sections as the banners say, and no section is over 1,000
     lines (the lines of an encoded data blob, base85 text in a string literal, are data, not lines to read: the
-    Instruction data section holds models of thousands of them)."""
+    Instruction data section holds models of thousands of them, Tool data BFCL's long-context constants)."""
 
     def test_the_docstring_lists_the_banners_in_order_and_no_section_is_over_1000_lines(self):
         with open(os.path.join(ROOT, "evalharness.py"), encoding="utf-8") as fh:
@@ -296,7 +296,7 @@ class TestSections(unittest.TestCase):
         sizes = {name: sum(1 for line in lines[i:found[k + 1][0] if k + 1 < len(found) else len(lines)]
                            if not blob.match(line)) for k, (i, name) in enumerate(found)}
         self.assertEqual({n: s for n, s in sizes.items() if s > 1000}, {})
-        self.assertLess(sum(1 for line in lines if blob.match(line)), 6000)  # (the data: about 5,400 lines now)
+        self.assertLess(sum(1 for line in lines if blob.match(line)), 6500)  # (the data: about 6,000 lines now)
 
 
 if __name__ == "__main__":

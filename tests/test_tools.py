@@ -166,16 +166,17 @@ class TestFiles(unittest.TestCase):
     def test_unsupported_categories_and_missing_answers_are_one_line(self):
         d = tempdir(self)
         qs, ans = bfcl_rows()
-        for rid, want in (("multi_turn_base_0", "category multi_turn_base is not run here: it needs BFCL's "
-                                                "simulated back-ends"),
-                          ("simple_java_0", "category simple_java is not run here"),
-                          ("memory_kv_0", "category memory_kv is not run here")):
+        for rid, line, want in (
+                ("multi_turn_base_0", 2, "category multi_turn_base is not run here: it is a multi-turn category: its "
+                                         "rows go in a file of their own"),
+                ("simple_java_0", 1, "category simple_java is not run here"),
+                ("memory_kv_0", 1, "category memory_kv is not run here")):
             with self.subTest(rid):
-                path = write_bfcl(d, rows=[dict(qs[0], id=rid)], answers=ans)
+                path = write_bfcl(d, rows=[qs[0]] * (line - 1) + [dict(qs[0], id=rid)], answers=ans)
                 res = run_cli(["run", "--task", "tools", "--dataset", path, "--model", "m", "--base-url",
                                "http://127.0.0.1:9/v1", "--out", os.path.join(d, "x")])
                 self.assertEqual(res.returncode, 2)
-                self.assertIn("BFCL_v4_mixed.json:1: %s" % want, res.stderr)
+                self.assertIn("BFCL_v4_mixed.json:%d: %s" % (line, want), res.stderr)
                 self.assertEqual(len(res.stderr.strip().splitlines()), 1, res.stderr)
         path = write_bfcl(d, answers=[a for a in ans if a["id"] != "multiple_0"])
         with self.assertRaisesRegex(eh.DatasetError, r"BFCL_v4_mixed.json:3: field 'id' has no possible answer"):
