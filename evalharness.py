@@ -19920,11 +19920,11 @@ class MultiTurnRow:
         return "long_context" in self.category or "composite" in self.category
 
 
-def _mt_docs(folder: str) -> Dict[str, List[Dict[str, Any]]]:
-    """The function documents of each back-end (bfcl-eval's data/multi_turn_func_doc/), by class."""
+def _mt_docs(folder: str, classes: Iterable[str]) -> Dict[str, List[Dict[str, Any]]]:
+    """The function documents of the back-ends ``classes`` (bfcl-eval's data/multi_turn_func_doc/), by class."""
     docs = {}
-    for cls, name in MT_DOC_FILES.items():
-        path = os.path.join(folder, name)
+    for cls in classes:
+        path = os.path.join(folder, MT_DOC_FILES[cls])
         if not os.path.isfile(path):
             raise DatasetError("%s: no such file (the function documents of %s; bfcl-eval ships them in "
                                "data/multi_turn_func_doc/ beside the question files: copy that folder too, or give "
@@ -19965,14 +19965,16 @@ class MultiTurnDataset(_Fingerprinted):
                                    "of call strings)" % where)
             truth[row["id"]] = (where, gt)
         self.docs_path = func_docs or os.path.join(here, "multi_turn_func_doc")
-        docs = _mt_docs(self.docs_path)
+        used = sorted({c for _, row in raw if isinstance(row, dict) and isinstance(row.get("involved_classes"), list)
+                       for c in row["involved_classes"] if c in MT_DOC_FILES})
+        docs = _mt_docs(self.docs_path, used)
         self.items: List[MultiTurnRow] = [self._row(where, row, truth, docs) for where, row in raw]
         if not self.items:
             raise DatasetError("%s: no questions" % path)
         self.ids, self.count = _unique_ids(self.items), len(self.items)
         self.categories = collections.Counter(r.category for r in self.items)
         self.sha256 = _fingerprint([_file_sha256(path), _file_sha256(self.answers_path)] + [
-            _file_sha256(os.path.join(self.docs_path, MT_DOC_FILES[c])) for c in sorted(MT_DOC_FILES)])
+            _file_sha256(os.path.join(self.docs_path, MT_DOC_FILES[c])) for c in used])
         self.fps: Dict[str, Tuple[str, str]] = {}
 
     @staticmethod
@@ -20374,8 +20376,9 @@ class _ToolsKind(_Kind):
                                                         turn_s)))
             except ModelAPIError as exc:
                 return {"id": row.id, "status": "failed", "score": None, "error": _redact(exc),
-                        "error_class": exc.error_class, "category": row.category, "question": question[
-                            :QUESTION_KEEP_CHARS], "started_at": round(started, 3), "finished_at": round(time.time(), 3)}
+                        "error_class": exc.error_class, "category": row.category,
+                        "question": question[:QUESTION_KEEP_CHARS], "started_at": round(started, 3),
+                        "finished_at": round(time.time(), 3)}
             finally:
                 if slot is not None:
                     sessions.leave(slot)
