@@ -20251,9 +20251,11 @@ class _ToolsKind(_Kind):
 
     @staticmethod
     def sniff(row: Dict[str, Any]) -> Optional[str]:
-        return "BFCL questions (tool calls: id, question, function)" if isinstance(row.get("question"), list) and \
-            (isinstance(row.get("function"), list) or isinstance(row.get("involved_classes"), list)) and \
-            isinstance(row.get("id"), str) else None
+        if not isinstance(row.get("question"), list) or not isinstance(row.get("id"), str):
+            return None
+        if isinstance(row.get("involved_classes"), list):
+            return "BFCL multi-turn rows (tool calls: id, question, initial_config, involved_classes)"
+        return "BFCL questions (tool calls: id, question, function)" if isinstance(row.get("function"), list) else None
 
     def check(self, cfg: RunConfig) -> None:
         if not cfg.dataset:
