@@ -18645,6 +18645,15 @@ _IMPERIAL: Dict[str, float] = {
     "lb_to_kg": 0.453592, "celsius_to_fahrenheit": 1.8, "fahrenheit_to_celsius": 5 / 9}
 
 
+# A logarithm asked at more digits than this is refused as mpmath fails where the memory runs out (MemoryError,
+# whose text is empty; from _MP_SHIFT_OVERFLOW digits on, its shift by the working precision overflows first).
+# bfcl-eval computes it below that (seconds at 10**5 digits, hours at 10**10): here Decimal's ln would take minutes
+# past ~5,000 digits, and a model's call must not hold its row that long (a divergence bench/bfcl_multi_parity.py
+# counts apart: no ground truth asks more than a few dozen digits).
+_MP_LOG_DIGITS = 4000
+_MP_SHIFT_OVERFLOW = 20823837331962587136
+
+
 class MathAPI:
     def __init__(self) -> None:
         self._api_description = "This tool belongs to the Math API, which provides various mathematical operations."
@@ -18653,6 +18662,11 @@ class MathAPI:
         try:
             prec = max(1, int(round((int(precision) + 1) * _mp_B2_10)))  # mpmath: mp.dps = precision
             dps = max(1, int(precision))
+            if dps > _MP_LOG_DIGITS:  # (mpmath's own failures past its memory; below, hours of work: refused)
+                for x in (value, base):  # (in mpmath's order: a value that does not parse fails first)
+                    raw = _mp_to_raw(x, 53)
+                    if not _mp_special(raw) and raw != _mp_ZERO and raw != _mp_int_raw(1):
+                        return {"error": "too many digits in integer" if dps >= _MP_SHIFT_OVERFLOW else ""}
             num = _mp_ln(_mp_to_raw(value, prec), prec)
             den = _mp_ln(_mp_to_raw(base, prec), prec)
             return {"result": _mp_quotient(num, den, prec, dps)}
@@ -19685,6 +19699,14 @@ def _mt_eval(text: str, instances: Dict[str, Any], methods: Dict[str, Tuple[str,
         tree = ast.parse(text, mode="eval")
     except (RecursionError, MemoryError):
         raise _MTCallError("the call is too deeply nested to read") from None
+    except SyntaxError as exc:
+        if exc.msg == "keyword argument repeated":  # (3.8: the name left out of the text 3.9+ and BFCL give)
+            names = re.findall(r"[(,]\s*([A-Za-z_]\w*)\s*=(?!=)", text)
+            twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+            if twice:
+                raise _MTCallError("keyword argument repeated: %s (<string>, line %s)" % (twice, exc.lineno)) \
+                    from None
+        raise
     return _mt_node(tree.body, instances, methods)
 
 
