@@ -18651,6 +18651,7 @@ _IMPERIAL: Dict[str, float] = {
 # past ~5,000 digits, and a model's call must not hold its row that long (a divergence bench/bfcl_multi_parity.py
 # counts apart: no ground truth asks more than a few dozen digits).
 _MP_LOG_DIGITS = 4000
+_MP_SQRT_DIGITS = 10 ** 6  # a square root past this many digits (seconds at 10**6) likewise
 _MP_SHIFT_OVERFLOW = 20823837331962587136
 
 
@@ -18755,6 +18756,8 @@ class MathAPI:
                 return {"error": "Cannot calculate square root of a negative number"}
             context = decimal.Context()  # official: getcontext().prec = precision (process-wide)
             context.prec = precision
+            if precision > _MP_SQRT_DIGITS:  # (as decimal fails past the memory: hours of work before that)
+                raise MemoryError()
             return {"result": decimal.Decimal(number).sqrt(context)}
         except (TypeError, decimal.InvalidOperation):
             return {"error": "Input must be a number or computation resulted in an invalid operation"}
