@@ -19788,14 +19788,12 @@ def mt_decode_step(step: Dict[str, Any], mode: str) -> List[str]:
     """One reply of the model as the call strings BFCL executes (its decode_execute): native tool calls each as
     name(k=repr(v),...) from their JSON arguments; a prompt-mode reply parsed as BFCL's prompt format and each call
     written back as name(k=v, ...) (a dict of dicts is a nested call; positional arguments are dropped, as BFCL's
-    decoder drops them). _BfclDecodeError when the reply is not calls (the turn ends); [] when it has none."""
+    decoder drops them). _BfclDecodeError when the reply is not calls; [] when it has none (the turn ends either way:
+    BFCL fails to decode a native reply of text alone, and finds nothing in an empty one)."""
     if mode == "native":
         calls = step.get("tool_calls")
         if not calls:
-            text = step.get("text")
-            if text == "" or calls == []:
-                return []
-            raise _BfclDecodeError("no tool call in the reply")
+            return []
         out = []
         for c in calls:
             value = c.get("arguments")
