@@ -20070,10 +20070,15 @@ class MultiTurnDataset(_Fingerprinted):
 
 
 def bfcl_is_multi_turn(path: str) -> bool:
-    """Whether a BFCL question file is a multi-turn one (by its first row's id)."""
-    for _where, row in _bfcl_rows(path)[:1]:
-        return isinstance(row, dict) and bfcl_category(str(row.get("id", ""))).startswith("multi_turn")
-    return False
+    """Whether a BFCL question file is a multi-turn one (by its first row's id; JSON Lines: its first line alone,
+    the file is read whole once, by its dataset)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), "")
+        row = json.loads(first) if not first.lstrip().startswith("[") else (_bfcl_rows(path) or [(None, None)])[0][1]
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False  # (its dataset says what is wrong with it, naming the line)
+    return isinstance(row, dict) and bfcl_category(str(row.get("id", ""))).startswith("multi_turn")
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -20113,6 +20118,7 @@ def mt_converse(client: Any, row: MultiTurnRow, mode: str, label: str = "model",
     Returns the trajectory: per turn its steps ({text, tool_calls, calls, results}) and the instances' state
     after it; ModelAPIError from the client goes up (the row failed)."""
     world = _MTWorld(row, {"model": label})
+    initial = mt_states(world.of("model"))  # (the state before any call: what the first turn changed is told by it)
     messages: List[Dict[str, Any]] = []
     turns: List[List[Dict[str, Any]]] = []
     states: List[Dict[str, Any]] = []
@@ -20165,7 +20171,8 @@ def mt_converse(client: Any, row: MultiTurnRow, mode: str, label: str = "model",
             on_turn(res, time.monotonic() - turn_started)
         if forced:
             break
-    return {"turns": turns, "states": states, "forced": forced, "usage": usage, "served_model": served}
+    return {"turns": turns, "initial": initial, "states": states, "forced": forced, "usage": usage,
+            "served_model": served}
 
 # =============================================================================
 # Tool runs
@@ -20212,10 +20219,10 @@ def _mt_record(row: MultiTurnRow, verdict: Dict[str, Any]) -> Dict[str, Any]:
             "answer": _cut(" | ".join("; ".join(t) or "(no call)" for t in row.truth), 600)}
 
 
-def _mt_trajectory(convo: Dict[str, Any], initial: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _mt_trajectory(convo: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Per turn: each step's calls and results (cut at MT_KEEP_CHARS) or its text, and the attributes the turn
     changed (their new JSON, cut)."""
-    out, before = [], initial
+    out, before = [], convo["initial"]
     for steps, state in zip(convo["turns"], convo["states"]):
         changed = {cls: {k: _cut(json.dumps(v), MT_KEEP_CHARS) for k, v in attrs.items()
                          if (before.get(cls) or {}).get(k) != v} for cls, attrs in state.items()}
@@ -20410,13 +20417,12 @@ class _ToolsKind(_Kind):
             made = {"turns": [[{"text": s["text"], "tool_calls": s["tool_calls"]} for s in steps]
                               for steps in convo["turns"]]}
             verdict = mt_verdict(row, made["turns"], mode, label)
-            initial = mt_states(_MTWorld(row, {"model": label}).of("model"))
             use = convo["usage"]
             last = next((s.get("text") for steps in reversed(convo["turns"]) for s in reversed(steps)
                          if s.get("text")), "")
             return dict({"id": row.id, "status": "ok", "error": None, "error_class": None, "category": row.category,
                          "scorer": "bfcl_multi_turn", "question": question[:QUESTION_KEEP_CHARS], "made": made,
-                         "trajectory": _mt_trajectory(convo, initial), "forced": convo["forced"],
+                         "trajectory": _mt_trajectory(convo), "forced": convo["forced"],
                          "turns": len(convo["turns"]), "steps": sum(len(s) for s in convo["turns"]),
                          "response": _cut(last or "", 300), "prompt_tokens": use["prompt_tokens"],
                          "completion_tokens": use["completion_tokens"], "cached_tokens": use["cached_tokens"],
