@@ -3942,6 +3942,13 @@ def demo_dataset() -> List[Dict[str, Any]]:
 # admission objects and the session rules.
 
 
+def _below_accepted(level: float, top: float) -> bool:
+    """Was a request refused at ``level`` streams clearly below ``top``, the highest load the endpoint accepted one
+    at lately (5% less, at least 2 streams)? Then what refused it is a rate (a quota of requests or tokens a minute),
+    not a cap on streams."""
+    return 0 < top and level <= top - max(2.0, 0.05 * top)
+
+
 class Limit:
     """What a limit algorithm is: a number (``limit``) within ``min_limit``..``max_limit``, updated from what the
     gate tells it, with no threads and no clock of its own. The gate calls ``window_stamp`` at each admission,
@@ -3989,10 +3996,15 @@ class Limit:
     def _refusal(self, now: float, level: float) -> float:
         """A request refused on arrival (a 429 or 503 back at once, no work done): the limit goes just under the
         load it met, but never below the concurrency the endpoint accepted over the last minute (Little's law on the
-        observed latency: what a slower stream needs is counted in), and never up. The gate counts one refusal per
-        burst (its epochs) and paces a rate's (AdaptiveGate._pace). Until a minute passes with no refusal the limit
-        is this rule's, not the gradient's (_refusal_probe)."""
-        accepted = self._accepted(now)[0]
+        observed latency: what a slower stream needs is counted in), and never up. Refused at a load clearly below
+        one it accepted in that minute (a rate, _below_accepted), not below that load either: the gate's pace holds
+        the rate (AdaptiveGate._pace), and a rate's refusal says nothing against the streams it took (a quota
+        quartered cut a limit to 0.5 of what it accepted, and a token bucket's refusals, which fall on its larger
+        prompts, to 0.48). The gate counts one refusal per burst (its epochs). Until a minute passes with no refusal
+        the limit is this rule's, not the gradient's (_refusal_probe)."""
+        accepted, top, _latency = self._accepted(now)
+        if _below_accepted(level, top):
+            accepted = max(accepted, min(top, self.rate_headroom * accepted))
         self.limit = self.clamp(min(self.limit, max(level - 1.0, accepted)))
         self._refused_at = now
         self.discovered = self.limit
@@ -4142,7 +4154,9 @@ class GradientLimit(Limit):
     readings) or, without them, first tokens that wait while decode keeps pace (``_queue``) hold the limit at what it
     runs plus a short queue (``_hold``); a fixed count of slots seen in 8 readings is also a floor (``_slots``). Until
     such a server first queues, its metrics say it runs every request of ours: the limit doubles each window (a slow
-    start, ``_step``), not the gradient's noisy steps.
+    start, ``_step``), not the gradient's noisy steps. Without metrics it doubles too, from a cold start, for as long
+    as each window's step is upward, its doubling bought at least half its streams' worth (e >= 0.5) and nothing
+    pushed back (no overload or refusal, no knee, no queue in first tokens); the first window otherwise ends it.
 
     ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while a max_tokens
     answer would take longer than deadline_s, predicted from the window (its latencies against its lengths: time
@@ -4176,6 +4190,7 @@ class GradientLimit(Limit):
     queue_readings = 2      # readings in a row that make a queue
     accept_s = 60.0         # what the endpoint accepted is read over this long (at least three latencies)
     quiet_share = 0.5       # of a request's latency without a refusal before the limit probes up again
+    rate_headroom = 1.5     # a rate's refusal keeps up to this many times what was accepted (_refusal)
     _min_dx = 0.5 * min_step  # windows this far apart in load (half a probe) show a slope
 
     def __init__(self, initial: int, min_limit: int, max_limit: int, *, backoff_ratio: float = 0.7,
@@ -4504,6 +4519,16 @@ class GradientLimit(Limit):
             step = -self.min_step if self._warm else self.first_step
         else:
             step = self._gradient_step(e)
+        if self._slow_start and not self._metrics:
+            # without metrics, too, the limit doubles each window from a cold start (a hosted API's per-stream speed
+            # holds under load, and its spread makes a pair of early windows no evidence: their +10% probes took
+            # 16 s to reach a cap of 64, ~2% of a 9-minute run), until a step down, a knee, a queue in first tokens,
+            # or a doubling that bought less than half its streams' worth (the fit over the ramp lags a plateau)
+            if (step <= 0 or self._warm or self._shift is not None or self._ceiling is not None
+                    or self._queue_cap is not None or (self._pair_e is not None and self._pair_e < 0.5)):
+                self._slow_start = False
+            else:
+                step = max(step, math.log(2.0))
         return self._bounded(now, s, step)
 
     def _gradient_step(self, e: float) -> float:
@@ -4883,7 +4908,7 @@ class AdaptiveGate:
         telling)."""
         self._trim(now)
         top = max((lv for _, lv in self._accepted), default=0)
-        return None if not top else "rate" if level <= top - max(2.0, 0.05 * top) else "cap"
+        return None if not top else "rate" if _below_accepted(level, top) else "cap"
 
     def _pace(self, now: float, by: Optional[str]) -> None:
         """A request was refused on arrival (lock held), ``by`` what (_refused_by). By a rate (a quota of requests
