@@ -4154,9 +4154,7 @@ class GradientLimit(Limit):
     readings) or, without them, first tokens that wait while decode keeps pace (``_queue``) hold the limit at what it
     runs plus a short queue (``_hold``); a fixed count of slots seen in 8 readings is also a floor (``_slots``). Until
     such a server first queues, its metrics say it runs every request of ours: the limit doubles each window (a slow
-    start, ``_step``), not the gradient's noisy steps. Without metrics it doubles too, from a cold start, for as long
-    as each window's step is upward, its doubling bought at least half its streams' worth (e >= 0.5) and nothing
-    pushed back (no overload or refusal, no knee, no queue in first tokens); the first window otherwise ends it.
+    start, ``_step``), not the gradient's noisy steps.
 
     ``max_tokens`` and ``deadline_s`` (the client's request timeout): the limit does not grow while a max_tokens
     answer would take longer than deadline_s, predicted from the window (its latencies against its lengths: time
@@ -4519,16 +4517,6 @@ class GradientLimit(Limit):
             step = -self.min_step if self._warm else self.first_step
         else:
             step = self._gradient_step(e)
-        if self._slow_start and not self._metrics:
-            # without metrics, too, the limit doubles each window from a cold start (a hosted API's per-stream speed
-            # holds under load, and its spread makes a pair of early windows no evidence: their +10% probes took
-            # 16 s to reach a cap of 64, ~2% of a 9-minute run), until a step down, a knee, a queue in first tokens,
-            # or a doubling that bought less than half its streams' worth (the fit over the ramp lags a plateau)
-            if (step <= 0 or self._warm or self._shift is not None or self._ceiling is not None
-                    or self._queue_cap is not None or (self._pair_e is not None and self._pair_e < 0.5)):
-                self._slow_start = False
-            else:
-                step = max(step, math.log(2.0))
         return self._bounded(now, s, step)
 
     def _gradient_step(self, e: float) -> float:

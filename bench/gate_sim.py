@@ -26,8 +26,7 @@ Scenarios  S1 steady, S2 capacity halved at T/3 and restored at 2T/3, S3 hosted 
            two brownouts shedding with 429 / 503, S5 the bimodal workload. Their C* is what the issue means by the
            best concurrency: the streams the oracle's server accepted, time-averaged (Little's law), per phase
            (over its last two thirds: the phase before's leftover quota is spent in its first minute); minL/C*L
-           is the lowest limit over the phase (in the first phase and one whose C* rose, from when the limit
-           reached 0.9 of it).
+           is the lowest limit over the phase (in a phase whose C* rose, from when the limit reached 0.9 of it).
 Limiters   oracle (best fixed C from a sweep on the same seeds; best fixed session count for S4), fixed 10,
            inspect-style, Netflix Gradient2 (defaults, 1 s windows), AIMD (+1 a success at load, x0.9 an
            overload) alone and through evalharness's gate (aimd-gate: --limit-rule aimd), admit-all sessions (S4),
@@ -1492,15 +1491,14 @@ def evaluate(scenarios, seeds, jobs, log):
 
 
 def lowest_by_phase(trace, spans, bests):
-    """The lowest limit / the phase's C* (spans: (start, end) each; bests: their C*): in the first span and in a
-    phase whose C* rose, from when the limit first reached 0.9 of it (the climb before is the convergence or the
-    recovery, measured apart; never reached: the whole phase); else the whole phase. (The first span counted from
-    half its C* until issue 54's slow start without metrics: its doublings pass through half on the way up.)"""
+    """The lowest limit / the phase's C* (spans: (start, end) each; bests: their C*): in the first span from when
+    the limit first reached half its C*; in a phase whose C* rose, from when the limit first reached 0.9 of it (the
+    climb before is the recovery, measured apart; never reached: the whole phase); else the whole phase."""
     worst, prev = math.inf, None
     for (a, b), best in zip(spans, bests):
         at = [(t, lim) for i, (t, lim) in enumerate(trace)
               if t < b and (t >= a or i + 1 == len(trace) or trace[i + 1][0] > a)]  # (in force in [a, b))
-        start = 0.9 if prev is None or best > prev else None
+        start = 0.5 if prev is None else (0.9 if best > prev else None)
         if start is not None:
             reached = [i for i, (_, lim) in enumerate(at) if lim >= start * best]
             at = at[reached[0]:] if reached else at

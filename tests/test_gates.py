@@ -187,8 +187,7 @@ class TestGradientLimit(unittest.TestCase):
             late = [(t, l) for t, l in seen if t > 1000]
             mean = time_mean(late)
             self.assertGreaterEqual(mean, 110, seed)
-            # (seeds 1-12 learned: lowest 47-128; unlearned: 25-105, 43 and 39 here, means from 77)
-            self.assertGreaterEqual(min(l for _, l in late), 45, seed)
+            self.assertGreaterEqual(min(l for _, l in late), 48, seed)
 
     def test_the_limit_does_not_grow_while_streams_are_too_slow_for_a_longest_answer_to_finish(self):
         # continuous batching: speed 1/(20 ms + 0.5 ms per stream); left alone the gradient settles near 360
@@ -206,7 +205,7 @@ class TestGradientLimit(unittest.TestCase):
         self.assertGreater(highs[None], 200)  # (the floor is what holds it)
 
     def test_a_small_window_whose_first_answers_settle_the_way_is_judged_without_waiting_for_more(self):
-        # after the first step (16 -> 32 streams, a slow start) the next window is small and waiting for its fifth
+        # after the first probe (16 -> 22 streams) the next window is small (9 requests) and waiting for its fifth
         # answer costs a whole request latency at a low limit. Three answers that already show the speed holding
         # (or collapsing) decide it; three that leave e near e* (speed falling as C^-0.9: e = 0.1) do not
         def second_window(exponent):
@@ -237,7 +236,6 @@ class TestGradientLimit(unittest.TestCase):
         # prefills, a transient no window should be judged by; after a probe (+42%) they are ordinary requests,
         # and making the next window wait for them to be replaced first costs a request latency at a low limit
         limit = eh.GradientLimit(16, 1, 512)
-        limit._slow_start = False  # (past a slow start: its doublings' bursts belong to no window, as x4 ramps')
         rng = random.Random(3)
         probe = first_probe(limit, rng)
         self.assertTrue(16 < probe < 32, probe)
@@ -544,18 +542,6 @@ class TestRefusals(unittest.TestCase):
             taken, refused, seen = drive_quota(gate, clock, 600, quota=quota, seed=seed)
             self.assertGreaterEqual(taken_between(taken, 260, 400), 0.95 * 150 * 140 / 60, seed)
             self.assertGreaterEqual(min(l for t, l in seen if 260 <= t < 400), 1.2 * 12.5, seed)
-
-    def test_a_cold_start_without_metrics_doubles_to_a_hosted_api_s_cap(self):
-        # a hosted API: per-stream speed holds under any load (60 tok/s, a 20% spread, answers of ~300 tokens with
-        # a log-normal spread: ~6 s each), a hidden cap of 64 streams. Early windows' pairs are no evidence either way
-        # in that noise; their +10% probes took 23 s, 41 s and more than 120 s on three of these seeds
-        for seed in range(1, 11):
-            clock = Clock()
-            gate = eh.AdaptiveGate(16, 1, 512, clock=clock)
-            seen = drive(gate, clock, lambda c: 60.0, 60, tokens=lambda r: int(r.lognormvariate(5.7, 0.8)), seed=seed,
-                         ttft_s=0.8, cap=64, spread=0.2)
-            reached = next((t for t, l in seen if l >= 64), math.inf)
-            self.assertLessEqual(reached, 12.0, seed)
 
     def test_slower_answers_under_a_quota_raise_the_limit_rather_than_cut_it(self):
         # a brownout: every request 3x slower for a minute, no errors: a quota-bound client needs three times the
