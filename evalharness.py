@@ -3998,9 +3998,9 @@ class Limit:
         load it met, but never below the concurrency the endpoint accepted over the last minute (Little's law on the
         observed latency: what a slower stream needs is counted in), and never up. Refused at a load clearly below
         one it accepted in that minute (a rate, _below_accepted), not below that load either: the gate's pace holds
-        the rate (AdaptiveGate._pace), and a rate's refusal says nothing against the streams it took (a quota
-        quartered cut a limit to 0.5 of what it accepted, and a token bucket's refusals, which fall on its larger
-        prompts, to 0.48). The gate counts one refusal per burst (its epochs). Until a minute passes with no refusal
+        the rate (AdaptiveGate._pace), and a rate's refusal says nothing against the streams it took (cut to what
+        was accepted, a quartered token bucket's limit fell to 0.48 of the streams the best fixed concurrency had:
+        its refusals fall on its larger prompts). The gate counts one refusal per burst (its epochs). Until a minute passes with no refusal
         the limit is this rule's, not the gradient's (_refusal_probe)."""
         accepted, top, _latency = self._accepted(now)
         if _below_accepted(level, top):
