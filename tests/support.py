@@ -147,6 +147,19 @@ def kill_9_after(test: unittest.TestCase, args, run_dir: str, lines: int, timeou
     proc.wait()
 
 
+def settled_counter(mock, name: str, quiet_s: float = 1.0, timeout_s: float = 30.0) -> int:
+    """MOCK's counter NAME once it has stayed the same for QUIET_S: a request a killed client sent just before its
+    SIGKILL may reach the mock's handler (which counts it) a moment after the kill returns."""
+    last, since = mock.stats()["counters"].get(name, 0), time.monotonic()
+    deadline = since + timeout_s
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        time.sleep(0.05)
+        now = mock.stats()["counters"].get(name, 0)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def kill_9_then_resume(test: unittest.TestCase, args, run_dir: str, lines: int, ids, timeout_s: float) -> None:
     """kill_9_after, then the same command (run_cli of ``args[2:]``): every id of IDS once in samples.jsonl, and
     what finished before the kill kept first, not run again."""
