@@ -4133,7 +4133,10 @@ class GradientLimit(Limit):
     land from the fit: ``_learn_shock``); the median weighs each pair of windows by how well it pins the slope (dx²
     over the pair's variance), and an elasticity within ``significance`` standard errors of e* is no evidence either
     way: the limit then takes only a probe step the way the estimate leans (upward under a remembered level, which
-    bounds it) and remembers no knee, so noise neither walks the limit down nor fences it in. App-limited windows
+    bounds it) and remembers no knee, so noise neither walks the limit down nor fences it in; from a cold start,
+    until a step that is not up (evidence of a fall, a plateau, a brownout), an overload or a refusal, that step is
+    ``first_step`` up whichever way it leans (a climb: on a hosted API no window says anything, and +10% a window
+    took a minute or two to reach a cap of 64). App-limited windows
     (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more than their
     loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint itself (a
     brownout, capacity taken away or given back): such pairs are left out of the fit, and when the newest window is
@@ -4168,7 +4171,7 @@ class GradientLimit(Limit):
     gain = 1.5              # ln L moves by gain x (e - e*)
     min_step = 0.1          # at least this in ln L (a probe), at most max_up up and max_down down
     max_up, max_down = 1.6, 0.3
-    first_step = 0.35       # the first window's step from a cold start
+    first_step = 0.35       # the first window's step from a cold start, and the climb's (_gradient_step)
     min_window, max_window = 8, 64  # admissions in a window
     window_share = 0.25     # a window admits this share of the limit (more near the optimum)
     judge_fraction = 0.25   # and is judged once this share of its requests came back
@@ -4209,6 +4212,7 @@ class GradientLimit(Limit):
         self._latency: Optional[float] = None  # the last judged window's mean request latency
         self._metrics = False  # the server's metrics were read (on_server): a slow start until it first queues
         self._slow_start, self._falls = True, 0
+        self._climb = not warm  # a cold start climbs by first_step while the gradient leans up (_gradient_step)
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
@@ -4517,7 +4521,10 @@ class GradientLimit(Limit):
             step = -self.min_step if self._warm else self.first_step
         else:
             step = self._gradient_step(e)
-        return self._bounded(now, s, step)
+        step = self._bounded(now, s, step)
+        if step <= 0:
+            self._climb = False
+        return step
 
     def _gradient_step(self, e: float) -> float:
         e = max(-5.0, min(5.0, e))
@@ -4535,6 +4542,8 @@ class GradientLimit(Limit):
             lean = 1.0 if self._ceiling is not None or slots else e - self.target
             if self._flat >= self.plateau_windows and not slots:
                 lean = -1.0
+            elif self._climb and self._ceiling is None and not self._metrics:
+                return self.first_step  # a cold start's climb, until its first step that is not up (_step)
             return math.copysign(self.min_step, lean)
         if e > self.target and pair_e is not None:
             # the curve bends down as C grows, so a line fitted over a ramp overstates the slope at its top: grow
@@ -4556,7 +4565,7 @@ class GradientLimit(Limit):
 
     def _remember_knee(self) -> None:
         """This level stopped paying (no overload, no pause): come back to it as to an overloaded one."""
-        self._ceiling, self._creep = self.limit, 0.0
+        self._ceiling, self._creep, self._climb = self.limit, 0.0, False
 
     def _bounded(self, now: float, s: float, step: float) -> float:
         """A step up, held back by a remembered level, by what a queueing server runs and by the speed floor."""
@@ -4673,7 +4682,7 @@ class GradientLimit(Limit):
         failure and a pause of ``pause_s``, so the limit sits just under it for ``hold_factor`` (x ``_hold_mult``)
         times that long before it creeps; the hold doubles each time the same level (within ``same_level`` in log)
         fails again without a Retry-After (``rate_limited``: the server said when to come back)."""
-        self._slow_start = False
+        self._slow_start = self._climb = False
         self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
         if refused:
             return self._refusal(now, self.limit if level is None else float(level))
@@ -4780,6 +4789,7 @@ class AdaptiveGate:
         self._refusals: "collections.deque[float]" = collections.deque()
         self._accepted: "collections.deque[Tuple[float, float]]" = collections.deque()
         self._pace_gap, self._next_admit, self._refused_at = 0.0, -math.inf, -math.inf
+        self._ok_level = 0  # the most in flight at which a request admitted since the last refusal was accepted
         self.on_event: Optional[Callable[[Dict[str, Any]], None]] = None  # called outside the lock
         self._listeners: List[Callable[[float, str, int, float], None]] = []
         algorithm.attach(self)
@@ -4956,9 +4966,11 @@ class AdaptiveGate:
         before the last one do not count again. An overload that came back far sooner than requests are served
         was refused on arrival (a stream cap's or quota's 429, a full queue's 503): the algorithm's refusal rule
         sets the limit (GradientLimit._refusal), a rate's refusal paces admissions (_pace), and admission pauses
-        until ``retry_after_s`` (a cap's is that request's own: not for the others) or, without one, until a
-        request succeeds (at most ``drain_s``; at once when none is in flight).
-        ``turned_away``: the caller knows the server never took the request (a connection
+        until ``retry_after_s`` (a cap's is that request's own, and so is one before any success while others are
+        in flight: not for the others) or, without one, until a request succeeds (at most ``drain_s``; at once
+        when none is in flight). A refusal at a load that a request admitted since the last refusal was accepted
+        at is the server's count lagging its replies (a slot not yet freed when its answer was already back), not
+        a lower cap: the limit keeps that load. ``turned_away``: the caller knows the server never took the request (a connection
         reset before any response, soon: a full accept queue): a refusal too, with no pause at all (the lower
         limit is the whole answer; the retry's backoff spaces it). Any other overload (a timeout, a failure after
         the server worked) cuts the limit by ``backoff_ratio`` and pauses admission for ``drain_s`` (or
@@ -4985,6 +4997,8 @@ class AdaptiveGate:
                 elapsed = max(now - permit.admitted_at, 1e-6)
                 load = (self._area - permit.area_at_admit) / elapsed if elapsed > 1e-6 else permit.inflight_at_admit
                 self._accepted.append((permit.admitted_at, load))
+                if permit.admitted_at > self._refused_at > -math.inf:  # (a cap found: its level's races)
+                    self._ok_level = max(self._ok_level, permit.inflight_at_admit)
                 if self._pace_gap:
                     self._pace_up(now)
                 self._ok_latency = elapsed if self._ok_latency is None else 0.9 * self._ok_latency + 0.1 * elapsed
@@ -5001,15 +5015,23 @@ class AdaptiveGate:
                 # away at a load the limit still allows lowers it further: it is no cut, only a level)
                 self._epoch += 1
                 by = self._refused_by(now, permit.inflight_at_admit) if refused else None
-                if refused:
-                    self._pace(now, by)
                 level = float(permit.inflight_at_admit)
+                if refused:
+                    if by != "rate" and self._algorithm.paces_refusals and level <= self._ok_level:
+                        # refused at a load a request admitted since the last refusal was accepted at: the server
+                        # had not yet freed a slot whose answer was already back (its count lags its replies), a
+                        # race, not a lower cap: the limit keeps that load
+                        level = self._ok_level + 1.0
+                    self._ok_level = 0
+                    self._pace(now, by)
                 if lived > 1e-6 and not refused:
                     # a collapse: the load it met on arrival, or lived under if less (a burst admitted after it
                     # failed says nothing)
                     level = min(level, (self._area - permit.area_at_admit) / lived)
-                if by == "cap" and retry_after_s is not None:
-                    retry_after_s = None  # a cap's Retry-After is that request's: a slot frees when one finishes
+                if refused and by != "rate" and retry_after_s is not None and (by == "cap" or self._in_flight):
+                    # a cap's Retry-After is that request's: a slot frees when one finishes (and so for a refusal
+                    # before any success while others are in flight: they will tell which it was)
+                    retry_after_s = None
                 drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
                 new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
                                                   refused=refused)
