@@ -97,6 +97,15 @@ def overload_when_full(gate, clock, after_s=0.0, retry_after_s=None):
     return len(permits)
 
 
+def drive_hosted(seed, seconds, cap):
+    """``drive`` against a hosted API from a cold start at 16: per-stream speed independent of the load (60 tok/s),
+    streams x/÷1.6 apart, lengths from 5 to 3000 tokens behind a 0.8 s time to first token, a hidden cap of CAP."""
+    lengths = lambda rng: int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
+    clock = Clock()
+    gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=5.0)
+    return drive(gate, clock, lambda c: 60.0, seconds, tokens=lengths, seed=seed, ttft_s=0.8, cap=cap, spread=0.5)
+
+
 class TestGradientLimit(unittest.TestCase):
     def test_limit_grows_to_the_cap_when_per_stream_speed_holds(self):
         clock = Clock()
@@ -156,12 +165,8 @@ class TestGradientLimit(unittest.TestCase):
         # a hosted API: per-stream speed does not depend on the load, but streams differ (x/÷1.6 in speed, lengths
         # from 5 to 3000 tokens behind a 0.8 s time to first token), and a hidden cap refuses the 41st stream;
         # the limit must stay near the cap, not be walked down by windows that merely differ by chance
-        lengths = lambda rng: int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
         for seed in range(1, 9):
-            clock = Clock()
-            gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=5.0)
-            seen = drive(gate, clock, lambda c: 60.0, 3000, tokens=lengths, seed=seed, ttft_s=0.8, cap=40,
-                         spread=0.5)
+            seen = drive_hosted(seed, 3000, cap=40)
             late = [(t, l) for t, l in seen if t > 600]
             mean = time_mean(late)
             self.assertGreaterEqual(mean, 30, seed)
@@ -172,12 +177,8 @@ class TestGradientLimit(unittest.TestCase):
         # x2.5 by chance read as no evidence either way; a probe's +10% a window took 55-107 s (and on one seed
         # never) to reach 56 streams, ~2% of a 9-minute run (gate_sim --quota's hosted scenarios). Until evidence
         # says no (a significant fall, a plateau, a refusal, an overload) the cold start climbs by first_step
-        lengths = lambda rng: int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
         for seed in range(1, 11):
-            clock = Clock()
-            gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=5.0)
-            seen = drive(gate, clock, lambda c: 60.0, 120, tokens=lengths, seed=seed, ttft_s=0.8, cap=64,
-                         spread=0.5)
+            seen = drive_hosted(seed, 120, cap=64)
             reached = next((t for t, l in seen if l >= 56), math.inf)
             self.assertLess(reached, 45.0, seed)
 
