@@ -438,9 +438,11 @@ class TestRefusedUnderLoad(unittest.TestCase):
                 [{"role": "user", "content": "TOO LARGE"}])
         stop.set()
         # past its 2 retries, once the others' attempts (SHED_ALONE of them at least, none refused) say it is alone
+        # (a request retried for ever ends in _Cancelled at 30 s, not this error; how many attempts it took before
+        # the two others made SHED_ALONE depends on the machine's load: 7 on a loaded CI run, so a loose bound)
         self.assertEqual(cm.exception.status, 429)
         self.assertGreaterEqual(cm.exception.attempts, 3)
-        self.assertLessEqual(cm.exception.attempts, 6)
+        self.assertLessEqual(cm.exception.attempts, 12)
         self.assertEqual(health.refusals, cm.exception.attempts)
 
 
