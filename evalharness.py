@@ -4000,8 +4000,8 @@ class Limit:
         one it accepted in that minute (a rate, _below_accepted), not below that load either: the gate's pace holds
         the rate (AdaptiveGate._pace), and a rate's refusal says nothing against the streams it took (cut to what
         was accepted, a quartered token bucket's limit fell to 0.48 of the streams the best fixed concurrency had:
-        its refusals fall on its larger prompts). The gate counts one refusal per burst (its epochs). Until a minute passes with no refusal
-        the limit is this rule's, not the gradient's (_refusal_probe)."""
+        its refusals fall on its larger prompts). The gate counts one refusal per burst (its epochs). Until a minute
+        passes with no refusal the limit is this rule's, not the gradient's (_refusal_probe)."""
         accepted, top, _latency = self._accepted(now)
         if _below_accepted(level, top):
             accepted = max(accepted, min(top, self.rate_headroom * accepted))
@@ -4212,7 +4212,7 @@ class GradientLimit(Limit):
         self._latency: Optional[float] = None  # the last judged window's mean request latency
         self._metrics = False  # the server's metrics were read (on_server): a slow start until it first queues
         self._slow_start, self._falls = True, 0
-        self._climb = not warm  # a cold start climbs by first_step while the gradient leans up (_gradient_step)
+        self._climb = not warm  # a cold start climbs by first_step while the gradient is no evidence (_gradient_step)
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
@@ -4542,7 +4542,7 @@ class GradientLimit(Limit):
             lean = 1.0 if self._ceiling is not None or slots else e - self.target
             if self._flat >= self.plateau_windows and not slots:
                 lean = -1.0
-            elif self._climb and self._ceiling is None and not self._metrics:
+            elif self._climb and not self._metrics:  # (a remembered level ends the climb: _remember_knee, on_overload)
                 return self.first_step  # a cold start's climb, until its first step that is not up (_step)
             return math.copysign(self.min_step, lean)
         if e > self.target and pair_e is not None:
@@ -4970,9 +4970,9 @@ class AdaptiveGate:
         in flight: not for the others) or, without one, until a request succeeds (at most ``drain_s``; at once
         when none is in flight). A refusal at a load that a request admitted since the last refusal was accepted
         at is the server's count lagging its replies (a slot not yet freed when its answer was already back), not
-        a lower cap: the limit keeps that load. ``turned_away``: the caller knows the server never took the request (a connection
-        reset before any response, soon: a full accept queue): a refusal too, with no pause at all (the lower
-        limit is the whole answer; the retry's backoff spaces it). Any other overload (a timeout, a failure after
+        a lower cap: the limit keeps that load. ``turned_away``: the caller knows the server never took the request
+        (a connection reset before any response, soon: a full accept queue): a refusal too, with no pause at all (the
+        lower limit is the whole answer; the retry's backoff spaces it). Any other overload (a timeout, a failure after
         the server worked) cuts the limit by ``backoff_ratio`` and pauses admission for ``drain_s`` (or
         ``retry_after_s`` if sooner). ``ttft_s``: a success's time to first token (streamed), which shows a
         server's own queue (GradientLimit._queue)."""
