@@ -5028,11 +5028,16 @@ class AdaptiveGate:
                     # a collapse: the load it met on arrival, or lived under if less (a burst admitted after it
                     # failed says nothing)
                     level = min(level, (self._area - permit.area_at_admit) / lived)
+                drain = self.drain_s
                 if refused and by != "rate" and retry_after_s is not None and (by == "cap" or self._in_flight):
                     # a cap's Retry-After is that request's: a slot frees when one finishes (and so for a refusal
-                    # before any success while others are in flight: they will tell which it was)
+                    # before any success while others are in flight: they will tell which it was; until then the
+                    # server said when, and the pause lasts no longer)
+                    if by is None:
+                        drain = min(drain, max(0.0, retry_after_s))
                     retry_after_s = None
-                drain = self.drain_s if retry_after_s is None else min(self.drain_s, max(0.0, retry_after_s))
+                if retry_after_s is not None:
+                    drain = min(drain, max(0.0, retry_after_s))
                 new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
                                                   refused=refused)
                 if not turned_away:

@@ -724,8 +724,9 @@ class TestOverloadAndDrain(unittest.TestCase):
     def test_a_refusal_pauses_until_a_request_succeeds_or_until_its_retry_after(self):
         # refused on arrival: without Retry-After the server is full for now, and the next success frees a slot;
         # with Retry-After the server said when: before any success with others in flight (no telling a cap from
-        # a rate yet; a cap's Retry-After is its own request's) the pause ends at a success too, but once a rate
-        # refused (below a load it accepted) it holds whatever succeeds meanwhile
+        # a rate yet; a cap's Retry-After is its own request's) the pause ends at a success too (or at the
+        # Retry-After, whichever comes first), but once a rate refused (below a load it accepted) it holds whatever
+        # succeeds meanwhile
         for retry_after_s, rate in ((None, False), (5.0, False), (5.0, True)):
             clock = Clock()
             gate = eh.AdaptiveGate(10, 1, 100, clock=clock, drain_s=30.0)
@@ -738,7 +739,7 @@ class TestOverloadAndDrain(unittest.TestCase):
             gate.on_event = lambda ev: events.append(ev["type"])
             first, second = gate.try_acquire(), gate.try_acquire()
             gate.release(second, "overload", retry_after_s=retry_after_s)
-            self.assertEqual(gate.draining_until(), clock.t + (30.0 if retry_after_s is None or not rate else 5.0))
+            self.assertEqual(gate.draining_until(), clock.t + (30.0 if retry_after_s is None else 5.0))
             clock.t += 0.1
             self.assertIsNone(gate.try_acquire())
             gate.release(first, "ok", 100)
