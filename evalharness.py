@@ -3993,7 +3993,7 @@ class Limit:
         span = min(max(self.accept_s, 3.0 * latency), max(now - self._ok_since, 1e-6))
         return self._ok_sum / span, max(c for _, _, c in ok), latency
 
-    def _refusal(self, now: float, level: float) -> float:
+    def _refusal(self, now: float, level: float, capped: bool = False) -> float:
         """A request refused on arrival (a 429 or 503 back at once, no work done): the limit goes just under the
         load it met, but never below the concurrency the endpoint accepted over the last minute (Little's law on the
         observed latency: what a slower stream needs is counted in), and never up. Refused at a load clearly below
@@ -4001,9 +4001,15 @@ class Limit:
         the rate (AdaptiveGate._pace), and a rate's refusal says nothing against the streams it took (cut to what
         was accepted, a quartered token bucket's limit fell to 0.48 of the streams the best fixed concurrency had:
         its refusals fall on its larger prompts). The gate counts one refusal per burst (its epochs). Until a minute
-        passes with no refusal the limit is this rule's, not the gradient's (_refusal_probe)."""
+        passes with no refusal the limit is this rule's, not the gradient's (_refusal_probe). ``capped``: the gate
+        read it as a stream cap's (refused at the most it accepted lately, AdaptiveGate._refused_by): just under the
+        load it met, with no floor (the floor is a rate's, for what a slower stream needs; at a cap it counted the
+        cap's own streams and their noise and held the limit over it, each probe refused again: gate_sim S1-P4c
+        544 refusals, 184 without)."""
         accepted, top, _latency = self._accepted(now)
-        if _below_accepted(level, top):
+        if capped:
+            accepted = 0.0
+        elif _below_accepted(level, top):
             accepted = max(accepted, min(top, self.rate_headroom * accepted))
         self.limit = self.clamp(min(self.limit, max(level - 1.0, accepted)))
         self._refused_at = now
@@ -4024,7 +4030,7 @@ class Limit:
         return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False, refused: bool = False) -> float:
+                    rate_limited: bool = False, refused: bool = False, capped: bool = False) -> float:
         return self.limit
 
     def on_server(self, now: float, served: float, waiting: float, on_way: float = 0.0) -> float:
@@ -4060,7 +4066,7 @@ class AIMDLimit(Limit):
         return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False, refused: bool = False) -> float:
+                    rate_limited: bool = False, refused: bool = False, capped: bool = False) -> float:
         self.limit = self.clamp(math.floor(self.backoff * self.limit))
         return self.limit
 
@@ -4673,7 +4679,7 @@ class GradientLimit(Limit):
         return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False, refused: bool = False) -> float:
+                    rate_limited: bool = False, refused: bool = False, capped: bool = False) -> float:
         """An overload: ``refused`` (turned away on arrival, no work done: a stream cap's or a quota's 429, a full
         queue's 503): the refusal rule (``_refusal``). Otherwise a collapse (a timeout, a failure after the server
         worked on it): remember the level that overloaded, ``level``, the load the failed request met or lived under
@@ -4685,7 +4691,7 @@ class GradientLimit(Limit):
         self._slow_start = self._climb = False
         self._served, self._on_way = [], []  # (what the server ran before is no longer known to be safe)
         if refused:
-            return self._refusal(now, self.limit if level is None else float(level))
+            return self._refusal(now, self.limit if level is None else float(level), capped)
         if self._refused_at is not None:
             self._refused_at = now  # (a collapse while refusals rule: quiet from now, too)
         previous = self._overloaded_at
@@ -5038,8 +5044,14 @@ class AdaptiveGate:
                     retry_after_s = None
                 if retry_after_s is not None:
                     drain = min(drain, max(0.0, retry_after_s))
+                    if by == "rate" and self._pace_gap > 0:
+                        # a rate's Retry-After is the refused request's to wait out (its client does): the pace
+                        # already holds the rate the endpoint accepted, so the others wait one gap, not all of it
+                        # (a cap lowered mid-run reads as a rate until its old loads age out of pace_window_s, and
+                        # a whole second's pause at each refusal left its freed slots empty: gate_sim SQ-P4r)
+                        drain = min(drain, self._pace_gap)
                 new = self._algorithm.on_overload(now, drain, level, rate_limited=retry_after_s is not None,
-                                                  refused=refused)
+                                                  refused=refused, capped=by == "cap")
                 if not turned_away:
                     self._drain_until = now + drain
                     # a refusal without Retry-After pauses only until a request finishes and frees its slot
@@ -10229,12 +10241,12 @@ class _SharedLimit(_ShardFile, Limit):
             return self.limit
 
     def on_overload(self, now: float, pause_s: float = 0.0, level: Optional[float] = None,
-                    rate_limited: bool = False, refused: bool = False) -> float:
+                    rate_limited: bool = False, refused: bool = False, capped: bool = False) -> float:
         with self._lock:
             self._overloads += 1
             if self.leader:
                 self._share(self._inner.on_overload(now, pause_s, None if level is None else level + self._others,
-                                                    rate_limited=rate_limited, refused=refused))
+                                                    rate_limited=rate_limited, refused=refused, capped=capped))
             else:  # at once; the leader cuts the total when it reads this overload from our file
                 self.limit = max(1.0, self.limit * self._inner.backoff_ratio)
             return self.limit
