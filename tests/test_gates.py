@@ -97,13 +97,18 @@ def overload_when_full(gate, clock, after_s=0.0, retry_after_s=None):
     return len(permits)
 
 
+def hosted_lengths(rng):
+    """A hosted API's answer lengths: log-normal around 300 tokens, from 5 to 3000."""
+    return int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
+
+
 def drive_hosted(seed, seconds, cap):
     """``drive`` against a hosted API from a cold start at 16: per-stream speed independent of the load (60 tok/s),
-    streams x/÷1.6 apart, lengths from 5 to 3000 tokens behind a 0.8 s time to first token, a hidden cap of CAP."""
-    lengths = lambda rng: int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
+    streams x/÷1.6 apart, hosted_lengths behind a 0.8 s time to first token, a hidden cap of CAP."""
     clock = Clock()
     gate = eh.AdaptiveGate(16, 1, 512, clock=clock, drain_s=5.0)
-    return drive(gate, clock, lambda c: 60.0, seconds, tokens=lengths, seed=seed, ttft_s=0.8, cap=cap, spread=0.5)
+    return drive(gate, clock, lambda c: 60.0, seconds, tokens=hosted_lengths, seed=seed, ttft_s=0.8, cap=cap,
+                 spread=0.5)
 
 
 class TestGradientLimit(unittest.TestCase):
@@ -767,14 +772,13 @@ class TestOverloadAndDrain(unittest.TestCase):
         # (Little's law, for a rate's refusals, where a slower stream needs more in flight) counted the cap's own
         # streams and their noise and held it over the cap, each probe refused again (before: 100 refusals
         # against 643 answers over two minutes, 24 now)
-        lengths = lambda rng: int(min(3000, max(5, rng.lognormvariate(math.log(300), 1.0))))
         for retry_after_s in (None, 1.0):
             clock = Clock()
             gate = eh.AdaptiveGate(48, 1, 512, clock=clock, drain_s=5.0)
             outcomes = []
             release = gate.release
             gate.release = lambda p, o, *a, **k: (outcomes.append((clock.t, o)), release(p, o, *a, **k))[1]
-            seen = drive(gate, clock, lambda c: 60.0, 300, tokens=lengths, ttft_s=0.8, spread=0.5, cap=48,
+            seen = drive(gate, clock, lambda c: 60.0, 300, tokens=hosted_lengths, ttft_s=0.8, spread=0.5, cap=48,
                          retry_after_s=retry_after_s)
             late = [o for t, o in outcomes if t > 180]
             self.assertLess(late.count("overload"), 0.06 * late.count("ok"), retry_after_s)
