@@ -3973,6 +3973,9 @@ class Limit:
     def attach(self, gate: "AdaptiveGate") -> None:
         """The gate that admits by this limit (a shared limit publishes its in-flight count)."""
 
+    def under_sessions(self) -> None:
+        """The gate's requests are agents' turns behind a SessionGate, which ramps the load itself."""
+
     def window_stamp(self) -> int:
         return 0
 
@@ -4142,7 +4145,9 @@ class GradientLimit(Limit):
     bounds it) and remembers no knee, so noise neither walks the limit down nor fences it in; from a cold start,
     until a step that is not up (evidence of a fall, a plateau, a brownout), an overload or a refusal, that step is
     ``first_step`` up whichever way it leans (a climb: on a hosted API no window says anything, and +10% a window
-    took a minute or two to reach a cap of 64). App-limited windows
+    took a minute or two to reach a cap of 64), while speed per stream holds (an engine sharing its capacity among
+    our streams is no hosted API: ``climb_slowdown``), and not behind a session gate (``under_sessions``).
+    App-limited windows
     (less than half the limit used) leave the limit alone. A pair of windows whose speeds differ by more than their
     loads can explain (``max_slope`` in log-log, plus ``noise_log``) straddles a change of the endpoint itself (a
     brownout, capacity taken away or given back): such pairs are left out of the fit, and when the newest window is
@@ -4178,6 +4183,7 @@ class GradientLimit(Limit):
     min_step = 0.1          # at least this in ln L (a probe), at most max_up up and max_down down
     max_up, max_down = 1.6, 0.3
     first_step = 0.35       # the first window's step from a cold start, and the climb's (_gradient_step)
+    climb_slowdown = 0.2    # the climb ends once speed per stream fell this much (in log) below its first window's
     min_window, max_window = 8, 64  # admissions in a window
     window_share = 0.25     # a window admits this share of the limit (more near the optimum)
     judge_fraction = 0.25   # and is judged once this share of its requests came back
@@ -4219,6 +4225,7 @@ class GradientLimit(Limit):
         self._metrics = False  # the server's metrics were read (on_server): a slow start until it first queues
         self._slow_start, self._falls = True, 0
         self._climb = not warm  # a cold start climbs by first_step while the gradient is no evidence (_gradient_step)
+        self._climb_s: Optional[Tuple[float, float]] = None  # (ln s, its variance) of the climb's first window
         self._warm = warm  # the initial limit is a hint from an earlier run: the first probe is downward
         self._overloaded_at: Optional[float] = None
         self._hold_mult = 1.0
@@ -4503,6 +4510,16 @@ class GradientLimit(Limit):
 
     def _step(self, now: float, c: float, s: float) -> float:
         self._shift = None
+        if self._climb and s > 0:
+            # the climb is for an endpoint whose speed per stream does not depend on our load (a hosted API): once a
+            # window's is clearly below the first window's, the endpoint shares its capacity among our streams (an
+            # engine batching them), and the gradient's probes take over
+            var = self._window_var()
+            if self._climb_s is None:
+                self._climb_s = (math.log(s), var)
+            elif self._climb_s[0] - math.log(s) > max(self.climb_slowdown,
+                                                      self.significance * math.sqrt(self._climb_s[1] + var)):
+                self._climb = False
         e = self._elasticity(c, s) if s > 0 else -5.0
         slow = self._metrics and self._slow_start and self._shift is None
         if slow:
@@ -4568,6 +4585,13 @@ class GradientLimit(Limit):
         step = self.gain * (e - self.target)
         step = math.copysign(max(self.min_step, abs(step)), step)
         return max(-self.max_down, min(self.max_up, step))
+
+    def under_sessions(self) -> None:
+        """No climb: the session gate ramps an agent run's load (a session at a time, or by the KV pool), its turns
+        differ by their contexts more than by our load, and a climb set the limit where slow windows then walked it
+        down (gate_sim's agent family: small-cache-larger 0.946 -> 0.934, one seed of small-cache-equal 0.97 ->
+        0.90)."""
+        self._climb = False
 
     def _remember_knee(self) -> None:
         """This level stopped paying (no overload, no pause): come back to it as to an overloaded one."""
@@ -4841,6 +4865,11 @@ class AdaptiveGate:
     @property
     def adaptive(self) -> bool:
         return bool(self._algorithm.adaptive)
+
+    def under_sessions(self) -> None:
+        """This gate's requests are agents' turns behind a SessionGate (``Limit.under_sessions``)."""
+        with self._cond:
+            self._algorithm.under_sessions()
 
     @property
     def discovered_limit(self) -> int:
@@ -5414,6 +5443,7 @@ class SessionGate:
         elif algorithm is None and gate.adaptive:
             algorithm = SessionLimit(kv_tokens) if kv_tokens else SessionCountLimit()
         self._algorithm = algorithm
+        gate.under_sessions()
         self._told: Optional[int] = None if algorithm is None else int(algorithm.limit)  # last limit in an event
         self._told_at = -math.inf
         if algorithm is not None:
@@ -10201,6 +10231,7 @@ class _SharedLimit(_ShardFile, Limit):
                  clock: Callable[[], float] = time.time, heartbeat: bool = True):
         self.dir, self.index, self._make_inner, self._clock = gate_dir, index, make_inner, clock
         self._inner = make_inner(initial)  # the leader's controller of the total
+        self._under_sessions = False  # (told again to a controller made on taking the lead)
         self.total = float(initial)
         self.limit = float(initial)
         self.leader = True
@@ -10224,6 +10255,11 @@ class _SharedLimit(_ShardFile, Limit):
 
     def attach(self, gate: AdaptiveGate) -> None:
         self.gate = gate
+
+    def under_sessions(self) -> None:
+        with self._lock:
+            self._under_sessions = True
+            self._inner.under_sessions()
 
     def window_stamp(self) -> int:
         return self._inner.window_stamp()
@@ -10266,6 +10302,8 @@ class _SharedLimit(_ShardFile, Limit):
             leader = min([self.index] + list(peers)) == self.index
             if leader and not self.leader:  # promoted: adapt on from the total it was part of
                 self._inner = self._make_inner(max(1, int(round(self.total))))
+                if self._under_sessions:
+                    self._inner.under_sessions()
                 self._inner.limit = self.total
             self.leader, self.live = leader, 1 + len(peers)
             if leader:
