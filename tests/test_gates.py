@@ -212,7 +212,7 @@ class TestGradientLimit(unittest.TestCase):
     def test_a_model_gate_behind_a_session_gate_does_not_climb(self):
         # an agent run's session gate ramps the load itself; the model gate's climb set its limit where slow windows
         # walked it down (gate_sim's agent family). The hosted API of the climb's test: with a session gate in front
-        # only the first window steps by first_step; without, most runs climb (the test above)
+        # only the first window steps by first_step; without, most runs climb (the cold start's test)
         alone = 0
         for seed in range(1, 7):
             for sessions in (False, True):

@@ -280,6 +280,19 @@ class TestSharedGate(unittest.TestCase):
         self.assertAlmostEqual(b.limit * 2, 16, delta=0.01)
         self.assertEqual(c.limit, b.limit)
 
+    def test_a_shared_limit_behind_a_session_gate_does_not_climb_even_in_a_controller_made_on_promotion(self):
+        # an agent run's shards: SessionGate tells each shard's gate; the leader's controller stops climbing, and so
+        # does the one a follower makes when it takes the lead
+        a, b = self.shard(0), self.shard(1)
+        for s in (a, b):
+            eh.SessionGate(eh.AdaptiveGate(8, 1, 256, algorithm=s))
+        self.assertFalse(a._inner._climb)
+        a.close()
+        b.beat()
+        self.assertTrue(b.leader)
+        self.assertFalse(b._inner._climb)
+        self.assertTrue(self.shard(2)._inner._climb)  # (a controller not told climbs)
+
     def test_the_leader_reads_its_requests_load_as_the_endpoint_had_it_with_the_followers(self):
         a, b = self.shard(0), self.shard(1)
         gate_b = eh.AdaptiveGate(8, 1, 256, algorithm=b)
