@@ -4888,7 +4888,7 @@ class AdaptiveGate:
             served = max(1.0, min(float(running), self._in_flight - float(waiting)))
             on_way = max(0.0, self._in_flight - float(running) - float(waiting))  # (sent or answered, not seen)
             self._set_limit(self._algorithm.on_server(self._clock(), served, float(waiting), on_way), "server_queue",
-                            events, running=running, waiting=waiting)
+                            events, running=running, waiting=waiting, in_flight=self._in_flight)
         self._tell(events)
 
     def draining_until(self) -> Optional[float]:
