@@ -191,8 +191,14 @@ class TestRefusalsOverHTTP(unittest.TestCase):
             if rule == "gradient":
                 self.assertLessEqual(refused, 40, mock.stats()["counters"])
                 # at its last refusal, just under the load that refused met (one less when a request on its way in
-                # or back counted in that load: a loaded machine); the last answers, none refused, raise the limit
-                self.assertIn(info["discovered_limit"], (3, 4, 5))
+                # or back counted in that load: a loaded machine); the last answers, none refused, raise the limit.
+                # 4 in 17 runs here, idle or beside six busy loops; 6 met once under CI's load (three suites at once
+                # on 2 cores): answers back but not yet read count in ours in flight, so a request admitted at 6 of
+                # ours met 4 at the server, was accepted, and the next refusal's level is over it (the lagging-count
+                # rule, AdaptiveGate.release)
+                with open(os.path.join(out, "events.jsonl"), encoding="utf-8") as fh:
+                    moves = [(e["limit"], e["cause"]) for e in map(json.loads, fh) if e["type"] == "limit"]
+                self.assertIn(info["discovered_limit"], (3, 4, 5, 6), moves)
         bad = run_cli(["run", "--dataset", path, "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
                        "--limit-rule", "fast"])
         self.assertEqual(bad.returncode, 2)
